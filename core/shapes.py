@@ -1,0 +1,119 @@
+"""Model shapes from public model configs, and random-init models built from them (no download).
+
+One table for the benchmark scenarios and the tests. Real shapes are facts copied from each model's public
+`config.json`; `tiny-*` shapes keep the architecture (GQA, MoE routing, sliding windows, tied embeddings) at a
+size that runs on a CPU in milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A transformers config, by model type and keyword arguments."""
+
+    model_type: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return any(k in self.kwargs for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
+_QWEN3_COMMON = dict(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=40960,
+                     hidden_act="silu", attention_bias=False, head_dim=128)
+
+SHAPES: dict[str, Shape] = {
+    # Qwen/Qwen3-0.6B
+    "dense-0.6b": Shape("qwen3", dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                      num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+                        "Qwen3-0.6B shape"),
+    # Qwen/Qwen3-8B
+    "dense-8b": Shape("qwen3", dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                    num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+                      "Qwen3-8B shape"),
+    # meta-llama/Llama-3.2-1B
+    "llama-1b": Shape("llama", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                    num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
+                                    max_position_embeddings=131072, tie_word_embeddings=True, hidden_act="silu",
+                                    rope_theta=500000.0,
+                                    rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                                      high_freq_factor=4.0, original_max_position_embeddings=8192)),
+                      "Llama-3.2-1B shape"),
+    # Qwen/Qwen3-30B-A3B (the benchmark uses 8 of its 48 layers by default)
+    "moe-qwen3": Shape("qwen3_moe", dict(_QWEN3_COMMON, hidden_size=2048, intermediate_size=6144,
+                                         moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                                         num_key_value_heads=4, num_experts=128, num_experts_per_tok=8,
+                                         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                                         tie_word_embeddings=False),
+                       "Qwen3-30B-A3B shape"),
+    # openai/gpt-oss-20b
+    "moe-gptoss": Shape("gpt_oss", dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                                        num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8,
+                                        head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+                                        sliding_window=128, rms_norm_eps=1e-5, rope_theta=150000.0,
+                                        max_position_embeddings=131072, swiglu_limit=7.0, attention_bias=True,
+                                        tie_word_embeddings=False,
+                                        rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                                                          truncate=False, original_max_position_embeddings=4096)),
+                        "gpt-oss-20b shape"),
+    # ---- tiny versions: same architecture, CPU-sized. The vocabulary fits the SmolLM2 tokenizer used in tests.
+    "tiny-dense": Shape("qwen3", dict(_QWEN3_COMMON, vocab_size=49152, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      tie_word_embeddings=True), "tiny Qwen3"),
+    "tiny-llama": Shape("llama", dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
+                                      max_position_embeddings=4096, tie_word_embeddings=False, hidden_act="silu"),
+                        "tiny Llama"),
+    "tiny-mistral-swa": Shape("mistral", dict(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              head_dim=16, sliding_window=8, max_position_embeddings=4096,
+                                              tie_word_embeddings=False), "tiny Mistral with an 8-token window"),
+    "tiny-moe-qwen3": Shape("qwen3_moe", dict(_QWEN3_COMMON, vocab_size=49152, hidden_size=64, intermediate_size=128,
+                                              moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                                              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                                              tie_word_embeddings=False), "tiny Qwen3-MoE"),
+    "tiny-moe-gptoss": Shape("gpt_oss", dict(vocab_size=49152, hidden_size=64, intermediate_size=32,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                                             rms_norm_eps=1e-5, max_position_embeddings=4096, swiglu_limit=7.0,
+                                             attention_bias=True, tie_word_embeddings=False),
+                             "tiny gpt-oss"),
+    "tiny-moe-qwen2": Shape("qwen2_moe", dict(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                                              moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                              num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
+                                              decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False),
+                            "tiny Qwen2-MoE (shared expert)"),
+}
+
+
+def make_config(shape: Shape | str, layers: int | None = None, **overrides: Any):
+    """A transformers config for a shape, optionally with fewer layers."""
+    from transformers import AutoConfig
+
+    shape = SHAPES[shape] if isinstance(shape, str) else shape
+    kwargs = dict(shape.kwargs, **overrides)
+    if layers is not None:
+        kwargs["num_hidden_layers"] = layers
+        if shape.model_type == "gpt_oss":
+            kwargs["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    return AutoConfig.for_model(shape.model_type, **kwargs)
+
+
+def build_model(shape: Shape | str, layers: int | None = None, *, seed: int = 0, dtype=None, device=None,
+                **overrides: Any):
+    """A random-init causal LM of this shape; the same seed gives the same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = make_config(shape, layers, **overrides)
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    return model
