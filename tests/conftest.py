@@ -7,12 +7,15 @@ No test downloads anything: HF_HUB_OFFLINE is set for the whole session.
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One cache per test session (GGUF conversions, tokenized data), never the user's own.
+os.environ.setdefault("HONE_CACHE", tempfile.mkdtemp(prefix="hone-test-cache-"))
 
 import pytest
 

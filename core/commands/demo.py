@@ -1,0 +1,45 @@
+"""`hone demo`: the embedded default job, end to end on the bundled model and data."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("demo", help="fine-tune the bundled SmolLM2-135M on a bundled task; show the score "
+                       "before and after", description="Fine-tunes SmolLM2-135M-Instruct (bundled) to answer "
+                       "with one exact line of JSON, and prints held-out exact match before and after.")
+    p.add_argument("--runs-dir", default=None, help="where the run folder goes (default: ./runs)")
+    p.add_argument("--steps", type=int, default=None, help="train this many steps instead of one epoch")
+    p.add_argument("--eval-rows", type=int, default=None, help="score on the first N held-out rows only")
+    return p
+
+
+def run(args) -> int:
+    from rich.table import Table
+
+    from hone.core.commands.console import EventPrinter
+    from hone.core.demo import demo_config, run_demo
+
+    config = demo_config(args.runs_dir, args.steps)
+    with EventPrinter() as printer:
+        console = printer.console
+        demo = run_demo(config, eval_rows=args.eval_rows, on_stage=lambda text: console.print(f"[bold]{text}"))
+        try:
+            while True:
+                printer.handle(next(demo))
+        except StopIteration as done:
+            result = done.value
+    if result is None:
+        return 1
+    table = Table(title="held-out exact match (answer must equal the reference JSON line)")
+    table.add_column("model")
+    table.add_column("exact", justify="right")
+    table.add_row("SmolLM2-135M-Instruct", f"{result.before.correct}/{result.before.total} "
+                  f"({100 * result.before.rate:.0f}%)")
+    table.add_row("+ Hone LoRA", f"{result.after.correct}/{result.after.total} ({100 * result.after.rate:.0f}%)")
+    console.print(table)
+    expected, got = result.after.examples[0]
+    console.print(f"example: expected {expected}\n         got      {got.strip()}")
+    console.print(f"adapter: {result.adapter_dir}")
+    return 0

@@ -1,0 +1,164 @@
+"""Run folders: one per run, holding everything needed to follow, resume and export it.
+
+    RUN_DIR/config.toml      the RunConfig the run used
+            metrics.jsonl    every event, one JSON object per line (append-only; a killed run loses at most
+                             its last partial line, which readers skip)
+            train.log        human-readable log
+            run.json         summary: status, steps, losses, paths (rewritten atomically)
+            checkpoints/     step-NNNNNN/ resumable states (see checkpoint.py)
+            adapter/         the final PEFT adapter folder
+
+Stdlib only, so the GUI's run history can read folders without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hone.core import events
+from hone.core.config import RunConfig
+
+CONFIG_FILE = "config.toml"
+METRICS_FILE = "metrics.jsonl"
+LOG_FILE = "train.log"
+SUMMARY_FILE = "run.json"
+ADAPTER_DIR = "adapter"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+@dataclass
+class RunSummary:
+    """What the run history shows for one run (from run.json)."""
+
+    run_dir: str
+    name: str
+    model: str
+    status: str  # running | finished | stopped | failed
+    step: int = 0
+    total_steps: int = 0
+    final_loss: float | None = None
+    eval_loss: float | None = None
+    started: float = 0.0
+    updated: float = 0.0
+    reason: str = ""  # why it failed
+
+    @property
+    def has_adapter(self) -> bool:
+        return (Path(self.run_dir) / ADAPTER_DIR / "adapter_config.json").is_file()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "run"
+
+
+def new_run_dir(config: RunConfig) -> Path:
+    """A fresh folder under output.runs_dir: output.name, or date-time plus model name; never reuses a folder."""
+    root = Path(config.output.runs_dir).expanduser()
+    model = Path(config.model.name_or_path.replace(":", "/")).name
+    base = config.output.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}"
+    candidate, n = root / base, 2
+    while candidate.exists() and any(candidate.iterdir()):
+        candidate, n = root / f"{base}-{n}", n + 1
+    candidate.mkdir(parents=True, exist_ok=True)
+    return candidate
+
+
+def write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    """Appends events to metrics.jsonl, lines to train.log, and keeps run.json current."""
+
+    def __init__(self, run_dir: Path, config: RunConfig):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not (self.run_dir / CONFIG_FILE).exists():
+            config.save(self.run_dir / CONFIG_FILE)
+        self._metrics = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
+        self._log = open(self.run_dir / LOG_FILE, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        previous = read_summary(self.run_dir)
+        self.summary = previous or RunSummary(run_dir=str(self.run_dir), name=self.run_dir.name,
+                                              model=config.model.name_or_path, status="running",
+                                              started=time.time())
+        self.summary.status = "running"
+        self.summary.reason = ""
+
+    def log(self, text: str) -> None:
+        self._log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+        self._log.flush()
+
+    def write(self, event: events.Event) -> None:
+        self._metrics.write(json.dumps(events.to_dict(event)) + "\n")
+        self._metrics.flush()
+        self._update_summary(event)
+
+    def _update_summary(self, event: events.Event) -> None:
+        s = self.summary
+        if isinstance(event, events.RunStarted):
+            s.total_steps, s.step = event.total_steps, event.resumed_from_step
+        elif isinstance(event, events.StepMetrics):
+            s.step, s.final_loss = event.step, event.loss
+            if event.step % 10 and event.step != event.total_steps:
+                return  # run.json is a summary: rewrite it every 10 steps, not every step
+        elif isinstance(event, events.EvalMetrics):
+            s.eval_loss = event.loss
+        elif isinstance(event, events.RunFinished):
+            s.status = "stopped" if event.stopped else "finished"
+            s.step = event.step
+        elif isinstance(event, events.RunFailed):
+            s.status, s.reason = "failed", event.reason
+        else:
+            return
+        s.updated = time.time()
+        write_json_atomic(self.run_dir / SUMMARY_FILE, asdict(s))
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._log.close()
+
+
+def read_summary(run_dir: Path) -> RunSummary | None:
+    path = Path(run_dir) / SUMMARY_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    names = RunSummary.__dataclass_fields__
+    summary = RunSummary(**{k: v for k, v in data.items() if k in names})
+    summary.run_dir = str(Path(run_dir))
+    return summary
+
+
+def read_events(run_dir: Path) -> list[events.Event]:
+    """Every event of a run in order; a partial last line (the run was killed mid-write) is skipped."""
+    out = []
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(events.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    return out
+
+
+def list_runs(runs_dir: str | Path) -> list[RunSummary]:
+    """Runs under `runs_dir`, newest first. A run killed while running still shows, as status 'running'."""
+    root = Path(runs_dir).expanduser()
+    if not root.is_dir():
+        return []
+    runs = [s for d in root.iterdir() if d.is_dir() and (s := read_summary(d)) is not None]
+    return sorted(runs, key=lambda s: s.started, reverse=True)

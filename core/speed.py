@@ -1,0 +1,60 @@
+"""Switches the speed paths on for a run and says what was chosen and why.
+
+Each path lives in its own module with its own reference and tests; this file only decides the order:
+attention and MoE experts before LoRA (they change how the base model computes), checkpointing and fused
+kernels after (they wrap what LoRA produced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hone.core.config import SpeedConfig
+from hone.core.events import Notice
+from hone.core.model_info import ModelInfo
+
+
+@dataclass
+class SpeedSetup:
+    """What a run uses: `choices` go into RunStarted.speed_paths, `notices` become Notice events."""
+
+    choices: dict[str, str] = field(default_factory=dict)
+    notices: list[Notice] = field(default_factory=list)
+    expert_meter: object | None = None  # MoE expert-load meter, read once per step
+    offload: object | None = None  # checkpoint offloader, read once per step
+
+    def note(self, topic: str, message: str, level: str = "info") -> None:
+        self.notices.append(Notice(topic=topic, message=message, level=level))
+
+
+def before_lora(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedSetup:
+    """Attention backend and MoE experts implementation, chosen once per run."""
+    setup = SpeedSetup()
+    setup.choices["attention"] = f"{model.config._attn_implementation}: transformers' own"
+    if info.is_moe:
+        from hone.core import moe
+
+        choice = moe.configure(model, cfg.moe_backend, device)
+        setup.choices["moe"] = f"{choice.name}: {choice.reason}"
+        setup.expert_meter = moe.ExpertLoadMeter(model)
+    return setup
+
+
+def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup: SpeedSetup,
+               mean_row_tokens: float) -> None:
+    """Activation checkpointing (possibly offloaded), then fused kernels and compilation."""
+    mode = _checkpoint_mode(cfg.checkpoint, device)
+    if mode == "off":
+        setup.choices["checkpoint"] = "off"
+    else:
+        base = peft_model.get_base_model()
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.config.use_cache = False
+        setup.choices["checkpoint"] = "gpu: recompute each decoder layer in backward"
+
+
+def _checkpoint_mode(requested: str, device: str) -> str:
+    if requested == "auto":
+        # On the CPU memory is plentiful and recompute costs a third more time: no checkpointing.
+        return "gpu" if str(device).startswith("cuda") else "off"
+    return requested
