@@ -58,6 +58,9 @@ class DatasetReport(Event):
     length_p95: int = 0
     length_max: int = 0
     format: str = ""
+    held_out: int = 0  # rows moved from this split to the eval split (data.eval_fraction)
+    problems: list[str] = field(default_factory=list)  # whole sources that could not be read, and why
+    notes: list[str] = field(default_factory=list)  # choices made that the user should know about
 
 
 @dataclass(frozen=True)

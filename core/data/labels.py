@@ -1,0 +1,226 @@
+"""Rows -> token ids and trained flags: render through the chat template, tokenize in batches, mask by span.
+
+A token is trained when its first character lies inside an assistant span (see hone.core.data.template), or
+always with `train_on = "all"`. Plain `text` rows are tokenized as they are (BOS if the tokenizer adds one, EOS
+appended) and trained throughout. Image placeholders expand to the model's image token, repeated as many times
+as its processor asks, and are never trained.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hone.core.data.formats import flatten_text_content
+from hone.core.data.rows import (
+    NO_TRAINED_TOKENS,
+    TEMPLATE_ERROR,
+    TEXT_ONLY_MODEL,
+    TOO_LONG,
+    ImageRef,
+    Row,
+    RowProblem,
+)
+from hone.core.data.template import ChatTemplate, TemplateFailure
+
+
+@dataclass
+class Encoded:
+    """One tokenized row before it is stored.
+
+    Attributes:
+        ids: int32 [L]; trained: bool [L]; truncated: whether max_length cut it; images: its images (kept ones).
+        text: the rendered text (kept only when asked, for the inspector).
+        image_runs: (start, count) of each image's placeholder tokens in `ids`.
+    """
+
+    source: str
+    ids: np.ndarray
+    trained: np.ndarray
+    truncated: bool = False
+    images: list[ImageRef] = field(default_factory=list)
+    text: str = ""
+    offsets: np.ndarray | None = None
+    image_runs: list[tuple[int, int]] = field(default_factory=list)
+
+
+class ImageTokens:
+    """How a vision processor represents an image in the token stream.
+
+    Attributes:
+        token: the placeholder string the chat template writes for each image (e.g. "<image>").
+        token_id: its id.
+        count: function (width, height) -> number of tokens that image becomes after resizing.
+    """
+
+    def __init__(self, token: str, token_id: int, count):
+        self.token, self.token_id, self.count = token, token_id, count
+
+
+class RowEncoder:
+    """Turns Rows into Encoded rows for one tokenizer (or processor) and one data config.
+
+    Args:
+        tokenizer: a transformers tokenizer, or a processor (its `.tokenizer` is used for text, its image
+            processor for image token counts).
+        max_length: longest row in tokens.
+        overlong: "truncate" or "drop".
+        train_on: "assistant" or "all".
+        image_max_side: images are scaled down to this longest side before counting their tokens.
+    """
+
+    def __init__(self, tokenizer, *, max_length: int, overlong: str = "truncate", train_on: str = "assistant",
+                 image_max_side: int = 768):
+        self.processor = tokenizer if hasattr(tokenizer, "tokenizer") and hasattr(tokenizer, "image_processor") \
+            else None
+        self.tokenizer = tokenizer.tokenizer if self.processor is not None else tokenizer
+        self.template = ChatTemplate.for_tokenizer(self.processor if self.processor is not None and
+                                                   getattr(self.processor, "chat_template", None) else self.tokenizer)
+        self.max_length, self.overlong, self.train_on = max_length, overlong, train_on
+        self.image_max_side = image_max_side
+        self.image_tokens = image_tokens_for(self.processor, image_max_side) if self.processor is not None else None
+        self.eos_id = self.tokenizer.eos_token_id
+        self.has_offsets = bool(getattr(self.tokenizer, "is_fast", False))
+
+    def encode(self, rows: list[Row], keep_text: bool = False) -> list[Encoded | RowProblem]:
+        """Encode a batch of rows; each comes back as an Encoded or the RowProblem that skipped it."""
+        out: list[Encoded | RowProblem | None] = [None] * len(rows)
+        texts: list[str] = []
+        plans: list[tuple[int, list[tuple[int, int]], bool]] = []  # (row position, spans, add_special_tokens)
+        for k, row in enumerate(rows):
+            if row.text is not None:
+                texts.append(row.text)
+                plans.append((k, [(0, len(row.text))], True))
+                continue
+            if row.images and self.image_tokens is None:
+                out[k] = RowProblem(row.source, TEXT_ONLY_MODEL, "", f"has {len(row.images)} image(s) but the "
+                                    "model reads text only; pick a vision-language model to train on it")
+                continue
+            messages = row.messages if row.images else flatten_text_content(row.messages)
+            try:
+                text, spans = self.template.render_with_spans(messages)
+            except TemplateFailure as e:
+                out[k] = RowProblem(row.source, TEMPLATE_ERROR, "", f"the chat template failed on this row: {e}")
+                continue
+            texts.append(text)
+            plans.append((k, [(0, len(text))] if self.train_on == "all" else spans, False))
+        encoded = self._tokenize(texts, [p[2] for p in plans], [p[1] for p in plans])
+        for j, ((k, spans, is_text_row), (ids, starts)) in enumerate(zip(plans, encoded, strict=True)):
+            out[k] = self._finish(rows[k], ids, starts, spans, texts[j] if keep_text else "", is_text_row)
+        return out  # type: ignore[return-value]
+
+    def _tokenize(self, texts: list[str], special: list[bool], spans: list[list[tuple[int, int]]]):
+        """(ids int64 [L], character start of each token int64 [L]) per text, batched per add_special_tokens."""
+        results: list[tuple[np.ndarray, np.ndarray]] = [None] * len(texts)  # type: ignore[list-item]
+        for flag in (False, True):
+            idx = [i for i, s in enumerate(special) if s == flag]
+            if not idx:
+                continue
+            batch = [texts[i] for i in idx]
+            if self.has_offsets:
+                enc = self.tokenizer(batch, add_special_tokens=flag, return_offsets_mapping=True,
+                                     return_attention_mask=False)
+                for i, ids, offs in zip(idx, enc["input_ids"], enc["offset_mapping"], strict=True):
+                    starts = np.fromiter((o[0] for o in offs), dtype=np.int64, count=len(offs))
+                    results[i] = (np.asarray(ids, dtype=np.int64), starts)
+            else:
+                for i in idx:
+                    results[i] = _tokenize_in_pieces(self.tokenizer, texts[i], flag, spans[i])
+        return results
+
+    def _finish(self, row: Row, ids: np.ndarray, starts: np.ndarray, spans: list[tuple[int, int]], text: str,
+                is_text_row: bool) -> Encoded | RowProblem:
+        trained = np.zeros(len(ids), dtype=bool)
+        for s, e in spans:
+            trained |= (starts >= s) & (starts < e)
+        if is_text_row and self.eos_id is not None and (len(ids) == 0 or ids[-1] != self.eos_id):
+            ids = np.append(ids, self.eos_id)
+            trained = np.append(trained, True)
+            starts = np.append(starts, len(text) if text else len(row.text or ""))
+        image_runs: list[tuple[int, int]] = []
+        if row.images:
+            ids, trained, starts, image_runs, problem = self._expand_images(row, ids, trained, starts)
+            if problem is not None:
+                return problem
+        truncated = False
+        images = list(row.images)
+        if len(ids) > self.max_length:
+            if self.overlong == "drop":
+                return RowProblem(row.source, TOO_LONG, "", f"has {len(ids)} tokens, more than data.max_length = "
+                                  f"{self.max_length}; raise max_length or set data.overlong = \"truncate\"")
+            cut = self.max_length
+            kept_runs = [r for r in image_runs if r[0] + r[1] <= cut]
+            if len(kept_runs) < len(image_runs):  # never cut an image's tokens in half: end before that image
+                cut = min(cut, image_runs[len(kept_runs)][0])
+            ids, trained, starts = ids[:cut], trained[:cut], starts[:cut]
+            images, image_runs = images[: len(kept_runs)], kept_runs
+            truncated = True
+        if not trained.any():
+            why = (f"after truncation to data.max_length = {self.max_length} tokens no trained token is left; raise "
+                   "max_length") if truncated else "no token is trained (the assistant turns render as nothing)"
+            return RowProblem(row.source, NO_TRAINED_TOKENS, "", why)
+        return Encoded(source=row.source, ids=ids.astype(np.int32), trained=trained, truncated=truncated,
+                       images=images, text=text, offsets=starts if text else None, image_runs=image_runs)
+
+    def _expand_images(self, row: Row, ids, trained, starts):
+        """Repeat each image placeholder token to its token count; image tokens are never trained."""
+        assert self.image_tokens is not None
+        where = np.flatnonzero(ids == self.image_tokens.token_id)
+        if len(where) != len(row.images):
+            problem = RowProblem(row.source, TEMPLATE_ERROR, "", f"the chat template wrote {len(where)} image "
+                                 f"token(s) for {len(row.images)} image(s)")
+            return ids, trained, starts, [], problem
+        repeats = np.ones(len(ids), dtype=np.int64)
+        for position, ref in zip(where, row.images, strict=True):
+            repeats[position] = self.image_tokens.count(ref.width, ref.height)
+        new_ids, new_trained, new_starts = np.repeat(ids, repeats), np.repeat(trained, repeats), np.repeat(starts,
+                                                                                                          repeats)
+        new_trained[new_ids == self.image_tokens.token_id] = False
+        run_starts = np.cumsum(repeats) - repeats
+        runs = [(int(run_starts[p]), int(repeats[p])) for p in where]
+        return new_ids, new_trained, new_starts, runs, None
+
+    def fingerprint(self) -> dict:
+        """Everything about this encoder that changes its output (for the cache key)."""
+        return {"template": self.template.source, "variables": self.template.variables, "max_length": self.max_length,
+                "overlong": self.overlong, "train_on": self.train_on, "image_max_side": self.image_max_side,
+                "image_token": None if self.image_tokens is None else self.image_tokens.token}
+
+
+def _tokenize_in_pieces(tokenizer, text: str, add_special_tokens: bool,
+                        spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """For tokenizers without an offset mapping: cut the text at the span boundaries and encode each piece, so
+    every token starts inside exactly one piece (merges across a boundary are lost, which is rare: boundaries sit
+    next to the template's special tokens)."""
+    cuts = sorted({0, len(text), *(p for span in spans for p in span if 0 < p < len(text))})
+    ids: list[int] = []
+    starts: list[int] = []
+    for n, (a, b) in enumerate(itertools.pairwise(cuts)):
+        piece = tokenizer.encode(text[a:b], add_special_tokens=add_special_tokens and n == 0)
+        ids += piece
+        starts += [a] * len(piece)
+    return np.asarray(ids, dtype=np.int64), np.asarray(starts, dtype=np.int64)
+
+
+def image_tokens_for(processor, image_max_side: int) -> ImageTokens | None:
+    """The image placeholder token of a vision processor and how many tokens an image of a given size becomes."""
+    from hone.core.data.images import fitted_size
+
+    token = getattr(processor, "image_token", None)
+    tokenizer = processor.tokenizer
+    if token is None:
+        return None
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    counter = getattr(processor, "_get_num_multimodal_tokens", None)
+
+    def count(width: int, height: int) -> int:
+        w, h = fitted_size(width or image_max_side, height or image_max_side, image_max_side)
+        if counter is not None:
+            info = counter(image_sizes=[(h, w)])
+            counts = info.get("num_image_tokens") if isinstance(info, dict) else info.num_image_tokens
+            return int(counts[0])
+        return int(getattr(processor, "num_image_tokens", 1) or 1)
+
+    return ImageTokens(token, token_id, count)

@@ -1,0 +1,141 @@
+"""The validation report: what happened to every row, as a DatasetReport event and as a terminal table.
+
+Accounting rule (checked by the tests): rows_read == rows_kept + held_out + sum(skipped.values()).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from hone.core.data.rows import RowProblem
+from hone.core.events import DatasetReport
+
+# How many skipped rows are listed by name in the report (all are counted); enough to spot a pattern.
+MAX_EXAMPLES = 20
+
+
+class ReportBuilder:
+    """Counts rows as they pass through loading and tokenizing."""
+
+    def __init__(self, split: str, files: list[str]):
+        self.split, self.files = split, files
+        self.rows_read = 0
+        self.skipped: Counter[str] = Counter()
+        self.examples: list[str] = []
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+        self.truncated = 0
+        self.formats: Counter[str] = Counter()
+
+    def read(self, count: int = 1) -> None:
+        self.rows_read += count
+
+    def skip(self, problem: RowProblem) -> None:
+        self.skipped[problem.reason] += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(problem.message)
+
+    def problem(self, message: str) -> None:
+        """A whole source that could not be read."""
+        self.problems.append(message)
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
+
+    def merge(self, other: ReportBuilder) -> None:
+        """Add another builder's counts (used when a cached part is combined with fresh ones)."""
+        self.rows_read += other.rows_read
+        self.skipped.update(other.skipped)
+        self.examples += other.examples[: max(0, MAX_EXAMPLES - len(self.examples))]
+        self.problems += other.problems
+        for n in other.notes:
+            self.note(n)
+        self.truncated += other.truncated
+        self.formats.update(other.formats)
+
+    def to_state(self) -> dict:
+        return {"rows_read": self.rows_read, "skipped": dict(self.skipped), "examples": self.examples,
+                "problems": self.problems, "notes": self.notes, "truncated": self.truncated,
+                "formats": dict(self.formats)}
+
+    @classmethod
+    def from_state(cls, split: str, files: list[str], state: dict) -> ReportBuilder:
+        builder = cls(split, files)
+        builder.rows_read = state["rows_read"]
+        builder.skipped.update(state["skipped"])
+        builder.examples = list(state["examples"])
+        builder.problems = list(state["problems"])
+        builder.notes = list(state["notes"])
+        builder.truncated = state["truncated"]
+        builder.formats.update(state["formats"])
+        return builder
+
+    def build(self, lengths: np.ndarray, trained_lengths: np.ndarray, image_rows: int, held_out: int = 0,
+              truncated: int | None = None, rows_kept: int | None = None) -> DatasetReport:
+        """The event for the rows kept in this split.
+
+        Args:
+            lengths: int64 [kept rows], tokens per kept row (empty when nothing was tokenized).
+            trained_lengths: int64 [kept rows], trained tokens per kept row.
+            image_rows: kept rows that have images.
+            held_out: rows moved to the eval split.
+            truncated: truncated rows among the kept ones (default: all truncations counted here).
+            rows_kept: kept rows when nothing was tokenized (default: len(lengths)).
+        """
+        stats = length_stats(lengths)
+        return DatasetReport(
+            split=self.split, files=list(self.files), rows_read=self.rows_read,
+            rows_kept=len(lengths) if rows_kept is None else rows_kept,
+            skipped=dict(self.skipped.most_common()), skipped_examples=list(self.examples),
+            truncated=self.truncated if truncated is None else truncated, image_rows=image_rows,
+            tokens=int(np.sum(lengths)), trained_tokens=int(np.sum(trained_lengths)), **stats,
+            format=", ".join(f"{name} ({count})" if len(self.formats) > 1 else name
+                             for name, count in self.formats.most_common()),
+            held_out=held_out, problems=list(self.problems), notes=list(self.notes))
+
+
+def length_stats(lengths: np.ndarray) -> dict[str, int]:
+    """min / median / p95 / max of row lengths. Percentiles are actual row lengths (the smallest length that at
+    least that share of rows does not exceed), so they read as "95% of rows have at most N tokens"."""
+    if len(lengths) == 0:
+        return {"length_min": 0, "length_median": 0, "length_p95": 0, "length_max": 0}
+    lengths = np.asarray(lengths)
+    return {"length_min": int(lengths.min()),
+            "length_median": int(np.percentile(lengths, 50, method="inverted_cdf")),
+            "length_p95": int(np.percentile(lengths, 95, method="inverted_cdf")),
+            "length_max": int(lengths.max())}
+
+
+def format_report(report: DatasetReport, color: bool = False) -> str:
+    """The report as a plain-text table for the terminal."""
+    bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
+    warn = (lambda s: f"\033[33m{s}\033[0m") if color else (lambda s: s)
+    lines = [bold(f"{report.split} data: {', '.join(report.files) or '(none)'}")]
+    rows = [("format", report.format or "-"), ("rows read", f"{report.rows_read:,}"),
+            ("rows kept", f"{report.rows_kept:,}")]
+    if report.held_out:
+        rows.append(("held out for eval", f"{report.held_out:,}"))
+    rows.append(("rows skipped", f"{sum(report.skipped.values()):,}"))
+    rows += [(f"  {reason}", f"{count:,}") for reason, count in report.skipped.items()]
+    if report.tokens:
+        rows += [("truncated", f"{report.truncated:,}"), ("image rows", f"{report.image_rows:,}"),
+                 ("tokens per epoch", f"{report.tokens:,}"), ("trained tokens", f"{report.trained_tokens:,}"),
+                 ("length min / median / p95 / max",
+                  f"{report.length_min:,} / {report.length_median:,} / {report.length_p95:,} / {report.length_max:,}")]
+    elif report.image_rows:
+        rows.append(("image rows", f"{report.image_rows:,}"))
+    width = max(len(k) for k, _ in rows)
+    lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
+    if report.skipped_examples:
+        shown = len(report.skipped_examples)
+        total = sum(report.skipped.values())
+        lines.append(bold(f"  skipped rows{f' (first {shown} of {total:,})' if total > shown else ''}:"))
+        lines += [warn(f"    {m}") for m in report.skipped_examples]
+    if report.problems:
+        lines.append(bold("  sources not read:"))
+        lines += [warn(f"    {m}") for m in report.problems]
+    lines += [f"  note: {n}" for n in report.notes]
+    return "\n".join(lines)

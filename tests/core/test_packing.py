@@ -1,0 +1,144 @@
+"""Packed and padded batches: metadata built on the CPU, shifted targets, and losses equal to running each
+sequence on its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hone.core.errors import DataError
+from hone.core.packing import PackedBatch, PaddedBatch, collate_packed, collate_padded
+
+
+@dataclass
+class Row:
+    input_ids: list[int]
+    labels: list[int]
+    source: str = "test"
+    images: list = field(default_factory=list)
+
+
+ROWS = [
+    Row([11, 12, 13, 14], [-100, -100, 13, 14]),
+    Row([21, 22], [21, 22]),
+    Row([31, 32, 33], [-100, 32, -100]),
+]
+
+
+def test_packed_metadata_is_built_on_cpu_with_shifted_targets():
+    batch = collate_packed(ROWS)
+    assert batch.input_ids.tolist() == [[11, 12, 13, 14, 21, 22, 31, 32, 33]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2]]
+    # target at t = next token of the same sequence when that token is labelled; -100 at each sequence's end
+    assert batch.targets.tolist() == [[-100, 13, 14, -100, 22, -100, 32, -100, -100]]
+    assert batch.seq_lens == [4, 2, 3]
+    assert batch.cu_seqlens.tolist() == [0, 4, 6, 9]
+    assert batch.cu_seqlens.dtype == torch.int32
+    assert batch.input_ids.dtype == batch.position_ids.dtype == batch.targets.dtype == torch.int64
+    assert isinstance(batch.max_seqlen, int) and batch.max_seqlen == 4
+    assert batch.num_tokens == 9
+    assert batch.num_trained == 4
+    assert batch.trained_positions.tolist() == [1, 2, 4, 6]
+    inputs = batch.model_inputs()
+    assert inputs["cu_seq_lens_q"] is batch.cu_seqlens and inputs["max_length_k"] == 4
+    assert inputs["use_cache"] is False
+
+
+def test_padded_batch_pads_right_and_shifts_per_row():
+    batch = collate_padded(ROWS, pad_id=0)
+    assert batch.input_ids.tolist() == [[11, 12, 13, 14], [21, 22, 0, 0], [31, 32, 33, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]
+    assert batch.targets.tolist() == [[-100, 13, 14, -100], [22, -100, -100, -100], [32, -100, -100, -100]]
+    assert batch.num_tokens == 9 and batch.num_trained == 4 and batch.max_seqlen == 4
+    assert batch.trained_positions.tolist() == [1, 2, 4, 8]
+    assert set(batch.model_inputs()) == {"input_ids", "attention_mask", "position_ids", "use_cache"}
+
+
+@pytest.mark.parametrize("collate", [collate_packed, lambda rows: collate_padded(rows, pad_id=0)])
+def test_bad_rows_are_reported_by_index(collate):
+    with pytest.raises(DataError, match="row 1 has no tokens"):
+        collate([ROWS[0], Row([], [])])
+    with pytest.raises(DataError, match="row 0 has 2 input_ids but 1 labels"):
+        collate([Row([1, 2], [1])])
+    with pytest.raises(DataError, match="no rows"):
+        collate([])
+
+
+def test_to_moves_every_tensor_and_keeps_cpu_metadata():
+    batch = collate_packed(ROWS)
+    moved = batch.to("meta")
+    assert isinstance(moved, PackedBatch)
+    assert all(t.device.type == "meta" for t in (moved.input_ids, moved.position_ids, moved.targets,
+                                                  moved.cu_seqlens, moved.trained_positions))
+    assert moved.max_seqlen == 4 and moved.seq_lens == [4, 2, 3] and moved.num_trained == 4
+    padded = collate_padded(ROWS, pad_id=0).to("meta")
+    assert isinstance(padded, PaddedBatch) and padded.attention_mask.device.type == "meta"
+
+
+def random_rows(lengths, vocab=49152, seed=0, prompt=2):
+    """Rows with random ids; the first `prompt` tokens carry no loss (like a user turn)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        ids = torch.randint(5, vocab, (n,), generator=g).tolist()
+        rows.append(Row(ids, [-100] * min(prompt, n) + ids[prompt:]))
+    return rows
+
+
+def per_sequence_loss(model, rows):
+    """Reference: each row on its own, standard causal-LM shift, summed over trained tokens."""
+    total = 0.0
+    for row in rows:
+        ids = torch.tensor([row.input_ids])
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        labels = torch.tensor(row.labels[1:])
+        total = total + F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+    return total
+
+
+def grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_grads_close(got, want, rtol=1e-4, rel_atol=1e-4):
+    """Every gradient matches; the absolute tolerance scales with that tensor's largest entry, since fp32 sums
+    taken in a different order differ by a few ulps of the largest terms."""
+    assert got.keys() == want.keys()
+    for name in want:
+        atol = rel_atol * float(want[name].abs().max()) + 1e-8
+        torch.testing.assert_close(got[name], want[name], rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-dense", "tiny-mistral-swa"])
+def test_packed_loss_equals_sequences_run_one_by_one(shape):
+    """transformers' own SDPA path on a packed row (it reads sequence starts from position_ids); the
+    sliding-window model has rows longer than its 8-token window."""
+    from hone.core.loss import loss_sum
+    from hone.core.shapes import build_model
+
+    model = build_model(shape)
+    rows = random_rows([13, 5, 21, 9])
+    batch = collate_packed(rows)
+
+    want = per_sequence_loss(model, rows)
+    want.backward()
+    want_grads = grads(model)
+    model.zero_grad()
+    got = loss_sum(model, batch, mode="plain")
+    got.backward()
+    torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)
+    assert_grads_close(grads(model), want_grads)
+
+
+def test_padded_loss_equals_packed_loss():
+    from hone.core.loss import loss_sum
+    from hone.core.shapes import build_model
+
+    model = build_model("tiny-llama")
+    rows = random_rows([7, 12, 3], seed=1)
+    packed = loss_sum(model, collate_packed(rows), mode="plain")
+    padded = loss_sum(model, collate_padded(rows, pad_id=0), mode="plain")
+    torch.testing.assert_close(padded, packed, rtol=1e-5, atol=1e-5)
