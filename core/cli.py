@@ -18,7 +18,6 @@ from hone.core.errors import HoneError
 COMMANDS = {
     "train": "hone.core.commands.train",
     "demo": "hone.core.commands.demo",
-    "export": "hone.core.commands.export",
 }
 
 

@@ -97,6 +97,8 @@ class Trainer:
         self.device = device or pick_device()
         self.step = 0
         self.writer: RunWriter | None = None
+        self.model = None  # the peft model once loaded (tests and the demo read it after the run)
+        self.tokenizer = None
 
     # ---- events ----
     def _emit(self, event: events.Event) -> events.Event:
@@ -148,6 +150,7 @@ class Trainer:
         setup = before_lora(model, config.speed, info, device)
         torch.manual_seed(config.train.seed)  # LoRA init must not depend on what loading consumed
         model, lora_report = apply_lora(model, config.lora, info)
+        self.model, self.tokenizer = model, tokenizer
         after_lora(model, config.speed, info, device, setup,
                    mean_row_tokens=float(data.train.lengths.mean()))
         setup.choices["lora"] = lora_report.summary()
