@@ -181,7 +181,7 @@ class Trainer:
             tokens_per_epoch=int(data.train.num_tokens), resumed_from_step=self.step, is_moe=info.is_moe,
             is_vision=info.is_vision, speed_paths=setup.choices, config=config.to_dict()))
 
-        step_loop = _StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config, device, dtype, setup)
+        step_loop = StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config, device, dtype, setup)
         start_time, last_loss, eval_loss, stopped = time.time(), float("nan"), None, False
         while self.step < total:
             if self.control.paused:
@@ -230,7 +230,7 @@ class Trainer:
         return events.CheckpointSaved(step=self.step, path=str(path))
 
 
-class _StepRunner:
+class StepRunner:
     """One optimizer step and evaluation; holds what every step needs."""
 
     def __init__(self, model, tokenizer, optimizer, scheduler, scaler, params, config: RunConfig, device: str,
