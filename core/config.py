@@ -353,3 +353,19 @@ def to_toml(data: dict[str, dict[str, Any]]) -> str:
         lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in values.items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def reference_markdown() -> str:
+    """The config reference as Markdown tables (README's "Config reference" is this text; a test keeps it so)."""
+    lines = []
+    for section, cls in SECTIONS.items():
+        lines += [f"**[{section}]** — {cls.__doc__}", "", "| key | default | meaning |", "|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            meta = f.metadata
+            text = meta["help"].replace("|", "\\|")
+            if meta.get("choices"):
+                text += f" Choices: {', '.join(meta['choices'])}."
+            lines.append(f"| `{f.name}` | `{_toml_value(default)}` | {text} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -69,8 +69,11 @@ def generate_answers(model, tokenizer, rows: list[dict], *, max_new_tokens: int 
 
 
 def exact_match(model, tokenizer, rows: list[dict], **kwargs) -> Score:
-    answers = generate_answers(model, tokenizer, rows, **kwargs)
     expected = [r["messages"][-1]["content"] for r in rows]
+    # Generating past the longest reference cannot turn a wrong answer right; +2 leaves room for the end token.
+    longest = max(len(tokenizer(e, add_special_tokens=False)["input_ids"]) for e in expected)
+    kwargs.setdefault("max_new_tokens", longest + 2)
+    answers = generate_answers(model, tokenizer, rows, **kwargs)
     correct = sum(a.strip() == e.strip() for a, e in zip(answers, expected))
     return Score(correct, len(rows), list(zip(expected, answers))[:3])
 
