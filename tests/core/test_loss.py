@@ -10,7 +10,7 @@ from torch import nn
 
 from hone.core.loss import chunked_head_loss, describe, head_plan, loss_sum
 from hone.core.packing import collate_packed
-from tests.core.test_packing import assert_grads_close, grads, random_rows
+from tests.core.test_packing import assert_grads_close, grads, model_of, random_rows
 
 
 def reference(hidden, targets, head, scale=1.0, softcap=None):
@@ -98,9 +98,7 @@ def test_chunked_wrapped_head_matches_cross_entropy():
 @pytest.mark.parametrize("shape", ["tiny-dense", "tiny-llama"])
 def test_loss_sum_chunked_equals_plain_on_models(shape):
     """tiny-dense ties the head to the embeddings; both models train every weight here."""
-    from hone.core.shapes import build_model
-
-    model = build_model(shape)
+    model = model_of(shape)
     batch = collate_packed(random_rows([11, 6, 17], seed=2, prompt=3))
     want = loss_sum(model, batch, mode="plain")
     want.backward()
@@ -115,9 +113,7 @@ def test_loss_sum_chunked_equals_plain_on_models(shape):
 def test_loss_sum_chunked_equals_plain_with_lora():
     from peft import LoraConfig, get_peft_model
 
-    from hone.core.shapes import build_model
-
-    model = get_peft_model(build_model("tiny-llama"), LoraConfig(r=4, target_modules="all-linear",
+    model = get_peft_model(model_of("tiny-llama"), LoraConfig(r=4, target_modules="all-linear",
                                                                  init_lora_weights=False))
     batch = collate_packed(random_rows([9, 14], seed=3))
     want = loss_sum(model, batch, mode="plain")
@@ -152,9 +148,7 @@ def test_logit_post_processing_follows_the_model(model_type, kwargs, expect):
 
 
 def test_unknown_logit_setting_falls_back_to_plain():
-    from hone.core.shapes import build_model
-
-    model = build_model("tiny-llama")
+    model = model_of("tiny-llama")
     model.config.logit_temperature = 0.7
     assert isinstance(head_plan(model), str)
     assert "logit_temperature" in describe(model)
@@ -163,9 +157,7 @@ def test_unknown_logit_setting_falls_back_to_plain():
 
 
 def test_no_trained_tokens_gives_zero_with_a_graph():
-    from hone.core.shapes import build_model
-
-    model = build_model("tiny-llama")
+    model = model_of("tiny-llama")
     batch = collate_packed(random_rows([4, 3], seed=6, prompt=10))
     assert batch.num_trained == 0
     loss = loss_sum(model, batch)

@@ -3,6 +3,8 @@ sequence on its own."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass, field
 
 import pytest
@@ -88,6 +90,18 @@ def random_rows(lengths, vocab=49152, seed=0, prompt=2):
     return rows
 
 
+@functools.cache
+def _built(shape: str):
+    from hone.core.shapes import build_model
+
+    return build_model(shape)
+
+
+def model_of(shape: str):
+    """A fresh copy of the tiny random-init model of this shape (built once per test session)."""
+    return copy.deepcopy(_built(shape))
+
+
 def per_sequence_loss(model, rows):
     """Reference: each row on its own, standard causal-LM shift, summed over trained tokens."""
     total = 0.0
@@ -117,9 +131,8 @@ def test_packed_loss_equals_sequences_run_one_by_one(shape):
     """transformers' own SDPA path on a packed row (it reads sequence starts from position_ids); the
     sliding-window model has rows longer than its 8-token window."""
     from hone.core.loss import loss_sum
-    from hone.core.shapes import build_model
 
-    model = build_model(shape)
+    model = model_of(shape)
     rows = random_rows([13, 5, 21, 9])
     batch = collate_packed(rows)
 
@@ -135,9 +148,8 @@ def test_packed_loss_equals_sequences_run_one_by_one(shape):
 
 def test_padded_loss_equals_packed_loss():
     from hone.core.loss import loss_sum
-    from hone.core.shapes import build_model
 
-    model = build_model("tiny-llama")
+    model = model_of("tiny-llama")
     rows = random_rows([7, 12, 3], seed=1)
     packed = loss_sum(model, collate_packed(rows), mode="plain")
     padded = loss_sum(model, collate_padded(rows, pad_id=0), mode="plain")

@@ -1,0 +1,354 @@
+"""Attention functions for packed rows, in the form transformers' `AttentionInterface` calls them.
+
+Each function receives the layer's query/key/value and the kwargs the model call was given, which include the
+packed batch's `cu_seq_lens_q/k` (int32 offsets, already on the device) and `max_length_q/k` (Python ints) from
+`PackedBatch.model_inputs()`. They use those as they are: no layer rebuilds them and nothing asks the GPU for a
+value, so a step never stalls on a host sync.
+
+- `varlen_attention`: `torch.nn.attention.varlen.varlen_attn` (torch's flash kernel on CUDA).
+- `fa2_attention`: `flash_attn.flash_attn_varlen_func` from the flash-attn package.
+- `blockmask_attention`: `scaled_dot_product_attention` with one block-diagonal causal mask (sliding window
+  respected) built from `cu_seq_lens_q` at the first layer of a batch and reused by every later layer: the path
+  for CPUs and GPUs without flash kernels.
+
+`PER_LAYER_METADATA[fn]` is the same function rebuilding everything from `position_ids` in every layer, the
+way transformers' own flash path does (with its host syncs); it exists for the benchmark to show what building
+once per batch buys.
+
+Shapes (transformers' convention): query (B, Hq, T, D), key/value (B, Hkv, T, D); output (B, T, Hq, D). Packed
+rows have B = 1; the varlen kernels see (B * T, H, D).
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionStats:
+    """Counts of metadata work, for the benchmark and the tests.
+
+    Attributes:
+        mask_builds: dense block masks built by the block-mask backend.
+        metadata_builds: cu_seqlens/max rebuilt from position_ids (per-layer mode only).
+        packed_calls: attention calls that used the batch's packed metadata.
+        fallback_calls: calls without packed metadata, handed to transformers' SDPA.
+    """
+
+    mask_builds: int = 0
+    metadata_builds: int = 0
+    packed_calls: int = 0
+    fallback_calls: int = 0
+
+
+STATS = AttentionStats()
+
+
+def reset_stats() -> AttentionStats:
+    """Zero the counters and return the object holding them."""
+    STATS.mask_builds = STATS.metadata_builds = STATS.packed_calls = STATS.fallback_calls = 0
+    return STATS
+
+
+# ---- metadata ----------------------------------------------------------------------------------------------------
+
+def _packed_metadata(kwargs: dict) -> tuple[torch.Tensor, int] | None:
+    cu = kwargs.get("cu_seq_lens_q")
+    max_len = kwargs.get("max_length_q")
+    if cu is None or max_len is None:
+        return None
+    return cu, int(max_len)
+
+
+def metadata_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """cu_seqlens (int32) and the longest length, derived from position ids restarting at 0.
+
+    This is what a layer has to do when it is not handed the batch's metadata; `nonzero` and `.item()` each
+    make the host wait for the GPU.
+    """
+    flat = position_ids.reshape(-1)
+    starts = torch.nonzero(flat == 0).reshape(-1).to(torch.int32)
+    end = torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)
+    cu = torch.cat([starts, end])
+    STATS.metadata_builds += 1
+    return cu, int(cu.diff().max().item())
+
+
+def block_causal_mask(cu_seqlens: torch.Tensor, total: int, sliding_window: int | None = None) -> torch.Tensor:
+    """Dense (1, 1, T, T) bool mask: query i sees key j iff both are in the same sequence, j <= i, and (with a
+    window W) i - j < W, which is transformers' convention (W tokens including the query itself).
+
+    Built on `cu_seqlens`' device from the offsets alone (no host sync).
+    """
+    STATS.mask_builds += 1
+    index = torch.arange(total, device=cu_seqlens.device)
+    seq = torch.searchsorted(cu_seqlens[1:].to(torch.int64), index, right=True)
+    distance = index[:, None] - index[None, :]
+    mask = (seq[:, None] == seq[None, :]) & (distance >= 0)
+    if sliding_window is not None:
+        mask &= distance < sliding_window
+    return mask[None, None]
+
+
+# Masks of the batches in flight, keyed by the identity of their cu_seqlens tensor: gradient-checkpoint
+# recomputation (same kwargs, same tensor) finds the mask its forward built, and an entry is dropped once its
+# batch is freed. Two entries cover a forward overlapping the previous batch's backward.
+_MASKS: list[tuple[weakref.ref, dict]] = []
+_MASK_BATCHES = 2
+
+
+def _shared_mask(cu: torch.Tensor, total: int, window: int | None) -> torch.Tensor:
+    _MASKS[:] = [(ref, masks) for ref, masks in _MASKS if ref() is not None]
+    per_batch = next((masks for ref, masks in _MASKS if ref() is cu), None)
+    if per_batch is None:
+        per_batch = {}
+        _MASKS.insert(0, (weakref.ref(cu), per_batch))
+        del _MASKS[_MASK_BATCHES:]
+    key = (total, window)
+    if key not in per_batch:
+        per_batch[key] = block_causal_mask(cu, total, window)
+    return per_batch[key]
+
+
+def _position_mask(position_ids: torch.Tensor, total: int, window: int | None) -> torch.Tensor:
+    """The mask rebuilt from position ids (per-layer mode): sequence index = running count of restarts."""
+    STATS.mask_builds += 1
+    seq = torch.cumsum((position_ids.reshape(-1) == 0).to(torch.int64), 0)
+    index = torch.arange(total, device=position_ids.device)
+    distance = index[:, None] - index[None, :]
+    mask = (seq[:, None] == seq[None, :]) & (distance >= 0)
+    if window is not None:
+        mask &= distance < window
+    return mask[None, None]
+
+
+# ---- shared helpers ----------------------------------------------------------------------------------------------
+
+def _window(sliding_window) -> int | None:
+    return int(sliding_window) if sliding_window else None
+
+
+def _check_supported(kwargs: dict) -> None:
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise ValueError("Hone's packed attention does not handle attention soft-capping or sink logits; "
+                         "configure() keeps transformers' attention for such models")
+
+
+def _to_varlen(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B * T, H, D); free when x is the transpose of a contiguous (B, T, H, D) projection."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b * t, h, d)
+
+
+def _hf_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """Calls without packed metadata (a single unpacked row, an encoder) go to transformers' SDPA.
+
+    With a Hone implementation set, transformers builds no mask, so a causal sliding-window layer gets its
+    window mask here (one sequence) instead of silently attending to everything before it.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    STATS.fallback_calls += 1
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+        kwargs.pop(name, None)
+    window = _window(kwargs.get("sliding_window"))
+    total = query.shape[2]
+    if (attention_mask is None and window is not None and window < total == key.shape[2]
+            and _is_causal(module, kwargs)):
+        whole = torch.tensor([0, total], dtype=torch.int32, device=query.device)
+        attention_mask = block_causal_mask(whole, total, window)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _is_causal(module, kwargs: dict) -> bool:
+    causal = kwargs.get("is_causal")
+    return bool(getattr(module, "is_causal", True) if causal is None else causal)
+
+
+def _needs_fallback(module, query, kwargs, per_layer: bool) -> bool:
+    """Calls that are not packed causal self-attention go to transformers' SDPA (with their own mask)."""
+    if not _is_causal(module, kwargs):
+        return True
+    if per_layer:
+        return kwargs.get("position_ids") is None
+    return _packed_metadata(kwargs) is None
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    if groups == 1:
+        return x
+    b, h, t, d = x.shape
+    return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+# ---- varlen (torch) ----------------------------------------------------------------------------------------------
+
+def varlen_available() -> bool:
+    """Whether this torch has `torch.nn.attention.varlen.varlen_attn` (torch >= 2.10)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class VarlenOptions:
+    """How to call this torch's `varlen_attn`, read once from its signature.
+
+    torch 2.11 has `window_size` and passes key/value with fewer heads straight to the flash kernel (which
+    supports grouped queries natively); torch 2.12+ also wants `enable_gqa=True` for that. `repeat_kv` is set
+    when the probe in `hone.core.attention` finds grouped heads not working, so key/value are expanded first.
+    """
+
+    window: bool
+    gqa_flag: bool
+    repeat_kv: bool = False
+
+
+def varlen_signature() -> VarlenOptions:
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    return VarlenOptions(window="window_size" in params, gqa_flag="enable_gqa" in params)
+
+
+VARLEN_OPTIONS: VarlenOptions | None = None
+
+
+def _varlen(query, key, value, cu, max_len, scaling, window):
+    from torch.nn.attention.varlen import varlen_attn
+
+    options = VARLEN_OPTIONS or varlen_signature()
+    q, k, v = _to_varlen(query), _to_varlen(key), _to_varlen(value)
+    kwargs = {"scale": scaling}
+    grouped = q.shape[1] != k.shape[1]
+    if grouped and options.repeat_kv:
+        groups = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    elif grouped and options.gqa_flag:
+        kwargs["enable_gqa"] = True
+    if options.window:
+        # A tuple: varlen_attn treats exactly (-1, 0) as plain causal attention.
+        kwargs["window_size"] = (window - 1, 0) if window is not None else (-1, 0)
+    elif window is not None:
+        raise ValueError("this torch's varlen_attn has no window_size; a sliding-window model needs torch >= 2.11")
+    else:
+        kwargs["is_causal"] = True
+    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0,
+                    sliding_window=None, **kwargs):
+    if _needs_fallback(module, query, kwargs, per_layer):
+        return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                        sliding_window=sliding_window, **kwargs)
+    _check_supported(kwargs)
+    if dropout and module.training:
+        raise ValueError("varlen attention has no attention dropout; configure() keeps SDPA for such models")
+    if per_layer:
+        cu, max_len = metadata_from_position_ids(kwargs["position_ids"])
+    else:
+        cu, max_len = _packed_metadata(kwargs)
+    STATS.packed_calls += 1
+    out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window))
+    return out.view(query.shape[0], query.shape[2], query.shape[1], -1), None
+
+
+def varlen_attention(module, query, key, value, attention_mask, **kwargs):
+    """Packed attention with torch's `varlen_attn`, metadata from the batch."""
+    return _varlen_forward(module, query, key, value, attention_mask, per_layer=False, **kwargs)
+
+
+def varlen_attention_per_layer(module, query, key, value, attention_mask, **kwargs):
+    """As `varlen_attention`, rebuilding cu_seqlens/max from position_ids in every layer (benchmark only)."""
+    return _varlen_forward(module, query, key, value, attention_mask, per_layer=True, **kwargs)
+
+
+# ---- flash-attn package ------------------------------------------------------------------------------------------
+
+def fa2_available() -> bool:
+    """Whether the flash-attn package (with its varlen function) is importable."""
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except Exception:  # a broken CUDA build raises more than ImportError
+        return False
+    return True
+
+
+def _fa2_forward(module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0,
+                 sliding_window=None, **kwargs):
+    from flash_attn import flash_attn_varlen_func
+
+    if _needs_fallback(module, query, kwargs, per_layer):
+        return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                        sliding_window=sliding_window, **kwargs)
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("flash-attn has no sink logits; configure() keeps transformers' attention for such models")
+    if per_layer:
+        cu, max_len = metadata_from_position_ids(kwargs["position_ids"])
+    else:
+        cu, max_len = _packed_metadata(kwargs)
+    STATS.packed_calls += 1
+    window = _window(sliding_window)
+    out = flash_attn_varlen_func(
+        _to_varlen(query), _to_varlen(key), _to_varlen(value), cu, cu, max_len, max_len,
+        dropout_p=dropout if module.training else 0.0, softmax_scale=scaling, causal=True,
+        window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=kwargs.get("softcap") or 0.0)
+    return out.view(query.shape[0], query.shape[2], query.shape[1], -1), None
+
+
+def fa2_attention(module, query, key, value, attention_mask, **kwargs):
+    """Packed attention with flash-attn's `flash_attn_varlen_func`, metadata from the batch."""
+    return _fa2_forward(module, query, key, value, attention_mask, per_layer=False, **kwargs)
+
+
+def fa2_attention_per_layer(module, query, key, value, attention_mask, **kwargs):
+    """As `fa2_attention`, rebuilding the metadata from position_ids in every layer (benchmark only)."""
+    return _fa2_forward(module, query, key, value, attention_mask, per_layer=True, **kwargs)
+
+
+# ---- SDPA with one shared block mask -----------------------------------------------------------------------------
+
+def _blockmask_forward(module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0,
+                       sliding_window=None, **kwargs):
+    if _needs_fallback(module, query, kwargs, per_layer):
+        return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                        sliding_window=sliding_window, **kwargs)
+    _check_supported(kwargs)
+    batch, _, total, _ = query.shape
+    if batch != 1:
+        raise ValueError(f"packed attention expects one packed row, got a batch of {batch}")
+    window = _window(sliding_window)
+    if per_layer:
+        mask = _position_mask(kwargs["position_ids"], total, window)
+    else:
+        mask = _shared_mask(_packed_metadata(kwargs)[0], total, window)
+    STATS.packed_calls += 1
+    groups = query.shape[1] // key.shape[1]
+    out = F.scaled_dot_product_attention(query, _repeat_kv(key, groups), _repeat_kv(value, groups), attn_mask=mask,
+                                         dropout_p=dropout if module.training else 0.0, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def blockmask_attention(module, query, key, value, attention_mask, **kwargs):
+    """SDPA with a block-diagonal causal mask built once per batch and shared by every layer."""
+    return _blockmask_forward(module, query, key, value, attention_mask, per_layer=False, **kwargs)
+
+
+def blockmask_attention_per_layer(module, query, key, value, attention_mask, **kwargs):
+    """As `blockmask_attention`, rebuilding the mask from position_ids in every layer (benchmark only)."""
+    return _blockmask_forward(module, query, key, value, attention_mask, per_layer=True, **kwargs)
+
+
+PER_LAYER_METADATA = {
+    varlen_attention: varlen_attention_per_layer,
+    fa2_attention: fa2_attention_per_layer,
+    blockmask_attention: blockmask_attention_per_layer,
+}

@@ -1,0 +1,149 @@
+"""Packed attention through transformers' AttentionInterface on the CPU (the block-mask SDPA backend): same loss
+and gradients as each sequence run alone, no leakage between sequences, one mask per batch, no mask or packed
+detection in transformers, backend choice and revert."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hone.core import attention, attention_backends
+from hone.core.config import SpeedConfig
+from hone.core.loss import loss_sum
+from hone.core.packing import collate_packed
+from tests.core.test_packing import assert_grads_close, grads, model_of, per_sequence_loss, random_rows
+
+SHAPES = ["tiny-llama", "tiny-dense", "tiny-mistral-swa"]
+
+
+def test_block_causal_mask_by_hand():
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    want = torch.tensor([
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [0, 0, 0, 1, 0],
+        [0, 0, 0, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(attention_backends.block_causal_mask(cu, 5)[0, 0], want)
+    windowed = want & ~torch.tensor([[0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0] * 5, [0] * 5]).bool()
+    assert torch.equal(attention_backends.block_causal_mask(cu, 5, sliding_window=2)[0, 0], windowed)
+
+
+def test_metadata_from_position_ids_matches_the_collator():
+    batch = collate_packed(random_rows([4, 9, 1, 6]))
+    cu, longest = attention_backends.metadata_from_position_ids(batch.position_ids)
+    assert cu.dtype == torch.int32 and cu.tolist() == batch.cu_seqlens.tolist() and longest == batch.max_seqlen
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_packed_blockmask_loss_and_grads_equal_sequences_run_one_by_one(shape):
+    model = model_of(shape)
+    rows = random_rows([13, 5, 21, 9], seed=7)
+    want = per_sequence_loss(model, rows)  # transformers' own SDPA, one sequence at a time
+    want.backward()
+    want_grads = grads(model)
+    model.zero_grad()
+
+    choice = attention.configure(model, SpeedConfig(attention="auto"), "cpu")
+    assert choice.name == "sdpa" and choice.implementation == "hone_blockmask"
+    stats = attention_backends.reset_stats()
+    got = loss_sum(model, collate_packed(rows))
+    got.backward()
+    torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-4)
+    assert_grads_close(grads(model), want_grads)
+    assert stats.packed_calls == model.config.num_hidden_layers and stats.fallback_calls == 0
+    assert stats.mask_builds == 1, "one block mask per batch, shared by every layer"
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_no_leakage_between_packed_sequences(per_layer):
+    """Changing sequence B (before and after A) leaves A's logits unchanged; B's own logits do change."""
+    model = model_of("tiny-mistral-swa")
+    attention.configure(model, SpeedConfig(), "cpu", per_layer_metadata=per_layer)
+    a, b, b2 = random_rows([12], seed=1)[0], random_rows([10], seed=2)[0], random_rows([10], seed=3)[0]
+
+    def logits(rows):
+        with torch.no_grad():
+            return model(**collate_packed(rows).model_inputs()).logits[0]
+
+    first, changed = logits([b, a, b]), logits([b2, a, b2])
+    torch.testing.assert_close(changed[10:22], first[10:22], rtol=0, atol=1e-6)
+    assert (changed[:10] - first[:10]).abs().max() > 1e-3
+    alone = logits([a])
+    torch.testing.assert_close(first[10:22], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_metadata_built_once_per_batch_and_transformers_builds_no_mask(monkeypatch):
+    from transformers import masking_utils
+
+    calls = []
+    real = masking_utils.find_packed_sequence_indices
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda *a, **k: calls.append(1) or real(*a,
+                                                                                                            **k))
+    model = model_of("tiny-dense")
+    batch = collate_packed(random_rows([6, 9, 4], seed=4))
+    layers = model.config.num_hidden_layers
+
+    model(**batch.model_inputs())  # transformers' SDPA: detects packing from position_ids (a sync on a GPU)
+    assert len(calls) == 1
+
+    calls.clear()
+    attention.configure(model, SpeedConfig(), "cpu")
+    model.gradient_checkpointing_enable()
+    model.train()
+    stats = attention_backends.reset_stats()
+    loss_sum(model, batch).backward()  # the checkpointed layers run their forward twice
+    assert calls == [], "transformers must not inspect position_ids for packing"
+    assert stats.mask_builds == 1 and stats.metadata_builds == 0
+    assert stats.packed_calls == 2 * layers
+
+    attention.configure(model, SpeedConfig(), "cpu", per_layer_metadata=True)
+    stats = attention_backends.reset_stats()
+    loss_sum(model, batch).backward()
+    assert stats.mask_builds == 2 * layers, "the benchmark variant rebuilds the mask in every layer call"
+
+
+def test_configure_reports_and_reverts():
+    model = model_of("tiny-llama")
+    batch = collate_packed(random_rows([7, 5], seed=5))
+    with torch.no_grad():
+        before = model(**batch.model_inputs()).logits
+
+    choice = attention.configure(model, SpeedConfig(attention="varlen"), "cpu")
+    assert choice.name == "sdpa" and "CUDA" in choice.reason and choice.previous == "sdpa"
+    assert model.config._attn_implementation == "hone_blockmask"
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch.model_inputs()).logits, before, rtol=1e-5, atol=1e-5)
+    attention.revert(model, choice)
+    assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch.model_inputs()).logits, before, rtol=1e-5, atol=1e-5)
+
+    hf = attention.configure(model, SpeedConfig(attention="hf"), "cpu")
+    assert hf.name == "hf" and model.config._attn_implementation == "sdpa"
+    off = attention.configure(model, SpeedConfig(packing=False), "cpu")
+    assert off.name == "hf" and "packing is off" in off.reason
+
+
+def test_unsupported_models_keep_transformers_attention():
+    model = model_of("tiny-moe-gptoss")
+    choice = attention.configure(model, SpeedConfig(), "cpu")
+    assert choice.name == "hf" and "sinks" in choice.reason
+    assert model.config._attn_implementation == choice.previous
+
+
+def test_configure_through_peft_and_unpacked_calls_fall_back():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model_of("tiny-mistral-swa"), LoraConfig(r=4, target_modules="all-linear"))
+    rows = random_rows([20, 11], seed=6)
+    want = per_sequence_loss(model, rows)
+    attention.configure(model, SpeedConfig(), "cpu")
+    assert model.get_base_model().config._attn_implementation == "hone_blockmask"
+    torch.testing.assert_close(loss_sum(model, collate_packed(rows)), want, rtol=1e-5, atol=1e-4)
+    stats = attention_backends.reset_stats()
+    # a plain single row longer than the 8-token window, without packed metadata: transformers' SDPA with the
+    # window mask, so it still equals the reference
+    torch.testing.assert_close(per_sequence_loss(model, rows), want, rtol=1e-5, atol=1e-5)
+    assert stats.fallback_calls > 0 and stats.packed_calls == 0
