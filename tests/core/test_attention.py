@@ -147,3 +147,17 @@ def test_configure_through_peft_and_unpacked_calls_fall_back():
     # window mask, so it still equals the reference
     torch.testing.assert_close(per_sequence_loss(model, rows), want, rtol=1e-5, atol=1e-5)
     assert stats.fallback_calls > 0 and stats.packed_calls == 0
+
+
+def test_attention_bench_runs_on_cpu_and_agrees_with_the_dense_path():
+    from hone.core.attention_bench import format_table, packed_lengths, run
+
+    lengths = packed_lengths(700, seed=3, low=16, high=200)
+    assert sum(lengths) == 700 and min(lengths) > 0
+    result = run(heads=4, kv_heads=2, head_dim=16, window=24, seq_lens=lengths, repeats=1, warmup=0, layers=4)
+    assert result["backend"] == "sdpa" and result["tokens"] == 700 and result["sequences"] == len(lengths)
+    assert result["max_abs_diff"] < 1e-5, "packed attention must equal transformers' dense-mask attention"
+    assert result["mask_builds_per_layer_ours"] == 0.25, "one shared mask over 4 layers"
+    assert result["mask_builds_per_layer_ours_per_layer"] == 1.0
+    assert all(result[key] > 0 for key in ("dense_total_ms", "ours_ms", "ours_per_layer_ms", "dense_mask_build_ms"))
+    assert "speedup" in format_table(result)

@@ -104,11 +104,12 @@ def model_of(shape: str):
 
 def per_sequence_loss(model, rows):
     """Reference: each row on its own, standard causal-LM shift, summed over trained tokens."""
+    device = next(model.parameters()).device
     total = 0.0
     for row in rows:
-        ids = torch.tensor([row.input_ids])
+        ids = torch.tensor([row.input_ids], device=device)
         logits = model(input_ids=ids).logits[0, :-1].float()
-        labels = torch.tensor(row.labels[1:])
+        labels = torch.tensor(row.labels[1:], device=device)
         total = total + F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
     return total
 
