@@ -113,7 +113,7 @@ def _postprocess(logits: torch.Tensor, scale: float, softcap: float | None) -> t
 
 
 def _linear_chunk(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  scale: float, softcap: float | None, want_grad: bool):
+                  scale: float, softcap: float | None):
     """Loss of one chunk through a plain linear head, and the gradient of that loss towards the logits.
 
     Args:
@@ -122,7 +122,7 @@ def _linear_chunk(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, 
         weight: (V, H) head weight; bias: (V,) or None.
 
     Returns:
-        (loss: fp32 scalar, grad_logits: (c, V) in the weight dtype or None).
+        (loss: fp32 scalar, grad_logits: (c, V) in the weight dtype).
     """
     logits = F.linear(h, weight, bias).float()
     if scale != 1.0:
@@ -136,8 +136,6 @@ def _linear_chunk(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, 
     target_logit = logits.gather(1, safe).squeeze(1)
     lse = torch.logsumexp(logits, dim=1)
     loss = ((lse - target_logit) * valid).sum()
-    if not want_grad:
-        return loss, None
     probs = logits.sub_(lse.unsqueeze(1)).exp_()
     probs.scatter_add_(1, safe, -valid.to(probs.dtype).unsqueeze(1))
     probs.mul_(valid.unsqueeze(1))
@@ -158,29 +156,33 @@ def _loss_only(hidden, targets, head, scale, softcap, chunk) -> torch.Tensor:
 
 
 class _LinearHeadLoss(torch.autograd.Function):
-    """Chunked cross-entropy through a plain `nn.Linear` head with manual gradients (the leanest path)."""
+    """Chunked cross-entropy through a plain `nn.Linear` head with manual gradients (the leanest path).
+
+    The matmuls run in `compute_dtype` (the autocast dtype when the caller is under autocast, else the weight's
+    dtype) with autocast switched off inside, so the dtypes are explicit.
+    """
 
     @staticmethod
-    def forward(ctx, hidden, targets, weight, bias, scale, softcap, chunk):
+    def forward(ctx, hidden, targets, weight, bias, scale, softcap, chunk, compute_dtype):
         want_h, want_w = hidden.requires_grad, weight.requires_grad
         want_b = bias is not None and bias.requires_grad
-        want = want_h or want_w or want_b
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if want_b else None
-        for start in range(0, hidden.shape[0], chunk):
-            h = hidden[start:start + chunk]
-            loss, grad_logits = _linear_chunk(h, targets[start:start + chunk], weight, bias, scale, softcap, want)
-            total += loss
-            if grad_logits is None:
-                continue
-            if want_h:
-                torch.matmul(grad_logits, weight, out=grad_h[start:start + chunk])
-            if want_w:
-                grad_w += grad_logits.t() @ h
-            if want_b:
-                grad_b += grad_logits.sum(0, dtype=torch.float32)
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            w = weight.to(compute_dtype)
+            b = bias.to(compute_dtype) if bias is not None else None
+            for start in range(0, hidden.shape[0], chunk):
+                h = hidden[start:start + chunk].to(compute_dtype)
+                loss, grad_logits = _linear_chunk(h, targets[start:start + chunk], w, b, scale, softcap)
+                total += loss
+                if want_h:
+                    grad_h[start:start + chunk] = grad_logits @ w
+                if want_w:
+                    grad_w += grad_logits.t() @ h
+                if want_b:
+                    grad_b += grad_logits.sum(0, dtype=torch.float32)
         ctx.save_for_backward(*(t for t in (grad_h, grad_w, grad_b) if t is not None))
         ctx.wants = (want_h, want_w, want_b)
         ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
@@ -196,7 +198,7 @@ class _LinearHeadLoss(torch.autograd.Function):
             grad_h = grad_h * grad_out.to(grad_h.dtype)
         grad_w = (saved.pop(0) * grad_out).to(ctx.dtypes[0]) if want_w else None
         grad_b = (saved.pop(0) * grad_out).to(ctx.dtypes[1]) if want_b else None
-        return grad_h, None, grad_w, grad_b, None, None, None
+        return grad_h, None, grad_w, grad_b, None, None, None, None
 
 
 class _ModuleHeadLoss(torch.autograd.Function):
@@ -263,7 +265,11 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
     if not torch.is_grad_enabled():
         return _loss_only(hidden, targets, head, scale, softcap, chunk_tokens)
     if type(head) is nn.Linear and head.weight.dtype.is_floating_point:
-        return _LinearHeadLoss.apply(hidden, targets, head.weight, head.bias, scale, softcap, chunk_tokens)
+        device_type = hidden.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        compute_dtype = torch.get_autocast_dtype(device_type) if autocast else head.weight.dtype
+        return _LinearHeadLoss.apply(hidden, targets, head.weight, head.bias, scale, softcap, chunk_tokens,
+                                     compute_dtype)
     params = [p for p in head.parameters() if p.requires_grad]
     return _ModuleHeadLoss.apply(hidden, targets, head, scale, softcap, chunk_tokens, *params)
 

@@ -64,6 +64,18 @@ def test_chunked_bf16_is_as_close_as_plain_bf16():
     assert abs(chunked.item() - exact.item()) <= abs(plain.item() - exact.item()) + 1e-2 * abs(exact.item())
 
 
+def test_chunked_under_autocast_matches_plain_under_autocast():
+    """The trainer runs the loss under autocast (fp32 weights, bf16 matmuls): same values and gradients."""
+    head, hidden, targets = make_case(40, 32, 700, seed=6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = run(lambda h: reference(h, targets, head), head, hidden)
+        got = run(lambda h: chunked_head_loss(h, targets, head, chunk_tokens=9), head, hidden)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-2, atol=1e-2)
+    for a, b in [(got[1], want[1]), (got[2]["weight"], want[2]["weight"])]:
+        assert a.dtype == b.dtype == torch.float32
+        assert float((a - b).norm() / b.norm()) < 2e-2
+
+
 def test_frozen_head_gets_no_weight_gradient_and_no_grad_mode_works():
     head, hidden, targets = make_case(20, 8, 50, seed=4)
     head.requires_grad_(False)
