@@ -29,8 +29,11 @@ class SpeedSetup:
 
 def before_lora(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedSetup:
     """Attention backend and MoE experts implementation, chosen once per run."""
+    from hone.core import attention
+
     setup = SpeedSetup()
-    setup.choices["attention"] = f"{model.config._attn_implementation}: transformers' own"
+    choice = attention.configure(model, cfg, device)
+    setup.choices["attention"] = f"{choice.name}: {choice.reason}"
     if info.is_moe:
         from hone.core import moe
 
