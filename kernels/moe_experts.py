@@ -1,0 +1,292 @@
+"""One MoE experts layer as a single autograd function over grouped GEMMs, with split LoRA on the experts.
+
+For T tokens routed to top_k of E experts (S = T * top_k sorted rows, see `moe_routing`):
+
+    gate_up = x[token] @ W_up[e] + s_up * (drop(x[token]) @ A_up[e]) @ B_up[e] + b_up[e]      (S, N1)
+    h       = activation(gate_up)                                                          (S, I)
+    y       = h @ W_down[e] + s_down * (drop(h) @ A_down[e]) @ B_down[e] + b_down[e]       (S, H)
+    out[t]  = sum over k of routing_weight[t, k] * y[row of (t, k)]                        (T, H)
+
+W + s * A @ B is never formed: the LoRA factors act on the rows of their own group. Saved for backward are the
+layer input x (T, H) (not its top_k copies), gate_up and the two rank-r LoRA activations; h is recomputed from
+gate_up. Gradients flow to x, the routing weights, the LoRA factors and, when they require it, the base weights
+and biases. Dropout masks are regenerated from a seed in backward rather than stored.
+
+`moe_experts_reference` is the same layer written expert by expert with plain autograd, for tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from hone.kernels.moe_ops import GroupedOps
+from hone.kernels.moe_routing import Routing, route
+
+
+@dataclass
+class ExpertWeights:
+    """An experts layer's weights as (E, K, N) views that rows multiply from the left (x @ w[e]).
+
+    Attributes:
+        up: (E, H, N1) gate and up projections in the layer's own column order (N1 = 2I), or the up projection
+            alone for ungated experts (N1 = I).
+        down: (E, I, H).
+        up_bias: (E, N1) or None. down_bias: (E, H) or None.
+        activation: (S, N1) -> (S, I), e.g. silu(gate) * up, or gpt-oss's clamped interleaved GLU.
+    """
+
+    up: torch.Tensor
+    down: torch.Tensor
+    up_bias: torch.Tensor | None
+    down_bias: torch.Tensor | None
+    activation: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class LoraFactors:
+    """LoRA on one stacked expert weight: the update of expert e is scale * a[e] @ b[e].
+
+    Attributes:
+        a: (E, K, r) down-projection factors. b: (E, r, N) up-projection factors (any float dtype: they are cast
+            to the compute dtype inside, and receive gradients in their own dtype).
+        scale: alpha / r (or alpha / sqrt(r)).
+        dropout: probability of dropping an element of the LoRA input while training.
+    """
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: float
+    dropout: float = 0.0
+
+
+@dataclass
+class _Plan:
+    """The non-tensor arguments of one call."""
+
+    routing: Routing
+    ops: GroupedOps
+    activation: Callable[[torch.Tensor], torch.Tensor]
+    up_scale: float
+    down_scale: float
+    up_dropout: float
+    down_dropout: float
+    up_seed: int
+    down_seed: int
+
+
+def _dropped(rows: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    """rows * keep / (1 - p) with a keep mask drawn from `seed` (the same mask in forward and backward)."""
+    gen = torch.Generator(device=rows.device)
+    gen.manual_seed(seed)
+    keep = torch.rand(rows.shape, generator=gen, device=rows.device) >= p
+    return rows * keep / (1.0 - p)
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype)
+
+
+def _scatter_rows(rows: torch.Tensor, routing: Routing) -> torch.Tensor:
+    placed = torch.empty_like(rows)
+    placed[routing.perm] = rows
+    return placed
+
+
+class MoeExpertsFunction(torch.autograd.Function):
+    """Autograd over the grouped GEMMs of one experts layer (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden, top_k_weights, w_up, b_up, w_down, b_down, a_up, b_up_lora, a_down, b_down_lora,
+                plan: _Plan):
+        r, ops = plan.routing, plan.ops
+        dtype = w_up.dtype
+        x = hidden.to(dtype)
+        row_weight = top_k_weights.reshape(-1)[r.perm]
+        a1, b1, a2, b2 = (_cast(t, dtype) for t in (a_up, b_up_lora, a_down, b_down_lora))
+
+        xa = lora_up = None
+        if a1 is not None:
+            if plan.up_dropout:
+                xa = ops.gmm(_dropped(x[r.token], plan.up_dropout, plan.up_seed), a1, r)
+            else:
+                xa = ops.gmm(x, a1, r, gather=True)
+            lora_up = (xa, b1, plan.up_scale)
+        gate_up = ops.gmm(x, w_up, r, gather=True, lora=lora_up, bias=b_up)
+        h = plan.activation(gate_up)
+
+        ha = lora_down = None
+        if a2 is not None:
+            hd = _dropped(h, plan.down_dropout, plan.down_seed) if plan.down_dropout else h
+            ha = ops.gmm(hd, a2, r)
+            lora_down = (ha, b2, plan.down_scale)
+        rows = ops.gmm(h, w_down, r, lora=lora_down, bias=b_down, row_scale=row_weight, scatter=True)
+        out = rows.view(r.num_tokens, r.top_k, -1).sum(1)
+
+        ctx.plan = plan
+        ctx.dtypes = tuple(t.dtype if t is not None else None for t in (a_up, b_up_lora, a_down, b_down_lora))
+        ctx.weights_dtype = top_k_weights.dtype
+        ctx.save_for_backward(hidden, row_weight, gate_up, xa, ha, w_up, w_down, b_down, a1, b1, a2, b2)
+        return out.to(hidden.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out):
+        hidden, row_weight, gate_up, xa, ha, w_up, w_down, b_down, a1, b1, a2, b2 = ctx.saved_tensors
+        plan: _Plan = ctx.plan
+        r, ops = plan.routing, plan.ops
+        need = ctx.needs_input_grad
+        dtype = w_up.dtype
+        d_out = d_out.to(dtype).contiguous()
+        x = hidden.to(dtype)
+        w_col = row_weight[:, None]
+        grads: list[torch.Tensor | None] = [None] * 11
+
+        with torch.enable_grad():
+            gate_up_leaf = gate_up.detach().requires_grad_(True)
+            h_graph = plan.activation(gate_up_leaf)
+        h = h_graph.detach()
+
+        # ---- down projection: y = h @ W_down + s (drop(h) @ A) @ B + b; out = sum_k w * y
+        u = None  # s * d_out[token] @ B^T: the gradient of (drop(h) @ A) divided by the routing weight
+        if a2 is not None:
+            u = ops.gmm(d_out, b2.transpose(1, 2), r, gather=True)
+            u.mul_(plan.down_scale)
+        fuse_down = a2 is not None and not plan.down_dropout
+        g = ops.gmm(d_out, w_down.transpose(1, 2), r, gather=True,
+                    lora=(u, a2.transpose(1, 2), 1.0) if fuse_down else None)  # d y / d h, per unit routing weight
+        if need[1]:
+            # d out / d w = <d_out[token], y>; expanding y keeps us from storing it: <g, h> (+ <u, drop(h) A>) + bias
+            d_row_weight = (g.float() * h.float()).sum(-1)
+            if a2 is not None and plan.down_dropout:
+                d_row_weight += (u.float() * ha.float()).sum(-1)
+            if b_down is not None:
+                d_row_weight += (d_out.float() @ b_down.float().T)[r.token, r.expert]
+            d_flat = torch.empty_like(d_row_weight)
+            d_flat[r.perm] = d_row_weight
+            grads[1] = d_flat.view(r.num_tokens, r.top_k).to(ctx.weights_dtype)
+        if a2 is not None and plan.down_dropout:
+            lora_g = ops.gmm(u, a2.transpose(1, 2), r)
+            g = g + _dropped(lora_g, plan.down_dropout, plan.down_seed)
+        d_h = g * w_col.to(dtype)
+        d_gate_up = torch.autograd.grad(h_graph, gate_up_leaf, d_h)[0]
+        del g, d_h, h_graph, gate_up_leaf
+
+        if a2 is not None:
+            hd = _dropped(h, plan.down_dropout, plan.down_seed) if plan.down_dropout else h
+            if need[8]:
+                grads[8] = ops.wgrad(hd, u * w_col.to(dtype), r).to(ctx.dtypes[2])
+            if need[9]:
+                d_b = ops.wgrad(ha * w_col.to(dtype), d_out, r, gather_q=True)
+                grads[9] = (d_b * plan.down_scale).to(ctx.dtypes[3])
+        if need[4]:
+            grads[4] = ops.wgrad(h * w_col.to(dtype), d_out, r, gather_q=True).to(w_down.dtype)
+        if need[5]:
+            rows = d_out[r.token].float() * w_col
+            grads[5] = torch.zeros(r.num_experts, rows.shape[1], device=rows.device).index_add_(
+                0, r.expert, rows).to(b_down.dtype)
+        del h, u
+
+        # ---- up projection: gate_up = x[token] @ W_up + s (drop(x[token]) @ A) @ B + b
+        v = None  # s * d_gate_up @ B^T: the gradient of drop(x[token]) @ A
+        if a1 is not None:
+            v = ops.gmm(d_gate_up, b1.transpose(1, 2), r)
+            v.mul_(plan.up_scale)
+        if need[0]:
+            if a1 is not None and plan.up_dropout:
+                dx = ops.gmm(d_gate_up, w_up.transpose(1, 2), r)
+                dx += _dropped(ops.gmm(v, a1.transpose(1, 2), r), plan.up_dropout, plan.up_seed)
+                dx = _scatter_rows(dx, r)
+            else:
+                dx = ops.gmm(d_gate_up, w_up.transpose(1, 2), r, scatter=True,
+                             lora=(v, a1.transpose(1, 2), 1.0) if a1 is not None else None)
+            grads[0] = dx.view(r.num_tokens, r.top_k, -1).sum(1).to(hidden.dtype)
+        if a1 is not None:
+            if need[6]:
+                if plan.up_dropout:
+                    grads[6] = ops.wgrad(_dropped(x[r.token], plan.up_dropout, plan.up_seed), v, r)
+                else:
+                    grads[6] = ops.wgrad(x, v, r, gather_p=True)
+                grads[6] = grads[6].to(ctx.dtypes[0])
+            if need[7]:
+                grads[7] = (ops.wgrad(xa, d_gate_up, r) * plan.up_scale).to(ctx.dtypes[1])
+        if need[2]:
+            grads[2] = ops.wgrad(x, d_gate_up, r, gather_p=True).to(w_up.dtype)
+        if need[3]:
+            grads[3] = torch.zeros(r.num_experts, d_gate_up.shape[1], device=d_gate_up.device).index_add_(
+                0, r.expert, d_gate_up.float()).to(w_up.dtype)
+        return tuple(grads)
+
+
+def _pad_rank(lora: LoraFactors, multiple: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero-pad the rank to a multiple (zero columns of A and rows of B add nothing; their gradients are dropped)."""
+    rank = lora.a.shape[-1]
+    extra = -rank % multiple
+    if not extra:
+        return lora.a, lora.b
+    return F.pad(lora.a, (0, extra)), F.pad(lora.b, (0, 0, 0, extra))
+
+
+def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                weights: ExpertWeights, ops: GroupedOps, *, lora_up: LoraFactors | None = None,
+                lora_down: LoraFactors | None = None, training: bool = False,
+                routing: Routing | None = None) -> torch.Tensor:
+    """The experts layer (see the module docstring) on one backend.
+
+    Args:
+        hidden: (T, H) layer input.
+        top_k_index: (T, K) expert ids. top_k_weights: (T, K) routing weights.
+        weights: the layer's expert weights.
+        ops: the grouped-GEMM backend (`hone.kernels.moe_ops.make_ops`).
+        lora_up, lora_down: LoRA factors on the up (gate_up) and down projections, or None.
+        training: apply LoRA dropout.
+        routing: a precomputed `route(top_k_index, E)` (computed here when None).
+
+    Returns:
+        (T, H) in hidden's dtype.
+    """
+    num_experts = weights.up.shape[0]
+    routing = routing if routing is not None else route(top_k_index, num_experts)
+    factors = []
+    for lora in (lora_up, lora_down):
+        factors.extend(_pad_rank(lora, ops.rank_multiple) if lora is not None else (None, None))
+
+    def dropout(lora: LoraFactors | None) -> float:
+        return lora.dropout if lora is not None and training else 0.0
+
+    # Dropout seeds come from torch's CPU generator (no device sync), so they follow torch.manual_seed and
+    # activation checkpointing's saved RNG state replays them.
+    seeds = torch.randint(0, 2**62, (2,)).tolist() if dropout(lora_up) or dropout(lora_down) else [0, 0]
+    plan = _Plan(routing=routing, ops=ops, activation=weights.activation,
+                 up_scale=lora_up.scale if lora_up else 0.0, down_scale=lora_down.scale if lora_down else 0.0,
+                 up_dropout=dropout(lora_up), down_dropout=dropout(lora_down), up_seed=seeds[0], down_seed=seeds[1])
+    return MoeExpertsFunction.apply(hidden, top_k_weights, weights.up, weights.up_bias, weights.down,
+                                    weights.down_bias, *factors, plan)
+
+
+def moe_experts_reference(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                          weights: ExpertWeights, *, lora_up: LoraFactors | None = None,
+                          lora_down: LoraFactors | None = None) -> torch.Tensor:
+    """The same layer expert by expert with W + scale * A @ B formed, plain autograd, no dropout (for tests)."""
+    out = torch.zeros_like(hidden)
+    for e in range(weights.up.shape[0]):
+        token, slot = torch.where(top_k_index == e)
+        if token.numel() == 0:
+            continue
+        w_up, w_down = weights.up[e], weights.down[e]
+        if lora_up is not None:
+            w_up = w_up + lora_up.scale * (lora_up.a[e] @ lora_up.b[e]).to(w_up.dtype)
+        if lora_down is not None:
+            w_down = w_down + lora_down.scale * (lora_down.a[e] @ lora_down.b[e]).to(w_down.dtype)
+        y = hidden[token] @ w_up
+        if weights.up_bias is not None:
+            y = y + weights.up_bias[e]
+        y = weights.activation(y) @ w_down
+        if weights.down_bias is not None:
+            y = y + weights.down_bias[e]
+        out = out.index_add(0, token, (y * top_k_weights[token, slot, None]).to(out.dtype))
+    return out
