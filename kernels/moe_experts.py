@@ -87,8 +87,19 @@ def _dropped(rows: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     return rows * keep / (1.0 - p)
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """t in float32, or float64 if it already is (accumulations of small per-row sums)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return None if t is None else t.to(dtype)
+
+
+def _sorted_source(t: torch.Tensor, routing: Routing, ops: GroupedOps) -> tuple[torch.Tensor, bool]:
+    """(rows, gather flag) to pass to the backend: the (T, .) tensor itself when the backend gathers inside its
+    GEMMs, else its rows copied into sorted order once, for all the GEMMs that read them."""
+    return (t, True) if ops.fuses_gather else (t[routing.token], False)
 
 
 def _scatter_rows(rows: torch.Tensor, routing: Routing) -> torch.Tensor:
@@ -109,14 +120,16 @@ class MoeExpertsFunction(torch.autograd.Function):
         row_weight = top_k_weights.reshape(-1)[r.perm]
         a1, b1, a2, b2 = (_cast(t, dtype) for t in (a_up, b_up_lora, a_down, b_down_lora))
 
+        xs, x_gather = _sorted_source(x, r, ops)
         xa = lora_up = None
         if a1 is not None:
             if plan.up_dropout:
                 xa = ops.gmm(_dropped(x[r.token], plan.up_dropout, plan.up_seed), a1, r)
             else:
-                xa = ops.gmm(x, a1, r, gather=True)
+                xa = ops.gmm(xs, a1, r, gather=x_gather)
             lora_up = (xa, b1, plan.up_scale)
-        gate_up = ops.gmm(x, w_up, r, gather=True, lora=lora_up, bias=b_up)
+        gate_up = ops.gmm(xs, w_up, r, gather=x_gather, lora=lora_up, bias=b_up)
+        del xs
         h = plan.activation(gate_up)
 
         ha = lora_down = None
@@ -152,20 +165,21 @@ class MoeExpertsFunction(torch.autograd.Function):
         h = h_graph.detach()
 
         # ---- down projection: y = h @ W_down + s (drop(h) @ A) @ B + b; out = sum_k w * y
+        ds, d_gather = _sorted_source(d_out, r, ops)
         u = None  # s * d_out[token] @ B^T: the gradient of (drop(h) @ A) divided by the routing weight
         if a2 is not None:
-            u = ops.gmm(d_out, b2.transpose(1, 2), r, gather=True)
+            u = ops.gmm(ds, b2.transpose(1, 2), r, gather=d_gather)
             u.mul_(plan.down_scale)
         fuse_down = a2 is not None and not plan.down_dropout
-        g = ops.gmm(d_out, w_down.transpose(1, 2), r, gather=True,
+        g = ops.gmm(ds, w_down.transpose(1, 2), r, gather=d_gather,
                     lora=(u, a2.transpose(1, 2), 1.0) if fuse_down else None)  # d y / d h, per unit routing weight
         if need[1]:
             # d out / d w = <d_out[token], y>; expanding y keeps us from storing it: <g, h> (+ <u, drop(h) A>) + bias
-            d_row_weight = (g.float() * h.float()).sum(-1)
+            d_row_weight = (_wide(g) * _wide(h)).sum(-1)
             if a2 is not None and plan.down_dropout:
-                d_row_weight += (u.float() * ha.float()).sum(-1)
+                d_row_weight += (_wide(u) * _wide(ha)).sum(-1)
             if b_down is not None:
-                d_row_weight += (d_out.float() @ b_down.float().T)[r.token, r.expert]
+                d_row_weight += (_wide(d_out) @ _wide(b_down).T)[r.token, r.expert]
             d_flat = torch.empty_like(d_row_weight)
             d_flat[r.perm] = d_row_weight
             grads[1] = d_flat.view(r.num_tokens, r.top_k).to(ctx.weights_dtype)
@@ -181,15 +195,14 @@ class MoeExpertsFunction(torch.autograd.Function):
             if need[8]:
                 grads[8] = ops.wgrad(hd, u * w_col.to(dtype), r).to(ctx.dtypes[2])
             if need[9]:
-                d_b = ops.wgrad(ha * w_col.to(dtype), d_out, r, gather_q=True)
+                d_b = ops.wgrad(ha * w_col.to(dtype), ds, r, gather_q=d_gather)
                 grads[9] = (d_b * plan.down_scale).to(ctx.dtypes[3])
         if need[4]:
-            grads[4] = ops.wgrad(h * w_col.to(dtype), d_out, r, gather_q=True).to(w_down.dtype)
+            grads[4] = ops.wgrad(h * w_col.to(dtype), ds, r, gather_q=d_gather).to(w_down.dtype)
         if need[5]:
-            rows = d_out[r.token].float() * w_col
-            grads[5] = torch.zeros(r.num_experts, rows.shape[1], device=rows.device).index_add_(
-                0, r.expert, rows).to(b_down.dtype)
-        del h, u
+            rows = _wide(ds[r.token] if d_gather else ds) * w_col
+            grads[5] = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert, rows).to(b_down.dtype)
+        del h, u, ds
 
         # ---- up projection: gate_up = x[token] @ W_up + s (drop(x[token]) @ A) @ B + b
         v = None  # s * d_gate_up @ B^T: the gradient of drop(x[token]) @ A
@@ -205,20 +218,22 @@ class MoeExpertsFunction(torch.autograd.Function):
                 dx = ops.gmm(d_gate_up, w_up.transpose(1, 2), r, scatter=True,
                              lora=(v, a1.transpose(1, 2), 1.0) if a1 is not None else None)
             grads[0] = dx.view(r.num_tokens, r.top_k, -1).sum(1).to(hidden.dtype)
+        reads_x = need[2] or (a1 is not None and need[6] and not plan.up_dropout)
+        xs, x_gather = _sorted_source(x, r, ops) if reads_x else (None, False)
         if a1 is not None:
             if need[6]:
                 if plan.up_dropout:
                     grads[6] = ops.wgrad(_dropped(x[r.token], plan.up_dropout, plan.up_seed), v, r)
                 else:
-                    grads[6] = ops.wgrad(x, v, r, gather_p=True)
+                    grads[6] = ops.wgrad(xs, v, r, gather_p=x_gather)
                 grads[6] = grads[6].to(ctx.dtypes[0])
             if need[7]:
                 grads[7] = (ops.wgrad(xa, d_gate_up, r) * plan.up_scale).to(ctx.dtypes[1])
         if need[2]:
-            grads[2] = ops.wgrad(x, d_gate_up, r, gather_p=True).to(w_up.dtype)
+            grads[2] = ops.wgrad(xs, d_gate_up, r, gather_p=x_gather).to(w_up.dtype)
         if need[3]:
-            grads[3] = torch.zeros(r.num_experts, d_gate_up.shape[1], device=d_gate_up.device).index_add_(
-                0, r.expert, d_gate_up.float()).to(w_up.dtype)
+            rows = _wide(d_gate_up)
+            grads[3] = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert, rows).to(w_up.dtype)
         return tuple(grads)
 
 

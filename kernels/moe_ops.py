@@ -25,6 +25,7 @@ Lora = tuple[torch.Tensor, torch.Tensor, float]  # (lora_x (S, r), lora_w (E, r,
 class GroupedOps(Protocol):
     name: str
     rank_multiple: int  # LoRA ranks are zero-padded to a multiple of this (alignment of the GEMM operands)
+    fuses_gather: bool  # gathers rows inside its GEMMs (else callers gather once and pass sorted rows)
 
     def gmm(self, x: torch.Tensor, w: torch.Tensor, routing: Routing, *, gather: bool = False,
             scatter: bool = False, row_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -52,6 +53,7 @@ class TorchLoopOps:
 
     name = "torch"
     rank_multiple = 1
+    fuses_gather = False
 
     def gmm(self, x, w, routing, *, gather=False, scatter=False, row_scale=None, bias=None, lora=None):
         """See the module docstring. x: (T, K) with gather, else (S, K); w: (E, K, N) -> (S, N)."""
@@ -103,6 +105,7 @@ class GroupedMmOps:
 
     name = "grouped_mm"
     rank_multiple = 8  # a rank-r LoRA activation (S, r) needs r * 2 bytes % 16 == 0 in bf16/fp16
+    fuses_gather = False
 
     def __init__(self) -> None:
         self._loop = TorchLoopOps()
@@ -134,6 +137,7 @@ class TritonOps:
 
     name = "triton"
     rank_multiple = 1
+    fuses_gather = True
 
     def gmm(self, x, w, routing, *, gather=False, scatter=False, row_scale=None, bias=None, lora=None):
         from hone.kernels.grouped_gemm import grouped_gemm_forward

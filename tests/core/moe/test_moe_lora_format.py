@@ -1,0 +1,85 @@
+"""Expert LoRA saves and loads in peft's own format: a Hone adapter loads with PeftModel.from_pretrained and gives
+Hone's outputs; the target names; install/revert of the split path and of the dropout it sets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from moe_testing import add_lora, build_tiny_moe, token_batch
+from torch import nn
+
+from hone.core import moe
+
+
+@pytest.mark.parametrize("shape", ["tiny-moe-qwen3", "tiny-moe-gptoss"])
+def test_saved_adapter_loads_in_peft_with_the_same_outputs(shape, tmp_path, tiny_moe_cache):
+    from peft import PeftModel
+
+    peft_model = add_lora(tiny_moe_cache(shape))
+    moe.install_split_lora(peft_model, dropout=0.1)
+    assert moe.configure(peft_model, "torch").name == "torch"
+    peft_model.eval()
+    ids = token_batch(seed=3)
+    with torch.no_grad():
+        hone_logits = peft_model(input_ids=ids).logits
+    peft_model.save_pretrained(tmp_path)
+
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert sorted(saved["target_parameters"]) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+    assert saved["lora_dropout"] == 0.0  # what lets peft load target_parameters adapters
+
+    fresh = tiny_moe_cache(shape)  # same seed: same base weights
+    loaded = PeftModel.from_pretrained(fresh, tmp_path).eval()
+    assert moe.current_implementation(loaded) != "hone_torch"  # peft's own forward, transformers' experts
+    with torch.no_grad():
+        peft_logits = loaded(input_ids=ids).logits
+    with torch.no_grad(), loaded.disable_adapter():
+        base_logits = loaded(input_ids=ids).logits
+    err = (hone_logits - peft_logits).abs().max().item()
+    assert err < 1e-4, f"peft's forward of the saved adapter differs from Hone's by {err:.3g}"
+    assert (hone_logits - base_logits).abs().max().item() > 1e-2, "the adapter should change the outputs"
+
+
+def test_expert_lora_targets_per_family():
+    for shape in ("tiny-moe-qwen3", "tiny-moe-gptoss", "tiny-moe-qwen2"):
+        model = build_tiny_moe(shape, layers=1)
+        assert moe.expert_lora_targets(model) == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], shape
+    from hone.core.shapes import build_model
+
+    assert moe.expert_lora_targets(build_model("tiny-dense", layers=1)) == []
+
+
+def test_targets_are_found_again_on_a_peft_model(tiny_moe_cache):
+    peft_model = add_lora(tiny_moe_cache("tiny-moe-qwen3"))
+    assert moe.expert_lora_targets(peft_model) == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+
+
+def test_install_and_revert_split_lora_with_dropout(tiny_moe_cache):
+    from peft.tuners.lora.layer import ParamWrapper
+
+    peft_model = add_lora(tiny_moe_cache("tiny-moe-qwen3"))
+    q_proj = peft_model.base_model.model.model.layers[0].self_attn.q_proj
+    experts = peft_model.base_model.model.model.layers[0].mlp.experts
+    assert isinstance(q_proj.lora_dropout["default"], nn.Identity)
+
+    assert moe.install_split_lora(peft_model, dropout=0.25) == 2  # one per layer
+    assert type(experts) is moe.SplitLoraParamWrapper
+    assert type(experts.base_layer) is ParamWrapper  # inner wrappers keep peft's class
+    assert isinstance(q_proj.lora_dropout["default"], nn.Dropout) and q_proj.lora_dropout["default"].p == 0.25
+    assert moe.install_split_lora(peft_model, dropout=0.25) == 2  # idempotent
+
+    moe.configure(peft_model, "torch")
+    ids = token_batch(seed=4)
+    with torch.no_grad():
+        peft_model.train()
+        first, second = (peft_model(input_ids=ids).logits for _ in range(2))
+        peft_model.eval()
+        third, fourth = (peft_model(input_ids=ids).logits for _ in range(2))
+    assert not torch.equal(first, second), "dropout should make two training forwards differ"
+    assert torch.equal(third, fourth), "no dropout in eval mode"
+
+    moe.revert_split_lora(peft_model)
+    assert type(experts) is ParamWrapper
+    assert isinstance(q_proj.lora_dropout["default"], nn.Identity)
