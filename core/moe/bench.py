@@ -127,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for backend in args.backends.split(","):
         try:
+            dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
             result = run_moe_benchmark(args.shape, backend, layers=args.layers, tokens=args.tokens,
                                        steps=args.steps, warmup=args.warmup, checkpointing=args.checkpointing,
-                                       device=args.device, dtype=torch.bfloat16 if args.device == "cuda" else torch.float32)
+                                       device=args.device, dtype=dtype)
             rows.append(result)
             print(f"{backend:>14}  {result.tokens_per_s:>10,.0f} tokens/s  {result.peak_bytes / 2**30:6.1f} GiB  "
                   f"loss {result.losses[-1]:.4f}  ({result.reason})", flush=True)

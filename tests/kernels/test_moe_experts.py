@@ -145,7 +145,8 @@ def test_backward_matches_finite_differences(dropout):
         return torch.randn(*shape, dtype=torch.float64).mul(0.5).requires_grad_(True)
 
     inputs = (rnd(tokens, hidden), torch.rand(tokens, top_k, dtype=torch.float64).requires_grad_(True),
-              rnd(experts, hidden, 2 * inter), rnd(experts, 2 * inter), rnd(experts, inter, hidden), rnd(experts, hidden),
+              rnd(experts, hidden, 2 * inter), rnd(experts, 2 * inter), rnd(experts, inter, hidden),
+              rnd(experts, hidden),
               rnd(experts, hidden, rank), rnd(experts, rank, 2 * inter), rnd(experts, inter, rank),
               rnd(experts, rank, hidden))
 

@@ -42,7 +42,7 @@ def test_auto_on_cpu_is_the_torch_loop(qwen3, monkeypatch):
 
 def test_unknown_backend_names_the_field(qwen3, monkeypatch):
     monkeypatch.delenv(moe.ENV_VAR, raising=False)
-    with pytest.raises(ConfigError, match="speed.moe_backend is 'fast'"):
+    with pytest.raises(ConfigError, match=r"speed\.moe_backend is 'fast'"):
         moe.configure(qwen3, "fast")
     monkeypatch.setenv(moe.ENV_VAR, "cutlass")
     with pytest.raises(ConfigError, match="HONE_MOE_BACKEND is 'cutlass'") as info:
