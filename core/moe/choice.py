@@ -54,17 +54,20 @@ def _probe(ops: GroupedOps, device: torch.device, dtype: torch.dtype) -> str | N
     index = torch.tensor([0, 1, 3, 0, 0, 3, 1, 0, 3, 3, 0, 1] * 4).view(-1, 2)
     routing = route(index.to(device), 4)
     x = torch.randn(index.shape[0], 64, generator=gen).to(device, dtype)
-    w = torch.randn(4, 64, 32, generator=gen).to(device, dtype)
-    out = ops.gmm(x, w, routing, gather=True).float()
-    grad = ops.wgrad(x, out.to(dtype), routing, gather_p=True).float()
+    # Both weight layouts models use: (E, K, N) contiguous (gpt-oss) and an (E, N, K) parameter seen transposed.
+    weights = {"(E, K, N)": torch.randn(4, 64, 32, generator=gen).to(device, dtype),
+               "transposed": torch.randn(4, 32, 64, generator=gen).to(device, dtype).transpose(1, 2)}
     rows = x[routing.token].float()
-    expected = torch.cat([rows[b:e] @ w[i].float() for i, (b, e) in enumerate(routing.bounds())])
-    expected_grad = torch.stack([rows[b:e].T @ out[b:e] for b, e in routing.bounds()])
     tol = 1e-3 if dtype == torch.float32 else 5e-2  # relative to the largest value; bf16 keeps 8 bits
-    for label, got, ref in (("output", out, expected), ("weight gradient", grad, expected_grad)):
-        err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
-        if not err <= tol:
-            return f"{label} off by {err:.2g} (relative) in {str(dtype).removeprefix('torch.')}"
+    for layout, w in weights.items():
+        out = ops.gmm(x, w, routing, gather=True).float()
+        grad = ops.wgrad(x, out.to(dtype), routing, gather_p=True).float()
+        expected = torch.cat([rows[b:e] @ w[i].float() for i, (b, e) in enumerate(routing.bounds())])
+        expected_grad = torch.stack([rows[b:e].T @ out[b:e] for b, e in routing.bounds()])
+        for label, got, ref in (("output", out, expected), ("weight gradient", grad, expected_grad)):
+            err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+            if not err <= tol:
+                return f"{label} off by {err:.2g} (relative) in {str(dtype).removeprefix('torch.')}, {layout} weights"
     return None
 
 

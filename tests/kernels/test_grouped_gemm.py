@@ -90,7 +90,7 @@ def test_forward_plain_rows_without_options(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout[0])
 def test_wgrad_matches_reference_and_zeroes_empty_experts(device, dtype, layout):
     _require(device)

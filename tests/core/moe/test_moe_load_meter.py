@@ -45,6 +45,7 @@ def test_eval_forwards_and_checkpoint_recompute_are_not_counted(tiny_moe_cache):
     model = tiny_moe_cache("tiny-moe-gptoss")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+    moe.configure(model, "torch")  # Hone's autograd function under checkpoint recompute
     meter = moe.ExpertLoadMeter(model)
     ids = token_batch(seed=6)
     model.eval()

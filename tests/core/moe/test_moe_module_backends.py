@@ -49,7 +49,7 @@ class Block(nn.Module):
         return self.experts(hidden, index, weights)
 
 
-def _lora_block(family: str, dtype: torch.dtype) -> Block:
+def _lora_block(family: str, dtype: torch.dtype, device: str = "cpu") -> Block:
     from peft import LoraConfig, inject_adapter_in_model
 
     block = Block(_experts_module(family))
@@ -60,7 +60,7 @@ def _lora_block(family: str, dtype: torch.dtype) -> Block:
         for name, p in block.named_parameters():
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    return block.to(dtype)
+    return block.to(device, dtype)
 
 
 def _routing():
@@ -71,24 +71,25 @@ def _routing():
     return index, weights / weights.sum(-1, keepdim=True)
 
 
-def _forward_backward(block: Block, implementation: str, dtype: torch.dtype):
+def _forward_backward(block: Block, implementation: str, dtype: torch.dtype, device: str = "cpu"):
     block.experts.get_base_layer().config._experts_implementation = implementation
     index, weights = _routing()
-    hidden = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(4)).to(dtype).requires_grad_(True)
-    weights = weights.to(dtype).requires_grad_(True)
-    out = block(hidden, index, weights)
-    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(dtype))
+    hidden = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(4)).to(device, dtype)
+    hidden.requires_grad_(True)
+    weights = weights.to(device, dtype).requires_grad_(True)
+    out = block(hidden, index.to(device), weights)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(device, dtype))
     grads = {"input": hidden.grad, "routing_weights": weights.grad}
     grads |= {name: p.grad for name, p in block.named_parameters() if "lora_" in name}
     return out, grads
 
 
-def _compare(family: str, backend: str, dtype: torch.dtype) -> None:
-    reference_block = _lora_block(family, dtype)
-    ref_out, ref_grads = _forward_backward(reference_block, "eager", dtype)
-    block = _lora_block(family, dtype)
+def _compare(family: str, backend: str, dtype: torch.dtype, device: str = "cpu") -> None:
+    reference_block = _lora_block(family, dtype, device)
+    ref_out, ref_grads = _forward_backward(reference_block, "eager", dtype, device)
+    block = _lora_block(family, dtype, device)
     assert install_split_lora(block) == 1
-    out, grads = _forward_backward(block, IMPLEMENTATIONS[backend], dtype)
+    out, grads = _forward_backward(block, IMPLEMENTATIONS[backend], dtype, device)
     assert len(ref_grads) == 6, sorted(ref_grads)  # input, routing weights, A and B of gate_up and down
     tol = TOLERANCE[dtype]
     errors = {"output": ((out.float() - ref_out.float()).abs().max() / ref_out.float().abs().max()).item()}
@@ -106,12 +107,26 @@ def test_backend_with_split_lora_matches_eager_and_peft(backend, family, dtype):
     _compare(family, backend, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: str(d).removeprefix("torch."))
-@pytest.mark.parametrize("family", ["qwen3", "gptoss"])
+@pytest.mark.parametrize(("family", "dtype"), [("qwen3", torch.bfloat16), ("gptoss", torch.float32)],
+                         ids=["qwen3-bfloat16", "gptoss-float32"])
 def test_triton_with_split_lora_matches_eager_and_peft_interpreter(family, dtype):
     if not interpreting():
         pytest.skip("CPU runs need TRITON_INTERPRET=1 at import (tests/kernels/test_moe_triton_cpu.py runs them)")
     _compare(family, "triton", dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("family", ["qwen3", "gptoss", "qwen2"])
+@pytest.mark.parametrize("backend", ["grouped_mm", "triton", "torch"])
+def test_gpu_backend_with_split_lora_matches_eager_and_peft(backend, family, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from hone.core.moe import probe
+
+    if backend != "torch" and (failure := probe(backend, torch.device("cuda", torch.cuda.current_device()), dtype)):
+        pytest.skip(f"{backend} does not run in {dtype} on this GPU: {failure}")
+    _compare(family, backend, dtype, "cuda")
 
 
 def test_split_path_never_forms_w_plus_ba_and_revert_restores_peft(monkeypatch):
