@@ -103,9 +103,7 @@ def _sorted_source(t: torch.Tensor, routing: Routing, ops: GroupedOps) -> tuple[
 
 
 def _scatter_rows(rows: torch.Tensor, routing: Routing) -> torch.Tensor:
-    placed = torch.empty_like(rows)
-    placed[routing.perm] = rows
-    return placed
+    return torch.empty_like(rows).index_copy_(0, routing.perm, rows)
 
 
 class MoeExpertsFunction(torch.autograd.Function):
@@ -180,8 +178,7 @@ class MoeExpertsFunction(torch.autograd.Function):
                 d_row_weight += (_wide(u) * _wide(ha)).sum(-1)
             if b_down is not None:
                 d_row_weight += (_wide(d_out) @ _wide(b_down).T)[r.token, r.expert]
-            d_flat = torch.empty_like(d_row_weight)
-            d_flat[r.perm] = d_row_weight
+            d_flat = torch.empty_like(d_row_weight).index_copy_(0, r.perm, d_row_weight)
             grads[1] = d_flat.view(r.num_tokens, r.top_k).to(ctx.weights_dtype)
         if a2 is not None and plan.down_dropout:
             lora_g = ops.gmm(u, a2.transpose(1, 2), r)

@@ -42,9 +42,7 @@ def _epilogue(out: torch.Tensor, routing: Routing, scatter: bool, row_scale: tor
     if row_scale is not None:
         out.mul_(row_scale[:, None])
     if scatter:
-        placed = torch.empty_like(out)
-        placed[routing.perm] = out
-        out = placed
+        out = torch.empty_like(out).index_copy_(0, routing.perm, out)
     return out
 
 

@@ -32,6 +32,11 @@ LAYOUTS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _untuned_triton(monkeypatch):
+    """Triton block sizes from the heuristic: tuning every test shape would spend GPU minutes compiling."""
+    monkeypatch.setenv("HONE_TRITON_AUTOTUNE", "0")
+
 def _require(device: str) -> None:
     if device == "cpu" and not interpreting():
         pytest.skip("CPU runs need TRITON_INTERPRET=1 at import (test_moe_triton_cpu.py runs them)")

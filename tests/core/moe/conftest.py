@@ -20,3 +20,9 @@ def tiny_moe_cache():
         return copy.deepcopy(built[key])
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _untuned_triton(monkeypatch):
+    """Triton block sizes from the heuristic: tuning every test shape would spend GPU minutes compiling."""
+    monkeypatch.setenv("HONE_TRITON_AUTOTUNE", "0")
