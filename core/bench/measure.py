@@ -250,6 +250,21 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
         result.syncs_fwd_bwd = count_syncs(runner.forward_backward, settings.device)
 
 
+def _record_failure(result: RunResult, error: Exception, device: str) -> None:
+    if isinstance(error, SkipRun):
+        result.status, result.reason = "skipped", str(error)
+    elif isinstance(error, ConfigError):  # a speed path said it cannot run here
+        result.status, result.reason = "skipped", error.message
+    elif is_out_of_memory(error):
+        result.status = "oom"
+        result.peak_allocated_gib, result.peak_reserved_gib = _peaks(device)
+        text = str(error).strip()
+        result.reason = text.splitlines()[0][:300] if text else type(error).__name__
+    else:
+        result.status, result.reason = "failed", f"{type(error).__name__}: {error}"[:500]
+        result.details = "".join(traceback.format_exception(error))
+
+
 def measure_run(runner: Runner, settings: Settings, *, description: str = "",
                 overrides: dict | None = None) -> RunResult:
     """Set up, warm up, time and tear down one run; failures are recorded, never raised.
@@ -269,18 +284,12 @@ def measure_run(runner: Runner, settings: Settings, *, description: str = "",
         raise ValueError("at least one timed step is needed")
     try:
         _drive(runner, settings, result)
-    except SkipRun as e:
-        result.status, result.reason = "skipped", str(e)
-    except ConfigError as e:  # a speed path said it cannot run here
-        result.status, result.reason = "skipped", e.message
     except Exception as e:
-        if is_out_of_memory(e):
-            result.status = "oom"
-            result.peak_allocated_gib, result.peak_reserved_gib = _peaks(settings.device)
-            result.reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        else:
-            result.status, result.reason = "failed", f"{type(e).__name__}: {e}"[:500]
-            result.details = traceback.format_exc()
+        _record_failure(result, e, settings.device)
+        # The traceback's frames hold the failed step's tensors (activations of an OOM'd forward); an exception
+        # kept alive anywhere would keep them, so their locals are dropped now.
+        traceback.clear_frames(e.__traceback__)
+        e.__traceback__ = None
     finally:
         try:
             runner.teardown()
