@@ -66,7 +66,8 @@ def use_per_layer_metadata(model, choices: dict[str, str]) -> None:
     if suffix is None or current not in getattr(attention, "IMPLEMENTATIONS", {}).values():
         raise SkipRun(f"the run's attention is {current!r}, which has no per-layer-metadata variant")
     attention.apply_attention(model, current + suffix)
-    choices["attention"] = choices.get("attention", current) + "; metadata rebuilt in every layer (benchmark)"
+    choices["attention"] = (choices.get("attention", current)
+                            + f"; metadata rebuilt in every layer ({current + suffix}, benchmark only)")
 
 
 class HoneRunner:

@@ -197,6 +197,7 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
 
     free_memory(device)
     peak_flops = matmul_rate(device, dtype)
+    free_memory(device)  # the probe's cached blocks must not count as the first run's reserved memory
     settings = Settings(warmup=options.warmup, steps=options.steps, device=device, tokens=batch.tokens,
                         peak_flops=peak_flops, count_syncs=options.count_syncs)
     runs: list[RunResult] = []
@@ -205,6 +206,7 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
             model_folder = saved_model_folder(scenario, options.layers, seed=options.seed, dtype=dtype,
                                               device=device, cache_dir=options.model_cache)
             planned = plan_runs(options, scenario, facts, batch, device, dtype, model_folder)
+            free_memory(device)
         for plan in planned:
             if on_start:
                 on_start(plan.name)

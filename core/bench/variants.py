@@ -55,6 +55,8 @@ VARIANTS: tuple[Variant, ...] = (
             needs=("cuda", "module:flash_attn"), focus=("attention",)),
     Variant("attn-sdpa", {"attention": "sdpa"}, "packed attention: SDPA with one block mask per batch",
             focus=("attention",)),
+    Variant("attn-sdpa-per-layer", {"attention": "sdpa"}, "the same, block mask rebuilt in every layer",
+            focus=("attention",), per_layer_metadata=True),
     Variant("loss-chunked", {"loss": "chunked"}, "chunked cross-entropy, never all logits", focus=("loss",)),
     Variant("attn+loss", {"attention": "auto", "loss": "chunked"}, "packed attention (auto) + chunked loss",
             focus=("attention",)),

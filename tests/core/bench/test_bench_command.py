@@ -49,21 +49,34 @@ def bench(tmp_path, *args) -> tuple[int, dict | None]:
 @pytest.fixture(scope="module")
 def dense_record(tmp_path_factory):
     torch.set_num_threads(1)
-    return bench(tmp_path_factory.mktemp("bench"), "tiny-dense", *FAST, "--only", "hone-base,loss-chunked,attn-varlen")
+    return bench(tmp_path_factory.mktemp("bench"), "tiny-dense", *FAST, "--micro", "on",
+                 "--only", "hone-base,loss-chunked,attn-varlen,attn-sdpa-per-layer")
 
 
 def test_tiny_dense_runs_and_the_json_has_every_field(dense_record):
     code, data = dense_record
     assert code == 0
     assert set(data) == TOP_LEVEL
-    assert [r["name"] for r in data["runs"]] == ["reference", "hone-base", "attn-varlen", "loss-chunked"]
+    assert [r["name"] for r in data["runs"]] == ["reference", "hone-base", "attn-varlen", "attn-sdpa-per-layer",
+                                                 "loss-chunked"]
     fields = {f.name for f in dataclasses.fields(RunResult)}
     for run in data["runs"]:
         assert set(run) == fields, run["name"]
     assert data["batch"]["tokens"] == 96 and data["dtype"] == "float32" and data["device"] == "cpu"
     assert data["environment"]["packages"]["torch"].startswith(torch.__version__.split("+")[0])
     assert data["matmul_tflops"] > 0 and data["architecture"]["layers"] == 2
-    assert data["attention_micro"] is None  # the micro-benchmark runs on CUDA unless --micro on
+
+
+
+def test_the_attention_micro_benchmark_gets_the_batch_and_the_geometry(dense_record):
+    _, data = dense_record
+    micro = data["attention_micro"]
+    assert micro["status"] == "ok", micro.get("details") or micro["reason"]
+    assert micro["ignored_arguments"] == []  # every size below reached hone.core.attention_bench.run
+    result = micro["result"]
+    assert (result["tokens"], result["sequences"]) == (96, data["batch"]["sequences"])
+    assert (result["heads"], result["kv_heads"], result["head_dim"]) == (4, 2, 16)
+    assert result["mask_builds_per_layer_ours"] == pytest.approx(1 / data["architecture"]["layers"])
 
 
 def test_tiny_dense_runs_measure_and_agree_with_the_reference(dense_record):
@@ -82,6 +95,8 @@ def test_tiny_dense_runs_measure_and_agree_with_the_reference(dense_record):
     assert runs["reference"]["speed_ratio"] == 1.0
     assert runs["loss-chunked"]["speed_paths"]["loss"].startswith("chunked")
     assert runs["hone-base"]["speed_paths"]["loss"].startswith("plain")
+    per_layer = runs["attn-sdpa-per-layer"]["speed_paths"]["attention"]
+    assert per_layer.startswith("sdpa") and "metadata rebuilt in every layer (hone_blockmask_per_layer" in per_layer
 
 
 def test_out_of_memory_in_one_run_is_recorded_and_the_others_finish(tmp_path, monkeypatch):
