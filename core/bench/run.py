@@ -12,6 +12,7 @@ then an optional peer in its own process.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -118,6 +119,15 @@ def _selected(name: str, only: list[str] | None, baseline: str) -> bool:
     return only is None or name == baseline or any(fnmatch.fnmatchcase(name, pattern) for pattern in only)
 
 
+def _qlora_blocker(device: str) -> str | None:
+    """Why no QLoRA run can happen here, or None."""
+    if not device.startswith("cuda"):
+        return "QLoRA needs a CUDA GPU"
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return "QLoRA needs the bitsandbytes package, which is not installed"
+    return None
+
+
 def plan_runs(options: BenchOptions, scenario: Scenario, facts: dict, batch: TokenBatch, device: str,
               dtype: torch.dtype, model_folder=None) -> list[PlannedRun]:
     """Every run this benchmark makes, in order, filtered by --only (the baseline always stays)."""
@@ -142,9 +152,9 @@ def plan_runs(options: BenchOptions, scenario: Scenario, facts: dict, batch: Tok
                                   skip_reason=reason or "",
                                   make=None if reason else (lambda v=variant: HoneRunner(v, scenario, options.layers,
                                                                                          batch, **common))))
-    if options.qlora and not device.startswith("cuda"):
-        planned = [PlannedRun(p.name, p.kind, p.description, p.overrides, None, "QLoRA needs a CUDA GPU")
-                   for p in planned]
+    qlora_blocker = _qlora_blocker(device) if options.qlora else None
+    if qlora_blocker:
+        planned = [PlannedRun(p.name, p.kind, p.description, p.overrides, None, qlora_blocker) for p in planned]
     names = [p.name for p in planned]
     if options.baseline not in names:
         raise ConfigError(f"--baseline {options.baseline!r} is not a run of this benchmark",

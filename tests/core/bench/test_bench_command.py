@@ -48,9 +48,13 @@ def bench(tmp_path, *args) -> tuple[int, dict | None]:
 
 @pytest.fixture(scope="module")
 def dense_record(tmp_path_factory):
-    torch.set_num_threads(1)
-    return bench(tmp_path_factory.mktemp("bench"), "tiny-dense", *FAST, "--micro", "on",
-                 "--only", "hone-base,loss-chunked,attn-varlen,attn-sdpa-per-layer")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # module-scoped, so the function-scoped one-thread fixture does not cover it
+    try:
+        return bench(tmp_path_factory.mktemp("bench"), "tiny-dense", *FAST, "--micro", "on",
+                     "--only", "hone-base,loss-chunked,attn-varlen,attn-sdpa-per-layer")
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_tiny_dense_runs_and_the_json_has_every_field(dense_record):
@@ -154,6 +158,13 @@ def test_tiny_moe_hone_runs_match_the_reference(tmp_path):
 def test_the_unsloth_peer_is_skipped_when_it_is_not_installed():
     result = run_unsloth_peer({})
     assert result.status == "skipped" and result.reason == "unsloth is not installed" and result.kind == "peer"
+
+
+def test_qlora_on_a_cpu_is_recorded_as_skipped_for_every_run(tmp_path):
+    code, data = bench(tmp_path, "tiny-dense", *FAST, "--qlora", "--only", "hone-base")
+    assert code == 1  # nothing could run
+    assert [(r["name"], r["status"], r["reason"]) for r in data["runs"]] == [
+        ("reference", "skipped", "QLoRA needs a CUDA GPU"), ("hone-base", "skipped", "QLoRA needs a CUDA GPU")]
 
 
 def test_list_shows_scenarios_and_runs(capsys):
