@@ -42,12 +42,29 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def not_wired(variant: Variant, choices: dict[str, str]) -> str | None:
-    """Why a single-path variant measures nothing new: its path did not show up in the run's speed report."""
+def _path_reported(path: str, choices: dict[str, str], model) -> bool:
+    """Whether the run shows `path` ("kernels" / "compile") switched on: a speed-path entry naming it, or the
+    model itself carrying it (Hone's kernel patches; blocks compiled with `nn.Module.compile`)."""
+    word = "kernel" if path == "kernels" else "compil"
+    if any(word in key.lower() for key in choices):
+        return True
+    if model is None:
+        return False
+    if path == "kernels":
+        try:
+            from hone.core.fused import kernels_applied
+        except ImportError:
+            return False
+        return kernels_applied(model) is not None
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
+def not_wired(variant: Variant, choices: dict[str, str], model=None) -> str | None:
+    """Why a single-path variant measures nothing new: its path did not show up in the run's setup."""
     settings = variant.overrides
     for path in variant.focus:
-        if path in ("kernels", "compile") and settings.get(path) and path not in choices:
-            return f"speed.{path} is not wired into hone.core.speed in this build (the run reports no {path!r} path)"
+        if path in ("kernels", "compile") and settings.get(path) and not _path_reported(path, choices, model):
+            return f"speed.{path} is not wired into hone.core.speed in this build (the run shows no {path} path)"
         if (path == "checkpoint" and str(settings.get("checkpoint", "")).startswith("offload")
                 and "offload" not in choices.get("checkpoint", "")):
             return (f"speed.checkpoint = {settings['checkpoint']} is not wired into hone.core.speed in this build "
@@ -120,7 +137,7 @@ class HoneRunner:
                                                                                   / len(self.batch.lengths)))
         setup.choices["lora"] = lora_report.summary()
         setup.choices.setdefault("loss", describe_loss(model, config.speed.loss))
-        reason = not_wired(self.variant, setup.choices)
+        reason = not_wired(self.variant, setup.choices, model)
         if reason:
             raise SkipRun(reason)
         params = [p for p in model.parameters() if p.requires_grad]

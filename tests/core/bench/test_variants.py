@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from hone.core.bench.hone_runner import not_wired
 from hone.core.bench.variants import BASE, VARIANTS, Variant, applies, speed_config, speed_settings, unavailable
 from hone.core.config import SpeedConfig
@@ -45,8 +47,13 @@ def test_every_variant_uses_fields_this_build_knows():
 
 
 def test_a_single_path_variant_whose_path_is_not_wired_is_recognized():
-    assert "speed.kernels is not wired" in not_wired(variant("kernels"), {"attention": "sdpa"})
-    assert not_wired(variant("kernels"), {"kernels": "triton: 28 norms"}) is None
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    assert "speed.kernels is not wired" in not_wired(variant("kernels"), {"attention": "sdpa"}, plain)
+    assert not_wired(variant("kernels"), {"kernels": "triton: 28 norms"}, plain) is None
+    assert not_wired(variant("kernels"), {"fused kernels": "triton"}, plain) is None
+    assert "speed.compile is not wired" in not_wired(variant("compile"), {}, plain)
+    plain[0].compile(backend="eager")  # what regional compilation does to each block; nothing is traced yet
+    assert not_wired(variant("compile"), {}, plain) is None
     reason = not_wired(variant("ckpt-offload"), {"checkpoint": "gpu: recompute each decoder layer"})
     assert "speed.checkpoint = offload is not wired" in reason
     assert not_wired(variant("ckpt-offload"), {"checkpoint": "offload: one pinned buffer"}) is None
