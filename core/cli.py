@@ -18,6 +18,7 @@ from hone.core.errors import HoneError
 COMMANDS = {
     "train": "hone.core.commands.train",
     "demo": "hone.core.commands.demo",
+    "bench": "hone.core.commands.bench",
 }
 
 

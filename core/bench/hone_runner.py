@@ -1,0 +1,177 @@
+"""A Hone run: the same model, then the very code the trainer runs, with one variant's speed settings.
+
+Setup follows `Trainer._run` step for step: `before_lora` (attention, MoE experts), seed, `apply_lora`,
+`after_lora` (checkpointing, offload, kernels, compilation), `build_optimizer` / `build_scheduler`, and a
+`StepRunner`; each timed step is one `StepRunner.step` over the batch's rows as a `TokenizedSet` and one pack,
+exactly what the trainer feeds it. QLoRA runs load the saved random-init folder through `load_model`, as the
+trainer does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from hone.core.bench.batch import TokenBatch
+from hone.core.bench.measure import SkipRun, StepOutcome
+from hone.core.bench.scenarios import Scenario
+from hone.core.bench.variants import Variant, speed_config
+from hone.core.bench.weights import active_params, architecture_facts, bench_model_info, build_bench_model
+from hone.core.config import LoraConfig, ModelConfig, RunConfig, TrainConfig
+from hone.core.lora import apply_lora
+from hone.core.loss import describe as describe_loss
+from hone.core.loss import loss_sum
+from hone.core.optim import build_optimizer, build_scheduler
+from hone.core.packing import collate_packed
+from hone.core.speed import after_lora, before_lora
+from hone.core.trainer import StepRunner
+
+# The reference's learning rate and clipping (HF Trainer defaults), so both runs take the same optimizer step.
+LEARNING_RATE = 2e-4
+MAX_GRAD_NORM = 1.0
+
+
+class _PadToken:
+    """What StepRunner reads from a tokenizer: the pad id (used only by padded batches; these are packed)."""
+
+    pad_token_id = 0
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _path_reported(path: str, choices: dict[str, str], model) -> bool:
+    """Whether the run shows `path` ("kernels" / "compile") switched on: a speed-path entry naming it, or the
+    model itself carrying it (Hone's kernel patches; blocks compiled with `nn.Module.compile`)."""
+    word = "kernel" if path == "kernels" else "compil"
+    if any(word in key.lower() for key in choices):
+        return True
+    if model is None:
+        return False
+    if path == "kernels":
+        try:
+            from hone.core.fused import kernels_applied
+        except ImportError:
+            return False
+        return kernels_applied(model) is not None
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
+def not_wired(variant: Variant, choices: dict[str, str], model=None) -> str | None:
+    """Why a single-path variant measures nothing new: its path did not show up in the run's setup."""
+    settings = variant.overrides
+    for path in variant.focus:
+        if path in ("kernels", "compile") and settings.get(path) and not _path_reported(path, choices, model):
+            return f"speed.{path} is not wired into hone.core.speed in this build (the run shows no {path} path)"
+        if (path == "checkpoint" and str(settings.get("checkpoint", "")).startswith("offload")
+                and "offload" not in choices.get("checkpoint", "")):
+            return (f"speed.checkpoint = {settings['checkpoint']} is not wired into hone.core.speed in this build "
+                    f"(the run reports checkpoint: {choices.get('checkpoint', 'nothing')})")
+    return None
+
+
+def use_per_layer_metadata(model, choices: dict[str, str]) -> None:
+    """Switch Hone's packed attention to its benchmark-only variant that rebuilds metadata in every layer."""
+    try:
+        from hone.core import attention
+    except ImportError:
+        raise SkipRun("hone.core.attention (packed attention) is not in this build") from None
+    suffix = getattr(attention, "PER_LAYER_SUFFIX", None)
+    current = attention.current_implementation(model)
+    if suffix is None or current not in getattr(attention, "IMPLEMENTATIONS", {}).values():
+        raise SkipRun(f"the run's attention is {current!r}, which has no per-layer-metadata variant")
+    attention.apply_attention(model, current + suffix)
+    choices["attention"] = (choices.get("attention", current)
+                            + f"; metadata rebuilt in every layer ({current + suffix}, benchmark only)")
+
+
+class HoneRunner:
+    """One Hone run of `variant`."""
+
+    kind = "hone"
+
+    def __init__(self, variant: Variant, scenario: Scenario, layers: int | None, batch: TokenBatch, *, lora_r: int,
+                 seed: int, dtype: torch.dtype, device: str, qlora: bool = False, model_folder=None):
+        self.name, self.variant, self.scenario, self.layers, self.batch = variant.name, variant, scenario, layers, batch
+        self.lora_r, self.seed, self.dtype, self.device, self.qlora = lora_r, seed, dtype, device, qlora
+        self.model_folder = model_folder
+        self.model = self.runner = self.setup_state = None
+        self.dataset = self.packs = None
+        self.step_index = 0
+        # The schedule is constant; this only has to exceed the steps a benchmark takes.
+        self.total_steps = 1_000_000
+
+    def run_config(self) -> RunConfig:
+        model = ModelConfig(dtype=_dtype_name(self.dtype))
+        if self.model_folder is not None:
+            model = ModelConfig(name_or_path=str(self.model_folder), dtype=_dtype_name(self.dtype))
+        return RunConfig(
+            model=model,
+            lora=LoraConfig(r=self.lora_r, alpha=2.0 * self.lora_r, qlora=self.qlora),
+            train=TrainConfig(lr=LEARNING_RATE, schedule="constant", warmup_steps=0, warmup_ratio=0.0,
+                              max_grad_norm=MAX_GRAD_NORM, batch_tokens=max(self.batch.tokens, 16)),
+            speed=speed_config(self.variant))
+
+    def _load(self, config: RunConfig):
+        if self.qlora:
+            from hone.core.models import load_model
+
+            loaded = load_model(config.model, device=self.device, qlora=True)
+            return loaded.model, loaded.tokenizer, loaded.info
+        model = build_bench_model(self.scenario, self.layers, seed=self.seed, dtype=self.dtype, device=self.device)
+        return model, _PadToken(), bench_model_info(model, self.scenario)
+
+    def setup(self) -> None:
+        config = self.run_config()
+        device = self.device
+        model, tokenizer, info = self._load(config)
+        setup = before_lora(model, config.speed, info, device)
+        if self.variant.per_layer_metadata:
+            use_per_layer_metadata(model, setup.choices)
+        torch.manual_seed(self.seed)  # LoRA init must not depend on what loading consumed (as in Trainer._run)
+        model, lora_report = apply_lora(model, config.lora, info)
+        self.model, self.setup_state = model, setup
+        after_lora(model, config.speed, info, device, setup, mean_row_tokens=float(sum(self.batch.lengths)
+                                                                                  / len(self.batch.lengths)))
+        setup.choices["lora"] = lora_report.summary()
+        setup.choices.setdefault("loss", describe_loss(model, config.speed.loss))
+        reason = not_wired(self.variant, setup.choices, model)
+        if reason:
+            raise SkipRun(reason)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = build_optimizer(params, config.train, device)
+        scheduler = build_scheduler(optimizer, config.train, self.total_steps)
+        scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
+        self.runner = StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config, device, self.dtype,
+                                 setup)
+        self.dataset, self.packs = self.batch.tokenized_set(), self.batch.packs()
+
+    def step(self) -> StepOutcome:
+        metrics = self.runner.step(self.dataset, self.packs, self.step_index, self.total_steps)
+        self.step_index += 1
+        return StepOutcome(loss=metrics["loss"], grad_norm=metrics["grad_norm"])
+
+    def forward_backward(self) -> None:
+        """The micro-batch part of `StepRunner.step`: collate, copy to the device, loss, backward."""
+        runner = self.runner
+        batch = collate_packed([self.dataset[i] for i in self.packs[0]], pin_memory=runner.pin).to(self.device)
+        autocast = (torch.autocast("cuda", dtype=runner.autocast_dtype) if runner.autocast_dtype is not None
+                    else contextlib.nullcontext())
+        self.model.train()
+        with autocast:
+            summed = loss_sum(self.model, batch, mode=runner.config.speed.loss)
+        (summed / max(batch.num_trained, 1)).backward()
+        runner.optimizer.zero_grad(set_to_none=True)
+
+    def teardown(self) -> None:
+        if self.variant.overrides.get("compile"):
+            torch._dynamo.reset()  # compiled graphs hold on to this run's modules
+        self.model = self.runner = self.setup_state = self.dataset = self.packs = None
+
+    def describe(self) -> dict:
+        facts = architecture_facts(self.scenario, self.layers)
+        params = self.runner.params
+        return {"speed_paths": dict(self.setup_state.choices), "trainable_params": sum(p.numel() for p in params),
+                "active_params": active_params(self.model, facts["experts"], facts["experts_per_token"])}

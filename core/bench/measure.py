@@ -1,0 +1,302 @@
+"""Measuring one run: timed steps, peak memory, MFU, first-step loss, host syncs, and out-of-memory capture.
+
+A run is anything with the `Runner` shape (reference, Hone, a test double): `setup()` builds model and optimizer,
+`step()` runs one optimizer step and reports its loss, `forward_backward()` runs the step's forward and backward
+only (for counting syncs), `teardown()` drops everything. `measure_run` drives it:
+
+    setup -> warm-up steps (the first one's loss and gradient norm are the parity numbers) -> timed steps
+    (synchronized before and after each; median) -> one forward + backward under CUDA's sync debug mode
+    -> teardown -> free memory
+
+Out of memory anywhere becomes status "oom" for that run, a path that cannot run here (`SkipRun`, or a
+`ConfigError` from a speed path) status "skipped", anything else status "failed" with its traceback; the
+caller goes on with the next run either way.
+
+MFU counts 6 x N x tokens FLOPs per step (N = parameters a token passes through: every parameter, embedding and
+LM head included, LoRA included, routed experts scaled by top-k / E) against the matmul rate measured on this
+device at the start. Attention-score FLOPs (which grow with sequence length) and checkpoint recompute are not
+counted, so the number is comparable across runs and with the usual "6N" figures.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import torch
+
+from hone.core.errors import ConfigError
+
+GIB = 2**30
+# Text of the warning CUDA's sync debug mode raises on every synchronizing call (c10 warn_or_error_on_sync).
+_SYNC_WARNING = "synchronizing CUDA operation"
+
+
+class SkipRun(Exception):
+    """A run that cannot happen in this build or on this device; the message says why."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one optimizer step reports: mean loss over trained tokens, gradient norm before clipping."""
+
+    loss: float
+    grad_norm: float
+
+
+class Runner(Protocol):
+    name: str
+    kind: str  # "reference" | "hone" | "peer"
+
+    def setup(self) -> None: ...
+
+    def step(self) -> StepOutcome: ...
+
+    def forward_backward(self) -> None: ...
+
+    def teardown(self) -> None: ...
+
+    def describe(self) -> dict:
+        """speed_paths (dict), trainable_params, active_params once set up."""
+        ...
+
+
+@dataclass
+class RunResult:
+    """Everything measured about one run; `to_dict` is its JSON form."""
+
+    name: str
+    kind: str
+    description: str = ""
+    status: str = "ok"  # ok | oom | skipped | failed
+    reason: str = ""
+    details: str = ""  # traceback of a failure
+    overrides: dict = field(default_factory=dict)
+    speed_paths: dict = field(default_factory=dict)
+    tokens: int = 0
+    warmup_steps: int = 0
+    steps: int = 0
+    step_times_s: list[float] = field(default_factory=list)
+    median_step_s: float | None = None
+    tokens_per_s: float | None = None
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    warmup_peak_allocated_gib: float | None = None
+    memory_before_gib: float | None = None
+    mfu: float | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    first_grad_norm: float | None = None
+    syncs_fwd_bwd: int | None = None
+    setup_s: float | None = None
+    first_step_s: float | None = None
+    trainable_params: int | None = None
+    active_params: int | None = None
+    # Filled in against the baseline run by report.compare.
+    speed_ratio: float | None = None
+    memory_ratio: float | None = None
+    loss_diff: float | None = None
+    loss_rel_diff: float | None = None
+    grad_norm_rel_diff: float | None = None
+    parity: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How every run is measured."""
+
+    warmup: int
+    steps: int
+    device: str
+    tokens: int
+    peak_flops: float | None  # matmul FLOP/s measured at start
+    count_syncs: bool = True
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, host MemoryError, or a kernel's plain RuntimeError saying so."""
+    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
+
+def synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def free_memory(device: str) -> None:
+    """Collect garbage and hand cached blocks back, so the next run starts from an empty GPU."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def allocated_gib(device: str) -> float | None:
+    return torch.cuda.memory_allocated() / GIB if torch.device(device).type == "cuda" else None
+
+
+def count_syncs(fn, device: str) -> int | None:
+    """Host<->device synchronizations while `fn()` runs, from CUDA's sync debug mode; None off CUDA.
+
+    Every synchronizing call torch makes (a `.item()`, `.tolist()`, `nonzero`, a blocking copy, a stream or
+    device synchronize) raises a warning in "warn" mode; warnings from the backward pass's worker threads are
+    replayed on the calling thread. Syncs made outside torch's own CUDA calls (e.g. inside a third-party
+    extension) are not seen.
+    """
+    if torch.device(device).type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+    return sum(1 for w in caught if _SYNC_WARNING in str(w.message))
+
+
+def matmul_rate(device: str, dtype: torch.dtype) -> float:
+    """Best measured FLOP/s of a square matmul in `dtype` on `device`: the roof MFU is taken against."""
+    cuda = torch.device(device).type == "cuda"
+    # 8192^3 keeps an H200 busy for ~1.4 ms per product, long enough to reach its roof; a CPU gets 512^3.
+    n = 8192 if cuda else 512
+    repeats = 20 if cuda else 3
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(3):  # the first round warms up the library's kernel choice
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.mm(a, b)
+        synchronize(device)
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return 2 * n**3 / best
+
+
+def _reset_peak(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peaks(device: str) -> tuple[float | None, float | None]:
+    if torch.device(device).type != "cuda":
+        return None, None
+    return torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB
+
+
+def _timed_step(runner: Runner, device: str) -> tuple[StepOutcome, float, float | None, float | None]:
+    _reset_peak(device)
+    synchronize(device)
+    start = time.perf_counter()
+    outcome = runner.step()
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    return (outcome, elapsed, *_peaks(device))
+
+
+def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
+    started = time.perf_counter()
+    runner.setup()
+    result.setup_s = time.perf_counter() - started
+    described = runner.describe()
+    result.speed_paths = dict(described.get("speed_paths", {}))
+    result.trainable_params = described.get("trainable_params")
+    result.active_params = described.get("active_params")
+
+    warm_peaks = []
+    for index in range(settings.warmup):
+        outcome, elapsed, peak, _ = _timed_step(runner, settings.device)
+        if index == 0:
+            result.first_loss, result.first_grad_norm, result.first_step_s = outcome.loss, outcome.grad_norm, elapsed
+        warm_peaks.append(peak)
+    peaks, reserved = [], []
+    for _ in range(settings.steps):
+        outcome, elapsed, peak, peak_reserved = _timed_step(runner, settings.device)
+        if result.first_loss is None:
+            result.first_loss, result.first_grad_norm, result.first_step_s = outcome.loss, outcome.grad_norm, elapsed
+        result.step_times_s.append(elapsed)
+        result.last_loss = outcome.loss
+        peaks.append(peak)
+        reserved.append(peak_reserved)
+
+    result.median_step_s = statistics.median(result.step_times_s)
+    result.tokens_per_s = settings.tokens / result.median_step_s
+    if peaks and peaks[0] is not None:
+        result.peak_allocated_gib, result.peak_reserved_gib = max(peaks), max(reserved)
+    if warm_peaks and warm_peaks[0] is not None:
+        result.warmup_peak_allocated_gib = max(warm_peaks)
+    if settings.peak_flops and result.active_params:
+        result.mfu = 6 * result.active_params * settings.tokens / result.median_step_s / settings.peak_flops
+    if settings.count_syncs:
+        result.syncs_fwd_bwd = count_syncs(runner.forward_backward, settings.device)
+
+
+def _record_failure(result: RunResult, error: Exception, device: str) -> None:
+    if isinstance(error, SkipRun):
+        result.status, result.reason = "skipped", str(error)
+    elif isinstance(error, ConfigError):  # a speed path said it cannot run here
+        result.status, result.reason = "skipped", error.message
+    elif is_out_of_memory(error):
+        result.status = "oom"
+        result.peak_allocated_gib, result.peak_reserved_gib = _peaks(device)
+        text = str(error).strip()
+        result.reason = text.splitlines()[0][:300] if text else type(error).__name__
+    else:
+        result.status, result.reason = "failed", f"{type(error).__name__}: {error}"[:500]
+        result.details = "".join(traceback.format_exception(error))
+
+
+def measure_run(runner: Runner, settings: Settings, *, description: str = "",
+                overrides: dict | None = None) -> RunResult:
+    """Set up, warm up, time and tear down one run; failures are recorded, never raised.
+
+    Args:
+        runner: the run.
+        settings: steps, warm-up, device, tokens per step, the measured matmul rate.
+        description, overrides: copied into the result for the record.
+
+    Returns:
+        The RunResult (status ok / oom / skipped / failed).
+    """
+    result = RunResult(name=runner.name, kind=runner.kind, description=description, overrides=dict(overrides or {}),
+                       tokens=settings.tokens, warmup_steps=settings.warmup, steps=settings.steps,
+                       memory_before_gib=allocated_gib(settings.device))
+    if settings.steps < 1:
+        raise ValueError("at least one timed step is needed")
+    try:
+        _drive(runner, settings, result)
+    except Exception as e:
+        _record_failure(result, e, settings.device)
+        # The traceback's frames hold the failed step's tensors (activations of an OOM'd forward); an exception
+        # kept alive anywhere would keep them, so their locals are dropped now.
+        traceback.clear_frames(e.__traceback__)
+        e.__traceback__ = None
+    finally:
+        try:
+            runner.teardown()
+        except Exception as e:  # keep the first failure's story; note a teardown one
+            result.details += f"\nteardown failed: {type(e).__name__}: {e}"
+    if not result.ok:
+        # A failed run's numbers would mislead next to the others.
+        result.tokens_per_s = result.median_step_s = result.mfu = None
+    free_memory(settings.device)
+    return result

@@ -1,0 +1,161 @@
+"""Unsloth as a peer (`hone bench ... --peer unsloth`), in a separate process because it patches transformers
+globally when imported.
+
+UNTESTED: Unsloth is not installed where Hone is developed and tested, so this runner was written against
+Unsloth's documented API (`FastLanguageModel.from_pretrained / get_peft_model / for_training`) and its packed-
+batch convention (a `packed_seq_lengths` int32 tensor next to `position_ids`, as its collator wrapper adds it),
+and has never been run. Nothing in Hone's tests depends on it; a failure is recorded as this run's failure.
+
+The child process builds the same random-init weights (same shape, seed and device, so the same values), saves
+them with a synthetic tokenizer for Unsloth's loader, and runs the same token batch with Unsloth's defaults:
+its gradient checkpointing ("unsloth"), LoRA r on the same linear layers (alpha 2r, no dropout), fused AdamW,
+clipping at 1.0. It is measured by the same `measure_run` and answers with a RunResult as JSON.
+
+    python -m hone.core.bench.peer_unsloth SPEC.json RESULT.json
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hone.core.bench.measure import RunResult
+
+PEER_NAME = "unsloth"
+# The peer process may also build and save the model; this bounds one benchmark run in it.
+_TIMEOUT_S = 1800
+
+
+def unsloth_available() -> bool:
+    return importlib.util.find_spec("unsloth") is not None
+
+
+class UnslothRunner:
+    """The peer run inside the child process (imports unsloth before anything imports transformers)."""
+
+    kind = "peer"
+
+    def __init__(self, spec: dict):
+        self.name = PEER_NAME
+        self.spec = spec
+        self.model = self.optimizer = self.inputs = self.folder = None
+        self.params: list = []
+
+    def setup(self) -> None:
+        import torch
+        from unsloth import FastLanguageModel  # child_main imported unsloth before anything loaded transformers
+
+        from hone.core.bench.batch import make_batch
+        from hone.core.bench.scenarios import get_scenario
+        from hone.core.bench.weights import saved_model_folder, vocab_size
+
+        spec = self.spec
+        scenario = get_scenario(spec["scenario"])
+        dtype = getattr(torch, spec["dtype"])
+        self.folder = saved_model_folder(scenario, spec["layers"], seed=spec["seed"], dtype=dtype,
+                                         device=spec["device"], cache_dir=spec.get("model_cache"))
+        batch = make_batch(spec["tokens"], vocab_size(scenario), seed=spec["seed"], min_len=spec["min_len"],
+                           max_len=spec["max_len"])
+        model, _tokenizer = FastLanguageModel.from_pretrained(
+            model_name=str(self.folder), max_seq_length=batch.tokens, dtype=dtype, load_in_4bit=spec["qlora"])
+        targets = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                          if isinstance(module, torch.nn.Linear) and ".layers." in name})
+        model = FastLanguageModel.get_peft_model(
+            model, r=spec["lora_r"], lora_alpha=2 * spec["lora_r"], lora_dropout=0, bias="none",
+            target_modules=targets, use_gradient_checkpointing="unsloth", random_state=spec["seed"])
+        FastLanguageModel.for_training(model)
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=2e-4, fused=True)
+        inputs = {k: torch.from_numpy(v).to(spec["device"]) for k, v in batch.flattened().items()}
+        inputs["packed_seq_lengths"] = torch.tensor(batch.lengths, dtype=torch.int32)
+        self.inputs = inputs
+
+    def _loss(self):
+        import torch
+
+        with torch.autocast("cuda", dtype=getattr(torch, self.spec["dtype"])):
+            return self.model(**self.inputs, use_cache=False).loss
+
+    def step(self):
+        import torch
+
+        from hone.core.bench.measure import StepOutcome
+
+        loss = self._loss()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutcome(loss=loss.item(), grad_norm=float(grad_norm))
+
+    def forward_backward(self) -> None:
+        self._loss().backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def teardown(self) -> None:
+        from hone.core.bench.weights import remove_folder
+
+        self.model = self.optimizer = self.inputs = None
+        self.params = []
+        if self.spec.get("model_cache") is None:
+            remove_folder(self.folder)
+
+    def describe(self) -> dict:
+        import unsloth
+
+        from hone.core.bench.scenarios import get_scenario
+        from hone.core.bench.weights import active_params, architecture_facts
+
+        facts = architecture_facts(get_scenario(self.spec["scenario"]), self.spec["layers"])
+        return {"speed_paths": {"peer": f"unsloth {getattr(unsloth, '__version__', '?')}, its defaults"},
+                "trainable_params": sum(p.numel() for p in self.params),
+                "active_params": active_params(self.model, facts["experts"], facts["experts_per_token"])}
+
+
+def child_main(spec_path: str, result_path: str) -> int:
+    """Entry point of the child process."""
+    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    try:
+        import unsloth  # noqa: F401  (first, so it can patch transformers)
+    except Exception as e:  # not installed, or it fails to import on this machine
+        result = RunResult(name=PEER_NAME, kind="peer", status="skipped", reason=f"import unsloth failed: {e}")
+    else:
+        from hone.core.bench.measure import Settings, measure_run
+
+        settings = Settings(warmup=spec["warmup"], steps=spec["steps"], device=spec["device"],
+                            tokens=spec["tokens"], peak_flops=spec.get("peak_flops"))
+        result = measure_run(UnslothRunner(spec), settings, description="Unsloth with its defaults (untested)")
+    Path(result_path).write_text(json.dumps(result.to_dict()), encoding="utf-8")
+    return 0
+
+
+def run_unsloth_peer(spec: dict) -> RunResult:
+    """Run the peer in a child process and read its RunResult; a crash becomes a failed run."""
+    if not unsloth_available():
+        return RunResult(name=PEER_NAME, kind="peer", status="skipped", reason="unsloth is not installed")
+    with tempfile.TemporaryDirectory(prefix="hone-bench-peer-") as folder:
+        spec_path, result_path = Path(folder) / "spec.json", Path(folder) / "result.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        try:
+            done = subprocess.run([sys.executable, "-m", "hone.core.bench.peer_unsloth", str(spec_path),
+                                   str(result_path)], capture_output=True, text=True, timeout=_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return RunResult(name=PEER_NAME, kind="peer", status="failed",
+                             reason=f"the Unsloth process ran past {_TIMEOUT_S} s")
+        if not result_path.is_file():
+            tail = (done.stderr or done.stdout or "").strip().splitlines()[-5:]
+            return RunResult(name=PEER_NAME, kind="peer", status="failed",
+                             reason=f"the Unsloth process exited with {done.returncode}: " + " | ".join(tail),
+                             details=done.stderr[-20000:])
+        data = json.loads(result_path.read_text(encoding="utf-8"))
+    known = set(RunResult.__dataclass_fields__)
+    return RunResult(**{k: v for k, v in data.items() if k in known})
+
+
+if __name__ == "__main__":
+    raise SystemExit(child_main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,83 @@
+"""Benchmark scenarios: a model shape from `hone.core.shapes`, how many of its layers, and the batch it trains on.
+
+The real scenarios are the public architectures the speed claims are about; the `tiny-*` ones keep each
+architecture at a size a CPU runs in milliseconds, for smoke runs and tests. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hone.core.errors import ConfigError
+
+# Default packed-row sizes. 16,384 tokens is the dense batch the reference numbers in DESIGN.md were measured on;
+# MoE layers hold a (tokens x top-k) routing problem, so their batch is half of that, as in the MoE reference.
+DENSE_TOKENS = 16384
+MOE_TOKENS = 8192
+# Tiny scenarios: enough tokens for several sequences of a few lengths, still milliseconds per step on a CPU.
+TINY_TOKENS = 512
+# Sequence lengths are drawn log-uniform in this range, like SFT chat data (many short rows, a few long ones).
+MIN_SEQ_LEN = 32
+MAX_SEQ_LEN = 2048
+# Tiny scenarios keep the distribution's shape at their scale.
+TINY_MIN_SEQ_LEN = 8
+TINY_MAX_SEQ_LEN = 256
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One benchmark case.
+
+    Attributes:
+        name: what `hone bench NAME` takes.
+        shape: a key of `hone.core.shapes.SHAPES`.
+        layers: decoder layers to build (None = all of the shape's).
+        tokens: default tokens in the packed row.
+        min_len / max_len: default range of the log-uniform sequence lengths.
+        description: one line for `hone bench --list`.
+    """
+
+    name: str
+    shape: str
+    layers: int | None
+    tokens: int
+    min_len: int
+    max_len: int
+    description: str
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.name.startswith("tiny-")
+
+
+def _real(name: str, shape: str, layers: int | None, tokens: int, description: str) -> Scenario:
+    return Scenario(name, shape, layers, tokens, MIN_SEQ_LEN, MAX_SEQ_LEN, description)
+
+
+def _tiny(name: str, shape: str, description: str) -> Scenario:
+    return Scenario(name, shape, None, TINY_TOKENS, TINY_MIN_SEQ_LEN, TINY_MAX_SEQ_LEN, description)
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    _real("dense-0.6b", "dense-0.6b", None, DENSE_TOKENS, "Qwen3-0.6B shape, all 28 layers"),
+    _real("dense-8b", "dense-8b", None, DENSE_TOKENS, "Qwen3-8B shape, all 36 layers"),
+    _real("llama-1b", "llama-1b", None, DENSE_TOKENS, "Llama-3.2-1B shape, all 16 layers"),
+    # 8 of Qwen3-30B-A3B's 48 layers: the per-layer work is what is measured, and 8 layers fit beside the
+    # reference's dense-mask attention and W + BA expert weights on one GPU.
+    _real("moe-qwen3", "moe-qwen3", 8, MOE_TOKENS, "Qwen3-30B-A3B shape, 8 of 48 layers"),
+    # 4 of gpt-oss-20b's 24 layers: two sliding-window and two full-attention layers.
+    _real("moe-gptoss", "moe-gptoss", 4, MOE_TOKENS, "gpt-oss-20b shape, 4 of 24 layers"),
+    _tiny("tiny-dense", "tiny-dense", "tiny Qwen3 (CPU smoke run)"),
+    _tiny("tiny-llama", "tiny-llama", "tiny Llama (CPU smoke run)"),
+    _tiny("tiny-moe-qwen3", "tiny-moe-qwen3", "tiny Qwen3-MoE (CPU smoke run)"),
+    _tiny("tiny-moe-gptoss", "tiny-moe-gptoss", "tiny gpt-oss (CPU smoke run)"),
+)}
+
+
+def get_scenario(name: str) -> Scenario:
+    """The scenario called `name`, or a ConfigError listing the ones there are."""
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ConfigError(f"there is no benchmark scenario {name!r}",
+                          f"pick one of: {', '.join(SCENARIOS)}") from None

@@ -1,0 +1,128 @@
+"""The Hone runs of a benchmark, as data: each is a set of `SpeedConfig` overrides over "every path off".
+
+`BASE` switches every speed path off (transformers' attention, full logits, recompute checkpointing, transformers'
+eager experts, no fused kernels, no compilation): Hone's own loop doing what the reference does. Each variant
+turns one path on (or all of them); adding a variant is adding a row. A variant that cannot run in this build or
+on this device is skipped with the reason recorded: a field or value this build's `SpeedConfig` does not know, a
+CUDA-only path on a CPU, a package that is not installed. A variant whose purpose is one path (`focus`) is also
+skipped when the run's speed report shows the path was not wired in (see `hone_runner`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from dataclasses import dataclass
+
+from hone.core.config import SpeedConfig
+from hone.core.errors import ConfigError
+
+BASE: dict = {"packing": True, "attention": "hf", "loss": "plain", "checkpoint": "gpu", "moe_backend": "eager",
+              "kernels": False, "compile": False}
+ALL_ON: dict = {"attention": "auto", "loss": "chunked", "checkpoint": "auto", "moe_backend": "auto", "kernels": True,
+                "compile": False}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One Hone run.
+
+    Attributes:
+        name: the run's name in the table and for `--only`.
+        overrides: SpeedConfig fields set over `BASE`.
+        description: one line for `hone bench --list` and the JSON record.
+        needs: "cuda" (a CUDA device), "moe" / "dense" (only for such models), "module:NAME" (importable).
+        focus: the speed paths this variant exists to measure ("attention", "loss", "checkpoint", "moe",
+            "kernels", "compile"); it is skipped when the run shows one of them not wired in.
+        per_layer_metadata: benchmark-only attention mode that rebuilds the packed metadata in every layer.
+    """
+
+    name: str
+    overrides: dict
+    description: str
+    needs: tuple[str, ...] = ()
+    focus: tuple[str, ...] = ()
+    per_layer_metadata: bool = False
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("hone-base", {}, "Hone's step with every speed path off (should match the reference)"),
+    Variant("attn-varlen", {"attention": "varlen"}, "packed attention: torch varlen_attn, metadata once per batch",
+            needs=("cuda",), focus=("attention",)),
+    Variant("attn-varlen-per-layer", {"attention": "varlen"}, "the same, metadata rebuilt in every layer",
+            needs=("cuda",), focus=("attention",), per_layer_metadata=True),
+    Variant("attn-flash", {"attention": "flash"}, "packed attention: flash-attn varlen",
+            needs=("cuda", "module:flash_attn"), focus=("attention",)),
+    Variant("attn-sdpa", {"attention": "sdpa"}, "packed attention: SDPA with one block mask per batch",
+            focus=("attention",)),
+    Variant("attn-sdpa-per-layer", {"attention": "sdpa"}, "the same, block mask rebuilt in every layer",
+            focus=("attention",), per_layer_metadata=True),
+    Variant("loss-chunked", {"loss": "chunked"}, "chunked cross-entropy, never all logits", focus=("loss",)),
+    Variant("attn+loss", {"attention": "auto", "loss": "chunked"}, "packed attention (auto) + chunked loss",
+            focus=("attention",)),
+    Variant("ckpt-off", {"checkpoint": "off"}, "no activation checkpointing", focus=("checkpoint",)),
+    Variant("ckpt-offload", {"checkpoint": "offload"}, "checkpoints offloaded to pinned CPU memory, one buffer",
+            needs=("cuda",), focus=("checkpoint",)),
+    Variant("ckpt-offload-double", {"checkpoint": "offload-double"}, "offloaded checkpoints, two reload buffers",
+            needs=("cuda",), focus=("checkpoint",)),
+    Variant("moe-grouped_mm", {"moe_backend": "grouped_mm"}, "MoE experts: torch._grouped_mm + split LoRA",
+            needs=("moe",), focus=("moe",)),
+    Variant("moe-triton", {"moe_backend": "triton"}, "MoE experts: Hone's Triton grouped GEMM + split LoRA",
+            needs=("moe", "cuda"), focus=("moe",)),
+    Variant("moe-torch", {"moe_backend": "torch"}, "MoE experts: PyTorch loop over groups + split LoRA",
+            needs=("moe",), focus=("moe",)),
+    Variant("kernels", {"kernels": True}, "fused Triton kernels (norm, rope, activation, LoRA)", focus=("kernels",)),
+    Variant("compile", {"compile": True}, "decoder blocks compiled with torch.compile", needs=("cuda",),
+            focus=("compile",)),
+    Variant("all", ALL_ON, "every speed path on, as `auto` picks them (Hone's defaults)"),
+    Variant("all+compile", {**ALL_ON, "compile": True}, "every speed path on, and compiled blocks",
+            needs=("cuda",), focus=("compile",)),
+    Variant("all-ckpt-gpu", {**ALL_ON, "checkpoint": "gpu"}, "every path on, recompute checkpointing",
+            focus=("checkpoint",)),
+    Variant("all-offload", {**ALL_ON, "checkpoint": "offload"}, "every path on, offloaded checkpoints (one buffer)",
+            needs=("cuda",), focus=("checkpoint",)),
+    Variant("all-offload-double", {**ALL_ON, "checkpoint": "offload-double"},
+            "every path on, offloaded checkpoints (two buffers)", needs=("cuda",), focus=("checkpoint",)),
+)
+
+
+def applies(variant: Variant, is_moe: bool) -> bool:
+    """Whether the variant means anything for this model (MoE backends only for MoE models)."""
+    return not (("moe" in variant.needs and not is_moe) or ("dense" in variant.needs and is_moe))
+
+
+def speed_settings(variant: Variant) -> dict:
+    """BASE with the variant's overrides, keeping BASE fields this build's SpeedConfig does not have."""
+    fields = {f.name for f in dataclasses.fields(SpeedConfig)}
+    merged = {k: v for k, v in BASE.items() if k in fields}
+    merged.update(variant.overrides)
+    return merged
+
+
+def speed_config(variant: Variant) -> SpeedConfig:
+    """The SpeedConfig of a variant; ConfigError when this build's SpeedConfig does not accept it."""
+    fields = {f.name for f in dataclasses.fields(SpeedConfig)}
+    unknown = sorted(set(variant.overrides) - fields)
+    if unknown:
+        raise ConfigError(f"SpeedConfig has no field {unknown[0]!r} in this build", "")
+    return SpeedConfig(**speed_settings(variant))
+
+
+def unavailable(variant: Variant, device: str) -> str | None:
+    """Why the variant cannot run in this build or on this device, or None."""
+    for need in variant.needs:
+        if need == "cuda" and not str(device).startswith("cuda"):
+            return "needs a CUDA GPU"
+        if need.startswith("module:") and importlib.util.find_spec(need.removeprefix("module:")) is None:
+            return f"the {need.removeprefix('module:')} package is not installed"
+    try:
+        speed_config(variant)
+    except ConfigError as e:
+        return f"this build's speed settings do not accept it: {e.message}"
+    return None
+
+
+def variant_table() -> list[dict]:
+    """Rows for `hone bench --list`."""
+    return [{"name": v.name, "description": v.description, "overrides": v.overrides, "needs": list(v.needs)}
+            for v in VARIANTS]

@@ -1,0 +1,140 @@
+"""`hone bench SCENARIO [...]`: speed and memory of Hone's speed paths against plain transformers + peft,
+in one process, as ratios."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give run names separated by commas, e.g. reference,all")
+    return names
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    from hone.core.bench.scenarios import SCENARIOS
+
+    p = sub.add_parser(
+        "bench", help="measure tokens/s and memory against plain transformers + peft",
+        description="Train random-init models of real shapes on one packed batch: the transformers + peft "
+        "reference, then Hone with each speed path alone and all together. Prints ratios against the "
+        "reference (tokens/s, peak memory, first-step loss difference).")
+    p.add_argument("scenario", nargs="?", choices=list(SCENARIOS), metavar="SCENARIO",
+                   help=f"one of: {', '.join(SCENARIOS)}")
+    p.add_argument("--tokens", type=int, help="tokens in the packed batch (default 16384 dense, 8192 MoE, "
+                   "512 tiny)")
+    p.add_argument("--layers", type=int, help="decoder layers to build (default: the scenario's)")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank, alpha = 2 x rank (default 16)")
+    p.add_argument("--qlora", action="store_true", help="4-bit nf4 base weights (bitsandbytes) in every run")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per run; the median counts (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch (default 0)")
+    p.add_argument("--seq-min", type=int, help="shortest sequence (default 32; tiny scenarios 8)")
+    p.add_argument("--seq-max", type=int, help="longest sequence (default 2048; tiny scenarios 256)")
+    p.add_argument("--only", type=_names, metavar="NAMES",
+                   help="comma-separated runs to make (shell patterns allowed, e.g. 'attn-*,all'); the baseline "
+                   "always runs. See --list.")
+    p.add_argument("--baseline", default="reference", help="the run ratios are taken against (default reference)")
+    p.add_argument("--peer", choices=["unsloth"], help="also run Unsloth in a separate process (if installed)")
+    p.add_argument("--json", metavar="OUT", help="write every number, the options and the environment to OUT")
+    p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="weights and compute (default: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--micro", default="auto", choices=["auto", "on", "off"],
+                   help="attention-alone micro-benchmark (default: on CUDA)")
+    p.add_argument("--model-cache", metavar="DIR", help="keep the saved random-init model folder (QLoRA and "
+                   "peer runs) here and reuse it next time")
+    p.add_argument("--no-sync-count", action="store_true", help="skip the extra forward + backward that counts "
+                   "host syncs")
+    p.add_argument("--verbose", action="store_true", help="also print each run's speed paths and failures")
+    p.add_argument("--list", action="store_true", help="list scenarios and runs, then exit")
+    return p
+
+
+def _print_list(console) -> None:
+    from rich.table import Table
+
+    from hone.core.bench.scenarios import SCENARIOS
+    from hone.core.bench.variants import VARIANTS
+
+    scenarios = Table(title="scenarios", title_justify="left")
+    for column in ("name", "shape", "layers", "tokens", "what"):
+        scenarios.add_column(column)
+    for s in SCENARIOS.values():
+        scenarios.add_row(s.name, s.shape, str(s.layers or "all"), str(s.tokens), s.description)
+    console.print(scenarios)
+    runs = Table(title="runs (Hone variants are SpeedConfig settings over 'every path off')", title_justify="left")
+    for column in ("name", "settings", "needs", "what"):
+        runs.add_column(column)
+    runs.add_row("reference", "", "", "transformers + peft, HF gradient checkpointing, SDPA, packed row")
+    runs.add_row("reference-eager", "", "moe", "the same with transformers' eager experts")
+    for v in VARIANTS:
+        settings = ", ".join(f"{k}={v_}" for k, v_ in v.overrides.items()) or "(every path off)"
+        runs.add_row(v.name, settings, ", ".join(v.needs), v.description)
+    console.print(runs)
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from hone.core.errors import ConfigError
+
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: room for the whole table
+        console = Console(width=150)
+    if args.list:
+        _print_list(console)
+        return 0
+    if not args.scenario:
+        raise ConfigError("no scenario given", "run `hone bench --list` to see them, e.g. `hone bench dense-0.6b`")
+
+    from hone.core.bench.report import notes, ratio_table, write_json
+    from hone.core.bench.run import BenchOptions, run_bench
+
+    options = BenchOptions(scenario=args.scenario, tokens=args.tokens, layers=args.layers, lora_r=args.lora_r,
+                           qlora=args.qlora, steps=args.steps, warmup=args.warmup, seed=args.seed,
+                           seq_min=args.seq_min, seq_max=args.seq_max, only=args.only, baseline=args.baseline,
+                           peer=args.peer, device=args.device, dtype=args.dtype, micro=args.micro,
+                           model_cache=args.model_cache, count_syncs=not args.no_sync_count)
+
+    def started(name: str) -> None:
+        console.print(f"[dim]{name} ...[/dim]")
+
+    def measured(result) -> None:
+        if result.ok:
+            memory = "" if result.peak_allocated_gib is None else f", {result.peak_allocated_gib:.2f} GiB"
+            console.print(f"  {result.name}: {result.tokens_per_s:,.0f} tokens/s{memory}, "
+                          f"first loss {result.first_loss:.4f}")
+        else:
+            console.print(f"  {result.name}: {result.status}: {result.reason}")
+
+    report = run_bench(options, on_result=measured, on_start=started)
+    batch = report.batch
+    title = (f"{report.scenario.name} ({report.scenario.description}): {batch['tokens']:,} tokens in "
+             f"{batch['sequences']} sequences, LoRA r{options.lora_r}{' QLoRA' if options.qlora else ''}, "
+             f"{report.dtype} on {report.environment.get('gpu', report.device)}; median of {options.steps} steps; "
+             f"ratios vs {options.baseline}")
+    console.print(ratio_table(report.runs, options.baseline, title))
+    mfu_roof = f"{report.matmul_tflops:.3g} TFLOP/s" if report.matmul_tflops else "n/a"
+    console.print(f"MFU against the measured {report.dtype} matmul rate ({mfu_roof}), counting 6 x N FLOPs per token. "
+                  "syncs = host syncs in one forward + backward (CUDA only).")
+    for line in notes(report.runs):
+        console.print(f"[yellow]{line}[/yellow]")
+    if report.attention_micro is not None:
+        micro = report.attention_micro
+        if micro.get("status") == "ok" and micro.get("table"):
+            console.print(micro["table"])
+        else:
+            console.print(f"attention alone: {micro.get('status')}: {micro.get('reason')}")
+    if args.verbose:
+        for result in report.runs:
+            for path, choice in result.speed_paths.items():
+                console.print(f"[dim]{result.name}: {path}: {choice}[/dim]")
+            if result.details:
+                console.print(result.details)
+    if args.json:
+        path = write_json(report.to_dict(), args.json)
+        console.print(f"wrote {path}")
+    return 0 if any(r.ok for r in report.runs) else 1

@@ -1,0 +1,174 @@
+"""`hone bench` end to end on tiny scenarios (CPU, fp32): the command runs, the JSON holds every field, Hone's
+first-step loss equals the reference's and a loss computed here sequence by sequence, out-of-memory in one run is
+recorded while the others finish, and --only picks the runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hone.core.bench.batch import make_batch
+from hone.core.bench.hone_runner import HoneRunner
+from hone.core.bench.measure import RunResult
+from hone.core.bench.peer_unsloth import run_unsloth_peer
+from hone.core.cli import main
+from hone.core.shapes import build_model
+
+FAST = ["--tokens", "96", "--steps", "1", "--warmup", "1"]
+TOP_LEVEL = {"schema", "scenario", "options", "device", "dtype", "batch", "architecture", "environment",
+             "matmul_tflops", "flops_convention", "baseline", "parity_tolerance", "runs", "attention_micro",
+             "elapsed_s"}
+
+
+def expected_first_loss(shape: str, batch_info: dict) -> float:
+    """Mean next-token cross-entropy of the untrained model, each sequence run on its own (no packing, no mask)."""
+    batch = make_batch(batch_info["tokens"], batch_info["vocab_size"], seed=batch_info["seed"],
+                       min_len=batch_info["min_len"], max_len=batch_info["max_len"])
+    model = build_model(shape, seed=0, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in batch.rows():
+            ids = torch.tensor(row.input_ids)
+            logits = model(input_ids=ids[None]).logits[0].float()
+            total += F.cross_entropy(logits[:-1], ids[1:], reduction="sum").item()
+            count += len(ids) - 1
+    return total / count
+
+
+def bench(tmp_path, *args) -> tuple[int, dict | None]:
+    out = tmp_path / "bench.json"
+    code = main(["bench", *args, "--json", str(out)])
+    return code, json.loads(out.read_text()) if out.is_file() else None
+
+
+@pytest.fixture(scope="module")
+def dense_record(tmp_path_factory):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # module-scoped, so the function-scoped one-thread fixture does not cover it
+    try:
+        return bench(tmp_path_factory.mktemp("bench"), "tiny-dense", *FAST, "--micro", "on",
+                     "--only", "hone-base,loss-chunked,attn-varlen,attn-sdpa-per-layer")
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_tiny_dense_runs_and_the_json_has_every_field(dense_record):
+    code, data = dense_record
+    assert code == 0
+    assert set(data) == TOP_LEVEL
+    assert [r["name"] for r in data["runs"]] == ["reference", "hone-base", "attn-varlen", "attn-sdpa-per-layer",
+                                                 "loss-chunked"]
+    fields = {f.name for f in dataclasses.fields(RunResult)}
+    for run in data["runs"]:
+        assert set(run) == fields, run["name"]
+    assert data["batch"]["tokens"] == 96 and data["dtype"] == "float32" and data["device"] == "cpu"
+    assert data["environment"]["packages"]["torch"].startswith(torch.__version__.split("+")[0])
+    assert data["matmul_tflops"] > 0 and data["architecture"]["layers"] == 2
+
+
+
+def test_the_attention_micro_benchmark_gets_the_batch_and_the_geometry(dense_record):
+    _, data = dense_record
+    micro = data["attention_micro"]
+    assert micro["status"] == "ok", micro.get("details") or micro["reason"]
+    assert micro["ignored_arguments"] == []  # every size below reached hone.core.attention_bench.run
+    result = micro["result"]
+    assert (result["tokens"], result["sequences"]) == (96, data["batch"]["sequences"])
+    assert (result["heads"], result["kv_heads"], result["head_dim"]) == (4, 2, 16)
+    assert result["mask_builds_per_layer_ours"] == pytest.approx(1 / data["architecture"]["layers"])
+
+
+def test_tiny_dense_runs_measure_and_agree_with_the_reference(dense_record):
+    _, data = dense_record
+    runs = {r["name"]: r for r in data["runs"]}
+    varlen = runs.pop("attn-varlen")
+    assert varlen["status"] == "skipped" and varlen["reason"] == "needs a CUDA GPU"
+    expected = expected_first_loss("tiny-dense", data["batch"])
+    for name, run in runs.items():
+        assert run["status"] == "ok", f"{name}: {run['reason']}\n{run['details']}"
+        assert run["tokens_per_s"] > 0 and run["mfu"] > 0 and len(run["step_times_s"]) == 1
+        assert run["first_loss"] == pytest.approx(expected, rel=1e-5), (
+            f"{name}: first-step loss {run['first_loss']:.6f}, computed sequence by sequence {expected:.6f}")
+        assert run["parity"] is True, f"{name}: loss diff {run['loss_diff']}, grad norm {run['grad_norm_rel_diff']}"
+        assert run["trainable_params"] == runs["reference"]["trainable_params"] > 0
+    assert runs["reference"]["speed_ratio"] == 1.0
+    assert runs["loss-chunked"]["speed_paths"]["loss"].startswith("chunked")
+    assert runs["hone-base"]["speed_paths"]["loss"].startswith("plain")
+    per_layer = runs["attn-sdpa-per-layer"]["speed_paths"]["attention"]
+    assert per_layer.startswith("sdpa") and "metadata rebuilt in every layer (hone_blockmask_per_layer" in per_layer
+
+
+def test_out_of_memory_in_one_run_is_recorded_and_the_others_finish(tmp_path, monkeypatch):
+    real_step = HoneRunner.step
+
+    def step(self):
+        if self.name == "hone-base":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.27 GiB")
+        return real_step(self)
+
+    monkeypatch.setattr(HoneRunner, "step", step)
+    code, data = bench(tmp_path, "tiny-dense", *FAST, "--only", "hone-base,loss-chunked", "--no-sync-count")
+    assert code == 0
+    runs = {r["name"]: r for r in data["runs"]}
+    assert runs["hone-base"]["status"] == "oom"
+    assert runs["hone-base"]["reason"] == "CUDA out of memory. Tried to allocate 9.27 GiB"
+    assert runs["hone-base"]["tokens_per_s"] is None and runs["hone-base"]["speed_ratio"] is None
+    assert runs["loss-chunked"]["status"] == "ok" and runs["loss-chunked"]["parity"] is True
+
+
+def test_only_names_no_run_is_an_error(tmp_path, capsys):
+    code, data = bench(tmp_path, "tiny-dense", *FAST, "--only", "no-such-run")
+    assert code == 2 and data is None
+    assert "--only 'no-such-run' matches no run" in capsys.readouterr().err
+
+
+def test_tiny_moe_references_agree_with_a_sequence_by_sequence_loss(tmp_path):
+    code, data = bench(tmp_path, "tiny-moe-qwen3", *FAST, "--only", "reference*", "--no-sync-count")
+    assert code == 0
+    runs = {r["name"]: r for r in data["runs"]}
+    assert set(runs) == {"reference", "reference-eager"}
+    assert runs["reference"]["speed_paths"]["moe"].startswith("grouped_mm")
+    assert runs["reference-eager"]["speed_paths"]["moe"].startswith("eager")
+    expected = expected_first_loss("tiny-moe-qwen3", data["batch"])
+    for run in runs.values():
+        assert run["status"] == "ok", run["details"]
+        assert run["first_loss"] == pytest.approx(expected, rel=1e-5)
+        assert run["parity"] is True
+    # LoRA on attention and on the stacked experts (peft target_parameters), the same in both.
+    assert runs["reference"]["trainable_params"] == runs["reference-eager"]["trainable_params"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hone.core.moe") is None,
+                    reason="the MoE speed path (hone.core.moe) is not in this build")
+def test_tiny_moe_hone_runs_match_the_reference(tmp_path):
+    code, data = bench(tmp_path, "tiny-moe-qwen3", *FAST, "--only", "hone-base,moe-torch", "--no-sync-count")
+    assert code == 0
+    runs = {r["name"]: r for r in data["runs"]}
+    for name in ("hone-base", "moe-torch"):
+        assert runs[name]["status"] == "ok", f"{name}: {runs[name]['reason']}\n{runs[name]['details']}"
+        assert runs[name]["parity"] is True, (name, runs[name]["loss_diff"], runs[name]["grad_norm_rel_diff"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("unsloth") is not None, reason="unsloth is installed here")
+def test_the_unsloth_peer_is_skipped_when_it_is_not_installed():
+    result = run_unsloth_peer({})
+    assert result.status == "skipped" and result.reason == "unsloth is not installed" and result.kind == "peer"
+
+
+def test_qlora_on_a_cpu_is_recorded_as_skipped_for_every_run(tmp_path):
+    code, data = bench(tmp_path, "tiny-dense", *FAST, "--qlora", "--only", "hone-base")
+    assert code == 1  # nothing could run
+    assert [(r["name"], r["status"], r["reason"]) for r in data["runs"]] == [
+        ("reference", "skipped", "QLoRA needs a CUDA GPU"), ("hone-base", "skipped", "QLoRA needs a CUDA GPU")]
+
+
+def test_list_shows_scenarios_and_runs(capsys):
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("dense-0.6b", "moe-qwen3", "tiny-dense", "reference-eager", "attn-varlen-per-layer", "all"):
+        assert name in out
