@@ -23,11 +23,9 @@ class LoraReport:
 
 
 def _expert_targets(model) -> list[str]:
-    """peft `target_parameters` for MoE experts, from the MoE speed path when present."""
-    try:
-        from hone.core import moe
-    except ImportError:
-        return []
+    """peft `target_parameters` for MoE experts (saved in peft's own format)."""
+    from hone.core import moe
+
     return list(moe.expert_lora_targets(model))
 
 
@@ -50,7 +48,11 @@ def build_peft_config(model, lora_cfg: LoraConfig, info: ModelInfo):
     if info.is_vision and not lora_cfg.train_vision_tower:
         exclude = _vision_exclusions(model) or None
     target_parameters = _expert_targets(model) if (info.is_moe and lora_cfg.experts) else []
-    return PeftLoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+    # peft refuses dropout together with target_parameters (and adds expert parameters to "all-linear" on MoE
+    # models by itself), so on MoE models the dropout is applied by Hone's split-LoRA path instead; the saved
+    # adapter then says lora_dropout = 0, which changes nothing at inference.
+    dropout = 0.0 if info.is_moe else lora_cfg.dropout
+    return PeftLoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=dropout,
                           target_modules=targets, exclude_modules=exclude, use_rslora=lora_cfg.rslora,
                           target_parameters=target_parameters or None, task_type="CAUSAL_LM")
 
@@ -65,10 +67,10 @@ def apply_lora(model, lora_cfg: LoraConfig, info: ModelInfo):
     except ValueError as e:
         raise ConfigError(f"lora.targets {lora_cfg.targets} do not fit this model: {e}",
                           "use 'all-linear' or module names the model has (e.g. q_proj, v_proj)") from None
-    if info.is_moe and lora_cfg.experts:
+    if info.is_moe:
         from hone.core import moe
 
-        moe.install_split_lora(peft_model)
+        moe.install_split_lora(peft_model, dropout=lora_cfg.dropout)
     if lora_cfg.train_projector and info.is_vision:
         for name, param in peft_model.named_parameters():
             if any(k in name for k in ("multi_modal_projector", "connector", "merger")):

@@ -277,8 +277,11 @@ def load_tokenizer(folder: str, config=None, model_cfg: ModelConfig | None = Non
 
 
 def load_model(model_cfg: ModelConfig, *, device: str | None = None, for_training: bool = True,
-               qlora: bool = False, attn_implementation: str = "sdpa") -> LoadedModel:
-    """Load weights and tokenizer onto `device` in the configured dtype (QLoRA: 4-bit nf4 base)."""
+               qlora: bool = False, attn_implementation: str | None = None) -> LoadedModel:
+    """Load weights and tokenizer onto `device` in the configured dtype (QLoRA: 4-bit nf4 base).
+
+    `attn_implementation` None lets transformers pick its default (SDPA where the architecture has it); the
+    run's packed-attention backend is set afterwards by hone.core.attention."""
     device = device or pick_device()
     dtype = resolve_dtype(model_cfg.dtype, device)
     source, folder, config = load_config(model_cfg)

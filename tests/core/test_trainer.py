@@ -137,3 +137,15 @@ def test_unusable_data_fails_with_advice_not_a_traceback(tiny_model_dir, tiny_co
     assert isinstance(failed, events.RunFailed)
     assert "bad.jsonl" in failed.reason and failed.advice
     assert not failed.details  # a user mistake, not a crash
+
+
+@pytest.mark.parametrize("shape", ["tiny-moe-qwen3", "tiny-moe-gptoss"])
+def test_moe_models_train_with_lora_dropout(shape, tiny_model_dir, chat_files, tiny_config, tmp_path):
+    """peft refuses dropout with expert LoRA; Hone applies it in its own split-LoRA path instead."""
+    config = tiny_config(tiny_model_dir(shape), chat_files, tmp_path, "lora.dropout=0.1", "train.max_steps=2")
+    got = run_all(Trainer(config, device="cpu"))
+    assert isinstance(got[-1], events.RunFinished), got[-1]
+    started = next(e for e in got if isinstance(e, events.RunStarted))
+    assert started.is_moe and "moe" in started.speed_paths
+    steps = [e for e in got if isinstance(e, events.StepMetrics)]
+    assert all(sum(s.expert_load) > 0 for s in steps)
