@@ -46,18 +46,13 @@ def before_lora(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedS
 def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup: SpeedSetup,
                mean_row_tokens: float) -> None:
     """Activation checkpointing (possibly offloaded), then fused kernels and compilation."""
-    mode = _checkpoint_mode(cfg.checkpoint, device)
-    if mode == "off":
-        setup.choices["checkpoint"] = "off"
-    else:
-        base = peft_model.get_base_model()
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        base.config.use_cache = False
-        setup.choices["checkpoint"] = "gpu: recompute each decoder layer in backward"
+    from hone.core import offload, offload_policy
 
-
-def _checkpoint_mode(requested: str, device: str) -> str:
-    if requested == "auto":
-        # On the CPU memory is plentiful and recompute costs a third more time: no checkpointing.
-        return "gpu" if str(device).startswith("cuda") else "off"
-    return requested
+    choice = offload_policy.choose_mode(cfg.checkpoint, device, mean_row_tokens, peft_model.get_base_model().config)
+    if choice.notice:
+        setup.note("checkpoint", choice.notice, choice.level)
+    setup.choices["checkpoint"] = f"{choice.mode}: {choice.reason}"
+    if choice.mode != "off":
+        setup.offload = offload.apply_checkpointing(peft_model, choice.mode, device, note=setup.note)
+        if setup.offload is None:
+            setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"

@@ -1,0 +1,468 @@
+"""Activation checkpointing of decoder layers, with the saved inputs kept on the GPU or offloaded to pinned host memory.
+
+Modes (`speed.checkpoint`):
+- `off`: no checkpointing; every activation stays in memory.
+- `gpu`: each decoder layer keeps only its input; backward recomputes the layer from it.
+- `offload`: the input goes to pinned host memory (copied on a side stream while the forward pass runs on); backward
+  copies it back into one GPU buffer, waits for the copy, recomputes. The GPU idles during each copy.
+- `offload-double`: two GPU buffers; while layer i is recomputed from one, the input of layer i-1 is copied into
+  the other, so the copy hides behind compute. Falls back to one buffer (with a Notice) when a second buffer does
+  not fit or memory gets tight.
+- `auto`: see `hone.core.offload_policy.choose_mode`.
+
+How it plugs in: transformers decoder layers are `GradientCheckpointingLayer`s that, when their
+`gradient_checkpointing` flag is set, call `self._gradient_checkpointing_func(layer_call, hidden_states)` with every
+other argument (attention mask, position-embedding tuple, `cu_seq_lens_q/k`, `max_length_q/k`, ...) bound into
+`layer_call`. `apply_checkpointing` sets those two attributes on every decoder layer to a `Checkpointer`;
+`revert_checkpointing` restores what was there. Works the same under peft LoRA / QLoRA (peft swaps the linear
+modules inside a layer, not the layer) and for MoE layers.
+
+The layer runs inside `_CheckpointedLayer`, an autograd Function: forward runs the layer without autograd and
+saves only its input; backward reloads the input, recomputes the layer with autograd (same RNG and autocast state as
+in forward), back-propagates through it (parameter gradients accumulate into `.grad` right there) and returns the
+input's gradient. A zero-size `anchor` tensor that requires grad is passed along so the Function is part of the graph
+even when the first layer's input does not require grad. Gradients therefore reach parameters through
+`loss.backward()` (what the trainer calls), not through `torch.autograd.grad(loss, params)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.checkpoint import checkpoint as recompute_checkpoint
+
+from hone.core.offload_buffers import (
+    CudaCopier,
+    HostSlot,
+    HostSlots,
+    ReloadBuffer,
+    SyncCopier,
+    allocate_reload_buffer,
+    reload_buffer_bytes,
+    second_buffer_decision,
+    tight_memory_reason,
+)
+
+CHECKPOINT_MODES = ("gpu", "offload", "offload-double")  # modes that install a Checkpointer ("off" installs none)
+
+# GPU memory that must stay free at a step's peak for a second reload buffer: allocator fragmentation and the
+# step-to-step variation of the transient peak (packing plans, MoE routing imbalance) are a few hundred MiB.
+HEADROOM_MARGIN_BYTES = 1 << 30
+
+_RECOMPUTING = 0  # > 0 while a layer is being recomputed in backward
+
+
+def is_recomputing() -> bool:
+    """True while a checkpointed layer is recomputed in backward: forward hooks that count work (meters) skip it."""
+    return _RECOMPUTING > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checkpoint function
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _SavedInput:
+    """One layer input waiting for its backward pass: kept on the device, or in a host slot (and maybe already
+    copied back into a reload buffer)."""
+
+    seq: int
+    shape: torch.Size
+    dtype: torch.dtype
+    kept: torch.Tensor | None = None
+    slot: HostSlot | None = None
+    buffer: ReloadBuffer | None = None
+    ready: object | None = None  # event recorded when the copy into `buffer` is done
+    give_back: weakref.finalize | None = None  # returns the host slot, at release or when dropped unused
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape.numel() * self.dtype.itemsize
+
+
+@dataclass
+class _ForwardState:
+    """RNG and autocast state at a layer's forward, replayed for its recompute (dropout masks, dtypes)."""
+
+    cpu_rng: torch.Tensor
+    cuda_rng: torch.Tensor | None
+    device: torch.device
+    autocast: list[tuple[str, bool, torch.dtype]] = field(default_factory=list)
+    autocast_cache: bool = True
+
+
+def _capture_state(device: torch.device) -> _ForwardState:
+    cuda = device.type == "cuda"
+    kinds = ("cpu", "cuda") if cuda else ("cpu",)
+    return _ForwardState(
+        cpu_rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state(device) if cuda else None, device=device,
+        autocast=[(k, torch.is_autocast_enabled(k), torch.get_autocast_dtype(k)) for k in kinds],
+        autocast_cache=torch.is_autocast_cache_enabled())
+
+
+@contextlib.contextmanager
+def _replayed(state: _ForwardState):
+    """Run with the forward's RNG and autocast state; the caller's RNG state is restored afterwards."""
+    global _RECOMPUTING
+    cpu_before = torch.get_rng_state()
+    cuda_before = torch.cuda.get_rng_state(state.device) if state.cuda_rng is not None else None
+    torch.set_rng_state(state.cpu_rng)
+    if state.cuda_rng is not None:
+        torch.cuda.set_rng_state(state.cuda_rng, state.device)
+    _RECOMPUTING += 1
+    try:
+        with contextlib.ExitStack() as stack:
+            for kind, enabled, dtype in state.autocast:
+                stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled,
+                                                   cache_enabled=state.autocast_cache))
+            yield
+    finally:
+        _RECOMPUTING -= 1
+        torch.set_rng_state(cpu_before)
+        if cuda_before is not None:
+            torch.cuda.set_rng_state(cuda_before, state.device)
+
+
+class _CheckpointedLayer(torch.autograd.Function):
+    """One decoder layer, checkpointed: forward saves only `hidden`; backward recomputes and back-propagates.
+
+    Args (forward): checkpointer, run (hidden -> layer output: a tensor or a tuple), hidden (B, T, H) layer input,
+    anchor (zero-size tensor that requires grad).
+    """
+
+    @staticmethod
+    def forward(ctx, checkpointer, run, hidden, anchor):
+        ctx.checkpointer, ctx.run = checkpointer, run
+        ctx.input_requires_grad = hidden.requires_grad
+        ctx.state = _capture_state(hidden.device)
+        ctx.layer_input = checkpointer.save(hidden)
+        return run(hidden)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        checkpointer = ctx.checkpointer
+        x = checkpointer.load(ctx.layer_input).detach().requires_grad_(ctx.input_requires_grad)
+        with torch.enable_grad(), _replayed(ctx.state):
+            out = ctx.run(x)
+        outs = out if isinstance(out, tuple) else (out,)
+        pairs = [(o, g) for o, g in zip(outs, grads, strict=False)
+                 if torch.is_tensor(o) and o.requires_grad and g is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        grad = x.grad if ctx.input_requires_grad else None
+        checkpointer.release(ctx.layer_input)
+        ctx.run = ctx.layer_input = None
+        return None, None, grad, None
+
+
+def _needs_grad(value) -> bool:
+    if torch.is_tensor(value):
+        return value.requires_grad
+    if isinstance(value, (tuple, list)):
+        return any(_needs_grad(v) for v in value)
+    if isinstance(value, dict):
+        return any(_needs_grad(v) for v in value.values())
+    return False
+
+
+class Checkpointer:
+    """The checkpoint function of every decoder layer, and the memory its saved inputs live in.
+
+    Called by transformers as `checkpointer(layer_call, hidden_states, *rest)`. `read_and_reset()` gives the step's
+    StepMetrics fields. On a CUDA device the copies run on a side stream; on a CPU device they are synchronous
+    (correct, pointless for speed: `choose_mode` never offloads on the CPU, tests use it to check the bookkeeping).
+
+    Args:
+        mode: gpu, offload or offload-double.
+        device: the device the layers compute on.
+        max_buffer_bytes: the most device memory the reload buffers may hold together; a second buffer that would
+            pass it is not allocated (one buffer always is: the recompute needs the input on the device).
+        note: `note(topic, message, level)` for Notice events (fallbacks).
+    """
+
+    def __init__(self, mode: str, device, *, max_buffer_bytes: int | None = None, note=None):
+        if mode not in CHECKPOINT_MODES:
+            raise ValueError(f"checkpoint mode {mode!r} is not one of {CHECKPOINT_MODES}")
+        self.device = torch.device(device)
+        self.requested = mode
+        self.offloads = mode != "gpu"
+        self.double = mode == "offload-double"
+        self.max_buffer_bytes = max_buffer_bytes
+        self.cuda = self.device.type == "cuda"
+        self.copier = CudaCopier(self.device) if self.cuda and self.offloads else SyncCopier()
+        self.host = HostSlots(pin=self.cuda)
+        self.buffers: list[ReloadBuffer] = []
+        self.notes: list[str] = []
+        self._note = note
+        self._seq = 0
+        self._turn = 0  # round robin over the reload buffers
+        self._pending: list[weakref.ref] = []  # offloaded inputs waiting for backward, in forward order
+        self._host_failed = False
+        with torch.inference_mode(False):
+            self._anchor = torch.empty(0, requires_grad=True)
+
+    @property
+    def mode(self) -> str:
+        """The mode in effect now (offload-double becomes offload after a fallback)."""
+        if not self.offloads:
+            return "gpu"
+        return "offload-double" if self.double else "offload"
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(b.capacity for b in self.buffers)
+
+    def __call__(self, function, *args, **kwargs):
+        if (not args or not torch.is_tensor(args[0]) or not args[0].is_floating_point()
+                or not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
+            return function(*args, **kwargs)
+        hidden, rest = args[0], args[1:]
+        if _needs_grad(rest) or _needs_grad(kwargs):
+            # Other inputs that need gradients cannot go through this Function: plain recompute handles them.
+            return recompute_checkpoint(function, *args, use_reentrant=False, **kwargs)
+
+        def run(x):
+            return function(x, *rest, **kwargs)
+
+        return _CheckpointedLayer.apply(self, run, hidden, self._anchor)
+
+    # ---- saving in forward ----
+    def save(self, hidden: torch.Tensor) -> _SavedInput:
+        self._seq += 1
+        saved = _SavedInput(self._seq, hidden.shape, hidden.dtype)
+        while self._pending and self._pending[0]() is None:  # inputs of graphs dropped without a backward pass
+            self._pending.pop(0)
+        if not self.offloads or self._host_failed:
+            saved.kept = hidden.detach()
+            return saved
+        try:
+            slot = self.host.acquire(saved.nbytes)
+        except RuntimeError as e:  # pinned host memory ran out: keep inputs on the device from now on
+            self._host_failed = True
+            self._say(f"pinned host memory for layer inputs could not be allocated ({e}); they stay on the GPU "
+                      "(gpu checkpointing) for the rest of the run", "warning")
+            saved.kept = hidden.detach()
+            return saved
+        self.copier.to_host(hidden.detach(), slot.view(saved.shape, saved.dtype))
+        saved.slot = slot
+        saved.give_back = weakref.finalize(saved, HostSlots.release, slot)
+        self._pending.append(weakref.ref(saved))
+        return saved
+
+    # ---- reloading in backward ----
+    def load(self, saved: _SavedInput) -> torch.Tensor:
+        """The saved input on the device, ready for the compute stream (waits for its copy)."""
+        if saved.kept is not None:
+            return saved.kept
+        buffer = saved.buffer
+        if buffer is None or buffer.owner != saved.seq or buffer.data is None or buffer.capacity < saved.nbytes:
+            buffer = self._fill(saved, self._next_buffer(saved.nbytes, avoid=None))
+        if self.double:
+            upcoming = self._previous_pending(saved)
+            if upcoming is not None and not self._is_loaded(upcoming):
+                target = self._next_buffer(upcoming.nbytes, avoid=buffer)
+                if target is not None:
+                    self._fill(upcoming, target)
+        self.copier.wait(saved.ready)
+        return buffer.view(saved.shape, saved.dtype)
+
+    def release(self, saved: _SavedInput) -> None:
+        """After the layer's backward is queued: its buffer may be refilled once the queued work is done."""
+        if saved.buffer is not None and saved.buffer.data is not None:
+            self.copier.mark_free(saved.buffer)
+            if saved.buffer.owner == saved.seq:
+                saved.buffer.owner = -1
+        if saved.give_back is not None:
+            saved.give_back()
+        self._pending = [ref for ref in self._pending if (s := ref()) is not None and s is not saved]
+
+    @staticmethod
+    def _is_loaded(saved: _SavedInput) -> bool:
+        b = saved.buffer
+        return b is not None and b.owner == saved.seq and b.data is not None
+
+    def _previous_pending(self, saved: _SavedInput) -> _SavedInput | None:
+        """The offloaded input saved just before `saved`: the next one backward will need."""
+        found = False
+        for ref in reversed(self._pending):
+            s = ref()
+            if s is None:
+                continue
+            if found:
+                return s
+            found = s is saved
+        return None
+
+    def _fill(self, saved: _SavedInput, buffer: ReloadBuffer) -> ReloadBuffer:
+        saved.ready = self.copier.to_device(saved.slot.view(saved.shape, saved.dtype),
+                                            buffer.view(saved.shape, saved.dtype), after=buffer.free_event)
+        buffer.owner, saved.buffer = saved.seq, buffer
+        return buffer
+
+    def _next_buffer(self, nbytes: int, avoid: ReloadBuffer | None) -> ReloadBuffer | None:
+        """The reload buffer the next copy goes into, allocated or grown to hold `nbytes`.
+
+        Buffers are used in turn. With `avoid` (a prefetch while `avoid` is being read), only the other buffer will
+        do, allocated on first use; None when there is no second buffer to be had (the run then has one buffer).
+        """
+        if avoid is None and not self.buffers:
+            self._add_buffer(nbytes, second=False)
+        if avoid is not None and len(self.buffers) < 2 and not self._add_buffer(nbytes, second=True):
+            return None
+        order = [(self._turn + k) % len(self.buffers) for k in range(len(self.buffers))]
+        for index, buffer in [(i, self.buffers[i]) for i in order]:
+            if buffer is avoid or buffer.data is None:
+                continue
+            if buffer.capacity >= nbytes or self._grow(buffer, nbytes):
+                self._turn = index + 1
+                return buffer
+        return None
+
+    def _add_buffer(self, nbytes: int, second: bool) -> bool:
+        if second:
+            reason = second_buffer_decision(reload_buffer_bytes(nbytes), self.buffers[0].capacity,
+                                             self.max_buffer_bytes, self._headroom(), HEADROOM_MARGIN_BYTES)
+            if reason is not None:
+                self._fall_back(reason)
+                return False
+        try:
+            data = allocate_reload_buffer(self.device, nbytes, self.copier)
+        except torch.OutOfMemoryError:
+            if not second:
+                raise
+            self._fall_back("the GPU had no room for a second reload buffer")
+            return False
+        self.buffers.append(ReloadBuffer(data))
+        return True
+
+    def _grow(self, buffer: ReloadBuffer, nbytes: int) -> bool:
+        """Reallocate `buffer` for a bigger input. The second buffer gives way (fallback) when it does not fit."""
+        second = len(self.buffers) > 1 and buffer is self.buffers[1]
+        if second:
+            reason = second_buffer_decision(reload_buffer_bytes(nbytes), self.buffers[0].capacity,
+                                            self.max_buffer_bytes, self._headroom(buffer.capacity),
+                                            HEADROOM_MARGIN_BYTES)
+            if reason is not None:
+                self._fall_back(reason)
+                return False
+        buffer.data, buffer.owner = None, -1  # the allocator reuses it once its queued readers are done
+        try:
+            buffer.data = allocate_reload_buffer(self.device, nbytes, self.copier)
+        except torch.OutOfMemoryError:
+            if second:
+                self._fall_back("the GPU had no room to grow the second reload buffer")
+                return False
+            if not self.double or len(self.buffers) < 2:
+                raise
+            self._fall_back("the GPU had no room to grow the reload buffers")
+            buffer.data = allocate_reload_buffer(self.device, nbytes, self.copier)
+        return True
+
+    def _headroom(self, returned: int = 0) -> int | None:
+        """Device memory this process could still allocate (plus `returned` bytes about to be freed)."""
+        if not self.cuda:
+            return None
+        free, _total = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return free + cached + returned
+
+    def _fall_back(self, reason: str) -> None:
+        if not self.double:
+            return
+        self.double = False
+        if len(self.buffers) > 1:
+            dropped = self.buffers.pop(1)
+            dropped.data, dropped.owner = None, -1
+        self._say(f"offload-double falls back to one reload buffer: {reason}. Steps lose the copy/compute "
+                  "overlap (copies are no longer hidden)", "warning")
+
+    def _say(self, message: str, level: str) -> None:
+        self.notes.append(message)
+        if self._note is not None:
+            self._note("checkpoint", message, level)
+
+    # ---- per step ----
+    def read_and_reset(self) -> dict:
+        """The StepMetrics fields of the step just finished: offload_bytes, copy_stall_s, buffer_bytes.
+
+        Call after the step's work is synchronized (the trainer does); then nothing here waits for the GPU. Also
+        gives up the second buffer when the step's peak left less than `HEADROOM_MARGIN_BYTES` free.
+        """
+        out = dict(offload_bytes=self.copier.counters.offload_bytes, copy_stall_s=self.copier.read_stall_s(),
+                   buffer_bytes=self.buffer_bytes)
+        self.copier.counters.offload_bytes = 0
+        if self.cuda and self.double and len(self.buffers) > 1:
+            free, _total = torch.cuda.mem_get_info(self.device)
+            reason = tight_memory_reason(free, torch.cuda.memory_reserved(self.device),
+                                         torch.cuda.max_memory_allocated(self.device), HEADROOM_MARGIN_BYTES)
+            if reason is not None:
+                self._fall_back(reason)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Installing it
+# ---------------------------------------------------------------------------------------------------------------
+
+_UNSET = object()
+
+
+def _base_model(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The modules transformers checkpoints (its `GradientCheckpointingLayer`s: decoder layers, vision blocks)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in _base_model(model).modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | None = None,
+                        note=None) -> Checkpointer | None:
+    """Checkpoint every decoder layer of `model` (a transformers model, possibly peft-wrapped) in `mode`.
+
+    Returns:
+        The Checkpointer (read it once per step with `read_and_reset`), or None when the model has no layer
+        transformers can checkpoint (a Notice says so; the run goes on without checkpointing).
+    """
+    base = _base_model(model)
+    revert_checkpointing(model)
+    layers = decoder_layers(base)
+    if not layers:
+        if note is not None:
+            note("checkpoint", f"{type(base).__name__} has no decoder layers transformers can checkpoint; activation "
+                               "checkpointing is off for this run", "warning")
+        return None
+    checkpointer = Checkpointer(mode, device, max_buffer_bytes=max_buffer_bytes, note=note)
+    previous = [(layer, layer.__dict__.get("gradient_checkpointing", _UNSET),
+                 layer.__dict__.get("_gradient_checkpointing_func", _UNSET)) for layer in layers]
+    for layer in layers:
+        layer.gradient_checkpointing = True
+        layer._gradient_checkpointing_func = checkpointer
+    config = getattr(base, "config", None)
+    use_cache = getattr(config, "use_cache", _UNSET)
+    if config is not None and use_cache is not _UNSET:
+        config.use_cache = False  # a cache written in forward would be written again by the recompute
+    base._hone_checkpointing = (checkpointer, previous, use_cache)
+    return checkpointer
+
+
+def revert_checkpointing(model) -> None:
+    """Undo `apply_checkpointing`: every layer's checkpoint flag and function are what they were before."""
+    base = _base_model(model)
+    state = base.__dict__.pop("_hone_checkpointing", None)
+    if state is None:
+        return
+    _checkpointer, previous, use_cache = state
+    for layer, flag, func in previous:
+        for name, value in (("gradient_checkpointing", flag), ("_gradient_checkpointing_func", func)):
+            if value is _UNSET:
+                layer.__dict__.pop(name, None)
+            else:
+                setattr(layer, name, value)
+    if use_cache is not _UNSET:
+        base.config.use_cache = use_cache

@@ -1,0 +1,282 @@
+"""Memory and copies for offloaded activation checkpoints: pinned host slots, GPU reload buffers, copy streams.
+
+Everything here is allocated once and reused across steps. A saved layer input lives in a `HostSlot` (pinned host
+memory, one slot per layer input waiting for its backward pass); in backward it is copied back into a
+`ReloadBuffer` on the GPU (one or two of them) and the layer is recomputed from there. Sizes follow the largest
+layer input seen so far and grow when a bigger batch comes.
+
+Copies go through a `Copier`: `CudaCopier` runs them on a side stream and orders them with CUDA events (a copy into
+a reload buffer waits for the buffer's last reader; the recompute waits for its copy, and that wait is timed);
+`SyncCopier` copies synchronously for a CPU device, where the same bookkeeping runs without streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+# The pinned (page-locked) host allocator rounds every request up to a power of two and caches blocks by that size,
+# so host slots grow by powers of two: asking for exact sizes would use the same memory and re-pin more often.
+MIN_HOST_SLOT_BYTES = 1 << 20
+# The CUDA caching allocator hands out large blocks in 2 MiB pages; reload buffers are sized to whole pages.
+DEVICE_BUFFER_GRANULE = 2 << 20
+
+
+def host_slot_bytes(nbytes: int) -> int:
+    """Capacity of a pinned host slot that holds `nbytes`: the next power of two, at least 1 MiB."""
+    return max(MIN_HOST_SLOT_BYTES, 1 << max(0, int(nbytes) - 1).bit_length())
+
+
+def reload_buffer_bytes(nbytes: int) -> int:
+    """Capacity of a GPU reload buffer that holds `nbytes`: rounded up to whole 2 MiB pages."""
+    return -(-int(nbytes) // DEVICE_BUFFER_GRANULE) * DEVICE_BUFFER_GRANULE
+
+
+def _uninferenced():
+    """Buffers must never be inference tensors (autograd refuses them later), whatever mode the caller is in."""
+    return torch.inference_mode(False)
+
+
+@dataclass(eq=False)
+class HostSlot:
+    """Pinned host memory for one saved layer input. `data` is a flat uint8 tensor of `capacity` bytes."""
+
+    data: torch.Tensor
+    in_use: bool = False
+
+    @property
+    def capacity(self) -> int:
+        return self.data.numel()
+
+    def view(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """The first bytes of the slot seen as a contiguous tensor of `shape` and `dtype`."""
+        nbytes = shape.numel() * dtype.itemsize
+        return self.data[:nbytes].view(dtype).view(shape)
+
+
+class HostSlots:
+    """A pool of pinned host slots: taken in forward, given back after the layer's backward, reused across steps.
+
+    A slot taken for a bigger input than any free slot holds regrows one free slot (or adds a slot), so the pool
+    ends up with as many slots as layer inputs wait at once (the number of decoder layers), each sized by the
+    largest input seen.
+    """
+
+    def __init__(self, pin: bool):
+        self.pin = pin
+        self.slots: list[HostSlot] = []
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(slot.capacity for slot in self.slots)
+
+    def _allocate(self, capacity: int) -> torch.Tensor:
+        with _uninferenced():
+            return torch.empty(capacity, dtype=torch.uint8, pin_memory=self.pin)
+
+    def acquire(self, nbytes: int) -> HostSlot:
+        """A free slot with room for `nbytes`.
+
+        Raises:
+            RuntimeError: pinned host memory could not be allocated (the caller keeps the input on the GPU).
+        """
+        free = [slot for slot in self.slots if not slot.in_use]
+        fitting = [slot for slot in free if slot.capacity >= nbytes]
+        if fitting:
+            slot = min(fitting, key=lambda s: s.capacity)
+        elif free:  # regrow the largest free slot: the others stay small for smaller inputs
+            slot = max(free, key=lambda s: s.capacity)
+            slot.data = self._allocate(host_slot_bytes(nbytes))
+        else:
+            slot = HostSlot(self._allocate(host_slot_bytes(nbytes)))
+            self.slots.append(slot)
+        slot.in_use = True
+        return slot
+
+    @staticmethod
+    def release(slot: HostSlot) -> None:
+        slot.in_use = False
+
+
+@dataclass(eq=False)
+class ReloadBuffer:
+    """A GPU buffer one saved input is copied back into for its layer's recompute.
+
+    Attributes:
+        data: flat uint8 tensor on the compute device, or None once the buffer is given up.
+        owner: sequence number of the saved input it holds (or is being filled with); -1 when none.
+        free_event: recorded on the compute stream after the last reader finished; copies into the buffer wait
+            for it (None on a CPU device).
+    """
+
+    data: torch.Tensor | None
+    owner: int = -1
+    free_event: object | None = None
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.data is None else self.data.numel()
+
+    def view(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = shape.numel() * dtype.itemsize
+        return self.data[:nbytes].view(dtype).view(shape)
+
+
+def allocate_reload_buffer(device: torch.device, nbytes: int, copier: Copier) -> torch.Tensor:
+    """A flat uint8 GPU tensor of `reload_buffer_bytes(nbytes)` bytes, made safe to use on the copy stream.
+
+    Raises:
+        torch.OutOfMemoryError: the device has no room for it.
+    """
+    with _uninferenced():
+        data = torch.empty(reload_buffer_bytes(nbytes), dtype=torch.uint8, device=device)
+    copier.adopt(data)
+    return data
+
+
+def second_buffer_decision(buffer_bytes: int, held_bytes: int, limit_bytes: int | None, headroom_bytes: int | None,
+                           margin_bytes: int) -> str | None:
+    """Whether a second reload buffer of `buffer_bytes` may be allocated, or why not.
+
+    Args:
+        buffer_bytes: capacity the second buffer needs.
+        held_bytes: capacity the other reload buffer already holds.
+        limit_bytes: the most device memory the reload buffers may hold together (None = no limit).
+        headroom_bytes: device memory still available to this process (None = unknown, e.g. a CPU device).
+        margin_bytes: memory that must stay free after the allocation.
+
+    Returns:
+        None when it may be allocated, else the reason in words.
+    """
+    gib = 2**30
+    if limit_bytes is not None and held_bytes + buffer_bytes > limit_bytes:
+        return (f"two reload buffers need {(held_bytes + buffer_bytes) / gib:.2f} GiB, over the "
+                f"{limit_bytes / gib:.2f} GiB allowed")
+    if headroom_bytes is not None and headroom_bytes - buffer_bytes < margin_bytes:
+        return (f"only {headroom_bytes / gib:.2f} GiB of GPU memory is free and a second buffer needs "
+                f"{buffer_bytes / gib:.2f} GiB plus {margin_bytes / gib:.2f} GiB kept free")
+    return None
+
+
+def tight_memory_reason(free_bytes: int, reserved_bytes: int, peak_allocated_bytes: int,
+                        margin_bytes: int) -> str | None:
+    """Why memory counts as tight after a step (less than `margin_bytes` was left at its peak), or None.
+
+    Args:
+        free_bytes: device memory no process holds now (driver view).
+        reserved_bytes: memory this process's allocator holds now.
+        peak_allocated_bytes: the most this process had allocated at once during the step.
+        margin_bytes: what should have stayed free.
+    """
+    left = free_bytes + reserved_bytes - peak_allocated_bytes
+    if left >= margin_bytes:
+        return None
+    return (f"memory got tight: only {left / 2**30:.2f} GiB was free at the last step's peak "
+            f"(under {margin_bytes / 2**30:.2f} GiB)")
+
+
+@dataclass
+class StepCounters:
+    """What the copies did since the last read: bytes sent to the host and (start, ready) pairs of timed waits."""
+
+    offload_bytes: int = 0
+    waits: list[tuple[object, object]] = field(default_factory=list)
+
+
+class SyncCopier:
+    """Copies on a CPU device: synchronous, no streams, no events, no stalls to time."""
+
+    def __init__(self):
+        self.counters = StepCounters()
+
+    def adopt(self, buffer: torch.Tensor) -> None:
+        pass
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        dst.copy_(src)
+        self.counters.offload_bytes += dst.numel() * dst.element_size()
+
+    def to_device(self, src: torch.Tensor, dst: torch.Tensor, after: object | None) -> object | None:
+        dst.copy_(src)
+        return None
+
+    def wait(self, ready: object | None) -> None:
+        pass
+
+    def mark_free(self, buffer: ReloadBuffer) -> None:
+        pass
+
+    def read_stall_s(self) -> float:
+        return 0.0
+
+
+class CudaCopier:
+    """Copies between the GPU and pinned host memory on a side stream, ordered by CUDA events.
+
+    Forward: `to_host` waits for the compute stream's work so far (the layer input exists), copies on the side
+    stream and tells the allocator the input is in use there, so the compute stream runs on while the copy drains.
+    Backward: `to_device` waits for the target buffer's `free_event`, copies, and records a timing event; `wait`
+    makes the compute stream wait for that event and records when the compute stream got there, so the copy stall
+    is `max(0, ready - start)`, read after the step's own synchronization without another one.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.counters = StepCounters()
+        self._spare_events: list[object] = []
+
+    def _timing_event(self):
+        return self._spare_events.pop() if self._spare_events else torch.cuda.Event(enable_timing=True)
+
+    def adopt(self, buffer: torch.Tensor) -> None:
+        # The allocator then waits for this stream's pending copies before it hands the memory out again.
+        buffer.record_stream(self.stream)
+
+    def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        compute = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(compute)
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+        src.record_stream(self.stream)
+        self.counters.offload_bytes += dst.numel() * dst.element_size()
+
+    def to_device(self, src: torch.Tensor, dst: torch.Tensor, after: object | None) -> object:
+        if after is not None:
+            self.stream.wait_event(after)
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+        ready = self._timing_event()
+        ready.record(self.stream)
+        return ready
+
+    def wait(self, ready: object | None) -> None:
+        if ready is None:
+            return
+        compute = torch.cuda.current_stream(self.device)
+        start = self._timing_event()
+        start.record(compute)
+        compute.wait_event(ready)
+        self.counters.waits.append((start, ready))
+
+    def mark_free(self, buffer: ReloadBuffer) -> None:
+        if buffer.free_event is None:
+            buffer.free_event = torch.cuda.Event()
+        buffer.free_event.record(torch.cuda.current_stream(self.device))
+
+    def read_stall_s(self) -> float:
+        """Seconds the compute stream waited for reloads since the last read; the events are then reused."""
+        total_ms = 0.0
+        for start, ready in self.counters.waits:
+            if not ready.query():  # only when called before the step synchronized; the trainer never does
+                ready.synchronize()
+            if not start.query():
+                start.synchronize()
+            total_ms += max(0.0, start.elapsed_time(ready))
+            self._spare_events.extend((start, ready))
+        self.counters.waits.clear()
+        return total_ms / 1000.0
+
+
+Copier = SyncCopier | CudaCopier
