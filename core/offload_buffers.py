@@ -135,6 +135,11 @@ def allocate_reload_buffer(device: torch.device, nbytes: int, copier: Copier) ->
     return data
 
 
+def size_text(nbytes: int) -> str:
+    """Bytes for people: "1.25 GiB", or "96 MiB" under a GiB."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
 def second_buffer_decision(buffer_bytes: int, held_bytes: int, limit_bytes: int | None, headroom_bytes: int | None,
                            margin_bytes: int) -> str | None:
     """Whether a second reload buffer of `buffer_bytes` may be allocated, or why not.
@@ -149,13 +154,12 @@ def second_buffer_decision(buffer_bytes: int, held_bytes: int, limit_bytes: int 
     Returns:
         None when it may be allocated, else the reason in words.
     """
-    gib = 2**30
     if limit_bytes is not None and held_bytes + buffer_bytes > limit_bytes:
-        return (f"two reload buffers need {(held_bytes + buffer_bytes) / gib:.2f} GiB, over the "
-                f"{limit_bytes / gib:.2f} GiB allowed")
+        return (f"two reload buffers need {size_text(held_bytes + buffer_bytes)}, over the "
+                f"{size_text(limit_bytes)} allowed")
     if headroom_bytes is not None and headroom_bytes - buffer_bytes < margin_bytes:
-        return (f"only {headroom_bytes / gib:.2f} GiB of GPU memory is free and a second buffer needs "
-                f"{buffer_bytes / gib:.2f} GiB plus {margin_bytes / gib:.2f} GiB kept free")
+        return (f"only {size_text(headroom_bytes)} of GPU memory is free and a second buffer needs "
+                f"{size_text(buffer_bytes)} plus {size_text(margin_bytes)} kept free")
     return None
 
 
@@ -172,8 +176,8 @@ def tight_memory_reason(free_bytes: int, reserved_bytes: int, peak_allocated_byt
     left = free_bytes + reserved_bytes - peak_allocated_bytes
     if left >= margin_bytes:
         return None
-    return (f"memory got tight: only {left / 2**30:.2f} GiB was free at the last step's peak "
-            f"(under {margin_bytes / 2**30:.2f} GiB)")
+    return (f"memory got tight: only {size_text(left)} was free at the last step's peak "
+            f"(under {size_text(margin_bytes)})")
 
 
 @dataclass
