@@ -156,6 +156,7 @@ class Trainer:
         setup.choices["lora"] = lora_report.summary()
         for notice in setup.notices:
             yield self._emit(notice)
+        emitted = len(setup.notices)
 
         params = [p for p in model.parameters() if p.requires_grad]
         stream = PackStream(data.train.lengths, config.train.batch_tokens, config.train.seed, config.speed.packing)
@@ -196,6 +197,9 @@ class Trainer:
             position += len(packs)
             metrics = step_loop.step(data.train, packs, self.step, total)
             self.step += 1
+            for notice in setup.notices[emitted:]:  # speed paths may fall back mid-run (e.g. offload buffers)
+                yield self._emit(notice)
+            emitted = len(setup.notices)
             last_loss = metrics["loss"]
             yield self._emit(events.StepMetrics(
                 step=self.step, total_steps=total, epoch=stream.epoch_progress(position),
