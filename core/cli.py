@@ -19,6 +19,7 @@ COMMANDS = {
     "train": "hone.core.commands.train",
     "demo": "hone.core.commands.demo",
     "bench": "hone.core.commands.bench",
+    "data": "hone.core.commands.data",
 }
 
 

@@ -82,6 +82,16 @@ def detect_format(record: Mapping[str, Any], columns: ColumnNames) -> str:
                    f"e.g. {{messages = \"dialog\"}}")
 
 
+# Optional columns each format reads besides its required ones.
+OPTIONAL = {"messages": ("images",), "sharegpt": ("system", "images"), "alpaca": ("input", "system", "images"),
+            "prompt-completion": ("system", "images"), "text": ()}
+
+
+def used_columns(fmt: str, columns: ColumnNames) -> list[str]:
+    """The user's column names that a format reads."""
+    return [columns[c] for c in (*REQUIRED[fmt], *OPTIONAL[fmt])]
+
+
 def normalize(record: Any, fmt: str, columns: ColumnNames, source: str, base_dir: Path | None,
               require_assistant: bool = True) -> Row:
     """Turn one raw record into a Row of the given format.

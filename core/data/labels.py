@@ -33,6 +33,8 @@ class Encoded:
     Attributes:
         ids: int32 [L]; trained: bool [L]; truncated: whether max_length cut it; images: its images (kept ones).
         text: the rendered text (kept only when asked, for the inspector).
+        offsets: int64 [L], character where each token starts in `text` (kept with `text`).
+        text_end: where the kept tokens' text ends (before the first token cut by truncation).
         image_runs: (start, count) of each image's placeholder tokens in `ids`.
     """
 
@@ -43,6 +45,7 @@ class Encoded:
     images: list[ImageRef] = field(default_factory=list)
     text: str = ""
     offsets: np.ndarray | None = None
+    text_end: int = 0
     image_runs: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -138,13 +141,16 @@ class RowEncoder:
         if is_text_row and self.eos_id is not None and (len(ids) == 0 or ids[-1] != self.eos_id):
             ids = np.append(ids, self.eos_id)
             trained = np.append(trained, True)
-            starts = np.append(starts, len(text) if text else len(row.text or ""))
+            starts = np.append(starts, len(text))
+            if text:  # the inspector shows the appended end-of-text token too
+                text += self.tokenizer.convert_ids_to_tokens(int(self.eos_id))
         image_runs: list[tuple[int, int]] = []
         if row.images:
             ids, trained, starts, image_runs, problem = self._expand_images(row, ids, trained, starts)
             if problem is not None:
                 return problem
         truncated = False
+        text_end = len(text)
         images = list(row.images)
         if len(ids) > self.max_length:
             if self.overlong == "drop":
@@ -154,6 +160,7 @@ class RowEncoder:
             kept_runs = [r for r in image_runs if r[0] + r[1] <= cut]
             if len(kept_runs) < len(image_runs):  # never cut an image's tokens in half: end before that image
                 cut = min(cut, image_runs[len(kept_runs)][0])
+            text_end = int(starts[cut])
             ids, trained, starts = ids[:cut], trained[:cut], starts[:cut]
             images, image_runs = images[: len(kept_runs)], kept_runs
             truncated = True
@@ -162,7 +169,8 @@ class RowEncoder:
                    "max_length") if truncated else "no token is trained (the assistant turns render as nothing)"
             return RowProblem(row.source, NO_TRAINED_TOKENS, "", why)
         return Encoded(source=row.source, ids=ids.astype(np.int32), trained=trained, truncated=truncated,
-                       images=images, text=text, offsets=starts if text else None, image_runs=image_runs)
+                       images=images, text=text, offsets=starts if text else None, text_end=text_end,
+                       image_runs=image_runs)
 
     def _expand_images(self, row: Row, ids, trained, starts):
         """Repeat each image placeholder token to its token count; image tokens are never trained."""

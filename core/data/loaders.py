@@ -26,7 +26,6 @@ from typing import Any
 
 from hone.core.data.rows import (
     BAD_RECORD,
-    DUPLICATE_COLUMN,
     EMPTY_FILE,
     INVALID_JSON,
     INVALID_UTF8,
@@ -46,6 +45,8 @@ _HASH_CHUNK = 1 << 20
 _SURROGATE_RE = re.compile("[\udc80-\udcff]")
 _SPLIT_RE = re.compile(r"^(?P<name>.+?):(?P<split>[A-Za-z_][\w.\-]*)$")
 _TRAIN_SPLITS = ("train",)
+# Key of a record's {column: message} for same-named columns (a NUL can start no real column name).
+DUPLICATES_KEY = "\0duplicate columns"
 _EVAL_SPLITS = ("validation", "valid", "val", "test", "eval", "dev")
 
 
@@ -255,14 +256,17 @@ def _read_csv(source: Source) -> Iterator[tuple[int, Any]]:
         duplicates = _duplicates(header)
         number = 1
         while True:
+            first_line = reader.line_num + 1
             try:
                 cells = next(reader)
             except StopIteration:
                 return
             except csv.Error as e:
                 number += 1
-                yield number, _problem(source, number, BAD_RECORD, f"CSV quoting error ({e}); check the quotes "
-                                       f"on this row (a quote inside a field must be doubled: \"\")")
+                lines = f"line {first_line}" if reader.line_num <= first_line else \
+                    f"lines {first_line}-{reader.line_num}"
+                yield number, _problem(source, number, BAD_RECORD, f"CSV quoting error on {lines} ({e}); a quote "
+                                       "inside a field must be doubled (\"\") and a quoted field closed")
                 continue
             number += 1
             if not cells:
@@ -277,21 +281,30 @@ def _read_csv(source: Source) -> Iterator[tuple[int, Any]]:
                 yield number, _problem(source, number, INVALID_UTF8, "is not valid UTF-8; save the file as UTF-8",
                                        column)
                 continue
-            if duplicates:
-                yield number, _problem(source, number, DUPLICATE_COLUMN, duplicates, duplicates.split("'")[1])
-                continue
-            yield number, dict(zip(header, cells, strict=True))
+            yield number, _record(header, cells, duplicates)
 
 
-def _duplicates(names: list[str]) -> str:
-    """"" when every column name is distinct, else a message naming the first repeated one."""
+def _duplicates(names: list[str]) -> dict[str, str]:
+    """Column name -> message, for every name that appears more than once."""
     seen: dict[str, int] = {}
+    out: dict[str, str] = {}
     for i, name in enumerate(names):
-        if name in seen:
-            return (f"column '{name}' appears twice (columns {seen[name] + 1} and {i + 1}), so its value is "
-                    "ambiguous; rename one")
-        seen[name] = i
-    return ""
+        if name in seen and name not in out:
+            out[name] = (f"appears twice (columns {seen[name] + 1} and {i + 1}), so its value is ambiguous; rename "
+                         "one of them")
+        seen.setdefault(name, i)
+    return out
+
+
+def _record(names: list[str], values: list, duplicates: dict[str, str]) -> dict:
+    """A row dict; same-named columns keep their first value and are listed under DUPLICATES_KEY, so a row is
+    skipped only when its format uses one of them."""
+    record: dict = {}
+    for name, value in zip(names, values, strict=True):
+        record.setdefault(name, value)
+    if duplicates:
+        record[DUPLICATES_KEY] = duplicates
+    return record
 
 
 def _read_parquet(source: Source) -> Iterator[tuple[int, Any]]:
@@ -330,10 +343,11 @@ def _read_batches(source: Source, names: list[str], batches) -> Iterator[tuple[i
     number = 0
     try:
         for batch in batches:
-            if duplicates:
-                for _ in range(batch.num_rows):
+            if duplicates:  # to_pylist would keep only one of the same-named columns, silently
+                columns = [column.to_pylist() for column in batch.columns]
+                for values in zip(*columns, strict=True):
                     number += 1
-                    yield number, _problem(source, number, DUPLICATE_COLUMN, duplicates, duplicates.split("'")[1])
+                    yield number, _record(names, list(values), duplicates)
                 continue
             for record in batch.to_pylist():
                 number += 1
@@ -344,7 +358,7 @@ def _read_batches(source: Source, names: list[str], batches) -> Iterator[tuple[i
 
 
 def _load_hub(source: Source):
-    """The `datasets` Dataset of a hub id or saved folder, with the right split, images left undecoded."""
+    """The `datasets` Dataset of a hub id or saved folder, with the right split."""
     import datasets
 
     try:
@@ -360,9 +374,6 @@ def _load_hub(source: Source):
             from None
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded[_pick_split(source, list(loaded))]
-    for name, feature in loaded.features.items():
-        if isinstance(feature, datasets.Image) and feature.decode:
-            loaded = loaded.cast_column(name, datasets.Image(decode=False))
     return loaded
 
 
@@ -383,14 +394,13 @@ def _pick_split(source: Source, splits: list[str]) -> str:
 
 
 def _read_datasets(source: Source) -> Iterator[tuple[int, Any]]:
-    dataset = _load_hub(source)
-    names = list(dataset.column_names)
+    # The Arrow view gives stored values as they are: images stay {"bytes", "path"} records, decoded only later.
+    dataset = _load_hub(source).with_format("arrow")
     number = 0
-    for batch in dataset.iter(batch_size=_BATCH_ROWS):
-        count = len(batch[names[0]]) if names else 0
-        for k in range(count):
+    for table in dataset.iter(batch_size=_BATCH_ROWS):
+        for record in table.to_pylist():
             number += 1
-            yield number, {name: batch[name][k] for name in names}
+            yield number, record
 
 
 def _json_kind(value: Any) -> str:

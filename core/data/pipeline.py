@@ -15,12 +15,19 @@ from pathlib import Path
 import numpy as np
 
 from hone.core.data import cache as cache_store
-from hone.core.data.formats import ColumnNames, detect_format, normalize
+from hone.core.data.formats import ColumnNames, detect_format, normalize, used_columns
 from hone.core.data.images import check_image
 from hone.core.data.labels import Encoded, RowEncoder
-from hone.core.data.loaders import Source, SourceError, content_hash, read_records, resolve_sources
+from hone.core.data.loaders import (
+    DUPLICATES_KEY,
+    Source,
+    SourceError,
+    content_hash,
+    read_records,
+    resolve_sources,
+)
 from hone.core.data.report import ReportBuilder
-from hone.core.data.rows import Row, RowError, RowProblem
+from hone.core.data.rows import DUPLICATE_COLUMN, Row, RowError, RowProblem
 from hone.core.data.tokenized import TokenizedSet, TokenizedSetBuilder
 from hone.core.errors import DataError
 from hone.core.events import DatasetReport
@@ -186,31 +193,16 @@ def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder,
     except SourceError as e:
         report.problem(e.message)
         sources = _resolvable(entries, split, report)
-    columns = ColumnNames(cfg.columns)
-    require_assistant = cfg.train_on == "assistant"
     batch: list[Row] = []
     last_progress = 0.0
     for n, source in enumerate(sources):
-        fmt = None if cfg.format == "auto" else cfg.format
         try:
-            for number, record in read_records(source):
+            for _, item in iter_rows(source, cfg, note=report.note):
                 report.read()
-                if isinstance(record, RowProblem):
-                    report.skip(record)
+                if isinstance(item, RowProblem):
+                    report.skip(item)
                     continue
-                row_source = f"{source.name}:{number}"
-                try:
-                    if fmt is None:
-                        fmt = detect_format(record, columns)
-                        if cfg.format == "auto":
-                            report.note(f"{source.name}: format detected as {fmt}")
-                    row = normalize(record, fmt, columns, row_source, source.base_dir, require_assistant)
-                    if row.images:
-                        row.images = [check_image(ref, f"image {k + 1}") for k, ref in enumerate(row.images)]
-                except RowError as e:
-                    report.skip(RowProblem(row_source, e.reason, e.field, e.detail))
-                    continue
-                batch.append(row)
+                batch.append(item)
                 if len(batch) >= ENCODE_BATCH:
                     yield batch
                     batch = []
@@ -224,6 +216,41 @@ def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder,
             progress(f"{split}: {source.name} read", (n + 1) / max(1, len(sources)))
     if batch:
         yield batch
+
+
+def iter_rows(source: Source, cfg, note: Callable[[str], None] | None = None) -> Iterator[tuple[int, Row | RowProblem]]:
+    """(row number, Row or the RowProblem that skips it) for every row of one source, images checked.
+
+    The format is `cfg.format`, or (auto) detected from the first row whose columns match one.
+
+    Raises:
+        SourceError: the source as a whole cannot be read (rows yielded before stay valid).
+    """
+    columns = ColumnNames(cfg.columns)
+    require_assistant = cfg.train_on == "assistant"
+    fmt = None if cfg.format == "auto" else cfg.format
+    for number, record in read_records(source):
+        if isinstance(record, RowProblem):
+            yield number, record
+            continue
+        row_source = f"{source.name}:{number}"
+        duplicates = record.pop(DUPLICATES_KEY, None)
+        try:
+            if fmt is None:
+                fmt = detect_format(record, columns)
+                if note is not None:
+                    note(f"{source.name}: format detected as {fmt}")
+            if duplicates:
+                used = next((c for c in used_columns(fmt, columns) if c in duplicates), None)
+                if used is not None:
+                    raise RowError(DUPLICATE_COLUMN, used, duplicates[used])
+            row = normalize(record, fmt, columns, row_source, source.base_dir, require_assistant)
+            if row.images:
+                row.images = [check_image(ref, f"image {k + 1}") for k, ref in enumerate(row.images)]
+        except RowError as e:
+            yield number, RowProblem(row_source, e.reason, e.field, e.detail)
+            continue
+        yield number, row
 
 
 def _resolvable(entries: list[str], split: str, report: ReportBuilder) -> list[Source]:

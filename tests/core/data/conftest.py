@@ -67,3 +67,31 @@ def gemma_tokenizer(smollm2_tokenizer_dir):
     tok.add_special_tokens({"bos_token": "<bos>", "additional_special_tokens": GEMMA_TOKENS[1:]})
     tok.chat_template = GEMMA_TEMPLATE
     return tok
+
+
+# A LLaVA-style template written here: typed content parts, an "<image>" token where each image part goes.
+VISION_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}{{ '<image>' }}{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def llava_processor(smollm2_tokenizer_dir):
+    """A real transformers LlavaProcessor (CLIP image processor, 56 px crops, 14 px patches: 15 image tokens
+    per image) over the SmolLM2 tokenizer with an added "<image>" token."""
+    from transformers import AutoTokenizer, LlavaProcessor
+
+    try:
+        from transformers import CLIPImageProcessorPil as ImageProcessor
+    except ImportError:  # older transformers name the Pillow processor plainly
+        from transformers import CLIPImageProcessor as ImageProcessor
+
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    images = ImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=14,
+                          vision_feature_select_strategy="default", image_token="<image>",
+                          chat_template=VISION_TEMPLATE)
