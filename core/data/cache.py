@@ -22,8 +22,8 @@ from hone.core.data.rows import ImageRef
 from hone.core.data.tokenized import TokenizedSet
 
 # Bump when the stored layout or the tokenization rules change, so old entries are not reused.
-CACHE_VERSION = 1
-_ARRAYS = ("ids", "trained", "offsets", "row_numbers", "source_index", "truncated")
+CACHE_VERSION = 2
+_ARRAYS = ("ids", "trained", "offsets", "trained_counts", "row_numbers", "source_index", "truncated")
 
 
 def default_cache_dir() -> Path:
@@ -79,6 +79,7 @@ def load(folder: Path) -> tuple[TokenizedSet, np.ndarray, dict[str, Any]] | None
     except (OSError, ValueError, KeyError):
         return None
     images = {int(k): [ImageRef.from_dict(r) for r in refs] for k, refs in meta["images"].items()}
-    data = TokenizedSet(arrays["ids"], arrays["trained"], np.asarray(arrays["offsets"]), meta["sources"],
-                        np.asarray(arrays["row_numbers"]), np.asarray(arrays["source_index"]), images)
+    data = TokenizedSet(arrays["ids"], arrays["trained"], np.asarray(arrays["offsets"]),
+                        np.asarray(arrays["trained_counts"]), meta["sources"], np.asarray(arrays["row_numbers"]),
+                        np.asarray(arrays["source_index"]), images)
     return data, np.asarray(arrays["truncated"]), meta["state"]

@@ -55,11 +55,22 @@ class ImageTokens:
     Attributes:
         token: the placeholder string the chat template writes for each image (e.g. "<image>").
         token_id: its id.
-        count: function (width, height) -> number of tokens that image becomes after resizing.
     """
 
-    def __init__(self, token: str, token_id: int, count):
-        self.token, self.token_id, self.count = token, token_id, count
+    def __init__(self, processor, token: str, token_id: int, max_side: int):
+        self.processor, self.token, self.token_id, self.max_side = processor, token, token_id, max_side
+
+    def count(self, width: int, height: int) -> int:
+        """Tokens an image of this size becomes, after scaling it to at most `max_side` (processor's rule)."""
+        from hone.core.data.images import fitted_size
+
+        w, h = fitted_size(width or self.max_side, height or self.max_side, self.max_side)
+        counter = getattr(self.processor, "_get_num_multimodal_tokens", None)
+        if counter is not None:
+            info = counter(image_sizes=[(h, w)])
+            counts = info.get("num_image_tokens") if isinstance(info, dict) else info.num_image_tokens
+            return int(counts[0])
+        return int(getattr(self.processor, "num_image_tokens", 1) or 1)
 
 
 class RowEncoder:
@@ -86,6 +97,7 @@ class RowEncoder:
         self.image_tokens = image_tokens_for(self.processor, image_max_side) if self.processor is not None else None
         self.eos_id = self.tokenizer.eos_token_id
         self.has_offsets = bool(getattr(self.tokenizer, "is_fast", False))
+        self.backend = getattr(self.tokenizer, "backend_tokenizer", None) if self.has_offsets else None
 
     def encode(self, rows: list[Row], keep_text: bool = False) -> list[Encoded | RowProblem]:
         """Encode a batch of rows; each comes back as an Encoded or the RowProblem that skipped it."""
@@ -122,7 +134,18 @@ class RowEncoder:
             if not idx:
                 continue
             batch = [texts[i] for i in idx]
-            if self.has_offsets:
+            if self.backend is not None:
+                # The Rust tokenizer that transformers' fast tokenizers wrap: the same ids, without building
+                # Python dicts of every field for every row. Like the wrapper, switch off any truncation or
+                # padding saved in tokenizer.json (max_length is applied afterwards, and counted).
+                if self.backend.truncation is not None:
+                    self.backend.no_truncation()
+                if self.backend.padding is not None:
+                    self.backend.no_padding()
+                for i, enc in zip(idx, self.backend.encode_batch(batch, add_special_tokens=flag), strict=True):
+                    offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+                    results[i] = (np.array(enc.ids, dtype=np.int64), offsets[:, 0])
+            elif self.has_offsets:
                 enc = self.tokenizer(batch, add_special_tokens=flag, return_offsets_mapping=True,
                                      return_attention_mask=False)
                 for i, ids, offs in zip(idx, enc["input_ids"], enc["offset_mapping"], strict=True):
@@ -213,22 +236,8 @@ def _tokenize_in_pieces(tokenizer, text: str, add_special_tokens: bool,
 
 
 def image_tokens_for(processor, image_max_side: int) -> ImageTokens | None:
-    """The image placeholder token of a vision processor and how many tokens an image of a given size becomes."""
-    from hone.core.data.images import fitted_size
-
+    """The image placeholder token of a vision processor (None when it has none)."""
     token = getattr(processor, "image_token", None)
-    tokenizer = processor.tokenizer
     if token is None:
         return None
-    token_id = tokenizer.convert_tokens_to_ids(token)
-    counter = getattr(processor, "_get_num_multimodal_tokens", None)
-
-    def count(width: int, height: int) -> int:
-        w, h = fitted_size(width or image_max_side, height or image_max_side, image_max_side)
-        if counter is not None:
-            info = counter(image_sizes=[(h, w)])
-            counts = info.get("num_image_tokens") if isinstance(info, dict) else info.num_image_tokens
-            return int(counts[0])
-        return int(getattr(processor, "num_image_tokens", 1) or 1)
-
-    return ImageTokens(token, token_id, count)
+    return ImageTokens(processor, token, processor.tokenizer.convert_tokens_to_ids(token), image_max_side)

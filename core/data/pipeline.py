@@ -26,6 +26,7 @@ from hone.core.data.loaders import (
     read_records,
     resolve_sources,
 )
+from hone.core.data.parallel import default_workers, encode_stream
 from hone.core.data.report import ReportBuilder
 from hone.core.data.rows import DUPLICATE_COLUMN, Row, RowError, RowProblem
 from hone.core.data.tokenized import TokenizedSet, TokenizedSetBuilder
@@ -111,24 +112,23 @@ def check_data(cfg, tokenizer=None, *, split: str = "train",
     has no token statistics. Used by `hone data check` and the GUI's dataset page.
     """
     entries = cfg.train if split == "train" else cfg.eval
-    encoder = None
-    if tokenizer is not None:
-        encoder = RowEncoder(tokenizer, max_length=cfg.max_length, overlong=cfg.overlong, train_on=cfg.train_on,
-                             image_max_side=cfg.image_max_side)
     report = ReportBuilder(split, [str(e) for e in entries])
-    builder = TokenizedSetBuilder()
-    truncated: list[bool] = []
-    kept = image_rows = 0
-    for batch in _row_batches(entries, split, cfg, report, progress):
-        if encoder is not None:
-            _encode_into(encoder, batch, report, builder, truncated)
-            continue
-        kept += len(batch)
-        image_rows += sum(1 for row in batch if row.images)
-        report.formats.update(row.format for row in batch)
-    if encoder is None:
+    rows = _row_batches(entries, split, cfg, report, progress)
+    if tokenizer is None:
+        kept = image_rows = 0
+        for batch in rows:
+            kept += len(batch)
+            image_rows += sum(1 for row in batch if row.images)
+            report.formats.update(row.format for row in batch)
         empty = np.zeros(0, np.int64)
         return report.build(empty, empty, image_rows, rows_kept=kept), None
+    encoder = RowEncoder(tokenizer, max_length=cfg.max_length, overlong=cfg.overlong, train_on=cfg.train_on,
+                         image_max_side=cfg.image_max_side)
+    builder = TokenizedSetBuilder()
+    truncated: list[bool] = []
+    workers = default_workers(_resolvable(entries, split, ReportBuilder(split, [])))
+    for batch, results in encode_stream(encoder, rows, workers):
+        _collect(batch, results, report, builder, truncated)
     data = builder.build()
     return _report(report, data, np.array(truncated, bool)), data
 
@@ -138,6 +138,7 @@ def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, c
     """One split: from the cache when its key matches, else read, encode and store."""
     files = [str(e) for e in entries]
     key = None
+    sources: list[Source] = []
     try:
         sources = resolve_sources(entries, side=split)
         key = cache_store.cache_key({
@@ -157,8 +158,9 @@ def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, c
     report = ReportBuilder(split, files)
     builder = TokenizedSetBuilder()
     truncated_list: list[bool] = []
-    for batch in _row_batches(entries, split, cfg, report, progress):
-        _encode_into(encoder, batch, report, builder, truncated_list)
+    workers = default_workers(sources) if sources else 0
+    for batch, results in encode_stream(encoder, _row_batches(entries, split, cfg, report, progress), workers):
+        _collect(batch, results, report, builder, truncated_list)
     data = builder.build()
     truncated = np.array(truncated_list, dtype=bool)
     if encoder.template.is_fallback:
@@ -172,9 +174,9 @@ def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, c
     return data, truncated, report
 
 
-def _encode_into(encoder: RowEncoder, batch: list[Row], report: ReportBuilder, builder: TokenizedSetBuilder,
-                 truncated: list[bool]) -> None:
-    for row, result in zip(batch, encoder.encode(batch), strict=True):
+def _collect(batch: list[Row], results: list[Encoded | RowProblem], report: ReportBuilder,
+             builder: TokenizedSetBuilder, truncated: list[bool]) -> None:
+    for row, result in zip(batch, results, strict=True):
         if isinstance(result, RowProblem):
             report.skip(result)
             continue

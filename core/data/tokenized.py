@@ -43,29 +43,28 @@ class TokenizedSet(Sequence[TokenizedRow]):
         num_trained: total tokens that carry loss.
     """
 
-    def __init__(self, ids: np.ndarray, trained: np.ndarray, offsets: np.ndarray, sources: list[str],
-                 row_numbers: np.ndarray, source_index: np.ndarray, images: dict[int, list[ImageRef]] | None = None,
-                 rows: np.ndarray | None = None):
+    def __init__(self, ids: np.ndarray, trained: np.ndarray, offsets: np.ndarray, trained_counts: np.ndarray,
+                 sources: list[str], row_numbers: np.ndarray, source_index: np.ndarray,
+                 images: dict[int, list[ImageRef]] | None = None, rows: np.ndarray | None = None):
         """
         Args:
             ids: int32 [T], all rows' tokens back to back.
             trained: bool [T], True where the token carries loss.
             offsets: int64 [N + 1], row k is ids[offsets[k]:offsets[k + 1]].
+            trained_counts: int64 [N], trained tokens of each stored row.
             sources: the distinct source names (files), indexed by `source_index`.
             row_numbers: int64 [N], 1-based row number of each stored row within its source.
             source_index: int32 [N], index into `sources`.
             images: stored row -> its images (only rows that have any).
             rows: int64 [M], the stored rows this set shows, in order (a view for splits); None = all.
         """
-        self._ids, self._trained, self._offsets = ids, trained, offsets
+        self._ids, self._trained, self._offsets, self._trained_counts = ids, trained, offsets, trained_counts
         self._sources, self._row_numbers, self._source_index = sources, row_numbers, source_index
         self._images = images or {}
         self._rows = np.arange(len(offsets) - 1, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
-        starts, ends = offsets[:-1][self._rows], offsets[1:][self._rows]
-        self.lengths = (ends - starts).astype(np.int64)
+        self.lengths = (offsets[1:][self._rows] - offsets[:-1][self._rows]).astype(np.int64)
         self.num_tokens = int(self.lengths.sum())
-        trained_cum = np.concatenate([[0], np.cumsum(trained, dtype=np.int64)])
-        self.trained_lengths = (trained_cum[ends] - trained_cum[starts]).astype(np.int64)
+        self.trained_lengths = np.asarray(trained_counts, dtype=np.int64)[self._rows]
         self.num_trained = int(self.trained_lengths.sum())
 
     def __len__(self) -> int:
@@ -92,8 +91,9 @@ class TokenizedSet(Sequence[TokenizedRow]):
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> TokenizedSet:
         """The rows at these positions of this set, sharing storage."""
-        return TokenizedSet(self._ids, self._trained, self._offsets, self._sources, self._row_numbers,
-                            self._source_index, self._images, self._rows[np.asarray(indices, dtype=np.int64)])
+        return TokenizedSet(self._ids, self._trained, self._offsets, self._trained_counts, self._sources,
+                            self._row_numbers, self._source_index, self._images,
+                            self._rows[np.asarray(indices, dtype=np.int64)])
 
     @property
     def image_rows(self) -> int:
@@ -102,7 +102,8 @@ class TokenizedSet(Sequence[TokenizedRow]):
     def arrays(self) -> dict[str, np.ndarray]:
         """The backing arrays (for the cache)."""
         return {"ids": self._ids, "trained": self._trained, "offsets": self._offsets,
-                "row_numbers": self._row_numbers, "source_index": self._source_index, "rows": self._rows}
+                "trained_counts": self._trained_counts, "row_numbers": self._row_numbers,
+                "source_index": self._source_index, "rows": self._rows}
 
     @property
     def sources(self) -> list[str]:
@@ -119,6 +120,7 @@ class TokenizedSetBuilder:
     def __init__(self):
         self._ids: list[np.ndarray] = []
         self._trained: list[np.ndarray] = []
+        self._trained_counts: list[int] = []
         self._row_numbers: list[int] = []
         self._source_index: list[int] = []
         self._sources: dict[str, int] = {}
@@ -132,6 +134,7 @@ class TokenizedSetBuilder:
             self._images[len(self._ids)] = list(images)
         self._ids.append(np.asarray(ids, dtype=np.int32))
         self._trained.append(np.asarray(trained, dtype=bool))
+        self._trained_counts.append(int(self._trained[-1].sum()))
         self._row_numbers.append(int(number))
         self._source_index.append(index)
 
@@ -143,5 +146,6 @@ class TokenizedSetBuilder:
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.int32)
         trained = np.concatenate(self._trained) if self._trained else np.zeros(0, bool)
-        return TokenizedSet(ids, trained, offsets, list(self._sources), np.array(self._row_numbers, np.int64),
-                            np.array(self._source_index, np.int32), self._images)
+        return TokenizedSet(ids, trained, offsets, np.array(self._trained_counts, np.int64), list(self._sources),
+                            np.array(self._row_numbers, np.int64), np.array(self._source_index, np.int32),
+                            self._images)

@@ -148,3 +148,18 @@ def test_progress_is_reported_up_to_one(tmp_path, smollm2_tokenizer):
     seen = []
     load_training_data(DataConfig(train=[str(path)]), smollm2_tokenizer, progress=lambda m, f: seen.append(f))
     assert seen and seen[-1] == 1.0 and all(0 <= f <= 1 for f in seen) and seen == sorted(seen)
+
+
+def test_worker_processes_give_the_same_rows(tmp_path, smollm2_tokenizer, monkeypatch):
+    """The parallel path (spawned workers render and tokenize) matches the in-process one row for row."""
+    rows = [*_rows(40), {"messages": []}, chat("no answer")]
+    path = write_jsonl(tmp_path / "a.jsonl", rows)
+    monkeypatch.setenv("HONE_DATA_WORKERS", "0")
+    alone = load_training_data(DataConfig(train=[str(path)]), smollm2_tokenizer, cache_dir=tmp_path / "c1")
+    monkeypatch.setenv("HONE_DATA_WORKERS", "2")
+    monkeypatch.setattr("hone.core.data.pipeline.ENCODE_BATCH", 8)  # several batches in flight
+    pooled = load_training_data(DataConfig(train=[str(path)]), smollm2_tokenizer, cache_dir=tmp_path / "c2")
+    assert [r.input_ids for r in pooled.train] == [r.input_ids for r in alone.train]
+    assert [r.labels for r in pooled.train] == [r.labels for r in alone.train]
+    assert [r.source for r in pooled.train] == [r.source for r in alone.train]
+    assert pooled.reports[0].skipped == alone.reports[0].skipped == {"empty conversation": 1, "no assistant turn": 1}
