@@ -62,22 +62,32 @@ def _config(args, files: list[str]) -> DataConfig:
 
 
 def load_tokenizer(name: str):
-    """The tokenizer (or, for vision models, the processor) of a model: a folder, .gguf file, `bundled:` name or
-    Hugging Face id. Only tokenizer files are read, never weights (GGUF: its vocabulary is converted)."""
-    from hone.core.resources import BUNDLED_PREFIX, resolve_bundled
+    """The tokenizer (or, for vision models, the processor) that training with model `name` would use: a model
+    folder, .gguf file, `bundled:` name, Hugging Face id, or a folder holding only tokenizer files. No weights are
+    read (a GGUF's tokenizer is taken from its metadata, without converting the model)."""
+    from hone.core.config import ModelConfig
+    from hone.core.models import load_config, resolve_source
+    from hone.core.models import load_tokenizer as model_tokenizer
 
-    path = resolve_bundled(name) if name.startswith(BUNDLED_PREFIX) else Path(name).expanduser()
+    path = Path(name).expanduser()
+    if path.is_dir() and not (path / "config.json").exists() and any(
+            (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return _plain_tokenizer(str(path), name)
+    source = resolve_source(name)
+    if source.kind in ("bundled", "gguf"):
+        gguf = Path(source.path)
+        return _plain_tokenizer(str(gguf.parent), name, gguf_file=gguf.name)
+    model_cfg = ModelConfig(name_or_path=name)
+    _, folder, config = load_config(model_cfg)
+    return model_tokenizer(folder, config, model_cfg)
+
+
+def _plain_tokenizer(folder: str, name: str, gguf_file: str | None = None):
+    from transformers import AutoTokenizer
+
     try:
-        from transformers import AutoProcessor, AutoTokenizer
-
-        if path.is_file() and path.suffix.lower() == ".gguf":
-            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        target = str(path) if path.exists() else name
-        if path.is_dir() and (path / "preprocessor_config.json").exists():
-            processor = AutoProcessor.from_pretrained(target)
-            if hasattr(processor, "tokenizer") and hasattr(processor, "image_processor"):
-                return processor
-        return AutoTokenizer.from_pretrained(target)
+        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file) if gguf_file else \
+            AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelError(f"cannot load the tokenizer of {name}: {first}",

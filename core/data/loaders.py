@@ -121,7 +121,9 @@ def _resolve_one(entry: str, side: str) -> list[Source]:
             raise SourceError(UNREADABLE_FILE, f"{entry} is a folder without dataset files (.jsonl, .json, .csv, "
                               ".tsv, .parquet, .arrow) and was not saved by datasets.save_to_disk")
         return [Source(str(Path(entry) / f.name), SUFFIXES[f.suffix.lower()], f, "", path, side) for f in files]
-    if "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1 and "\\" not in name:
+    looks_like_file = Path(name).suffix.lower() in SUFFIXES
+    if "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1 and "\\" not in name \
+            and not looks_like_file:
         return [Source(name, "hub", None, split, None, side)]
     raise SourceError(UNREADABLE_FILE, f"{entry} does not exist (not a file, a folder or a Hugging Face "
                       "dataset id like org/name)")

@@ -210,6 +210,9 @@ def test_missing_path_and_offline_hub_id(tmp_path):
                                              str(good)]))
     assert report.rows_kept == 1
     assert any("nope.jsonl does not exist" in p for p in report.problems), report.problems
+    relative, _ = check_data(DataConfig(train=["data/missing.jsonl", str(good)]))
+    assert relative.problems == ["data/missing.jsonl does not exist (not a file, a folder or a Hugging Face "
+                                 "dataset id like org/name)"]
     hub = [p for p in report.problems if "hone-tests/not-cached-dataset" in p]
     assert hub and "cannot be loaded" in hub[0] and "offline" in hub[0], report.problems
 

@@ -69,4 +69,12 @@ def test_inspect_mistakes_are_one_line_errors(tmp_path, hone, smollm2_tokenizer_
 def test_unknown_model_is_a_model_error(tmp_path, hone):
     path = write_jsonl(tmp_path / "a.jsonl", [chat("q", "a")])
     code, _, err = hone("data", "check", path, "--model", tmp_path / "no-such-model")
-    assert code == 2 and "cannot load the tokenizer" in err
+    assert code == 2 and "no-such-model does not exist" in err
+
+
+def test_model_folder_gives_the_training_tokenizer(tmp_path, hone, tiny_model_dir, smollm2_tokenizer):
+    """A real model folder (config.json + weights + tokenizer) is read the way training reads it."""
+    path = write_jsonl(tmp_path / "a.jsonl", [chat("q", "a")])
+    code, out, _ = hone("data", "check", path, "--model", tiny_model_dir("tiny-dense"), "--json")
+    expected = len(smollm2_tokenizer.apply_chat_template(chat("q", "a")["messages"], tokenize=True)["input_ids"])
+    assert code == 0 and json.loads(out)["tokens"] == expected
