@@ -22,7 +22,7 @@ from hone.core.data.rows import ImageRef
 from hone.core.data.tokenized import TokenizedSet
 
 # Bump when the stored layout or the tokenization rules change, so old entries are not reused.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 _ARRAYS = ("ids", "trained", "offsets", "trained_counts", "row_numbers", "source_index", "truncated")
 
 

@@ -199,7 +199,7 @@ def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder,
     last_progress = 0.0
     for n, source in enumerate(sources):
         try:
-            for _, item in iter_rows(source, cfg, note=report.note):
+            for _, item in iter_rows(source, cfg, on_detect=report.detected):
                 report.read()
                 if isinstance(item, RowProblem):
                     report.skip(item)
@@ -220,10 +220,12 @@ def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder,
         yield batch
 
 
-def iter_rows(source: Source, cfg, note: Callable[[str], None] | None = None) -> Iterator[tuple[int, Row | RowProblem]]:
+def iter_rows(source: Source, cfg, on_detect: Callable[[str, str], None] | None = None,
+              ) -> Iterator[tuple[int, Row | RowProblem]]:
     """(row number, Row or the RowProblem that skips it) for every row of one source, images checked.
 
-    The format is `cfg.format`, or (auto) detected from the first row whose columns match one.
+    The format is `cfg.format`, or (auto) detected from the first row whose columns match one; then
+    on_detect(source name, format) is called.
 
     Raises:
         SourceError: the source as a whole cannot be read (rows yielded before stay valid).
@@ -240,8 +242,8 @@ def iter_rows(source: Source, cfg, note: Callable[[str], None] | None = None) ->
         try:
             if fmt is None:
                 fmt = detect_format(record, columns)
-                if note is not None:
-                    note(f"{source.name}: format detected as {fmt}")
+                if on_detect is not None:
+                    on_detect(source.name, fmt)
             if duplicates:
                 used = next((c for c in used_columns(fmt, columns) if c in duplicates), None)
                 if used is not None:

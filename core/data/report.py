@@ -28,6 +28,7 @@ class ReportBuilder:
         self.notes: list[str] = []
         self.truncated = 0
         self.formats: Counter[str] = Counter()
+        self.detections: dict[str, list[str]] = {}  # detected format -> sources
 
     def read(self, count: int = 1) -> None:
         self.rows_read += count
@@ -45,21 +46,14 @@ class ReportBuilder:
         if message not in self.notes:
             self.notes.append(message)
 
-    def merge(self, other: ReportBuilder) -> None:
-        """Add another builder's counts (used when a cached part is combined with fresh ones)."""
-        self.rows_read += other.rows_read
-        self.skipped.update(other.skipped)
-        self.examples += other.examples[: max(0, MAX_EXAMPLES - len(self.examples))]
-        self.problems += other.problems
-        for n in other.notes:
-            self.note(n)
-        self.truncated += other.truncated
-        self.formats.update(other.formats)
+    def detected(self, source: str, fmt: str) -> None:
+        """The format auto-detection chose for a source."""
+        self.detections.setdefault(fmt, []).append(source)
 
     def to_state(self) -> dict:
         return {"rows_read": self.rows_read, "skipped": dict(self.skipped), "examples": self.examples,
                 "problems": self.problems, "notes": self.notes, "truncated": self.truncated,
-                "formats": dict(self.formats)}
+                "formats": dict(self.formats), "detections": self.detections}
 
     @classmethod
     def from_state(cls, split: str, files: list[str], state: dict) -> ReportBuilder:
@@ -71,6 +65,7 @@ class ReportBuilder:
         builder.notes = list(state["notes"])
         builder.truncated = state["truncated"]
         builder.formats.update(state["formats"])
+        builder.detections = {k: list(v) for k, v in state["detections"].items()}
         return builder
 
     def build(self, lengths: np.ndarray, trained_lengths: np.ndarray, image_rows: int, held_out: int = 0,
@@ -94,7 +89,14 @@ class ReportBuilder:
             tokens=int(np.sum(lengths)), trained_tokens=int(np.sum(trained_lengths)), **stats,
             format=", ".join(f"{name} ({count})" if len(self.formats) > 1 else name
                              for name, count in self.formats.most_common()),
-            held_out=held_out, problems=list(self.problems), notes=list(self.notes))
+            held_out=held_out, problems=list(self.problems), notes=self._detection_notes() + list(self.notes))
+
+    def _detection_notes(self) -> list[str]:
+        notes = []
+        for fmt, sources in self.detections.items():
+            names = ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
+            notes.append(f"format detected as {fmt}: {names} (set data.format to override)")
+        return notes
 
 
 def length_stats(lengths: np.ndarray) -> dict[str, int]:
