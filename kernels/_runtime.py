@@ -5,7 +5,7 @@ call time), through Triton's interpreter, which is how the kernels are tested on
 Everything else, and anything inside a `torch.compile` region (where inductor writes its own fused code),
 takes the plain-torch reference path.
 
-Kernels in this package use only Triton builtins (no `tl.sum`, `tl.sigmoid`, ...: those are themselves
+Kernels in this package use only Triton builtins (no `tl.sum`, `tl.zeros`, `tl.sigmoid`, ...: those are
 `@triton.jit` functions, which the interpreter can only call when it was switched on before `triton` was
 imported). Row sums are written `tl.reduce(x, axis, sum_combine)`, which both the compiler and the
 interpreter run natively.

@@ -67,7 +67,7 @@ def _rms_norm_backward_kernel(dy_ptr, dh_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     if GEMMA:
         w = 1.0 + w
-    dw_acc = tl.zeros([BLOCK_COLS], dtype=tl.float32)
+    dw_acc = tl.full([BLOCK_COLS], 0.0, tl.float32)
     n_blocks = (n_rows + BLOCK_ROWS - 1) // BLOCK_ROWS
     for block in tl.range(pid, n_blocks, n_programs):
         rows = (block * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)

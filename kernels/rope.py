@@ -4,7 +4,7 @@ Naming chain: `_rope_kernel` (Triton) -> `rope_rotate` (launcher) -> `RotaryFunc
 (autograd) -> `apply_rotary` (entry, with the torch fallback; call-compatible with transformers'
 `apply_rotary_pos_emb`).
 
-One program rotates every head of one token (of q, then of k), reading that token's cos/sin row once. Positions
+One program rotates every head of a few tokens (q and k take one launch each), reading each cos/sin row once. Positions
 come in through cos/sin, which the model gathers per token from `position_ids`, so packed rows (positions
 restarting at 0 inside a row) and any RoPE scaling the model computes need nothing special here. The forward
 rotates q and k in place (no new activations); backward applies the transposed rotation to the gradients and
@@ -21,30 +21,34 @@ from hone.kernels._runtime import launcher, use_triton
 from hone.kernels.reference import rope_reference
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_PAIRS_PER_PROGRAM = 2048
 
 
 @triton.jit
-def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, seq_len, n_heads, half,
+def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, n_tokens, seq_len, n_heads, half,
                  stride_xb, stride_xs, stride_xh, stride_ob, stride_os, stride_oh, stride_cb, stride_cs,
-                 BACKWARD: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    token = tl.program_id(0)
+                 BACKWARD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_mask = token < n_tokens
     b = (token // seq_len).to(tl.int64)
     s = (token % seq_len).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < half
-    cs = b * stride_cb + s * stride_cs + d
-    cos1 = tl.load(cos_ptr + cs, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-    cos2 = tl.load(cos_ptr + cs + half, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-    sin1 = tl.load(sin_ptr + cs, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-    sin2 = tl.load(sin_ptr + cs + half, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    cs_mask = t_mask[:, None] & d_mask[None, :]
+    cs = (b * stride_cb + s * stride_cs)[:, None] + d[None, :]
+    cos1 = tl.load(cos_ptr + cs, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
+    cos2 = tl.load(cos_ptr + cs + half, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
+    sin1 = tl.load(sin_ptr + cs, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
+    sin2 = tl.load(sin_ptr + cs + half, mask=cs_mask, other=0.0).to(tl.float32)[:, None, :]
     if BACKWARD:
         # The transposed rotation: each pair (i, i + half) is rotated by [[c1, -s1], [s2, c2]]; its transpose is
         # the same formula with (s1, s2) replaced by (-s2, -s1).
         sin1, sin2 = -sin2, -sin1
     h = tl.arange(0, BLOCK_H).to(tl.int64)
-    mask = (h < n_heads)[:, None] & d_mask[None, :]
-    x_in = x_ptr + b * stride_xb + s * stride_xs + h[:, None] * stride_xh + d[None, :]
-    x_out = out_ptr + b * stride_ob + s * stride_os + h[:, None] * stride_oh + d[None, :]
+    mask = t_mask[:, None, None] & (h < n_heads)[None, :, None] & d_mask[None, None, :]
+    x_in = x_ptr + (b * stride_xb + s * stride_xs)[:, None, None] + (h * stride_xh)[None, :, None] + d[None, None, :]
+    x_out = (out_ptr + (b * stride_ob + s * stride_os)[:, None, None] + (h * stride_oh)[None, :, None]
+             + d[None, None, :])
     x1 = tl.load(x_in, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_in + half, mask=mask, other=0.0).to(tl.float32)
     tl.store(x_out, (x1 * cos1 - x2 * sin1).to(out_ptr.dtype.element_ty), mask=mask)
@@ -72,12 +76,13 @@ def rope_rotate(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
     half = x.shape[-1] // 2
     cos_b_stride = 0 if cos.shape[0] == 1 else cos.stride(0)  # one set of rows broadcast over the batch
     block_h, block_d = triton.next_power_of_2(n_heads), triton.next_power_of_2(half)
-    # A token's heads hold H * D values (4K for 32 heads of 128): 4 warps keep ~32 loads per thread in flight;
-    # wider tokens get 8 warps.
-    num_warps = 4 if block_h * block_d <= 2048 else 8
-    launcher(_rope_kernel, x.device)[(batch * seq_len,)](
-        x, out, cos, sin, seq_len, n_heads, half, *x_strides, *out_strides, cos_b_stride, cos.stride(1),
-        BACKWARD=backward, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=num_warps)
+    # Each program rotates ~2K pairs (4K values): 16 per thread over 4 warps. That is one token of 32 query heads
+    # of 128, or four tokens of 8 key heads; small heads batch more tokens per program.
+    block_t = max(1, _PAIRS_PER_PROGRAM // (block_h * block_d))
+    n_tokens = batch * seq_len
+    launcher(_rope_kernel, x.device)[(triton.cdiv(n_tokens, block_t),)](
+        x, out, cos, sin, n_tokens, seq_len, n_heads, half, *x_strides, *out_strides, cos_b_stride, cos.stride(1),
+        BACKWARD=backward, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4)
 
 
 class RotaryFunction(torch.autograd.Function):
