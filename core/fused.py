@@ -201,6 +201,8 @@ def _patch_norm(base, name: str, module: torch.nn.Module, report: KernelReport, 
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if type(parent).__module__.startswith("peft.") or child not in parent._modules:
         report._skip("norm held by a peft wrapper (trained norm)", name)
+    elif module._forward_hooks or module._forward_pre_hooks or getattr(module, "_hf_hook", None) is not None:
+        report._skip("norm has hooks (e.g. accelerate offloading), which a replacement would drop", name)
     elif not isinstance(weight, torch.nn.Parameter) or weight.dim() != 1 or eps is None:
         report._skip("RMSNorm without a 1-D weight and eps", name)
     elif (style := _probe_norm_style(module, weight, float(eps))) is None:
@@ -231,9 +233,12 @@ def _patch_attention(name: str, module: torch.nn.Module, report: KernelReport, u
 
     cls = type(module)
     try:
-        original = innermost(cls.forward).__globals__.get("apply_rotary_pos_emb")
-        if original is None or list(inspect.signature(original).parameters) != _ROPE_PARAMETERS:
-            raise UnsupportedForward("apply_rotary_pos_emb has another signature")
+        inner = innermost(cls.forward)
+        original = inner.__globals__.get("apply_rotary_pos_emb")
+        if original is None or "apply_rotary_pos_emb" not in inner.__code__.co_names:
+            raise UnsupportedForward("forward does not call apply_rotary_pos_emb")
+        if list(inspect.signature(original).parameters) != _ROPE_PARAMETERS:
+            raise UnsupportedForward("apply_rotary_pos_emb takes other arguments than (q, k, cos, sin, unsqueeze_dim)")
         forward = _shared_forward(("rope", cls), lambda: replace_innermost(
             cls.forward, lambda fn: with_globals(fn, {"apply_rotary_pos_emb": apply_rotary})))
     except UnsupportedForward as exc:

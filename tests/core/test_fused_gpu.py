@@ -141,12 +141,13 @@ def test_qlora_model_trains_the_same_with_kernels(tmp_path):
 
 
 def test_compiled_blocks_with_kernels_train_the_same():
+    """Inductor on one block (its compile time dominates this test), kernels stepping aside inside it."""
     ids, pos = _batch(256, 4096, seed=4)
-    plain = _train(_model("tiny-dense", torch.bfloat16), ids, pos, steps=3)
-    model = _model("tiny-dense", torch.bfloat16)
+    plain = _train(_model("tiny-dense", torch.bfloat16, layers=1), ids, pos, steps=2)
+    model = _model("tiny-dense", torch.bfloat16, layers=1)
     apply_kernels(model)
     report = compile_blocks(model)
-    compiled = _train(model, ids, pos, steps=3)
-    assert report.blocks == 2 and report.compile_seconds and report.compile_seconds > 0, report.to_dict()
+    compiled = _train(model, ids, pos, steps=2)
+    assert report.blocks == 1 and report.compile_seconds and report.compile_seconds > 0, report.to_dict()
     _assert_losses_match(compiled, plain, torch.bfloat16, "compiled tiny-dense")
-    assert uncompile_blocks(model) == 2
+    assert uncompile_blocks(model) == 1
