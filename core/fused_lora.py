@@ -1,0 +1,83 @@
+"""peft LoRA layers routed through Hone's LoRA linear (`hone.kernels.lora`), dense and QLoRA (nf4) bases.
+
+The peft layer stays in the model (its adapters, saving, merging and `disable_adapter()` work as before); only
+its instance `forward` is swapped. Each call checks that it is the plain case: one active vanilla adapter (no
+DoRA or other variant, no `adapter_names` mixing), not merged, not disabled, a frozen `nn.Linear` or nf4
+`Linear4bit` base without hooks, no autocast, not inside `torch.compile`. Anything else runs peft's own forward.
+Dropout runs through the layer's own `lora_dropout` module on the same input as in peft, so a fixed seed draws
+the same mask.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hone.core.fused_patch import Undo, swap_forward
+from hone.kernels.lora import lora_linear
+from hone.kernels.nf4 import NF4Weight
+
+
+def lora_base_kind(module: torch.nn.Module) -> tuple[str | None, str]:
+    """("lora_linear" | "qlora_linear" | None, why not) for a peft LoRA layer."""
+    cls = type(module)
+    if not cls.__module__.startswith("peft.tuners.lora") or cls.__name__ not in ("Linear", "Linear4bit"):
+        return None, f"{cls.__module__}.{cls.__name__} is not a peft LoRA linear layer"
+    if getattr(module, "fan_in_fan_out", False):
+        return None, "fan_in_fan_out (Conv1D) base layers are not supported"
+    base = module.base_layer
+    if base._forward_hooks or base._forward_pre_hooks or getattr(base, "_hf_hook", None) is not None:
+        return None, "the base layer has hooks (e.g. offloaded by accelerate)"
+    if type(base) is torch.nn.Linear:
+        return "lora_linear", ""
+    weight = getattr(base, "weight", None)
+    state = getattr(weight, "quant_state", None)
+    if type(base).__name__ == "Linear4bit" and state is not None:
+        if state.quant_type != "nf4":
+            return None, f"4-bit quant type {state.quant_type!r} (only nf4 is fused)"
+        if getattr(state, "packing_format_for_cpu", False):
+            return None, "bitsandbytes repacked this weight for its CPU inference kernel"
+        return "qlora_linear", ""
+    return None, f"base layer {type(base).__name__} is neither nn.Linear nor an nf4 Linear4bit"
+
+
+def _nf4_compute_dtype(base, x: torch.Tensor) -> torch.dtype:
+    return base.compute_dtype if getattr(base, "compute_dtype", None) is not None else x.dtype
+
+
+def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """peft's `lora.Linear.forward` for the plain case in one autograd node; peft's own forward otherwise."""
+    if args or kwargs or self.disable_adapters or self.merged or torch.compiler.is_compiling() \
+            or torch.is_autocast_enabled():
+        return type(self).forward(self, x, *args, **kwargs)
+    active = [name for name in self.active_adapters if name in self.lora_A]
+    if len(active) != 1 or active[0] in getattr(self, "lora_variant", {}):
+        return type(self).forward(self, x, *args, **kwargs)
+    name = active[0]
+    lora_a, lora_b, base = self.lora_A[name], self.lora_B[name], self.base_layer
+    if lora_a.bias is not None or lora_b.bias is not None or type(lora_a) is not torch.nn.Linear \
+            or type(lora_b) is not torch.nn.Linear or x.shape[-1] != lora_a.in_features:
+        return type(self).forward(self, x, *args, **kwargs)
+
+    quantized = hasattr(base.weight, "quant_state")
+    compute_dtype = _nf4_compute_dtype(base, x) if quantized else base.weight.dtype
+    if base.weight.requires_grad or (not quantized and x.dtype != compute_dtype):
+        return type(self).forward(self, x, *args, **kwargs)
+
+    dropout = self.lora_dropout[name]
+    x_lora = None
+    if self.training and not isinstance(dropout, torch.nn.Identity) and getattr(dropout, "p", 1.0) > 0:
+        x_lora = dropout(self._cast_input_dtype(x, lora_a.weight.dtype))
+    bias = base.bias.to(compute_dtype) if base.bias is not None else None
+    x_in = x.to(compute_dtype)
+    if quantized:
+        out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
+                          nf4=NF4Weight.from_params4bit(base.weight))
+    else:
+        out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
+                          weight=base.weight)
+    return out.to(x.dtype)
+
+
+def patch_lora_layer(module: torch.nn.Module, label: str) -> Undo:
+    """Route one peft LoRA layer through the fused LoRA linear (see `lora_base_kind` for which qualify)."""
+    return swap_forward(module, _fused_lora_forward, label)

@@ -1,0 +1,128 @@
+"""LoRA linear: `base(x) + scaling * B(A(x))` with its own backward, for dense or nf4 (QLoRA) base weights.
+
+Naming chain: `lora_linear_forward` / `lora_linear_backward` (launchers) -> `LoRALinearFunction` (autograd) ->
+`lora_linear` (entry). The work is four GEMMs, which cuBLAS runs better than any Triton kernel we could
+write, so there is no `@triton.jit` here; what this file changes is what is computed and kept:
+
+- the LoRA update is added into the base output by the GEMM itself (`addmm_`, beta=1), with no
+  (tokens x out) temporaries for `B(A x)`, its scaled copy, or the sum;
+- backward keeps only the LoRA input (the layer input, or its dropped-out copy) and references to the
+  weights. `A x` (tokens x r) is recomputed (r/out of the forward's FLOPs), the base output is never kept, and an
+  nf4 base weight is dequantized again instead of keeping a 16-bit copy between forward and backward;
+- all GEMMs run in the activation dtype: fp32 adapter weights (peft's default next to a bf16 base) are cast
+  down, 2 x r x (in + out) elements, instead of casting the (tokens x in) activations up and keeping that fp32
+  copy for backward as the eager path does. Adapter gradients come back in the adapters' dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hone.kernels.nf4 import NF4Weight
+
+_FP32_OUT_MM = {"supported": None}  # whether torch.mm(..., out_dtype=torch.float32) runs on this CUDA build
+
+
+def _mm_into(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`a @ b` returned in `dtype`. On CUDA, 16-bit operands with an fp32 result skip the rounding to 16 bits."""
+    if dtype == torch.float32 and a.dtype != dtype and a.is_cuda and _FP32_OUT_MM["supported"] is not False:
+        try:
+            out = torch.mm(a, b, out_dtype=torch.float32)
+            _FP32_OUT_MM["supported"] = True
+            return out
+        except (TypeError, RuntimeError, NotImplementedError):
+            _FP32_OUT_MM["supported"] = False
+    return torch.mm(a, b).to(dtype)
+
+
+def _base_weight(weight: torch.Tensor | None, nf4: NF4Weight | None, dtype: torch.dtype) -> torch.Tensor:
+    return nf4.dequantize(dtype) if nf4 is not None else weight
+
+
+def lora_linear_forward(x: torch.Tensor, x_lora: torch.Tensor, weight: torch.Tensor | None, nf4: NF4Weight | None,
+                        bias: torch.Tensor | None, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                        scaling: float) -> torch.Tensor:
+    """(M, K) inputs -> (M, N) output in x's dtype; `x_lora` is x itself or its dropped-out copy."""
+    dtype = x.dtype
+    out = F.linear(x, _base_weight(weight, nf4, dtype), bias)
+    xa = x_lora.to(dtype) @ lora_a.to(dtype).t()
+    return out.addmm_(xa, lora_b.to(dtype).t(), alpha=scaling)
+
+
+def lora_linear_backward(grad: torch.Tensor, x_lora: torch.Tensor, weight: torch.Tensor | None,
+                         nf4: NF4Weight | None, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float,
+                         separate_lora_input: bool, needs: tuple[bool, ...]):
+    """Gradients for (x, x_lora, bias, lora_a, lora_b), each None where not needed.
+
+    Args:
+        grad: (M, N) gradient of the output. x_lora: (M, K) the saved LoRA input.
+        separate_lora_input: x_lora is a different tensor from x (dropout), so its gradient is returned on its
+            own instead of being added into x's.
+        needs: `ctx.needs_input_grad` for (x, x_lora, bias, lora_a, lora_b).
+    """
+    need_x, need_x_lora, need_bias, need_a, need_b = needs
+    dtype = grad.dtype
+    a, b = lora_a.to(dtype), lora_b.to(dtype)
+    xl = x_lora.to(dtype)
+    grad_b_proj = grad @ b  # (M, r): gradient reaching A x, before scaling
+    dx = dx_lora = None
+    if need_x:
+        dx = grad @ _base_weight(weight, nf4, dtype)
+        if not separate_lora_input:
+            dx.addmm_(grad_b_proj, a, alpha=scaling)
+    if separate_lora_input and need_x_lora:
+        dx_lora = (grad_b_proj @ a).mul_(scaling).to(x_lora.dtype)
+    dbias = grad.sum(0) if need_bias else None
+    da = _mm_into(grad_b_proj.t(), xl, lora_a.dtype).mul_(scaling) if need_a else None
+    db = _mm_into(grad.t(), xl @ a.t(), lora_b.dtype).mul_(scaling) if need_b else None
+    return dx, dx_lora, dbias, da, db
+
+
+class LoRALinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, x_lora: torch.Tensor | None, weight: torch.Tensor | None,
+                nf4: NF4Weight | None, bias: torch.Tensor | None, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                scaling: float) -> torch.Tensor:
+        separate = x_lora is not None
+        x_lora = x_lora if separate else x
+        out = lora_linear_forward(x, x_lora, weight, nf4, bias, lora_a, lora_b, scaling)
+        ctx.save_for_backward(x_lora, weight, lora_a, lora_b)
+        ctx.nf4, ctx.scaling, ctx.separate = nf4, scaling, separate
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x_lora, weight, lora_a, lora_b = ctx.saved_tensors
+        n = ctx.needs_input_grad
+        dx, dx_lora, dbias, da, db = lora_linear_backward(
+            grad, x_lora, weight, ctx.nf4, lora_a, lora_b, ctx.scaling, ctx.separate, (n[0], n[1], n[4], n[5], n[6]))
+        return dx, dx_lora, None, None, dbias, da, db, None
+
+
+def lora_linear(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float, *,
+                weight: torch.Tensor | None = None, nf4: NF4Weight | None = None, bias: torch.Tensor | None = None,
+                x_lora: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, W, bias) + scaling * (x_lora @ A^T) @ B^T`, W dense or nf4, through `LoRALinearFunction`.
+
+    Args:
+        x: (..., K) input in the compute dtype (the dense weight's dtype, or the nf4 weight's compute dtype).
+        lora_a: (r, K); lora_b: (N, r), any float dtype (cast to x's dtype for the GEMMs).
+        scaling: the adapter's scale (alpha / r, or alpha / sqrt(r)).
+        weight: (N, K) frozen dense weight, or None with `nf4`.
+        nf4: the frozen 4-bit weight, dequantized to x's dtype in forward and again in backward.
+        bias: (N,) or None.
+        x_lora: (..., K) the LoRA branch's input when it differs from x (peft's dropout), else None.
+
+    Returns:
+        (..., N) in x's dtype.
+    """
+    if (weight is None) == (nf4 is None):
+        raise ValueError("lora_linear needs exactly one of weight= and nf4=")
+    if weight is not None and weight.requires_grad:
+        raise ValueError("lora_linear keeps the base weight frozen; its gradient is not computed")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    xl2 = x_lora.reshape(-1, x_lora.shape[-1]) if x_lora is not None else None
+    out = LoRALinearFunction.apply(x2, xl2, weight, nf4, bias, lora_a, lora_b, float(scaling))
+    return out.view(*lead, out.shape[-1])

@@ -1,0 +1,140 @@
+"""The fused LoRA linear against peft's own `lora.Linear` / `lora.Linear4bit`: values and gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from hone.core.fused_lora import lora_base_kind, patch_lora_layer
+from hone.kernels.lora import lora_linear
+from hone.kernels.reference import lora_linear_reference
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+
+
+def _assert_close(got, want, dtype, what):
+    """fp32: tight. bf16: peft runs the LoRA branch in fp32 when the adapters are fp32, the fused path in bf16, so
+    sums over tokens (the weight gradients) may cancel to small values: the absolute tolerance scales with the
+    tensor's largest entry."""
+    tol = dict(TOL[dtype])
+    if dtype == torch.bfloat16:
+        tol["atol"] = max(tol["atol"], 2e-2 * want.abs().max().item())
+    torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{what}: {m}")
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self, k: int, n: int, bias: bool):
+        super().__init__()
+        self.proj = torch.nn.Linear(k, n, bias=bias)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def _peft_layer(k=37, n=19, *, bias=True, dropout=0.0, rslora=False, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    model = _Tiny(k, n, bias).to(dtype)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=12, lora_dropout=dropout, use_rslora=rslora,
+                                             target_modules=["proj"]))
+    layer = model.base_model.model.proj
+    torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.1)  # peft starts B at zero; make it count
+    return model, layer
+
+
+def _run(layer, x, dout, seed):
+    torch.manual_seed(seed)  # the same dropout mask for both paths
+    out = layer(x)
+    params = [layer.lora_A["default"].weight, layer.lora_B["default"].weight]
+    grads = torch.autograd.grad(out, [x, *params], dout)
+    return out.detach(), *grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dropout", "rslora", "bias"), [(0.0, False, True), (0.3, False, False), (0.1, True, True)])
+def test_fused_lora_matches_peft(dtype, dropout, rslora, bias):
+    model, layer = _peft_layer(bias=bias, dropout=dropout, rslora=rslora, dtype=dtype)
+    model.train()
+    reference_layer = copy.deepcopy(layer)
+    assert lora_base_kind(layer) == ("lora_linear", "")
+    undo = patch_lora_layer(layer, "proj")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 37, generator=g).to(dtype).requires_grad_()
+    dout = torch.randn(2, 5, 19, generator=g).to(dtype)
+    got = _run(layer, x, dout, seed=7)
+    want = _run(reference_layer, x, dout, seed=7)
+    for a, b, name in zip(got, want, ("out", "dx", "dA", "dB"), strict=True):
+        assert a.dtype == b.dtype, name
+        _assert_close(a, b, dtype, f"{name} {dtype} dropout={dropout}")
+    assert undo() and "forward" not in layer.__dict__
+
+
+def test_backward_keeps_only_the_input():
+    """Nothing of the output's size is saved: the LoRA input and references to the weights."""
+    _, layer = _peft_layer(k=64, n=48)
+    patch_lora_layer(layer, "proj")
+    x = torch.randn(10, 64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layer(x)
+    weights = {p.data_ptr() for p in layer.parameters()}
+    activations = [t for t in saved if t.data_ptr() not in weights]
+    assert len(activations) == 1 and activations[0].data_ptr() == x.data_ptr(), [tuple(t.shape) for t in saved]
+
+
+def test_peft_states_that_are_not_the_plain_case_use_peft_forward():
+    model, layer = _peft_layer()
+    patch_lora_layer(layer, "proj")
+    x = torch.randn(3, 37)
+    with torch.no_grad():
+        base = torch.nn.functional.linear(x, layer.base_layer.weight, layer.base_layer.bias)
+        with model.disable_adapter():
+            torch.testing.assert_close(layer(x), base)
+        lora = lora_linear_reference(x, layer.base_layer.weight, layer.base_layer.bias,
+                                     layer.lora_A["default"].weight, layer.lora_B["default"].weight,
+                                     layer.scaling["default"])
+        torch.testing.assert_close(layer(x), lora)
+        layer.merge()
+        torch.testing.assert_close(layer(x), lora, atol=1e-5, rtol=1e-5)
+        layer.unmerge()
+        torch.testing.assert_close(layer(x), lora)
+
+
+def test_lora_linear_refuses_ambiguous_base():
+    x, a, b = torch.randn(2, 4), torch.randn(1, 4), torch.randn(3, 1)
+    with pytest.raises(ValueError, match="exactly one"):
+        lora_linear(x, a, b, 1.0)
+    with pytest.raises(ValueError, match="frozen"):
+        lora_linear(x, a, b, 1.0, weight=torch.randn(3, 4, requires_grad=True))
+
+
+def test_qlora_layer_matches_peft_linear4bit(monkeypatch):
+    """peft's Linear4bit over a bitsandbytes nf4 base (CPU backend) against the fused path with our dequantize."""
+    bnb = pytest.importorskip("bitsandbytes")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+
+    class Quantized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = bnb.nn.Linear4bit(128, 24, bias=False, compute_dtype=torch.float32, quant_type="nf4",
+                                          compress_statistics=True)
+            self.proj.weight = bnb.nn.Params4bit(0.05 * torch.randn(24, 128), requires_grad=False,
+                                                 quant_type="nf4", compress_statistics=True)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    model = get_peft_model(Quantized().to("cpu"), LoraConfig(r=4, lora_alpha=8, target_modules=["proj"]))
+    layer = model.base_model.model.proj
+    torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.1)
+    assert lora_base_kind(layer) == ("qlora_linear", "")
+    x = torch.randn(6, 128, requires_grad=True)
+    dout = torch.randn(6, 24)
+    want = _run(layer, x, dout, seed=0)
+    patch_lora_layer(layer, "proj")
+    got = _run(layer, x, dout, seed=0)
+    for a, b, name in zip(got, want, ("out", "dx", "dA", "dB"), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"qlora {n}: {m}")
