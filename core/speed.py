@@ -22,6 +22,7 @@ class SpeedSetup:
     notices: list[Notice] = field(default_factory=list)
     expert_meter: object | None = None  # MoE expert-load meter, read once per step
     offload: object | None = None  # checkpoint offloader, read once per step
+    compile: object | None = None  # CompileReport: compile seconds are taken out of step times
 
     def note(self, topic: str, message: str, level: str = "info") -> None:
         self.notices.append(Notice(topic=topic, message=message, level=level))
@@ -56,3 +57,25 @@ def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup
         setup.offload = offload.apply_checkpointing(peft_model, choice.mode, device, note=setup.note)
         if setup.offload is None:
             setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"
+    _kernels_and_compile(peft_model, cfg, device, setup)
+
+
+def _kernels_and_compile(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:
+    """Fused kernels (CUDA only: on the CPU the references would run, which is the plain path anyway), then
+    regional compilation of the (possibly fused) decoder blocks."""
+    if cfg.kernels and str(device).startswith("cuda"):
+        from hone.core.fused import apply_kernels
+
+        report = apply_kernels(peft_model)
+        setup.choices["kernels"] = report.summary()
+        for reason, names in report.skipped.items():
+            setup.note("kernels", f"{len(names)} modules keep transformers' code: {reason}")
+    elif cfg.kernels:
+        setup.choices["kernels"] = "off: Hone's fused kernels need an NVIDIA GPU"
+    else:
+        setup.choices["kernels"] = "off (speed.kernels = false)"
+    if cfg.compile:
+        from hone.core.compile import compile_blocks
+
+        setup.compile = compile_blocks(peft_model)
+        setup.choices["compile"] = f"{setup.compile.blocks} decoder blocks with torch.compile"
