@@ -3,7 +3,8 @@
 # OUT_DIR (default $OUT); each stage has its own time limit so one hang cannot eat the whole session.
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
-#   stages: env | tests | spine | demo | bench-dense | bench-moe | bench-long | bench-qlora | bench-gptoss | micro
+#   stages: env | tests-{attn,moe,kernels,offload,rest} | spine | demo | micro-kernels |
+#           bench-{dense,8b,long,moe,gptoss,qlora}
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -92,18 +93,41 @@ print("spine run: median tokens/s", round(statistics.median(s["tokens_per_s"] fo
 EOF
 }
 
+gpu_tests() {  # gpu_tests NAME SECONDS paths...
+  local name=$1 limit=$2
+  shift 2
+  stage "$name" "$limit" python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider -o addopts="" --timeout 120 \
+    --junitxml="$out/$name.xml" "$@"
+}
+
+bench() {  # bench NAME SECONDS scenario args...
+  local name=$1 limit=$2
+  shift 2
+  stage "$name" "$limit" python3 -m hone.core.cli bench "$@" --json "$out/$name.json"
+}
+
 setup
 for s in "$@"; do
   case "$s" in
     env) stage env 60 env_info ;;
-    tests) stage tests 300 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" --timeout 120 \
-             --junitxml="$out/gpu-tests.xml" tests ;;
+    tests-attn) gpu_tests tests-attn 150 tests/core/test_attention_gpu.py tests/core/bench ;;
+    tests-moe) gpu_tests tests-moe 150 tests/core/moe tests/kernels/test_grouped_gemm.py tests/kernels/test_moe_experts.py ;;
+    tests-kernels) gpu_tests tests-kernels 180 tests/kernels/test_kernels_gpu.py tests/core/test_fused_gpu.py ;;
+    tests-offload) gpu_tests tests-offload 150 tests/core/test_offload_gpu.py ;;
+    tests-rest) gpu_tests tests-rest 150 tests --ignore=tests/core/test_attention_gpu.py \
+                  --ignore=tests/core/bench --ignore=tests/core/moe --ignore=tests/kernels \
+                  --ignore=tests/core/test_fused_gpu.py --ignore=tests/core/test_offload_gpu.py ;;
     spine) stage spine 150 spine_run ;;
     demo) stage demo 240 python3 -m hone.core.cli demo --runs-dir /tmp/hone-demo ;;
-    bench-dense) stage bench-dense 200 python3 -m hone.core.cli bench dense-0.6b --steps 3 --warmup 1 \
-                   --json "$out/bench-dense-0.6b.json" ;;
-    bench-moe) stage bench-moe 200 python3 -m hone.core.cli bench moe-qwen3 --steps 3 --warmup 1 --micro off \
-                 --json "$out/bench-moe-qwen3.json" ;;
+    micro-kernels) stage micro-kernels 120 python3 -m hone.kernels.benchmark --json "$out/micro-kernels.json" ;;
+    bench-dense) bench bench-dense 240 dense-0.6b --steps 3 --warmup 1 --only \
+                   'hone-base,attn-varlen,attn-varlen-per-layer,attn-sdpa,loss-chunked,attn+loss,ckpt-off,ckpt-offload,ckpt-offload-double,kernels,all,all+compile' ;;
+    bench-8b) bench bench-8b 240 dense-8b --steps 3 --warmup 1 --micro off --only 'attn+loss,kernels,all,all+compile' ;;
+    bench-long) bench bench-long 200 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --tokens 32768 \
+                  --seq-min 8192 --seq-max 16384 --baseline all-ckpt-gpu --only 'all-ckpt-gpu,all-offload,all-offload-double' ;;
+    bench-moe) bench bench-moe 200 moe-qwen3 --steps 3 --warmup 1 --micro off --only 'moe-*,all' ;;
+    bench-gptoss) bench bench-gptoss 150 moe-gptoss --steps 3 --warmup 1 --micro off --only 'moe-grouped_mm,moe-triton,all' ;;
+    bench-qlora) bench bench-qlora 200 dense-8b --qlora --steps 3 --warmup 1 --micro off --no-sync-count --only all ;;
     *) note "unknown stage $s" ;;
   esac
 done
