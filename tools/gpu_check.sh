@@ -26,7 +26,7 @@ stage() {  # stage NAME SECONDS command...
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >"$out/$name.log" 2>&1
   local code=$?
   note "stage $name: exit $code in $((SECONDS - start)) s"
   tail -n 25 "$out/$name.log"
@@ -95,6 +95,8 @@ print("spine run: median tokens/s", round(statistics.median(s["tokens_per_s"] fo
       "speed paths", [l["speed_paths"] for l in lines if l["event"] == "RunStarted"])
 EOF
 }
+
+export -f env_info spine_run
 
 gpu_tests() {  # gpu_tests NAME SECONDS paths...
   local name=$1 limit=$2
