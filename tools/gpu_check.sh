@@ -18,7 +18,7 @@ out=$(mktemp -d)
 mkdir -p "$dest"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HONE_CACHE=/tmp/hone-cache
-summary="$out/summary.txt"
+summary="$dest/summary.txt"
 
 note() { echo "$*" | tee -a "$summary"; }
 
@@ -115,10 +115,10 @@ setup
 for s in "$@"; do
   case "$s" in
     env) stage env 60 env_info ;;
-    tests-attn) gpu_tests tests-attn 150 tests/core/test_attention_gpu.py tests/core/bench ;;
-    tests-moe) gpu_tests tests-moe 150 tests/core/moe tests/kernels/test_grouped_gemm.py tests/kernels/test_moe_experts.py ;;
-    tests-kernels) gpu_tests tests-kernels 180 tests/kernels/test_kernels_gpu.py tests/core/test_fused_gpu.py ;;
-    tests-offload) gpu_tests tests-offload 150 tests/core/test_offload_gpu.py ;;
+    tests-attn) gpu_tests tests-attn 110 tests/core/test_attention_gpu.py tests/core/bench ;;
+    tests-moe) gpu_tests tests-moe 120 tests/core/moe tests/kernels/test_grouped_gemm.py tests/kernels/test_moe_experts.py ;;
+    tests-kernels) gpu_tests tests-kernels 150 tests/kernels/test_kernels_gpu.py tests/core/test_fused_gpu.py ;;
+    tests-offload) gpu_tests tests-offload 120 tests/core/test_offload_gpu.py ;;
     tests-rest) gpu_tests tests-rest 150 tests --ignore=tests/core/test_attention_gpu.py \
                   --ignore=tests/core/bench --ignore=tests/core/moe --ignore=tests/kernels \
                   --ignore=tests/core/test_fused_gpu.py --ignore=tests/core/test_offload_gpu.py ;;
@@ -136,4 +136,4 @@ for s in "$@"; do
     *) note "unknown stage $s" ;;
   esac
 done
-tar czf "$dest/results.tgz" -C "$out" . && cp "$summary" "$dest/summary.txt"
+tar czf "$dest/results.tgz" -C "$out" .
