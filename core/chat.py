@@ -141,15 +141,16 @@ def stream_reply(model: Any, tokenizer: Any, messages: list[dict[str, Any]],
 
 
 def stream_side_by_side(model: Any, tokenizer: Any, messages: list[dict[str, Any]],
-                        settings: GenerationSettings = GenerationSettings(),
-                        stop: StopFlag | None = None) -> Iterator[tuple[str, str]]:
+                        settings: GenerationSettings = GenerationSettings(), stop: StopFlag | None = None, *,
+                        tuned_messages: list[dict[str, Any]] | None = None) -> Iterator[tuple[str, str]]:
     """Yield `(BASE, piece)` and `(TUNED, piece)` in turn, one token each, from one peft model.
 
     The base reply runs with the adapter switched off, the tuned one with it on; both keep their own KV cache,
-    so the result equals decoding each alone.
+    so the result equals decoding each alone. `tuned_messages` lets the tuned side continue its own conversation
+    (its earlier replies differ from the base's); by default both answer `messages`.
     """
     generations = {BASE: Generation(model, tokenizer, messages, settings, adapter_enabled=False),
-                   TUNED: Generation(model, tokenizer, messages, settings, adapter_enabled=True)}
+                   TUNED: Generation(model, tokenizer, tuned_messages or messages, settings, adapter_enabled=True)}
     while not (stop and stop.is_set()):
         active = [(side, g) for side, g in generations.items() if not g.done]
         if not active:
@@ -220,12 +221,14 @@ class ChatModels:
         return stream_reply(self.model, self.tokenizer, messages, settings, adapter_enabled=enabled, stop=stop)
 
     def stream_both(self, messages: list[dict[str, Any]], settings: GenerationSettings = GenerationSettings(),
-                    stop: StopFlag | None = None) -> Iterator[tuple[str, str]]:
+                    stop: StopFlag | None = None, *,
+                    tuned_messages: list[dict[str, Any]] | None = None) -> Iterator[tuple[str, str]]:
         """Base and fine-tuned replies interleaved as `(side, piece)`; base only when there is no adapter."""
         if not self.has_adapter:
             return ((BASE, piece) for piece in stream_reply(self.model, self.tokenizer, messages, settings,
                                                              stop=stop))
-        return stream_side_by_side(self.model, self.tokenizer, messages, settings, stop=stop)
+        return stream_side_by_side(self.model, self.tokenizer, messages, settings, stop=stop,
+                                   tuned_messages=tuned_messages)
 
 
 def _new_cache(model: Any) -> tuple[Any, str]:

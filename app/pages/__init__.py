@@ -1,0 +1,1 @@
+"""The sidebar pages of the Studio window, one module each."""

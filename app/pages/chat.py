@@ -1,0 +1,340 @@
+"""Chat page: the base model and the fine-tuned model answer side by side, streaming, off the GUI thread."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtGui import QTextCursor
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTextBrowser,
+    QWidget,
+)
+
+from hone.app.pages.base import Page
+from hone.app.theme import Palette, icon
+from hone.app.threads import describe_exception
+from hone.app.widgets.common import Card, label, set_role
+from hone.app.widgets.config_form import FloatSpinBox
+
+BASE, TUNED = "base", "tuned"  # the same names hone.core.chat uses (not imported: it would load torch)
+
+
+class ChatEngine(QObject):
+    """Lives on the chat thread: loads the models once, then streams replies. Every slot reports back by signal."""
+
+    loaded = Signal(object)  # (description, has_adapter)
+    piece = Signal(object)  # (side, text)
+    reply_done = Signal()
+    failed = Signal(object)  # TaskError
+
+    def __init__(self):
+        super().__init__()
+        self.models = None
+
+    @Slot(object)
+    def load(self, source: dict[str, Any]) -> None:
+        try:
+            from hone.core.chat import ChatModels
+
+            self.models = None
+            if source.get("run_dir"):
+                self.models = ChatModels.for_run(source["run_dir"])
+                text = f"{Path(source['run_dir']).name}: base model and its adapter"
+            else:
+                self.models = ChatModels.load(source["model"], source.get("adapter"))
+                text = f"{source['model']}" + (" with adapter" if source.get("adapter") else " (base only)")
+            self.loaded.emit((text, self.models.has_adapter))
+        except Exception as e:
+            self.failed.emit(describe_exception(e))
+
+    @Slot(object)
+    def generate(self, request: dict[str, Any]) -> None:
+        try:
+            from hone.core.chat import GenerationSettings
+
+            settings = GenerationSettings(**request["settings"])
+            stream = self.models.stream_both(request["base"], settings, request["stop"],
+                                             tuned_messages=request["tuned"])
+            for side, text in stream:
+                self.piece.emit((side, text))
+        except Exception as e:
+            self.failed.emit(describe_exception(e))
+        finally:
+            self.reply_done.emit()
+
+
+class Transcript(QTextBrowser):
+    """One side's conversation; replies grow token by token at the end."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setMinimumHeight(320)
+        self.accent = "#7567ff"
+
+    def add_user(self, text: str) -> None:
+        cursor = self._end()
+        if not self.document().isEmpty():
+            cursor.insertBlock()
+        cursor.insertHtml(f"<p style='margin-top:10px'><b style='color:{self.accent}'>You</b></p>")
+        cursor.insertBlock()
+        cursor.insertText(text)
+        cursor.insertBlock()
+        cursor.insertHtml("<p style='margin-top:8px'><b>Assistant</b></p>")
+        cursor.insertBlock()
+        self.ensureCursorVisible()
+
+    def add_piece(self, text: str) -> None:
+        self._end().insertText(text)
+        self.ensureCursorVisible()
+
+    def _end(self) -> QTextCursor:
+        cursor = self.textCursor()
+        cursor.movePosition(QTextCursor.End)
+        self.setTextCursor(cursor)
+        return cursor
+
+
+class ChatPage(Page):
+    name = "chat"
+    title = "Chat"
+    subtitle = "Ask both models the same question and compare: the base on the left, your fine-tune on the right."
+    icon_name = "chat"
+    scrollable = False
+
+    _load_requested = Signal(object)
+    _generate_requested = Signal(object)
+    reply_finished = Signal()
+
+    def __init__(self, state, parent: QWidget | None = None):
+        super().__init__(state, parent)
+        self.thread: QThread | None = None
+        self.engine: ChatEngine | None = None
+        self.loaded = False
+        self.has_adapter = False
+        self.generating = False
+        self.stop_flag = threading.Event()
+        self.history = {BASE: [], TUNED: []}
+        self.replies = {BASE: "", TUNED: ""}
+
+        source = Card()
+        row = QHBoxLayout()
+        row.addWidget(label("Fine-tuned run"))
+        self.run_box = QComboBox()
+        self.run_box.setMinimumWidth(320)
+        row.addWidget(self.run_box, 1)
+        self.load_button = set_role(QPushButton("Load models"), "primary")
+        self.load_button.clicked.connect(self.load_selected)
+        row.addWidget(self.load_button)
+        source.body.addLayout(row)
+        self.busy = QProgressBar()
+        self.busy.setRange(0, 0)  # loading weights reports no progress of its own
+        self.busy.setMaximumHeight(6)
+        self.busy.hide()
+        self.status = label("Choose a run and load it; the base model comes from the run's config.", "muted",
+                            wrap=True)
+        source.body.addWidget(self.busy)
+        source.body.addWidget(self.status)
+        self.body.addWidget(source)
+
+        panes = QHBoxLayout()
+        panes.setSpacing(12)
+        self.transcripts: dict[str, Transcript] = {}
+        for side, title in ((BASE, "Base model"), (TUNED, "Fine-tuned")):
+            card = Card(title)
+            transcript = Transcript()
+            card.body.addWidget(transcript)
+            self.transcripts[side] = transcript
+            panes.addWidget(card, 1)
+        self.body.addLayout(panes, 1)
+
+        compose = Card()
+        prompt_row = QHBoxLayout()
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
+        self.prompt.setFixedHeight(64)
+        prompt_row.addWidget(self.prompt, 1)
+        self.send_button = set_role(QPushButton("Send"), "primary")
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop_flag.set)
+        self.clear_button = QPushButton("Clear")
+        self.clear_button.clicked.connect(self.clear)
+        for button in (self.send_button, self.stop_button, self.clear_button):
+            prompt_row.addWidget(button, 0, Qt.AlignTop)
+        compose.body.addLayout(prompt_row)
+        knobs = QHBoxLayout()
+        knobs.addWidget(label("Max new tokens", "muted"))
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 8192)
+        self.max_tokens.setValue(256)
+        knobs.addWidget(self.max_tokens)
+        knobs.addSpacing(16)
+        knobs.addWidget(label("Temperature", "muted"))
+        self.temperature = FloatSpinBox()
+        self.temperature.setRange(0.0, 5.0)
+        self.temperature.setValue(0.0)
+        self.temperature.setToolTip("0 = greedy: the most likely token each time, the same reply every time.")
+        knobs.addWidget(self.temperature)
+        knobs.addStretch(1)
+        compose.body.addLayout(knobs)
+        self.body.addWidget(compose)
+
+        self.prompt.installEventFilter(self)
+        state.session.running_changed.connect(lambda running: None if running else self.refresh_runs())
+        self.refresh_runs()
+        self._update_buttons()
+
+    # ---- sources ----
+    def refresh_runs(self) -> None:
+        from hone.core.runs import list_runs
+
+        runs_dir = Path(self.state.config.output.runs_dir)
+        current = self.run_box.currentData()
+        self.run_box.clear()
+        if runs_dir.is_dir():
+            for summary in list_runs(runs_dir):
+                if (Path(summary.run_dir) / "adapter").is_dir():
+                    self.run_box.addItem(Path(summary.run_dir).name, {"run_dir": str(summary.run_dir)})
+        self.run_box.addItem(f"Base model only: {self.state.config.model.name_or_path}",
+                             {"model": self.state.config.model.name_or_path})
+        if current:
+            index = self.run_box.findData(current)
+            self.run_box.setCurrentIndex(max(0, index))
+
+    def select_run(self, run_dir: str) -> None:
+        index = self.run_box.findData({"run_dir": str(run_dir)})
+        if index < 0:
+            self.run_box.addItem(Path(run_dir).name, {"run_dir": str(run_dir)})
+            index = self.run_box.count() - 1
+        self.run_box.setCurrentIndex(index)
+
+    def load_selected(self) -> None:
+        source = self.run_box.currentData()
+        if source:
+            self.load(source)
+
+    def load(self, source: dict[str, Any]) -> None:
+        """Load the chosen run's base + adapter (or a base alone) on the chat thread."""
+        self._ensure_engine()
+        self.loaded = False
+        self.busy.show()
+        self.status.setText("Loading the models…")
+        set_role(self.status, "muted")
+        self._update_buttons()
+        self._load_requested.emit(source)
+
+    def _ensure_engine(self) -> None:
+        if self.thread is not None:
+            return
+        self.thread = QThread()
+        self.thread.setObjectName("chat")
+        self.engine = ChatEngine()
+        self.engine.moveToThread(self.thread)
+        self._load_requested.connect(self.engine.load)
+        self._generate_requested.connect(self.engine.generate)
+        self.engine.loaded.connect(self._loaded)
+        self.engine.piece.connect(self._piece)
+        self.engine.reply_done.connect(self._reply_done)
+        self.engine.failed.connect(self._failed)
+        self.thread.start()
+
+    @Slot(object)
+    def _loaded(self, loaded: tuple[str, bool]) -> None:
+        text, self.has_adapter = loaded
+        self.loaded = True
+        self.busy.hide()
+        self.status.setText(f"Ready: {text}.")
+        self.clear()
+        self._update_buttons()
+
+    def sides(self) -> tuple[str, ...]:
+        return (BASE, TUNED) if self.has_adapter else (BASE,)
+
+    @Slot(object)
+    def _failed(self, error) -> None:
+        self.busy.hide()
+        self.status.setText(f"{error.message}" + (f" — {error.advice}" if error.advice else ""))
+        set_role(self.status, "error")
+        self._update_buttons()
+
+    # ---- chatting ----
+    def send(self) -> None:
+        text = self.prompt.toPlainText().strip()
+        if not text or not self.loaded or self.generating:
+            return
+        self.prompt.clear()
+        for side in self.sides():
+            self.history[side].append({"role": "user", "content": text})
+            self.transcripts[side].add_user(text)
+            self.replies[side] = ""
+        self.generating = True
+        self.stop_flag.clear()
+        self._update_buttons()
+        settings = {"max_new_tokens": self.max_tokens.value(), "temperature": self.temperature.value()}
+        self._generate_requested.emit({"base": list(self.history[BASE]), "tuned": list(self.history[TUNED]),
+                                       "settings": settings, "stop": self.stop_flag})
+
+    @Slot(object)
+    def _piece(self, piece: tuple[str, str]) -> None:
+        side, text = piece
+        self.replies[side] += text
+        self.transcripts[side].add_piece(text)
+
+    @Slot()
+    def _reply_done(self) -> None:
+        for side in self.sides():
+            self.history[side].append({"role": "assistant", "content": self.replies[side]})
+        self.generating = False
+        self._update_buttons()
+        self.reply_finished.emit()
+
+    def clear(self) -> None:
+        if self.generating:
+            return
+        self.history = {BASE: [], TUNED: []}
+        for transcript in self.transcripts.values():
+            transcript.clear()
+        if self.loaded and not self.has_adapter:
+            self.transcripts[TUNED].setPlainText("No adapter loaded: choose a run to compare with its fine-tune.")
+
+    def _update_buttons(self) -> None:
+        self.send_button.setEnabled(self.loaded and not self.generating)
+        self.stop_button.setEnabled(self.generating)
+        self.load_button.setEnabled(not self.generating and not self.busy.isVisible())
+
+    def eventFilter(self, watched, event) -> bool:
+        from PySide6.QtCore import QEvent
+
+        if (watched is self.prompt and event.type() == QEvent.KeyPress
+                and event.key() in (Qt.Key_Return, Qt.Key_Enter) and event.modifiers() & Qt.ControlModifier):
+            self.send()
+            return True
+        return super().eventFilter(watched, event)
+
+    def shown(self) -> None:
+        if not self.generating:
+            self.refresh_runs()
+
+    def shutdown(self) -> None:
+        """Stop any reply and end the chat thread (called when the window closes)."""
+        self.stop_flag.set()
+        if self.thread is not None:
+            self.thread.quit()
+            self.thread.wait(30_000)
+
+    def apply_palette(self, palette: Palette) -> None:
+        super().apply_palette(palette)
+        self.send_button.setIcon(icon("send", "#ffffff", 14))
+        self.stop_button.setIcon(icon("stop", palette.text, 14))
+        for transcript in self.transcripts.values():
+            transcript.accent = palette.accent

@@ -1,0 +1,197 @@
+"""Model page: choose a Hugging Face id (with recents), a local folder or a GGUF file, and see what it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QProgressBar, QPushButton, QWidget
+
+from hone.app.pages.base import Page
+from hone.app.theme import Palette, icon
+from hone.app.threads import Task, TaskError
+from hone.app.widgets.common import Card, InfoGrid, StatTile, human_bytes, human_count, label, set_role
+from hone.core.config import DEMO_MODEL
+
+DETAILS = ["Architecture", "Model type", "Layers", "Hidden size", "Vocabulary", "Context length", "Source",
+           "Experts"]
+
+
+def inspect(name_or_path: str) -> Any:
+    """Read a model's config (no weights). Runs on a worker thread: this is where torch first loads."""
+    from hone.core.models import inspect_model
+
+    return inspect_model(name_or_path)
+
+
+class ModelPage(Page):
+    name = "model"
+    title = "Model"
+    subtitle = "Pick the model to fine-tune: a Hugging Face id, a local folder, or a GGUF file."
+    icon_name = "model"
+
+    inspected = Signal(object)  # ModelInfo dict, or TaskError
+
+    def __init__(self, state, parent: QWidget | None = None):
+        super().__init__(state, parent)
+        self.task: Task | None = None
+
+        source = Card("Source", "Type a Hugging Face id such as Qwen/Qwen3-0.6B, or pick a folder or a .gguf file.")
+        row = QHBoxLayout()
+        row.setSpacing(8)
+        self.name_box = QComboBox()
+        self.name_box.setEditable(True)
+        self.name_box.setInsertPolicy(QComboBox.NoInsert)
+        self.name_box.lineEdit().setPlaceholderText("Qwen/Qwen3-0.6B, /path/to/model, model.gguf")
+        self.name_box.lineEdit().returnPressed.connect(self.use_typed)
+        row.addWidget(self.name_box, 1)
+        self.folder_button = QPushButton("Folder…")
+        self.folder_button.clicked.connect(self._pick_folder)
+        self.gguf_button = QPushButton("GGUF file…")
+        self.gguf_button.clicked.connect(self._pick_gguf)
+        self.use_button = set_role(QPushButton("Use model"), "primary")
+        self.use_button.clicked.connect(self.use_typed)
+        for button in (self.folder_button, self.gguf_button, self.use_button):
+            row.addWidget(button)
+        source.body.addLayout(row)
+        demo_row = QHBoxLayout()
+        self.demo_button = QPushButton("Use the demo model")
+        self.demo_button.setToolTip("SmolLM2-135M-Instruct, bundled with Hone Studio: trains on any machine.")
+        self.demo_button.clicked.connect(lambda: self.choose(DEMO_MODEL))
+        demo_row.addWidget(self.demo_button)
+        demo_row.addWidget(label("SmolLM2-135M-Instruct ships with Hone Studio and needs no download.", "muted"))
+        demo_row.addStretch(1)
+        source.body.addLayout(demo_row)
+        self.busy = QProgressBar()
+        self.busy.setRange(0, 0)  # indeterminate: reading a config has no measurable progress
+        self.busy.setMaximumHeight(6)
+        self.busy.hide()
+        self.status = label("", "muted", wrap=True, selectable=True)
+        source.body.addWidget(self.busy)
+        source.body.addWidget(self.status)
+        self.body.addWidget(source)
+
+        tiles = QHBoxLayout()
+        tiles.setSpacing(12)
+        self.name_tile = StatTile("Model")
+        self.params_tile = StatTile("Parameters")
+        self.kind_tile = StatTile("Kind")
+        self.vision_tile = StatTile("Input")
+        for tile in (self.name_tile, self.params_tile, self.kind_tile, self.vision_tile):
+            tiles.addWidget(tile)
+        self.body.addLayout(tiles)
+
+        details = Card("Details", "Read from the model's configuration; weights load when training or chat starts.")
+        self.details = InfoGrid(DETAILS)
+        details.body.addWidget(self.details)
+        self.body.addWidget(details)
+        self.body.addStretch(1)
+
+        self._refresh_recents()
+        self.name_box.setEditText(state.config.model.name_or_path)
+        state.model_info_changed.connect(self._show_info)
+        self._show_info(state.model_info)
+        if state.model_info is None:
+            self.status.setText("Details appear once you choose a model (press Use model).")
+
+    # ---- choosing ----
+    def use_typed(self) -> None:
+        self.choose(self.name_box.currentText().strip())
+
+    def choose(self, name_or_path: str) -> None:
+        """Make `name_or_path` the run's model and read its details off the GUI thread."""
+        if not name_or_path:
+            self.status.setText("Type a model id or pick a folder or file first.")
+            return
+        if self.task and self.task.is_running():
+            return
+        self.name_box.setEditText(name_or_path)
+        self.state.set_model(name_or_path, None)
+        self._refresh_recents()
+        self.busy.show()
+        self.use_button.setEnabled(False)
+        self.status.setText(f"Reading {name_or_path}…")
+        self.task = Task(inspect, name_or_path, on_result=lambda info: self._inspected(name_or_path, info),
+                         on_error=self._failed)
+
+    def _inspected(self, name_or_path: str, info: Any) -> None:
+        self.busy.hide()
+        self.use_button.setEnabled(True)
+        self.status.setText("")
+        self.state.set_model_info(name_or_path, info)
+        self.inspected.emit(self.state.model_info)
+
+    def _failed(self, error: TaskError) -> None:
+        self.busy.hide()
+        self.use_button.setEnabled(True)
+        advice = f"\n{error.advice[0].upper()}{error.advice[1:]}." if error.advice else ""
+        self.status.setText(f"Could not read this model: {error.message}{advice}")
+        set_role(self.status, "error")
+        self.inspected.emit(error)
+
+    def _pick_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Model folder")
+        if folder:
+            self.choose(folder)
+
+    def _pick_gguf(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.choose(path)
+
+    def _refresh_recents(self) -> None:
+        text = self.name_box.currentText()
+        self.name_box.blockSignals(True)
+        self.name_box.clear()
+        recents = self.state.settings.recent_models()
+        self.name_box.addItems(recents + ([DEMO_MODEL] if DEMO_MODEL not in recents else []))
+        self.name_box.setEditText(text)
+        self.name_box.blockSignals(False)
+
+    # ---- showing ----
+    def _show_info(self, info: dict[str, Any] | None) -> None:
+        set_role(self.status, "muted")
+        if info is None:
+            for tile in (self.name_tile, self.params_tile, self.kind_tile, self.vision_tile):
+                tile.set("—", "")
+            self.name_tile.set(_short(self.state.config.model.name_or_path), "")
+            self.details.clear()
+            return
+        params = info.get("params", 0)
+        self.name_tile.set(_short(info.get("name") or self.state.config.model.name_or_path),
+                           info.get("source_kind", ""))
+        self.params_tile.set(human_count(params),
+                             f"{human_bytes(params * 2)} in 16-bit · {human_bytes(params * 0.5)} in 4-bit")
+        if info.get("is_moe"):
+            self.kind_tile.set("MoE", f"{info.get('num_experts', 0)} experts, top-{info.get('experts_per_token', 0)}")
+        else:
+            self.kind_tile.set("Dense", "every parameter used per token")
+        self.vision_tile.set("Vision + text" if info.get("is_vision") else "Text", "")
+        self.details.set("Architecture", str(info.get("architecture", "—")))
+        self.details.set("Model type", str(info.get("model_type", "—")))
+        self.details.set("Layers", str(info.get("layers", "—")))
+        self.details.set("Hidden size", f"{info.get('hidden_size', 0):,}")
+        self.details.set("Vocabulary", f"{info.get('vocab_size', 0):,} tokens")
+        self.details.set("Context length", f"{info.get('context_length', 0):,} tokens")
+        self.details.set("Source", str(info.get("source_kind", "—")))
+        self.details.set("Experts", f"{info.get('num_experts')} (top-{info.get('experts_per_token')})"
+                         if info.get("is_moe") else "none (dense)")
+
+    def apply_palette(self, palette: Palette) -> None:
+        super().apply_palette(palette)
+        self.folder_button.setIcon(icon("folder", palette.text, 16))
+        self.gguf_button.setIcon(icon("file", palette.text, 16))
+        self.demo_button.setIcon(icon("sparkle", palette.accent, 16))
+
+    def is_busy(self) -> bool:
+        return bool(self.task and self.task.is_running())
+
+
+def _short(name: str) -> str:
+    """A model name that fits a tile: the last path part, the bundled name without its prefix."""
+    if name.startswith("bundled:"):
+        return name.removeprefix("bundled:")
+    path = Path(name)
+    return path.name if (path.is_absolute() or len(path.parts) > 2) else name
+

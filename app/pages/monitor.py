@@ -1,0 +1,408 @@
+"""Monitor page: live charts and numbers of the running (or an opened) run, the log, Pause / Resume / Stop."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtGui import QTextCursor
+from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QWidget
+
+from hone.app.pages.base import Page
+from hone.app.theme import Palette, icon
+from hone.app.threads import advice_for
+from hone.app.widgets.charts import BarChart, LiveChart
+from hone.app.widgets.common import Card, StatTile, human_bytes, human_count, human_duration, label, set_role
+from hone.core.events import (
+    CheckpointSaved,
+    DatasetReport,
+    EvalMetrics,
+    Event,
+    Notice,
+    RunFailed,
+    RunFinished,
+    RunPaused,
+    RunResumed,
+    RunStarted,
+    StepMetrics,
+)
+
+# Charts redraw at most this often: ten frames a second reads as live and leaves the GUI thread idle.
+FLUSH_INTERVAL_MS = 100
+# Weight of history in the smoothed loss (TensorBoard's default smoothing, debiased for the first steps).
+SMOOTHING = 0.9
+# Step times averaged for the ETA: long enough to ride over eval/checkpoint pauses, short enough to follow change.
+ETA_WINDOW = 20
+# Step lines in the log at most this often (the charts carry every step).
+LOG_STEP_EVERY_S = 2.0
+GIB = 2**30
+
+
+class SmoothedLoss:
+    """Exponential moving average with bias correction: value_n = EMA_n / (1 - beta^n)."""
+
+    def __init__(self, beta: float = SMOOTHING):
+        self.beta = beta
+        self._ema = 0.0
+        self._n = 0
+
+    def add(self, value: float) -> float:
+        self._n += 1
+        self._ema = self.beta * self._ema + (1 - self.beta) * value
+        return self._ema / (1 - self.beta**self._n)
+
+
+def eta_seconds(step_times: list[float] | deque, steps_left: int) -> float:
+    """Seconds until the last step, from the mean of recent step times."""
+    if not step_times or steps_left <= 0:
+        return 0.0
+    return sum(step_times) / len(step_times) * steps_left
+
+
+class MonitorPage(Page):
+    name = "monitor"
+    title = "Monitor"
+    subtitle = "No run yet. Start one on the Train page, or open a past run from Runs."
+    icon_name = "monitor"
+
+    failure_shown = Signal(object)  # RunFailed, after its dialog opened
+
+    def __init__(self, state, parent: QWidget | None = None):
+        super().__init__(state, parent)
+        self.failure_dialog: QMessageBox | None = None
+        self.show_dialogs = True
+        self.live = False  # showing the session's run (not a past run opened from Runs)
+
+        self.pause_button = QPushButton("Pause")
+        self.pause_button.clicked.connect(self._toggle_pause)
+        self.stop_button = set_role(QPushButton("Stop"), "danger")
+        self.stop_button.setToolTip("Stop after the current step; the adapter and a checkpoint are saved.")
+        self.stop_button.clicked.connect(self.stop)
+        self.header.actions.addWidget(self.pause_button)
+        self.header.actions.addWidget(self.stop_button)
+
+        progress = Card()
+        row = QHBoxLayout()
+        self.status_pill = label("Idle", "pill")
+        self.progress_text = label("", "muted")
+        row.addWidget(self.status_pill)
+        row.addWidget(self.progress_text, 1)
+        self.eta_text = label("", "muted")
+        row.addWidget(self.eta_text)
+        progress.body.addLayout(row)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(0)
+        progress.body.addWidget(self.progress)
+        self.body.addWidget(progress)
+
+        tiles = QHBoxLayout()
+        tiles.setSpacing(12)
+        self.loss_tile = StatTile("Loss")
+        self.speed_tile = StatTile("Tokens / s")
+        self.memory_tile = StatTile("GPU memory")
+        self.gpu_tile = StatTile("GPU")
+        for tile in (self.loss_tile, self.speed_tile, self.memory_tile, self.gpu_tile):
+            tiles.addWidget(tile)
+        self.body.addLayout(tiles)
+
+        self.loss_chart = LiveChart("Loss", y_format="{:.4f}")
+        self.loss_chart.add_line("raw", "loss", "loss", width=1.2)
+        self.loss_chart.add_line("smooth", "smoothed", "smooth", width=2.4)
+        self.loss_chart.add_line("eval", "eval loss", "eval", width=2.0, symbol="o")
+        self.speed_chart = LiveChart("Throughput", unit="tokens/s", y_format="{:,.0f}")
+        self.speed_chart.add_line("tps", "tokens/s", "speed")
+        self.memory_chart = LiveChart("Memory", unit="GiB", y_format="{:.2f}")
+        self.memory_chart.add_line("device", "device used", "mem_device", width=2.0)
+        self.memory_chart.add_line("reserved", "reserved", "mem_reserved", width=1.6, dashed=True)
+        self.memory_chart.add_line("allocated", "allocated (peak)", "mem_alloc", width=2.0)
+        self.util_chart = LiveChart("GPU utilization", unit="%", y_format="{:.0f}")
+        self.util_chart.add_line("util", "utilization", "util")
+        self.lr_chart = LiveChart("Learning rate", y_format="{:.2e}")
+        self.lr_chart.add_line("lr", "learning rate", "lr")
+        self.expert_chart = BarChart("Expert load (tokens routed per expert)")
+        self.expert_chart.hide()
+        self.loss_chart.plot.setMinimumHeight(220)
+        self.memory_chart.plot.getPlotItem().setLabel("bottom", "seconds")
+        self.util_chart.plot.getPlotItem().setLabel("bottom", "seconds")
+        self.charts = [self.loss_chart, self.speed_chart, self.memory_chart, self.util_chart, self.lr_chart]
+
+        grid = QGridLayout()
+        grid.setSpacing(12)
+        grid.addWidget(self.loss_chart, 0, 0, 1, 2)
+        grid.addWidget(self.speed_chart, 1, 0)
+        grid.addWidget(self.memory_chart, 1, 1)
+        grid.addWidget(self.lr_chart, 2, 0)
+        grid.addWidget(self.util_chart, 2, 1)
+        grid.addWidget(self.expert_chart, 3, 0, 1, 2)
+        self.body.addLayout(grid)
+
+        log_card = Card("Log")
+        self.log = QPlainTextEdit()
+        self.log.setReadOnly(True)
+        self.log.setMaximumBlockCount(5000)  # a long run's log stays bounded in memory
+        self.log.setMinimumHeight(140)
+        log_card.body.addWidget(self.log)
+        self.body.addWidget(log_card)
+
+        self._reset()
+        self.flush_timer = QTimer(self)
+        self.flush_timer.setInterval(FLUSH_INTERVAL_MS)
+        self.flush_timer.timeout.connect(self.flush)
+        self.flush_timer.start()
+        state.session.event.connect(self._live_event)
+        state.session.running_changed.connect(self._running_changed)
+        self._update_buttons()
+
+    # ---- feeding ----
+    def _reset(self) -> None:
+        for chart in self.charts:
+            chart.clear()
+        self.expert_chart.clear()
+        self.expert_chart.hide()
+        self.loss_chart.set_empty_text("Waiting for the first step")
+        self.smoother = SmoothedLoss()
+        self.step_times: deque[float] = deque(maxlen=ETA_WINDOW)
+        self.started: RunStarted | None = None
+        self.last_step: StepMetrics | None = None
+        self.expert_totals: list[float] = []
+        self.status = "idle"
+        self._log_step_at = 0.0
+        self._tiles_dirty = False
+        self._pending = ""  # "Pausing…" / "Resuming…" until the trainer confirms at its next step boundary
+
+    def _live_event(self, event: Event) -> None:
+        if self.live:
+            self.handle(event)
+
+    def handle(self, event: Event) -> None:
+        """Take one core event into the charts, numbers and log (live or replayed)."""
+        if isinstance(event, RunStarted):
+            self._reset()
+            self.started = event
+            self.status = "running"
+            self.header.title.setText("Monitor")
+            self.header.subtitle.setText(f"{Path(event.run_dir).name} · {event.model} on {event.device} "
+                                         f"({event.dtype})")
+            trainable = f"{human_count(event.params_trainable)} of {human_count(event.params_total)} parameters"
+            self._log(event, f"Run started on {event.device} ({event.dtype}): {event.total_steps} steps, "
+                             f"{trainable} trained")
+            if event.resumed_from_step:
+                self._log(event, f"Resumed from step {event.resumed_from_step}")
+            for path, choice in event.speed_paths.items():
+                self._log(event, f"{path}: {choice}")
+            self.expert_chart.setVisible(event.is_moe)
+        elif isinstance(event, StepMetrics):
+            self._step(event)
+        elif isinstance(event, EvalMetrics):
+            self.loss_chart.append("eval", event.step, event.loss)
+            self._log(event, f"Eval at step {event.step}: loss {event.loss:.4f} over {event.tokens:,} tokens")
+        elif isinstance(event, DatasetReport):
+            skipped = sum(event.skipped.values())
+            self._log(event, f"Data ({event.split}): {event.rows_kept:,} of {event.rows_read:,} rows kept, "
+                             f"{skipped:,} skipped, {event.truncated:,} truncated, {event.tokens:,} tokens")
+            for reason, count in event.skipped.items():
+                self._log(event, f"  skipped {count:,}: {reason}")
+        elif isinstance(event, Notice):
+            self._log(event, f"{'Warning: ' if event.level == 'warning' else ''}{event.topic}: {event.message}")
+        elif isinstance(event, CheckpointSaved):
+            self._log(event, f"Checkpoint at step {event.step}: {event.path}")
+        elif isinstance(event, RunPaused):
+            self.status = "paused"
+            self._pending = ""
+            self._log(event, f"Paused after step {event.step}")
+        elif isinstance(event, RunResumed):
+            self.status = "running"
+            self._pending = ""
+            self._log(event, f"Resumed at step {event.step}")
+        elif isinstance(event, RunFinished):
+            self.status = "stopped" if event.stopped else "finished"
+            eval_text = f", eval loss {event.eval_loss:.4f}" if event.eval_loss is not None else ""
+            self._log(event, f"{'Stopped' if event.stopped else 'Finished'} at step {event.step} after "
+                             f"{human_duration(event.elapsed)}: loss {event.final_loss:.4f}{eval_text}. "
+                             f"Adapter: {event.adapter_dir}")
+        elif isinstance(event, RunFailed):
+            self.status = "failed"
+            self._log(event, f"Failed at step {event.step}: {event.reason}")
+            if event.advice:
+                self._log(event, f"Advice: {event.advice}")
+            if event.details:
+                self.log.appendPlainText(event.details.rstrip())
+            if self.show_dialogs:
+                self._show_failure(event)
+        self._tiles_dirty = True
+        self._update_buttons()
+
+    def _step(self, event: StepMetrics) -> None:
+        self.loss_chart.set_empty_text("")
+        self.last_step = event
+        self.loss_chart.append("raw", event.step, event.loss)
+        self.loss_chart.append("smooth", event.step, self.smoother.add(event.loss))
+        self.speed_chart.append("tps", event.step, event.tokens_per_s)
+        self.lr_chart.append("lr", event.step, event.lr)
+        seconds = self._seconds(event)
+        if event.mem_allocated or event.mem_reserved:
+            self.memory_chart.append("allocated", seconds, event.mem_allocated / GIB)
+            self.memory_chart.append("reserved", seconds, event.mem_reserved / GIB)
+        if event.expert_load:
+            if len(self.expert_totals) != len(event.expert_load):
+                self.expert_totals = [0.0] * len(event.expert_load)
+            self.expert_totals = [a + b for a, b in zip(self.expert_totals, event.expert_load)]
+            self.expert_chart.set_values(self.expert_totals)
+            self.expert_chart.show()
+        self.step_times.append(event.step_time)
+        if event.time - self._log_step_at >= LOG_STEP_EVERY_S:
+            self._log_step_at = event.time
+            self._log(event, f"step {event.step}/{event.total_steps}  loss {event.loss:.4f}  lr {event.lr:.2e}  "
+                             f"grad norm {event.grad_norm:.3f}  {event.tokens_per_s:,.0f} tokens/s")
+
+    def telemetry(self, sample) -> None:
+        """A TelemetrySample from the poller: device memory and utilization over the run's time axis."""
+        self._sample = sample
+        if self.live and self.status in ("running", "paused") and self.started:
+            seconds = time.time() - self.started.time
+            self.memory_chart.append("device", seconds, sample.memory_used / GIB)
+            if sample.utilization is not None:
+                self.util_chart.append("util", seconds, sample.utilization)
+        self._tiles_dirty = True
+
+    def flush(self) -> None:
+        """Redraw what changed since the last tick (called by the ~10 Hz timer)."""
+        for chart in self.charts:
+            chart.flush()
+        self.expert_chart.flush()
+        if self._tiles_dirty:
+            self._tiles_dirty = False
+            self._update_tiles()
+
+    # ---- run control ----
+    def _toggle_pause(self) -> None:
+        session = self.state.session
+        if not session.is_running or self._pending:
+            return
+        if session.control.paused:
+            session.resume()
+            self._pending = "Resuming…"
+        else:
+            session.pause()
+            self._pending = "Pausing…"
+        self._update_buttons()
+
+    def stop(self) -> None:
+        if self.state.session.is_running:
+            self.state.session.stop()
+            self._pending = ""
+            self._update_buttons()
+
+    def _running_changed(self, running: bool) -> None:
+        if running:
+            self.live = True
+            self._reset()
+            self.status = "starting"
+            self.header.subtitle.setText("Loading the model and data…")
+            self.log.clear()
+            self.log.appendPlainText("Loading the model and data…")
+        else:
+            self._pending = ""
+            if self.status in ("starting", "running", "paused"):  # the thread ended without a final event
+                self.status = "stopped"
+        self._update_buttons()
+        self._tiles_dirty = True
+
+    def _update_buttons(self) -> None:
+        session = self.state.session
+        stopping = session.control is not None and session.control.stop_requested
+        active = session.is_running and self.live
+        self.pause_button.setEnabled(active and self.status in ("running", "paused") and not stopping
+                                     and not self._pending)
+        self.pause_button.setText(self._pending or ("Resume" if self.status == "paused" else "Pause"))
+        self.stop_button.setEnabled(active and not stopping)
+        self.stop_button.setText("Stopping…" if active and stopping else "Stop")
+        if self.palette_:
+            self.pause_button.setIcon(icon("play" if self.status == "paused" else "pause", self.palette_.text, 14))
+
+    def _show_failure(self, event: RunFailed) -> None:
+        advice = event.advice or advice_for(event.reason)
+        box = QMessageBox(QMessageBox.Warning, "Training failed", event.reason, QMessageBox.Ok, self)
+        box.setInformativeText(advice[0].upper() + advice[1:] if advice else "See the log on the Monitor page.")
+        if event.details:
+            box.setDetailedText(event.details)
+        box.setModal(False)
+        box.open()
+        self.failure_dialog = box
+        self.failure_shown.emit(event)
+
+    # ---- numbers ----
+    def _update_tiles(self) -> None:
+        step = self.last_step
+        labels = {"idle": "Idle", "starting": "Starting", "running": "Training", "paused": "Paused",
+                  "finished": "Finished", "stopped": "Stopped", "failed": "Failed"}
+        self.status_pill.setText(labels.get(self.status, self.status))
+        if step:
+            fraction = step.step / step.total_steps if step.total_steps else 0.0
+            self.progress.setValue(int(fraction * 1000))
+            self.progress_text.setText(f"Step {step.step:,} of {step.total_steps:,} · epoch {step.epoch:.2f} · "
+                                       f"{human_duration(step.elapsed)} elapsed")
+            left = eta_seconds(self.step_times, step.total_steps - step.step)
+            self.eta_text.setText(f"ETA {human_duration(left)}" if self.status in ("running", "paused") else "")
+            smooth = self.loss_chart.series["smooth"].buffer
+            self.loss_tile.set(f"{smooth.y[-1]:.4f}" if smooth.n else "—",
+                               f"raw {step.loss:.4f} · grad norm {step.grad_norm:.2f}")
+            self.speed_tile.set(f"{step.tokens_per_s:,.0f}",
+                                f"{step.step_time:.2f} s/step · packing {step.packing_efficiency:.0%}")
+        elif self.status in ("idle", "starting"):
+            self.progress.setValue(0)
+            self.progress_text.setText("")
+            self.eta_text.setText("")
+            self.loss_tile.set("—", "")
+            self.speed_tile.set("—", "")
+        sample = getattr(self, "_sample", None)
+        if sample is not None:
+            source = "" if sample.memory_source == "gpu" else " (system)"
+            self.memory_tile.set(f"{human_bytes(sample.memory_used)}",
+                                 f"of {human_bytes(sample.memory_total)}{source}")
+            if step and step.mem_allocated:
+                self.memory_tile.set(self.memory_tile.value(), f"of {human_bytes(sample.memory_total)}{source} · "
+                                                               f"run peak {human_bytes(step.mem_allocated)}")
+            parts = [f"{sample.temperature:.0f} °C" if sample.temperature is not None else "",
+                     f"{sample.power:.0f} W" if sample.power is not None else ""]
+            self.gpu_tile.set(f"{sample.utilization:.0f}%" if sample.utilization is not None else "—",
+                              " · ".join(p for p in parts if p) or sample.device)
+            self.util_chart.headline.setText(" · ".join([sample.device] + [p for p in parts if p]))
+        elif step and step.mem_allocated:
+            self.memory_tile.set(human_bytes(step.mem_allocated), f"reserved {human_bytes(step.mem_reserved)}")
+
+    def _seconds(self, event: Event) -> float:
+        return event.time - self.started.time if self.started else 0.0
+
+    def _log(self, event: Event, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
+        self.log.appendPlainText(f"{stamp}  {text}")
+        self.log.moveCursor(QTextCursor.End)
+
+    # ---- past runs ----
+    def show_run(self, run_dir: str | Path) -> None:
+        """Replay a finished run's metrics.jsonl into the charts (no dialogs, no live updates)."""
+        from hone.core.runs import read_events
+
+        if self.state.session.is_running:
+            return
+        self.live = False
+        self._reset()
+        self.log.clear()
+        show_dialogs, self.show_dialogs = self.show_dialogs, False
+        try:
+            for event in read_events(run_dir):
+                self.handle(event)
+        finally:
+            self.show_dialogs = show_dialogs
+        self.flush()
+
+    def apply_palette(self, palette: Palette) -> None:
+        super().apply_palette(palette)
+        for chart in (*self.charts, self.expert_chart):
+            chart.apply_palette(palette)
+        self.stop_button.setIcon(icon("stop", palette.danger, 14))
+        self._update_buttons()

@@ -1,0 +1,188 @@
+"""Train page: presets, the settings form generated from RunConfig, and Start."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QButtonGroup, QFileDialog, QHBoxLayout, QPushButton, QWidget
+
+from hone.app.pages.base import Page
+from hone.app.presets import PRESETS, PRESETS_BY_NAME, matching_preset
+from hone.app.theme import Palette, icon
+from hone.app.widgets.common import Card, label, set_role
+from hone.app.widgets.config_form import ConfigForm, field_label
+from hone.core.config import RunConfig
+from hone.core.errors import ConfigError
+from hone.core.events import RunStarted
+
+MOE_KEY = "speed.moe_backend"
+
+
+class TrainPage(Page):
+    name = "train"
+    title = "Train"
+    subtitle = "Choose how to train. Hover a setting to see what it does; problems show up before you start."
+    icon_name = "train"
+
+    started = Signal(object)  # RunConfig
+
+    def __init__(self, state, parent: QWidget | None = None):
+        super().__init__(state, parent)
+        self.load_button = QPushButton("Open config…")
+        self.load_button.clicked.connect(self._open_config)
+        self.save_button = QPushButton("Save config…")
+        self.save_button.clicked.connect(self._save_config)
+        self.start_button = set_role(QPushButton("Start training"), "primary")
+        self.start_button.clicked.connect(self.start)
+        for button in (self.load_button, self.save_button, self.start_button):
+            self.header.actions.addWidget(button)
+
+        presets = Card("Presets", "A starting point; every setting below stays editable.")
+        row = QHBoxLayout()
+        row.setSpacing(8)
+        self.preset_group = QButtonGroup(self)
+        self.preset_group.setExclusive(True)
+        self.preset_buttons: dict[str, QPushButton] = {}
+        for preset in PRESETS:
+            button = set_role(QPushButton(preset.name), "preset")
+            button.setCheckable(True)
+            button.setToolTip(preset.description)
+            button.clicked.connect(lambda _=False, name=preset.name: self.apply_preset(name))
+            self.preset_group.addButton(button)
+            self.preset_buttons[preset.name] = button
+            row.addWidget(button)
+        row.addStretch(1)
+        presets.body.addLayout(row)
+        self.preset_note = label("", "muted", wrap=True)
+        presets.body.addWidget(self.preset_note)
+        self.body.addWidget(presets)
+
+        self.summary = Card("This run")
+        self.summary_text = label("", wrap=True, selectable=True)
+        self.problems = label("", "error", wrap=True)
+        self.summary.body.addWidget(self.summary_text)
+        self.summary.body.addWidget(self.problems)
+        self.body.addWidget(self.summary)
+
+        self.form = ConfigForm()
+        self.form.changed.connect(self._form_changed)
+        self.body.addWidget(self.form)
+        self.body.addStretch(1)
+
+        self._auto_pick = ""
+        state.config_changed.connect(self._config_changed)
+        state.model_info_changed.connect(lambda _info: self._refresh())
+        state.session.running_changed.connect(lambda _running: self._refresh())
+        state.session.event.connect(self._event)
+        self.form.set_config(state.config)
+        self._refresh()
+
+    # ---- actions ----
+    def apply_preset(self, name: str) -> None:
+        """Apply a preset on top of the current config (model, data and output stay)."""
+        try:
+            base = self.form.config()
+        except ConfigError:
+            base = self.state.config
+        self.state.set_config(PRESETS_BY_NAME[name].apply(base))
+
+    def start(self) -> None:
+        """Validate, then start the run on its worker thread and switch to the Monitor."""
+        problems = self.problem_list()
+        if problems or self.state.session.is_running:
+            self._refresh()
+            return
+        config = self.form.config()
+        self.state.set_config(config)
+        self.state.session.start(config)
+        self.started.emit(config)
+        self.state.page_requested.emit("monitor")
+
+    def problem_list(self) -> list[str]:
+        """Every reason Start is not possible yet, in words."""
+        problems = [f"{field_label(key) if key in self.form.editors else key}: {message}"
+                    for key, message in self.form.errors().items()]
+        if not self.state.config.model.name_or_path:
+            problems.append("Choose a model on the Model page.")
+        if not self.state.config.data.train:
+            problems.append("Choose training data on the Data page.")
+        return problems
+
+    # ---- syncing with the state ----
+    def _form_changed(self) -> None:
+        if self.form.is_valid():
+            self.state.set_config(self.form.config())
+        self._refresh()
+
+    def _config_changed(self, config: RunConfig) -> None:
+        # edits from the form itself are already shown; refill only for changes made elsewhere
+        if self.form.values() != config.to_dict():
+            self.form.set_config(config)
+        self._refresh()
+
+    def _event(self, event) -> None:
+        if isinstance(event, RunStarted) and "moe" in event.speed_paths:
+            self._auto_pick = event.speed_paths["moe"]
+            self._refresh()
+
+    def _refresh(self) -> None:
+        config = self.state.config
+        is_moe = self.state.is_moe
+        if is_moe is None:
+            self.form.set_enabled(MOE_KEY, False)
+            self.form.set_note(MOE_KEY, "Choose a model to see whether it has experts.")
+        elif not is_moe:
+            self.form.set_enabled(MOE_KEY, False)
+            self.form.set_note(MOE_KEY, "Dense model: no experts to route.")
+        else:
+            self.form.set_enabled(MOE_KEY, True)
+            if self._auto_pick:
+                self.form.set_note(MOE_KEY, f"Last run: {self._auto_pick}")
+            elif config.speed.moe_backend == "auto":
+                self.form.set_note(MOE_KEY, "Auto probes grouped_mm, Triton and PyTorch when the run starts and "
+                                            "keeps the fastest that works on this GPU.")
+            else:
+                self.form.set_note(MOE_KEY, "")
+
+        preset = matching_preset(config)
+        for name, button in self.preset_buttons.items():
+            button.setChecked(name == preset)
+        self.preset_note.setText(PRESETS_BY_NAME[preset].description if preset else "Custom settings.")
+
+        data = config.data.train
+        data_text = (f"{len(data)} file{'s' if len(data) != 1 else ''}: {', '.join(_short(d) for d in data[:3])}"
+                     f"{'…' if len(data) > 3 else ''}") if data else "none"
+        steps = (f"{config.train.max_steps} steps" if config.train.max_steps
+                 else f"{config.train.epochs:g} epoch{'s' if config.train.epochs != 1 else ''}")
+        method = "QLoRA" if config.lora.qlora else "LoRA"
+        self.summary_text.setText(
+            f"<b>{_short(config.model.name_or_path)}</b> · data {data_text} · {method} rank {config.lora.r} · "
+            f"{steps} · {config.train.batch_tokens:,} tokens per batch × {config.train.grad_accum}")
+        problems = self.problem_list()
+        self.problems.setText("\n".join(problems))
+        self.problems.setVisible(bool(problems))
+        running = self.state.session.is_running
+        self.start_button.setEnabled(not problems and not running)
+        self.start_button.setText("Training…" if running else "Start training")
+
+    def _open_config(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open run config", "", "Run configs (*.toml);;All files (*)")
+        if path:
+            try:
+                self.state.set_config(RunConfig.load(path))
+            except ConfigError as e:
+                self.problems.setText(str(e))
+                self.problems.show()
+
+    def _save_config(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save run config", "run.toml", "Run configs (*.toml)")
+        if path:
+            self.form.config().save(path)
+
+    def apply_palette(self, palette: Palette) -> None:
+        super().apply_palette(palette)
+        self.start_button.setIcon(icon("play", "#ffffff", 14))
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("bundled:").replace("\\", "/").rsplit("/", 1)[-1] if "/" in name or "\\" in name \
+        else name.removeprefix("bundled:")

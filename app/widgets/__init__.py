@@ -1,0 +1,1 @@
+"""Reusable widgets: cards, stat tiles, live charts and the RunConfig form."""

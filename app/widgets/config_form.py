@@ -1,0 +1,298 @@
+"""The Train page's settings form, generated from RunConfig's field metadata (one source of truth).
+
+Each field's type picks its editor (bool -> check box, choices -> combo box, int/float -> spin box bounded by
+the field's min/max, list -> comma-separated text), its help text becomes the tooltip, and every value is
+validated by the config classes themselves as the user types, with the message shown under the field.
+Fields chosen on other pages (model, data files) are not repeated here but pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from typing import Any
+
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGridLayout,
+    QLabel,
+    QLineEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hone.app.widgets.common import Card, label, set_invalid
+from hone.core.config import SECTIONS, RunConfig
+from hone.core.errors import ConfigError
+
+# Chosen on the Model and Data pages; the form leaves them alone.
+ELSEWHERE = {"model.name_or_path", "model.gguf_file", "data.train", "data.eval", "data.format", "data.columns"}
+
+SECTION_ORDER = ("train", "lora", "speed", "data", "model", "output")
+SECTION_TITLES = {"train": "Training", "lora": "LoRA adapter", "speed": "Speed", "data": "Data",
+                  "model": "Model loading", "output": "Output"}
+
+# Shorter labels where the field name alone reads poorly; others are derived from the name.
+LABELS = {
+    "lora.r": "Rank", "lora.rslora": "rsLoRA", "lora.qlora": "QLoRA (4-bit base)", "lora.experts": "Adapt experts (MoE)",
+    "lora.train_projector": "Train projector", "lora.train_vision_tower": "LoRA on vision tower",
+    "train.lr": "Learning rate", "train.max_steps": "Max steps", "train.grad_accum": "Gradient accumulation",
+    "train.max_grad_norm": "Clip grad norm", "train.batch_tokens": "Tokens per batch",
+    "speed.moe_backend": "MoE backend", "speed.checkpoint": "Activation checkpoints", "speed.kernels": "Fused kernels",
+    "speed.compile": "torch.compile", "data.train_on": "Train on", "data.max_length": "Max length (tokens)",
+    "data.image_max_side": "Image max side (px)", "data.eval_fraction": "Eval fraction",
+    "model.trust_remote_code": "Trust remote code", "output.runs_dir": "Runs folder", "output.name": "Run name",
+}
+CHOICE_LABELS = {
+    "speed.moe_backend": {"auto": "Auto", "grouped_mm": "grouped_mm", "triton": "Triton", "torch": "PyTorch",
+                          "eager": "transformers eager"},
+}
+
+_WHERE = re.compile(r"^(?:[^:]*: )?(?:unknown setting )?(\w+)\.(\w+)")
+
+
+def field_label(key: str) -> str:
+    if key in LABELS:
+        return LABELS[key]
+    return key.split(".", 1)[1].replace("_", " ").capitalize()
+
+
+class FloatSpinBox(QDoubleSpinBox):
+    """A float spin box that shows values compactly (2e-04 stays readable) and steps by a tenth of the order
+    of magnitude of the value, so learning rates and ratios step sensibly."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setDecimals(12)
+        self.setStepType(QAbstractSpinBox.AdaptiveDecimalStepType)
+        self.setKeyboardTracking(True)
+
+    def textFromValue(self, value: float) -> str:
+        return f"{value:.6g}"
+
+    def valueFromText(self, text: str) -> float:
+        try:
+            return float(text.strip())
+        except ValueError:
+            return self.value()
+
+    def validate(self, text: str, pos: int):
+        from PySide6.QtGui import QValidator
+
+        stripped = text.strip()
+        try:
+            value = float(stripped)
+        except ValueError:
+            partial = re.fullmatch(r"[-+]?(\d*\.?\d*([eE][-+]?)?)?", stripped) is not None
+            return (QValidator.Intermediate if partial else QValidator.Invalid), text, pos
+        ok = self.minimum() <= value <= self.maximum() and math.isfinite(value)
+        return (QValidator.Acceptable if ok else QValidator.Intermediate), text, pos
+
+
+class ConfigForm(QWidget):
+    """Editors for every RunConfig field not chosen elsewhere, in section cards.
+
+    `changed` fires on every user edit (not while `set_config` fills the editors); `errors()` maps field keys to
+    messages; `config()` returns the validated RunConfig or raises ConfigError.
+    """
+
+    changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._base = RunConfig()
+        self.editors: dict[str, QWidget] = {}
+        self._error_labels: dict[str, QLabel] = {}
+        self._notes: dict[str, QLabel] = {}
+        self._hints = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
+        grid = QGridLayout(self)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setSpacing(14)
+        self.cards: dict[str, Card] = {}
+        for i, section in enumerate(SECTION_ORDER):
+            card = self._section_card(section)
+            self.cards[section] = card
+            grid.addWidget(card, i // 2, i % 2, Qt.AlignTop)
+        grid.setColumnStretch(0, 1)
+        grid.setColumnStretch(1, 1)
+        self.set_config(self._base)
+
+    # ---- building ----
+    def _section_card(self, section: str) -> Card:
+        cls = SECTIONS[section]
+        card = Card(SECTION_TITLES[section], (cls.__doc__ or "").strip().splitlines()[0])
+        form = QFormLayout()
+        form.setLabelAlignment(Qt.AlignLeft | Qt.AlignVCenter)
+        form.setFieldGrowthPolicy(QFormLayout.AllNonFixedFieldsGrow)
+        form.setHorizontalSpacing(14)
+        form.setVerticalSpacing(6)
+        for f in dataclasses.fields(cls):
+            key = f"{section}.{f.name}"
+            if key in ELSEWHERE:
+                continue
+            editor = self._editor(key, self._hints[section][f.name], f.metadata)
+            if editor is None:
+                continue
+            help_text = f.metadata.get("help", "")
+            editor.setToolTip(help_text)
+            editor.setObjectName(key)
+            name = QLabel(field_label(key))
+            name.setToolTip(help_text)
+            cell = QWidget()
+            column = QVBoxLayout(cell)
+            column.setContentsMargins(0, 0, 0, 0)
+            column.setSpacing(2)
+            column.addWidget(editor)
+            note = label("", "muted", wrap=True)
+            note.hide()
+            error = label("", "error", wrap=True)
+            error.hide()
+            column.addWidget(note)
+            column.addWidget(error)
+            form.addRow(name, cell)
+            self.editors[key] = editor
+            self._notes[key] = note
+            self._error_labels[key] = error
+        card.body.addLayout(form)
+        return card
+
+    def _editor(self, key: str, hint: Any, meta: Any) -> QWidget | None:
+        choices = meta.get("choices")
+        low, high = meta.get("min"), meta.get("max")
+        if choices:
+            editor = QComboBox()
+            names = CHOICE_LABELS.get(key, {})
+            for choice in choices:
+                editor.addItem(names.get(choice, choice), choice)
+            editor.currentIndexChanged.connect(self._edited)
+        elif hint is bool:
+            editor = QCheckBox()
+            editor.toggled.connect(self._edited)
+        elif hint is int:
+            editor = QSpinBox()
+            editor.setRange(int(low) if low is not None else -(2**31), int(high) if high is not None else 2**31 - 1)
+            editor.setGroupSeparatorShown(True)
+            editor.valueChanged.connect(self._edited)
+        elif hint is float:
+            editor = FloatSpinBox()
+            editor.setRange(low if low is not None else -1e12, high if high is not None else 1e12)
+            editor.valueChanged.connect(self._edited)
+        elif hint is str or typing.get_origin(hint) is list:
+            editor = QLineEdit()
+            if typing.get_origin(hint) is list:
+                editor.setPlaceholderText("comma-separated")
+            editor.textChanged.connect(self._edited)
+        else:  # tables (data.columns) are edited on their own page
+            return None
+        return editor
+
+    # ---- model -> view ----
+    def set_config(self, config: RunConfig) -> None:
+        """Show `config` in the editors without emitting `changed` (each editor's signals are blocked)."""
+        self._base = config
+        data = config.to_dict()
+        for key, editor in self.editors.items():
+            section, name = key.split(".")
+            value = data[section][name]
+            with QSignalBlocker(editor):
+                if isinstance(editor, QComboBox):
+                    editor.setCurrentIndex(max(0, editor.findData(value)))
+                elif isinstance(editor, QCheckBox):
+                    editor.setChecked(bool(value))
+                elif isinstance(editor, (QSpinBox, QDoubleSpinBox)):
+                    editor.setValue(value)
+                elif isinstance(editor, QLineEdit):
+                    editor.setText(", ".join(value) if isinstance(value, list) else str(value))
+        self._show_errors(self.errors())
+
+    # ---- view -> model ----
+    def values(self) -> dict[str, dict[str, Any]]:
+        """The config as a dict, with every editor's current value in place of the base config's."""
+        data = self._base.to_dict()
+        for key, editor in self.editors.items():
+            section, name = key.split(".")
+            data[section][name] = self._editor_value(key, editor)
+        return data
+
+    def _editor_value(self, key: str, editor: QWidget) -> Any:
+        if isinstance(editor, QComboBox):
+            return editor.currentData()
+        if isinstance(editor, QCheckBox):
+            return editor.isChecked()
+        if isinstance(editor, QSpinBox):
+            return editor.value()
+        if isinstance(editor, QDoubleSpinBox):
+            text = editor.cleanText().strip()
+            try:  # what is typed, not the last acceptable value, so an out-of-range entry is reported
+                return float(text)
+            except ValueError:
+                return text
+        section, name = key.split(".")
+        if typing.get_origin(self._hints[section][name]) is list:
+            return [part.strip() for part in editor.text().split(",") if part.strip()]
+        return editor.text()
+
+    def config(self) -> RunConfig:
+        """The validated config; raises ConfigError naming the first bad field."""
+        return RunConfig.from_dict(self.values(), source="the form")
+
+    def errors(self) -> dict[str, str]:
+        """field key -> message, for every field (checked alone) and every section (checked whole)."""
+        data = self.values()
+        found: dict[str, str] = {}
+        for section, cls in SECTIONS.items():
+            for name, value in data[section].items():
+                try:
+                    cls(**{name: value})
+                except ConfigError as e:
+                    found[f"{section}.{name}"] = _sentence(e)
+            if not any(k.startswith(f"{section}.") for k in found):
+                try:
+                    cls(**data[section])
+                except ConfigError as e:
+                    match = _WHERE.match(e.message)
+                    key = f"{match.group(1)}.{match.group(2)}" if match else f"{section}."
+                    found[key] = _sentence(e)
+        return found
+
+    def is_valid(self) -> bool:
+        return not self.errors()
+
+    # ---- notes and enabling (the MoE backend on dense models, what Auto picked) ----
+    def set_note(self, key: str, text: str) -> None:
+        note = self._notes[key]
+        note.setText(text)
+        note.setVisible(bool(text))
+
+    def note(self, key: str) -> str:
+        return self._notes[key].text()
+
+    def error_text(self, key: str) -> str:
+        return self._error_labels[key].text() if self._error_labels[key].isVisible() else ""
+
+    def set_enabled(self, key: str, enabled: bool) -> None:
+        self.editors[key].setEnabled(enabled)
+
+    def _edited(self, *_: Any) -> None:
+        self._show_errors(self.errors())
+        self.changed.emit()
+
+    def _show_errors(self, errors: dict[str, str]) -> None:
+        for key, error_label in self._error_labels.items():
+            message = errors.get(key, "")
+            error_label.setText(message)
+            error_label.setVisible(bool(message))
+            set_invalid(self.editors[key], bool(message))
+
+
+def _sentence(error: ConfigError) -> str:
+    text = error.message[0].upper() + error.message[1:]
+    return f"{text} — {error.advice}." if error.advice else f"{text}."

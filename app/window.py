@@ -1,0 +1,256 @@
+"""The Studio's main window: a sidebar of pages, the shared state, the telemetry poller, and a safe close."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtWidgets import (
+    QApplication,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hone.app.pages.base import Page
+from hone.app.pages.chat import ChatPage
+from hone.app.pages.data import DataPage
+from hone.app.pages.export import ExportPage
+from hone.app.pages.model import ModelPage
+from hone.app.pages.monitor import MonitorPage
+from hone.app.pages.runs import RunsPage
+from hone.app.pages.train import TrainPage
+from hone.app.settings import Settings
+from hone.app.state import AppState
+from hone.app.theme import DARK, LIGHT, SYSTEM, Palette, Theme, icon, logo_pixmap
+from hone.app.threads import Task, TelemetryPoller, TrainerFactory, core_trainer
+from hone.core import __version__
+from hone.core.events import Event, RunFailed, RunFinished, RunStarted, StepMetrics
+
+PAGE_CLASSES: tuple[type[Page], ...] = (ModelPage, DataPage, TrainPage, MonitorPage, ChatPage, ExportPage, RunsPage)
+PAGE_NAMES = tuple(cls.name for cls in PAGE_CLASSES)
+
+
+class RunBadge(QFrame):
+    """The sidebar's small summary of the current run, visible from every page."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("RunBadge")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 10, 12, 10)
+        layout.setSpacing(5)
+        self.title = QLabel("No run")
+        self.title.setObjectName("RunBadgeTitle")
+        self.detail = QLabel("Start one on the Train page")
+        self.detail.setProperty("role", "muted")
+        self.detail.setWordWrap(True)
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 1000)
+        self.bar.setMaximumHeight(6)
+        self.bar.hide()
+        for widget in (self.title, self.detail, self.bar):
+            layout.addWidget(widget)
+
+    def event_arrived(self, event: Event) -> None:
+        if isinstance(event, RunStarted):
+            self.title.setText("Training")
+            self.detail.setText("Starting…")
+            self.bar.show()
+            self.bar.setValue(0)
+        elif isinstance(event, StepMetrics) and event.total_steps:
+            self.bar.setValue(int(1000 * event.step / event.total_steps))
+            self.detail.setText(f"Step {event.step:,}/{event.total_steps:,} · loss {event.loss:.3f}")
+        elif isinstance(event, RunFinished):
+            self.title.setText("Stopped" if event.stopped else "Finished")
+            self.detail.setText(f"Step {event.step:,} · loss {event.final_loss:.3f}")
+            self.bar.hide()
+        elif isinstance(event, RunFailed):
+            self.title.setText("Failed")
+            self.detail.setText(event.reason[:80])
+            self.bar.hide()
+
+    def running_changed(self, running: bool) -> None:
+        if running:
+            self.title.setText("Starting")
+            self.detail.setText("Loading the model and data…")
+
+
+class MainWindow(QMainWindow):
+    """Hone Studio.
+
+    Args:
+        settings: where choices persist (tests pass one backed by a temporary file).
+        trainer: what runs a training (the core Trainer; tests may pass another event source).
+        theme: the application's Theme (created if None).
+        telemetry: sample the GPU on a background thread (off for screenshots of non-monitor pages).
+    """
+
+    def __init__(self, settings: Settings | None = None, trainer: TrainerFactory = core_trainer,
+                 theme: Theme | None = None, telemetry: bool = True):
+        super().__init__()
+        self.settings = settings or Settings()
+        self.theme = theme or Theme(QApplication.instance(), self.settings.theme())
+        self.state = AppState(self.settings, trainer, self)
+        self.setWindowTitle("Hone Studio")
+        self.setWindowIcon(logo_pixmap(64))
+        self.setMinimumSize(QSize(980, 640))
+
+        central = QWidget()
+        layout = QHBoxLayout(central)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self._sidebar())
+        self.stack = QStackedWidget()
+        layout.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+
+        self.pages: dict[str, Page] = {}
+        for cls in PAGE_CLASSES:
+            page = cls(self.state)
+            self.pages[cls.name] = page
+            self.stack.addWidget(page)
+            item = QListWidgetItem(cls.title)
+            item.setData(Qt.UserRole, cls.name)
+            item.setSizeHint(QSize(0, 40))
+            self.nav.addItem(item)
+        self.nav.currentRowChanged.connect(self._nav_changed)
+        self.state.page_requested.connect(self.show_page)
+        self.state.session.event.connect(self.badge.event_arrived)
+        self.state.session.running_changed.connect(self.badge.running_changed)
+        self.state.session.running_changed.connect(self._running_changed)
+
+        self.telemetry = TelemetryPoller(self)
+        self.telemetry.sample.connect(self.monitor.telemetry)
+        if telemetry:
+            self.telemetry.start()
+
+        self.theme.changed.connect(self._apply_palette)
+        self._apply_palette(self.theme.palette)
+        geometry = self.settings.geometry()
+        if geometry is None or not self.restoreGeometry(geometry):
+            self.resize(1320, 860)
+        self.show_page(self.settings.page() or "model")
+        self._closing = False
+
+    # ---- pages ----
+    @property
+    def monitor(self) -> MonitorPage:
+        return self.pages["monitor"]
+
+    def page(self, name: str) -> Page:
+        return self.pages[name]
+
+    def show_page(self, name: str) -> None:
+        if name not in self.pages:
+            raise KeyError(f"no page {name!r}; pages are {', '.join(PAGE_NAMES)}")
+        self.nav.setCurrentRow(PAGE_NAMES.index(name))
+
+    def current_page(self) -> str:
+        return PAGE_NAMES[self.stack.currentIndex()]
+
+    def _nav_changed(self, row: int) -> None:
+        self.stack.setCurrentIndex(row)
+        page = self.stack.currentWidget()
+        self.settings.set_page(page.name)
+        page.shown()
+
+    def _sidebar(self) -> QWidget:
+        sidebar = QWidget()
+        sidebar.setObjectName("Sidebar")
+        sidebar.setFixedWidth(228)
+        layout = QVBoxLayout(sidebar)
+        layout.setContentsMargins(14, 18, 14, 14)
+        layout.setSpacing(6)
+        brand = QHBoxLayout()
+        brand.setSpacing(10)
+        logo = QLabel()
+        logo.setPixmap(logo_pixmap(34))
+        brand.addWidget(logo)
+        names = QVBoxLayout()
+        names.setSpacing(0)
+        app_name = QLabel("Hone Studio")
+        app_name.setObjectName("AppName")
+        tagline = QLabel(f"Fine-tuning · v{__version__}")
+        tagline.setObjectName("AppTagline")
+        names.addWidget(app_name)
+        names.addWidget(tagline)
+        brand.addLayout(names, 1)
+        layout.addLayout(brand)
+        layout.addSpacing(16)
+        self.nav = QListWidget()
+        self.nav.setObjectName("Nav")
+        self.nav.setIconSize(QSize(18, 18))
+        self.nav.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        layout.addWidget(self.nav, 1)
+        self.badge = RunBadge()
+        layout.addWidget(self.badge)
+        self.theme_button = QPushButton()
+        self.theme_button.setToolTip("Theme: follow the system, light, or dark")
+        self.theme_button.clicked.connect(self._cycle_theme)
+        layout.addWidget(self.theme_button)
+        return sidebar
+
+    # ---- theme ----
+    def _cycle_theme(self) -> None:
+        order = (SYSTEM, LIGHT, DARK)
+        mode = order[(order.index(self.theme.mode) + 1) % len(order)]
+        self.settings.set_theme(mode)
+        self.theme.set_mode(mode)
+
+    def _apply_palette(self, palette: Palette) -> None:
+        for row, cls in enumerate(PAGE_CLASSES):
+            item = self.nav.item(row)
+            if item is not None:
+                item.setIcon(icon(cls.icon_name, palette.text, 18))
+        self.theme_button.setIcon(icon("theme", palette.muted, 16))
+        self.theme_button.setText({SYSTEM: "Theme: system", LIGHT: "Theme: light", DARK: "Theme: dark"}
+                                  [self.theme.mode])
+        for page in self.pages.values():
+            page.apply_palette(palette)
+
+    # ---- run state ----
+    def _running_changed(self, running: bool) -> None:
+        if not running and self._closing:
+            QTimer.singleShot(0, self.close)
+
+    def background_work(self) -> list[Task]:
+        """Tasks still running (model inspection, data checks, exports)."""
+        return Task.running()
+
+    # ---- closing ----
+    def closeEvent(self, event) -> None:
+        session = self.state.session
+        if session.is_running:
+            if not self._closing and self.ask_stop_on_close() == QMessageBox.Yes:
+                # stopping saves the adapter and a checkpoint; the window closes once the run's thread has ended
+                self._closing = True
+                self.monitor.stop()
+                self.statusBar().showMessage("Saving the run before closing…")
+            event.ignore()
+            return
+        self.settings.set_geometry(self.saveGeometry())
+        self.settings.sync()
+        self.telemetry.shutdown()
+        for page in self.pages.values():
+            shutdown = getattr(page, "shutdown", None)
+            if shutdown:
+                shutdown()
+        for task in Task.running():
+            task.wait(10_000)
+        super().closeEvent(event)
+
+    def ask_stop_on_close(self) -> QMessageBox.StandardButton:
+        """Ask whether to stop and save the running training before closing (Yes) or keep training (Cancel)."""
+        return QMessageBox.question(
+            self, "A run is still training",
+            "Stop the run and save its adapter and a checkpoint, then close?\n\n"
+            "The run stops after its current step. Cancel keeps it training.",
+            QMessageBox.Yes | QMessageBox.Cancel, QMessageBox.Yes)
