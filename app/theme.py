@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import string
+import tempfile
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QObject, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
@@ -76,6 +79,17 @@ class Theme(QObject):
 
     changed = Signal(object)  # Palette
 
+    @classmethod
+    def shared(cls, mode: str = SYSTEM) -> Theme:
+        """The application's one Theme (a stylesheet set on the whole application is costly to replace, so every
+        window shares it); `mode` applies only when it is created."""
+        app = QApplication.instance()
+        theme = app.property("hone_theme")
+        if not isinstance(theme, Theme):
+            theme = cls(app, mode)
+            app.setProperty("hone_theme", theme)
+        return theme
+
     def __init__(self, app: QApplication, mode: str = SYSTEM):
         super().__init__(app)
         self._app = app
@@ -143,7 +157,24 @@ def system_prefers_dark() -> bool:
 
 def stylesheet(palette: Palette) -> str:
     template = string.Template(resource_path("styles/studio.qss").read_text(encoding="utf-8"))
-    return template.substitute({f.name: getattr(palette, f.name) for f in fields(palette)})
+    values = {f.name: getattr(palette, f.name) for f in fields(palette)}
+    values["checkmark"] = icon_file("checkmark", "#ffffff")
+    values["chevron"] = icon_file("chevron-down", palette.muted)
+    return template.substitute(values)
+
+
+def icon_file(name: str, colour: str) -> str:
+    """Path of resources/icons/NAME.svg drawn in `colour`, for stylesheets (which take files, not QIcons).
+    Written once per colour to the user's temp folder."""
+    folder = Path(tempfile.gettempdir()) / "hone-studio-icons"
+    path = folder / f"{name}-{colour.lstrip('#')}.svg"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        svg = resource_path(f"icons/{name}.svg").read_text(encoding="utf-8").replace("currentColor", colour)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(svg, encoding="utf-8")
+        os.replace(tmp, path)  # atomic: two windows starting at once never read half a file
+    return path.as_posix()
 
 
 _icon_cache: dict[tuple[str, str, int], QIcon] = {}

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from PySide6.QtCore import QMetaObject, QObject, Qt, QThread, QTimer, Signal, Slot
 
@@ -86,7 +86,7 @@ class Task(QObject):
     """
 
     finished = Signal()
-    _running: set[Task] = set()  # keeps tasks (and their threads) alive until they end
+    _running: ClassVar[set[Task]] = set()  # keeps tasks (and their threads) alive until they end
 
     def __init__(self, fn: Callable[..., Any], *args: Any, on_result: Callable[[Any], None] | None = None,
                  on_error: Callable[[TaskError], None] | None = None,
@@ -163,7 +163,7 @@ def core_trainer(config: RunConfig, control: RunControl, resume: Path | None = N
 
     if resume is None:
         return Trainer(config, control).run()
-    return Trainer(config, control, resume_from=resume).run()
+    return Trainer(config, control, resume_dir=resume).run()
 
 
 class TrainWorker(QObject):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtWidgets import (
-    QApplication,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -97,7 +96,7 @@ class MainWindow(QMainWindow):
                  theme: Theme | None = None, telemetry: bool = True):
         super().__init__()
         self.settings = settings or Settings()
-        self.theme = theme or Theme(QApplication.instance(), self.settings.theme())
+        self.theme = theme or Theme.shared(self.settings.theme())
         self.state = AppState(self.settings, trainer, self)
         self.setWindowTitle("Hone Studio")
         self.setWindowIcon(logo_pixmap(64))

@@ -203,7 +203,7 @@ class ChatPage(Page):
         self.run_box.clear()
         if runs_dir.is_dir():
             for summary in list_runs(runs_dir):
-                if (Path(summary.run_dir) / "adapter").is_dir():
+                if summary.has_adapter:
                     self.run_box.addItem(Path(summary.run_dir).name, {"run_dir": str(summary.run_dir)})
         self.run_box.addItem(f"Base model only: {self.state.config.model.name_or_path}",
                              {"model": self.state.config.model.name_or_path})

@@ -161,7 +161,7 @@ class ExportPage(Page):
         self.run_box.clear()
         if runs_dir.is_dir():
             for summary in list_runs(runs_dir):
-                if (Path(summary.run_dir) / "adapter").is_dir():
+                if summary.has_adapter:
                     self.run_box.addItem(Path(summary.run_dir).name, str(summary.run_dir))
         self.run_box.blockSignals(False)
         if current:

@@ -38,6 +38,8 @@ ETA_WINDOW = 20
 # Step lines in the log at most this often (the charts carry every step).
 LOG_STEP_EVERY_S = 2.0
 GIB = 2**30
+# Plot height: two rows of charts, the numbers and the progress fit a 900-pixel-high window.
+CHART_HEIGHT = 200
 
 
 class SmoothedLoss:
@@ -124,19 +126,22 @@ class MonitorPage(Page):
         self.lr_chart.add_line("lr", "learning rate", "lr")
         self.expert_chart = BarChart("Expert load (tokens routed per expert)")
         self.expert_chart.hide()
-        self.loss_chart.plot.setMinimumHeight(220)
         self.memory_chart.plot.getPlotItem().setLabel("bottom", "seconds")
         self.util_chart.plot.getPlotItem().setLabel("bottom", "seconds")
         self.charts = [self.loss_chart, self.speed_chart, self.memory_chart, self.util_chart, self.lr_chart]
+        for chart in (*self.charts, self.expert_chart):
+            chart.plot.setMinimumHeight(CHART_HEIGHT)
 
         grid = QGridLayout()
         grid.setSpacing(12)
         grid.addWidget(self.loss_chart, 0, 0, 1, 2)
-        grid.addWidget(self.speed_chart, 1, 0)
-        grid.addWidget(self.memory_chart, 1, 1)
-        grid.addWidget(self.lr_chart, 2, 0)
-        grid.addWidget(self.util_chart, 2, 1)
-        grid.addWidget(self.expert_chart, 3, 0, 1, 2)
+        grid.addWidget(self.speed_chart, 0, 2)
+        grid.addWidget(self.memory_chart, 1, 0)
+        grid.addWidget(self.util_chart, 1, 1)
+        grid.addWidget(self.lr_chart, 1, 2)
+        grid.addWidget(self.expert_chart, 2, 0, 1, 3)
+        for column in range(3):
+            grid.setColumnStretch(column, 1)
         self.body.addLayout(grid)
 
         log_card = Card("Log")

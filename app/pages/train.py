@@ -40,7 +40,7 @@ class TrainPage(Page):
         row = QHBoxLayout()
         row.setSpacing(8)
         self.preset_group = QButtonGroup(self)
-        self.preset_group.setExclusive(True)
+        self.preset_group.setExclusive(False)  # none is checked once the user edits a setting
         self.preset_buttons: dict[str, QPushButton] = {}
         for preset in PRESETS:
             button = set_role(QPushButton(preset.name), "preset")

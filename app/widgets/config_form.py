@@ -42,7 +42,8 @@ SECTION_TITLES = {"train": "Training", "lora": "LoRA adapter", "speed": "Speed",
 
 # Shorter labels where the field name alone reads poorly; others are derived from the name.
 LABELS = {
-    "lora.r": "Rank", "lora.rslora": "rsLoRA", "lora.qlora": "QLoRA (4-bit base)", "lora.experts": "Adapt experts (MoE)",
+    "lora.r": "Rank", "lora.rslora": "rsLoRA", "lora.qlora": "QLoRA (4-bit base)",
+    "lora.experts": "Adapt experts (MoE)",
     "lora.train_projector": "Train projector", "lora.train_vision_tower": "LoRA on vision tower",
     "train.lr": "Learning rate", "train.max_steps": "Max steps", "train.grad_accum": "Gradient accumulation",
     "train.max_grad_norm": "Clip grad norm", "train.batch_tokens": "Tokens per batch",
@@ -72,6 +73,7 @@ class FloatSpinBox(QDoubleSpinBox):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setDecimals(12)
+        self.setButtonSymbols(QAbstractSpinBox.NoButtons)
         self.setStepType(QAbstractSpinBox.AdaptiveDecimalStepType)
         self.setKeyboardTracking(True)
 
@@ -178,13 +180,14 @@ class ConfigForm(QWidget):
             editor.toggled.connect(self._edited)
         elif hint is int:
             editor = QSpinBox()
+            editor.setButtonSymbols(QAbstractSpinBox.NoButtons)  # typed or scrolled; arrows only add clutter
             editor.setRange(int(low) if low is not None else -(2**31), int(high) if high is not None else 2**31 - 1)
             editor.setGroupSeparatorShown(True)
             editor.valueChanged.connect(self._edited)
         elif hint is float:
             editor = FloatSpinBox()
             editor.setRange(low if low is not None else -1e12, high if high is not None else 1e12)
-            editor.valueChanged.connect(self._edited)
+            editor.lineEdit().textChanged.connect(self._edited)  # also fires for typed values outside the bounds
         elif hint is str or typing.get_origin(hint) is list:
             editor = QLineEdit()
             if typing.get_origin(hint) is list:
@@ -253,14 +256,13 @@ class ConfigForm(QWidget):
                 try:
                     cls(**{name: value})
                 except ConfigError as e:
-                    found[f"{section}.{name}"] = _sentence(e)
+                    if _field_of(e) in (f"{section}.{name}", None):  # cross-field checks: judged whole below
+                        found[f"{section}.{name}"] = _sentence(e)
             if not any(k.startswith(f"{section}.") for k in found):
                 try:
                     cls(**data[section])
                 except ConfigError as e:
-                    match = _WHERE.match(e.message)
-                    key = f"{match.group(1)}.{match.group(2)}" if match else f"{section}."
-                    found[key] = _sentence(e)
+                    found[_field_of(e) or f"{section}."] = _sentence(e)
         return found
 
     def is_valid(self) -> bool:
@@ -276,7 +278,7 @@ class ConfigForm(QWidget):
         return self._notes[key].text()
 
     def error_text(self, key: str) -> str:
-        return self._error_labels[key].text() if self._error_labels[key].isVisible() else ""
+        return "" if self._error_labels[key].isHidden() else self._error_labels[key].text()
 
     def set_enabled(self, key: str, enabled: bool) -> None:
         self.editors[key].setEnabled(enabled)
@@ -293,6 +295,11 @@ class ConfigForm(QWidget):
             set_invalid(self.editors[key], bool(message))
 
 
+def _field_of(error: ConfigError) -> str | None:
+    """The `section.field` a ConfigError's message starts with (the config's messages all name their field)."""
+    match = _WHERE.match(error.message)
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
 def _sentence(error: ConfigError) -> str:
-    text = error.message[0].upper() + error.message[1:]
-    return f"{text} — {error.advice}." if error.advice else f"{text}."
+    return f"{error.message} — {error.advice}." if error.advice else f"{error.message}."

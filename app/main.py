@@ -1,0 +1,107 @@
+"""Start Hone Studio (`hone studio`, `hone-studio`), or render one page to a PNG (`--screenshot`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Longest a screenshot waits for background work (reading a model's config, checking data) before it renders.
+SCREENSHOT_WAIT_S = 120.0
+DEFAULT_SIZE = (1440, 900)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `hone-studio` GUI script."""
+    from hone.core.commands.studio import add_arguments
+
+    parser = argparse.ArgumentParser(prog="hone-studio", description="Hone Studio: fine-tune LLMs on one GPU.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.screenshot and not os.environ.get("QT_QPA_PLATFORM"):
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"  # render without a display (docs, CI)
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+
+    from hone.app.settings import APPLICATION, ORGANIZATION, Settings
+    from hone.app.theme import Theme
+    from hone.app.window import MainWindow
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    app.setStyle("Fusion")  # the same widget geometry on every platform; the stylesheet does the rest
+    scratch = None
+    if args.screenshot:
+        # a screenshot neither reads nor changes the user's saved state, so it is reproducible
+        scratch = tempfile.TemporaryDirectory(prefix="hone-studio-")
+        settings = Settings(QSettings(str(Path(scratch.name) / "settings.ini"), QSettings.IniFormat))
+    else:
+        settings = Settings()
+    theme = Theme.shared(args.theme or settings.theme())
+    if args.theme and theme.mode != args.theme:
+        theme.set_mode(args.theme)
+    window = MainWindow(settings, theme=theme, telemetry=not args.screenshot or args.page == "monitor")
+    if args.size:
+        window.resize(*args.size)
+    elif args.screenshot:
+        window.resize(*DEFAULT_SIZE)
+    apply_choices(window, args)
+    if args.page:
+        window.show_page(args.page)
+    if args.screenshot:
+        try:
+            path = screenshot(window, args.screenshot)
+        finally:
+            window.close()
+            if scratch is not None:
+                scratch.cleanup()
+        print(f"saved {path}")
+        return 0
+    window.show()
+    return app.exec()
+
+
+def apply_choices(window, args: argparse.Namespace) -> None:
+    """--model, --data and --run: make those choices as the user would on the pages."""
+    if args.model:
+        window.page("model").choose(args.model)
+    if args.data:
+        window.page("data").set_files([str(Path(f).expanduser()) for f in args.data], check=True)
+    if args.run:
+        window.monitor.show_run(args.run)
+        window.page("chat").select_run(args.run)
+        window.page("export").set_run(args.run)
+
+
+def screenshot(window, path: str | Path) -> Path:
+    """Show the window, let background work finish, and save what it looks like as a PNG."""
+    from PySide6.QtWidgets import QApplication
+
+    from hone.app.threads import Task
+
+    window.show()
+    app = QApplication.instance()
+    deadline = time.monotonic() + SCREENSHOT_WAIT_S
+    while Task.running() and time.monotonic() < deadline:
+        app.processEvents()
+        time.sleep(0.02)
+    for _ in range(5):  # let queued results, layouts and the charts' next redraw land
+        app.processEvents()
+        window.monitor.flush()
+        time.sleep(0.05)
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not window.grab().save(str(path), "PNG"):
+        raise OSError(f"could not write {path}")
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

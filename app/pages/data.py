@@ -1,0 +1,589 @@
+"""Data page: pick files, see what the validator made of every row, preview rows, inspect the trained tokens,
+and the token-length histogram."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QImageReader, QPixmap
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QListWidget,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from hone.app.pages.base import Page
+from hone.app.theme import Palette, icon
+from hone.app.threads import Task, TaskError
+from hone.app.widgets.common import Card, StatTile, label, set_role
+from hone.core.config import DATA_FORMATS, DEMO_EVAL_DATA, DEMO_TRAIN_DATA, DataConfig, ModelConfig
+from hone.core.events import DatasetReport
+
+# Rows the preview table shows: enough to judge the data at a glance, few enough to tokenize in a blink.
+PREVIEW_ROWS = 50
+# Histogram bins for the token lengths.
+HISTOGRAM_BINS = 40
+THUMBNAIL = 56  # px
+
+FORMAT_LABELS = {"auto": "Auto-detect", "messages": "Chat messages", "sharegpt": "ShareGPT conversations",
+                 "alpaca": "Alpaca (instruction / input / output)", "prompt-completion": "Prompt / completion",
+                 "text": "Plain text (continued pretraining)"}
+DATA_FILTER = "Datasets (*.jsonl *.json *.csv *.tsv *.parquet *.arrow);;All files (*)"
+
+
+@dataclass
+class DataCheck:
+    """What a check found: the report, every kept row's length, the first rows as the inspector sees them."""
+
+    report: DatasetReport
+    lengths: np.ndarray  # int64 [rows kept], tokens per row (empty without a tokenizer)
+    preview: list[Any]  # RowView of the first kept rows of the first source
+    tokenizer: Any  # kept for the inspector (a Python object; the GUI never calls into it on its thread)
+
+
+def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
+    """The chosen model's tokenizer (downloads nothing the model load would not)."""
+    from hone.core.models import load_config, load_tokenizer
+
+    _source, folder, config = load_config(model_cfg)
+    return load_tokenizer(folder, config, model_cfg)
+
+
+def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCheck:
+    """Validate and tokenize the training split on a worker thread; structural checks only without a model."""
+    from hone.core.data import check_data
+
+    tokenizer = None
+    if model_cfg.name_or_path:
+        if progress:
+            progress(("Loading the tokenizer…", 0.0))
+        tokenizer = load_tokenizer_for(model_cfg)
+    report, tokenized = check_data(data_cfg, tokenizer, split="train",
+                                   progress=(lambda message, fraction: progress((message, fraction)))
+                                   if progress else None)
+    preview = []
+    if tokenized is not None and len(tokenized):
+        preview = preview_rows(data_cfg, tokenizer, tokenized)
+    lengths = tokenized.lengths if tokenized is not None else np.zeros(0, np.int64)
+    return DataCheck(report, np.asarray(lengths), preview, tokenizer)
+
+
+def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[Any]:
+    """RowViews of the first kept rows that come from the first file (row numbers as the report prints them)."""
+    from hone.core.data.inspect import inspect_rows
+
+    first_source = tokenized.source(0).rpartition(":")[0]
+    numbers = []
+    for index in range(len(tokenized)):
+        name, _, number = tokenized.source(index).rpartition(":")
+        if name == first_source:
+            numbers.append(int(number))
+            if len(numbers) == PREVIEW_ROWS:
+                break
+    entry = _entry_for(first_source, data_cfg.train)
+    return inspect_rows(entry, tokenizer, numbers, cfg=data_cfg)
+
+
+def inspect(entry: str, row: int, data_cfg: DataConfig, tokenizer: Any) -> Any:
+    from hone.core.data.inspect import inspect_row
+
+    return inspect_row(entry, tokenizer, row, cfg=data_cfg)
+
+
+def _entry_for(source_name: str, entries: list[str]) -> str:
+    """The data entry a source came from (a source is a file; the entry may be a folder holding it)."""
+    for entry in entries:
+        if Path(source_name).name == Path(entry).name or source_name == entry:
+            return entry
+    return source_name
+
+
+class DataPage(Page):
+    name = "data"
+    title = "Data"
+    subtitle = "Pick your training data. Every row is checked; nothing is dropped without telling you why."
+    icon_name = "data"
+
+    checked = Signal(object)  # DataCheck or TaskError
+    inspected = Signal(object)  # RowView or TaskError
+
+    def __init__(self, state, parent: QWidget | None = None):
+        super().__init__(state, parent)
+        self.task: Task | None = None
+        self.inspect_task: Task | None = None
+        self.result: DataCheck | None = None
+
+        files = Card("Files", "JSONL, JSON, CSV/TSV, Parquet, Arrow, a folder saved by `datasets`, or a hub id.")
+        lists = QHBoxLayout()
+        lists.setSpacing(14)
+        self.train_list, train_box = self._file_list("Training", "train")
+        self.eval_list, eval_box = self._file_list("Evaluation (optional)", "eval")
+        lists.addLayout(train_box, 3)
+        lists.addLayout(eval_box, 2)
+        files.body.addLayout(lists)
+        options = QHBoxLayout()
+        options.addWidget(label("Format"))
+        self.format_box = QComboBox()
+        for fmt in DATA_FORMATS:
+            self.format_box.addItem(FORMAT_LABELS.get(fmt, fmt), fmt)
+        self.format_box.setToolTip("How rows are read. Auto-detect looks at the columns of each file.")
+        self.format_box.currentIndexChanged.connect(self._format_changed)
+        options.addWidget(self.format_box)
+        self.demo_button = QPushButton("Use the demo data")
+        self.demo_button.setToolTip("A small bundled task: extract facts from a sentence as one line of JSON.")
+        self.demo_button.clicked.connect(lambda: self.set_files([DEMO_TRAIN_DATA], [DEMO_EVAL_DATA], check=True))
+        options.addWidget(self.demo_button)
+        options.addStretch(1)
+        self.check_button = set_role(QPushButton("Check data"), "primary")
+        self.check_button.clicked.connect(self.run_check)
+        options.addWidget(self.check_button)
+        files.body.addLayout(options)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setMaximumHeight(6)
+        self.progress.hide()
+        self.status = label("", "muted", wrap=True, selectable=True)
+        files.body.addWidget(self.progress)
+        files.body.addWidget(self.status)
+        self.body.addWidget(files)
+
+        tiles = QHBoxLayout()
+        tiles.setSpacing(12)
+        self.kept_tile = StatTile("Rows kept")
+        self.skipped_tile = StatTile("Skipped")
+        self.truncated_tile = StatTile("Truncated")
+        self.tokens_tile = StatTile("Tokens per epoch")
+        self.lengths_tile = StatTile("Row length")
+        for tile in (self.kept_tile, self.skipped_tile, self.truncated_tile, self.tokens_tile, self.lengths_tile):
+            tiles.addWidget(tile)
+        self.body.addLayout(tiles)
+
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(self._report_tab(), "Report")
+        self.tabs.addTab(self._preview_tab(), "Preview")
+        self.tabs.addTab(self._inspector_tab(), "Inspector")
+        self.tabs.addTab(self._histogram_tab(), "Token lengths")
+        tab_card = Card()
+        tab_card.body.addWidget(self.tabs)
+        self.body.addWidget(tab_card, 1)
+
+        self._show_files()
+        self._show_report(None)
+
+    # ---- building ----
+    def _file_list(self, title: str, split: str) -> tuple[QListWidget, QVBoxLayout]:
+        box = QVBoxLayout()
+        box.setSpacing(6)
+        box.addWidget(label(title, "muted"))
+        files = QListWidget()
+        files.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        files.setMinimumHeight(72)
+        files.setMaximumHeight(110)
+        box.addWidget(files)
+        buttons = QHBoxLayout()
+        add = QPushButton("Add files…")
+        add.clicked.connect(lambda: self._add_files(split))
+        folder = QPushButton("Add folder…")
+        folder.clicked.connect(lambda: self._add_folder(split))
+        remove = QPushButton("Remove")
+        remove.clicked.connect(lambda: self._remove_selected(split))
+        for button in (add, folder, remove):
+            buttons.addWidget(button)
+        buttons.addStretch(1)
+        box.addLayout(buttons)
+        setattr(self, f"{split}_buttons", (add, folder, remove))
+        return files, box
+
+    def _report_tab(self) -> QWidget:
+        tab = QWidget()
+        layout = QVBoxLayout(tab)
+        layout.setContentsMargins(0, 10, 0, 0)
+        self.skipped_table = QTableWidget(0, 2)
+        self.skipped_table.setHorizontalHeaderLabels(["Why rows were skipped", "Rows"])
+        self._table_style(self.skipped_table)
+        self.skipped_table.setMaximumHeight(170)
+        layout.addWidget(self.skipped_table)
+        self.report_text = QTextBrowser()
+        self.report_text.setMinimumHeight(140)
+        layout.addWidget(self.report_text)
+        return tab
+
+    def _preview_tab(self) -> QWidget:
+        tab = QWidget()
+        layout = QVBoxLayout(tab)
+        layout.setContentsMargins(0, 10, 0, 0)
+        self.preview_table = QTableWidget(0, 6)
+        self.preview_table.setHorizontalHeaderLabels(["Row", "Prompt", "Response", "Tokens", "Trained", "Images"])
+        self._table_style(self.preview_table)
+        self.preview_table.setMinimumHeight(300)
+        header = self.preview_table.horizontalHeader()
+        header.setSectionResizeMode(1, QHeaderView.Stretch)
+        header.setSectionResizeMode(2, QHeaderView.Stretch)
+        self.preview_table.setIconSize(QSize(THUMBNAIL, THUMBNAIL))
+        self.preview_table.itemSelectionChanged.connect(self._preview_selected)
+        layout.addWidget(self.preview_table)
+        layout.addWidget(label("Select a row to see it in the Inspector.", "muted"))
+        return tab
+
+    def _inspector_tab(self) -> QWidget:
+        tab = QWidget()
+        layout = QVBoxLayout(tab)
+        layout.setContentsMargins(0, 10, 0, 0)
+        self.inspector_title = label("Check the data, then pick a row in the Preview.", "muted", wrap=True)
+        layout.addWidget(self.inspector_title)
+        self.inspector = QTextBrowser()
+        self.inspector.setMinimumHeight(300)
+        layout.addWidget(self.inspector)
+        self.legend = label("", "muted")
+        layout.addWidget(self.legend)
+        return tab
+
+    def _histogram_tab(self) -> QWidget:
+        tab = QWidget()
+        layout = QVBoxLayout(tab)
+        layout.setContentsMargins(0, 10, 0, 0)
+        self.histogram = pg.PlotWidget()
+        self.histogram.setMinimumHeight(280)
+        self.histogram.setMenuEnabled(False)
+        self.histogram.hideButtons()
+        self.histogram.getPlotItem().getViewBox().setMouseEnabled(x=False, y=False)
+        self.histogram.getPlotItem().setLabel("bottom", "tokens per row")
+        self.histogram.getPlotItem().setLabel("left", "rows")
+        self.histogram_bars: pg.BarGraphItem | None = None
+        self.limit_line = pg.InfiniteLine(angle=90, movable=False)
+        self.histogram.addItem(self.limit_line)
+        layout.addWidget(self.histogram)
+        self.histogram_note = label("", "muted")
+        layout.addWidget(self.histogram_note)
+        return tab
+
+    @staticmethod
+    def _table_style(table: QTableWidget) -> None:
+        table.verticalHeader().hide()
+        table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        table.setSelectionMode(QAbstractItemView.SingleSelection)
+        table.setAlternatingRowColors(True)
+        table.setShowGrid(False)
+        table.setWordWrap(False)
+        header = table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.Stretch if table.columnCount() == 2 else
+                                    QHeaderView.ResizeToContents)
+
+    # ---- files ----
+    def set_files(self, train: list[str], eval_files: list[str] | None = None, *, check: bool = False) -> None:
+        data = self.state.config.data
+        eval_files = list(data.eval) if eval_files is None else eval_files
+        self.state.set_config(replace(self.state.config, data=replace(data, train=list(train),
+                                                                      eval=list(eval_files))))
+        self._show_files()
+        self._show_report(None)
+        if check:
+            self.run_check()
+
+    def _entries(self, split: str) -> list[str]:
+        return list(getattr(self.state.config.data, split))
+
+    def _add_files(self, split: str) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Add data files", "", DATA_FILTER)
+        self._add(split, paths)
+
+    def _add_folder(self, split: str) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a dataset folder")
+        self._add(split, [folder] if folder else [])
+
+    def _add(self, split: str, paths: list[str]) -> None:
+        if not paths:
+            return
+        entries = self._entries(split) + [p for p in paths if p not in self._entries(split)]
+        if split == "train":
+            self.set_files(entries)
+        else:
+            self.set_files(self._entries("train"), entries)
+
+    def _remove_selected(self, split: str) -> None:
+        files = self.train_list if split == "train" else self.eval_list
+        gone = {item.text() for item in files.selectedItems()}
+        entries = [e for e in self._entries(split) if _display(e) not in gone]
+        if split == "train":
+            self.set_files(entries)
+        else:
+            self.set_files(self._entries("train"), entries)
+
+    def _show_files(self) -> None:
+        data = self.state.config.data
+        for files, entries in ((self.train_list, data.train), (self.eval_list, data.eval)):
+            files.clear()
+            for entry in entries:
+                files.addItem(_display(entry))
+                files.item(files.count() - 1).setToolTip(entry)
+        index = self.format_box.findData(data.format)
+        self.format_box.blockSignals(True)
+        self.format_box.setCurrentIndex(max(0, index))
+        self.format_box.blockSignals(False)
+        self.check_button.setEnabled(bool(data.train))
+
+    def _format_changed(self) -> None:
+        data = self.state.config.data
+        self.state.set_config(replace(self.state.config, data=replace(data, format=self.format_box.currentData())))
+        self._show_report(None)
+
+    # ---- checking ----
+    def run_check(self) -> None:
+        """Validate and tokenize the training data with the chosen model's tokenizer, off the GUI thread."""
+        if self.task and self.task.is_running():
+            return
+        config = self.state.config
+        self.progress.setValue(0)
+        self.progress.show()
+        self.status.setText("Checking…")
+        set_role(self.status, "muted")
+        self.check_button.setEnabled(False)
+        self.task = Task(check, config.data, config.model, on_result=self._checked, on_error=self._failed,
+                         on_progress=self._progress)
+
+    def _progress(self, value: Any) -> None:
+        message, fraction = value
+        self.status.setText(message)
+        self.progress.setValue(int(1000 * max(0.0, min(1.0, fraction))))
+
+    def _checked(self, result: DataCheck) -> None:
+        self.result = result
+        self.progress.hide()
+        self.check_button.setEnabled(True)
+        report = result.report
+        where = "" if result.tokenizer is not None else " (choose a model to count tokens)"
+        self.status.setText(f"Checked {report.rows_read:,} rows{where}.")
+        self._show_report(result)
+        self.checked.emit(result)
+        if result.preview:
+            self.preview_table.selectRow(0)
+
+    def _failed(self, error: TaskError) -> None:
+        self.progress.hide()
+        self.check_button.setEnabled(True)
+        self.status.setText(f"{error.message}" + (f" — {error.advice}" if error.advice else ""))
+        set_role(self.status, "error")
+        self.checked.emit(error)
+
+    # ---- showing ----
+    def _show_report(self, result: DataCheck | None) -> None:
+        report = result.report if result else None
+        if report is None:
+            for tile in (self.kept_tile, self.skipped_tile, self.truncated_tile, self.tokens_tile, self.lengths_tile):
+                tile.set("—", "")
+            self.skipped_table.setRowCount(0)
+            self.report_text.setHtml(f"<p style='color:{self._muted()}'>Press Check data to validate every row."
+                                     "</p>")
+            self.preview_table.setRowCount(0)
+            self.inspector.clear()
+            self._draw_histogram(np.zeros(0))
+            return
+        skipped = sum(report.skipped.values())
+        self.kept_tile.set(f"{report.rows_kept:,}", f"of {report.rows_read:,} read")
+        top = max(report.skipped.items(), key=lambda kv: kv[1])[0] if report.skipped else "none skipped"
+        self.skipped_tile.set(f"{skipped:,}", top)
+        self.truncated_tile.set(f"{report.truncated:,}", f"longer than {self.state.config.data.max_length:,}")
+        if result.lengths.size:
+            share = report.trained_tokens / report.tokens if report.tokens else 0
+            self.tokens_tile.set(f"{report.tokens:,}", f"{report.trained_tokens:,} trained ({share:.0%})")
+            self.lengths_tile.set(f"{report.length_median:,}",
+                                  f"median · p95 {report.length_p95:,} · max {report.length_max:,}")
+        else:
+            self.tokens_tile.set("—", "needs a model")
+            self.lengths_tile.set("—", "needs a model")
+        self.skipped_table.setRowCount(len(report.skipped))
+        for row, (reason, count) in enumerate(sorted(report.skipped.items(), key=lambda kv: -kv[1])):
+            self.skipped_table.setItem(row, 0, QTableWidgetItem(reason))
+            count_item = QTableWidgetItem(f"{count:,}")
+            count_item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+            self.skipped_table.setItem(row, 1, count_item)
+        self.skipped_table.setVisible(bool(report.skipped))
+        self.report_text.setHtml(_report_html(report))
+        self._show_preview(result.preview)
+        self._draw_histogram(result.lengths)
+
+    def _show_preview(self, views: list[Any]) -> None:
+        self.preview_table.setRowCount(len(views))
+        for row, view in enumerate(views):
+            prompt, response = _prompt_and_response(view.messages or [])
+            cells = [view.source.rpartition(":")[2], prompt, response, f"{view.num_tokens:,}",
+                     f"{view.num_trained:,}", ""]
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text if col in (1, 2) else "")
+                if col in (0, 3, 4):
+                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                self.preview_table.setItem(row, col, item)
+            if view.images:
+                image_item = self.preview_table.item(row, 5)
+                image_item.setText(f"{len(view.images)}")
+                thumbnail = _thumbnail(view.images[0].source)
+                if thumbnail is not None:
+                    image_item.setIcon(thumbnail)
+                    self.preview_table.setRowHeight(row, THUMBNAIL + 8)
+                image_item.setToolTip("\n".join(f"{im.source} ({im.width}×{im.height}, {im.tokens} tokens)"
+                                                for im in view.images))
+
+    def _preview_selected(self) -> None:
+        rows = self.preview_table.selectionModel().selectedRows()
+        if not rows or not self.result or not self.result.preview:
+            return
+        self.show_view(self.result.preview[rows[0].row()])
+
+    def inspect_row(self, entry: str, row: int) -> None:
+        """Show any row of a file in the inspector (skipped rows show why)."""
+        if not self.result or self.result.tokenizer is None:
+            return
+        self.inspect_task = Task(inspect, entry, row, self.state.config.data, self.result.tokenizer,
+                                 on_result=self._inspected, on_error=self._inspect_failed)
+
+    def _inspected(self, view: Any) -> None:
+        self.show_view(view)
+        self.inspected.emit(view)
+
+    def _inspect_failed(self, error: TaskError) -> None:
+        self.inspector_title.setText(error.message)
+        self.inspected.emit(error)
+
+    def show_view(self, view: Any) -> None:
+        """Render a RowView: the chat-template text with the trained tokens highlighted."""
+        if view.problem:
+            self.inspector_title.setText(f"{view.source}: skipped — {view.problem}")
+            self.inspector.clear()
+            return
+        share = view.num_trained / view.num_tokens if view.num_tokens else 0
+        truncated = " · truncated" if view.truncated else ""
+        self.inspector_title.setText(f"{view.source} · {view.format} · {view.num_tokens:,} tokens, "
+                                     f"{view.num_trained:,} trained ({share:.0%}){truncated}")
+        self.inspector.setHtml(highlight_html(view.pieces, self.palette_))
+        self.legend.setText("Highlighted text is what the model learns to write; the rest is context only.")
+
+    def _draw_histogram(self, lengths: np.ndarray) -> None:
+        if self.histogram_bars is not None:
+            self.histogram.removeItem(self.histogram_bars)
+            self.histogram_bars = None
+        limit = self.state.config.data.max_length
+        self.limit_line.setValue(limit)
+        if lengths.size == 0:
+            self.histogram_note.setText("")
+            return
+        counts, edges = np.histogram(lengths, bins=min(HISTOGRAM_BINS, max(1, int(np.ptp(lengths)) + 1)))
+        colour = self.palette_.loss if self.palette_ else "#7567ff"
+        self.histogram_bars = pg.BarGraphItem(x0=edges[:-1], x1=edges[1:], height=counts,
+                                              brush=pg.mkBrush(colour), pen=pg.mkPen(None))
+        self.histogram.addItem(self.histogram_bars)
+        self.histogram_note.setText(f"{lengths.size:,} rows · mean {lengths.mean():,.0f} tokens · "
+                                    f"the line marks max length ({limit:,})")
+
+    def _muted(self) -> str:
+        return self.palette_.muted if self.palette_ else "#888"
+
+    def apply_palette(self, palette: Palette) -> None:
+        super().apply_palette(palette)
+        self.histogram.setBackground(palette.surface)
+        for axis in ("left", "bottom"):
+            ax = self.histogram.getPlotItem().getAxis(axis)
+            ax.setPen(pg.mkPen(palette.grid))
+            ax.setTextPen(pg.mkPen(palette.muted))
+        self.limit_line.setPen(pg.mkPen(palette.danger, width=1.5, style=Qt.DashLine))
+        if self.histogram_bars is not None:
+            self.histogram_bars.setOpts(brush=pg.mkBrush(palette.loss))
+        self.demo_button.setIcon(icon("sparkle", palette.accent, 16))
+        self.check_button.setIcon(icon("check", "#ffffff", 14))
+        for split in ("train", "eval"):
+            add, folder, remove = getattr(self, f"{split}_buttons")
+            add.setIcon(icon("plus", palette.text, 14))
+            folder.setIcon(icon("folder", palette.text, 14))
+            remove.setIcon(icon("minus", palette.text, 14))
+        if self.result and self.result.preview and self.preview_table.selectionModel().selectedRows():
+            self._preview_selected()
+
+
+def highlight_html(pieces: list[Any], palette: Palette | None) -> str:
+    """The rendered row as HTML: trained runs on an accent background, image placeholders as pills."""
+    accent_bg = palette.accent_soft if palette else "#e7e4ff"
+    accent_fg = palette.accent_text if palette else "#4335c9"
+    muted = palette.muted if palette else "#666"
+    parts = []
+    for piece in pieces:
+        text = html.escape(piece.text)
+        if piece.kind == "image":
+            parts.append(f"<span style='background:{muted};color:white'>&nbsp;image · {piece.tokens} tokens&nbsp;"
+                         "</span>")
+        elif piece.trained:
+            parts.append(f"<span style='background:{accent_bg};color:{accent_fg};font-weight:600'>{text}</span>")
+        else:
+            parts.append(f"<span style='color:{muted}'>{text}</span>")
+    body = "".join(parts).replace("\n", "<br>")
+    return f"<div style='font-family:monospace;font-size:10pt;white-space:pre-wrap'>{body}</div>"
+
+
+def _report_html(report: DatasetReport) -> str:
+    lines = [f"<p><b>{report.rows_kept:,}</b> of {report.rows_read:,} rows kept"
+             + (f" ({report.format})" if report.format else "")
+             + (f"; {report.image_rows:,} with images" if report.image_rows else "")
+             + (f"; {report.held_out:,} held out for evaluation" if report.held_out else "") + ".</p>"]
+    for title, items in (("Could not read", report.problems), ("First skipped rows", report.skipped_examples),
+                         ("Notes", report.notes)):
+        if items:
+            lines.append(f"<p><b>{title}</b></p><ul>")
+            lines += [f"<li>{html.escape(item)}</li>" for item in items]
+            lines.append("</ul>")
+    return "".join(lines)
+
+
+def _prompt_and_response(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """The last user turn and the last assistant turn, as one line each."""
+    def text_of(message):
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = " ".join(part.get("text", "[image]") if part.get("type") == "text" else "[image]"
+                               for part in content)
+        return " ".join(str(content).split())
+
+    prompt = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    response = next((text_of(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
+    if not messages:
+        return "", ""
+    if not prompt and not response:  # plain text rows
+        prompt = text_of(messages[0])
+    return prompt, response
+
+
+def _thumbnail(source: str):
+    from PySide6.QtGui import QIcon
+
+    path = Path(str(source))
+    if not path.is_file():
+        return None
+    reader = QImageReader(str(path))
+    reader.setAutoTransform(True)
+    size = reader.size()
+    if size.isValid():
+        reader.setScaledSize(size.scaled(THUMBNAIL, THUMBNAIL, Qt.KeepAspectRatio))
+    image = reader.read()
+    return None if image.isNull() else QIcon(QPixmap.fromImage(image))
+
+
+def _display(entry: str) -> str:
+    return entry.removeprefix("bundled:") if entry.startswith("bundled:") else entry
