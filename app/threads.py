@@ -6,6 +6,7 @@ the GUI thread only ever receives plain Python objects (events, reports), never 
 from __future__ import annotations
 
 import inspect
+import os
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -159,7 +160,13 @@ TrainerFactory = Callable[[RunConfig, RunControl, "Path | None"], Iterable[Event
 def core_trainer(config: RunConfig, control: RunControl, resume: Path | None = None) -> Iterable[Event]:
     """Events of a core Trainer run, continuing the run in `resume` when given (torch is imported here, on the
     worker thread, when a run starts)."""
+    import torch
+
     from hone.core.trainer import Trainer
+
+    if not torch.cuda.is_available():
+        # A CPU run would otherwise take every core for its matmuls and starve the window's thread; leave it one.
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
 
     if resume is None:
         return Trainer(config, control).run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtWidgets import (
+    QApplication,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hone.app.compat import install_guards
 from hone.app.pages.base import Page
 from hone.app.pages.chat import ChatPage
 from hone.app.pages.data import DataPage
@@ -95,6 +97,7 @@ class MainWindow(QMainWindow):
     def __init__(self, settings: Settings | None = None, trainer: TrainerFactory = core_trainer,
                  theme: Theme | None = None, telemetry: bool = True):
         super().__init__()
+        install_guards(QApplication.instance())
         self.settings = settings or Settings()
         self.theme = theme or Theme.shared(self.settings.theme())
         self.state = AppState(self.settings, trainer, self)

@@ -26,28 +26,27 @@ from hone.app.theme import Palette, icon
 from hone.app.threads import Task, TaskError
 from hone.app.widgets.common import Card, label, set_role
 
-# What each format is for, in the user's words; a format core adds without an entry here shows its name.
-FORMAT_HELP = {
-    "adapter": "PEFT adapter folder: small, loads on top of the base model (transformers, peft, vLLM).",
-    "merged": "The adapter merged into the base model, saved as 16-bit safetensors: a standalone model.",
-    "gguf": "A single GGUF file for llama.cpp, LM Studio and Ollama (f16, bf16 or q8_0).",
-    "gguf-lora": "The adapter alone as a GGUF LoRA for llama.cpp (--lora), next to a GGUF base.",
-    "ollama": "A GGUF plus a Modelfile with the chat template: `ollama create` it and chat.",
-}
+
+def export_formats() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """(format -> description, format -> {type -> description}) as core offers them now."""
+    from hone.core.export import FORMAT_TYPES, SUPPORTED_FORMATS
+
+    return dict(SUPPORTED_FORMATS), {name: dict(types) for name, types in FORMAT_TYPES.items()}
 
 
-def supported_formats() -> tuple[str, ...]:
-    """The formats core can write now (the adapter folder at least)."""
-    from hone.core.export import SUPPORTED_FORMATS
+def default_out(run_dir: str, fmt: str) -> str:
+    """Where core writes an export when no folder is given: RUN_DIR/exports/<format>[-type]."""
+    from hone.core.export import parse_format
 
-    return tuple(SUPPORTED_FORMATS)
+    return str(Path(run_dir) / "exports" / parse_format(fmt).folder_name)
 
 
 def run_export(run_dir: str, fmt: str, out: str, force: bool, progress) -> Any:
-    """Export on a worker thread; `progress` forwards core's progress reports to the page."""
+    """Export on a worker thread; core's progress(stage, fraction) reports come back to the page."""
     from hone.core.export import export_run
 
-    return export_run(run_dir, fmt, out, force=force, progress=progress)
+    return export_run(run_dir, fmt, out or None, force=force, progress=lambda stage, fraction: progress(
+        (stage, fraction)))
 
 
 class ExportPage(Page):
@@ -88,13 +87,13 @@ class ExportPage(Page):
         target = Card("Destination")
         out_row = QHBoxLayout()
         self.out_edit = QLineEdit()
-        self.out_edit.setPlaceholderText("a new folder")
+        self.out_edit.setPlaceholderText("RUN_DIR/exports/FORMAT")
         out_row.addWidget(self.out_edit, 1)
         self.out_button = QPushButton("Choose…")
         self.out_button.clicked.connect(self._pick_out)
         out_row.addWidget(self.out_button)
         target.body.addLayout(out_row)
-        self.force_box = QCheckBox("Overwrite the folder if it exists")
+        self.force_box = QCheckBox("Replace an earlier export in that folder")
         target.body.addWidget(self.force_box)
         buttons = QHBoxLayout()
         self.export_button = set_role(QPushButton("Export"), "primary")
@@ -122,35 +121,60 @@ class ExportPage(Page):
     # ---- choices ----
     def _load_formats(self) -> None:
         try:
-            formats = supported_formats()
+            formats, self.format_types = export_formats()
         except ImportError:
-            formats = ()
-        for fmt in formats:
+            formats, self.format_types = {}, {}
+        for fmt, description in formats.items():
             button = QRadioButton(fmt)
-            button.setToolTip(FORMAT_HELP.get(fmt, ""))
+            button.setToolTip(description)
             self.format_group.addButton(button)
             self.format_buttons[fmt] = button
-            self.formats_layout.addWidget(button)
-            if fmt in FORMAT_HELP:
-                hint = label(FORMAT_HELP[fmt], "muted", wrap=True)
-                hint.setContentsMargins(26, 0, 0, 4)
-                self.formats_layout.addWidget(hint)
-            button.toggled.connect(self._suggest_out)
+            row = QHBoxLayout()
+            row.addWidget(button)
+            hint = label(description[0].upper() + description[1:] + ".", "muted", wrap=True)
+            row.addWidget(hint, 1)
+            self.formats_layout.addLayout(row)
+            button.toggled.connect(self._format_changed)
+        type_row = QHBoxLayout()
+        self.type_label = label("Type")
+        self.type_box = QComboBox()
+        self.type_box.setMinimumWidth(320)
+        self.type_box.currentIndexChanged.connect(self._suggest_out)
+        type_row.addWidget(self.type_label)
+        type_row.addWidget(self.type_box)
+        type_row.addStretch(1)
+        self.formats_layout.addLayout(type_row)
         if formats:
-            self.format_buttons[formats[0]].setChecked(True)
-            self.formats_note.setText("")
+            self.format_buttons[next(iter(formats))].setChecked(True)
         else:
             self.formats_note.setText("This installation of Hone has no exporter (hone.core.export is missing).")
+        self._format_changed()
+
+    def _format_changed(self, *_: Any) -> None:
+        types = self.format_types.get(self.selected_format(), {})
+        self.type_box.blockSignals(True)
+        self.type_box.clear()
+        for name, description in types.items():
+            self.type_box.addItem(f"{name} — {description}", name)
+        self.type_box.blockSignals(False)
+        self.type_box.setVisible(bool(types))
+        self.type_label.setVisible(bool(types))
+        self._suggest_out()
         self._update_buttons()
 
     def selected_format(self) -> str:
+        """The format with its type, as export_run takes it (e.g. "gguf:q8_0")."""
         for fmt, button in self.format_buttons.items():
             if button.isChecked():
-                return fmt
+                kind = self.type_box.currentData() if self.format_types.get(fmt) else None
+                return f"{fmt}:{kind}" if kind else fmt
         return ""
 
     def select_format(self, fmt: str) -> None:
-        self.format_buttons[fmt].setChecked(True)
+        name, _, kind = fmt.partition(":")
+        self.format_buttons[name].setChecked(True)
+        if kind:
+            self.type_box.setCurrentIndex(self.type_box.findData(kind))
 
     def refresh_runs(self) -> None:
         from hone.core.runs import list_runs
@@ -190,7 +214,7 @@ class ExportPage(Page):
     def _suggest_out(self, *_: Any) -> None:
         run_dir, fmt = self.run_dir(), self.selected_format()
         if run_dir and fmt:
-            self.out_edit.setText(str(Path(run_dir) / "exports" / fmt))
+            self.out_edit.setText(default_out(run_dir, fmt))
 
     # ---- exporting ----
     def export(self) -> None:
@@ -206,25 +230,24 @@ class ExportPage(Page):
         self.task = Task(run_export, run_dir, fmt, out, self.force_box.isChecked(),
                          on_result=self._done, on_error=self._failed, on_progress=self._progress)
 
-    def _progress(self, value: Any) -> None:
-        """core reports a fraction, (done, total) or (fraction, message)."""
-        fraction, message = _progress_parts(value)
-        if fraction is not None:
-            self.progress.setValue(int(1000 * max(0.0, min(1.0, fraction))))
-        if message:
-            self.status.setText(message)
+    def _progress(self, value: tuple[str, float]) -> None:
+        stage, fraction = value
+        self.progress.setValue(int(1000 * max(0.0, min(1.0, fraction))))
+        self.status.setText(stage[0].upper() + stage[1:] if stage else "")
 
     def _done(self, result: Any) -> None:
         self.result = result
         self.progress.setValue(1000)
-        out = Path(getattr(result, "out", None) or getattr(result, "path", None) or self.out_edit.text())
-        files = getattr(result, "files", None) or []
-        checks = getattr(result, "checks", None) or getattr(result, "check", None)
-        lines = [f"Wrote {len(files)} file{'s' if len(files) != 1 else ''} to {out}" if files else f"Wrote {out}"]
-        if checks:
-            lines.append(f"Checked: {checks}")
+        count = len(result.files)
+        lines = [f"Wrote {count} file{'s' if count != 1 else ''} to {result.path}"]
+        numbers = [f"{name} {value:.3g}" if isinstance(value, float) else f"{name} {value}"
+                   for name, value in result.checks.items() if not name.endswith(".tolerance")]
+        if numbers:
+            lines.append("Checks: " + ", ".join(numbers))
+        lines += [f"Check failed: {failure}" for failure in result.failures]
         self.status.setText("\n".join(lines))
-        set_role(self.status, "ok")
+        set_role(self.status, "ok" if result.passed else "error")
+        self.out_edit.setText(str(result.path))
         self.open_button.setEnabled(True)
         self._update_buttons()
         self.exported.emit(result)
@@ -261,20 +284,3 @@ class ExportPage(Page):
         self.export_button.setIcon(icon("export", "#ffffff", 14))
         for button in (self.run_button, self.out_button, self.open_button):
             button.setIcon(icon("folder", palette.text, 16))
-
-
-def _progress_parts(value: Any) -> tuple[float | None, str]:
-    if isinstance(value, (int, float)):
-        return float(value), ""
-    if isinstance(value, str):
-        return None, value
-    if isinstance(value, tuple):
-        numbers = [v for v in value if isinstance(v, (int, float))]
-        text = " ".join(v for v in value if isinstance(v, str))
-        if len(numbers) >= 2 and numbers[1]:
-            return numbers[0] / numbers[1], text
-        if numbers:
-            return float(numbers[0]), text
-        return None, text
-    fraction = getattr(value, "fraction", None)
-    return fraction, str(getattr(value, "message", "") or "")
