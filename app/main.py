@@ -75,6 +75,10 @@ def apply_choices(window, args: argparse.Namespace) -> None:
     if args.data:
         window.page("data").set_files([str(Path(f).expanduser()) for f in args.data], check=True)
     if args.run:
+        if args.screenshot:  # the scratch settings list the run's own folder on Runs, Chat and Export
+            window.state.update(f'output.runs_dir="{Path(args.run).resolve().parent.as_posix()}"')
+            for name in ("runs", "chat", "export"):
+                window.page(name).shown()
         window.monitor.show_run(args.run)
         window.page("chat").select_run(args.run)
         window.page("export").set_run(args.run)

@@ -29,17 +29,22 @@ from hone.core.events import (
     StepMetrics,
 )
 
-# Charts redraw at most this often: ten frames a second reads as live and leaves the GUI thread idle.
-FLUSH_INTERVAL_MS = 100
-# Weight of history in the smoothed loss (TensorBoard's default smoothing, debiased for the first steps).
-SMOOTHING = 0.9
+# One chart redraws per tick, in turn: a chart's repaint costs 10-50 ms of the GUI thread on a loaded CPU, so
+# repainting all of them at once would stall the window; in turn, each of the five redraws about four times a
+# second (the page as a whole twenty), and the longest pause the window sees is one chart's repaint.
+FLUSH_INTERVAL_MS = 50
+# The numbers (tiles, progress, ETA) refresh at most this often.
+TILES_INTERVAL_S = 0.2
+# Weight of history in the smoothed loss (debiased for the first steps): 0.8 follows a short run's trend within
+# a few steps while still averaging out step-to-step noise.
+SMOOTHING = 0.8
 # Step times averaged for the ETA: long enough to ride over eval/checkpoint pauses, short enough to follow change.
 ETA_WINDOW = 20
 # Step lines in the log at most this often (the charts carry every step).
 LOG_STEP_EVERY_S = 2.0
 GIB = 2**30
 # Plot height: two rows of charts, the numbers and the progress fit a 900-pixel-high window.
-CHART_HEIGHT = 200
+CHART_HEIGHT = 210
 
 
 class SmoothedLoss:
@@ -130,7 +135,7 @@ class MonitorPage(Page):
         self.util_chart.plot.getPlotItem().setLabel("bottom", "seconds")
         self.charts = [self.loss_chart, self.speed_chart, self.memory_chart, self.util_chart, self.lr_chart]
         for chart in (*self.charts, self.expert_chart):
-            chart.plot.setMinimumHeight(CHART_HEIGHT)
+            chart.plot.setFixedHeight(CHART_HEIGHT)
 
         grid = QGridLayout()
         grid.setSpacing(12)
@@ -155,7 +160,9 @@ class MonitorPage(Page):
         self._reset()
         self.flush_timer = QTimer(self)
         self.flush_timer.setInterval(FLUSH_INTERVAL_MS)
-        self.flush_timer.timeout.connect(self.flush)
+        self.flush_timer.timeout.connect(self._tick)
+        self._next_chart = 0
+        self._tiles_at = 0.0
         self.flush_timer.start()
         state.session.event.connect(self._live_event)
         state.session.running_changed.connect(self._running_changed)
@@ -168,6 +175,8 @@ class MonitorPage(Page):
         self.expert_chart.clear()
         self.expert_chart.hide()
         self.loss_chart.set_empty_text("Waiting for the first step")
+        self.memory_chart.set_empty_text("Device memory appears here while a run trains")
+        self.util_chart.set_empty_text("GPU load appears here while a run trains on an NVIDIA GPU")
         self.smoother = SmoothedLoss()
         self.step_times: deque[float] = deque(maxlen=ETA_WINDOW)
         self.started: RunStarted | None = None
@@ -274,13 +283,33 @@ class MonitorPage(Page):
         self._tiles_dirty = True
 
     def flush(self) -> None:
-        """Redraw what changed since the last tick (called by the ~10 Hz timer)."""
-        for chart in self.charts:
+        """Redraw everything that changed (replays, screenshots, showing the page)."""
+        if not self._drawable():
+            return
+        for chart in (*self.charts, self.expert_chart):
             chart.flush()
-        self.expert_chart.flush()
-        if self._tiles_dirty:
+        self._tiles_dirty = False
+        self._update_tiles()
+
+    def _tick(self) -> None:
+        """The timer's tick: redraw the next chart that has new points, and the numbers when due."""
+        if not self._drawable():
+            return
+        charts = (*self.charts, self.expert_chart)
+        for offset in range(len(charts)):
+            chart = charts[(self._next_chart + offset) % len(charts)]
+            if chart.flush():
+                self._next_chart = (self._next_chart + offset + 1) % len(charts)
+                break
+        now = time.monotonic()
+        if self._tiles_dirty and now - self._tiles_at >= TILES_INTERVAL_S:
             self._tiles_dirty = False
+            self._tiles_at = now
             self._update_tiles()
+
+    def _drawable(self) -> bool:
+        # while the page is hidden the points only accumulate (drawing them would cost the GUI thread for nothing)
+        return self.isVisible() or not self.window().isVisible()
 
     # ---- run control ----
     def _toggle_pause(self) -> None:
@@ -403,6 +432,9 @@ class MonitorPage(Page):
                 self.handle(event)
         finally:
             self.show_dialogs = show_dialogs
+        self.flush()
+
+    def shown(self) -> None:
         self.flush()
 
     def apply_palette(self, palette: Palette) -> None:

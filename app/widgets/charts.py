@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QWidget
 
 from hone.app.theme import Palette
 from hone.app.widgets.common import Card
@@ -82,12 +82,11 @@ class LiveChart(Card):
         self.plot.setMenuEnabled(False)
         self.plot.hideButtons()
         item = self.plot.getPlotItem()
-        item.showGrid(x=True, y=True, alpha=0.35)
+        item.showGrid(x=False, y=True, alpha=0.25)
         item.setClipToView(True)
         item.setDownsampling(auto=True, mode="peak")
         item.getViewBox().setMouseEnabled(x=True, y=False)
         self.legend = item.addLegend(offset=(-8, 8), labelTextSize="8pt")
-        self.legend_row = QHBoxLayout()
         self.body.addWidget(self.plot, 1)
         self.series: dict[str, _Series] = {}
         self._palette: Palette | None = None
@@ -127,6 +126,8 @@ class LiveChart(Card):
                 redrawn += 1
         if redrawn:
             self._update_headline()
+            if any(series.buffer.n for series in self.series.values()):
+                self._empty.setVisible(False)
         return redrawn
 
     def clear(self) -> None:
@@ -179,7 +180,6 @@ class LiveChart(Card):
         if first and first.buffer.n:
             value = self._y_format.format(first.buffer.y[-1])
             self.headline.setText(f"{value} {self._unit}".strip())
-            self._empty.setVisible(False)
 
 
 class BarChart(Card):
@@ -243,13 +243,3 @@ class BarChart(Card):
     def _style(self) -> None:
         if self.bars is not None and self._palette:
             self.bars.setOpts(brush=pg.mkBrush(self._palette.loss), pen=pg.mkPen(None))
-
-
-def chart_column(*widgets: QWidget) -> QWidget:
-    holder = QWidget()
-    layout = QVBoxLayout(holder)
-    layout.setContentsMargins(0, 0, 0, 0)
-    layout.setSpacing(12)
-    for widget in widgets:
-        layout.addWidget(widget)
-    return holder
