@@ -73,7 +73,6 @@ class FloatSpinBox(QDoubleSpinBox):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setDecimals(12)
-        self.setButtonSymbols(QAbstractSpinBox.NoButtons)
         self.setStepType(QAbstractSpinBox.AdaptiveDecimalStepType)
         self.setKeyboardTracking(True)
 
@@ -180,7 +179,6 @@ class ConfigForm(QWidget):
             editor.toggled.connect(self._edited)
         elif hint is int:
             editor = QSpinBox()
-            editor.setButtonSymbols(QAbstractSpinBox.NoButtons)  # typed or scrolled; arrows only add clutter
             editor.setRange(int(low) if low is not None else -(2**31), int(high) if high is not None else 2**31 - 1)
             editor.setGroupSeparatorShown(True)
             editor.valueChanged.connect(self._edited)
