@@ -125,6 +125,7 @@ class MainWindow(QMainWindow):
             self.nav.addItem(item)
         self.nav.currentRowChanged.connect(self._nav_changed)
         self.state.page_requested.connect(self.show_page)
+        self.pages["runs"].open_requested.connect(self.open_run)
         self.state.session.event.connect(self.badge.event_arrived)
         self.state.session.running_changed.connect(self.badge.running_changed)
         self.state.session.running_changed.connect(self._running_changed)
@@ -154,6 +155,13 @@ class MainWindow(QMainWindow):
         if name not in self.pages:
             raise KeyError(f"no page {name!r}; pages are {', '.join(PAGE_NAMES)}")
         self.nav.setCurrentRow(PAGE_NAMES.index(name))
+
+    def open_run(self, run_dir: str) -> None:
+        """Show a past run in the Monitor (and make it the run Chat and Export offer)."""
+        self.monitor.show_run(run_dir)
+        self.pages["chat"].select_run(run_dir)
+        self.pages["export"].set_run(run_dir)
+        self.show_page("monitor")
 
     def current_page(self) -> str:
         return PAGE_NAMES[self.stack.currentIndex()]

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtCore import QItemSelectionModel, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -135,8 +135,8 @@ class RunsPage(Page):
         self.table.clearSelection()
         for row in rows:
             self.table.selectionModel().select(self.table.model().index(row, 0),
-                                               self.table.selectionModel().Select
-                                               | self.table.selectionModel().Rows)
+                                               QItemSelectionModel.SelectionFlag.Select
+                                               | QItemSelectionModel.SelectionFlag.Rows)
 
     def _selection_changed(self) -> None:
         chosen = self.selected_dirs()

@@ -103,3 +103,15 @@ def test_bad_settings_are_rejected_with_advice():
 
     with pytest.raises(ConfigError, match="temperature"):
         GenerationSettings(temperature=-1)
+
+
+def test_tuned_side_can_continue_its_own_conversation(base_and_peft):
+    _, tuned, tokenizer = base_and_peft
+    settings = GenerationSettings(max_new_tokens=8)
+    tuned_history = [*MESSAGES, {"role": "assistant", "content": "Red."}, {"role": "user", "content": "More?"}]
+    got = {BASE: "", TUNED: ""}
+    for side, piece in stream_side_by_side(tuned, tokenizer, MESSAGES, settings, tuned_messages=tuned_history):
+        got[side] += piece
+    alone = "".join(stream_reply(tuned, tokenizer, tuned_history, settings, adapter_enabled=True))
+    assert got[TUNED] == alone
+    assert got[BASE] == "".join(stream_reply(tuned, tokenizer, MESSAGES, settings, adapter_enabled=False))
