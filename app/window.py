@@ -101,6 +101,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or Settings()
         self.theme = theme or Theme.shared(self.settings.theme())
         self.state = AppState(self.settings, trainer, self)
+        self.setAttribute(Qt.WA_DeleteOnClose)  # closing frees every page, chart and timer at once
         self.setWindowTitle("Hone Studio")
         self.setWindowIcon(logo_pixmap(64))
         self.setMinimumSize(QSize(980, 640))

@@ -28,20 +28,23 @@ def make_window(qtbot, settings):
 
     def make(**kwargs):
         kwargs.setdefault("telemetry", False)
-        window = MainWindow(settings, **kwargs)
-        qtbot.addWidget(window)
+        window = MainWindow(settings, **kwargs)  # deletes itself when closed (here, or by the test)
         window.resize(1280, 820)
         window.show()
         made.append(window)
         return window
 
     yield make
+    from shiboken6 import isValid
+
     for window in made:
+        if not isValid(window):  # closed (and so deleted) by the test itself
+            continue
         if window.state.session.is_running:
             window.state.session.stop()
             window.state.session.wait(30_000)
-        window.telemetry.shutdown()
-        window.page("chat").shutdown()
+            qtbot.waitUntil(lambda w=window: not w.state.session.is_running, timeout=30_000)
+        window.close()
 
 
 @pytest.fixture
