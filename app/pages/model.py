@@ -93,7 +93,7 @@ class ModelPage(Page):
         state.model_info_changed.connect(self._show_info)
         self._show_info(state.model_info)
         if state.model_info is None:
-            self.status.setText("Details appear once you choose a model (press Use model).")
+            self._say("Details appear once you choose a model (press Use model).")
 
     # ---- choosing ----
     def use_typed(self) -> None:
@@ -102,7 +102,7 @@ class ModelPage(Page):
     def choose(self, name_or_path: str) -> None:
         """Make `name_or_path` the run's model and read its details off the GUI thread."""
         if not name_or_path:
-            self.status.setText("Type a model id or pick a folder or file first.")
+            self._say("Type a model id or pick a folder or file first.")
             return
         if self.task and self.task.is_running():
             return
@@ -111,14 +111,14 @@ class ModelPage(Page):
         self._refresh_recents()
         self.busy.show()
         self.use_button.setEnabled(False)
-        self.status.setText(f"Reading {name_or_path}…")
+        self._say(f"Reading {name_or_path}…")
         self.task = Task(inspect, name_or_path, on_result=lambda info: self._inspected(name_or_path, info),
                          on_error=self._failed)
 
     def _inspected(self, name_or_path: str, info: Any) -> None:
         self.busy.hide()
         self.use_button.setEnabled(True)
-        self.status.setText("")
+        self._say("")
         self.state.set_model_info(name_or_path, info)
         self.inspected.emit(self.state.model_info)
 
@@ -126,9 +126,13 @@ class ModelPage(Page):
         self.busy.hide()
         self.use_button.setEnabled(True)
         advice = f"\n{error.advice[0].upper()}{error.advice[1:]}." if error.advice else ""
-        self.status.setText(f"Could not read this model: {error.message}{advice}")
+        self._say(f"Could not read this model: {error.message}{advice}")
         set_role(self.status, "error")
         self.inspected.emit(error)
+
+    def _say(self, text: str) -> None:
+        self.status.setText(text)
+        self.status.setVisible(bool(text))
 
     def _pick_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Model folder")

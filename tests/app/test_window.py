@@ -117,3 +117,26 @@ def test_an_exception_in_the_trainer_becomes_a_failed_event(qtbot, make_window):
 
 def test_settings_file_is_the_one_given(settings, tmp_path):
     assert QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat).value("config/toml")
+
+
+def test_resume_continues_a_run_with_its_own_config(qtbot, make_window, tmp_path):
+    seen = []
+
+    def recording(config, control, resume=None):
+        seen.append((config, resume))
+        yield RunFinished(step=3, run_dir=str(resume), adapter_dir="", final_loss=1.0, elapsed=0.1)
+
+    window = make_window(trainer=recording)
+    run_dir = tmp_path / "runs" / "old"
+    _write_run(run_dir, [2.0, 1.5, 1.0])
+    stored = RunConfig().with_overrides(["lora.r=7", "train.max_steps=3"])
+    stored.save(run_dir / "config.toml")
+    page = window.page("runs")
+    page.refresh()
+    page.select([0])
+    page.resume_button.click()
+    qtbot.waitUntil(lambda: not window.state.session.is_running and bool(seen), timeout=10_000)
+    config, resume = seen[0]
+    assert resume == run_dir and config == RunConfig.load(run_dir / "config.toml")
+    assert config.lora.r == 7, "the run's own settings, not the form's"
+    assert window.current_page() == "monitor"
