@@ -18,13 +18,16 @@ from hone.core.resources import resolve_bundled, resource_path
 DEMO_CONFIG = "configs/demo.toml"
 
 
-def demo_config(runs_dir: str | None = None, steps: int | None = None) -> RunConfig:
+def demo_config(runs_dir: str | None = None, steps: int | None = None, model: str | None = None) -> RunConfig:
+    """The bundled demo config, optionally with another runs folder, step count or model."""
     config = RunConfig.load(resource_path(DEMO_CONFIG))
     overrides = []
     if runs_dir:
         overrides.append(f"output.runs_dir={json.dumps(runs_dir)}")
     if steps:
         overrides.append(f"train.max_steps={steps}")
+    if model:
+        overrides.append(f"model.name_or_path={json.dumps(model)}")
     return config.with_overrides(overrides) if overrides else config
 
 

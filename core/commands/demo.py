@@ -12,6 +12,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default=None, help="where the run folder goes (default: ./runs)")
     p.add_argument("--steps", type=int, default=None, help="train this many steps instead of one epoch")
     p.add_argument("--eval-rows", type=int, default=None, help="score on the first N held-out rows only")
+    p.add_argument("--model", default=None, help="try the task on another model (an id, folder or .gguf) instead "
+                   "of the bundled SmolLM2-135M-Instruct")
     return p
 
 
@@ -21,7 +23,7 @@ def run(args) -> int:
     from hone.core.commands.console import EventPrinter
     from hone.core.demo import demo_config, run_demo
 
-    config = demo_config(args.runs_dir, args.steps)
+    config = demo_config(args.runs_dir, args.steps, args.model)
     with EventPrinter() as printer:
         console = printer.console
         demo = run_demo(config, eval_rows=args.eval_rows, on_stage=lambda text: console.print(f"[bold]{text}"))
@@ -35,7 +37,7 @@ def run(args) -> int:
     table = Table(title="held-out exact match (answer must equal the reference JSON line)")
     table.add_column("model")
     table.add_column("exact", justify="right")
-    table.add_row("SmolLM2-135M-Instruct", f"{result.before.correct}/{result.before.total} "
+    table.add_row(config.model.name_or_path, f"{result.before.correct}/{result.before.total} "
                   f"({100 * result.before.rate:.0f}%)")
     table.add_row("+ Hone LoRA", f"{result.after.correct}/{result.after.total} ({100 * result.after.rate:.0f}%)")
     console.print(table)
