@@ -61,6 +61,12 @@ SHAPES: dict[str, Shape] = {
                                         rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0,
                                                           truncate=False, original_max_position_embeddings=4096)),
                         "gpt-oss-20b shape"),
+    # HuggingFaceTB/SmolLM2-135M-Instruct (the bundled demo model's shape)
+    "smollm2-135m": Shape("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                        num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                                        max_position_embeddings=8192, tie_word_embeddings=True, hidden_act="silu",
+                                        rope_theta=100000.0, bos_token_id=1, eos_token_id=2, pad_token_id=2),
+                          "SmolLM2-135M shape"),
     # ---- tiny versions: same architecture, CPU-sized. The vocabulary fits the SmolLM2 tokenizer used in tests.
     "tiny-dense": Shape("qwen3", dict(_QWEN3_COMMON, vocab_size=49152, hidden_size=64, intermediate_size=128,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

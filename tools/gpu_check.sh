@@ -57,20 +57,35 @@ env_info() {
 datasets.__version__)"
 }
 
-spine_run() {  # a short LoRA run of a Qwen3-0.6B-shaped random-init model through `hone train`
-  local dir=/tmp/hone-spine
-  rm -rf "$dir" && mkdir -p "$dir"
-  python3 - "$dir" <<'EOF'
+# random_model SHAPE DIR: a random-init model folder of that shape with the SmolLM2 tokenizer (from the bundled
+# GGUF, or from a tokenizer folder carried as .gguf/tok when the 98 MB GGUF cannot travel).
+random_model() {
+  python3 - "$1" "$2" <<'EOF'
 import sys
 from pathlib import Path
 from transformers import AutoTokenizer
-from hone.core.resources import smollm2_gguf
 from hone.core.shapes import build_model
-folder = Path(sys.argv[1]) / "model"
-build_model("dense-0.6b", dtype=None).save_pretrained(folder)
-gguf = smollm2_gguf()
-AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+shape, folder = sys.argv[1], Path(sys.argv[2])
+build_model(shape).save_pretrained(folder)
+if Path(".gguf/tok/tokenizer.json").is_file():
+    tokenizer = AutoTokenizer.from_pretrained(".gguf/tok")
+else:
+    from hone.core.resources import smollm2_gguf
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+tokenizer.save_pretrained(folder)
 EOF
+}
+
+demo_shape() {  # the demo's whole pipeline on a random-init SmolLM2-135M-shaped model (timing, not the score)
+  rm -rf /tmp/hone-demo-shape && random_model smollm2-135m /tmp/hone-demo-shape/model \
+    && python3 -m hone.core.cli demo --model /tmp/hone-demo-shape/model --runs-dir /tmp/hone-demo-shape/runs
+}
+
+spine_run() {  # a short LoRA run of a Qwen3-0.6B-shaped random-init model through `hone train`
+  local dir=/tmp/hone-spine
+  rm -rf "$dir" && mkdir -p "$dir"
+  random_model dense-0.6b "$dir/model"
   cat >"$dir/run.toml" <<EOF
 [model]
 name_or_path = "$dir/model"
@@ -96,7 +111,7 @@ print("spine run: median tokens/s", round(statistics.median(s["tokens_per_s"] fo
 EOF
 }
 
-export -f env_info spine_run
+export -f env_info spine_run random_model demo_shape
 
 gpu_tests() {  # gpu_tests NAME SECONDS paths...
   local name=$1 limit=$2
@@ -124,6 +139,7 @@ for s in "$@"; do
                   --ignore=tests/core/test_fused_gpu.py --ignore=tests/core/test_offload_gpu.py ;;
     spine) stage spine 150 spine_run ;;
     demo) stage demo 240 python3 -m hone.core.cli demo --runs-dir /tmp/hone-demo ;;
+    demo-shape) stage demo-shape 240 demo_shape ;;
     micro-kernels) stage micro-kernels 120 python3 -m hone.kernels.benchmark --json "$out/micro-kernels.json" ;;
     bench-dense) bench bench-dense 240 dense-0.6b --steps 3 --warmup 1 --only \
                    'hone-base,attn-varlen,attn-varlen-per-layer,attn-sdpa,loss-chunked,attn+loss,ckpt-off,ckpt-offload,ckpt-offload-double,kernels,all,all+compile' ;;
