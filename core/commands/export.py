@@ -1,0 +1,56 @@
+"""`hone export RUN_DIR --format FORMAT[:TYPE] [--out DIR] [--force]`."""
+
+from __future__ import annotations
+
+import argparse
+
+from hone.core.export.formats import FORMAT_TYPES, SUPPORTED_FORMATS
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    formats = "\n".join(f"  {name:<10} {text}" + (f"\n{'':13}types: {', '.join(FORMAT_TYPES[name])}"
+                                                    if FORMAT_TYPES[name] else "")
+                        for name, text in SUPPORTED_FORMATS.items())
+    p = sub.add_parser("export", help="export a run: adapter, merged model, GGUF, GGUF LoRA or Ollama",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Export a trained run and prove the result by reading it back (logits, "
+                       "tensors, tokenizer, template).\n\nformats:\n" + formats)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder (holds config.toml and adapter/)")
+    p.add_argument("--format", "-f", dest="fmt", default="adapter", metavar="FORMAT[:TYPE]",
+                   help="adapter | merged[:bf16|f16] | gguf[:TYPE] | gguf-lora[:f32|f16|bf16] | ollama[:TYPE] "
+                   "(default: adapter; GGUF types default to q8_0)")
+    p.add_argument("--out", "-o", default=None, metavar="DIR",
+                   help="output folder (default: RUN_DIR/exports/<format>[-type])")
+    p.add_argument("--force", action="store_true",
+                   help="replace an output folder that an earlier export wrote (never any other folder)")
+    return p
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from hone.core.export import export_run, parse_format
+
+    parse_format(args.fmt)  # a wrong format fails before anything loads
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("starting", total=1.0)
+        result = export_run(args.run_dir, args.fmt, args.out, force=args.force,
+                            progress=lambda stage, done: bar.update(task, description=stage, completed=done))
+    table = Table(title=f"{result.format} export checks", title_justify="left", show_header=False)
+    for name, value in result.checks.items():
+        text = f"{value:.3g}" if isinstance(value, float) else str(value)
+        table.add_row(name, f"[red]{text}[/red]" if text.startswith("FAILED") else text)
+    console.print(table)
+    for path in result.files:
+        console.print(f"  {path}")
+    if not result.passed:
+        for failure in result.failures:
+            console.print(f"[red]check failed:[/red] {failure}")
+        console.print(f"[red]export written to {result.path} but it did not pass its checks[/red]")
+        return 1
+    console.print(f"[green]exported[/green] {result.format} to {result.path} (all checks passed)")
+    return 0

@@ -1,0 +1,192 @@
+"""`ollama`: a GGUF of the merged model plus a Modelfile (`ollama create NAME -f Modelfile`).
+
+The Modelfile's TEMPLATE is the run's chat template rewritten in Ollama's Go template syntax. Hone learns the
+template's per-role wrappers by rendering it (chat_layout.py) and writes them as one Go template over
+`.Messages`; the template's default system prompt becomes SYSTEM (Ollama inserts it when a conversation has
+none). Templates that are not fixed per-message wrappers (ChatML, Llama 3, Zephyr and most others are) get a clear
+error rather than a guess. Stop tokens: the text that ends an assistant turn, the special tokens that open a
+turn, and EOS. Parameters: the context length and the base model's sampling defaults (generation_config.json).
+
+Check: the Modelfile is parsed back; FROM names the GGUF beside it; the TEMPLATE, rendered the way Ollama does
+(Go text/template semantics, default system inserted, BOS added by llama.cpp), produces exactly the text the
+original template produces for several conversations; every stop string is one token of the vocabulary.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hone.core.export.chat_layout import ROLES, ChatLayout, infer_layout, verify_layout
+from hone.core.export.checks import CheckLog
+from hone.core.export.formats import DEFAULT_GGUF_TYPE, ExportError, ExportResult, ExportSpec
+from hone.core.export.go_template import GoTemplateError
+from hone.core.export.go_template import render as render_go
+from hone.core.export.gguf_model import _steps_for, write_checked_gguf
+from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
+
+MODELFILE = "Modelfile"
+# Ollama's context window when the Modelfile sets none is small; 4096 tokens fits a normal chat and keeps the KV
+# cache modest on laptops. Capped at the model's own context length; edit num_ctx for long documents.
+NUM_CTX = 4096
+# generation_config.json field -> Ollama PARAMETER name
+_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "repetition_penalty": "repeat_penalty",
+             "min_p": "min_p"}
+
+
+def go_template(layout: ChatLayout) -> str:
+    """The layout as an Ollama template over .Messages (the last assistant message stays open, as Ollama's own
+    templates do, so a partial answer can be continued)."""
+    texts = [t for role in ROLES for t in layout.wrap[role]] + [layout.generation_prompt]
+    if any("{{" in t or "}}" in t for t in texts):
+        raise ExportError("the chat template's text contains '{{' or '}}', which Ollama templates cannot hold",
+                          "export gguf and write the Ollama TEMPLATE by hand")
+    (sp, ss), (up, us), (ap, asuf) = (layout.wrap[r] for r in ROLES)
+    return ('{{ range $i, $_ := .Messages }}{{ $last := eq (len (slice $.Messages $i)) 1 }}'
+            f'{{{{ if eq .Role "system" }}}}{sp}{{{{ .Content }}}}{ss}'
+            f'{{{{ else if eq .Role "user" }}}}{up}{{{{ .Content }}}}{us}'
+            f'{{{{ else if eq .Role "assistant" }}}}{ap}{{{{ .Content }}}}{{{{ if not $last }}}}{asuf}{{{{ end }}}}'
+            f'{{{{ end }}}}{{{{ if and $last (ne .Role "assistant") }}}}{layout.generation_prompt}{{{{ end }}}}'
+            '{{ end }}')
+
+
+def stop_strings(layout: ChatLayout, tokenizer) -> list[str]:
+    """Strings that end the assistant's turn: the turn-end token, special tokens that open a turn, EOS."""
+    special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()
+                                                   if t.special}
+    stops = []
+    if layout.turn_end:
+        stops.append(layout.turn_end)
+    for role in ROLES:
+        prefix = layout.wrap[role][0]
+        stops += sorted((t for t in special if t and t in prefix), key=prefix.index)
+    if tokenizer.eos_token:
+        stops.append(tokenizer.eos_token)
+    return list(dict.fromkeys(s for s in stops if s.strip()))
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _block(text: str) -> str:
+    if '"""' in text:
+        raise ExportError('the chat template contains """, which a Modelfile block cannot hold',
+                          "export gguf and write the Modelfile by hand")
+    return f'"""{text}"""'
+
+
+def sampling_parameters(folder) -> dict[str, float]:
+    """Sampling settings the base model ships in generation_config.json (only those it sets)."""
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        return {}
+    diff = config.to_diff_dict()
+    return {ollama: diff[hf] for hf, ollama in _SAMPLING.items() if isinstance(diff.get(hf), (int, float))}
+
+
+def write_modelfile(path: Path, gguf_name: str, layout: ChatLayout, stops: list[str], parameters: dict,
+                    run_name: str) -> None:
+    lines = [f"# Modelfile written by Hone Studio for run {run_name}.",
+             f"# Create the model: ollama create {re.sub(r'[^a-z0-9._-]+', '-', run_name.lower())} -f {MODELFILE}",
+             f"FROM ./{gguf_name}", f"TEMPLATE {_block(go_template(layout))}"]
+    if layout.default_system is not None:
+        lines.append(f"SYSTEM {_block(layout.default_system)}")
+    lines += [f"PARAMETER stop {_quoted(stop)}" for stop in stops]
+    lines += [f"PARAMETER {name} {value}" for name, value in parameters.items()]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return re.sub(r'\\(.)', r"\1", text[1:-1])
+    return text
+
+
+def parse_modelfile(text: str) -> dict[str, list[str]]:
+    """Instruction -> its arguments in order, reading \"\"\"-blocks across lines as Ollama does."""
+    parsed: dict[str, list[str]] = {}
+    lines, i = text.split("\n"), 0
+    while i < len(lines):
+        raw = lines[i].lstrip()
+        i += 1
+        if not raw.strip() or raw.startswith("#"):
+            continue
+        word, _, arg = raw.partition(" ")
+        arg = arg.lstrip()
+        if arg.startswith('"""'):
+            body = arg[3:]
+            while '"""' not in body:
+                if i >= len(lines):
+                    raise ValueError(f'{word}: a """ block is not closed')
+                body, i = body + "\n" + lines[i], i + 1
+            arg = body[:body.index('"""')]
+        else:
+            arg = arg.strip()
+        parsed.setdefault(word.upper(), []).append(arg)
+    return parsed
+
+
+def check_modelfile(folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer, log: CheckLog) -> None:
+    parsed = parse_modelfile((folder / MODELFILE).read_text(encoding="utf-8"))
+    source = parsed.get("FROM", [""])[0]
+    log.require("ollama.from", (folder / source).resolve() == gguf_path.resolve() and gguf_path.is_file(),
+                f"the Modelfile's FROM {source!r} does not name the GGUF beside it")
+    template = parsed.get("TEMPLATE", [""])[0]
+    system = parsed.get("SYSTEM", [None])[0]
+
+    def ollama_render(messages):
+        if system is not None and messages[0]["role"] != "system":  # what Ollama does with SYSTEM
+            messages = [{"role": "system", "content": system}, *messages]
+        data = {"Messages": [{"Role": m["role"], "Content": m["content"]} for m in messages], "System": system or ""}
+        return layout.bos + render_go(template, data)  # llama.cpp adds BOS itself (add_bos_token)
+
+    try:
+        mismatches = verify_layout(layout, tokenizer, ollama_render)
+    except GoTemplateError as e:
+        mismatches = [f"the template does not render: {e}"]
+    log.require("ollama.template", not mismatches, f"the Ollama TEMPLATE renders differently from the chat "
+                f"template: {mismatches[:1]}")
+    stops = [_unquote(p.partition(" ")[2]) for p in parsed.get("PARAMETER", []) if p.startswith("stop ")]
+    vocab = tokenizer.get_vocab()
+    log.require("ollama.stop_tokens", bool(stops) and all(s in vocab for s in stops),
+                f"stop strings that are not single tokens of the vocabulary: {[s for s in stops if s not in vocab]}")
+    log.note("ollama.stops", ", ".join(stops))
+
+
+def export_ollama(run_dir, out=None, *, qtype: str | None = None, force: bool = False,
+                  progress: Progress | None = None) -> ExportResult:
+    """Write a GGUF of the merged model and an Ollama Modelfile beside it.
+
+    Args:
+        run_dir: a run folder with an adapter.
+        out: output folder; default RUN_DIR/exports/ollama-<qtype>.
+        qtype: GGUF type (see GGUF_TYPES); default q8_0.
+        force: replace an existing output folder written by an earlier export.
+        progress: called as progress(stage, fraction done).
+    """
+    spec = ExportSpec("ollama", qtype or DEFAULT_GGUF_TYPE)
+    run = open_run(run_dir)
+    out = output_folder(run, spec, out, force)
+    tokenizer = run.tokenizer(fallback=None)
+    layout = infer_layout(tokenizer)  # fails early for templates Ollama cannot get
+    go_template(layout)
+    steps = Steps(progress, _steps_for(run, spec.type, {"writing the Modelfile": 1}))
+    log = CheckLog()
+    with staged(out) as folder:
+        path, merged, vocab, _ = write_checked_gguf(run, folder, spec.type, log, steps)
+        steps.start("writing the Modelfile")
+        parameters = sampling_parameters(merged.loaded.folder)
+        context = int(getattr(merged.model.config, "max_position_embeddings", NUM_CTX) or NUM_CTX)
+        parameters["num_ctx"] = min(NUM_CTX, context)
+        write_modelfile(folder / MODELFILE, path.name, layout, stop_strings(layout, tokenizer), parameters, run.name)
+        log.require("ollama.bos", vocab.add_bos or not layout.bos, "the template writes BOS but the GGUF does not "
+                    "ask llama.cpp to add it")
+        check_modelfile(folder, path, layout, tokenizer, log)
+        result = finish(folder, out, run, spec, log)
+    steps.done()
+    return result

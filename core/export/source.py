@@ -1,0 +1,176 @@
+"""The run an export reads (config, adapter, base model) and the folder it writes (staged, never clobbered).
+
+An export writes into a hidden sibling folder and renames it into place only when everything was written, so an
+interrupted export leaves no half-written output. An existing output folder is replaced only with `force`, and
+only when an earlier export wrote it (it holds export.json): `--force` never deletes a folder of the user's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hone.core import __version__
+from hone.core.config import RunConfig
+from hone.core.export.checks import CheckLog
+from hone.core.export.formats import MANIFEST_FILE, ExportError, ExportResult, ExportSpec
+from hone.core.runs import ADAPTER_DIR, CONFIG_FILE, read_summary
+
+Progress = Callable[[str, float], None]
+EXPORTS_DIR = "exports"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+@dataclass
+class RunSource:
+    """A finished (or stopped) run that has an adapter to export."""
+
+    run_dir: Path
+    config: RunConfig
+    adapter_dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def adapter_config(self) -> dict:
+        return json.loads((self.adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+
+    def load_base(self):
+        """The base model in float32 on the CPU, eval mode, with its tokenizer (a hone.core.models.LoadedModel).
+
+        Exports compute in float32 so the checks measure the format, not the arithmetic.
+        """
+        from hone.core.models import load_model
+
+        model_cfg = dataclasses.replace(self.config.model, dtype="float32")
+        return load_model(model_cfg, device="cpu", for_training=False)
+
+    def tokenizer(self, fallback=None):
+        """The tokenizer saved with the adapter (it carries the chat template the run trained with)."""
+        from transformers import AutoTokenizer
+
+        if (self.adapter_dir / "tokenizer_config.json").is_file():
+            return AutoTokenizer.from_pretrained(self.adapter_dir)
+        if fallback is None:
+            raise ExportError(f"{self.adapter_dir} holds no tokenizer files", "re-save the adapter with its tokenizer")
+        return fallback
+
+
+def open_run(run_dir: str | Path) -> RunSource:
+    """Check that `run_dir` is a run folder with an adapter and read its config.
+
+    Raises:
+        ExportError: the folder is missing, is not a run, or has no adapter yet (with what to do about it).
+    """
+    run_dir = Path(run_dir).expanduser()
+    if not run_dir.is_dir():
+        raise ExportError(f"{run_dir} does not exist", "give the folder of a run (runs/<name>)")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise ExportError(f"{run_dir} is not a run folder (it has no {CONFIG_FILE})",
+                          "give the folder `hone train` wrote for the run")
+    config = RunConfig.load(run_dir / CONFIG_FILE)
+    adapter_dir = run_dir / ADAPTER_DIR
+    missing = [f for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (adapter_dir / f).is_file()]
+    if missing:
+        summary = read_summary(run_dir)
+        status = summary.status if summary else "unknown"
+        if status == "running":
+            advice = "the run is still training (or was killed): wait for it to finish, or resume it with " \
+                     f"`hone train --resume {run_dir}`"
+        elif status == "failed":
+            advice = f"the run failed ({summary.reason}); fix that and train again"
+        else:
+            advice = f"finish or resume the run first: `hone train --resume {run_dir}`"
+        raise ExportError(f"run {run_dir.name} has no adapter to export ({adapter_dir / missing[0]} is missing)",
+                          advice)
+    return RunSource(run_dir=run_dir, config=config, adapter_dir=adapter_dir)
+
+
+def output_folder(run: RunSource, spec: ExportSpec, out: str | Path | None, force: bool) -> Path:
+    """Where this export goes (default RUN_DIR/exports/<format>[-type]); refuse early if it is in the way."""
+    out = Path(out).expanduser() if out is not None else run.run_dir / EXPORTS_DIR / spec.folder_name
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is a file", "choose another --out folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ExportError(f"{out} already exists", "pass --force to replace it, or choose another --out")
+        if not (out / MANIFEST_FILE).is_file():
+            raise ExportError(f"{out} is not empty and was not written by `hone export` (no {MANIFEST_FILE}), so "
+                              "--force will not replace it", "choose another --out folder")
+    return out
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A temporary folder next to `out` that replaces `out` when the block ends without an exception."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)  # output_folder() allowed this: forced, and an earlier export wrote it
+    os.replace(tmp, out)
+
+
+def finish(folder: Path, out: Path, run: RunSource, spec: ExportSpec, log: CheckLog) -> ExportResult:
+    """Write export.json (what, from which run, every check) into the staging `folder` and build the result.
+
+    File paths in the result point at `out`, where `folder` is about to be moved.
+    """
+    manifest = {
+        "format": spec.label, "run": str(run.run_dir.resolve()), "base_model": run.config.model.name_or_path,
+        "hone_version": __version__, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "passed": log.passed, "failures": log.failures, "checks": log.checks,
+    }
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    files = sorted(out / p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
+    return ExportResult(path=out, format=spec.label, files=files, checks=dict(log.checks), passed=log.passed,
+                        failures=list(log.failures))
+
+
+class Steps:
+    """Maps named stages of an export onto one 0..1 progress callback.
+
+    Args:
+        progress: called as progress(stage description, overall fraction done); may be None.
+        weights: stage name -> relative cost, in the order the stages run.
+    """
+
+    def __init__(self, progress: Progress | None, weights: dict[str, float]):
+        self.progress = progress
+        total = sum(weights.values())
+        self.starts, self.sizes, done = {}, {}, 0.0
+        for name, weight in weights.items():
+            self.starts[name], self.sizes[name] = done / total, weight / total
+            done += weight
+        self.current = next(iter(weights))
+
+    def start(self, name: str) -> None:
+        self.current = name
+        self._report(0.0)
+
+    def within(self, fraction: float) -> None:
+        """Report progress inside the current stage (0..1)."""
+        self._report(min(max(fraction, 0.0), 1.0))
+
+    def done(self) -> None:
+        if self.progress:
+            self.progress("done", 1.0)
+
+    def _report(self, fraction: float) -> None:
+        if self.progress:
+            self.progress(self.current, self.starts[self.current] + fraction * self.sizes[self.current])
