@@ -29,7 +29,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from hone.core.export import export_run, parse_format
 
@@ -40,17 +39,19 @@ def run(args) -> int:
         task = bar.add_task("starting", total=1.0)
         result = export_run(args.run_dir, args.fmt, args.out, force=args.force,
                             progress=lambda stage, done: bar.update(task, description=stage, completed=done))
-    table = Table(title=f"{result.format} export checks", title_justify="left", show_header=False)
+    console.print(f"[bold]{result.format} export checks[/bold]")
+    width = max(map(len, result.checks), default=0)
     for name, value in result.checks.items():
         text = f"{value:.3g}" if isinstance(value, float) else str(value)
-        table.add_row(name, f"[red]{text}[/red]" if text.startswith("FAILED") else text)
-    console.print(table)
+        console.print(f"  {name:<{width}}  " + (f"[red]{text}[/red]" if text.startswith("FAILED") else text),
+                      soft_wrap=True, highlight=False)
+    console.print("[bold]files[/bold]")
     for path in result.files:
-        console.print(f"  {path}")
+        console.print(f"  {path}", soft_wrap=True, highlight=False)
     if not result.passed:
         for failure in result.failures:
-            console.print(f"[red]check failed:[/red] {failure}")
-        console.print(f"[red]export written to {result.path} but it did not pass its checks[/red]")
+            console.print(f"[red]check failed:[/red] {failure}", soft_wrap=True)
+        console.print(f"[red]export written to {result.path} but it did not pass its checks[/red]", soft_wrap=True)
         return 1
-    console.print(f"[green]exported[/green] {result.format} to {result.path} (all checks passed)")
+    console.print(f"[green]exported[/green] {result.format} to {result.path} (all checks passed)", soft_wrap=True)
     return 0

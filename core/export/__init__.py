@@ -15,8 +15,18 @@ from __future__ import annotations
 
 import importlib
 
-from hone.core.export.formats import (DEFAULT_GGUF_TYPE, FORMAT_TYPES, GGUF_LORA_TYPES, GGUF_TYPES, MERGED_TYPES,
-                                      SUPPORTED_FORMATS, ExportError, ExportResult, ExportSpec, parse_format)
+from hone.core.export.formats import (
+    DEFAULT_GGUF_TYPE,
+    FORMAT_TYPES,
+    GGUF_LORA_TYPES,
+    GGUF_TYPES,
+    MERGED_TYPES,
+    SUPPORTED_FORMATS,
+    ExportError,
+    ExportResult,
+    ExportSpec,
+    parse_format,
+)
 
 _LAZY = {
     "export_run": "hone.core.export.dispatch",

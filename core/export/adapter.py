@@ -1,8 +1,8 @@
 """`adapter`: the run's PEFT folder, copied with its tokenizer and model card, and proven by reloading it.
 
-Check: peft loads the copy onto the base model and its logits equal those of the run's own adapter folder
-(bit for bit: the same weights through the same code), how much the adapter changes the base model's logits is recorded, and
-the copied tokenizer has the same chat template and encodes the probe conversation to the same ids.
+Check: peft loads the copy onto the base model and its logits equal those of the run's own adapter folder (bit for
+bit: the same weights through the same code); the copied tokenizer has the same chat template and encodes the
+probe conversation to the same ids. How much the adapter changes the base model's logits is recorded.
 """
 
 from __future__ import annotations
@@ -12,8 +12,17 @@ from pathlib import Path
 
 from hone.core.export.checks import CheckLog, compare_logits, logits_of, probe_ids
 from hone.core.export.formats import ExportResult, ExportSpec
-from hone.core.export.source import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, Progress, RunSource, Steps, finish,
-                                     open_run, output_folder, staged)
+from hone.core.export.source import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    Progress,
+    RunSource,
+    Steps,
+    finish,
+    open_run,
+    output_folder,
+    staged,
+)
 
 MODEL_CARD = """---
 library_name: peft

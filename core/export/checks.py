@@ -79,13 +79,23 @@ def compare_logits(log: CheckLog, name: str, got, reference, tolerance: float, w
 
     Args:
         got, reference: float32 logits, shape (T, V).
-        tolerance: bound on the relative difference.
+        tolerance: bound on the relative difference. The mean KL divergence is recorded alongside: it weighs the
+            differences by probability, the number to read for quantized files.
     """
     diff = (got - reference).abs().max().item()
     scale = reference.abs().max().item() or 1.0
     log.note(f"{name}.max_abs_diff", diff)
     log.note(f"{name}.top1_agreement", (got.argmax(-1) == reference.argmax(-1)).float().mean().item())
+    log.note(f"{name}.mean_kl", mean_kl(reference, got))
     return log.within(f"{name}.max_rel_diff", diff / scale, tolerance, what)
+
+
+def mean_kl(reference, got) -> float:
+    """Mean over positions of KL(softmax(reference) || softmax(got)), in nats; logits (T, V) float32."""
+    import torch
+
+    log_p, log_q = torch.log_softmax(reference, -1), torch.log_softmax(got, -1)
+    return float((log_p.exp() * (log_p - log_q)).sum(-1).mean().clamp_min(0.0))
 
 
 @contextlib.contextmanager

@@ -94,12 +94,28 @@ def permute_for_rope(rows, heads: int):
     return rows.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
+def unpermute_for_rope(rows, heads: int):
+    """The inverse of permute_for_rope."""
+    shape = rows.shape
+    return rows.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def _rope_heads(gguf_name: str, config, arch: str) -> int | None:
+    if arch == "llama" and gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
+        return config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
+    return None
+
+
 def to_gguf_layout(gguf_name: str, array, config, arch: str):
     """The tensor as llama.cpp stores it: q/k rows permuted for llama, everything else unchanged."""
-    if arch == "llama" and gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
-        heads = config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
-        return permute_for_rope(array, heads)
-    return array
+    heads = _rope_heads(gguf_name, config, arch)
+    return array if heads is None else permute_for_rope(array, heads)
+
+
+def from_gguf_layout(gguf_name: str, array, config, arch: str):
+    """The inverse of to_gguf_layout: a tensor as the Hugging Face model holds it."""
+    heads = _rope_heads(gguf_name, config, arch)
+    return array if heads is None else unpermute_for_rope(array, heads)
 
 
 def rope_freq_factors(config):

@@ -72,7 +72,6 @@ def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool
         progress: called as progress(stage, fraction done).
     """
     import gguf
-    import numpy as np
     from gguf.quants import quantize
     from peft import PeftModel
 
@@ -168,7 +167,8 @@ def check_lora_file(path, arch: str, alpha: float, base_tensors: dict, modules: 
         a_info, b_info = pair["lora_a"], pair["lora_b"]
         out_features, in_features = base_tensors[base]
         # llama.cpp's loader: a.ne[0] == W.ne[0] (inputs), b.ne[1] == W.ne[1] (outputs), a.ne[1] == b.ne[0] (rank)
-        if not (a_info.shape[0] == in_features and b_info.shape[1] == out_features and a_info.shape[1] == b_info.shape[0]):
+        if not (a_info.shape[0] == in_features and b_info.shape[1] == out_features
+                and a_info.shape[1] == b_info.shape[0]):
             bad_shapes.append(base)
             continue
         a = torch.from_numpy(dequantize(a_info.data, a_info.tensor_type).copy())

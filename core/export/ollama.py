@@ -20,9 +20,9 @@ from pathlib import Path
 from hone.core.export.chat_layout import ROLES, ChatLayout, infer_layout, verify_layout
 from hone.core.export.checks import CheckLog
 from hone.core.export.formats import DEFAULT_GGUF_TYPE, ExportError, ExportResult, ExportSpec
+from hone.core.export.gguf_model import _steps_for, write_checked_gguf
 from hone.core.export.go_template import GoTemplateError
 from hone.core.export.go_template import render as render_go
-from hone.core.export.gguf_model import _steps_for, write_checked_gguf
 from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
 
 MODELFILE = "Modelfile"

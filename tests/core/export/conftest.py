@@ -36,6 +36,7 @@ TINY_SHAPES = {
                                        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                          high_freq_factor=4.0, original_max_position_embeddings=64)),
                          "tiny Llama 3.2 (llama3 rope scaling, tied embeddings)"),
+    "tiny-mistral-swa": SHAPES["tiny-mistral-swa"],  # an architecture GGUF export does not support
 }
 # Scale of the random LoRA B entries: big enough that the adapter moves the logits by ~10% of their range, small
 # enough to keep the tiny model's outputs in a normal range.
@@ -89,6 +90,7 @@ def write_run(run_dir, model_name: str, *, r: int = 8, alpha: float = 16.0, rslo
               tokenizer=None):
     """Write a run folder whose adapter is a real peft LoRA with random (seeded) A and B matrices."""
     import torch
+
     from hone.core.adapter import save_adapter
     from hone.core.config import LoraConfig, ModelConfig, RunConfig
     from hone.core.lora import apply_lora
@@ -128,3 +130,75 @@ def make_run(tmp_path_factory, base_model_dir):
         return made[key]
 
     return make
+
+
+class Reference:
+    """Independent references for the export checks: plain transformers + peft, and LoRA arithmetic by hand."""
+
+    @staticmethod
+    def base(run_dir):
+        """The run's base model straight from its folder, float32, eval."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from hone.core.config import RunConfig
+
+        name = RunConfig.load(run_dir / "config.toml").model.name_or_path
+        return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval()
+
+    @staticmethod
+    def lora_deltas(adapter_dir) -> dict[str, object]:
+        """module name -> alpha / r * B @ A (alpha / sqrt(r) with rsLoRA), float32, from the files alone."""
+        import math
+
+        from safetensors.torch import load_file
+
+        config = json.loads((adapter_dir / "adapter_config.json").read_text())
+        r, alpha = config["r"], config["lora_alpha"]
+        scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        weights = load_file(adapter_dir / "adapter_model.safetensors")
+        deltas = {}
+        for key, a in weights.items():
+            if ".lora_A." in key:
+                module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+                deltas[module] = scale * (weights[key.replace(".lora_A.", ".lora_B.")].float() @ a.float())
+        return deltas
+
+    @classmethod
+    def merged(cls, run_dir):
+        """The base with the adapter's deltas added by hand (no peft)."""
+        import torch
+
+        model = cls.base(run_dir)
+        with torch.no_grad():
+            for module, delta in cls.lora_deltas(run_dir / "adapter").items():
+                model.get_submodule(module).weight += delta
+        return model
+
+    @staticmethod
+    def ids(run_dir):
+        """Token ids of a conversation (not the exporters' probe), (1, T)."""
+        import torch
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "Hello, how are you today?"},
+                                              {"role": "assistant", "content": "Blue."}], tokenize=False)
+        return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+
+    @staticmethod
+    def logits(model, ids):
+        import torch
+
+        with torch.no_grad():
+            return model(input_ids=ids).logits[0].float()
+
+
+@pytest.fixture(scope="session")
+def reference():
+    return Reference
+
+
+def rel_diff(a, b) -> float:
+    """max |a - b| / max |b| (the absolute difference when b is all zeros)"""
+    return float((a - b).abs().max() / (b.abs().max() or 1.0))
