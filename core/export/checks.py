@@ -54,16 +54,21 @@ class CheckLog:
         return not self.failures
 
 
-def probe_ids(tokenizer):
-    """Token ids of the probe conversation, shape (1, T) int64 (plain text when there is no chat template)."""
+def probe_text(tokenizer) -> tuple[str, bool]:
+    """The probe conversation rendered by the chat template (or plain text when there is none), and whether the
+    tokenizer should add its special tokens when encoding it (only for plain text)."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(PROBE_MESSAGES, tokenize=False), False
+    return PROBE_TEXT, True
+
+
+def probe_ids(tokenizer, text: tuple[str, bool] | None = None):
+    """Token ids of the probe, shape (1, T) int64. `text`: encode this probe_text() result instead of rendering
+    with this tokenizer (to compare two tokenizers on the same text)."""
     import torch
 
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(PROBE_MESSAGES, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(PROBE_TEXT)["input_ids"]
-    return torch.tensor([ids], dtype=torch.long)
+    text, special = text or probe_text(tokenizer)
+    return torch.tensor([tokenizer(text, add_special_tokens=special)["input_ids"]], dtype=torch.long)
 
 
 def logits_of(model, ids):

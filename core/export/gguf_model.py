@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hone.core.export.checks import CheckLog, compare_logits, logits_of, probe_ids, quiet_transformers
+from hone.core.export.checks import CheckLog, compare_logits, logits_of, probe_ids, probe_text, quiet_transformers
 from hone.core.export.formats import DEFAULT_GGUF_TYPE, ExportError, ExportResult, ExportSpec
 from hone.core.export.gguf_arch import (
     check_supported,
@@ -228,7 +228,9 @@ def check_with_transformers(path: Path, merged: Merged, plan: GgufPlan, log: Che
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         log.require("gguf.tokenizer.chat_template", tokenizer.chat_template == merged.tokenizer.chat_template,
                     "the chat template read back from the GGUF differs")
-        same = probe_ids(tokenizer).tolist() == merged.ids.tolist()
+        # the run's tokenizer renders the probe: transformers 5.17 swaps BOS and EOS when it rebuilds a tokenizer
+        # from any GGUF, which would change templates that write eos_token (the ids are checked in the metadata)
+        same = probe_ids(tokenizer, probe_text(merged.tokenizer)).tolist() == merged.ids.tolist()
         log.require("gguf.tokenizer.encoding", same,
                     "the tokenizer transformers rebuilds from the GGUF encodes the probe conversation differently")
         config = transformers_config(path.parent, path.name, merged.model, plan, log)
