@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from hone.core.export.checks import CheckLog, compare_logits, logits_of, probe_ids
+from hone.core.export.checks import CheckLog, compare_logits, logits_of, probe_ids, quiet_transformers
 from hone.core.export.formats import ExportResult, ExportSpec
 from hone.core.export.source import (
     ADAPTER_CONFIG,
@@ -82,7 +82,7 @@ def export_adapter(run_dir, out=None, *, force: bool = False, progress: Progress
     out = output_folder(run, spec, out, force)
     steps = Steps(progress, {"loading the base model": 2, "copying the adapter": 1, "checking the copy": 2})
     log = CheckLog()
-    with staged(out) as folder:
+    with staged(out) as folder, quiet_transformers():
         steps.start("loading the base model")
         loaded = run.load_base()
         tokenizer = run.tokenizer(fallback=loaded.tokenizer)

@@ -106,7 +106,10 @@ def mean_kl(reference, got) -> float:
 @contextlib.contextmanager
 def quiet_transformers():
     """No progress bars or info logs from transformers while an export reads files back (the export's own
-    progress bar is running). The GGUF loader's bar is a plain tqdm, swapped for a pass-through and restored."""
+    progress bar is running), nor their deprecation notices. The GGUF loader's bar is a plain tqdm, swapped for a
+    pass-through and restored."""
+    import warnings
+
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
@@ -118,7 +121,9 @@ def quiet_transformers():
     if gguf_bar is not None:
         gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 
-from hone.core.export.checks import CheckLog
+from hone.core.export.checks import CheckLog, quiet_transformers
 from hone.core.export.formats import ExportError, ExportResult, ExportSpec
 from hone.core.export.gguf_arch import check_supported, gguf_tensor_name, to_gguf_layout
 from hone.core.export.gguf_model import file_stem
@@ -89,7 +89,7 @@ def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool
     rank = int(adapter_cfg["r"])
     alpha = float(adapter_cfg["lora_alpha"]) * (math.sqrt(rank) if adapter_cfg.get("use_rslora") else 1.0)
     qtype = gguf.GGMLQuantizationType[spec.type.upper()]
-    with staged(out) as folder:
+    with staged(out) as folder, quiet_transformers():
         steps.start("loading the base model")
         loaded = run.load_base()
         model = loaded.model

@@ -248,13 +248,23 @@ def file_stem(run: RunSource) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", run.name).strip("-") or "model"
 
 
-def prepare(run: RunSource) -> tuple[str, object, object]:
-    """Before any weights load: the architecture, the run's tokenizer and its chat layout (or None); raises
-    ExportError for what GGUF export cannot do."""
+@dataclass
+class Prepared:
+    """What a GGUF export knows before any weights load."""
+
+    arch: str
+    tokenizer: object
+    layout: object  # chat_layout.ChatLayout, or None when the template is not per-message
+    vocab: Vocab
+
+
+def prepare(run: RunSource) -> Prepared:
+    """Architecture, tokenizer, chat layout and GGUF vocabulary, from configs and tokenizer files only, so that
+    what GGUF export cannot do fails before the model is loaded."""
     from hone.core.export.chat_layout import infer_layout
     from hone.core.models import load_config, load_tokenizer
 
-    _, folder, config = load_config(run.config.model)
+    source, folder, config = load_config(run.config.model)
     arch = check_supported(config)
     tokenizer = run.tokenizer(fallback=None) if (run.adapter_dir / "tokenizer_config.json").is_file() \
         else load_tokenizer(folder, config, run.config.model)
@@ -262,23 +272,23 @@ def prepare(run: RunSource) -> tuple[str, object, object]:
         layout = infer_layout(tokenizer)
     except ExportError:
         layout = None
-    return arch, tokenizer, layout
-
-
-def write_checked_gguf(run: RunSource, folder: Path, qtype: str, log: CheckLog, steps: Steps):
-    """Merge, write `<run>-<qtype>.gguf` into `folder` and check it. Returns (path, merged, vocab, layout)."""
-    from hone.core.models import resolve_source
-
-    arch, tokenizer, layout = prepare(run)
-    source = resolve_source(run.config.model.name_or_path, run.config.model.gguf_file)
     base_gguf = Path(source.path) if source.kind in ("gguf", "bundled") else None
+    vocab = build_vocab(tokenizer, config.vocab_size, eot_text=layout.turn_end if layout else None,
+                        bos_in_template=bool(layout and layout.bos), base_gguf=base_gguf)
+    return Prepared(arch=arch, tokenizer=tokenizer, layout=layout, vocab=vocab)
+
+
+def write_checked_gguf(run: RunSource, prepared: Prepared, folder: Path, qtype: str, log: CheckLog,
+                       steps: Steps) -> tuple[Path, Merged]:
+    """Merge, write `<run>-<qtype>.gguf` into `folder` and check it.
+
+    Returns the file and the Merged model, which then holds the file's dequantized weights (see check_file).
+    """
     steps.start("loading and merging")
     merged = merge_run(run, log, steps)
-    vocab = build_vocab(tokenizer, merged.model.config.vocab_size, eot_text=layout.turn_end if layout else None,
-                        bos_in_template=bool(layout and layout.bos), base_gguf=base_gguf)
-    for key, value in vocab.notes.items():
+    for key, value in prepared.vocab.notes.items():
         log.note(f"gguf.vocab.{key}", value)
-    plan = plan_gguf(merged.model, arch, qtype, vocab, run.name, run.config.model.name_or_path)
+    plan = plan_gguf(merged.model, prepared.arch, qtype, prepared.vocab, run.name, run.config.model.name_or_path)
     path = folder / f"{file_stem(run)}-{qtype}.gguf"
     steps.start(f"writing {path.name}")
     write_gguf(path, merged.model, plan, steps)
@@ -286,7 +296,7 @@ def write_checked_gguf(run: RunSource, folder: Path, qtype: str, log: CheckLog, 
     check_file(path, merged.model, plan, log)
     steps.within(0.3)
     check_with_transformers(path, merged, plan, log)
-    return path, merged, vocab, layout
+    return path, merged
 
 
 def export_gguf(run_dir, out=None, *, qtype: str | None = None, force: bool = False,
@@ -303,15 +313,17 @@ def export_gguf(run_dir, out=None, *, qtype: str | None = None, force: bool = Fa
     spec = ExportSpec("gguf", qtype or DEFAULT_GGUF_TYPE)
     run = open_run(run_dir)
     out = output_folder(run, spec, out, force)
-    steps = Steps(progress, _steps_for(run, spec.type))
+    prepared = prepare(run)
+    steps = Steps(progress, gguf_steps(run, spec.type))
     log = CheckLog()
-    with staged(out) as folder:
-        write_checked_gguf(run, folder, spec.type, log, steps)
+    with staged(out) as folder, quiet_transformers():
+        write_checked_gguf(run, prepared, folder, spec.type, log, steps)
         result = finish(folder, out, run, spec, log)
     steps.done()
     return result
 
 
-def _steps_for(run: RunSource, qtype: str, extra: dict[str, float] | None = None) -> dict[str, float]:
+def gguf_steps(run: RunSource, qtype: str, extra: dict[str, float] | None = None) -> dict[str, float]:
+    """Progress stages of a GGUF export (and `extra` ones after it) with their relative cost."""
     return {"loading and merging": 3, f"writing {file_stem(run)}-{qtype}.gguf": 3, "checking the GGUF": 4,
             **(extra or {})}

@@ -11,7 +11,7 @@ Checks, each against an independent reference:
 from __future__ import annotations
 
 from hone.core.export.adapter import check_tokenizer_copy
-from hone.core.export.checks import CheckLog, compare_logits, logits_of
+from hone.core.export.checks import CheckLog, compare_logits, logits_of, quiet_transformers
 from hone.core.export.formats import ExportResult, ExportSpec
 from hone.core.export.merge import merge_run
 from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
@@ -70,7 +70,7 @@ def export_merged(run_dir, out=None, *, dtype: str | None = None, force: bool = 
     spec = ExportSpec("merged", dtype)
     out = output_folder(run, spec, out, force)
     log = CheckLog()
-    with staged(out) as folder:
+    with staged(out) as folder, quiet_transformers():
         steps.start("loading and merging")
         merged = merge_run(run, log, steps)
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16

@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 
 from hone.core.export.chat_layout import ROLES, ChatLayout, infer_layout, verify_layout
-from hone.core.export.checks import CheckLog
+from hone.core.export.checks import CheckLog, quiet_transformers
 from hone.core.export.formats import DEFAULT_GGUF_TYPE, ExportError, ExportResult, ExportSpec
-from hone.core.export.gguf_model import _steps_for, write_checked_gguf
+from hone.core.export.gguf_model import gguf_steps, prepare, write_checked_gguf
 from hone.core.export.go_template import GoTemplateError
 from hone.core.export.go_template import render as render_go
 from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
@@ -172,20 +172,21 @@ def export_ollama(run_dir, out=None, *, qtype: str | None = None, force: bool = 
     spec = ExportSpec("ollama", qtype or DEFAULT_GGUF_TYPE)
     run = open_run(run_dir)
     out = output_folder(run, spec, out, force)
-    tokenizer = run.tokenizer(fallback=None)
-    layout = infer_layout(tokenizer)  # fails early for templates Ollama cannot get
+    prepared = prepare(run)
+    tokenizer = prepared.tokenizer
+    layout = infer_layout(tokenizer)  # raises for templates that cannot be rewritten, before anything loads
     go_template(layout)
-    steps = Steps(progress, _steps_for(run, spec.type, {"writing the Modelfile": 1}))
+    steps = Steps(progress, gguf_steps(run, spec.type, {"writing the Modelfile": 1}))
     log = CheckLog()
-    with staged(out) as folder:
-        path, merged, vocab, _ = write_checked_gguf(run, folder, spec.type, log, steps)
+    with staged(out) as folder, quiet_transformers():
+        path, merged = write_checked_gguf(run, prepared, folder, spec.type, log, steps)
         steps.start("writing the Modelfile")
         parameters = sampling_parameters(merged.loaded.folder)
         context = int(getattr(merged.model.config, "max_position_embeddings", NUM_CTX) or NUM_CTX)
         parameters["num_ctx"] = min(NUM_CTX, context)
         write_modelfile(folder / MODELFILE, path.name, layout, stop_strings(layout, tokenizer), parameters, run.name)
-        log.require("ollama.bos", vocab.add_bos or not layout.bos, "the template writes BOS but the GGUF does not "
-                    "ask llama.cpp to add it")
+        log.require("ollama.bos", prepared.vocab.add_bos or not layout.bos,
+                    "the template writes BOS but the GGUF does not ask llama.cpp to add it")
         check_modelfile(folder, path, layout, tokenizer, log)
         result = finish(folder, out, run, spec, log)
     steps.done()
