@@ -20,6 +20,7 @@ COMMANDS = {
     "demo": "hone.core.commands.demo",
     "bench": "hone.core.commands.bench",
     "data": "hone.core.commands.data",
+    "export": "hone.core.commands.export",
     "studio": "hone.core.commands.studio",
 }
 

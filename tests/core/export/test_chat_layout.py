@@ -5,23 +5,12 @@ The reference for every rendering is transformers' own Jinja rendering of the or
 from __future__ import annotations
 
 import pytest
+from export_helpers import LLAMA2, LLAMA3, NO_SYSTEM, ZEPHYR
 
 from hone.core.export.chat_layout import NotPerMessage, infer_layout, verify_layout
 from hone.core.export.formats import ExportError
 from hone.core.export.go_template import render
 from hone.core.export.ollama import go_template
-
-LLAMA3 = ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' "
-          "+ m['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
-ZEPHYR = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + eos_token + '\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
-LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set sys = '<<SYS>>\\n' + messages[0]['content'] + "
-          "'\\n<</SYS>>\\n\\n' %}{% set msgs = messages[1:] %}{% else %}{% set sys = '' %}{% set msgs = messages %}"
-          "{% endif %}{% for m in msgs %}{% if m['role'] == 'user' %}{{ '[INST] ' + (sys if loop.first else '') + "
-          "m['content'] + ' [/INST]' }}{% else %}{{ ' ' + m['content'] + ' </s>' }}{% endif %}{% endfor %}")
-NO_SYSTEM = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
-             "{% endif %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
 
 
 @pytest.fixture

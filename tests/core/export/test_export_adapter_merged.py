@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import rel_diff
+from export_helpers import rel_diff
 from safetensors import safe_open
 
 from hone.core.export import export_run

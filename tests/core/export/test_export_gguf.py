@@ -5,48 +5,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from conftest import TINY_VOCAB, rel_diff
+from export_helpers import ARCH, TINY_VOCAB, gguf_name_of, read, rel_diff, undo_llama_permutation, values
 
 from hone.core.export import export_run
 from hone.core.export.gguf_model import LOGITS_TOLERANCE, TENSOR_TOLERANCE
-
-ARCH = {"tiny-dense": "qwen3", "tiny-llama": "llama", "tiny-qwen2": "qwen2", "tiny-llama3": "llama"}
-
-
-def read(path):
-    """{key: value} and {name: tensor} through gguf.GGUFReader (the package's reader, not Hone's)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    return {k: f.contents() for k, f in reader.fields.items()}, {t.name: t for t in reader.tensors}
-
-
-def values(tensor):
-    from gguf.quants import dequantize
-
-    return torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
-
-
-def hf_weight_in_gguf_order(name, weight, config, arch):
-    """The weight as the file must hold it, using gguf's own name table and transformers' GGUF loader to undo
-    llama's q/k permutation (both independent of the exporter)."""
-    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
-
-    arch_id = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch)
-    module, _, suffix = name.rpartition(".")
-    gguf_name = f"{get_tensor_name_map(arch_id, config.num_hidden_layers).get_name(module)}.{suffix}"
-    return gguf_name, weight
-
-
-def undo_llama_permutation(gguf_name, array, config):
-    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
-
-    processor = LlamaTensorProcessor(config={"num_attention_heads": config.num_attention_heads,
-                                             "num_key_value_heads": config.num_key_value_heads})
-    return torch.from_numpy(np.ascontiguousarray(processor.process(array.numpy(), gguf_name).weights))
 
 
 def llama3_factors(config):
@@ -101,7 +65,7 @@ def test_gguf_export(make_run, reference, tmp_path, shape, qtype):
     for name, weight in merged.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        gguf_name, weight = hf_weight_in_gguf_order(name, weight, config, arch)
+        gguf_name = gguf_name_of(name, config, arch)
         expected_names.add(gguf_name)
         got = values(tensors[gguf_name])
         if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import rel_diff
-from test_export_gguf import ARCH, read, undo_llama_permutation, values
+from export_helpers import ARCH, read, rel_diff, undo_llama_permutation, values
 
 from hone.core.export import ExportError, export_run
 

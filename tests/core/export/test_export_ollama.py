@@ -4,8 +4,7 @@ template, stop tokens, parameters, and templates it cannot express."""
 from __future__ import annotations
 
 import pytest
-from conftest import write_run
-from test_chat_layout import LLAMA2, ZEPHYR
+from export_helpers import LLAMA2, ZEPHYR, write_run
 
 from hone.core.export import ExportError, export_run
 from hone.core.export.go_template import render

@@ -6,7 +6,7 @@ Slow (about a minute on 2 CPU cores): it loads, merges and reloads a real 135M m
 from __future__ import annotations
 
 import pytest
-from conftest import write_run
+from export_helpers import write_run
 
 from hone.core.config import DEMO_MODEL
 from hone.core.export import export_run
