@@ -18,7 +18,8 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *, 
             (TYPE: see GGUF_TYPES; default q8_0).
         out: output folder; default RUN_DIR/exports/<format>[-type].
         force: replace an output folder an earlier export wrote (never a folder it did not write).
-        progress: called as progress(stage description, overall fraction 0..1).
+        progress: called as progress(stage description, overall fraction 0..1), from the exporting thread. To
+            cancel, raise from it: the half-written output folder is removed and the exception propagates.
 
     Returns:
         ExportResult; `passed` is False when a read-back check failed (the files stay for inspection).

@@ -94,6 +94,8 @@ def source_array(model, hf_name: str, gguf_name: str, arch: str):
 
 
 def plan_gguf(model, arch: str, qtype: str, vocab: Vocab, name: str, base: str) -> GgufPlan:
+    """Every tensor (name, shape, type) and metadata key of the file, decided before anything is written; the
+    checks compare the file against this plan."""
     from gguf import GGUFValueType as T
     from gguf import LlamaFileType
 

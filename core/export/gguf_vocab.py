@@ -55,10 +55,11 @@ class Vocab:
             "tokenizer.ggml.pre": (self.pre, T.STRING),
             "tokenizer.ggml.tokens": (self.tokens, T.ARRAY, T.STRING),
             "tokenizer.ggml.token_type": (self.token_types, T.ARRAY, T.INT32),
-            "tokenizer.ggml.merges": (self.merges, T.ARRAY, T.STRING),
             "tokenizer.ggml.add_bos_token": (self.add_bos, T.BOOL),
             "tokenizer.ggml.add_eos_token": (False, T.BOOL),
         }
+        if self.merges:  # a GGUF array may not be empty
+            meta["tokenizer.ggml.merges"] = (self.merges, T.ARRAY, T.STRING)
         for key, value in (("bos", self.bos_id), ("eos", self.eos_id), ("padding", self.pad_id),
                            ("unknown", self.unk_id), ("eot", self.eot_id)):
             if value is not None:
