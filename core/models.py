@@ -150,6 +150,7 @@ def gguf_folder(gguf: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        _special_tokens_from_gguf(tokenizer, gguf)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except (ValueError, KeyError, RuntimeError) as e:
         raise ModelError(f"{gguf} could not be read as a GGUF model: {e}",
@@ -178,6 +179,22 @@ def gguf_folder(gguf: Path) -> Path:
         if not (target / "config.json").is_file():  # another process may have finished the same conversion
             raise
     return target
+
+
+def _special_tokens_from_gguf(tokenizer, gguf: Path) -> None:
+    """Set BOS / EOS / padding tokens to the ids the GGUF file states. transformers 5.17 mixes them up when it
+    rebuilds a GPT-2 style tokenizer from GGUF (SmolLM2 came out with EOS = <|im_start|>)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf).fields
+    for key, attr in (("bos", "bos_token"), ("eos", "eos_token"), ("padding", "pad_token")):
+        field = fields.get(f"tokenizer.ggml.{key}_token_id")
+        if field is None:
+            continue
+        token_id = int(field.parts[field.data[0]][0])
+        token = tokenizer.convert_ids_to_tokens(token_id)
+        if token is not None and getattr(tokenizer, attr) != token:
+            setattr(tokenizer, attr, token)
 
 
 def source_folder(source: ModelSource) -> str:

@@ -90,6 +90,7 @@ def test_bundled_gguf_is_converted_once_and_answers(smollm2_tokenizer):
     for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()):
         assert torch.equal(a, b)
     tok = second.tokenizer
+    assert (tok.bos_token, tok.eos_token) == ("<|im_start|>", "<|im_end|>")  # as the GGUF states (5.17 swaps them)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = second.model.generate(**enc, max_new_tokens=12, do_sample=False)
