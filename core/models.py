@@ -28,6 +28,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 # GGUF conversions at or under this many bytes of float32 weights stay float32 (exactly the dequantized values);
 # larger ones are stored as bfloat16 so a 7B conversion does not need 28 GB of disk.
 _FP32_CONVERSION_LIMIT = 2 * 1024**3
+# Part of the conversion cache key: bump it when a conversion changes, so old cached folders are not reused.
+_CONVERSION_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,8 @@ def pick_device() -> str:
 
 def _conversion_folder(gguf: Path) -> Path:
     stat = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha1(f"{_CONVERSION_VERSION}|{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    key = key.hexdigest()[:16]
     return cache_root() / "models" / f"{gguf.stem}-{key}"
 
 
