@@ -3,12 +3,16 @@
 The peft layer stays in the model (its adapters, saving, merging and `disable_adapter()` work as before); only
 its instance `forward` is swapped. Each call checks that it is the plain case: one active vanilla adapter (no
 DoRA or other variant, no `adapter_names` mixing), not merged, not disabled, a frozen `nn.Linear` or nf4
-`Linear4bit` base without hooks, no autocast, not inside `torch.compile`. Anything else runs peft's own forward.
-Dropout runs through the layer's own `lora_dropout` module on the same input as in peft, so a fixed seed draws
-the same mask.
+`Linear4bit` base without hooks, not inside `torch.compile`, and under autocast only when autocast computes in
+the base's compute dtype (a bf16 model under bf16 autocast, as the trainer runs it on a GPU): there autocast
+would change no dtype, so it is switched off around the fused node and the output has peft's dtype. Anything
+else runs peft's own forward. Dropout runs through the layer's own `lora_dropout` module on the same input as in
+peft, so a fixed seed draws the same mask; its output is kept in the compute dtype (what the GEMMs read anyway).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -44,10 +48,17 @@ def _nf4_compute_dtype(base, x: torch.Tensor) -> torch.dtype:
     return base.compute_dtype if getattr(base, "compute_dtype", None) is not None else x.dtype
 
 
+def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast computes in on x's device, or None when autocast is off there."""
+    device_type = x.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
 def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """peft's `lora.Linear.forward` for the plain case in one autograd node; peft's own forward otherwise."""
-    if args or kwargs or self.disable_adapters or self.merged or torch.compiler.is_compiling() \
-            or torch.is_autocast_enabled():
+    if args or kwargs or self.disable_adapters or self.merged or torch.compiler.is_compiling():
         return type(self).forward(self, x, *args, **kwargs)
     active = [name for name in self.active_adapters if name in self.lora_A]
     if len(active) != 1 or active[0] in getattr(self, "lora_variant", {}):
@@ -62,19 +73,24 @@ def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     compute_dtype = _nf4_compute_dtype(base, x) if quantized else base.weight.dtype
     if base.weight.requires_grad or (not quantized and x.dtype != compute_dtype):
         return type(self).forward(self, x, *args, **kwargs)
+    autocast_dtype = _autocast_dtype(x)
+    if autocast_dtype is not None and autocast_dtype != compute_dtype:
+        return type(self).forward(self, x, *args, **kwargs)  # autocast would change the GEMMs' dtype: peft's path
 
     dropout = self.lora_dropout[name]
     x_lora = None
     if self.training and not isinstance(dropout, torch.nn.Identity) and getattr(dropout, "p", 1.0) > 0:
-        x_lora = dropout(self._cast_input_dtype(x, lora_a.weight.dtype))
+        x_lora = dropout(self._cast_input_dtype(x, lora_a.weight.dtype)).to(compute_dtype)
     bias = base.bias.to(compute_dtype) if base.bias is not None else None
     x_in = x.to(compute_dtype)
-    if quantized:
-        out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
-                          nf4=NF4Weight.from_params4bit(base.weight))
-    else:
-        out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
-                          weight=base.weight)
+    no_autocast = torch.autocast(x.device.type, enabled=False) if autocast_dtype else contextlib.nullcontext()
+    with no_autocast:
+        if quantized:
+            out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
+                              nf4=NF4Weight.from_params4bit(base.weight))
+        else:
+            out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
+                              weight=base.weight)
     return out.to(x.dtype)
 
 
