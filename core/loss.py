@@ -28,9 +28,11 @@ from hone.core.packing import IGNORE_INDEX
 
 LOSS_MODES = ("chunked", "plain")
 
-# Logits one chunk may hold: 2**28 fp32 values = 1 GiB, which with the chunk's bf16 logits and bf16 gradient
-# stays under ~2 GiB of transient memory, while each chunk's matmul is still large enough to run at full speed.
-CHUNK_LOGIT_ELEMENTS = 2**28
+# Logits one chunk may hold: 2**26 fp32 values = 256 MiB (442 tokens of a 151,936-token vocabulary). With the
+# chunk's bf16 logits and bf16 gradient the loss then needs ~0.5 GiB of transient memory, less than one decoder
+# layer's backward, while each chunk's head GEMM (442 x 151,936 x H) is still large enough to run at full speed.
+# (2**28 was 2.5-2.9 GiB at its worst instant and set the 0.6B model's peak; see docs/notes/dense-perf.md.)
+CHUNK_LOGIT_ELEMENTS = 2**26
 # Bounds on the automatic chunk: below 256 tokens the head matmuls get too small to keep a GPU busy; above 16K
 # the per-chunk bookkeeping no longer matters.
 MIN_CHUNK_TOKENS = 256
@@ -134,9 +136,13 @@ def _linear_chunk(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, 
     valid = targets != IGNORE_INDEX
     safe = targets.clamp(min=0).unsqueeze(1)
     target_logit = logits.gather(1, safe).squeeze(1)
-    lse = torch.logsumexp(logits, dim=1)
+    # log-sum-exp in place: torch.logsumexp would allocate a second (c, V) fp32 buffer for exp(logits - max).
+    row_max = logits.amax(dim=1, keepdim=True)
+    probs = logits.sub_(row_max).exp_()
+    sums = probs.sum(dim=1)
+    lse = sums.log() + row_max.squeeze(1)
     loss = ((lse - target_logit) * valid).sum()
-    probs = logits.sub_(lse.unsqueeze(1)).exp_()
+    probs.div_(sums.unsqueeze(1))
     probs.scatter_add_(1, safe, -valid.to(probs.dtype).unsqueeze(1))
     probs.mul_(valid.unsqueeze(1))
     if tanh is not None:
@@ -183,6 +189,7 @@ class _LinearHeadLoss(torch.autograd.Function):
                     grad_w += grad_logits.t() @ h
                 if want_b:
                     grad_b += grad_logits.sum(0, dtype=torch.float32)
+                del grad_logits  # free this chunk's gradient before the next chunk's logits exist
         ctx.save_for_backward(*(t for t in (grad_h, grad_w, grad_b) if t is not None))
         ctx.wants = (want_h, want_w, want_b)
         ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
@@ -201,6 +208,18 @@ class _LinearHeadLoss(torch.autograd.Function):
         return grad_h, None, grad_w, grad_b, None, None, None, None
 
 
+def _module_chunk(hidden, targets, head, scale, softcap, want_h: bool, params: tuple) -> tuple[torch.Tensor, list]:
+    """Loss of one chunk through any head module and its gradients by local autograd: (fp32 loss, [grad of the
+    hidden chunk if wanted, grads of params (None where unused)]). Its logits die when it returns."""
+    h = hidden.detach().requires_grad_(want_h)
+    with torch.enable_grad():
+        logits = _postprocess(head(h), scale, softcap).float()
+        loss = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        inputs = ([h] if want_h else []) + list(params)
+        grads = list(torch.autograd.grad(loss, inputs, allow_unused=True)) if inputs else []
+    return loss.detach(), grads
+
+
 class _ModuleHeadLoss(torch.autograd.Function):
     """Chunked cross-entropy through any head module (peft-wrapped, quantized ...), gradients by local autograd.
 
@@ -214,19 +233,15 @@ class _ModuleHeadLoss(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_p = [torch.zeros_like(p, dtype=torch.float32) for p in params]
         for start in range(0, hidden.shape[0], chunk):
-            h = hidden[start:start + chunk].detach().requires_grad_(want_h)
-            with torch.enable_grad():
-                logits = _postprocess(head(h), scale, softcap).float()
-                loss = F.cross_entropy(logits, targets[start:start + chunk], ignore_index=IGNORE_INDEX,
-                                       reduction="sum")
-                inputs = ([h] if want_h else []) + list(params)
-                grads = list(torch.autograd.grad(loss, inputs, allow_unused=True)) if inputs else []
-            total += loss.detach()
+            loss, grads = _module_chunk(hidden[start:start + chunk], targets[start:start + chunk], head, scale,
+                                        softcap, want_h, params)
+            total += loss
             if want_h:
                 grad_h[start:start + chunk] = grads.pop(0)
             for acc, g in zip(grad_p, grads, strict=True):
                 if g is not None:
                     acc += g
+            del grads  # this chunk's gradients go before the next chunk's logits exist
         ctx.save_for_backward(*(([grad_h] if grad_h is not None else []) + grad_p))
         ctx.has_h = grad_h is not None
         ctx.dtypes = [p.dtype for p in params]
