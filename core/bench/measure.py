@@ -97,6 +97,7 @@ class RunResult:
     first_step_s: float | None = None
     trainable_params: int | None = None
     active_params: int | None = None
+    profile: dict | None = None  # one extra step under torch.profiler (--profile), see hone.core.bench.profile
     # Filled in against the baseline run by report.compare.
     speed_ratio: float | None = None
     memory_ratio: float | None = None
@@ -123,6 +124,7 @@ class Settings:
     tokens: int
     peak_flops: float | None  # matmul FLOP/s measured at start
     count_syncs: bool = True
+    profile_top: int = 0  # > 0: profile one extra step and keep this many rows per table
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -248,6 +250,21 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
         result.mfu = 6 * result.active_params * settings.tokens / result.median_step_s / settings.peak_flops
     if settings.count_syncs:
         result.syncs_fwd_bwd = count_syncs(runner.forward_backward, settings.device)
+    if settings.profile_top > 0:
+        result.profile = _profile(runner, settings)
+
+
+def _profile(runner: Runner, settings: Settings) -> dict:
+    """One more step under the profiler, after the timed ones (their numbers stay unprofiled). A profile that
+    fails (out of memory with the profiler's buffers, say) is recorded in the profile, not as the run's failure."""
+    from hone.core.bench.profile import profile_step
+
+    try:
+        return profile_step(runner, settings.device, top=settings.profile_top)
+    except Exception as e:
+        if is_out_of_memory(e):
+            free_memory(settings.device)
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
 
 
 def _record_failure(result: RunResult, error: Exception, device: str) -> None:

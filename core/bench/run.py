@@ -57,6 +57,7 @@ class BenchOptions:
     micro: str = "auto"  # attention-alone micro-benchmark: auto (on CUDA) | on | off
     model_cache: str | None = None
     count_syncs: bool = True
+    profile_top: int = 0  # --profile: one extra step per run under torch.profiler, this many rows per table
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
     peak_flops = matmul_rate(device, dtype)
     free_memory(device)  # the probe's cached blocks must not count as the first run's reserved memory
     settings = Settings(warmup=options.warmup, steps=options.steps, device=device, tokens=batch.tokens,
-                        peak_flops=peak_flops, count_syncs=options.count_syncs)
+                        peak_flops=peak_flops, count_syncs=options.count_syncs, profile_top=options.profile_top)
     runs: list[RunResult] = []
     try:
         if options.qlora and device.startswith("cuda") and any(p.make for p in planned):

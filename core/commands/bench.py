@@ -48,6 +48,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "peer runs) here and reuse it next time")
     p.add_argument("--no-sync-count", action="store_true", help="skip the extra forward + backward that counts "
                    "host syncs")
+    p.add_argument("--profile", action="store_true", help="after each run's timed steps, run one more step under "
+                   "torch.profiler and print the top kernels by total time with their counts, and the time by "
+                   "where it was launched (module in forward / recompute, autograd node in backward, optimizer)")
+    p.add_argument("--profile-top", type=int, default=25, metavar="N", help="rows per profile table (default 25)")
     p.add_argument("--verbose", action="store_true", help="also print each run's speed paths and failures")
     p.add_argument("--list", action="store_true", help="list scenarios and runs, then exit")
     return p
@@ -97,7 +101,8 @@ def run(args) -> int:
                            qlora=args.qlora, steps=args.steps, warmup=args.warmup, seed=args.seed,
                            seq_min=args.seq_min, seq_max=args.seq_max, only=args.only, baseline=args.baseline,
                            peer=args.peer, device=args.device, dtype=args.dtype, micro=args.micro,
-                           model_cache=args.model_cache, count_syncs=not args.no_sync_count)
+                           model_cache=args.model_cache, count_syncs=not args.no_sync_count,
+                           profile_top=max(args.profile_top, 1) if args.profile else 0)
 
     def started(name: str) -> None:
         console.print(f"[dim]{name} ...[/dim]")
@@ -128,6 +133,13 @@ def run(args) -> int:
             console.print(micro["table"])
         else:
             console.print(f"attention alone: {micro.get('status')}: {micro.get('reason')}")
+    if args.profile:
+        from hone.core.bench.profile import profile_tables
+
+        for result in report.runs:
+            if result.profile is not None:
+                for renderable in profile_tables(result.name, result.profile):
+                    console.print(renderable)
     if args.verbose:
         for result in report.runs:
             for path, choice in result.speed_paths.items():

@@ -1,0 +1,242 @@
+"""One training step under `torch.profiler`: which kernels take the GPU's time, and where they were launched.
+
+    summary = profile_step(runner, "cuda")   # after the run's timed steps, on the same model and batch
+    summary["kernels"]     # the top kernels by total device time, with call counts
+    summary["groups"]      # the same time by where it was launched (below)
+    summary["phases"], summary["categories"]
+
+Where a kernel was launched is read from the ranges around the CPU op that launched it, innermost first:
+- every module of the model gets a `record_function` range while its forward runs (forward hooks, removed
+  afterwards), named after its path with the layer index dropped (`self_attn.q_proj.base_layer`, `mlp`,
+  `model.norm`): a kernel inside one is "forward <module>", or "recompute <module>" when the module ran inside
+  an autograd node (a checkpointed layer recomputed in backward);
+- the autograd engine wraps each backward node in a range of its own: "backward <node>" (e.g.
+  `LoRALinearFunctionBackward`);
+- `Optimizer.step` / `zero_grad` ranges: "optimizer";
+- anything else: "other <outermost range or op>" (e.g. the chunked loss's `_LinearHeadLoss`, gradient clipping).
+Blocks compiled with `torch.compile` get no module ranges (new hooks would make dynamo recompile inside the
+profiled step); their kernels are grouped by autograd node and range only.
+
+On a CPU there are no device kernels: each ATen op's own time stands in for a kernel, so the grouping and the
+tables can be checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from functools import partial
+
+import torch
+from torch.autograd import DeviceType
+
+MODULE_RANGE = "hone.module::"
+_NODE_RANGE = "autograd::engine::evaluate_function: "
+_OPTIMIZER_RANGE = "Optimizer."
+# Kernel name fragments -> category, first match wins (cuBLAS/CUTLASS GEMMs, flash attention, copies, ATen's
+# reduction and elementwise templates). Triton kernels are recognized by name shape in `kernel_category`.
+_CATEGORIES = (
+    ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "wgmma", "s16816", "splitk")),
+    ("attention", ("flash", "fmha", "attention")),
+    ("copy", ("memcpy", "memset", "copy_kernel")),
+    ("reduction", ("reduce", "softmax", "logsumexp", "cross_entropy")),
+    ("elementwise", ("elementwise", "foreach", "fill", "index", "scatter", "gather", "cat")),
+)
+
+
+def module_label(name: str) -> str:
+    """Short, layer-independent name for a module path: the part after the last layer index, else the last two
+    parts ("base_model.model.model.layers.3.self_attn.q_proj.lora_A.default" -> "self_attn.q_proj.lora_A")."""
+    parts = [p for p in name.split(".") if p and p != "default"]
+    indices = [i for i, p in enumerate(parts) if p.isdigit()]
+    if indices:
+        last = indices[-1]
+        return ".".join(parts[last + 1:]) or "decoder layer"
+    return ".".join(parts[-2:]) or "model"
+
+
+def kernel_category(name: str) -> str:
+    """matmul, attention, copy, triton (inductor's `triton_*`, Hone's `_*_kernel`), reduction, elementwise, other."""
+    lowered = name.lower()
+    for category, fragments in _CATEGORIES[:3]:
+        if any(f in lowered for f in fragments):
+            return category
+    if lowered.startswith("triton") or (lowered.startswith("_") and lowered.endswith("_kernel")):
+        return "triton"
+    for category, fragments in _CATEGORIES[3:]:
+        if any(f in lowered for f in fragments):
+            return category
+    return "other"
+
+
+class ModuleRanges:
+    """`record_function` ranges around every module's forward while installed; `remove()` takes them off."""
+
+    def __init__(self, model: torch.nn.Module):
+        self._local = threading.local()  # backward (and so recompute) runs on the autograd engine's threads
+        self._handles = []
+        for name, module in model.named_modules():
+            label = MODULE_RANGE + module_label(name)
+            self._handles.append(module.register_forward_pre_hook(partial(self._enter, label)))
+            self._handles.append(module.register_forward_hook(self._exit, always_call=True))
+
+    def _stack(self) -> list:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
+
+    def _enter(self, label: str, _module, _args) -> None:
+        scope = torch.autograd.profiler.record_function(label)
+        scope.__enter__()
+        self._stack().append(scope)
+
+    def _exit(self, _module, _args, _output) -> None:
+        stack = self._stack()
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _compiled(model: torch.nn.Module) -> bool:
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+
+
+def launch_group(event) -> str:
+    """Where the CPU op `event` ran: see the module docstring."""
+    chain = []
+    while event is not None:
+        chain.append(event.name)
+        event = event.cpu_parent
+    module = node = None
+    for depth, name in enumerate(chain):
+        if name.startswith(_OPTIMIZER_RANGE):
+            return "optimizer"
+        if module is None and name.startswith(MODULE_RANGE):
+            module = (depth, name[len(MODULE_RANGE):])
+        elif node is None and name.startswith(_NODE_RANGE):
+            node = (depth, name[len(_NODE_RANGE):])
+    if module is not None and (node is None or module[0] < node[0]):
+        return ("recompute " if node is not None else "forward ") + module[1]
+    if node is not None:
+        return "backward " + node[1]
+    return "other " + chain[-1]
+
+
+def _launches(events, cuda: bool):
+    """(kernel name, microseconds, launching CPU event) for every device kernel linked to a CPU op; on a CPU,
+    every ATen op with its own (self) time."""
+    for event in events:
+        if event.device_type != DeviceType.CPU:
+            continue
+        if cuda:
+            for kernel in event.kernels:
+                yield kernel.name, float(kernel.duration), event
+        elif event.name.startswith("aten::"):
+            yield event.name, float(event.self_cpu_time_total), event
+
+
+def _table(totals: dict, counts: dict, whole_us: float, top: int) -> list[dict]:
+    rows = sorted(totals.items(), key=lambda kv: kv[1], reverse=True)[:top]
+    return [{"name": name, "calls": counts[name], "total_ms": us / 1000,
+             "share": us / whole_us if whole_us else 0.0} for name, us in rows]
+
+
+def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
+    """Tables of one profiled step from `prof.events()`.
+
+    Returns:
+        dict: wall_ms (the step, synchronized), device_ms (sum of kernel times: more than wall_ms when streams
+        overlap, less when the GPU idles), attributed_ms (the part linked to a CPU op), kernel_launches,
+        kernels / groups (top `top` rows: name, calls, total_ms, share of device_ms), phases (forward, recompute,
+        backward, optimizer, other) and categories (matmul, attention, triton, ...) as name -> ms.
+    """
+    kernel_us, kernel_calls = defaultdict(float), defaultdict(int)
+    if cuda:  # every device activity, linked to a CPU op or not (copies on side streams, for instance)
+        for event in events:
+            if event.device_type == DeviceType.CUDA:
+                kernel_us[event.name] += event.time_range.elapsed_us()
+                kernel_calls[event.name] += 1
+    group_us, group_calls = defaultdict(float), defaultdict(int)
+    phases, categories = defaultdict(float), defaultdict(float)
+    attributed = 0.0
+    for name, us, event in _launches(events, cuda):
+        if not cuda:
+            kernel_us[name] += us
+            kernel_calls[name] += 1
+        group = launch_group(event)
+        group_us[group] += us
+        group_calls[group] += 1
+        phases[group.split(" ", 1)[0]] += us / 1000
+        attributed += us
+    for name, us in kernel_us.items():
+        categories[kernel_category(name)] += us / 1000
+    device_us = sum(kernel_us.values())
+    return {"wall_ms": wall_s * 1000, "device_ms": device_us / 1000, "attributed_ms": attributed / 1000,
+            "kernel_launches": sum(kernel_calls.values()), "device": "cuda" if cuda else "cpu (ATen ops)",
+            "kernels": _table(kernel_us, kernel_calls, device_us, top),
+            "groups": _table(group_us, group_calls, device_us, top),
+            "phases": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
+            "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1]))}
+
+
+def profile_step(runner, device: str, *, top: int = 25) -> dict:
+    """Run one more optimizer step of a set-up runner under the profiler and summarize it (see `summarize`).
+
+    The module ranges are installed for this step only and removed afterwards, even when the step fails.
+    """
+    cuda = torch.device(device).type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    model = getattr(runner, "model", None)
+    note = ""
+    ranges = None
+    if model is not None and _compiled(model):
+        note = "compiled blocks: no module ranges (grouped by autograd node and range only)"
+    elif model is not None:
+        ranges = ModuleRanges(model)
+    try:
+        if cuda:
+            torch.cuda.synchronize()
+        with torch.profiler.profile(activities=activities) as prof:
+            started = time.perf_counter()
+            runner.step()
+            if cuda:
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - started
+    finally:
+        if ranges is not None:
+            ranges.remove()
+    summary = summarize(prof.events(), cuda=cuda, wall_s=wall, top=top)
+    summary["note"] = note
+    return summary
+
+
+def profile_tables(name: str, summary: dict):
+    """Rich renderables for one run's profile: a heading line, the top kernels, and the launch groups."""
+    from rich.table import Table
+
+    if "error" in summary:
+        return [f"profile of {name}: failed: {summary['error']}"]
+    device_ms = summary["device_ms"]
+    head = (f"profile of {name}: one step {summary['wall_ms']:.1f} ms wall, {device_ms:.1f} ms in "
+            f"{summary['kernel_launches']:,} {summary['device']} kernels; by phase: "
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in summary["phases"].items())
+            + "; by kind: " + ", ".join(f"{k} {v:.1f} ms" for k, v in summary["categories"].items()))
+    if summary.get("note"):
+        head += f" ({summary['note']})"
+    out = [head]
+    for title, rows, width in (("top kernels", summary["kernels"], 90), ("launched from", summary["groups"], 70)):
+        table = Table(title=f"{name}: {title}", title_justify="left")
+        table.add_column("name", overflow="fold", max_width=width)
+        for column in ("calls", "total ms", "% device"):
+            table.add_column(column, justify="right")
+        for row in rows:
+            table.add_row(row["name"], f"{row['calls']:,}", f"{row['total_ms']:.2f}", f"{100 * row['share']:.1f}")
+        out.append(table)
+    return out
