@@ -1,0 +1,70 @@
+"""The dense step's GPU-only facts (`pytest -m gpu`): the fused LoRA linear runs under CUDA autocast (how the
+trainer runs bf16 models), and the chunked loss over a 151,936-token vocabulary stays within its memory budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from hone.core import fused_lora
+from hone.core.fused import apply_kernels
+from hone.core.loss import chunked_head_loss
+from hone.core.shapes import build_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+GIB = 2**30
+
+
+def _model():
+    model = build_model("tiny-dense", layers=2, seed=0, dtype=torch.bfloat16, device="cuda", vocab_size=1024)
+    torch.manual_seed(0)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    return model
+
+
+def _loss(model):
+    ids = torch.randint(0, 1024, (1, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    pos = torch.cat([torch.arange(100), torch.arange(156)]).to("cuda")[None]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1].float(), ids[0, 1:])
+    loss.backward()
+    return loss.item()
+
+
+def test_fused_lora_linear_runs_under_cuda_autocast(monkeypatch):
+    want = _loss(_model())
+    model = _model()
+    apply_kernels(model)
+    calls = []
+    original = fused_lora.lora_linear
+    monkeypatch.setattr(fused_lora, "lora_linear", lambda *a, **k: calls.append(1) or original(*a, **k))
+    got = _loss(model)
+    assert len(calls) == 14, (f"the fused LoRA linear ran {len(calls)} times under CUDA autocast, expected 14 "
+                              "(2 layers x 7 linears): peft's eager path is running instead")
+    assert abs(got - want) < 3e-2 * abs(want), f"loss {got} with the fused LoRA vs {want} with peft's"
+
+
+def test_chunked_loss_transient_memory_over_a_qwen3_vocabulary():
+    """4,096 tokens through a frozen 151,936 x 1,024 head: chunks of 2**26 fp32 logits need ~0.4 GiB at once
+    (fp32 logits, their bf16 source or bf16 gradient); the 2**28 chunks with logsumexp's temporary needed ~2.5."""
+    g = torch.Generator("cuda").manual_seed(0)
+    head = torch.nn.Linear(1024, 151936, bias=False, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+    hidden = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    targets = torch.randint(0, 151936, (4096,), device="cuda", generator=g)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss = chunked_head_loss(hidden, targets, head)
+    loss.backward()
+    torch.cuda.synchronize()
+    transient = (torch.cuda.max_memory_allocated() - before) / GIB
+    reference = torch.nn.functional.cross_entropy(head(hidden.detach()).float(), targets, reduction="sum")
+    assert abs(loss.item() - reference.item()) < 1e-3 * abs(reference.item()), (loss.item(), reference.item())
+    assert transient < 0.6, f"the chunked loss took {transient:.2f} GiB above its inputs (budget 0.6 GiB)"
