@@ -216,6 +216,9 @@ class SpeedConfig(_Section):
                           choices=MOE_BACKENDS)
     kernels: bool = _f(True, "Hone's fused Triton kernels (norm, rope, activation, LoRA) on supported GPUs.")
     compile: bool = _f(False, "Compile each decoder block with torch.compile (slower start, faster steps).")
+    tiled_mlp: bool = _f(True, "With kernels and checkpointing: back-propagate each decoder layer's MLP a tile of "
+                         "tokens at a time, so its (tokens x intermediate) activations never exist for the whole "
+                         "batch. Less memory, same work.")
 
 
 @dataclass

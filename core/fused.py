@@ -10,7 +10,9 @@ undoable, and returns a `KernelReport` saying what was replaced and what was ski
 - attention modules -> their own forward, with `apply_rotary_pos_emb` resolved to the in-place Triton rope;
 - gated MLPs (`down(act(gate(x)) * up(x))`, also Qwen2-MoE's shared expert) -> the SwiGLU / GeGLU kernel,
   after a probe shows which activation `act_fn` computes;
-- peft LoRA linear layers (any model family) -> one autograd node for base + scaled B(A x), dense or nf4 base.
+- peft LoRA linear layers (any model family) -> one autograd node for base + scaled B(A x), dense or nf4 base;
+- with `tile_mlp=True`, those pre-norm decoder layers back-propagate their MLP a tile of tokens at a time when
+  Hone's checkpointer recomputes them (`hone.core.fused_mlp`).
 
 The family-specific parts cover Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3 and the attention/norm parts of
 Qwen2-MoE, Qwen3-MoE and Mixtral; MoE expert layers are left to the MoE backends. Each patched module
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hone.core.fused_lora import lora_base_kind, patch_lora_layer
+from hone.core.fused_mlp import enable_tiling, tile_for, tiled_mlp
 from hone.core.fused_patch import (
     Undo,
     UnsupportedForward,
@@ -67,7 +70,8 @@ class KernelReport:
         model_type: the transformers model type (e.g. "qwen3").
         family: the supported family it belongs to, or None (then only LoRA layers are fused).
         backend: "triton" (CUDA), "triton-interpreter" (CPU with TRITON_INTERPRET=1) or "torch" (references).
-        patched: kind -> count: rms_norm, add_rms_norm, rope, glu:<activation>, lora_linear, qlora_linear.
+        patched: kind -> count: rms_norm, add_rms_norm, rope, glu:<activation>, lora_linear, qlora_linear,
+            tiled_mlp.
         skipped: reason -> names of the modules left as they were.
     """
 
@@ -98,8 +102,12 @@ class KernelReport:
         self.skipped.setdefault(reason, []).append(name)
 
 
-def apply_kernels(model: torch.nn.Module) -> KernelReport:
+def apply_kernels(model: torch.nn.Module, *, tile_mlp: bool = False) -> KernelReport:
     """Swap in the fused kernels on `model` (a transformers model, or a peft model around one).
+
+    Args:
+        tile_mlp: also back-propagate the MLPs of pre-norm decoder layers in token tiles when Hone's checkpointer
+            recomputes them (less memory, same work; `hone.core.fused_mlp`).
 
     Applying twice returns the first report and changes nothing more.
     """
@@ -113,7 +121,7 @@ def apply_kernels(model: torch.nn.Module) -> KernelReport:
         if report.family is None:
             report._skip(f"model type {model_type!r} is not one of {sorted(FAMILIES)} (LoRA layers only)", "*")
         else:
-            _patch_family(base, report, undos)
+            _patch_family(base, report, undos, tile_mlp)
         _patch_lora(model, report, undos)
     except Exception:
         for undo in reversed(undos):
@@ -171,7 +179,7 @@ def _backend(model: torch.nn.Module) -> str:
 
 # ---- family patches -------------------------------------------------------------------------------------------
 
-def _patch_family(base: torch.nn.Module, report: KernelReport, undos: list[Undo]) -> None:
+def _patch_family(base: torch.nn.Module, report: KernelReport, undos: list[Undo], tile_mlp: bool) -> None:
     from hone.kernels.rms_norm import FusedRMSNorm
 
     modules = dict(base.named_modules())
@@ -185,7 +193,7 @@ def _patch_family(base: torch.nn.Module, report: KernelReport, undos: list[Undo]
         if _has(module, "gate_proj", "up_proj", "down_proj", "act_fn"):
             _patch_mlp(name, module, report, undos)
         if _has(module, *_PRENORM_DECODER_NAMES):
-            _patch_decoder(name, module, report, undos)
+            _patch_decoder(name, module, report, undos, tile_mlp)
 
 
 def _has(module: torch.nn.Module, *names: str) -> bool:
@@ -297,7 +305,8 @@ def _probe_activation(act_fn) -> str | None:
     return None
 
 
-def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, undos: list[Undo]) -> None:
+def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, undos: list[Undo],
+                   tile_mlp: bool) -> None:
     from hone.kernels.rms_norm import FusedRMSNorm, add_rms_norm
 
     try:
@@ -325,6 +334,9 @@ def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, und
             else:
                 residual = hidden_states + attn_out
                 hidden_states = norm(residual)
+            tile = tile_for(self, hidden_states)
+            if tile is not None:  # a checkpointed recompute: the MLP is back-propagated tile by tile instead
+                return residual + tiled_mlp(self, hidden_states, tile)
             return residual + self.mlp(hidden_states)
 
         return prenorm_decoder_forward
@@ -337,6 +349,13 @@ def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, und
         return
     undos.append(swap_forward(module, forward, name))
     report._add("add_rms_norm")
+    if tile_mlp:
+        tiling = enable_tiling(module, name)
+        if isinstance(tiling, str):
+            report._skip(f"tiled MLP: {tiling}", name)
+        else:
+            undos.append(tiling)
+            report._add("tiled_mlp")
 
 
 def _patch_lora(model: torch.nn.Module, report: KernelReport, undos: list[Undo]) -> None:

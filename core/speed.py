@@ -66,7 +66,7 @@ def _kernels_and_compile(peft_model, cfg: SpeedConfig, device: str, setup: Speed
     if cfg.kernels and str(device).startswith("cuda"):
         from hone.core.fused import apply_kernels
 
-        report = apply_kernels(peft_model)
+        report = apply_kernels(peft_model, tile_mlp=cfg.tiled_mlp)
         setup.choices["kernels"] = report.summary()
         for reason, names in report.skipped.items():
             setup.note("kernels", f"{len(names)} modules keep transformers' code: {reason}")

@@ -77,6 +77,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("all", ALL_ON, "every speed path on, as `auto` picks them (Hone's defaults)"),
     Variant("all+compile", {**ALL_ON, "compile": True}, "every speed path on, and compiled blocks",
             needs=("cuda",), focus=("compile",)),
+    Variant("all-untiled", {**ALL_ON, "tiled_mlp": False}, "every path on, MLP back-propagated whole (not in tiles)",
+            focus=("kernels",)),
     Variant("all-ckpt-gpu", {**ALL_ON, "checkpoint": "gpu"}, "every path on, recompute checkpointing",
             focus=("checkpoint",)),
     Variant("all-offload", {**ALL_ON, "checkpoint": "offload"}, "every path on, offloaded checkpoints (one buffer)",

@@ -68,3 +68,47 @@ def test_chunked_loss_transient_memory_over_a_qwen3_vocabulary():
     reference = torch.nn.functional.cross_entropy(head(hidden.detach()).float(), targets, reduction="sum")
     assert abs(loss.item() - reference.item()) < 1e-3 * abs(reference.item()), (loss.item(), reference.item())
     assert transient < 0.6, f"the chunked loss took {transient:.2f} GiB above its inputs (budget 0.6 GiB)"
+
+
+def _one_layer_8b_step(tile_mlp: bool):
+    """One decoder layer at Qwen3-8B width (small vocabulary), 8,192 packed tokens, recompute checkpointing, fused
+    kernels, bf16 autocast: (peak GiB above the model, loss, LoRA gradient norm)."""
+    from hone.core import attention
+    from hone.core.config import SpeedConfig
+    from hone.core.loss import loss_sum
+    from hone.core.offload import apply_checkpointing
+    from hone.core.packing import collate_packed
+    from tests.core.test_packing import random_rows
+
+    model = build_model("dense-8b", layers=1, seed=0, dtype=torch.bfloat16, device="cuda", vocab_size=4096)
+    attention.configure(model, SpeedConfig(attention="auto"), "cuda")
+    torch.manual_seed(0)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02, generator=torch.Generator("cuda").manual_seed(len(name)))
+    apply_checkpointing(model, "gpu", "cuda")
+    assert apply_kernels(model, tile_mlp=tile_mlp).count("tiled_mlp") == (1 if tile_mlp else 0)
+    batch = collate_packed(random_rows([2048, 1500, 3000, 1644], 4096, seed=2)).to("cuda")
+    model.train()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = loss_sum(model, batch)
+    (loss / batch.num_trained).backward()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - before) / GIB
+    grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
+    return peak, loss.item(), torch.stack(grads).norm().item()
+
+
+def test_tiled_mlp_backward_lowers_the_peak_at_8b_width():
+    whole = _one_layer_8b_step(tile_mlp=False)
+    torch.cuda.empty_cache()
+    tiled = _one_layer_8b_step(tile_mlp=True)
+    assert abs(tiled[1] - whole[1]) < 1e-3 * abs(whole[1]), f"loss {tiled[1]} tiled vs {whole[1]} whole"
+    assert abs(tiled[2] - whole[2]) < 2e-2 * whole[2], f"LoRA grad norm {tiled[2]} tiled vs {whole[2]} whole"
+    # 8,192 tokens x 12,288: gate, up and their product are 192 MiB each, their gradients as much again; tiles of
+    # 2,560 tokens hold under a third of that.
+    assert tiled[0] < whole[0] - 0.4, f"peak above the model: {tiled[0]:.2f} GiB tiled vs {whole[0]:.2f} GiB whole"

@@ -1,0 +1,148 @@
+"""The MLP of a checkpointed decoder layer back-propagated a tile of tokens at a time.
+
+Why: when a checkpointed layer is recomputed in backward, its MLP keeps the gate and up projections and their
+product for the whole batch (three tokens x intermediate tensors: 1.1 GiB for Qwen3-8B at 16K tokens), and its
+backward adds as much again in gradients. That is the largest part of the step's peak after the weights
+(docs/notes/dense-perf.md). Tiled, only one tile's intermediates exist at a time.
+
+How, at no extra compute: inside Hone's checkpointer (`hone.core.offload`) a layer runs twice, once without
+autograd in forward and once with autograd in backward, only to rebuild its graph; the value it recomputes is
+never read. In that recompute the MLP is not run: `TiledMLPBackward` returns zeros of the MLP output's shape
+(the residual add that consumes them needs no values for its backward) and keeps the MLP input. Its backward
+then runs the MLP forward and backward tile by tile: every MLP FLOP of the step still happens exactly once in
+forward, once in the recompute and once in backward, as without tiling.
+
+When it applies (`tile_for`): a pre-norm decoder layer whose forward Hone's fused kernels rebuilt (so the MLP
+output goes straight into `residual + mlp(...)`), the layer being recomputed by Hone's checkpointer with grad
+on, not under `torch.compile`, more tokens than one tile, and MLP LoRA layers without dropout (a tile-wise
+recompute would draw other dropout masks than the forward did). Everywhere else the MLP runs as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+# Elements of one (tile tokens x intermediate) activation: 2**25 = 64 MiB in bf16, so one tile's gate, up, product
+# and their gradients stay near 0.4 GiB whatever the MLP width (Qwen3-8B: 2,730 tokens per tile of 16K).
+TILE_ELEMENTS = 2**25
+# Fewer tokens than this per tile make the MLP GEMMs too short to keep a large GPU busy.
+MIN_TILE_TOKENS = 1024
+# Tiles are a whole number of GEMM blocks (tensor-core kernels tile the token dimension by 64-256).
+TILE_MULTIPLE = 256
+
+_TILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder layer -> tokens per tile
+
+
+def tile_tokens(intermediate_size: int) -> int:
+    """Tokens per tile for an MLP of this width (a multiple of `TILE_MULTIPLE`)."""
+    tokens = max(MIN_TILE_TOKENS, TILE_ELEMENTS // max(intermediate_size, 1))
+    return max(TILE_MULTIPLE, tokens // TILE_MULTIPLE * TILE_MULTIPLE)
+
+
+def _intermediate_size(mlp: torch.nn.Module) -> int | None:
+    up = getattr(mlp, "up_proj", None)
+    base = getattr(up, "base_layer", up)
+    return getattr(base, "out_features", None)
+
+
+def _lora_dropout_free(mlp: torch.nn.Module) -> bool:
+    for module in mlp.modules():
+        for dropout in getattr(module, "lora_dropout", {}).values():
+            if not isinstance(dropout, torch.nn.Identity) and getattr(dropout, "p", 1.0) > 0:
+                return False
+    return True
+
+
+@dataclass
+class TilingUndo:
+    """Takes one layer's tiling off again (the `Undo` protocol of `hone.core.fused_patch`)."""
+
+    layer: weakref.ref
+    label: str = ""
+
+    def __call__(self) -> bool:
+        layer = self.layer()
+        return layer is not None and _TILES.pop(layer, None) is not None
+
+
+def enable_tiling(layer: torch.nn.Module, label: str) -> TilingUndo | str:
+    """Mark a pre-norm decoder layer (its forward already rebuilt by `hone.core.fused`) for tiled MLP backward.
+
+    Returns:
+        The undo, or the reason the layer keeps its MLP whole.
+    """
+    mlp = getattr(layer, "mlp", None)
+    width = _intermediate_size(mlp) if mlp is not None else None
+    if width is None:
+        return "MLP without an up_proj of known width"
+    if not _lora_dropout_free(mlp):
+        return "MLP LoRA layers with dropout (a tile-wise recompute would draw other masks)"
+    _TILES[layer] = tile_tokens(width)
+    return TilingUndo(weakref.ref(layer), label)
+
+
+def tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
+    """Tokens per tile when this call of `layer.mlp(hidden)` should go through `TiledMLPBackward`, else None."""
+    if torch.compiler.is_compiling():
+        return None
+    tile = _TILES.get(layer)
+    if tile is None or not torch.is_grad_enabled() or not hidden.requires_grad:
+        return None
+    from hone.core.offload import is_recomputing
+
+    if not is_recomputing() or hidden.numel() // hidden.shape[-1] <= tile:
+        return None
+    return tile
+
+
+def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+
+
+class TiledMLPBackward(torch.autograd.Function):
+    """Forward: zeros shaped like `mlp(hidden)` (in a recompute whose values are never read); backward: the MLP
+    recomputed and back-propagated tile by tile.
+
+    Args (forward): hidden (..., H) MLP input that requires grad; mlp (the module, called on (tile, H) inputs);
+    out_features: the MLP output width; tile: tokens per tile.
+
+    The MLP's parameters get their gradients accumulated into `.grad` by `torch.autograd.backward`, as Hone's
+    checkpointer does for the whole layer (gradients reach parameters through `loss.backward()`).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, mlp, out_features, tile):
+        ctx.save_for_backward(hidden)
+        ctx.mlp, ctx.tile = mlp, tile
+        ctx.autocast = _autocast_state(hidden.device.type)
+        return hidden.new_zeros(*hidden.shape[:-1], out_features)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (hidden,) = ctx.saved_tensors
+        flat = hidden.detach().reshape(-1, hidden.shape[-1])
+        grad = grad.reshape(-1, grad.shape[-1])
+        grad_hidden = torch.empty_like(flat)
+        enabled, dtype = ctx.autocast
+        device_type = hidden.device.type
+        for start in range(0, flat.shape[0], ctx.tile):
+            piece = flat[start:start + ctx.tile].detach().requires_grad_(True)
+            replay = torch.autocast(device_type, dtype=dtype) if enabled else contextlib.nullcontext()
+            with torch.enable_grad(), replay:
+                out = ctx.mlp(piece)
+            torch.autograd.backward(out, grad[start:start + ctx.tile])
+            grad_hidden[start:start + ctx.tile] = piece.grad
+            del out, piece  # this tile's activations go before the next tile's exist
+        ctx.mlp = None
+        return grad_hidden.view(hidden.shape), None, None, None
+
+
+def tiled_mlp(layer: torch.nn.Module, hidden: torch.Tensor, tile: int) -> torch.Tensor:
+    """`layer.mlp(hidden)` through `TiledMLPBackward` (only where `tile_for` said so)."""
+    mlp = layer.mlp
+    out_features = getattr(getattr(mlp.down_proj, "base_layer", mlp.down_proj), "out_features", hidden.shape[-1])
+    return TiledMLPBackward.apply(hidden, mlp, out_features, tile)

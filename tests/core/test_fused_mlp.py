@@ -1,0 +1,106 @@
+"""Tiled MLP backward in checkpointed decoder layers (`apply_kernels(tile_mlp=True)`): the same loss and gradients
+as plain transformers + peft, the MLP skipped in the recompute and run once per tile in backward instead, and the
+cases where it must not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from hone.core import fused_mlp
+from hone.core.fused import apply_kernels, revert_kernels
+from hone.core.loss import loss_sum
+from hone.core.offload import apply_checkpointing, revert_checkpointing
+from hone.core.packing import collate_packed
+from hone.core.shapes import build_model
+from tests.core.test_packing import random_rows
+
+VOCAB = 512
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LAYERS = 2
+TILE = 16
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 16 tokens for the tiny MLP (intermediate 128), so a 45-token batch makes three tiles."""
+    monkeypatch.setattr(fused_mlp, "TILE_ELEMENTS", 128 * TILE)
+    monkeypatch.setattr(fused_mlp, "MIN_TILE_TOKENS", 1)
+    monkeypatch.setattr(fused_mlp, "TILE_MULTIPLE", 1)
+
+
+def _model(dropout: float = 0.0):
+    model = build_model("tiny-dense", layers=LAYERS, seed=0, vocab_size=VOCAB)
+    torch.manual_seed(0)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=TARGETS))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero; give the adapters something to contribute
+            torch.nn.init.normal_(param, std=0.05, generator=torch.Generator().manual_seed(len(name)))
+    return model
+
+
+def _mlp_calls(model) -> list[int]:
+    calls = [0] * LAYERS
+    for index, layer in enumerate(model.get_base_model().model.layers):
+        layer.mlp.register_forward_hook(lambda *_, i=index: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
+def _step(model):
+    batch = collate_packed(random_rows([20, 11, 14], VOCAB, seed=4))  # 45 tokens
+    model.train()
+    loss = loss_sum(model, batch)
+    (loss / 45).backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_tiled_mlp_backward_matches_plain_peft_and_skips_the_recompute(small_tiles):
+    want_loss, want = _step(_model())  # transformers + peft, no checkpointing, no kernels
+
+    model = _model()
+    apply_checkpointing(model, "gpu", "cpu")
+    report = apply_kernels(model, tile_mlp=True)
+    assert report.count("tiled_mlp") == LAYERS, report.summary()
+    calls = _mlp_calls(model)
+    got_loss, got = _step(model)
+
+    # Forward once per layer; the recompute skips the MLP; backward runs it once per 16-token tile of 45 tokens.
+    assert calls == [1 + 3] * LAYERS, f"MLP calls per layer {calls}, expected 4 (forward + 3 tiles)"
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+    assert got.keys() == want.keys() and len(got) == 2 * 7 * LAYERS
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    assert revert_kernels(model) == sum(report.patched.values())
+    revert_checkpointing(model)
+
+
+def test_without_tiling_the_recompute_runs_the_mlp(small_tiles):
+    model = _model()
+    apply_checkpointing(model, "gpu", "cpu")
+    assert apply_kernels(model, tile_mlp=False).count("tiled_mlp") == 0
+    calls = _mlp_calls(model)
+    _step(model)
+    assert calls == [2] * LAYERS, calls  # forward + recompute
+
+
+def test_without_checkpointing_the_mlp_runs_whole(small_tiles):
+    model = _model()
+    apply_kernels(model, tile_mlp=True)
+    calls = _mlp_calls(model)
+    _step(model)
+    assert calls == [1] * LAYERS, calls
+
+
+def test_lora_dropout_keeps_the_mlp_whole(small_tiles):
+    model = _model(dropout=0.1)
+    report = apply_kernels(model, tile_mlp=True)
+    assert report.count("tiled_mlp") == 0
+    reasons = [reason for reason in report.skipped if reason.startswith("tiled MLP")]
+    assert reasons and "dropout" in reasons[0], report.skipped
+
+
+def test_default_tiles_fit_the_gemms():
+    assert fused_mlp.tile_tokens(12288) == 2560  # Qwen3-8B: 7 tiles of a 16K batch, 60 MiB per bf16 activation
+    assert fused_mlp.tile_tokens(3072) == 10752  # Qwen3-0.6B: 2 tiles
+    assert fused_mlp.tile_tokens(10**6) == fused_mlp.MIN_TILE_TOKENS
