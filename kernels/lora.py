@@ -6,9 +6,10 @@ write, so there is no `@triton.jit` here; what this file changes is what is comp
 
 - the LoRA update is added into the base output by the GEMM itself (`addmm_`, beta=1), with no
   (tokens x out) temporaries for `B(A x)`, its scaled copy, or the sum;
-- backward keeps only the LoRA input (the layer input, or its dropped-out copy) and references to the
-  weights. `A x` (tokens x r) is recomputed (r/out of the forward's FLOPs), the base output is never kept, and an
-  nf4 base weight is dequantized again instead of keeping a 16-bit copy between forward and backward;
+- backward keeps the LoRA input (the layer input, or its dropped-out copy), `A x` (tokens x r: r/K of the input's
+  size, and keeping it saves backward a full read of the input) and references to the weights. The base output
+  is never kept, and an nf4 base weight is dequantized again instead of keeping a 16-bit copy between forward
+  and backward;
 - all GEMMs run in the activation dtype: fp32 adapter weights (peft's default next to a bf16 base) are cast
   down, 2 x r x (in + out) elements, instead of casting the (tokens x in) activations up and keeping that fp32
   copy for backward as the eager path does. Adapter gradients come back in the adapters' dtype.
@@ -42,21 +43,23 @@ def _base_weight(weight: torch.Tensor | None, nf4: NF4Weight | None, dtype: torc
 
 def lora_linear_forward(x: torch.Tensor, x_lora: torch.Tensor, weight: torch.Tensor | None, nf4: NF4Weight | None,
                         bias: torch.Tensor | None, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                        scaling: float) -> torch.Tensor:
-    """(M, K) inputs -> (M, N) output in x's dtype; `x_lora` is x itself or its dropped-out copy."""
+                        scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, K) inputs -> ((M, N) output in x's dtype, (M, r) `A x_lora`); `x_lora` is x itself or its dropped-out
+    copy."""
     dtype = x.dtype
     out = F.linear(x, _base_weight(weight, nf4, dtype), bias)
     xa = x_lora.to(dtype) @ lora_a.to(dtype).t()
-    return out.addmm_(xa, lora_b.to(dtype).t(), alpha=scaling)
+    return out.addmm_(xa, lora_b.to(dtype).t(), alpha=scaling), xa
 
 
 def lora_linear_backward(grad: torch.Tensor, x_lora: torch.Tensor, weight: torch.Tensor | None,
                          nf4: NF4Weight | None, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float,
-                         separate_lora_input: bool, needs: tuple[bool, ...]):
+                         separate_lora_input: bool, needs: tuple[bool, ...], xa: torch.Tensor | None = None):
     """Gradients for (x, x_lora, bias, lora_a, lora_b), each None where not needed.
 
     Args:
         grad: (M, N) gradient of the output. x_lora: (M, K) the saved LoRA input.
+        xa: (M, r) `A x_lora` from forward, in grad's dtype; None recomputes it.
         separate_lora_input: x_lora is a different tensor from x (dropout), so its gradient is returned on its
             own instead of being added into x's.
         needs: `ctx.needs_input_grad` for (x, x_lora, bias, lora_a, lora_b).
@@ -75,7 +78,9 @@ def lora_linear_backward(grad: torch.Tensor, x_lora: torch.Tensor, weight: torch
         dx_lora = (grad_b_proj @ a).mul_(scaling).to(x_lora.dtype)
     dbias = grad.sum(0) if need_bias else None
     da = _mm_into(grad_b_proj.t(), xl, lora_a.dtype).mul_(scaling) if need_a else None
-    db = _mm_into(grad.t(), xl @ a.t(), lora_b.dtype).mul_(scaling) if need_b else None
+    if need_b:
+        xa = xl @ a.t() if xa is None else xa.to(dtype)
+    db = _mm_into(grad.t(), xa, lora_b.dtype).mul_(scaling) if need_b else None
     return dx, dx_lora, dbias, da, db
 
 
@@ -86,17 +91,18 @@ class LoRALinearFunction(torch.autograd.Function):
                 scaling: float) -> torch.Tensor:
         separate = x_lora is not None
         x_lora = x_lora if separate else x
-        out = lora_linear_forward(x, x_lora, weight, nf4, bias, lora_a, lora_b, scaling)
-        ctx.save_for_backward(x_lora, weight, lora_a, lora_b)
+        out, xa = lora_linear_forward(x, x_lora, weight, nf4, bias, lora_a, lora_b, scaling)
+        ctx.save_for_backward(x_lora, weight, lora_a, lora_b, xa)
         ctx.nf4, ctx.scaling, ctx.separate = nf4, scaling, separate
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x_lora, weight, lora_a, lora_b = ctx.saved_tensors
+        x_lora, weight, lora_a, lora_b, xa = ctx.saved_tensors
         n = ctx.needs_input_grad
         dx, dx_lora, dbias, da, db = lora_linear_backward(
-            grad, x_lora, weight, ctx.nf4, lora_a, lora_b, ctx.scaling, ctx.separate, (n[0], n[1], n[4], n[5], n[6]))
+            grad, x_lora, weight, ctx.nf4, lora_a, lora_b, ctx.scaling, ctx.separate, (n[0], n[1], n[4], n[5], n[6]),
+            xa=xa)
         return dx, dx_lora, None, None, dbias, da, db, None
 
 

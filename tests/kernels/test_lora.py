@@ -71,8 +71,8 @@ def test_fused_lora_matches_peft(dtype, dropout, rslora, bias):
     assert undo() and "forward" not in layer.__dict__
 
 
-def test_backward_keeps_only_the_input():
-    """Nothing of the output's size is saved: the LoRA input and references to the weights."""
+def test_backward_keeps_only_the_input_and_the_rank_sized_product():
+    """Nothing of the output's size is saved: the LoRA input, `A x` (tokens x r) and references to the weights."""
     _, layer = _peft_layer(k=64, n=48)
     patch_lora_layer(layer, "proj")
     x = torch.randn(10, 64, requires_grad=True)
@@ -81,7 +81,9 @@ def test_backward_keeps_only_the_input():
         layer(x)
     weights = {p.data_ptr() for p in layer.parameters()}
     activations = [t for t in saved if t.data_ptr() not in weights]
-    assert len(activations) == 1 and activations[0].data_ptr() == x.data_ptr(), [tuple(t.shape) for t in saved]
+    shapes = [tuple(t.shape) for t in activations]
+    assert len(activations) == 2 and activations[0].data_ptr() == x.data_ptr(), shapes
+    assert shapes[1] == (10, 4), shapes  # A x: tokens x rank
 
 
 def test_peft_states_that_are_not_the_plain_case_use_peft_forward():
