@@ -7,7 +7,7 @@ backward adds as much again in gradients. That is the largest part of the step's
 
 How, at no extra compute: inside Hone's checkpointer (`hone.core.offload`) a layer runs twice, once without
 autograd in forward and once with autograd in backward, only to rebuild its graph; the value it recomputes is
-never read. In that recompute the MLP is not run: `TiledMLPBackward` returns zeros of the MLP output's shape
+never read. In that recompute the MLP is not run: `TiledMLP` returns zeros of the MLP output's shape
 (the residual add that consumes them needs no values for its backward) and keeps the MLP input. Its backward
 then runs the MLP forward and backward tile by tile: every MLP FLOP of the step still happens exactly once in
 forward, once in the recompute and once in backward, as without tiling.
@@ -86,7 +86,7 @@ def enable_tiling(layer: torch.nn.Module, label: str) -> TilingUndo | str:
 
 
 def tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
-    """Tokens per tile when this call of `layer.mlp(hidden)` should go through `TiledMLPBackward`, else None."""
+    """Tokens per tile when this call of `layer.mlp(hidden)` should go through `TiledMLP`, else None."""
     if torch.compiler.is_compiling():
         return None
     tile = _TILES.get(layer)
@@ -105,7 +105,7 @@ def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
     return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
 
-class TiledMLPBackward(torch.autograd.Function):
+class TiledMLP(torch.autograd.Function):
     """Forward: zeros shaped like `mlp(hidden)` (in a recompute whose values are never read); backward: the MLP
     recomputed and back-propagated tile by tile.
 
@@ -144,7 +144,7 @@ class TiledMLPBackward(torch.autograd.Function):
 
 
 def tiled_mlp(layer: torch.nn.Module, hidden: torch.Tensor, tile: int) -> torch.Tensor:
-    """`layer.mlp(hidden)` through `TiledMLPBackward` (only where `tile_for` said so)."""
+    """`layer.mlp(hidden)` through `TiledMLP` (only where `tile_for` said so)."""
     mlp = layer.mlp
     out_features = getattr(getattr(mlp.down_proj, "base_layer", mlp.down_proj), "out_features", hidden.shape[-1])
-    return TiledMLPBackward.apply(hidden, mlp, out_features, tile)
+    return TiledMLP.apply(hidden, mlp, out_features, tile)
