@@ -78,7 +78,7 @@ def enable_tiling(layer: torch.nn.Module, label: str) -> TilingUndo | str:
     mlp = getattr(layer, "mlp", None)
     width = _intermediate_size(mlp) if mlp is not None else None
     if width is None:
-        return "MLP without an up_proj of known width"
+        return "not a dense gated MLP (no up_proj, e.g. MoE experts): its backward stays whole"
     if not _lora_dropout_free(mlp):
         return "MLP LoRA layers with dropout (a tile-wise recompute would draw other masks)"
     _TILES[layer] = tile_tokens(width)
