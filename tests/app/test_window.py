@@ -8,6 +8,7 @@ import time
 
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QMessageBox
+from shiboken6 import isValid
 
 from hone.core.config import RunConfig
 from hone.core.events import RunFailed, RunFinished, RunStarted, StepMetrics
@@ -96,7 +97,8 @@ def test_closing_during_a_run_asks_then_stops_saves_and_closes(qtbot, make_windo
     assert asked and window.isVisible() and window.state.session.is_running, "Cancel keeps training"
     monkeypatch.setattr(window, "ask_stop_on_close", lambda: asked.append(1) or QMessageBox.Yes)
     window.close()
-    qtbot.waitUntil(lambda: not window.isVisible(), timeout=10_000)
+    # the window deletes itself once closed, so "closed" is "deleted, or at least hidden"
+    qtbot.waitUntil(lambda: not isValid(window) or not window.isVisible(), timeout=10_000)
     assert isinstance(events[-1], RunFinished) and events[-1].stopped, "the run saved and stopped before closing"
 
 
