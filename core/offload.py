@@ -17,6 +17,12 @@ other argument (attention mask, position-embedding tuple, `cu_seq_lens_q/k`, `ma
 `revert_checkpointing` restores what was there. Works the same under peft LoRA / QLoRA (peft swaps the linear
 modules inside a layer, not the layer) and for MoE layers.
 
+On a GPU the copies run on a side stream, ordered by the rules in `hone.core.offload_buffers.CudaCopier`: every copy
+waits for the work the compute stream has queued so far, and a recompute waits for its reload. The reload buffer a
+recompute reads is marked `reading` from `load` to `release` (after the layer's backward is queued); the next copy
+into it is issued only after that, so waiting for the queued compute work covers its last reader. The tests check
+these rules on the CPU with a stream simulator; `verify=True` compares every reloaded input with the saved one.
+
 The layer runs inside `_CheckpointedLayer`, an autograd Function: forward runs the layer without autograd and
 saves only its input; backward reloads the input, recomputes the layer with autograd (same RNG and autocast state as
 in forward), back-propagates through it (parameter gradients accumulate into `.grad` right there) and returns the
@@ -28,6 +34,7 @@ even when the first layer's input does not require grad. Gradients therefore rea
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass, field
 
@@ -72,11 +79,13 @@ class _SavedInput:
     seq: int
     shape: torch.Size
     dtype: torch.dtype
+    layer: str = ""
     kept: torch.Tensor | None = None
     slot: HostSlot | None = None
     buffer: ReloadBuffer | None = None
     ready: object | None = None  # event recorded when the copy into `buffer` is done
     give_back: weakref.finalize | None = None  # returns the host slot, at release or when dropped unused
+    check: torch.Tensor | None = None  # with `verify`: a device copy of the input as saved
 
     @property
     def nbytes(self) -> int:
@@ -130,32 +139,43 @@ class _CheckpointedLayer(torch.autograd.Function):
     """One decoder layer, checkpointed: forward saves only `hidden`; backward recomputes and back-propagates.
 
     Args (forward): checkpointer, run (hidden -> layer output: a tensor or a tuple), hidden (B, T, H) layer input,
-    anchor (zero-size tensor that requires grad).
+    anchor (zero-size tensor that requires grad), layer (its name, for messages).
     """
 
     @staticmethod
-    def forward(ctx, checkpointer, run, hidden, anchor):
+    def forward(ctx, checkpointer, run, hidden, anchor, layer):
         ctx.checkpointer, ctx.run = checkpointer, run
         ctx.input_requires_grad = hidden.requires_grad
         ctx.state = _capture_state(hidden.device)
-        ctx.layer_input = checkpointer.save(hidden)
-        return run(hidden)
+        ctx.layer_input = checkpointer.save(hidden, layer)
+        version = hidden._version
+        out = run(hidden)
+        if hidden._version != version:
+            # The copy saved for backward (queued on another stream, or this very tensor) would not be the input
+            # the forward saw: the recompute would silently differ.
+            raise RuntimeError(f"{layer} wrote into its input in place during forward; activation checkpointing "
+                               "needs the layer input unchanged (set speed.checkpoint = off for this model)")
+        return out
 
     @staticmethod
     def backward(ctx, *grads):
         checkpointer = ctx.checkpointer
-        x = checkpointer.load(ctx.layer_input).detach().requires_grad_(ctx.input_requires_grad)
-        with torch.enable_grad(), _replayed(ctx.state):
-            out = ctx.run(x)
-        outs = out if isinstance(out, tuple) else (out,)
-        pairs = [(o, g) for o, g in zip(outs, grads, strict=False)
-                 if torch.is_tensor(o) and o.requires_grad and g is not None]
-        if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        grad = x.grad if ctx.input_requires_grad else None
-        checkpointer.release(ctx.layer_input)
-        ctx.run = ctx.layer_input = None
-        return None, None, grad, None
+        try:
+            x = checkpointer.load(ctx.layer_input).detach().requires_grad_(ctx.input_requires_grad)
+            with torch.enable_grad(), _replayed(ctx.state):
+                out = ctx.run(x)
+            outs = out if isinstance(out, tuple) else (out,)
+            pairs = [(o, g) for o, g in zip(outs, grads, strict=False)
+                     if torch.is_tensor(o) and o.requires_grad and g is not None]
+            if pairs:
+                # Runs the recompute's whole backward now: parameter gradients accumulate, and every use of `x` (a
+                # view of a reload buffer, also held by this graph) is queued before `release` lets the buffer go.
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            grad = x.grad if ctx.input_requires_grad else None
+        finally:
+            checkpointer.release(ctx.layer_input)
+            ctx.run = ctx.layer_input = None
+        return None, None, grad, None, None
 
 
 def _needs_grad(value) -> bool:
@@ -166,6 +186,26 @@ def _needs_grad(value) -> bool:
     if isinstance(value, dict):
         return any(_needs_grad(v) for v in value.values())
     return False
+
+
+@dataclass(frozen=True)
+class IntegrityCheck:
+    """One comparison made with `Checkpointer(verify=True)`: how many bytes of a layer's input differed, at `where`
+    ("pinned host copy", "reload buffer", "reload buffer after backward", or "kept input" in gpu mode), from the
+    input as the forward pass saw it. `seq` counts saved inputs since the Checkpointer was made."""
+
+    layer: str
+    seq: int
+    where: str
+    differing_bytes: int
+    nbytes: int
+
+
+def _differing_bytes(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Bytes that differ between two tensors of one shape and dtype (bitwise: NaNs and -0.0 count as themselves)."""
+    flat_a = a.detach().contiguous().view(-1).view(torch.uint8)
+    flat_b = b.detach().contiguous().view(-1).view(torch.uint8)
+    return int((flat_a != flat_b).sum().item())
 
 
 class Checkpointer:
@@ -181,9 +221,15 @@ class Checkpointer:
         max_buffer_bytes: the most device memory the reload buffers may hold together; a second buffer that would
             pass it is not allocated (one buffer always is: the recompute needs the input on the device).
         note: `note(topic, message, level)` for Notice events (fallbacks).
+        streams: the CUDA stream API the copies go through (torch.cuda's by default); with a stand-in, the CUDA copy
+            path runs on any device (the tests check its ordering on the CPU with a stream simulator).
+        verify: keep a device copy of every saved input and compare the bytes the layer is recomputed from with it
+            (in host memory, in the reload buffer, and again after the layer's backward): `integrity` lists the
+            results. A diagnostic for tests: it costs memory and synchronizes the host at every layer.
     """
 
-    def __init__(self, mode: str, device, *, max_buffer_bytes: int | None = None, note=None):
+    def __init__(self, mode: str, device, *, max_buffer_bytes: int | None = None, note=None, streams=None,
+                 verify: bool = False):
         if mode not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint mode {mode!r} is not one of {CHECKPOINT_MODES}")
         self.device = torch.device(device)
@@ -192,10 +238,14 @@ class Checkpointer:
         self.double = mode == "offload-double"
         self.max_buffer_bytes = max_buffer_bytes
         self.cuda = self.device.type == "cuda"
-        self.copier = CudaCopier(self.device) if self.cuda and self.offloads else SyncCopier()
+        use_streams = self.offloads and (self.cuda or streams is not None)
+        self.copier = CudaCopier(self.device, streams) if use_streams else SyncCopier()
         self.host = HostSlots(pin=self.cuda)
         self.buffers: list[ReloadBuffer] = []
         self.notes: list[str] = []
+        self.layer_names: dict[int, str] = {}  # id(layer module) -> its name in the model, for messages
+        self.verify = verify
+        self.integrity: list[IntegrityCheck] = []
         self._note = note
         self._seq = 0
         self._turn = 0  # round robin over the reload buffers
@@ -217,7 +267,9 @@ class Checkpointer:
 
     def __call__(self, function, *args, **kwargs):
         if (not args or not torch.is_tensor(args[0]) or not args[0].is_floating_point()
-                or not torch.is_grad_enabled() or torch.is_inference_mode_enabled()):
+                or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or is_recomputing()):
+            # A checkpointed layer nested in one being recomputed runs plainly: its input is already recomputed,
+            # and a nested reload could pick the buffer the outer layer's backward still reads.
             return function(*args, **kwargs)
         hidden, rest = args[0], args[1:]
         if _needs_grad(rest) or _needs_grad(kwargs):
@@ -227,12 +279,23 @@ class Checkpointer:
         def run(x):
             return function(x, *rest, **kwargs)
 
-        return _CheckpointedLayer.apply(self, run, hidden, self._anchor)
+        return _CheckpointedLayer.apply(self, run, hidden, self._anchor, self._layer_name(function))
+
+    def _layer_name(self, function) -> str:
+        """The layer's name in the model. transformers passes `partial(forward, layer, ...)` (latest) or
+        `partial(<bound __call__ of the layer>, ...)` (5.17); tests may pass the layer itself."""
+        layer = function
+        if isinstance(function, functools.partial):
+            first = function.args[0] if function.args else None
+            layer = first if isinstance(first, torch.nn.Module) else getattr(function.func, "__self__", function)
+        return self.layer_names.get(id(layer)) or type(layer).__name__
 
     # ---- saving in forward ----
-    def save(self, hidden: torch.Tensor) -> _SavedInput:
+    def save(self, hidden: torch.Tensor, layer: str = "") -> _SavedInput:
         self._seq += 1
-        saved = _SavedInput(self._seq, hidden.shape, hidden.dtype)
+        saved = _SavedInput(self._seq, hidden.shape, hidden.dtype, layer)
+        if self.verify:
+            saved.check = hidden.detach().clone(memory_format=torch.contiguous_format)
         while self._pending and self._pending[0]() is None:  # inputs of graphs dropped without a backward pass
             self._pending.pop(0)
         if not self.offloads or self._host_failed:
@@ -254,12 +317,19 @@ class Checkpointer:
 
     # ---- reloading in backward ----
     def load(self, saved: _SavedInput) -> torch.Tensor:
-        """The saved input on the device, ready for the compute stream (waits for its copy)."""
+        """The saved input on the device, ready for the compute stream (waits for its copy).
+
+        The returned tensor is a view of a reload buffer (offload modes): the buffer is marked `reading`, and no copy
+        goes into it until `release(saved)`, which the caller invokes once the layer's backward is queued.
+        """
         if saved.kept is not None:
+            self._verify(saved, saved.kept, "kept input")
             return saved.kept
         buffer = saved.buffer
         if buffer is None or buffer.owner != saved.seq or buffer.data is None or buffer.capacity < saved.nbytes:
             buffer = self._fill(saved, self._next_buffer(saved.nbytes, avoid=None))
+        buffer.reading = True
+        x = buffer.view(saved.shape, saved.dtype)  # taken now: a fallback during the prefetch may drop `buffer`
         if self.double:
             upcoming = self._previous_pending(saved)
             if upcoming is not None and not self._is_loaded(upcoming):
@@ -267,14 +337,19 @@ class Checkpointer:
                 if target is not None:
                     self._fill(upcoming, target)
         self.copier.wait(saved.ready)
-        return buffer.view(saved.shape, saved.dtype)
+        self._verify(saved, x, "reload buffer")
+        return x
 
     def release(self, saved: _SavedInput) -> None:
-        """After the layer's backward is queued: its buffer may be refilled once the queued work is done."""
-        if saved.buffer is not None and saved.buffer.data is not None:
-            self.copier.mark_free(saved.buffer)
-            if saved.buffer.owner == saved.seq:
-                saved.buffer.owner = -1
+        """After the layer's backward is queued: its buffer and host slot may take other inputs.
+
+        Copies issued later into the buffer first wait for the compute stream's queued work (`CudaCopier`), which
+        includes this layer's backward.
+        """
+        buffer = saved.buffer
+        if buffer is not None and buffer.data is not None and buffer.owner == saved.seq:
+            self._verify(saved, buffer.view(saved.shape, saved.dtype), "reload buffer after backward")
+            buffer.owner, buffer.reading = -1, False
         if saved.give_back is not None:
             saved.give_back()
         self._pending = [ref for ref in self._pending if (s := ref()) is not None and s is not saved]
@@ -296,11 +371,27 @@ class Checkpointer:
             found = s is saved
         return None
 
-    def _fill(self, saved: _SavedInput, buffer: ReloadBuffer) -> ReloadBuffer:
+    def _fill(self, saved: _SavedInput, buffer: ReloadBuffer | None) -> ReloadBuffer:
+        if buffer is None or buffer.reading:
+            raise RuntimeError("internal error: no reload buffer free for a layer input (a buffer still being read "
+                               "would be overwritten)")
         saved.ready = self.copier.to_device(saved.slot.view(saved.shape, saved.dtype),
-                                            buffer.view(saved.shape, saved.dtype), after=buffer.free_event)
+                                            buffer.view(saved.shape, saved.dtype))
         buffer.owner, saved.buffer = saved.seq, buffer
         return buffer
+
+    def _verify(self, saved: _SavedInput, on_device: torch.Tensor, where: str) -> None:
+        """With `verify`: compare what the recompute reads with the input as saved (and the host copy, once)."""
+        if saved.check is None:
+            return
+        self.integrity.append(IntegrityCheck(saved.layer, saved.seq, where, _differing_bytes(on_device, saved.check),
+                                             saved.nbytes))
+        if where == "reload buffer" and saved.slot is not None:
+            # The compute stream has waited for the reload, and the comparison above made the host wait for the
+            # compute stream: both copies through the slot are complete, the host may read it.
+            host = saved.slot.view(saved.shape, saved.dtype)
+            self.integrity.append(IntegrityCheck(saved.layer, saved.seq, "pinned host copy",
+                                                 _differing_bytes(host, saved.check.cpu()), saved.nbytes))
 
     def _next_buffer(self, nbytes: int, avoid: ReloadBuffer | None) -> ReloadBuffer | None:
         """The reload buffer the next copy goes into, allocated or grown to hold `nbytes`.
@@ -314,7 +405,7 @@ class Checkpointer:
             return None
         order = [(self._turn + k) % len(self.buffers) for k in range(len(self.buffers))]
         for index, buffer in [(i, self.buffers[i]) for i in order]:
-            if buffer is avoid or buffer.data is None:
+            if buffer is avoid or buffer.data is None or buffer.reading:
                 continue
             if buffer.capacity >= nbytes or self._grow(buffer, nbytes):
                 self._turn = index + 1
@@ -421,9 +512,11 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return [m for m in _base_model(model).modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | None = None,
-                        note=None) -> Checkpointer | None:
+def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | None = None, note=None,
+                        streams=None, verify: bool = False) -> Checkpointer | None:
     """Checkpoint every decoder layer of `model` (a transformers model, possibly peft-wrapped) in `mode`.
+
+    `max_buffer_bytes`, `note`, `streams` and `verify` are passed to the `Checkpointer`.
 
     Returns:
         The Checkpointer (read it once per step with `read_and_reset`), or None when the model has no layer
@@ -437,7 +530,10 @@ def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | Non
             note("checkpoint", f"{type(base).__name__} has no decoder layers transformers can checkpoint; activation "
                                "checkpointing is off for this run", "warning")
         return None
-    checkpointer = Checkpointer(mode, device, max_buffer_bytes=max_buffer_bytes, note=note)
+    checkpointer = Checkpointer(mode, device, max_buffer_bytes=max_buffer_bytes, note=note, streams=streams,
+                                verify=verify)
+    ids = {id(layer) for layer in layers}
+    checkpointer.layer_names = {id(m): name for name, m in base.named_modules() if id(m) in ids}
     previous = [(layer, layer.__dict__.get("gradient_checkpointing", _UNSET),
                  layer.__dict__.get("_gradient_checkpointing_func", _UNSET)) for layer in layers]
     for layer in layers:

@@ -5,9 +5,9 @@ memory, one slot per layer input waiting for its backward pass); in backward it 
 `ReloadBuffer` on the GPU (one or two of them) and the layer is recomputed from there. Sizes follow the largest
 layer input seen so far and grow when a bigger batch comes.
 
-Copies go through a `Copier`: `CudaCopier` runs them on a side stream and orders them with CUDA events (a copy into
-a reload buffer waits for the buffer's last reader; the recompute waits for its copy, and that wait is timed);
-`SyncCopier` copies synchronously for a CPU device, where the same bookkeeping runs without streams.
+Copies go through a `Copier`: `CudaCopier` runs them on a side stream, `SyncCopier` copies synchronously for a CPU
+device, where the same bookkeeping runs without streams. The ordering rules of `CudaCopier` (see its docstring) are
+checked on the CPU by a stream simulator in the tests.
 """
 
 from __future__ import annotations
@@ -106,13 +106,13 @@ class ReloadBuffer:
     Attributes:
         data: flat uint8 tensor on the compute device, or None once the buffer is given up.
         owner: sequence number of the saved input it holds (or is being filled with); -1 when none.
-        free_event: recorded on the compute stream after the last reader finished; copies into the buffer wait
-            for it (None on a CPU device).
+        reading: True from the moment a layer's recompute is handed a view of it until that layer's backward is
+            queued: no copy may be issued into it meanwhile.
     """
 
     data: torch.Tensor | None
     owner: int = -1
-    free_event: object | None = None
+    reading: bool = False
 
     @property
     def capacity(self) -> int:
@@ -201,55 +201,78 @@ class SyncCopier:
         dst.copy_(src)
         self.counters.offload_bytes += dst.numel() * dst.element_size()
 
-    def to_device(self, src: torch.Tensor, dst: torch.Tensor, after: object | None) -> object | None:
+    def to_device(self, src: torch.Tensor, dst: torch.Tensor) -> object | None:
         dst.copy_(src)
         return None
 
     def wait(self, ready: object | None) -> None:
         pass
 
-    def mark_free(self, buffer: ReloadBuffer) -> None:
-        pass
-
     def read_stall_s(self) -> float:
         return 0.0
 
 
-class CudaCopier:
-    """Copies between the GPU and pinned host memory on a side stream, ordered by CUDA events.
+class TorchCudaStreams:
+    """The CUDA stream API `CudaCopier` uses: torch.cuda's, with `record_stream` as a function. Tests hand the copier
+    a stand-in with the same calls that checks their ordering on the CPU."""
 
-    Forward: `to_host` waits for the compute stream's work so far (the layer input exists), copies on the side
-    stream and tells the allocator the input is in use there, so the compute stream runs on while the copy drains.
-    Backward: `to_device` waits for the target buffer's `free_event`, copies, and records a timing event; `wait`
-    makes the compute stream wait for that event and records when the compute stream got there, so the copy stall
-    is `max(0, ready - start)`, read after the step's own synchronization without another one.
+    Stream = staticmethod(torch.cuda.Stream)
+    Event = staticmethod(torch.cuda.Event)
+    current_stream = staticmethod(torch.cuda.current_stream)
+    stream = staticmethod(torch.cuda.stream)
+
+    @staticmethod
+    def record_stream(tensor: torch.Tensor, stream) -> None:
+        tensor.record_stream(stream)
+
+
+class CudaCopier:
+    """Copies between the GPU and pinned host memory on a side stream, ordered against the compute stream.
+
+    The rules, each one needed (the GPU runs work of two streams in any order that nothing forbids):
+    - Every copy first makes the side stream wait for all work the compute stream has queued so far. For `to_host`
+      that work produces the layer input. For `to_device` it covers two things: the last recompute that read the
+      target buffer (it was queued before the buffer was handed out again), and, for a buffer just allocated or
+      grown, whatever compute work still uses that memory: the caching allocator hands a block freed on the compute
+      stream to the next allocation at once, while kernels queued before may still be writing it, and a copy on
+      another stream that does not wait for them is overwritten by them afterwards.
+    - `to_host` tells the allocator (`record_stream`) that the side stream reads the input, so its memory is not
+      handed out again before the copy has run; reload buffers are marked the same way when allocated.
+    - The recompute reads a reload buffer only after `wait(ready)`: the compute stream waits for that copy's event.
+      Copies go into pinned host memory, so non_blocking copies never read or write pageable memory.
+    `wait` also records when the compute stream got there, so the copy stall is `max(0, ready - start)`, read after
+    the step's own synchronization without another one.
+
+    Args:
+        device: the compute device.
+        streams: the stream API (`TorchCudaStreams()` by default); the tests pass a CPU simulator of it.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, streams=None):
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        self.streams = streams if streams is not None else TorchCudaStreams()
+        self.stream = self.streams.Stream(device)
         self.counters = StepCounters()
         self._spare_events: list[object] = []
 
     def _timing_event(self):
-        return self._spare_events.pop() if self._spare_events else torch.cuda.Event(enable_timing=True)
+        return self._spare_events.pop() if self._spare_events else self.streams.Event(enable_timing=True)
 
     def adopt(self, buffer: torch.Tensor) -> None:
         # The allocator then waits for this stream's pending copies before it hands the memory out again.
-        buffer.record_stream(self.stream)
+        self.streams.record_stream(buffer, self.stream)
 
     def to_host(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        compute = torch.cuda.current_stream(self.device)
+        compute = self.streams.current_stream(self.device)
         self.stream.wait_stream(compute)
-        with torch.cuda.stream(self.stream):
+        with self.streams.stream(self.stream):
             dst.copy_(src, non_blocking=True)
-        src.record_stream(self.stream)
+        self.streams.record_stream(src, self.stream)
         self.counters.offload_bytes += dst.numel() * dst.element_size()
 
-    def to_device(self, src: torch.Tensor, dst: torch.Tensor, after: object | None) -> object:
-        if after is not None:
-            self.stream.wait_event(after)
-        with torch.cuda.stream(self.stream):
+    def to_device(self, src: torch.Tensor, dst: torch.Tensor) -> object:
+        self.stream.wait_stream(self.streams.current_stream(self.device))
+        with self.streams.stream(self.stream):
             dst.copy_(src, non_blocking=True)
         ready = self._timing_event()
         ready.record(self.stream)
@@ -258,16 +281,11 @@ class CudaCopier:
     def wait(self, ready: object | None) -> None:
         if ready is None:
             return
-        compute = torch.cuda.current_stream(self.device)
+        compute = self.streams.current_stream(self.device)
         start = self._timing_event()
         start.record(compute)
         compute.wait_event(ready)
         self.counters.waits.append((start, ready))
-
-    def mark_free(self, buffer: ReloadBuffer) -> None:
-        if buffer.free_event is None:
-            buffer.free_event = torch.cuda.Event()
-        buffer.free_event.record(torch.cuda.current_stream(self.device))
 
     def read_stall_s(self) -> float:
         """Seconds the compute stream waited for reloads since the last read; the events are then reused."""

@@ -62,3 +62,41 @@ def layer_call_counter(model):
 
     handles = [next(layer.children()).register_forward_hook(hook) for layer in decoder_layers(model)]
     return counts, lambda: [h.remove() for h in handles]
+
+
+class ToyLayer(torch.nn.Module):
+    """h + tanh(W h) (+ scale): a residual block with trainable weights."""
+
+    def __init__(self, width: int, seed: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.randn(width, width, generator=torch.Generator().manual_seed(seed)) * 0.05)
+
+    def forward(self, h, scale=None):
+        out = h + torch.tanh(self.linear(h))
+        return out if scale is None else out * scale
+
+
+def chain_grads(layers, x, checkpointer=None, scale=None, after_forward=None):
+    """Loss and gradients of the toy chain (input x does not require grad, like a frozen embedding's output).
+    `after_forward(inputs)` is called with every layer's input between forward and backward."""
+    h, inputs = x, []
+    for layer in layers:
+        inputs.append(h)
+        kwargs = {} if scale is None else {"scale": scale}
+        h = checkpointer(layer, h, **kwargs) if checkpointer is not None else layer(h, **kwargs)
+    if after_forward is not None:
+        after_forward(inputs)
+    del inputs
+    loss = (h * torch.linspace(-1, 1, h.shape[-1], device=h.device)).sum()
+    loss.backward()
+    params = [p for layer in layers for p in layer.parameters()] + ([scale] if scale is not None else [])
+    grads = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    return loss.detach(), grads
+
+
+def toy_chain(n=4, width=256, device="cpu"):
+    return [ToyLayer(width, seed).to(device) for seed in range(n)]

@@ -9,7 +9,7 @@ import gc
 
 import pytest
 import torch
-from offload_helpers import layer_call_counter, lora_model, loss_and_grads, packed_batch
+from offload_helpers import chain_grads, layer_call_counter, lora_model, loss_and_grads, packed_batch, toy_chain
 
 from hone.core import events
 from hone.core.config import SpeedConfig
@@ -122,39 +122,6 @@ def test_qlora_4bit_base_matches_without_checkpointing(tmp_path):
 # The checkpoint function on a chain of toy layers: buffers, prefetch order, growth, fallback
 # ---------------------------------------------------------------------------------------------------------------
 
-class ToyLayer(torch.nn.Module):
-    """h + tanh(W h) (+ scale): a residual block with trainable weights."""
-
-    def __init__(self, width: int, seed: int):
-        super().__init__()
-        self.linear = torch.nn.Linear(width, width)
-        with torch.no_grad():
-            self.linear.weight.copy_(torch.randn(width, width, generator=torch.Generator().manual_seed(seed)) * 0.05)
-
-    def forward(self, h, scale=None):
-        out = h + torch.tanh(self.linear(h))
-        return out if scale is None else out * scale
-
-
-def chain_grads(layers, x, checkpointer=None, scale=None):
-    """Loss and gradients of the toy chain (input x does not require grad, like a frozen embedding's output)."""
-    h = x
-    for layer in layers:
-        kwargs = {} if scale is None else {"scale": scale}
-        h = checkpointer(layer, h, **kwargs) if checkpointer is not None else layer(h, **kwargs)
-    loss = (h * torch.linspace(-1, 1, h.shape[-1])).sum()
-    loss.backward()
-    params = [p for layer in layers for p in layer.parameters()] + ([scale] if scale is not None else [])
-    grads = [p.grad.clone() for p in params]
-    for p in params:
-        p.grad = None
-    return loss.detach(), grads
-
-
-def toy_chain(n=4, width=256):
-    return [ToyLayer(width, seed) for seed in range(n)]
-
-
 class LoggingCopier(SyncCopier):
     """Synchronous copies that record which buffer every reload went into."""
 
@@ -162,9 +129,9 @@ class LoggingCopier(SyncCopier):
         super().__init__()
         self.reloads: list[int] = []
 
-    def to_device(self, src, dst, after):
+    def to_device(self, src, dst):
         self.reloads.append(dst.untyped_storage().data_ptr())
-        return super().to_device(src, dst, after)
+        return super().to_device(src, dst)
 
 
 def test_double_buffering_reloads_each_input_once_into_alternating_buffers():
