@@ -1,22 +1,29 @@
-"""Offloaded checkpoints on a CUDA GPU (`pytest -m gpu`): the loss and LoRA gradients of a 1B-shaped model equal
-training without checkpointing; a stress run with varying row lengths stays equal at every step (a race between a
-copy and the buffer's reader shows up as an error that moves); the fallback to one buffer; the step metrics; the
-memory saved; QLoRA and MoE layers.
+"""Offloaded checkpoints on a CUDA GPU (`pytest -m gpu`).
 
-bf16 kernels are not bit-reproducible (attention backward accumulates atomically), so every comparison is against a
-noise floor measured in the same test: the reference computed twice."""
+First the copy primitives against a compute stream kept busy with `torch.cuda._sleep` (each ordering rule of
+`CudaCopier` on its own: a missing one fails there deterministically, whatever else passes); then a toy chain whose
+layers sleep (copies and compute far apart in time); then a 1B-shaped model: every reloaded layer input
+byte-identical to the saved one (`verify`), the loss and LoRA gradients equal training without checkpointing, a
+stress run with varying row lengths equal at every step (a race shows up as an error that moves), the fallback to
+one buffer, the step metrics, the memory saved, QLoRA and MoE layers. A gradient mismatch reports the error per
+decoder layer (the highest wrong layer is where backward first went wrong) and a `verify` re-run per layer.
+
+bf16 kernels are not bit-reproducible (attention backward accumulates atomically), so model comparisons are against
+a noise floor measured in the same test: the reference computed twice."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
-from offload_helpers import lora_model, loss_and_grads, packed_batch
+from offload_helpers import ToyLayer, chain_grads, lora_model, loss_and_grads, packed_batch
 
 from hone.core import attention
 from hone.core.config import SpeedConfig
 from hone.core.loss import loss_sum
-from hone.core.offload import apply_checkpointing, decoder_layers, revert_checkpointing
-from hone.core.offload_buffers import reload_buffer_bytes
+from hone.core.offload import Checkpointer, apply_checkpointing, decoder_layers, revert_checkpointing
+from hone.core.offload_buffers import CudaCopier, allocate_reload_buffer, reload_buffer_bytes
 from hone.core.shapes import build_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -36,6 +43,116 @@ def worst_error(loss, grads, ref_loss, ref) -> tuple[float, str]:
     errors["loss"] = rel_error(loss, ref_loss)
     name = max(errors, key=errors.get)
     return errors[name], name
+
+
+def per_layer_errors(grads, ref) -> str:
+    """The worst relative gradient error of each decoder layer, last layer first (backward's order)."""
+    worst: dict[int, float] = {}
+    for name in ref:
+        found = re.search(r"\.layers\.(\d+)\.", name)
+        if found:
+            layer = int(found.group(1))
+            worst[layer] = max(worst.get(layer, 0.0), rel_error(grads[name], ref[name]))
+    return ", ".join(f"layers.{i} {worst[i]:.1e}" for i in sorted(worst, reverse=True))
+
+
+def verify_report(model, batch, mode: str) -> str:
+    """Run one step with `verify` on: which layer inputs came back different from how they were saved, and where."""
+    checkpointer = apply_checkpointing(model, mode, "cuda", verify=True)
+    try:
+        loss_and_grads(model, batch, autocast_dtype=torch.bfloat16)
+    finally:
+        revert_checkpointing(model)
+    bad = [f"{c.layer} {c.where}: {c.differing_bytes} of {c.nbytes} bytes differ"
+           for c in checkpointer.integrity if c.differing_bytes]
+    return "; ".join(bad) if bad else f"all {len(checkpointer.integrity)} reload checks byte-identical"
+
+
+def diagnosis(model, batch, mode, grads, ref) -> str:
+    return (f"\n  per layer: {per_layer_errors(grads, ref)}\n  verify re-run ({mode}): "
+            f"{verify_report(model, batch, mode)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The copy primitives against a busy compute stream
+# ---------------------------------------------------------------------------------------------------------------
+
+# GPU clock cycles `torch.cuda._sleep` spins: ~50 ms at an H200's ~2 GHz, far longer than the CPU needs to queue
+# everything after it, so work queued later on another stream runs first unless something orders it.
+SLEEP_CYCLES = 100_000_000
+COPY_FLOATS = 8 << 20  # 32 MiB copies: whole 2 MiB pages, so a reload buffer takes exactly a freed block's size
+
+
+def test_a_reload_into_fresh_memory_waits_for_compute_work_still_writing_that_memory():
+    """The first H200 run's bug: the allocator hands a block freed on the compute stream straight to the next
+    allocation, while kernels queued earlier still write it; a reload on the side stream must wait for them."""
+    device = torch.device("cuda")
+    copier = CudaCopier(device)
+    pinned = torch.full((COPY_FLOATS,), 1.0).pin_memory()
+    torch.cuda.synchronize()
+    scratch = torch.empty(COPY_FLOATS, device=device)
+    freed_at = scratch.data_ptr()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    scratch.fill_(7.0)  # queued behind the sleep: it writes the block long after the CPU moved on
+    del scratch
+    buffer = allocate_reload_buffer(device, COPY_FLOATS * 4, copier)
+    reused = buffer.data_ptr() == freed_at
+    target = buffer.view(torch.float32)[:COPY_FLOATS]
+    copier.wait(copier.to_device(pinned, target))
+    wrong = int((target != 1.0).sum())
+    assert wrong == 0, (f"{wrong} of {COPY_FLOATS} reloaded values were overwritten by compute work queued before the "
+                        f"buffer was allocated (buffer {'reused' if reused else 'did not reuse'} the freed block)")
+
+
+def test_an_offload_copies_the_input_as_produced_and_its_memory_is_not_reused_before():
+    device = torch.device("cuda")
+    copier = CudaCopier(device)
+    host = torch.empty(COPY_FLOATS, pin_memory=True)
+    torch.cuda.synchronize()
+    src = torch.empty(COPY_FLOATS, device=device)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    src.fill_(3.0)  # the layer input is produced after a long queue of work
+    with torch.cuda.stream(copier.stream):
+        torch.cuda._sleep(2 * SLEEP_CYCLES)  # and the side stream is busier: the copy runs after all of that
+    copier.to_host(src, host)
+    del src  # the input's memory goes back to the allocator; the compute stream allocates and writes right away
+    later = torch.empty(COPY_FLOATS, device=device)
+    later.fill_(9.0)
+    torch.cuda.synchronize()
+    wrong = int((host != 3.0).sum())
+    assert wrong == 0, (f"{wrong} of {COPY_FLOATS} offloaded values are not the input's (3.0): "
+                        f"{host.unique()[:5].tolist()} found")
+
+
+class SleepyLayer(ToyLayer):
+    """A toy residual layer that keeps the GPU busy before computing, so copies and compute drift apart."""
+
+    def forward(self, h, scale=None):
+        torch.cuda._sleep(SLEEP_CYCLES // 10)
+        return super().forward(h, scale)
+
+
+@pytest.mark.parametrize("mode", ["offload", "offload-double"])
+def test_a_slow_toy_chain_reloads_exactly_what_it_saved(mode):
+    """fp32 toy layers that sleep ~5 ms each: three steps with inputs that grow and shrink, gradients against gpu
+    recompute (same kernels on the same inputs: equal up to kernel selection) and every reloaded byte against the
+    saved one."""
+    layers = [SleepyLayer(1024, seed).cuda() for seed in range(6)]
+    checkpointer = Checkpointer(mode, "cuda", verify=True)
+    checkpointer.layer_names = {id(layer): f"layers.{i}" for i, layer in enumerate(layers)}
+    plain = Checkpointer(mode, "cuda")
+    for tokens in (1000, 3000, 2000):
+        x = torch.randn(1, tokens, 1024, device="cuda", generator=torch.Generator("cuda").manual_seed(tokens))
+        ref_loss, ref = chain_grads(layers, x, Checkpointer("gpu", "cuda"))
+        for name, ck in (("plain", plain), ("verify", checkpointer)):
+            loss, grads = chain_grads(layers, x, ck)
+            errors = [rel_error(g, r) for g, r in zip(grads, ref, strict=True)]
+            assert max(errors) <= 1e-4 and rel_error(loss, ref_loss) <= 1e-5, (
+                f"{mode} ({name}), {tokens} tokens: relative errors per parameter {[f'{e:.1e}' for e in errors]}")
+    bad = [f"{c.layer} {c.where}: {c.differing_bytes} of {c.nbytes} bytes" for c in checkpointer.integrity
+           if c.differing_bytes]
+    assert not bad, "\n".join(bad)
+    assert len(checkpointer.integrity) == 3 * 6 * 3
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +189,28 @@ def test_1b_loss_and_gradients_equal_training_without_checkpointing(llama_1b, mo
         checkpointer.read_and_reset()
         revert_checkpointing(llama_1b)
         error, where = worst_error(loss, grads, ref_loss, ref)
-        assert error <= tolerance, f"{name}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
+        if error > tolerance:
+            pytest.fail(f"{name}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
+                        + diagnosis(llama_1b, batch, name, grads, ref))
+
+
+@pytest.mark.parametrize("mode", ["gpu", "offload", "offload-double"])
+def test_1b_every_reloaded_input_is_byte_identical_to_the_saved_one(llama_1b, mode):
+    """`verify`: each layer's input compared, as the forward saw it, with the pinned host copy, the reload buffer
+    the recompute reads, and that buffer again after the layer's backward (nothing overwrote it meanwhile)."""
+    batches = [packed_batch([1500, 700, 1800], vocab=128256), packed_batch([5000], seed=1, vocab=128256)]
+    checkpointer = apply_checkpointing(llama_1b, mode, "cuda", verify=True)
+    try:
+        for batch in batches:  # the second batch is bigger: buffers regrow
+            loss_and_grads(llama_1b, batch, autocast_dtype=torch.bfloat16)
+    finally:
+        revert_checkpointing(llama_1b)
+    layers = len(decoder_layers(llama_1b))
+    stages = 1 if mode == "gpu" else 3
+    assert len(checkpointer.integrity) == stages * layers * len(batches), checkpointer.integrity
+    bad = [f"{c.layer} {c.where} (input #{c.seq}): {c.differing_bytes} of {c.nbytes} bytes differ"
+           for c in checkpointer.integrity if c.differing_bytes]
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("mode", ["offload", "offload-double"])
@@ -102,8 +240,10 @@ def test_stress_many_steps_with_varying_rows_stay_equal_every_step(llama_1b, mod
             tolerance = max(MIN_TOLERANCE, NOISE_FACTOR * noise)
             error, where = worst_error(*got, *ref)
             errors.append(error)
-            assert error <= tolerance, (f"step {step}: relative error {error:.2e} in {where} (tolerance "
-                                        f"{tolerance:.2e}); errors so far {[f'{e:.1e}' for e in errors]}")
+            if error > tolerance:
+                pytest.fail(f"step {step}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e}); errors "
+                            f"so far {[f'{e:.1e}' for e in errors]}; batches {[b.num_tokens for b in batches]} tokens"
+                            f"\n  per layer: {per_layer_errors(got[1], ref[1])}")
             largest = max(largest, max(b.num_tokens for b in batches) * llama_1b.config.hidden_size * 2)
             tokens = sum(b.num_tokens for b in batches)
             hidden = llama_1b.config.hidden_size
@@ -173,7 +313,8 @@ def test_double_falls_back_to_one_buffer_when_buffer_memory_is_limited(llama_1b)
     assert metrics["buffer_bytes"] == reload_buffer_bytes(input_bytes)
     assert [(t, lvl) for t, _m, lvl in notes] == [("checkpoint", "warning")], notes
     error, where = worst_error(loss, grads, ref_loss, ref)
-    assert error <= tolerance, f"after the fallback: relative error {error:.2e} in {where}"
+    assert error <= tolerance, (f"after the fallback: relative error {error:.2e} in {where}"
+                                f"\n  per layer: {per_layer_errors(grads, ref)}")
 
 
 def test_no_buffer_under_inference_mode(llama_1b):
@@ -198,7 +339,9 @@ def _equal_to_reference(model, batch, modes=("offload", "offload-double")):
         loss, grads = loss_and_grads(model, batch, autocast_dtype=torch.bfloat16)
         revert_checkpointing(model)
         error, where = worst_error(loss, grads, ref_loss, ref)
-        assert error <= tolerance, f"{mode}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
+        if error > tolerance:
+            pytest.fail(f"{mode}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
+                        + diagnosis(model, batch, mode, grads, ref))
 
 
 def test_qlora_4bit_base(tmp_path):
