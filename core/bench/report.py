@@ -20,11 +20,13 @@ from pathlib import Path
 from hone.core.bench.measure import RunResult
 
 # Relative tolerances by dtype: (first-step loss, first-step gradient norm). fp32 paths differ by summation order
-# only; bf16 / fp16 paths round every matmul and attention output differently along 28-36 layers.
+# only; bf16 / fp16 paths round every matmul and attention output differently along 28-36 layers. On the H200
+# every correct bf16 path stayed within 6e-5 (loss) and 7e-4 (gradient norm) of the reference, while a broken
+# checkpoint reload moved the gradient norm by 2%: the bf16 bounds sit well above the first and below the second.
 PARITY_TOLERANCE = {
     "float32": (1e-4, 1e-3),
-    "bfloat16": (1e-2, 1e-1),
-    "float16": (5e-3, 5e-2),
+    "bfloat16": (1e-3, 1e-2),
+    "float16": (1e-3, 1e-2),
 }
 _VERSIONED_PACKAGES = ("torch", "transformers", "peft", "accelerate", "triton", "bitsandbytes", "flash-attn",
                        "unsloth", "numpy")
