@@ -18,6 +18,7 @@ a divisor, a tanh soft-cap); a model with any other logit setting it does not kn
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -152,6 +153,13 @@ def _linear_chunk(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, 
     return loss, probs.to(weight.dtype)
 
 
+def _autocast_off(device_type: str):
+    """Autocast switched off, where the device has autocast at all (the meta device of memory plans has none)."""
+    if not torch.amp.is_autocast_available(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
+
+
 def _loss_only(hidden, targets, head, scale, softcap, chunk) -> torch.Tensor:
     """Chunked loss without gradients (evaluation)."""
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -176,7 +184,7 @@ class _LinearHeadLoss(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if want_b else None
-        with torch.autocast(device_type=hidden.device.type, enabled=False):
+        with _autocast_off(hidden.device.type):
             w = weight.to(compute_dtype)
             b = bias.to(compute_dtype) if bias is not None else None
             for start in range(0, hidden.shape[0], chunk):
@@ -281,7 +289,7 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
         return _loss_only(hidden, targets, head, scale, softcap, chunk_tokens)
     if type(head) is nn.Linear and head.weight.dtype.is_floating_point:
         device_type = hidden.device.type
-        autocast = torch.is_autocast_enabled(device_type)
+        autocast = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
         compute_dtype = torch.get_autocast_dtype(device_type) if autocast else head.weight.dtype
         return _LinearHeadLoss.apply(hidden, targets, head.weight, head.bias, scale, softcap, chunk_tokens,
                                      compute_dtype)

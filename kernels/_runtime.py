@@ -3,7 +3,8 @@
 A kernel runs compiled on CUDA tensors. On CPU tensors it runs only when `TRITON_INTERPRET=1` is set (read at
 call time), through Triton's interpreter, which is how the kernels are tested on machines without a GPU.
 Everything else, and anything inside a `torch.compile` region (where inductor writes its own fused code),
-takes the plain-torch reference path.
+takes the plain-torch reference path. On `meta` tensors (shapes only, as step plans use them) the Triton path is
+taken but no kernel runs: the launcher only tells `META_KERNEL_OBSERVER`, when one is set, what it would launch.
 
 Kernels in this package use only Triton builtins (no `tl.sum`, `tl.zeros`, `tl.sigmoid`, ...: those are
 `@triton.jit` functions, which the interpreter can only call when it was switched on before `triton` was
@@ -30,7 +31,11 @@ except ImportError:  # pragma: no cover - platforms without triton (macOS): refe
     InterpretedFunction = None
     HAS_TRITON = False
 
-__all__ = ["HAS_TRITON", "interpreting", "launcher", "num_programs", "sum_combine", "use_triton"]
+__all__ = ["HAS_TRITON", "META_KERNEL_OBSERVER", "interpreting", "launcher", "num_programs", "sum_combine",
+           "use_triton"]
+
+# Called as `observer(kernel_name, args)` for each launch on meta tensors (step plans count its bytes); None = off.
+META_KERNEL_OBSERVER = None
 
 
 def interpreting() -> bool:
@@ -43,7 +48,7 @@ def use_triton(*tensors: torch.Tensor | None) -> bool:
     if not HAS_TRITON or torch.compiler.is_compiling():
         return False
     devices = {t.device.type for t in tensors if t is not None}
-    if devices == {"cuda"}:
+    if devices == {"cuda"} or devices == {"meta"}:
         return True
     return devices == {"cpu"} and interpreting()
 
@@ -53,8 +58,24 @@ def _interpreted(kernel):
     return InterpretedFunction(kernel.fn)
 
 
+class _MetaLaunch:
+    """`kernel[grid](*args)` on meta tensors: runs nothing, reports the launch to `META_KERNEL_OBSERVER`."""
+
+    def __init__(self, kernel):
+        self.name = getattr(getattr(kernel, "fn", kernel), "__name__", "triton_kernel")
+
+    def __getitem__(self, grid):
+        return self._launch
+
+    def _launch(self, *args, **kwargs) -> None:
+        if META_KERNEL_OBSERVER is not None:
+            META_KERNEL_OBSERVER(self.name, args)
+
+
 def launcher(kernel, device: torch.device):
     """The launchable form of a `@triton.jit` kernel for tensors on `device`."""
+    if device.type == "meta":
+        return _MetaLaunch(kernel)
     if device.type == "cuda" or isinstance(kernel, InterpretedFunction):
         return kernel
     return _interpreted(kernel)

@@ -93,7 +93,7 @@ def grouped_gemm_forward(
     num_groups, k_dim, n_cols = w.shape
     rows = x.shape[0] if num_rows is None else num_rows
     out = torch.empty(rows, n_cols, device=x.device, dtype=x.dtype)
-    if rows == 0 or n_cols == 0:
+    if rows == 0 or n_cols == 0 or x.device.type == "meta":  # meta tensors (memory plans) carry shapes only
         return out
     rank = lora_x.shape[1] if lora_x is not None else 0
     flags = (gather is not None, scatter is not None, row_scale is not None, bias is not None, lora_x is not None)
@@ -155,6 +155,8 @@ def grouped_gemm_wgrad(
     out = torch.empty(num_groups, m_dim, n_dim, device=p.device, dtype=out_dtype)
     if m_dim == 0 or n_dim == 0 or num_groups == 0:
         return out.zero_()
+    if p.device.type == "meta":  # meta tensors (memory plans) carry shapes only
+        return out
     rows = p.shape[0] if num_rows is None else num_rows
     flags = (gather_p is not None, gather_q is not None)
 

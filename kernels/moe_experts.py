@@ -9,8 +9,9 @@ For T tokens routed to top_k of E experts (S = T * top_k sorted rows, see `moe_r
 
 W + s * A @ B is never formed: the LoRA factors act on the rows of their own group. Saved for backward are the
 layer input x (T, H) (not its top_k copies), gate_up and the two rank-r LoRA activations; h is recomputed from
-gate_up. Gradients flow to x, the routing weights, the LoRA factors and, when they require it, the base weights
-and biases. Dropout masks are regenerated from a seed in backward rather than stored.
+gate_up (for silu-gated halves in one fused pass that also gives the gradients towards gate_up and the routing
+weights, see `moe_glu`). Gradients flow to x, the routing weights, the LoRA factors and, when they require it, the
+base weights and biases. Dropout masks are regenerated from a seed in backward rather than stored.
 
 `moe_experts_reference` is the same layer written expert by expert with plain autograd, for tests.
 """
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from hone.kernels.moe_glu import swiglu_halves, swiglu_halves_grad
 from hone.kernels.moe_ops import GroupedOps
 from hone.kernels.moe_routing import Routing, route
 
@@ -38,6 +40,8 @@ class ExpertWeights:
         down: (E, I, H).
         up_bias: (E, N1) or None. down_bias: (E, H) or None.
         activation: (S, N1) -> (S, I), e.g. silu(gate) * up, or gpt-oss's clamped interleaved GLU.
+        silu_halves: the activation is `silu(gate_up[:, :I]) * gate_up[:, I:]` (transformers' default gate with a
+            silu act_fn, as Qwen-style experts have): its forward and backward then run fused (`moe_glu`).
     """
 
     up: torch.Tensor
@@ -45,6 +49,7 @@ class ExpertWeights:
     up_bias: torch.Tensor | None
     down_bias: torch.Tensor | None
     activation: Callable[[torch.Tensor], torch.Tensor]
+    silu_halves: bool = False
 
 
 @dataclass
@@ -71,6 +76,7 @@ class _Plan:
     routing: Routing
     ops: GroupedOps
     activation: Callable[[torch.Tensor], torch.Tensor]
+    silu_halves: bool
     up_scale: float
     down_scale: float
     up_dropout: float
@@ -128,7 +134,7 @@ class MoeExpertsFunction(torch.autograd.Function):
             lora_up = (xa, b1, plan.up_scale)
         gate_up = ops.gmm(xs, w_up, r, gather=x_gather, lora=lora_up, bias=b_up)
         del xs
-        h = plan.activation(gate_up)
+        h = swiglu_halves(gate_up) if plan.silu_halves else plan.activation(gate_up)
 
         ha = lora_down = None
         if a2 is not None:
@@ -157,10 +163,12 @@ class MoeExpertsFunction(torch.autograd.Function):
         w_col = row_weight[:, None]
         grads: list[torch.Tensor | None] = [None] * 11
 
-        with torch.enable_grad():
-            gate_up_leaf = gate_up.detach().requires_grad_(True)
-            h_graph = plan.activation(gate_up_leaf)
-        h = h_graph.detach()
+        fused_activation = plan.silu_halves and not plan.down_dropout
+        if not fused_activation:
+            with torch.enable_grad():
+                gate_up_leaf = gate_up.detach().requires_grad_(True)
+                h_graph = plan.activation(gate_up_leaf)
+            h = h_graph.detach()
 
         # ---- down projection: y = h @ W_down + s (drop(h) @ A) @ B + b; out = sum_k w * y
         ds, d_gather = _sorted_source(d_out, r, ops)
@@ -171,21 +179,26 @@ class MoeExpertsFunction(torch.autograd.Function):
         fuse_down = a2 is not None and not plan.down_dropout
         g = ops.gmm(ds, w_down.transpose(1, 2), r, gather=d_gather,
                     lora=(u, a2.transpose(1, 2), 1.0) if fuse_down else None)  # d y / d h, per unit routing weight
+        if fused_activation:
+            # h again, d gate_up and the row dots <g, h> in one pass over gate_up and g
+            h, d_gate_up, row_dots = swiglu_halves_grad(gate_up, g, row_weight)
         if need[1]:
             # d out / d w = <d_out[token], y>; expanding y keeps us from storing it: <g, h> (+ <u, drop(h) A>) + bias
-            d_row_weight = (_wide(g) * _wide(h)).sum(-1)
+            d_row_weight = row_dots if fused_activation else (_wide(g) * _wide(h)).sum(-1)
             if a2 is not None and plan.down_dropout:
                 d_row_weight += (_wide(u) * _wide(ha)).sum(-1)
             if b_down is not None:
                 d_row_weight += (_wide(d_out) @ _wide(b_down).T)[r.token, r.expert]
             d_flat = torch.empty_like(d_row_weight).index_copy_(0, r.perm, d_row_weight)
             grads[1] = d_flat.view(r.num_tokens, r.top_k).to(ctx.weights_dtype)
-        if a2 is not None and plan.down_dropout:
-            lora_g = ops.gmm(u, a2.transpose(1, 2), r)
-            g = g + _dropped(lora_g, plan.down_dropout, plan.down_seed)
-        d_h = g * w_col.to(dtype)
-        d_gate_up = torch.autograd.grad(h_graph, gate_up_leaf, d_h)[0]
-        del g, d_h, h_graph, gate_up_leaf
+        if not fused_activation:
+            if a2 is not None and plan.down_dropout:
+                lora_g = ops.gmm(u, a2.transpose(1, 2), r)
+                g = g + _dropped(lora_g, plan.down_dropout, plan.down_seed)
+            d_h = g * w_col.to(dtype)
+            d_gate_up = torch.autograd.grad(h_graph, gate_up_leaf, d_h)[0]
+            del d_h, h_graph, gate_up_leaf
+        del g
 
         if a2 is not None:
             hd = _dropped(h, plan.down_dropout, plan.down_seed) if plan.down_dropout else h
@@ -273,7 +286,7 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     # Dropout seeds come from torch's CPU generator (no device sync), so they follow torch.manual_seed and
     # activation checkpointing's saved RNG state replays them.
     seeds = torch.randint(0, 2**62, (2,)).tolist() if dropout(lora_up) or dropout(lora_down) else [0, 0]
-    plan = _Plan(routing=routing, ops=ops, activation=weights.activation,
+    plan = _Plan(routing=routing, ops=ops, activation=weights.activation, silu_halves=weights.silu_halves,
                  up_scale=lora_up.scale if lora_up else 0.0, down_scale=lora_down.scale if lora_down else 0.0,
                  up_dropout=dropout(lora_up), down_dropout=dropout(lora_down), up_seed=seeds[0], down_seed=seeds[1])
     return MoeExpertsFunction.apply(hidden, top_k_weights, weights.up, weights.up_bias, weights.down,

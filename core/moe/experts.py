@@ -51,6 +51,32 @@ def unsupported_reason(module: nn.Module) -> str | None:
     return None
 
 
+_SILU_HALVES_ATTR = "_hone_silu_halves"
+
+
+def _is_silu_halves(module: nn.Module) -> bool:
+    """Whether the module's gate is transformers' default `act_fn(gate) * up` on the halves of gate_up with a silu
+    act_fn (checked once on a small CPU input, remembered on the module)."""
+    cached = getattr(module, _SILU_HALVES_ATTR, None)
+    if cached is not None:
+        return cached
+    result = False
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:  # a transformers without the default gate: the generic path
+        _default_apply_gate = None
+    gate = getattr(type(module), "_apply_gate", None)
+    if module.has_gate and _default_apply_gate is not None and gate is _default_apply_gate:
+        with torch.no_grad():
+            x = torch.linspace(-8.0, 8.0, 257)
+            try:
+                result = bool(torch.allclose(module.act_fn(x), torch.nn.functional.silu(x), rtol=1e-5, atol=1e-6))
+            except Exception:  # an act_fn that cannot run on a CPU tensor: the generic path
+                result = False
+    setattr(module, _SILU_HALVES_ATTR, result)
+    return result
+
+
 def expert_weights(module: nn.Module) -> ExpertWeights:
     """The module's weights as (E, K, N) views (no copies)."""
 
@@ -64,7 +90,8 @@ def expert_weights(module: nn.Module) -> ExpertWeights:
     has_bias = getattr(module, "has_bias", False)
     return ExpertWeights(up=kn(up), down=kn(module.down_proj),
                          up_bias=getattr(module, up_bias) if has_bias else None,
-                         down_bias=module.down_proj_bias if has_bias else None, activation=activation)
+                         down_bias=module.down_proj_bias if has_bias else None, activation=activation,
+                         silu_halves=_is_silu_halves(module))
 
 
 def _ops(backend: str) -> GroupedOps:

@@ -75,25 +75,26 @@ def _problem(case, dtype: torch.dtype, device: str):
     return leaves, index.to(device), layout
 
 
-def _run(fn, leaves: dict, index: torch.Tensor, layout: str, grad_out: torch.Tensor):
+def _run(fn, leaves: dict, index: torch.Tensor, layout: str, grad_out: torch.Tensor, silu_halves: bool = False):
     activation = gptoss_activation if layout == "gptoss" else qwen_activation
     # Qwen stores (E, out, in): pass transposed views, as the transformers glue does.
     weights = ExpertWeights(up=leaves["up"].transpose(1, 2), down=leaves["down"].transpose(1, 2),
-                            up_bias=leaves.get("up_bias"), down_bias=leaves.get("down_bias"), activation=activation)
+                            up_bias=leaves.get("up_bias"), down_bias=leaves.get("down_bias"), activation=activation,
+                            silu_halves=silu_halves)
     out = fn(leaves["x"], index, leaves["routing_weights"], weights, LoraFactors(leaves["a1"], leaves["b1"], 0.75),
              LoraFactors(leaves["a2"], leaves["b2"], 1.25))
     out.backward(grad_out.to(out.dtype))
     return out, {name: t.grad for name, t in leaves.items()}
 
 
-def _check(backend: str, case, dtype: torch.dtype, device: str) -> None:
+def _check(backend: str, case, dtype: torch.dtype, device: str, silu_halves: bool = False) -> None:
     leaves, index, layout = _problem(case, dtype, device)
     reference_leaves = {k: v.detach().float().requires_grad_(True) for k, v in leaves.items()}
     grad_out = torch.randn(leaves["x"].shape, generator=torch.Generator().manual_seed(5)).to(device)
     ref_out, ref_grads = _run(lambda *a: moe_experts_reference(*a[:4], lora_up=a[4], lora_down=a[5]),
                               reference_leaves, index, layout, grad_out)
     out, grads = _run(lambda *a: moe_experts(*a[:4], make_ops(backend), lora_up=a[4], lora_down=a[5]),
-                      leaves, index, layout, grad_out)
+                      leaves, index, layout, grad_out, silu_halves)
     assert out.dtype == dtype and out.shape == ref_out.shape
     tol = TOLERANCE[dtype]
     errors = {"output": ((out.float() - ref_out).abs().max() / ref_out.abs().max()).item()}
@@ -102,7 +103,7 @@ def _check(backend: str, case, dtype: torch.dtype, device: str) -> None:
         assert got is not None, f"no gradient for {name}"
         errors[name] = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
     bad = {k: f"{v:.3g}" for k, v in errors.items() if not v <= tol}
-    assert not bad, f"{backend} {case[0]} {dtype}: relative errors above {tol}: {bad}"
+    assert not bad, f"{backend} {case[0]} {dtype} (silu_halves={silu_halves}): relative errors above {tol}: {bad}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -111,6 +112,24 @@ def _check(backend: str, case, dtype: torch.dtype, device: str) -> None:
 def test_cpu_backends_match_reference(backend, case, dtype):
     """torch._grouped_mm has a CPU kernel from torch 2.9; odd sizes fall back to the loop inside GroupedMmOps."""
     _check(backend, case, dtype, "cpu")
+
+
+QWEN_CASES = [c for c in CASES if c[-1] == "qwen"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", QWEN_CASES, ids=lambda c: c[0])
+@pytest.mark.parametrize("backend", ["torch", "grouped_mm"])
+def test_fused_silu_gate_matches_reference(backend, case, dtype):
+    """Qwen-style experts with the fused activation forward / backward (`moe_glu`, its torch form on the CPU)."""
+    _check(backend, case, dtype, "cpu", silu_halves=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
+def test_fused_silu_gate_triton_matches_reference_interpreter(dtype):
+    if not interpreting():
+        pytest.skip("CPU runs need TRITON_INTERPRET=1 at import (test_moe_triton_cpu.py runs them)")
+    _check("triton", QWEN_CASES[0], dtype, "cpu", silu_halves=True)
 
 
 # Under the interpreter each case runs in one dtype (the kernel grid in test_grouped_gemm.py covers all three).
@@ -141,8 +160,9 @@ def test_gpu_backends_match_reference(backend, case, dtype):
     _check(backend, case, dtype, "cuda")
 
 
+@pytest.mark.parametrize("silu_halves", [False, True], ids=["generic-activation", "fused-silu-gate"])
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
-def test_backward_matches_finite_differences(dropout):
+def test_backward_matches_finite_differences(dropout, silu_halves):
     """float64 gradcheck of every input (the same dropout masks on each call: the seed comes from torch's RNG)."""
     torch.manual_seed(0)
     experts, tokens, top_k, hidden, inter, rank = 3, 5, 2, 6, 4, 2
@@ -159,7 +179,7 @@ def test_backward_matches_finite_differences(dropout):
 
     def layer(x, w, up, up_b, down, down_b, a1, b1, a2, b2):
         torch.manual_seed(1)
-        weights = ExpertWeights(up, down, up_b, down_b, qwen_activation)
+        weights = ExpertWeights(up, down, up_b, down_b, qwen_activation, silu_halves=silu_halves)
         return moe_experts(x, index, w, weights, make_ops("torch"), lora_up=LoraFactors(a1, b1, 0.5, dropout),
                            lora_down=LoraFactors(a2, b2, 2.0, dropout), training=True)
 
