@@ -55,7 +55,10 @@ def set_rng_state(state: dict) -> None:
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:
-    return {name: p.detach().contiguous().cpu() for name, p in model.named_parameters() if p.requires_grad}
+    # A copy of each (not `.cpu()`, which returns CPU parameters themselves: views of one optimizer buffer would then
+    # share storage, which safetensors refuses).
+    return {name: p.detach().to("cpu", copy=True).contiguous() for name, p in model.named_parameters()
+            if p.requires_grad}
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, *, scaler=None,

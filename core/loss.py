@@ -10,7 +10,10 @@ Two modes:
 - `chunked`: the model body gives hidden states; only the trained positions go through the LM head, a chunk of
   tokens at a time. Each chunk's loss *and* its gradients (towards the hidden states and any trainable head
   weights) are computed right away and the chunk's logits are freed, so peak memory holds one chunk of logits
-  instead of all of them. The backward pass only scales the stored gradients by the incoming factor.
+  instead of all of them. The backward pass only scales the stored gradients by the incoming factor. With
+  `fused` (the trainer passes `speed.kernels`) each chunk's loss and logit gradient come from one Triton kernel
+  that overwrites the chunk's logits with their gradient (`hone.kernels.cross_entropy`), where it runs; else
+  from torch ops on a float32 copy.
 
 The chunked mode reproduces the logit post-processing transformers models apply after the head (a multiplier,
 a divisor, a tanh soft-cap); a model with any other logit setting it does not know falls back to `plain`.
@@ -34,6 +37,9 @@ LOSS_MODES = ("chunked", "plain")
 # layer's backward, while each chunk's head GEMM (442 x 151,936 x H) is still large enough to run at full speed.
 # (2**28 was 2.5-2.9 GiB at its worst instant and set the 0.6B model's peak; see docs/notes/dense-perf.md.)
 CHUNK_LOGIT_ELEMENTS = 2**26
+# The fused cross-entropy kernel keeps only the chunk's logits (overwritten by their gradient): 2**27 bf16 values
+# are 256 MiB, the torch path's budget, in half as many chunks.
+FUSED_CHUNK_LOGIT_ELEMENTS = 2**27
 # Bounds on the automatic chunk: below 256 tokens the head matmuls get too small to keep a GPU busy; above 16K
 # the per-chunk bookkeeping no longer matters.
 MIN_CHUNK_TOKENS = 256
@@ -102,9 +108,20 @@ def head_plan(model) -> HeadPlan | str:
     return HeadPlan(body=body, head=head, scale=scale, softcap=softcap)
 
 
-def auto_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per chunk so one chunk's fp32 logits stay near `CHUNK_LOGIT_ELEMENTS`."""
-    return max(MIN_CHUNK_TOKENS, min(MAX_CHUNK_TOKENS, CHUNK_LOGIT_ELEMENTS // max(vocab_size, 1)))
+def fused_cross_entropy_runs(*tensors: torch.Tensor) -> bool:
+    """Whether the fused cross-entropy kernel runs on these tensors (Triton installed, a device it runs on)."""
+    try:
+        from hone.kernels.cross_entropy import fused_cross_entropy_runs as runs
+    except ImportError:  # no Triton on this platform
+        return False
+    return runs(*tensors)
+
+
+def auto_chunk_tokens(vocab_size: int, fused: bool = False) -> int:
+    """Tokens per chunk so one chunk's logits stay near `CHUNK_LOGIT_ELEMENTS` (`FUSED_CHUNK_LOGIT_ELEMENTS` on
+    the fused kernel's path)."""
+    budget = FUSED_CHUNK_LOGIT_ELEMENTS if fused else CHUNK_LOGIT_ELEMENTS
+    return max(MIN_CHUNK_TOKENS, min(MAX_CHUNK_TOKENS, budget // max(vocab_size, 1)))
 
 
 def _postprocess(logits: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
@@ -116,18 +133,24 @@ def _postprocess(logits: torch.Tensor, scale: float, softcap: float | None) -> t
 
 
 def _linear_chunk(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  scale: float, softcap: float | None):
+                  scale: float, softcap: float | None, fused: bool = False):
     """Loss of one chunk through a plain linear head, and the gradient of that loss towards the logits.
 
     Args:
         h: (c, H) hidden states in the model dtype.
         targets: (c,) int64, -100 where no loss is taken.
         weight: (V, H) head weight; bias: (V,) or None.
+        fused: use the fused cross-entropy kernel where it runs.
 
     Returns:
         (loss: fp32 scalar, grad_logits: (c, V) in the weight dtype).
     """
-    logits = F.linear(h, weight, bias).float()
+    logits = F.linear(h, weight, bias)
+    if fused and fused_cross_entropy_runs(logits, targets):
+        from hone.kernels.cross_entropy import cross_entropy_grad_
+
+        return cross_entropy_grad_(logits, targets, scale, softcap, IGNORE_INDEX).sum(), logits
+    logits = logits.float()
     if scale != 1.0:
         logits.mul_(scale)
     tanh = None
@@ -177,7 +200,7 @@ class _LinearHeadLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, targets, weight, bias, scale, softcap, chunk, compute_dtype):
+    def forward(ctx, hidden, targets, weight, bias, scale, softcap, chunk, compute_dtype, fused):
         want_h, want_w = hidden.requires_grad, weight.requires_grad
         want_b = bias is not None and bias.requires_grad
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -189,7 +212,7 @@ class _LinearHeadLoss(torch.autograd.Function):
             b = bias.to(compute_dtype) if bias is not None else None
             for start in range(0, hidden.shape[0], chunk):
                 h = hidden[start:start + chunk].to(compute_dtype)
-                loss, grad_logits = _linear_chunk(h, targets[start:start + chunk], w, b, scale, softcap)
+                loss, grad_logits = _linear_chunk(h, targets[start:start + chunk], w, b, scale, softcap, fused)
                 total += loss
                 if want_h:
                     grad_h[start:start + chunk] = grad_logits @ w
@@ -213,7 +236,7 @@ class _LinearHeadLoss(torch.autograd.Function):
             grad_h = grad_h * grad_out.to(grad_h.dtype)
         grad_w = (saved.pop(0) * grad_out).to(ctx.dtypes[0]) if want_w else None
         grad_b = (saved.pop(0) * grad_out).to(ctx.dtypes[1]) if want_b else None
-        return grad_h, None, grad_w, grad_b, None, None, None, None
+        return grad_h, None, grad_w, grad_b, None, None, None, None, None
 
 
 def _module_chunk(hidden, targets, head, scale, softcap, want_h: bool, params: tuple) -> tuple[torch.Tensor, list]:
@@ -267,7 +290,8 @@ class _ModuleHeadLoss(torch.autograd.Function):
 
 
 def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, *, scale: float = 1.0,
-                      softcap: float | None = None, chunk_tokens: int | None = None) -> torch.Tensor:
+                      softcap: float | None = None, chunk_tokens: int | None = None,
+                      fused: bool = True) -> torch.Tensor:
     """SUM of cross-entropy of `head(hidden)` against `targets`, one chunk of tokens at a time.
 
     Args:
@@ -277,22 +301,25 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
             LoRA-wrapped, quantized) local autograd per chunk.
         scale, softcap: logit post-processing, as in `HeadPlan`.
         chunk_tokens: tokens per chunk; None picks one from the vocabulary size.
+        fused: a plain linear head's chunks go through the fused cross-entropy kernel where it runs.
 
     Returns:
         fp32 scalar; differentiable towards `hidden` and the head's trainable parameters.
     """
+    linear = type(head) is nn.Linear and head.weight.dtype.is_floating_point
     if chunk_tokens is None:
-        chunk_tokens = auto_chunk_tokens(getattr(head, "out_features", None) or head.weight.shape[0])
+        vocab = getattr(head, "out_features", None) or head.weight.shape[0]
+        chunk_tokens = auto_chunk_tokens(vocab, fused=fused and linear and fused_cross_entropy_runs(hidden, targets))
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if not torch.is_grad_enabled():
         return _loss_only(hidden, targets, head, scale, softcap, chunk_tokens)
-    if type(head) is nn.Linear and head.weight.dtype.is_floating_point:
+    if linear:
         device_type = hidden.device.type
         autocast = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
         compute_dtype = torch.get_autocast_dtype(device_type) if autocast else head.weight.dtype
         return _LinearHeadLoss.apply(hidden, targets, head.weight, head.bias, scale, softcap, chunk_tokens,
-                                     compute_dtype)
+                                     compute_dtype, fused)
     params = [p for p in head.parameters() if p.requires_grad]
     return _ModuleHeadLoss.apply(hidden, targets, head, scale, softcap, chunk_tokens, *params)
 
@@ -309,7 +336,8 @@ def _hidden_states(body: nn.Module, inputs: dict) -> torch.Tensor:
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
-def loss_sum(model, batch, *, mode: str = "chunked", chunk_tokens: int | None = None) -> torch.Tensor:
+def loss_sum(model, batch, *, mode: str = "chunked", chunk_tokens: int | None = None,
+             fused: bool = True) -> torch.Tensor:
     """SUM of next-token cross-entropy over the batch's trained positions, as an fp32 scalar.
 
     Args:
@@ -317,6 +345,7 @@ def loss_sum(model, batch, *, mode: str = "chunked", chunk_tokens: int | None = 
         batch: a `PackedBatch` or `PaddedBatch` already on the model's device.
         mode: "chunked" (no full logits; falls back to plain for a model it cannot split) or "plain".
         chunk_tokens: tokens per head chunk in chunked mode; None picks it from the vocabulary size.
+        fused: chunked mode uses the fused cross-entropy kernel where it runs (the trainer: `speed.kernels`).
 
     Returns:
         fp32 scalar. Divide by the step's total `num_trained` for the mean loss.
@@ -335,11 +364,12 @@ def loss_sum(model, batch, *, mode: str = "chunked", chunk_tokens: int | None = 
         hidden = hidden.index_select(0, positions)
         targets = targets.index_select(0, positions)
     return chunked_head_loss(hidden, targets, plan.head, scale=plan.scale, softcap=plan.softcap,
-                             chunk_tokens=chunk_tokens)
+                             chunk_tokens=chunk_tokens, fused=fused)
 
 
-def describe(model, mode: str = "chunked") -> str:
-    """One line for the run log: which loss path this model takes and why."""
+def describe(model, mode: str = "chunked", fused: bool = False) -> str:
+    """One line for the run log: which loss path this model takes and why (`fused`: the fused kernel is on and
+    runs on the model's device)."""
     if mode == "plain":
         return "plain cross-entropy (full logits)"
     plan = head_plan(model)
@@ -350,9 +380,10 @@ def describe(model, mode: str = "chunked") -> str:
         extra.append(f"logit scale {plan.scale:g}")
     if plan.softcap is not None:
         extra.append(f"soft-cap {plan.softcap:g}")
-    fused = "manual gradients" if type(plan.head) is nn.Linear else "per-chunk autograd"
-    return "chunked cross-entropy (" + ", ".join([fused, *extra]) + ")"
+    linear = type(plan.head) is nn.Linear
+    how = ("fused cross-entropy kernel" if fused and linear else "manual gradients") if linear else "per-chunk autograd"
+    return "chunked cross-entropy (" + ", ".join([how, *extra]) + ")"
 
 
-__all__ = ["LOSS_MODES", "HeadPlan", "auto_chunk_tokens", "chunked_head_loss", "describe", "head_plan",
-           "loss_sum", "plain_loss_sum"]
+__all__ = ["LOSS_MODES", "HeadPlan", "auto_chunk_tokens", "chunked_head_loss", "describe", "fused_cross_entropy_runs",
+           "head_plan", "loss_sum", "plain_loss_sum"]

@@ -38,7 +38,7 @@ def before_lora(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedS
     if info.is_moe:
         from hone.core import moe
 
-        choice = moe.configure(model, cfg.moe_backend, device)
+        choice = moe.configure(model, cfg.moe_backend, device, fused_gate=cfg.kernels)
         setup.choices["moe"] = f"{choice.name}: {choice.reason}"
         setup.expert_meter = moe.ExpertLoadMeter(model)
     return setup

@@ -165,6 +165,9 @@ class Trainer:
         scheduler = build_scheduler(optimizer, config.train, total)
         dtype = resolve_dtype(config.model.dtype, device)
         scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+        if scaler is not None and hasattr(optimizer, "clip_grad_norm_"):
+            raise HoneError("train.optimizer = adamw-bf16 does not work with float16 weights (the loss scaler "
+                            "needs per-parameter gradients)", "use model.dtype = bfloat16, or train.optimizer = adamw")
 
         position = 0
         if self.resume_dir is not None:
@@ -271,14 +274,15 @@ class StepRunner:
         for batch in batches:
             batch = batch.to(self.device)
             with self._autocast():
-                summed = loss_sum(model, batch, mode=self.config.speed.loss)
+                summed = loss_sum(model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
             scaled = summed / max(trained, 1)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_total += summed.detach()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        own_clip = getattr(self.optimizer, "clip_grad_norm_", None)  # FlatAdamW keeps the gradients in its buffer
+        grad_norm = own_clip(max_norm) if own_clip else torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()

@@ -77,6 +77,7 @@ class _Plan:
     ops: GroupedOps
     activation: Callable[[torch.Tensor], torch.Tensor]
     silu_halves: bool
+    single_use: bool  # the graph is back-propagated exactly once (a checkpoint recompute): saved tensors may be reused
     up_scale: float
     down_scale: float
     up_dropout: float
@@ -180,8 +181,9 @@ class MoeExpertsFunction(torch.autograd.Function):
         g = ops.gmm(ds, w_down.transpose(1, 2), r, gather=d_gather,
                     lora=(u, a2.transpose(1, 2), 1.0) if fuse_down else None)  # d y / d h, per unit routing weight
         if fused_activation:
-            # h again, d gate_up and the row dots <g, h> in one pass over gate_up and g
-            h, d_gate_up, row_dots = swiglu_halves_grad(gate_up, g, row_weight)
+            # h again, d gate_up (over the saved gate_up when this graph runs backward only once) and the row dots
+            h, d_gate_up, row_dots = swiglu_halves_grad(gate_up, g, row_weight, overwrite=plan.single_use)
+            del gate_up
         if need[1]:
             # d out / d w = <d_out[token], y>; expanding y keeps us from storing it: <g, h> (+ <u, drop(h) A>) + bias
             d_row_weight = row_dots if fused_activation else (_wide(g) * _wide(h)).sum(-1)
@@ -259,7 +261,7 @@ def _pad_rank(lora: LoraFactors, multiple: int) -> tuple[torch.Tensor, torch.Ten
 def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                 weights: ExpertWeights, ops: GroupedOps, *, lora_up: LoraFactors | None = None,
                 lora_down: LoraFactors | None = None, training: bool = False,
-                routing: Routing | None = None) -> torch.Tensor:
+                routing: Routing | None = None, single_use: bool = False) -> torch.Tensor:
     """The experts layer (see the module docstring) on one backend.
 
     Args:
@@ -270,6 +272,8 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
         lora_up, lora_down: LoRA factors on the up (gate_up) and down projections, or None.
         training: apply LoRA dropout.
         routing: a precomputed `route(top_k_index, E)` (computed here when None).
+        single_use: the autograd graph will be back-propagated exactly once (a checkpointed layer's recompute), so
+            backward may overwrite saved activations it no longer needs (saves (S, 2I) of memory).
 
     Returns:
         (T, H) in hidden's dtype.
@@ -287,6 +291,7 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     # activation checkpointing's saved RNG state replays them.
     seeds = torch.randint(0, 2**62, (2,)).tolist() if dropout(lora_up) or dropout(lora_down) else [0, 0]
     plan = _Plan(routing=routing, ops=ops, activation=weights.activation, silu_halves=weights.silu_halves,
+                 single_use=single_use,
                  up_scale=lora_up.scale if lora_up else 0.0, down_scale=lora_down.scale if lora_down else 0.0,
                  up_dropout=dropout(lora_up), down_dropout=dropout(lora_down), up_seed=seeds[0], down_seed=seeds[1])
     return MoeExpertsFunction.apply(hidden, top_k_weights, weights.up, weights.up_bias, weights.down,

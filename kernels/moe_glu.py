@@ -80,14 +80,16 @@ def swiglu_halves_forward(gate_up: torch.Tensor) -> torch.Tensor:
     return h
 
 
-def swiglu_halves_backward(gate_up: torch.Tensor, g: torch.Tensor,
-                           row_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def swiglu_halves_backward(gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor,
+                           overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The activation's backward for the experts layer, in one pass.
 
     Args:
         gate_up: (S, 2I) the saved up-projection output.
         g: (S, I) gradient reaching h per unit routing weight (d y / d h).
         row_weight: (S,) routing weight of each row.
+        overwrite: write d gate_up over gate_up (each value is read before it is written), saving (S, 2I) of
+            memory when the caller needs gate_up no more.
 
     Returns:
         h (S, I) recomputed, d_gate_up (S, 2I) = gradient of `row_weight * g . h` towards gate_up (both in
@@ -95,7 +97,7 @@ def swiglu_halves_backward(gate_up: torch.Tensor, g: torch.Tensor,
     """
     rows, width = gate_up.shape
     h = torch.empty(rows, width // 2, dtype=gate_up.dtype, device=gate_up.device)
-    d_gate_up = torch.empty_like(gate_up, memory_format=torch.contiguous_format)
+    d_gate_up = gate_up if overwrite else torch.empty_like(gate_up, memory_format=torch.contiguous_format)
     dots = torch.empty(rows, dtype=torch.float32, device=gate_up.device)
     if rows:
         launcher(_swiglu_halves_backward_kernel, gate_up.device)[(rows,)](
@@ -110,8 +112,8 @@ def swiglu_halves_reference(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def swiglu_halves_grad_reference(gate_up: torch.Tensor, g: torch.Tensor,
-                                 row_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def swiglu_halves_grad_reference(gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor,
+                                 overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`swiglu_halves_backward` in torch, with the kernel's roundings (float32 math on the 16-bit inputs)."""
     dtype = gate_up.dtype
     gate, up = gate_up.float().chunk(2, dim=-1)
@@ -122,6 +124,8 @@ def swiglu_halves_grad_reference(gate_up: torch.Tensor, g: torch.Tensor,
     dots = (gf * h.float()).sum(-1)
     dh = gf * row_weight.float()[:, None]
     d_gate_up = torch.cat([dh * up * sig * (1.0 + gate * (1.0 - sig)), dh * act], dim=-1).to(dtype)
+    if overwrite:
+        d_gate_up = gate_up.copy_(d_gate_up)
     return h, d_gate_up, dots
 
 
@@ -132,9 +136,9 @@ def swiglu_halves(gate_up: torch.Tensor) -> torch.Tensor:
     return swiglu_halves_reference(gate_up)
 
 
-def swiglu_halves_grad(gate_up: torch.Tensor, g: torch.Tensor,
-                       row_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def swiglu_halves_grad(gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor,
+                       overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h, d_gate_up, <g, h> per row): see `swiglu_halves_backward`; the reference where the kernel cannot run."""
     if use_triton(gate_up, g, row_weight) and _rows_ok(gate_up) and _rows_ok(g) and gate_up.shape[1] % 2 == 0:
-        return swiglu_halves_backward(gate_up, g, row_weight.contiguous())
-    return swiglu_halves_grad_reference(gate_up, g, row_weight)
+        return swiglu_halves_backward(gate_up, g, row_weight.contiguous(), overwrite)
+    return swiglu_halves_grad_reference(gate_up, g, row_weight, overwrite)

@@ -146,7 +146,8 @@ for s in "$@"; do
     bench-8b) bench bench-8b 240 dense-8b --steps 3 --warmup 1 --micro off --only 'attn+loss,kernels,all,all+compile' ;;
     bench-long) bench bench-long 200 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --tokens 32768 \
                   --seq-min 8192 --seq-max 16384 --baseline all-ckpt-gpu --only 'all-ckpt-gpu,all-offload,all-offload-double' ;;
-    bench-moe) bench bench-moe 200 moe-qwen3 --steps 3 --warmup 1 --micro off --only 'moe-*,all' ;;
+    bench-moe) bench bench-moe 270 moe-qwen3 --steps 3 --warmup 1 --micro off --profile --profile-top 40 \
+                 --only 'reference-eager,moe-grouped_mm,moe-triton,all,all-lean' ;;
     bench-gptoss) bench bench-gptoss 150 moe-gptoss --steps 3 --warmup 1 --micro off --only 'moe-grouped_mm,moe-triton,all' ;;
     bench-qlora) bench bench-qlora 200 dense-8b --qlora --steps 3 --warmup 1 --micro off --no-sync-count --only all ;;
     *) note "unknown stage $s" ;;

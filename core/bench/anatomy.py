@@ -63,6 +63,7 @@ class OpRecord:
         bytes: bytes read + written.
         grouped: a grouped GEMM (lower efficiency in the roofline).
         kernels: kernel launches (0 for views and bare allocations).
+        module: the qualified name of the module it ran in ("" outside any).
     """
 
     op: str
@@ -72,6 +73,7 @@ class OpRecord:
     bytes: float
     grouped: bool = False
     kernels: int = 1
+    module: str = ""
 
     def seconds(self, matmul_flops: float = H200_MATMUL_FLOPS, bytes_per_s: float = H200_BYTES_PER_S) -> float:
         """Roofline time of this operation (0 for views and bare allocations)."""
@@ -167,8 +169,10 @@ class StepAnatomy(TorchDispatchMode):
         peak_live: (bytes, description) of every tensor alive at the peak (allocated since the start).
     """
 
-    def __init__(self, labels: ModuleLabels | None = None, attention_flops: Callable[[str], float] | None = None):
+    def __init__(self, labels: ModuleLabels | None = None, attention_flops: Callable[[str], float] | None = None,
+                 lora_width: int = 64):
         super().__init__()
+        self.lora_width = lora_width  # a grouped product with a side this narrow is a LoRA factor product
         self.labels = labels
         self.attention_flops = attention_flops
         self.records: list[OpRecord] = []
@@ -234,10 +238,10 @@ class StepAnatomy(TorchDispatchMode):
     # ---- records ----
     def add(self, op: str, flops: float, bytes_moved: float, *, grouped: bool = False, kernels: int = 1,
             component: str | None = None) -> None:
-        phase = self.phase()
+        phase, module = self.phase(), self.module_path()
         if component is None:
-            component = component_of(op, self.module_path(), phase, flops, grouped)
-        self.records.append(OpRecord(op, phase, component, float(flops), float(bytes_moved), grouped, kernels))
+            component = component_of(op, module, phase, flops, grouped)
+        self.records.append(OpRecord(op, phase, component, float(flops), float(bytes_moved), grouped, kernels, module))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -259,7 +263,8 @@ class StepAnatomy(TorchDispatchMode):
         component = None
         if name in ("_grouped_mm", "grouped_mm"):
             flops, grouped = _grouped_mm_flops(args), True
-            component = "experts LoRA GEMMs" if _is_lora_product(args[0], args[1]) else "experts GEMMs"
+            narrow = _is_lora_product(args[0], args[1], self.lora_width)
+            component = "experts LoRA GEMMs" if narrow else "experts GEMMs"
         elif func.overloadpacket in flop_registry:
             try:
                 flops = flop_registry[func.overloadpacket](*args, **kwargs, out_val=out)
@@ -285,9 +290,6 @@ def _grouped_mm_flops(args) -> float:
     if a.dim() == 2 and b.dim() == 2:
         return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
     return 2.0 * a.numel() * b.shape[-1]
-
-
-_LORA_WIDTH = 64  # a GEMM with a side this narrow is a LoRA factor product (ranks are 8-64)
 
 
 def component_of(op: str, module: str, phase: str, flops: float, grouped: bool) -> str:
@@ -320,12 +322,12 @@ def component_of(op: str, module: str, phase: str, flops: float, grouped: bool) 
     return "other"
 
 
-def _is_lora_product(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _is_lora_product(a: torch.Tensor, b: torch.Tensor, width: int) -> bool:
     """Whether a grouped product involves a LoRA factor: one side (K or N of a forward product, M or N of a
-    weight-gradient product) as narrow as a LoRA rank."""
+    weight-gradient product) as narrow as a LoRA rank (`width`: the largest rank in the model)."""
     if b.dim() == 3:
-        return min(a.shape[-1], b.shape[-1]) <= _LORA_WIDTH
-    return min(a.shape[0], b.shape[-1]) <= _LORA_WIDTH
+        return min(a.shape[-1], b.shape[-1]) <= width
+    return min(a.shape[0], b.shape[-1]) <= width
 
 
 # ---- summaries ------------------------------------------------------------------------------------------------

@@ -111,7 +111,8 @@ class HoneRunner:
             model=model,
             lora=LoraConfig(r=self.lora_r, alpha=2.0 * self.lora_r, qlora=self.qlora),
             train=TrainConfig(lr=LEARNING_RATE, schedule="constant", warmup_steps=0, warmup_ratio=0.0,
-                              max_grad_norm=MAX_GRAD_NORM, batch_tokens=max(self.batch.tokens, 16)),
+                              max_grad_norm=MAX_GRAD_NORM, batch_tokens=max(self.batch.tokens, 16),
+                              **self.variant.train),
             speed=speed_config(self.variant))
 
     def _load(self, config: RunConfig):
@@ -136,7 +137,8 @@ class HoneRunner:
         after_lora(model, config.speed, info, device, setup, mean_row_tokens=float(sum(self.batch.lengths)
                                                                                   / len(self.batch.lengths)))
         setup.choices["lora"] = lora_report.summary()
-        setup.choices.setdefault("loss", describe_loss(model, config.speed.loss))
+        fused_loss = config.speed.kernels and str(device).startswith("cuda")
+        setup.choices.setdefault("loss", describe_loss(model, config.speed.loss, fused=fused_loss))
         reason = not_wired(self.variant, setup.choices, model)
         if reason:
             raise SkipRun(reason)
@@ -161,7 +163,7 @@ class HoneRunner:
                     else contextlib.nullcontext())
         self.model.train()
         with autocast:
-            summed = loss_sum(self.model, batch, mode=runner.config.speed.loss)
+            summed = loss_sum(self.model, batch, mode=runner.config.speed.loss, fused=runner.config.speed.kernels)
         (summed / max(batch.num_trained, 1)).backward()
         runner.optimizer.zero_grad(set_to_none=True)
 

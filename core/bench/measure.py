@@ -105,6 +105,8 @@ class RunResult:
     loss_rel_diff: float | None = None
     grad_norm_rel_diff: float | None = None
     parity: bool | None = None
+    # tokens/s ratio against other reference runs that ran (e.g. {"reference-eager": 9.1}).
+    speed_ratios: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -36,8 +36,16 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def compare(runs: list[RunResult], baseline: str, dtype: str) -> None:
-    """Fill each run's ratios, loss difference and parity against the run named `baseline` (in place)."""
+def compare(runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, ...] = ()) -> None:
+    """Fill each run's ratios, loss difference and parity against the run named `baseline` (in place), and its
+    tokens/s ratio against each run named in `also` that ran (`speed_ratios`)."""
+    for name in also:
+        other = next((r for r in runs if r.name == name and r.ok and r.tokens_per_s), None)
+        if other is None or name == baseline:
+            continue
+        for run in runs:
+            if run.ok and run.tokens_per_s:
+                run.speed_ratios[name] = run.tokens_per_s / other.tokens_per_s
     base = next((r for r in runs if r.name == baseline), None)
     loss_tol, grad_tol = PARITY_TOLERANCE.get(dtype, PARITY_TOLERANCE["bfloat16"])
     for run in runs:
@@ -149,7 +157,9 @@ def ratio_table(runs: list[RunResult], baseline: str, title: str):
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
+    others = sorted({name for run in runs for name in run.speed_ratios})
     for header, justify in (("run", "left"), ("status", "left"), ("tokens/s", "right"), ("x speed", "right"),
+                            *((f"x {name.removeprefix('reference-')}", "right") for name in others),
                             ("peak GiB", "right"), ("x memory", "right"), ("reserved", "right"), ("MFU", "right"),
                             ("loss", "right"), ("Δ loss", "right"), ("parity", "center"), ("syncs", "right")):
         table.add_column(header, justify=justify)
@@ -159,6 +169,7 @@ def ratio_table(runs: list[RunResult], baseline: str, title: str):
         parity = {None: "-", True: "[green]yes[/green]", False: "[red]NO[/red]"}[run.parity]
         name = f"[bold]{run.name}[/bold]" if run.name == baseline else run.name
         table.add_row(name, status, _num(run.tokens_per_s, ",.0f"), _num(run.speed_ratio, ".2f"),
+                      *(_num(run.speed_ratios.get(other), ".2f") for other in others),
                       _num(run.peak_allocated_gib, ".2f"), _num(run.memory_ratio, ".2f"),
                       _num(run.peak_reserved_gib, ".2f"), _num(None if run.mfu is None else 100 * run.mfu, ".1f"),
                       _num(run.first_loss, ".4f"), _num(run.loss_diff, "+.2e"), parity,

@@ -26,10 +26,12 @@ from hone.core.bench.micro import attention_micro
 from hone.core.bench.reference import ReferenceRunner
 from hone.core.bench.report import PARITY_TOLERANCE, compare, environment
 from hone.core.bench.scenarios import Scenario, get_scenario
-from hone.core.bench.variants import VARIANTS, applies, speed_settings, unavailable
+from hone.core.bench.variants import VARIANTS, applies, speed_settings, train_settings, unavailable
 from hone.core.bench.weights import architecture_facts, remove_folder, saved_model_folder, vocab_size
 from hone.core.errors import ConfigError
 
+# References every run is also compared with when they ran (MoE: the eager-experts reference, a target of its own).
+SECONDARY_BASELINES = ("reference-eager",)
 FLOPS_CONVENTION = ("6 x N x tokens per step; N = parameters one token passes through (all, embedding and LM "
                     "head included, LoRA included, routed experts scaled by top-k / experts); attention scores "
                     "and checkpoint recompute not counted; against the matmul rate measured at start")
@@ -149,7 +151,8 @@ def plan_runs(options: BenchOptions, scenario: Scenario, facts: dict, batch: Tok
         if not applies(variant, is_moe):
             continue
         reason = unavailable(variant, device)
-        planned.append(PlannedRun(variant.name, "hone", variant.description, overrides=speed_settings(variant),
+        overrides = {**speed_settings(variant), **train_settings(variant)}
+        planned.append(PlannedRun(variant.name, "hone", variant.description, overrides=overrides,
                                   skip_reason=reason or "",
                                   make=None if reason else (lambda v=variant: HoneRunner(v, scenario, options.layers,
                                                                                          batch, **common))))
@@ -245,7 +248,7 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
             on_result(result)
 
     dtype_name = str(dtype).removeprefix("torch.")
-    compare(runs, options.baseline, dtype_name)
+    compare(runs, options.baseline, dtype_name, also=SECONDARY_BASELINES)
     micro = None
     if options.micro == "on" or (options.micro == "auto" and device.startswith("cuda")):
         if on_start:

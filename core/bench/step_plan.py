@@ -88,6 +88,7 @@ def _parameter_bytes(model, optimizer) -> int:
     tensors = list(model.parameters()) + list(model.buffers())
     for state in getattr(optimizer, "state", {}).values():
         tensors += [t for t in state.values() if torch.is_tensor(t)]
+    tensors += [t for t in vars(optimizer).values() if torch.is_tensor(t)]  # flat buffers (FlatAdamW)
     for t in tensors:
         storage = t.untyped_storage()
         seen[id(storage)] = storage.nbytes()
@@ -97,7 +98,7 @@ def _parameter_bytes(model, optimizer) -> int:
 def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", layers: int | None = None,
                   tokens: int | None = None, lora_r: int = 16, optimizer: str = "adamw",
                   loss_chunk: int | None = None, checkpoint: str = "gpu", kernels: str = "all",
-                  seed: int = 0) -> StepPlan:
+                  fused_loss: bool = True, fused_gate: bool = True, seed: int = 0) -> StepPlan:
     """Plan one steady-state step of the benchmark's Hone `all` run (see the module docstring).
 
     Args:
@@ -108,6 +109,8 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
         checkpoint: gpu (recompute) | off.
         kernels: "all" (Hone's fused kernels as `speed.kernels` applies them on a GPU), "no-lora" (all but the
             fused LoRA linear), "none".
+        fused_loss, fused_gate: the fused cross-entropy kernel and the experts' fused silu gate (both follow
+            `speed.kernels` in a run; separate here to price each).
     """
     from hone.core import attention, moe, offload
     from hone.core.bench.batch import make_batch
@@ -126,6 +129,7 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
     model = build_bench_model(spec, layers, seed=seed, dtype=torch.bfloat16, device=device)
     attention.apply_attention(model, attention.IMPLEMENTATIONS["varlen"])
     moe.apply_backend(model, moe_backend)
+    moe.set_fused_gate(model, fused_gate)
     torch.manual_seed(seed)
     model, _ = apply_lora(model, LoraConfig(r=lora_r, alpha=2.0 * lora_r), bench_model_info(model, spec))
     if checkpoint != "off":
@@ -143,7 +147,7 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
         return backward if "backward" in op else forward
 
     labels = ModuleLabels(model)
-    anatomy = StepAnatomy(labels, attention_flops)
+    anatomy = StepAnatomy(labels, attention_flops, lora_width=2 * lora_r)  # peft doubles gate_up's rank
     model.train()
     autocast = MetaAutocast()
     with (labels, autocast, _recompute_under(autocast), anatomy, _account_triton(anatomy), _observe_kernels(anatomy),
@@ -154,14 +158,20 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
                 anatomy.reset_peak()
                 resident = _parameter_bytes(model, opt)
                 start_live = anatomy.live_bytes
-            _one_step(model, packed, params, opt, anatomy, loss_sum)
+            _one_step(model, packed, params, opt, anatomy, loss_sum, fused_loss)
     offset = resident - start_live  # the resident memory the anatomy did not see allocated
     return StepPlan(records=list(anatomy.records), resident_bytes=resident, peak_bytes=anatomy.peak_bytes + offset,
                     phase_peaks={k: v + offset for k, v in anatomy.phase_peaks.items()},
                     settings={"scenario": scenario, "moe_backend": moe_backend, "optimizer": optimizer,
-                              "loss_chunk": loss_chunk, "checkpoint": checkpoint, "tokens": batch.tokens,
+                              "loss_chunk": loss_chunk, "checkpoint": checkpoint, "kernels": kernels,
+                              "fused_loss": fused_loss, "fused_gate": fused_gate, "tokens": batch.tokens,
                               "trainable_params": sum(p.numel() for p in params)},
                     peak_live=sorted(anatomy.peak_live, reverse=True))
+
+
+# Kernels that touch their tensors more than once: the cross-entropy kernel reads the logits twice and writes them;
+# the AdamW kernel reads and writes parameters and moments (18 bytes per value against 10 counted once).
+_PASSES = {"_cross_entropy_kernel": 3, "_adamw_kernel": 1.8}
 
 
 def _apply_kernels_on_meta(model, *, lora: bool) -> None:
@@ -210,7 +220,7 @@ def _observe_kernels(anatomy: StepAnatomy):
             if isinstance(t, torch.Tensor) and id(t) not in seen:
                 seen.add(id(t))
                 moved += t.numel() * t.element_size()
-        anatomy.add(name.lstrip("_"), 0.0, moved)
+        anatomy.add(name.lstrip("_"), 0.0, moved * _PASSES.get(name, 1))
 
     previous, _runtime.META_KERNEL_OBSERVER = _runtime.META_KERNEL_OBSERVER, observe
     try:
@@ -239,7 +249,7 @@ def _account_triton(anatomy: StepAnatomy):
         if lora_x is not None:
             flops += 2.0 * rows * lora_x.shape[1] * n
             moved += size * (lora_x.numel() + lora_w.numel())
-        narrow = min(k, n) <= 64
+        narrow = min(k, n) <= anatomy.lora_width
         anatomy.add("triton_grouped_gemm", flops, moved, grouped=True,
                     component="experts LoRA GEMMs" if narrow else "experts GEMMs")
         return out
@@ -250,7 +260,7 @@ def _account_triton(anatomy: StepAnatomy):
         m, n = p.shape[1], q.shape[1]
         anatomy.add("triton_grouped_gemm_wgrad", 2.0 * rows * m * n,
                     p.element_size() * rows * (m + n) + out.numel() * out.element_size(), grouped=True,
-                    component="experts LoRA GEMMs" if min(m, n) <= 64 else "experts GEMMs")
+                    component="experts LoRA GEMMs" if min(m, n) <= anatomy.lora_width else "experts GEMMs")
         return out
 
     grouped_gemm.grouped_gemm_forward, grouped_gemm.grouped_gemm_wgrad = counted_forward, counted_wgrad
@@ -269,14 +279,14 @@ def _chunk(tokens: int | None):
         yield
         return
     original = loss.auto_chunk_tokens
-    loss.auto_chunk_tokens = lambda vocab: tokens
+    loss.auto_chunk_tokens = lambda vocab, fused=False: tokens
     try:
         yield
     finally:
         loss.auto_chunk_tokens = original
 
 
-def _one_step(model, batch, params, optimizer, anatomy: StepAnatomy, loss_sum) -> None:
+def _one_step(model, batch, params, optimizer, anatomy: StepAnatomy, loss_sum, fused_loss: bool) -> None:
     """What `StepRunner.step` does for one micro-batch, minus the host reads (meta tensors hold no values)."""
     from hone.core import loss as loss_module
 
@@ -288,7 +298,7 @@ def _one_step(model, batch, params, optimizer, anatomy: StepAnatomy, loss_sum) -
 
     loss_module.chunked_head_loss = labelled_head_loss
     try:
-        summed = loss_sum(model, batch, mode="chunked")
+        summed = loss_sum(model, batch, mode="chunked", fused=fused_loss)
     finally:
         loss_module.chunked_head_loss = original
     (summed / max(batch.num_trained, 1)).backward()

@@ -14,7 +14,7 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass
 
-from hone.core.config import SpeedConfig
+from hone.core.config import SpeedConfig, TrainConfig
 from hone.core.errors import ConfigError
 
 BASE: dict = {"packing": True, "attention": "hf", "loss": "plain", "checkpoint": "gpu", "moe_backend": "eager",
@@ -35,6 +35,7 @@ class Variant:
         focus: the speed paths this variant exists to measure ("attention", "loss", "checkpoint", "moe",
             "kernels", "compile"); it is skipped when the run shows one of them not wired in.
         per_layer_metadata: benchmark-only attention mode that rebuilds the packed metadata in every layer.
+        train: TrainConfig fields set over the benchmark's own (e.g. the optimizer).
     """
 
     name: str
@@ -43,6 +44,7 @@ class Variant:
     needs: tuple[str, ...] = ()
     focus: tuple[str, ...] = ()
     per_layer_metadata: bool = False
+    train: dict = dataclasses.field(default_factory=dict)
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -75,6 +77,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("compile", {"compile": True}, "decoder blocks compiled with torch.compile", needs=("cuda",),
             focus=("compile",)),
     Variant("all", ALL_ON, "every speed path on, as `auto` picks them (Hone's defaults)"),
+    Variant("all-lean", ALL_ON, "every speed path on, and train.optimizer = adamw-bf16 (bf16 gradients and moments)",
+            train={"optimizer": "adamw-bf16"}),
     Variant("all+compile", {**ALL_ON, "compile": True}, "every speed path on, and compiled blocks",
             needs=("cuda",), focus=("compile",)),
     Variant("all-untiled", {**ALL_ON, "tiled_mlp": False}, "every path on, MLP back-propagated whole (not in tiles)",
@@ -110,6 +114,11 @@ def speed_config(variant: Variant) -> SpeedConfig:
     return SpeedConfig(**speed_settings(variant))
 
 
+def train_settings(variant: Variant) -> dict:
+    """The variant's TrainConfig overrides, for the record (keys prefixed "train.")."""
+    return {f"train.{k}": v for k, v in variant.train.items()}
+
+
 def unavailable(variant: Variant, device: str) -> str | None:
     """Why the variant cannot run in this build or on this device, or None."""
     for need in variant.needs:
@@ -121,10 +130,15 @@ def unavailable(variant: Variant, device: str) -> str | None:
         speed_config(variant)
     except ConfigError as e:
         return f"this build's speed settings do not accept it: {e.message}"
+    train_fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for key, value in variant.train.items():
+        choices = train_fields[key].metadata.get("choices") if key in train_fields else None
+        if key not in train_fields or (choices and value not in choices):
+            return f"this build's train settings do not accept train.{key} = {value!r}"
     return None
 
 
 def variant_table() -> list[dict]:
     """Rows for `hone bench --list`."""
-    return [{"name": v.name, "description": v.description, "overrides": v.overrides, "needs": list(v.needs)}
-            for v in VARIANTS]
+    return [{"name": v.name, "description": v.description, "overrides": {**v.overrides, **train_settings(v)},
+             "needs": list(v.needs)} for v in VARIANTS]

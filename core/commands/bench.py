@@ -75,7 +75,8 @@ def _print_list(console) -> None:
     runs.add_row("reference", "", "", "transformers + peft, HF gradient checkpointing, SDPA, packed row")
     runs.add_row("reference-eager", "", "moe", "the same with transformers' eager experts")
     for v in VARIANTS:
-        settings = ", ".join(f"{k}={v_}" for k, v_ in v.overrides.items()) or "(every path off)"
+        overrides = {**v.overrides, **{f"train.{k}": value for k, value in v.train.items()}}
+        settings = ", ".join(f"{k}={v_}" for k, v_ in overrides.items()) or "(every path off)"
         runs.add_row(v.name, settings, ", ".join(v.needs), v.description)
     console.print(runs)
 

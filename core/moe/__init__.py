@@ -24,6 +24,7 @@ from hone.core.moe.experts import (
     find_experts,
     register,
     revert_backend,
+    set_fused_gate,
 )
 from hone.core.moe.load import ExpertLoadMeter
 from hone.core.moe.lora import SplitLoraParamWrapper, expert_lora_targets, install_split_lora, revert_split_lora
@@ -31,5 +32,5 @@ from hone.core.moe.lora import SplitLoraParamWrapper, expert_lora_targets, insta
 __all__ = [
     "BACKENDS", "ENV_VAR", "IMPLEMENTATIONS", "Choice", "ExpertLoadMeter", "SplitLoraParamWrapper",
     "apply_backend", "configure", "current_implementation", "expert_lora_targets", "expert_weights",
-    "find_experts", "install_split_lora", "probe", "register", "revert_backend", "revert_split_lora",
+    "find_experts", "install_split_lora", "probe", "register", "revert_backend", "revert_split_lora", "set_fused_gate",
 ]

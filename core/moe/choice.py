@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hone.core.errors import ConfigError
-from hone.core.moe.experts import apply_backend, find_experts, unsupported_reason
+from hone.core.moe.experts import apply_backend, find_experts, set_fused_gate, unsupported_reason
 from hone.kernels.moe_ops import GroupedOps, make_ops
 from hone.kernels.moe_routing import route
 
@@ -137,7 +137,8 @@ def _forced(name: str, source: str, device: torch.device, dtype: torch.dtype) ->
     return Choice(name, f"{source}: passed the probe on {where}")
 
 
-def configure(model: nn.Module, backend: str = "auto", device: torch.device | str | None = None) -> Choice:
+def configure(model: nn.Module, backend: str = "auto", device: torch.device | str | None = None, *,
+              fused_gate: bool = True) -> Choice:
     """Pick the MoE backend and set it as the model's experts implementation (undo with `revert_backend`).
 
     Args:
@@ -145,6 +146,8 @@ def configure(model: nn.Module, backend: str = "auto", device: torch.device | st
         backend: SpeedConfig.moe_backend: auto | grouped_mm | triton | torch | eager. The environment variable
             HONE_MOE_BACKEND, when set, overrides it.
         device: where the experts run (default: where their weights are).
+        fused_gate: Hone's backends run a silu gate on concatenated halves (Qwen-style experts) as one fused kernel
+            in forward and backward (`hone.kernels.moe_glu`); False keeps transformers' activation code.
 
     Returns:
         The Choice (name and reason, for RunStarted.speed_paths["moe"] and the GUI). A model without experts gives
@@ -160,6 +163,7 @@ def configure(model: nn.Module, backend: str = "auto", device: torch.device | st
     experts = find_experts(model)
     if not experts:
         return Choice("none", "the model has no mixture-of-experts layers")
+    set_fused_gate(model, fused_gate)
     reasons = {r for _, m in experts if (r := unsupported_reason(m)) is not None}
     dtype, weight_device = _model_dtype_device(experts[0][1])
     device = torch.device(device) if device is not None else weight_device

@@ -52,6 +52,15 @@ def unsupported_reason(module: nn.Module) -> str | None:
 
 
 _SILU_HALVES_ATTR = "_hone_silu_halves"
+# Set on an experts module by `set_fused_gate`: False keeps the activation on transformers' own code (autograd).
+FUSED_GATE_ATTR = "_hone_fused_gate"
+
+
+def set_fused_gate(model: nn.Module, enabled: bool) -> None:
+    """Turn the fused silu-gate activation (`hone.kernels.moe_glu`) on or off for every experts module; it is on by
+    default wherever the module's gate is silu on concatenated halves. The trainer follows `speed.kernels`."""
+    for _, module in find_experts(model):
+        setattr(module, FUSED_GATE_ATTR, bool(enabled))
 
 
 def _is_silu_halves(module: nn.Module) -> bool:
@@ -91,7 +100,7 @@ def expert_weights(module: nn.Module) -> ExpertWeights:
     return ExpertWeights(up=kn(up), down=kn(module.down_proj),
                          up_bias=getattr(module, up_bias) if has_bias else None,
                          down_bias=module.down_proj_bias if has_bias else None, activation=activation,
-                         silu_halves=_is_silu_halves(module))
+                         silu_halves=getattr(module, FUSED_GATE_ATTR, True) and _is_silu_halves(module))
 
 
 def _ops(backend: str) -> GroupedOps:
@@ -115,8 +124,12 @@ def _make_forward(backend: str):
 
             return ALL_EXPERTS_FUNCTIONS["grouped_mm"](self, hidden_states, top_k_index, top_k_weights)
         lora: dict[str, LoraFactors] = getattr(self, LORA_CALL_ATTR, None) or {}
+        from hone.core.offload import is_recomputing
+
+        # A graph built while Hone's checkpointing recomputes a layer is back-propagated once, right after.
         return moe_experts(hidden_states, top_k_index, top_k_weights, expert_weights(self), _ops(backend),
-                           lora_up=lora.get("up"), lora_down=lora.get("down"), training=self.training)
+                           lora_up=lora.get("up"), lora_down=lora.get("down"), training=self.training,
+                           single_use=is_recomputing())
 
     experts_forward.__name__ = f"hone_{backend}_experts_forward"
     experts_forward.__doc__ = f"Hone's experts layer on the `{backend}` grouped-GEMM backend (see hone.core.moe)."
