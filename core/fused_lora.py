@@ -51,8 +51,8 @@ def _nf4_compute_dtype(base, x: torch.Tensor) -> torch.dtype:
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast computes in on x's device, or None when autocast is off there."""
     device_type = x.device.type
-    if not torch.is_autocast_enabled(device_type):
-        return None
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return None  # (meta tensors of step plans: a device without autocast)
     return torch.get_autocast_dtype(device_type)
 
 
