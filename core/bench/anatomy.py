@@ -44,10 +44,8 @@ KERNEL_FLOOR_S = 4e-6
 # Operations that only re-describe memory (no kernel, no traffic) or only allocate it.
 _ALIAS_OPS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze", "squeeze",
               "slice", "select", "as_strided", "alias", "detach", "split", "split_with_sizes", "chunk", "unbind",
-              "view_as", "unflatten", "flatten", "narrow", "diagonal", "_reshape_alias", "lift_fresh",
-              "unsafe_split", "unsafe_chunk", "view_as_real", "view_as_complex", "_to_copy_noop", "numpy_T",
-              "movedim", "swapaxes", "contiguous_noop", "set_", "resize_", "prim_device", "sym_size", "sym_stride",
-              "sym_numel", "sym_storage_offset", "is_same_size", "_local_scalar_dense", "dim", "size", "stride"}
+              "view_as", "unflatten", "flatten", "narrow", "diagonal", "_reshape_alias", "lift_fresh", "movedim",
+              "view_as_real", "view_as_complex", "_local_scalar_dense"}
 _ALLOC_OPS = {"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"}
 
 
