@@ -2,8 +2,8 @@
 
 A token is trained when its first character lies inside an assistant span (see hone.core.data.template), or
 always with `train_on = "all"`. Plain `text` rows are tokenized as they are (BOS if the tokenizer adds one, EOS
-appended) and trained throughout. Image placeholders expand to the model's image token, repeated as many times
-as its processor asks, and are never trained.
+appended) and trained throughout. Each image placeholder expands to the tokens the model's processor gives that
+image (hone.core.vision.expansion), which are never trained.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from hone.core.data.rows import (
     RowProblem,
 )
 from hone.core.data.template import ChatTemplate, TemplateFailure
+from hone.core.vision.expansion import ImageExpansion, image_expansion_for
 
 
 @dataclass
@@ -49,30 +50,6 @@ class Encoded:
     image_runs: list[tuple[int, int]] = field(default_factory=list)
 
 
-class ImageTokens:
-    """How a vision processor represents an image in the token stream.
-
-    Attributes:
-        token: the placeholder string the chat template writes for each image (e.g. "<image>").
-        token_id: its id.
-    """
-
-    def __init__(self, processor, token: str, token_id: int, max_side: int):
-        self.processor, self.token, self.token_id, self.max_side = processor, token, token_id, max_side
-
-    def count(self, width: int, height: int) -> int:
-        """Tokens an image of this size becomes, after scaling it to at most `max_side` (processor's rule)."""
-        from hone.core.data.images import fitted_size
-
-        w, h = fitted_size(width or self.max_side, height or self.max_side, self.max_side)
-        counter = getattr(self.processor, "_get_num_multimodal_tokens", None)
-        if counter is not None:
-            info = counter(image_sizes=[(h, w)])
-            counts = info.get("num_image_tokens") if isinstance(info, dict) else info.num_image_tokens
-            return int(counts[0])
-        return int(getattr(self.processor, "num_image_tokens", 1) or 1)
-
-
 class RowEncoder:
     """Turns Rows into Encoded rows for one tokenizer (or processor) and one data config.
 
@@ -94,7 +71,8 @@ class RowEncoder:
                                                    getattr(self.processor, "chat_template", None) else self.tokenizer)
         self.max_length, self.overlong, self.train_on = max_length, overlong, train_on
         self.image_max_side = image_max_side
-        self.image_tokens = image_tokens_for(self.processor, image_max_side) if self.processor is not None else None
+        self.image_tokens: ImageExpansion | None = (image_expansion_for(self.processor, image_max_side)
+                                                    if self.processor is not None else None)
         self.eos_id = self.tokenizer.eos_token_id
         self.has_offsets = bool(getattr(self.tokenizer, "is_fast", False))
         self.backend = getattr(self.tokenizer, "backend_tokenizer", None) if self.has_offsets else None
@@ -196,28 +174,36 @@ class RowEncoder:
                        image_runs=image_runs)
 
     def _expand_images(self, row: Row, ids, trained, starts):
-        """Repeat each image placeholder token to its token count; image tokens are never trained."""
+        """Replace each image placeholder by the tokens the processor gives that image (hone.core.vision.expansion:
+        a run of image tokens, possibly with the family's markers, tiles and tags); none of them is trained."""
         assert self.image_tokens is not None
         where = np.flatnonzero(ids == self.image_tokens.token_id)
         if len(where) != len(row.images):
             problem = RowProblem(row.source, TEMPLATE_ERROR, "", f"the chat template wrote {len(where)} image "
                                  f"token(s) for {len(row.images)} image(s)")
             return ids, trained, starts, [], problem
-        repeats = np.ones(len(ids), dtype=np.int64)
+        pieces_ids, pieces_trained, pieces_starts, runs = [], [], [], []
+        cursor = length = 0
         for position, ref in zip(where, row.images, strict=True):
-            repeats[position] = self.image_tokens.count(ref.width, ref.height)
-        new_ids, new_trained, new_starts = np.repeat(ids, repeats), np.repeat(trained, repeats), np.repeat(starts,
-                                                                                                          repeats)
-        new_trained[new_ids == self.image_tokens.token_id] = False
-        run_starts = np.cumsum(repeats) - repeats
-        runs = [(int(run_starts[p]), int(repeats[p])) for p in where]
-        return new_ids, new_trained, new_starts, runs, None
+            expansion = self.image_tokens.expand(ref.width, ref.height)
+            pieces_ids += [ids[cursor:position], expansion]
+            pieces_trained += [trained[cursor:position], np.zeros(len(expansion), dtype=bool)]
+            pieces_starts += [starts[cursor:position], np.full(len(expansion), starts[position], dtype=starts.dtype)]
+            length += position - cursor
+            runs.append((int(length), len(expansion)))
+            length += len(expansion)
+            cursor = position + 1
+        pieces_ids.append(ids[cursor:])
+        pieces_trained.append(trained[cursor:])
+        pieces_starts.append(starts[cursor:])
+        return (np.concatenate(pieces_ids).astype(ids.dtype), np.concatenate(pieces_trained),
+                np.concatenate(pieces_starts), runs, None)
 
     def fingerprint(self) -> dict:
         """Everything about this encoder that changes its output (for the cache key)."""
         return {"template": self.template.source, "variables": self.template.variables, "max_length": self.max_length,
                 "overlong": self.overlong, "train_on": self.train_on, "image_max_side": self.image_max_side,
-                "image_token": None if self.image_tokens is None else self.image_tokens.token}
+                "image_token": None if self.image_tokens is None else self.image_tokens.fingerprint()}
 
 
 def _tokenize_in_pieces(tokenizer, text: str, add_special_tokens: bool,
@@ -233,11 +219,3 @@ def _tokenize_in_pieces(tokenizer, text: str, add_special_tokens: bool,
         ids += piece
         starts += [a] * len(piece)
     return np.asarray(ids, dtype=np.int64), np.asarray(starts, dtype=np.int64)
-
-
-def image_tokens_for(processor, image_max_side: int) -> ImageTokens | None:
-    """The image placeholder token of a vision processor (None when it has none)."""
-    token = getattr(processor, "image_token", None)
-    if token is None:
-        return None
-    return ImageTokens(processor, token, processor.tokenizer.convert_tokens_to_ids(token), image_max_side)
