@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from hone.core import checkpoint as ckpt
-from hone.core import events
+from hone.core import events, vision
 from hone.core.adapter import save_adapter
 from hone.core.config import RunConfig
 from hone.core.control import RunControl
@@ -249,6 +249,10 @@ class StepRunner:
         text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
         self.pad_id = text_tokenizer.pad_token_id
         self.pin = self.cuda
+        self.vision = None  # vision-language models: batches carry pixels next to the ids (hone.core.vision)
+        if vision.is_vision_processor(tokenizer):
+            self.vision = vision.collator_for(model, tokenizer, config, dtype)
+            setup.note("vision", f"vision batches: {self.vision.describe()}")
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -256,6 +260,8 @@ class StepRunner:
         return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
 
     def _collate(self, rows):
+        if self.vision is not None:
+            return self.vision.collate(rows, pin_memory=self.pin)
         if self.config.speed.packing:
             return collate_packed(rows, pin_memory=self.pin)
         return collate_padded(rows, pad_id=self.pad_id, pin_memory=self.pin)
