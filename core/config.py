@@ -169,6 +169,8 @@ class LoraConfig(_Section):
     experts: bool = _f(True, "Also adapt MoE expert weights (per-expert LoRA) on mixture-of-experts models.")
     train_projector: bool = _f(False, "Vision models: also train the vision-to-text projector.")
     train_vision_tower: bool = _f(False, "Vision models: also put LoRA on the vision encoder.")
+    modules_to_save: list[str] = _f([], "Modules trained in full (not LoRA) and saved inside the adapter, by name, "
+                                    "e.g. vision_model for a vision encoder that starts from random weights.")
 
 
 @dataclass

@@ -29,24 +29,71 @@ def _expert_targets(model) -> list[str]:
     return list(moe.expert_lora_targets(model))
 
 
-def _vision_exclusions(model) -> list[str]:
-    """Module name regex parts that keep LoRA off the vision tower / projector unless asked for."""
-    names = {name.split(".")[0] for name, _ in model.named_modules() if name}
-    inner = {name.split(".")[1] for name, _ in model.named_modules() if name.count(".") >= 1}
-    return sorted(n for n in names | inner if any(k in n for k in ("vision", "visual", "multi_modal_projector",
-                                                                      "connector", "vision_tower")))
+def _module_names(model, names) -> list[str]:
+    """Full names of the modules called any of `names` (the children of a ModuleList / ModuleDict, which peft
+    cannot wrap as one module)."""
+    import torch
+
+    found = []
+    for full, module in model.named_modules():
+        if full.rsplit(".", 1)[-1] not in names:
+            continue
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            found += [f"{full}.{child}" for child, _ in module.named_children()]
+        else:
+            found.append(full)
+    # a projector nested in the vision tower (Qwen's visual.merger) must not be listed twice
+    return [n for n in found if not any(n.startswith(other + ".") for other in found if other != n)]
+
+
+def _exclusion_regex(names) -> str | None:
+    """A peft `exclude_modules` pattern matching the modules called any of `names` and everything inside them."""
+    import re
+
+    names = sorted(set(names))
+    if not names:
+        return None
+    return r"^(.*\.)?(" + "|".join(re.escape(n) for n in names) + r")(\..*)?$"
+
+
+def vision_plan(model, lora_cfg: LoraConfig) -> tuple[str | None, list[str]]:
+    """(peft exclude_modules pattern, peft modules_to_save) for a vision-language model.
+
+    LoRA stays on the language model: the vision encoder is excluded unless `lora.train_vision_tower`, and the
+    projector always (with `lora.train_projector` it is trained in full instead, and saved with the adapter).
+    Modules named in `lora.modules_to_save` are trained in full too and kept out of LoRA.
+    """
+    from hone.core.vision import family_of
+
+    family = family_of(model)
+    excluded = set(family.projector_modules) | set(lora_cfg.modules_to_save)
+    if not lora_cfg.train_vision_tower:
+        excluded |= set(family.vision_modules)
+    full = list(family.projector_modules if lora_cfg.train_projector else ()) + list(lora_cfg.modules_to_save)
+    return _exclusion_regex(excluded), _module_names(model, set(full))
 
 
 def build_peft_config(model, lora_cfg: LoraConfig, info: ModelInfo):
-    """The peft LoraConfig for this model; vision parts are left alone unless the config asks for them."""
+    """The peft LoraConfig for this model; vision parts are left alone unless the config asks for them.
+
+    Raises:
+        ConfigError: a name in lora.modules_to_save is not a module of this model.
+    """
     from peft import LoraConfig as PeftLoraConfig
 
     targets: str | list[str] = lora_cfg.targets
     if targets == ["all-linear"]:
         targets = "all-linear"
-    exclude = None
-    if info.is_vision and not lora_cfg.train_vision_tower:
-        exclude = _vision_exclusions(model) or None
+    exclude, modules_to_save = None, []
+    if info.is_vision:
+        exclude, modules_to_save = vision_plan(model, lora_cfg)
+    elif lora_cfg.modules_to_save:
+        exclude = _exclusion_regex(lora_cfg.modules_to_save)
+        modules_to_save = _module_names(model, set(lora_cfg.modules_to_save))
+    missing = [n for n in lora_cfg.modules_to_save if not _module_names(model, {n})]
+    if missing:
+        raise ConfigError(f"lora.modules_to_save names {missing}, which this model does not have",
+                          "use module names as they appear in the model, e.g. vision_tower or lm_head")
     target_parameters = _expert_targets(model) if (info.is_moe and lora_cfg.experts) else []
     # peft refuses dropout together with target_parameters (and adds expert parameters to "all-linear" on MoE
     # models by itself), so on MoE models the dropout is applied by Hone's split-LoRA path instead; the saved
@@ -54,7 +101,8 @@ def build_peft_config(model, lora_cfg: LoraConfig, info: ModelInfo):
     dropout = 0.0 if info.is_moe else lora_cfg.dropout
     return PeftLoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=dropout,
                           target_modules=targets, exclude_modules=exclude, use_rslora=lora_cfg.rslora,
-                          target_parameters=target_parameters or None, task_type="CAUSAL_LM")
+                          target_parameters=target_parameters or None, modules_to_save=modules_to_save or None,
+                          task_type="CAUSAL_LM")
 
 
 def apply_lora(model, lora_cfg: LoraConfig, info: ModelInfo):
@@ -71,10 +119,6 @@ def apply_lora(model, lora_cfg: LoraConfig, info: ModelInfo):
         from hone.core import moe
 
         moe.install_split_lora(peft_model, dropout=lora_cfg.dropout)
-    if lora_cfg.train_projector and info.is_vision:
-        for name, param in peft_model.named_parameters():
-            if any(k in name for k in ("multi_modal_projector", "connector", "merger")):
-                param.requires_grad_(True)
     trainable, total = peft_model.get_nb_trainable_parameters()
     adapted = sorted({name.rsplit(".", 1)[-1] for name, module in peft_model.named_modules()
                       if hasattr(module, "lora_A") and not name.endswith(("lora_A", "lora_B"))})
