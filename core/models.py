@@ -279,15 +279,33 @@ def _qlora_config(dtype, device: str):
                               bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
 
 
+def _load_processor(folder: str, config, kwargs: dict):
+    """transformers' processor; where it cannot be built because it needs torchvision (the Qwen-VL processors hold
+    a video processor), Hone's image-and-text stand-in for the families it has a placeholder rule for."""
+    from transformers import AutoProcessor
+
+    from hone.core.vision.processor import PLACEHOLDER_RULES, build_fallback_processor
+
+    try:
+        return AutoProcessor.from_pretrained(folder, **kwargs)
+    except (ImportError, TypeError) as e:
+        if "torchvision" not in str(e).lower() and "video" not in str(e).lower():
+            raise
+        if config.model_type in PLACEHOLDER_RULES:
+            return build_fallback_processor(folder, config.model_type, **kwargs)
+        raise ModelError(f"the image processor of this {config.model_type} model needs torchvision, which is not "
+                         "installed", "pip install torchvision (the build that matches your torch)") from None
+
+
 def load_tokenizer(folder: str, config=None, model_cfg: ModelConfig | None = None):
     """The tokenizer (or, for vision models, the processor), with a pad token set."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     model_cfg = model_cfg or ModelConfig()
     kwargs = dict(revision=model_cfg.revision or None, trust_remote_code=model_cfg.trust_remote_code)
     with _hub_errors(model_cfg.name_or_path):
         if config is not None and is_vision_config(config):
-            tokenizer = AutoProcessor.from_pretrained(folder, **kwargs)
+            tokenizer = _load_processor(folder, config, kwargs)
         else:
             tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
