@@ -112,11 +112,29 @@ def read_chat_template(folder: str | Path) -> str | None:
     return None
 
 
+def load_image_processor(folder: str, **kwargs):
+    """The image processor a model folder (or hub id) names, on the Pillow backend where transformers has one (its
+    AutoImageProcessor needs torchvision on transformers 5.17)."""
+    import transformers
+    from transformers.image_processing_base import ImageProcessingMixin
+
+    config, _ = ImageProcessingMixin.get_image_processor_dict(folder, **kwargs)
+    name = config.get("image_processor_type") or ""
+    for candidate in (name if name.endswith("Pil") else name + "Pil", name.removesuffix("Fast")):
+        cls = getattr(transformers, candidate, None) if candidate else None
+        if cls is not None:
+            try:
+                return cls.from_pretrained(folder, **kwargs)
+            except ImportError:
+                continue
+    raise ValueError(f"{folder} names image processor {name!r}, which this transformers cannot build here")
+
+
 def build_fallback_processor(folder: str, model_type: str, **kwargs) -> ImageTextProcessor:
     """An ImageTextProcessor from a model folder's tokenizer, image processor config and chat template."""
-    from transformers import AutoImageProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-    image_processor = AutoImageProcessor.from_pretrained(folder, **kwargs)
+    image_processor = load_image_processor(folder, **kwargs)
     template = read_chat_template(folder) if Path(folder).is_dir() else None
     return ImageTextProcessor(tokenizer, image_processor, model_type, chat_template=template)

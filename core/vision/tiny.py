@@ -18,7 +18,7 @@ from pathlib import Path
 KINDS = ("qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "idefics3")
 
 # Special tokens each family's tokenizer has (added to SmolLM2's vocabulary).
-_TOKENS = {
+SPECIAL_TOKENS = {
     "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
     "qwen3_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
     "gemma3": ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
@@ -79,8 +79,10 @@ def vision_tokenizer(kind: str, tokenizer_dir: str | Path):
         extra = {"extra_special_tokens": {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
                                           "image_token": "<image_soft_token>"}}
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, **extra)
-    tokenizer.add_special_tokens({"additional_special_tokens": _TOKENS[kind]})
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[kind]})
     tokenizer.chat_template = TEMPLATES[kind]
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
@@ -137,7 +139,7 @@ def model_config(kind: str, tokenizer, shape: str = "tiny", layers: int | None =
     """
     import transformers
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _TOKENS[kind]}
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS[kind]}
     vocab = _vocab(tokenizer)
     text = dict(_TINY_TEXT, vocab_size=vocab)
     if layers is not None:
