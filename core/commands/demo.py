@@ -14,6 +14,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--eval-rows", type=int, default=None, help="score on the first N held-out rows only")
     p.add_argument("--model", default=None, help="try the task on another model (an id, folder or .gguf) instead "
                    "of the bundled SmolLM2-135M-Instruct")
+    p.add_argument("--vision", action="store_true", help="the vision demo instead: SmolLM2 with a vision encoder "
+                   "learns to name the color and shape in pictures, text-only rows in the same batches")
     return p
 
 
@@ -23,6 +25,8 @@ def run(args) -> int:
     from hone.core.commands.console import EventPrinter
     from hone.core.demo import demo_config, run_demo
 
+    if args.vision:
+        return run_vision(args)
     config = demo_config(args.runs_dir, args.steps, args.model)
     with EventPrinter() as printer:
         console = printer.console
@@ -43,5 +47,41 @@ def run(args) -> int:
     console.print(table)
     expected, got = result.after.examples[0]
     console.print(f"example: expected {expected}\n         got      {got.strip()}")
+    console.print(f"adapter: {result.adapter_dir}")
+    return 0
+
+
+def run_vision(args) -> int:
+    from rich.table import Table
+
+    from hone.core.commands.console import EventPrinter
+    from hone.core.demo_vision import CHANCE, run_vision_demo, vision_demo_config
+
+    with EventPrinter() as printer:
+        console = printer.console
+        console.print("[bold]building the demo model (first run only)")
+        config = vision_demo_config(args.runs_dir, args.steps)
+        demo = run_vision_demo(config, eval_rows=args.eval_rows,
+                               on_stage=lambda text: console.print(f"[bold]{text}"))
+        try:
+            while True:
+                printer.handle(next(demo))
+        except StopIteration as done:
+            result = done.value
+    if result is None:
+        return 1
+    table = Table(title="held-out answers (image questions: the reply starts with the right word; text: it names "
+                  "the right city)")
+    table.add_column("model")
+    for title in ("color", "shape", "text-only"):
+        table.add_column(title, justify="right")
+    for name, s in (("SmolLM2-135M + random vision encoder", result.before), ("+ Hone (LoRA, vision trained)",
+                                                                               result.after)):
+        table.add_row(name, *(f"{s.counts.get(k, (0, 0))[0]}/{s.counts.get(k, (0, 0))[1]} ({100 * s.rate(k):.0f}%)"
+                              for k in ("color", "shape", "text")))
+    table.add_row("chance", f"{100 * CHANCE['color']:.0f}%", f"{100 * CHANCE['shape']:.0f}%", "")
+    console.print(table)
+    for kind, expected, got in result.after.examples:
+        console.print(f"{kind:>5}: expected {expected!r:12} got {got!r}")
     console.print(f"adapter: {result.adapter_dir}")
     return 0
