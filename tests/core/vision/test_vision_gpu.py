@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,8 @@ def test_vision_bench_runs_both_paths(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "bench.json"
-    assert bench.main(["--layers", "4", "--steps", "5", "--batch-tokens", "4096", "--out", str(out)]) == 0
+    tokenizer = ["--tokenizer", os.environ["HONE_TEST_TOKENIZER"]] if os.environ.get("HONE_TEST_TOKENIZER") else []
+    assert bench.main(["--layers", "4", "--steps", "5", "--batch-tokens", "4096", "--out", str(out), *tokenizer]) == 0
     results = json.loads(out.read_text())
     hone, ref = results["hone"], results["transformers+peft"]
     for name, r in (("hone", hone), ("reference", ref)):
