@@ -29,7 +29,8 @@ _TORCH_CHUNK = 1 << 24
 _MIX1, _MIX2, _GOLDEN = 0x7FEB352D, 0x846CA68B, 0x9E3779B1
 
 
-@triton.jit
+# seed varies per step: unspecialized, or Triton would turn a seed of 1 into a compile-time constant (no .to)
+@triton.jit(do_not_specialize=["seed"])
 def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, coef_ptr, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2, seed,
                   STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

@@ -4,7 +4,7 @@
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
 #   stages: env | tests-{attn,moe,kernels,offload,vision,rest} | spine | demo | demo-shape | micro-kernels |
-#           bench-{dense,8b,long,moe,gptoss,qlora,vision}
+#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean}
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -139,11 +139,13 @@ for s in "$@"; do
     env) stage env 60 env_info ;;
     tests-attn) gpu_tests tests-attn 110 tests/core/test_attention_gpu.py tests/core/bench ;;
     tests-moe) gpu_tests tests-moe 120 tests/core/moe tests/kernels/test_grouped_gemm.py tests/kernels/test_moe_experts.py ;;
-    tests-kernels) gpu_tests tests-kernels 150 tests/kernels/test_kernels_gpu.py tests/core/test_fused_gpu.py ;;
+    tests-kernels) gpu_tests tests-kernels 150 tests/kernels/test_kernels_gpu.py tests/kernels/test_adamw_gpu.py \
+                     tests/core/test_fused_gpu.py ;;
+    tests-adamw) gpu_tests tests-adamw 60 tests/kernels/test_adamw_gpu.py ;;
     tests-offload) gpu_tests tests-offload 120 tests/core/test_offload_gpu.py ;;
     tests-vision) gpu_tests tests-vision 150 tests/core/vision ;;
     tests-rest) gpu_tests tests-rest 150 tests --ignore=tests/core/test_attention_gpu.py \
-                  --ignore=tests/core/bench --ignore=tests/core/moe --ignore=tests/kernels --ignore=tests/core/vision \
+                  --ignore=tests/core/bench --ignore=tests/core/moe --ignore=tests/kernels --ignore=tests/core/vision --ignore=tests/app \
                   --ignore=tests/core/test_fused_gpu.py --ignore=tests/core/test_offload_gpu.py ;;
     spine) stage spine 150 spine_run ;;
     demo) stage demo 240 python3 -m hone.core.cli demo --runs-dir /tmp/hone-demo ;;
@@ -161,8 +163,12 @@ for s in "$@"; do
                  --only 'reference-eager,moe-triton,all,all-lean' ;;
     bench-gptoss) bench bench-gptoss 150 moe-gptoss --steps 3 --warmup 1 --micro off --only 'moe-grouped_mm,moe-triton,all' ;;
     bench-qlora) bench bench-qlora 200 dense-8b --qlora --steps 3 --warmup 1 --micro off --no-sync-count --only all ;;
-    bench-vision) stage bench-vision 200 python3 tools/vision_bench.py --steps 8 --out "$out/bench-vision.json" \
-                    ${HONE_TEST_TOKENIZER:+--tokenizer "$HONE_TEST_TOKENIZER"} ;;
+    bench-vision) stage bench-vision 200 python3 tools/vision_bench.py --steps 8 --layers "${VISION_LAYERS:-36}" \
+                    --out "$out/bench-vision.json" ${HONE_TEST_TOKENIZER:+--tokenizer "$HONE_TEST_TOKENIZER"} ;;
+    bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
+                bench bench-lean-8b 120 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \
+                  --only 'all-offload-double,all-lean'
+                bench bench-lean-moe 100 moe-qwen3 --steps 3 --warmup 1 --micro off --no-sync-count --only all-lean ;;
     *) note "unknown stage $s" ;;
   esac
 done
