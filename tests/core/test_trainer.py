@@ -149,3 +149,30 @@ def test_moe_models_train_with_lora_dropout(shape, tiny_model_dir, chat_files, t
     assert started.is_moe and "moe" in started.speed_paths
     steps = [e for e in got if isinstance(e, events.StepMetrics)]
     assert all(sum(s.expert_load) > 0 for s in steps)
+
+
+def test_background_collation_gives_the_same_run(tiny_model_dir, chat_files, tiny_config, tmp_path, monkeypatch):
+    """Each step's batches collated on the background thread during the step before: the same losses as collating
+    in place, every step after the first served from that thread, and the thread gone after the run."""
+    from hone.core.trainer import StepRunner
+
+    threads = []
+    collate = StepRunner._collate_packs
+
+    def spy(self, dataset, packs):
+        threads.append(threading.current_thread().name)
+        return collate(self, dataset, packs)
+
+    monkeypatch.setattr(StepRunner, "_collate_packs", spy)
+    losses = {}
+    for prefetch in (False, True):
+        monkeypatch.setattr(StepRunner, "PREFETCH_ON_CPU", prefetch)
+        threads.clear()
+        config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / str(prefetch), "train.max_steps=4")
+        got = run_all(Trainer(config, device="cpu"))
+        losses[prefetch] = [e.loss for e in got if isinstance(e, events.StepMetrics)]
+        assert len(losses[prefetch]) == 4, got[-1]
+        background = [name for name in threads if name.startswith("hone-collate")]
+        assert len(background) == (3 if prefetch else 0), threads
+    assert losses[True] == losses[False]
+    assert not any(t.name.startswith("hone-collate") for t in threading.enumerate())
