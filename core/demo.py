@@ -93,11 +93,7 @@ def run_demo(config: RunConfig, *, eval_rows: int | None = None,
              on_stage: Callable[[str], None] | None = None) -> Generator[object, None, DemoResult | None]:
     """Score the base model, train, score the adapter. Yields the run's events; its return value (the
     generator's StopIteration value) is the DemoResult, or None when training failed."""
-    from peft import PeftModel
-
-    from hone.core.events import RunFailed, RunFinished
     from hone.core.models import load_model
-    from hone.core.trainer import Trainer
 
     stage = on_stage or (lambda text: None)
     rows = load_rows(config.data.eval[0] if config.data.eval else DEMO_EVAL_DATA)[:eval_rows]
@@ -106,6 +102,22 @@ def run_demo(config: RunConfig, *, eval_rows: int | None = None,
     stage(f"scoring the base model on {len(rows)} held-out rows")
     before = exact_match(loaded.model, loaded.tokenizer, rows)
     stage(f"base model: {before.correct}/{before.total} exact")
+    trained = yield from train_and_rescore(config, loaded.model, lambda tuned: exact_match(tuned, loaded.tokenizer,
+                                                                                          rows), stage)
+    if trained is None:
+        return None
+    final, after = trained
+    return DemoResult(before, after, final.run_dir, final.adapter_dir)
+
+
+def train_and_rescore(config: RunConfig, base_model, score: Callable, stage: Callable[[str], None]) -> Generator:
+    """Train as `config` says, yielding the run's events; then load the adapter onto `base_model` and score it.
+    Returns (RunFinished, score of the fine-tuned model), or None when the run did not finish."""
+    from peft import PeftModel
+
+    from hone.core.events import RunFailed, RunFinished
+    from hone.core.trainer import Trainer
+
     final = None
     for event in Trainer(config).run():
         yield event
@@ -114,6 +126,4 @@ def run_demo(config: RunConfig, *, eval_rows: int | None = None,
     if not isinstance(final, RunFinished):
         return None
     stage("scoring the fine-tuned model")
-    tuned = PeftModel.from_pretrained(loaded.model, final.adapter_dir)
-    after = exact_match(tuned, loaded.tokenizer, rows)
-    return DemoResult(before, after, final.run_dir, final.adapter_dir)
+    return final, score(PeftModel.from_pretrained(base_model, final.adapter_dir))

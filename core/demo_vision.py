@@ -122,11 +122,8 @@ def run_vision_demo(config: RunConfig, *, eval_rows: int | None = None,
                     ) -> Generator[object, None, VisionDemoResult | None]:
     """Score the base model, train, score the adapter. Yields the run's events; the generator's return value is
     the VisionDemoResult (None when training failed)."""
-    from peft import PeftModel
-
-    from hone.core.events import RunFailed, RunFinished
+    from hone.core.demo import train_and_rescore
     from hone.core.models import load_model
-    from hone.core.trainer import Trainer
     from hone.core.vision.shapes_data import read_questions
 
     stage = on_stage or (lambda text: None)
@@ -141,14 +138,10 @@ def run_vision_demo(config: RunConfig, *, eval_rows: int | None = None,
     loaded = load_model(config.model, for_training=False)
     stage(f"scoring the base model on {len(questions)} held-out questions")
     before = score(loaded.model, loaded.tokenizer, questions, eval_file.parent, image_max_side=side)
-    final = None
-    for event in Trainer(config).run():
-        yield event
-        if isinstance(event, (RunFinished, RunFailed)):
-            final = event
-    if not isinstance(final, RunFinished):
+    trained = yield from train_and_rescore(
+        config, loaded.model, lambda tuned: score(tuned, loaded.tokenizer, questions, eval_file.parent,
+                                                  image_max_side=side), stage)
+    if trained is None:
         return None
-    stage("scoring the fine-tuned model")
-    tuned = PeftModel.from_pretrained(loaded.model, final.adapter_dir)
-    after = score(tuned, loaded.tokenizer, questions, eval_file.parent, image_max_side=side)
+    final, after = trained
     return VisionDemoResult(before, after, final.run_dir, final.adapter_dir)

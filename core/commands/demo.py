@@ -30,12 +30,8 @@ def run(args) -> int:
     config = demo_config(args.runs_dir, args.steps, args.model)
     with EventPrinter() as printer:
         console = printer.console
-        demo = run_demo(config, eval_rows=args.eval_rows, on_stage=lambda text: console.print(f"[bold]{text}"))
-        try:
-            while True:
-                printer.handle(next(demo))
-        except StopIteration as done:
-            result = done.value
+        result = _print_events(printer, run_demo(config, eval_rows=args.eval_rows,
+                                                 on_stage=lambda text: console.print(f"[bold]{text}")))
     if result is None:
         return 1
     table = Table(title="held-out exact match (answer must equal the reference JSON line)")
@@ -61,13 +57,8 @@ def run_vision(args) -> int:
         console = printer.console
         console.print("[bold]building the demo model (first run only)")
         config = vision_demo_config(args.runs_dir, args.steps)
-        demo = run_vision_demo(config, eval_rows=args.eval_rows,
-                               on_stage=lambda text: console.print(f"[bold]{text}"))
-        try:
-            while True:
-                printer.handle(next(demo))
-        except StopIteration as done:
-            result = done.value
+        result = _print_events(printer, run_vision_demo(config, eval_rows=args.eval_rows,
+                                                        on_stage=lambda text: console.print(f"[bold]{text}")))
     if result is None:
         return 1
     table = Table(title="held-out answers (image questions: the reply starts with the right word; text: it names "
@@ -85,3 +76,12 @@ def run_vision(args) -> int:
         console.print(f"{kind:>5}: expected {expected!r:12} got {got!r}")
     console.print(f"adapter: {result.adapter_dir}")
     return 0
+
+
+def _print_events(printer, demo):
+    """Print each event a demo generator yields; return the generator's result."""
+    try:
+        while True:
+            printer.handle(next(demo))
+    except StopIteration as done:
+        return done.value
