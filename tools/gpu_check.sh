@@ -163,7 +163,7 @@ for s in "$@"; do
                  --only 'reference-eager,moe-triton,all,all-lean' ;;
     bench-gptoss) bench bench-gptoss 150 moe-gptoss --steps 3 --warmup 1 --micro off --only 'moe-grouped_mm,moe-triton,all' ;;
     bench-qlora) bench bench-qlora 200 dense-8b --qlora --steps 3 --warmup 1 --micro off --no-sync-count --only all ;;
-    bench-vision) stage bench-vision 200 python3 tools/vision_bench.py --steps 8 --layers "${VISION_LAYERS:-36}" \
+    bench-vision) stage bench-vision 200 python3 tools/vision_bench.py --steps 8 --layers "${VISION_LAYERS:-12}" \
                     --out "$out/bench-vision.json" ${HONE_TEST_TOKENIZER:+--tokenizer "$HONE_TEST_TOKENIZER"} ;;
     bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
                 bench bench-lean-8b 120 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \

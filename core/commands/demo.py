@@ -66,7 +66,7 @@ def run_vision(args) -> int:
     table.add_column("model")
     for title in ("color", "shape", "text-only"):
         table.add_column(title, justify="right")
-    for name, s in (("SmolLM2-135M + random vision encoder", result.before), ("+ Hone (LoRA, vision trained)",
+    for name, s in (("SmolLM2-135M + random vision encoder", result.before), ("+ Hone (LoRA + projector)",
                                                                                result.after)):
         table.add_row(name, *(f"{s.counts.get(k, (0, 0))[0]}/{s.counts.get(k, (0, 0))[1]} ({100 * s.rate(k):.0f}%)"
                               for k in ("color", "shape", "text")))
