@@ -150,7 +150,6 @@ def gguf_folder(gguf: Path) -> Path:
     target = _conversion_folder(gguf)
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         _special_tokens_from_gguf(tokenizer, gguf)
@@ -168,18 +167,29 @@ def gguf_folder(gguf: Path) -> Path:
     # (save_model keeps one copy of tied tensors).
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         model.config.save_pretrained(tmp)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "hone_source.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))
+
+    return publish_folder(target, write)
+
+
+def publish_folder(target: Path, write) -> Path:
+    """Fill `target` through `write(tmp)` on a temporary sibling folder, then rename it into place, so a reader never
+    sees a half-written folder. Another process that finished the same folder first wins; its copy is kept."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        write(tmp)
         os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # another process may have finished the same conversion
+        if not (target / "config.json").is_file():  # not another process's finished copy: a real failure
             raise
     return target
 

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from hone.core.vision.shapes_data import IMAGE_SIDE
@@ -40,7 +37,7 @@ CHAT_TEMPLATE = (
 
 def demo_model_folder() -> Path:
     """The demo model's folder (config, weights, tokenizer, image processor), built on first use."""
-    from hone.core.models import cache_root
+    from hone.core.models import cache_root, publish_folder
     from hone.core.resources import smollm2_gguf
 
     gguf = smollm2_gguf()
@@ -49,16 +46,7 @@ def demo_model_folder() -> Path:
     target = cache_root() / "models" / f"smolvlm-demo-{key.hexdigest()[:16]}"
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
-        build_demo_model(tmp)
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # another process may have finished the same build
-            raise
-    return target
+    return publish_folder(target, build_demo_model)
 
 
 def build_demo_model(folder: Path) -> Path:
