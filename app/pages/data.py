@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.threads import Task, TaskError
+from hone.app.widgets.charts import plot_widget
 from hone.app.widgets.common import Card, StatTile, label, set_role
 from hone.core.config import DATA_FORMATS, DEMO_EVAL_DATA, DEMO_TRAIN_DATA, DataConfig, ModelConfig
 from hone.core.events import DatasetReport
@@ -213,9 +214,7 @@ class DataPage(Page):
         return files, box
 
     def _report_tab(self) -> QWidget:
-        tab = QWidget()
-        layout = QVBoxLayout(tab)
-        layout.setContentsMargins(0, 10, 0, 0)
+        tab, layout = _tab()
         self.skipped_table = QTableWidget(0, 2)
         self.skipped_table.setHorizontalHeaderLabels(["Why rows were skipped", "Rows"])
         self._table_style(self.skipped_table)
@@ -227,9 +226,7 @@ class DataPage(Page):
         return tab
 
     def _preview_tab(self) -> QWidget:
-        tab = QWidget()
-        layout = QVBoxLayout(tab)
-        layout.setContentsMargins(0, 10, 0, 0)
+        tab, layout = _tab()
         self.preview_table = QTableWidget(0, 6)
         self.preview_table.setHorizontalHeaderLabels(["Row", "Prompt", "Response", "Tokens", "Trained", "Images"])
         self._table_style(self.preview_table)
@@ -244,9 +241,7 @@ class DataPage(Page):
         return tab
 
     def _inspector_tab(self) -> QWidget:
-        tab = QWidget()
-        layout = QVBoxLayout(tab)
-        layout.setContentsMargins(0, 10, 0, 0)
+        tab, layout = _tab()
         self.inspector_title = label("Check the data, then pick a row in the Preview.", "muted", wrap=True)
         layout.addWidget(self.inspector_title)
         self.inspector = QTextBrowser()
@@ -257,13 +252,8 @@ class DataPage(Page):
         return tab
 
     def _histogram_tab(self) -> QWidget:
-        tab = QWidget()
-        layout = QVBoxLayout(tab)
-        layout.setContentsMargins(0, 10, 0, 0)
-        self.histogram = pg.PlotWidget()
-        self.histogram.setMinimumHeight(280)
-        self.histogram.setMenuEnabled(False)
-        self.histogram.hideButtons()
+        tab, layout = _tab()
+        self.histogram = plot_widget(280)
         self.histogram.getPlotItem().getViewBox().setMouseEnabled(x=False, y=False)
         self.histogram.getPlotItem().setLabel("bottom", "tokens per row")
         self.histogram.getPlotItem().setLabel("left", "rows")
@@ -587,3 +577,11 @@ def _thumbnail(source: str):
 
 def _display(entry: str) -> str:
     return entry.removeprefix("bundled:") if entry.startswith("bundled:") else entry
+
+
+def _tab() -> tuple[QWidget, QVBoxLayout]:
+    """A tab page and its column layout, a little space below the tab bar."""
+    tab = QWidget()
+    layout = QVBoxLayout(tab)
+    layout.setContentsMargins(0, 10, 0, 0)
+    return tab, layout

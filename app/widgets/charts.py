@@ -16,6 +16,22 @@ from hone.app.theme import Palette
 from hone.app.widgets.common import Card
 
 
+def plot_widget(min_height: int) -> pg.PlotWidget:
+    """A pyqtgraph plot as every chart here uses it: no context menu, no auto-range button."""
+    plot = pg.PlotWidget()
+    plot.setMinimumHeight(min_height)
+    plot.setMenuEnabled(False)
+    plot.hideButtons()
+    return plot
+
+
+def _headline(card: Card) -> QLabel:
+    """The value shown at the right of a chart card's title."""
+    headline = QLabel("")
+    headline.setObjectName("StatDetail")
+    card.header.addWidget(headline, 0, Qt.AlignRight | Qt.AlignTop)
+    return headline
+
 class SeriesBuffer:
     """x/y float64 arrays that double their capacity when full; `x`, `y` are views of the filled part."""
 
@@ -74,13 +90,8 @@ class LiveChart(Card):
         super().__init__(title, parent=parent)
         self._unit = unit
         self._y_format = y_format
-        self.headline = QLabel("")
-        self.headline.setObjectName("StatDetail")
-        self.header.addWidget(self.headline, 0, Qt.AlignRight | Qt.AlignTop)
-        self.plot = pg.PlotWidget()
-        self.plot.setMinimumHeight(150)
-        self.plot.setMenuEnabled(False)
-        self.plot.hideButtons()
+        self.headline = _headline(self)
+        self.plot = plot_widget(150)
         item = self.plot.getPlotItem()
         item.showGrid(x=False, y=True, alpha=0.25)
         item.setClipToView(True)
@@ -187,13 +198,8 @@ class BarChart(Card):
 
     def __init__(self, title: str, parent: QWidget | None = None):
         super().__init__(title, parent=parent)
-        self.headline = QLabel("")
-        self.headline.setObjectName("StatDetail")
-        self.header.addWidget(self.headline, 0, Qt.AlignRight | Qt.AlignTop)
-        self.plot = pg.PlotWidget()
-        self.plot.setMinimumHeight(150)
-        self.plot.setMenuEnabled(False)
-        self.plot.hideButtons()
+        self.headline = _headline(self)
+        self.plot = plot_widget(150)
         self.plot.getPlotItem().getViewBox().setMouseEnabled(x=False, y=False)
         self.body.addWidget(self.plot, 1)
         self.bars: pg.BarGraphItem | None = None
