@@ -11,21 +11,14 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from hone.core.fused import FAMILIES, apply_kernels, kernels_applied, revert_kernels
-from hone.core.shapes import build_model
 from hone.kernels.rms_norm import FusedRMSNorm
+from tests.core.lora_helpers import TARGETS, lora_model
 
 VOCAB = 1024
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def _peft_model(shape: str = "tiny-dense", *, layers: int = 2, seed: int = 0, dropout: float = 0.0):
-    model = build_model(shape, layers=layers, seed=seed, vocab_size=VOCAB)  # a small vocabulary keeps CPU steps fast
-    torch.manual_seed(seed)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=TARGETS))
-    for name, param in model.named_parameters():
-        if "lora_B" in name:  # peft starts B at zero; give the adapters something to contribute
-            torch.nn.init.normal_(param, std=0.05, generator=torch.Generator().manual_seed(len(name)))
-    return model
+    return lora_model(shape, vocab=VOCAB, layers=layers, seed=seed, dropout=dropout)
 
 
 def _packed_batches(steps: int, length: int = 24):

@@ -6,25 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 
 from hone.core import fused_lora
 from hone.core.fused import apply_kernels
-from hone.core.shapes import build_model
+from tests.core.lora_helpers import lora_model
 
 VOCAB = 512
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LAYERS = 2
 
 
 def _model(dtype: torch.dtype, dropout: float = 0.0):
-    model = build_model("tiny-dense", layers=LAYERS, seed=0, vocab_size=VOCAB).to(dtype)
-    torch.manual_seed(0)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=TARGETS))
-    for name, param in model.named_parameters():
-        if "lora_B" in name:  # peft starts B at zero; give the adapters something to contribute
-            torch.nn.init.normal_(param, std=0.05, generator=torch.Generator().manual_seed(len(name)))
-    return model
+    return lora_model(vocab=VOCAB, layers=LAYERS, dropout=dropout, dtype=dtype)
 
 
 def _loss_and_grads(model, *, autocast_dtype):

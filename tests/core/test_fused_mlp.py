@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 
 from hone.core import fused_mlp
 from hone.core.fused import apply_kernels, revert_kernels
 from hone.core.loss import loss_sum
 from hone.core.offload import apply_checkpointing, revert_checkpointing
 from hone.core.packing import collate_packed
-from hone.core.shapes import build_model
+from tests.core.lora_helpers import lora_model
 from tests.core.test_packing import random_rows
 
 VOCAB = 512
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LAYERS = 2
 TILE = 16
 
@@ -31,13 +29,7 @@ def small_tiles(monkeypatch):
 
 
 def _model(dropout: float = 0.0):
-    model = build_model("tiny-dense", layers=LAYERS, seed=0, vocab_size=VOCAB)
-    torch.manual_seed(0)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=TARGETS))
-    for name, param in model.named_parameters():
-        if "lora_B" in name:  # peft starts B at zero; give the adapters something to contribute
-            torch.nn.init.normal_(param, std=0.05, generator=torch.Generator().manual_seed(len(name)))
-    return model
+    return lora_model(vocab=VOCAB, layers=LAYERS, dropout=dropout)
 
 
 def _mlp_calls(model) -> list[int]:
