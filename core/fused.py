@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hone.core.fused_lora import lora_base_kind, patch_lora_layer
-from hone.core.fused_mlp import enable_tiling, tile_for, tiled_mlp
+from hone.core.fused_mlp import enable_tiling, forward_tile_for, mlp_in_pieces, tile_for, tiled_mlp
 from hone.core.fused_patch import (
     Undo,
     UnsupportedForward,
@@ -337,6 +337,9 @@ def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, und
             tile = tile_for(self, hidden_states)
             if tile is not None:  # a checkpointed recompute: the MLP is back-propagated tile by tile instead
                 return residual + tiled_mlp(self, hidden_states, tile)
+            tile = forward_tile_for(self, hidden_states)
+            if tile is not None:  # no autograd (a checkpointed forward): the MLP runs a tile at a time
+                return residual + mlp_in_pieces(self.mlp, hidden_states, tile)
             return residual + self.mlp(hidden_states)
 
         return prenorm_decoder_forward

@@ -28,7 +28,8 @@ saves only its input; backward reloads the input, recomputes the layer with auto
 in forward), back-propagates through it (parameter gradients accumulate into `.grad` right there) and returns the
 input's gradient. A zero-size `anchor` tensor that requires grad is passed along so the Function is part of the graph
 even when the first layer's input does not require grad. Gradients therefore reach parameters through
-`loss.backward()` (what the trainer calls), not through `torch.autograd.grad(loss, params)`.
+`loss.backward()` (what the trainer calls), not through `torch.autograd.grad(loss, params)`. With `tile_tokens`, a
+packed layer is recomputed and back-propagated a group of whole sequences at a time (`hone.core.layer_tiles`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.checkpoint import checkpoint as recompute_checkpoint
 
+from hone.core.layer_tiles import LayerCall, auto_tile_tokens
 from hone.core.offload_buffers import (
     CudaCopier,
     HostSlot,
@@ -161,21 +163,52 @@ class _CheckpointedLayer(torch.autograd.Function):
     def backward(ctx, *grads):
         checkpointer = ctx.checkpointer
         try:
-            x = checkpointer.load(ctx.layer_input).detach().requires_grad_(ctx.input_requires_grad)
-            with torch.enable_grad(), _replayed(ctx.state):
-                out = ctx.run(x)
-            outs = out if isinstance(out, tuple) else (out,)
-            pairs = [(o, g) for o, g in zip(outs, grads, strict=False)
-                     if torch.is_tensor(o) and o.requires_grad and g is not None]
-            if pairs:
-                # Runs the recompute's whole backward now: parameter gradients accumulate, and every use of `x` (a
-                # view of a reload buffer, also held by this graph) is queued before `release` lets the buffer go.
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            grad = x.grad if ctx.input_requires_grad else None
+            x = checkpointer.load(ctx.layer_input).detach()
+            tiles = ctx.run.tiles(x, checkpointer.tile_tokens_for(x)) if isinstance(ctx.run, LayerCall) else None
+            if tiles is not None and _only_first_has_grad(grads):
+                checkpointer.tiled_layers += 1
+                grad = _backward_in_tiles(ctx, x, grads[0], tiles)
+            else:
+                x.requires_grad_(ctx.input_requires_grad)
+                _recompute_and_backward(ctx, x, grads)
+                grad = x.grad if ctx.input_requires_grad else None
         finally:
             checkpointer.release(ctx.layer_input)
             ctx.run = ctx.layer_input = None
         return None, None, grad, None, None
+
+
+def _recompute_and_backward(ctx, x: torch.Tensor, grads: tuple) -> None:
+    """Rebuild the layer's graph from `x` and run its backward now: parameter gradients accumulate, and every use
+    of `x` (a view of a reload buffer, also held by this graph) is queued before `release` lets the buffer go."""
+    with torch.enable_grad(), _replayed(ctx.state):
+        out = ctx.run(x)
+    outs = out if isinstance(out, tuple) else (out,)
+    pairs = [(o, g) for o, g in zip(outs, grads, strict=False)
+             if torch.is_tensor(o) and o.requires_grad and g is not None]
+    if pairs:
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+
+
+def _only_first_has_grad(grads: tuple) -> bool:
+    return torch.is_tensor(grads[0]) and all(g is None for g in grads[1:])
+
+
+def _backward_in_tiles(ctx, x: torch.Tensor, grad_out: torch.Tensor, tiles) -> torch.Tensor | None:
+    """The layer recomputed and back-propagated one group of whole sequences at a time (`hone.core.layer_tiles`):
+    only one tile's activations and gradients exist at once. Returns the input gradient (None if not needed)."""
+    grad_in = torch.empty_like(x) if ctx.input_requires_grad else None
+    for tile, call in tiles:
+        piece = x[:, tile.start:tile.end].requires_grad_(ctx.input_requires_grad)
+        with torch.enable_grad(), _replayed(ctx.state):
+            out = call(piece)
+        out = out[0] if isinstance(out, tuple) else out
+        if out.requires_grad:
+            torch.autograd.backward(out, grad_out[:, tile.start:tile.end])
+        if grad_in is not None:
+            grad_in[:, tile.start:tile.end] = piece.grad
+        del out, piece  # this tile's graph goes before the next tile's is built
+    return grad_in
 
 
 def _needs_grad(value) -> bool:
@@ -226,10 +259,13 @@ class Checkpointer:
         verify: keep a device copy of every saved input and compare the bytes the layer is recomputed from with it
             (in host memory, in the reload buffer, and again after the layer's backward): `integrity` lists the
             results. A diagnostic for tests: it costs memory and synchronizes the host at every layer.
+        tile_tokens: recompute and back-propagate each layer a group of whole sequences of at most this many tokens
+            at a time (`hone.core.layer_tiles`); 0 = whole layers, -1 = a size chosen from the hidden size.
+            `tiled_layers` counts the layer backward passes that ran in tiles.
     """
 
     def __init__(self, mode: str, device, *, max_buffer_bytes: int | None = None, note=None, streams=None,
-                 verify: bool = False):
+                 verify: bool = False, tile_tokens: int = 0):
         if mode not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint mode {mode!r} is not one of {CHECKPOINT_MODES}")
         self.device = torch.device(device)
@@ -246,6 +282,8 @@ class Checkpointer:
         self.layer_names: dict[int, str] = {}  # id(layer module) -> its name in the model, for messages
         self.verify = verify
         self.integrity: list[IntegrityCheck] = []
+        self.tile_tokens = tile_tokens
+        self.tiled_layers = 0
         self._note = note
         self._seq = 0
         self._turn = 0  # round robin over the reload buffers
@@ -276,19 +314,29 @@ class Checkpointer:
             # Other inputs that need gradients cannot go through this Function: plain recompute handles them.
             return recompute_checkpoint(function, *args, use_reentrant=False, **kwargs)
 
-        def run(x):
-            return function(x, *rest, **kwargs)
-
+        run = LayerCall(function, rest, kwargs, self._layer_module(function))
         return _CheckpointedLayer.apply(self, run, hidden, self._anchor, self._layer_name(function))
 
-    def _layer_name(self, function) -> str:
-        """The layer's name in the model. transformers passes `partial(forward, layer, ...)` (latest) or
+    def tile_tokens_for(self, hidden: torch.Tensor) -> int:
+        """Tokens per backward tile for this layer input (0: back-propagate the layer whole)."""
+        if self.tile_tokens < 0:
+            return auto_tile_tokens(hidden.shape[-1])
+        return self.tile_tokens
+
+    @staticmethod
+    def _layer_module(function) -> torch.nn.Module | None:
+        """The layer behind a call. transformers passes `partial(forward, layer, ...)` (latest) or
         `partial(<bound __call__ of the layer>, ...)` (5.17); tests may pass the layer itself."""
         layer = function
         if isinstance(function, functools.partial):
             first = function.args[0] if function.args else None
             layer = first if isinstance(first, torch.nn.Module) else getattr(function.func, "__self__", function)
-        return self.layer_names.get(id(layer)) or type(layer).__name__
+        return layer if isinstance(layer, torch.nn.Module) else None
+
+    def _layer_name(self, function) -> str:
+        """The layer's name in the model, for messages."""
+        layer = self._layer_module(function)
+        return self.layer_names.get(id(layer)) or type(layer if layer is not None else function).__name__
 
     # ---- saving in forward ----
     def save(self, hidden: torch.Tensor, layer: str = "") -> _SavedInput:
@@ -513,10 +561,10 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | None = None, note=None,
-                        streams=None, verify: bool = False) -> Checkpointer | None:
+                        streams=None, verify: bool = False, tile_tokens: int = 0) -> Checkpointer | None:
     """Checkpoint every decoder layer of `model` (a transformers model, possibly peft-wrapped) in `mode`.
 
-    `max_buffer_bytes`, `note`, `streams` and `verify` are passed to the `Checkpointer`.
+    `max_buffer_bytes`, `note`, `streams`, `verify` and `tile_tokens` are passed to the `Checkpointer`.
 
     Returns:
         The Checkpointer (read it once per step with `read_and_reset`), or None when the model has no layer
@@ -531,7 +579,7 @@ def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | Non
                                "checkpointing is off for this run", "warning")
         return None
     checkpointer = Checkpointer(mode, device, max_buffer_bytes=max_buffer_bytes, note=note, streams=streams,
-                                verify=verify)
+                                verify=verify, tile_tokens=tile_tokens)
     ids = {id(layer) for layer in layers}
     checkpointer.layer_names = {id(m): name for name, m in base.named_modules() if id(m) in ids}
     previous = [(layer, layer.__dict__.get("gradient_checkpointing", _UNSET),

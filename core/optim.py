@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -116,8 +117,16 @@ class FlatAdamW(torch.optim.Optimizer):
                          for p, offset in zip(params, self.offsets, strict=True)]
 
     def _folder(self, offset: int):
+        # The hook lives on the parameter: a strong reference back to the optimizer would make a cycle through
+        # tensors that keeps the flat buffers alive after the optimizer is dropped (seen as memory left over
+        # between benchmark runs).
+        optimizer = weakref.ref(self)
+
         def fold(param: torch.Tensor) -> None:
-            self.flat_grads[offset:offset + param.numel()].add_(param.grad.reshape(-1))
+            owner = optimizer()
+            if owner is None:  # the optimizer is gone: leave the gradient where autograd put it
+                return
+            owner.flat_grads[offset:offset + param.numel()].add_(param.grad.reshape(-1))
             param.grad = None
 
         return fold

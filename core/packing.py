@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from hone.core.errors import DataError
+from hone.core.layer_tiles import register_batch
 
 IGNORE_INDEX = -100
 
@@ -111,6 +112,7 @@ class PackedBatch:
         attention call; Hone's attention backends (and transformers' own flash-attention path) read them instead
         of deriving the boundaries from `position_ids` in every layer.
         """
+        register_batch(self.cu_seqlens, self.seq_lens)  # lets checkpointed layers back-propagate in tiles
         return {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,

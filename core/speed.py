@@ -54,9 +54,14 @@ def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup
         setup.note("checkpoint", choice.notice, choice.level)
     setup.choices["checkpoint"] = f"{choice.mode}: {choice.reason}"
     if choice.mode != "off":
-        setup.offload = offload.apply_checkpointing(peft_model, choice.mode, device, note=setup.note)
+        setup.offload = offload.apply_checkpointing(peft_model, choice.mode, device, note=setup.note,
+                                                    tile_tokens=cfg.layer_tile_tokens)
         if setup.offload is None:
             setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"
+        elif cfg.layer_tile_tokens:
+            tokens = cfg.layer_tile_tokens if cfg.layer_tile_tokens > 0 else "auto"
+            setup.choices["checkpoint"] += (f"; packed layers back-propagated in tiles of whole sequences "
+                                            f"(at most {tokens} tokens)")
     _kernels_and_compile(peft_model, cfg, device, setup)
 
 

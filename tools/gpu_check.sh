@@ -4,7 +4,7 @@
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
 #   stages: env | tests-{attn,moe,kernels,offload,vision,rest} | spine | demo | demo-shape | micro-kernels |
-#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean}
+#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace)
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -142,7 +142,7 @@ for s in "$@"; do
     tests-kernels) gpu_tests tests-kernels 150 tests/kernels/test_kernels_gpu.py tests/kernels/test_adamw_gpu.py \
                      tests/core/test_fused_gpu.py ;;
     tests-adamw) gpu_tests tests-adamw 60 tests/kernels/test_adamw_gpu.py ;;
-    tests-offload) gpu_tests tests-offload 120 tests/core/test_offload_gpu.py ;;
+    tests-offload) gpu_tests tests-offload 150 tests/core/test_offload_gpu.py ;;
     tests-vision) gpu_tests tests-vision 150 tests/core/vision ;;
     tests-rest) gpu_tests tests-rest 150 tests --ignore=tests/core/test_attention_gpu.py \
                   --ignore=tests/core/bench --ignore=tests/core/moe --ignore=tests/kernels --ignore=tests/core/vision --ignore=tests/app \
@@ -165,6 +165,12 @@ for s in "$@"; do
     bench-qlora) bench bench-qlora 200 dense-8b --qlora --steps 3 --warmup 1 --micro off --no-sync-count --only all ;;
     bench-vision) stage bench-vision 200 python3 tools/vision_bench.py --steps 8 --layers "${VISION_LAYERS:-12}" \
                     --out "$out/bench-vision.json" ${HONE_TEST_TOKENIZER:+--tokenizer "$HONE_TEST_TOKENIZER"} ;;
+    mem-dense) bench mem-dense 150 dense-0.6b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
+                 --only 'all,all-offload-double,all-offload-double-tiles-4k,all-offload-double-tiles-8k' ;;
+    mem-8b) bench mem-8b 240 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
+              --only 'all,all-whole-layers,all-tiles-2k,all-lean' ;;
+    mem-moe) bench mem-moe 150 moe-qwen3 --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
+               --only 'all,all-whole-layers,all-lean' ;;
     bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
                 bench bench-lean-8b 120 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \
                   --only 'all-offload-double,all-lean'

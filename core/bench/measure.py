@@ -98,6 +98,7 @@ class RunResult:
     trainable_params: int | None = None
     active_params: int | None = None
     profile: dict | None = None  # one extra step under torch.profiler (--profile), see hone.core.bench.profile
+    memory_trace: dict | None = None  # one extra step's allocator history (--memory-trace), see bench.memory_trace
     # Filled in against the baseline run by report.compare.
     speed_ratio: float | None = None
     memory_ratio: float | None = None
@@ -127,6 +128,7 @@ class Settings:
     peak_flops: float | None  # matmul FLOP/s measured at start
     count_syncs: bool = True
     profile_top: int = 0  # > 0: profile one extra step and keep this many rows per table
+    memory_trace_top: int = 0  # > 0: trace one extra step's allocations, this many sites at the peak
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -254,6 +256,8 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
         result.syncs_fwd_bwd = count_syncs(runner.forward_backward, settings.device)
     if settings.profile_top > 0:
         result.profile = _profile(runner, settings)
+    if settings.memory_trace_top > 0:
+        result.memory_trace = _memory_trace(runner, settings)
 
 
 def _profile(runner: Runner, settings: Settings) -> dict:
@@ -263,6 +267,18 @@ def _profile(runner: Runner, settings: Settings) -> dict:
 
     try:
         return profile_step(runner, settings.device, top=settings.profile_top)
+    except Exception as e:
+        if is_out_of_memory(e):
+            free_memory(settings.device)
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def _memory_trace(runner: Runner, settings: Settings) -> dict:
+    """One more step with the allocator recording, after the timed ones; a failure is recorded in the trace."""
+    from hone.core.bench.memory_trace import trace_step
+
+    try:
+        return trace_step(runner, settings.device, top=settings.memory_trace_top)
     except Exception as e:
         if is_out_of_memory(e):
             free_memory(settings.device)

@@ -60,6 +60,7 @@ class BenchOptions:
     model_cache: str | None = None
     count_syncs: bool = True
     profile_top: int = 0  # --profile: one extra step per run under torch.profiler, this many rows per table
+    memory_trace_top: int = 0  # --memory-trace: one extra step per run with the allocator history, sites shown
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,8 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
     peak_flops = matmul_rate(device, dtype)
     free_memory(device)  # the probe's cached blocks must not count as the first run's reserved memory
     settings = Settings(warmup=options.warmup, steps=options.steps, device=device, tokens=batch.tokens,
-                        peak_flops=peak_flops, count_syncs=options.count_syncs, profile_top=options.profile_top)
+                        peak_flops=peak_flops, count_syncs=options.count_syncs, profile_top=options.profile_top,
+                        memory_trace_top=options.memory_trace_top)
     runs: list[RunResult] = []
     try:
         if options.qlora and device.startswith("cuda") and any(p.make for p in planned):

@@ -98,7 +98,8 @@ def _parameter_bytes(model, optimizer) -> int:
 def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", layers: int | None = None,
                   tokens: int | None = None, lora_r: int = 16, optimizer: str = "adamw",
                   loss_chunk: int | None = None, checkpoint: str = "gpu", kernels: str = "all",
-                  fused_loss: bool = True, fused_gate: bool = True, seed: int = 0) -> StepPlan:
+                  fused_loss: bool = True, fused_gate: bool = True, tile_mlp: bool = False, tile_tokens: int = 0,
+                  seed: int = 0) -> StepPlan:
     """Plan one steady-state step of the benchmark's Hone `all` run (see the module docstring).
 
     Args:
@@ -111,6 +112,7 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
             fused LoRA linear), "none".
         fused_loss, fused_gate: the fused cross-entropy kernel and the experts' fused silu gate (both follow
             `speed.kernels` in a run; separate here to price each).
+        tile_mlp, tile_tokens: `speed.tiled_mlp` and `speed.layer_tile_tokens` (off by default here).
     """
     from hone.core import attention, moe, offload
     from hone.core.bench.batch import make_batch
@@ -133,9 +135,9 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
     torch.manual_seed(seed)
     model, _ = apply_lora(model, LoraConfig(r=lora_r, alpha=2.0 * lora_r), bench_model_info(model, spec))
     if checkpoint != "off":
-        offload.apply_checkpointing(model, checkpoint, device)
+        offload.apply_checkpointing(model, checkpoint, device, tile_tokens=tile_tokens)
     if kernels != "none":
-        _apply_kernels_on_meta(model, lora=kernels == "all")
+        _apply_kernels_on_meta(model, lora=kernels == "all", tile_mlp=tile_mlp)
     params = [p for p in model.parameters() if p.requires_grad]
     train = TrainConfig(optimizer=optimizer, max_grad_norm=1.0)
     opt = build_optimizer(params, train, device)
@@ -164,7 +166,8 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
                     phase_peaks={k: v + offset for k, v in anatomy.phase_peaks.items()},
                     settings={"scenario": scenario, "moe_backend": moe_backend, "optimizer": optimizer,
                               "loss_chunk": loss_chunk, "checkpoint": checkpoint, "kernels": kernels,
-                              "fused_loss": fused_loss, "fused_gate": fused_gate, "tokens": batch.tokens,
+                              "fused_loss": fused_loss, "fused_gate": fused_gate, "tile_mlp": tile_mlp,
+                              "tile_tokens": tile_tokens, "tokens": batch.tokens,
                               "trainable_params": sum(p.numel() for p in params)},
                     peak_live=sorted(anatomy.peak_live, reverse=True))
 
@@ -174,7 +177,7 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
 _PASSES = {"_cross_entropy_kernel": 3, "_adamw_kernel": 1.8}
 
 
-def _apply_kernels_on_meta(model, *, lora: bool) -> None:
+def _apply_kernels_on_meta(model, *, lora: bool, tile_mlp: bool = False) -> None:
     """`hone.core.fused.apply_kernels` on a meta model. Its probes compare outputs, which meta tensors cannot: the
     norms get the style the H200 run's probe chose for these families ("llama": weight x normalized input)."""
     from hone.core import fused
@@ -184,7 +187,7 @@ def _apply_kernels_on_meta(model, *, lora: bool) -> None:
     if not lora:
         fused._patch_lora = lambda *args: None
     try:
-        fused.apply_kernels(model)
+        fused.apply_kernels(model, tile_mlp=tile_mlp)
     finally:
         fused._probe_norm_style, fused._patch_lora = probe, patch_lora
 

@@ -83,12 +83,25 @@ VARIANTS: tuple[Variant, ...] = (
             needs=("cuda",), focus=("compile",)),
     Variant("all-untiled", {**ALL_ON, "tiled_mlp": False}, "every path on, MLP back-propagated whole (not in tiles)",
             focus=("kernels",)),
+    Variant("all-whole-layers", {**ALL_ON, "layer_tile_tokens": 0},
+            "every path on, checkpointed layers back-propagated whole (not a sequence group at a time)",
+            focus=("checkpoint",)),
+    Variant("all-tiles-2k", {**ALL_ON, "layer_tile_tokens": 2048},
+            "every path on, layers back-propagated in sequence groups of <= 2,048 tokens", focus=("checkpoint",)),
+    Variant("all-tiles-8k", {**ALL_ON, "layer_tile_tokens": 8192},
+            "every path on, layers back-propagated in sequence groups of <= 8,192 tokens", focus=("checkpoint",)),
     Variant("all-ckpt-gpu", {**ALL_ON, "checkpoint": "gpu"}, "every path on, recompute checkpointing",
             focus=("checkpoint",)),
     Variant("all-offload", {**ALL_ON, "checkpoint": "offload"}, "every path on, offloaded checkpoints (one buffer)",
             needs=("cuda",), focus=("checkpoint",)),
     Variant("all-offload-double", {**ALL_ON, "checkpoint": "offload-double"},
             "every path on, offloaded checkpoints (two buffers)", needs=("cuda",), focus=("checkpoint",)),
+    Variant("all-offload-double-tiles-4k", {**ALL_ON, "checkpoint": "offload-double", "layer_tile_tokens": 4096},
+            "every path on, offloaded checkpoints (two buffers), layers back-propagated in sequence groups of "
+            "<= 4,096 tokens", needs=("cuda",), focus=("checkpoint",)),
+    Variant("all-offload-double-tiles-8k", {**ALL_ON, "checkpoint": "offload-double", "layer_tile_tokens": 8192},
+            "every path on, offloaded checkpoints (two buffers), layers back-propagated in sequence groups of "
+            "<= 8,192 tokens", needs=("cuda",), focus=("checkpoint",)),
 )
 
 

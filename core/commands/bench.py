@@ -51,6 +51,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="after each run's timed steps, run one more step under "
                    "torch.profiler and print the top kernels by total time with their counts, and the time by "
                    "where it was launched (module in forward / recompute, autograd node in backward, optimizer)")
+    p.add_argument("--memory-trace", action="store_true", help="after each run's timed steps, run one more step "
+                   "with CUDA's allocator history and print what is alive at its peak, grouped by where it was "
+                   "allocated")
     p.add_argument("--profile-top", type=int, default=25, metavar="N", help="rows per profile table (default 25)")
     p.add_argument("--verbose", action="store_true", help="also print each run's speed paths and failures")
     p.add_argument("--list", action="store_true", help="list scenarios and runs, then exit")
@@ -103,7 +106,8 @@ def run(args) -> int:
                            seq_min=args.seq_min, seq_max=args.seq_max, only=args.only, baseline=args.baseline,
                            peer=args.peer, device=args.device, dtype=args.dtype, micro=args.micro,
                            model_cache=args.model_cache, count_syncs=not args.no_sync_count,
-                           profile_top=max(args.profile_top, 1) if args.profile else 0)
+                           profile_top=max(args.profile_top, 1) if args.profile else 0,
+                           memory_trace_top=max(args.profile_top, 1) if args.memory_trace else 0)
 
     def started(name: str) -> None:
         console.print(f"[dim]{name} ...[/dim]")
@@ -141,6 +145,13 @@ def run(args) -> int:
             if result.profile is not None:
                 for renderable in profile_tables(result.name, result.profile):
                     console.print(renderable)
+    if args.memory_trace:
+        from hone.core.bench.memory_trace import memory_lines
+
+        for result in report.runs:
+            if result.memory_trace is not None:
+                for line in memory_lines(result.name, result.memory_trace):
+                    console.print(line, markup=False, highlight=False)
     if args.verbose:
         for result in report.runs:
             for path, choice in result.speed_paths.items():

@@ -58,6 +58,26 @@ def test_gradients_are_folded_into_the_flat_buffer_and_accumulate():
     assert flat.flat_grads.abs().max() == 0
 
 
+def test_dropping_the_optimizer_frees_its_buffers_while_the_model_lives():
+    """The gradient hooks stay on the parameters; they must not keep the optimizer (and its moments) alive."""
+    import gc
+    import weakref
+
+    params = _params()
+    flat = FlatAdamW(params)
+    _loss(params).backward()
+    flat.step()
+    moments = weakref.ref(flat.exp_avg_sq)
+    gc.disable()  # freed by reference counting alone, not by a later collection
+    try:
+        del flat
+        assert moments() is None, "the optimizer's buffers outlived it"
+    finally:
+        gc.enable()
+    _loss(params).backward()  # a hook of a dropped optimizer leaves the gradient to autograd
+    assert all(p.grad is not None for p in params)
+
+
 def test_bf16_moments_decay_without_bias_by_stochastic_rounding():
     """v = 1 with zero gradients decays by beta2 = 0.999 a step. Rounded to nearest in bf16 it would never move
     (0.1% is under half a bf16 unit); stochastic rounding keeps the mean on 0.999^n."""
