@@ -176,12 +176,23 @@ def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
     for name, us in kernel_us.items():
         categories[kernel_category(name)] += us / 1000
     device_us = sum(kernel_us.values())
+    waits = defaultdict(lambda: [0, 0.0])  # CUDA runtime calls that block the host: calls, ms
+    for event in events:
+        if event.name in _HOST_WAITS:
+            waits[event.name][0] += 1
+            waits[event.name][1] += event.time_range.elapsed_us() / 1000
     return {"wall_ms": wall_s * 1000, "device_ms": device_us / 1000, "attributed_ms": attributed / 1000,
+            "host_waits": {name: {"calls": calls, "ms": ms} for name, (calls, ms) in waits.items()},
             "kernel_launches": sum(kernel_calls.values()), "device": "cuda" if cuda else "cpu (ATen ops)",
             "kernels": _table(kernel_us, kernel_calls, device_us, top),
             "groups": _table(group_us, group_calls, device_us, top),
             "phases": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
             "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1]))}
+
+
+# CUDA runtime calls that can make the host wait for the device (the step's own final synchronize is one).
+_HOST_WAITS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                         "cudaFree", "cudaMalloc"})
 
 
 def profile_step(runner, device: str, *, top: int = 25) -> dict:
@@ -228,6 +239,9 @@ def profile_tables(name: str, summary: dict):
             f"{summary['kernel_launches']:,} {summary['device']} kernels; by phase: "
             + ", ".join(f"{k} {v:.1f} ms" for k, v in summary["phases"].items())
             + "; by kind: " + ", ".join(f"{k} {v:.1f} ms" for k, v in summary["categories"].items()))
+    if summary.get("host_waits"):
+        head += "; CUDA runtime calls: " + ", ".join(f"{k} {v['calls']} x {v['ms']:.1f} ms"
+                                                      for k, v in summary["host_waits"].items())
     if summary.get("note"):
         head += f" ({summary['note']})"
     out = [head]
