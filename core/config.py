@@ -222,10 +222,11 @@ class SpeedConfig(_Section):
     tiled_mlp: bool = _f(True, "With kernels and checkpointing: back-propagate each decoder layer's MLP a tile of "
                          "tokens at a time, so its (tokens x intermediate) activations never exist for the whole "
                          "batch. Less memory, same work.")
-    layer_tile_tokens: int = _f(-1, "With checkpointing and packed rows: recompute and back-propagate each decoder "
+    layer_tile_tokens: int = _f(0, "With checkpointing and packed rows: recompute and back-propagate each decoder "
                                 "layer a group of whole sequences of at most this many tokens at a time, so its "
-                                "activations and gradients never exist for the whole batch. Less memory, same work. "
-                                "-1 = sized from the hidden size, 0 = whole layers.", min=-1)
+                                "activations and gradients never exist for the whole batch. Same FLOPs and less "
+                                "memory, but more kernel launches: slower where the step is bound by the CPU "
+                                "launching them. 0 = whole layers, -1 = sized from the hidden size.", min=-1)
 
 
 @dataclass

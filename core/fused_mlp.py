@@ -17,8 +17,8 @@ output goes straight into `residual + mlp(...)`), the layer being recomputed by 
 on, not under `torch.compile`, more tokens than one tile, and MLP LoRA layers without dropout (a tile-wise
 recompute would draw other dropout masks than the forward did). Everywhere else the MLP runs as it is.
 
-The same layers also run their MLP a tile at a time where autograd is off (`forward_tile_for`: the checkpointed
-forward, and inference), which keeps the forward's peak as low as the backward's.
+With layer tiles on as well, the same layers also run their MLP a tile at a time in their checkpointed (no-grad)
+forward (`forward_tile_for`), which keeps the forward's peak as low as the tiled backward's.
 """
 
 from __future__ import annotations
@@ -105,14 +105,22 @@ def tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
 
 
 def forward_tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
-    """Tokens per piece when this call of `layer.mlp(hidden)` runs without autograd (a checkpointed layer's
-    forward) and should run a piece at a time, else None."""
+    """Tokens per piece when this call of `layer.mlp(hidden)` is the no-grad forward of a checkpointed layer whose
+    backward runs in sequence tiles (`hone.core.layer_tiles`) and should run a piece at a time, else None.
+
+    Only then: each piece is more kernel launches, which a step bound by the CPU pays for in time; without layer
+    tiles the backward's peak is above the forward's anyway.
+    """
     if torch.compiler.is_compiling() or torch.is_grad_enabled():
         return None
     tile = _TILES.get(layer)
     if tile is None or hidden.numel() // hidden.shape[-1] <= tile:
         return None
-    return tile
+    try:
+        from hone.core.offload import is_piecewise_forward
+    except ImportError:
+        return None
+    return tile if is_piecewise_forward() else None
 
 
 def mlp_in_pieces(mlp: torch.nn.Module, hidden: torch.Tensor, tile: int) -> torch.Tensor:

@@ -69,6 +69,25 @@ def is_recomputing() -> bool:
     return _RECOMPUTING > 0
 
 
+_PIECEWISE_FORWARD = 0  # > 0 while a checkpointer that tiles layers runs a layer's (no-grad) forward
+
+
+def is_piecewise_forward() -> bool:
+    """True in the forward of a checkpointed layer whose backward runs in tiles: the fused decoder then runs its
+    MLP a piece at a time too, so the forward's transient memory stays as low as the backward's."""
+    return _PIECEWISE_FORWARD > 0
+
+
+@contextlib.contextmanager
+def _pieces(enabled: bool):
+    global _PIECEWISE_FORWARD
+    _PIECEWISE_FORWARD += int(enabled)
+    try:
+        yield
+    finally:
+        _PIECEWISE_FORWARD -= int(enabled)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The checkpoint function
 # ---------------------------------------------------------------------------------------------------------------
@@ -151,7 +170,8 @@ class _CheckpointedLayer(torch.autograd.Function):
         ctx.state = _capture_state(hidden.device)
         ctx.layer_input = checkpointer.save(hidden, layer)
         version = hidden._version
-        out = run(hidden)
+        with _pieces(checkpointer.tile_tokens != 0):
+            out = run(hidden)
         if hidden._version != version:
             # The copy saved for backward (queued on another stream, or this very tensor) would not be the input
             # the forward saw: the recompute would silently differ.

@@ -168,11 +168,11 @@ for s in "$@"; do
     mem-dense) bench mem-dense 150 dense-0.6b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
                  --only 'all,all-offload-double,all-offload-double-tiles-4k,all-offload-double-tiles-8k' ;;
     mem-8b) bench mem-8b 240 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
-              --only 'all,all-whole-layers,all-tiles-2k,all-lean' ;;
+              --only 'all,all-tiles-4k,all-tiles-2k,all-lean' ;;
     mem-moe) bench mem-moe 150 moe-qwen3 --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
-               --only 'all,all-whole-layers,all-lean' ;;
+               --only 'all,all-lean' ;;
     prof-tiles) bench prof-8b 200 dense-8b --steps 2 --warmup 1 --micro off --profile --profile-top 15 \
-                  --only 'all,all-whole-layers'
+                  --only 'all,all-tiles-4k'
                 bench prof-dense 120 dense-0.6b --steps 2 --warmup 1 --micro off --profile --profile-top 15 \
                   --only 'all-offload-double,all-offload-double-tiles-4k' ;;
     bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
