@@ -248,6 +248,10 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
         return Choice("hf", reason, previous, previous)
     implementation = IMPLEMENTATIONS[name] + (PER_LAYER_SUFFIX if per_layer_metadata else "")
     apply_attention(model, implementation)
+    if name == "varlen":
+        backends.GROUPED_BACKWARD = bool(getattr(speed_cfg, "grouped_attention_backward", True))
+        if backends.GROUPED_BACKWARD:
+            reason += "; backward a group of whole sequences at a time"
     if per_layer_metadata:
         reason += "; metadata rebuilt from position_ids in every layer (benchmark variant)"
     return Choice(name, reason, implementation, previous, per_layer_metadata)

@@ -230,6 +230,9 @@ def varlen_signature() -> VarlenOptions:
 
 
 VARLEN_OPTIONS: VarlenOptions | None = None
+# Back-propagate varlen attention a group of whole sequences at a time (`hone.core.attention_chunks`); set from
+# `speed.grouped_attention_backward` by `hone.core.attention.configure`.
+GROUPED_BACKWARD = True
 
 
 def _varlen(query, key, value, cu, max_len, scaling, window):
@@ -252,7 +255,15 @@ def _varlen(query, key, value, cu, max_len, scaling, window):
         raise ValueError("this torch's varlen_attn has no window_size; a sliding-window model needs torch >= 2.11")
     else:
         kwargs["is_causal"] = True
-    return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+    def attend(q, k, v, cu, max_len):
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+    if not GROUPED_BACKWARD:
+        return attend(q, k, v, cu, max_len)
+    from hone.core.attention_chunks import attention
+
+    return attention(q, k, v, cu, max_len, attend)
 
 
 def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0,

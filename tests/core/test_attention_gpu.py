@@ -54,8 +54,7 @@ class _Layer(torch.nn.Module):
         self.is_causal = True
 
 
-def _check_backend(fn, heads, kv_heads, head_dim, window):
-    lengths = [1, 17, 300, 64, 129]
+def _check_backend(fn, heads, kv_heads, head_dim, window, lengths=(1, 17, 300, 64, 129)):
     batch = collate_packed(random_rows(lengths, vocab=100)).to(DEVICE)
     total = batch.num_tokens
     g = torch.Generator().manual_seed(heads * 31 + head_dim)
@@ -69,7 +68,7 @@ def _check_backend(fn, heads, kv_heads, head_dim, window):
     got = [out.detach(), q.grad, k.grad, v.grad]
 
     q2, k2, v2 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    ref = per_sequence_attention(q2, k2, v2, lengths, window)
+    ref = per_sequence_attention(q2, k2, v2, list(lengths), window)
     ref.backward(grad_out.float())
     want = [ref.detach(), q2.grad, k2.grad, v2.grad]
     for name, a, b in zip(("output", "dq", "dk", "dv"), got, want, strict=True):
@@ -91,6 +90,26 @@ def test_varlen_attention_equals_per_sequence(heads, kv_heads, head_dim, window)
     assert failure is None, failure
     print(f"varlen options: {attention_backends.VARLEN_OPTIONS}")
     _check_backend(attention_backends.varlen_attention, heads, kv_heads, head_dim, window)
+
+
+@needs_cuda
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), GEOMETRIES[:3])
+def test_varlen_backward_in_sequence_groups_equals_per_sequence(heads, kv_heads, head_dim, grouped, monkeypatch):
+    """`hone.core.attention_chunks` with the flash kernel: groups of <= 2,048 tokens ([1500] [700] [1800, 40] [900]
+    [2100]), and the same batch back-propagated whole."""
+    from hone.core import attention_chunks
+
+    assert attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None]) is None
+    monkeypatch.setattr(attention_chunks, "WORKSPACE_BYTES", 2048 * heads * head_dim * 8)
+    monkeypatch.setattr(attention_backends, "GROUPED_BACKWARD", grouped)
+    calls = []
+    original = attention_chunks.ChunkedAttention.backward
+    monkeypatch.setattr(attention_chunks.ChunkedAttention, "backward",
+                        staticmethod(lambda ctx, g: calls.append(len(ctx.tiles)) or original(ctx, g)))
+    _check_backend(attention_backends.varlen_attention, heads, kv_heads, head_dim, None,
+                   lengths=(1500, 700, 1800, 40, 900, 2100))
+    assert calls == ([5] if grouped else []), calls
 
 
 @needs_cuda
