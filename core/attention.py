@@ -249,7 +249,7 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
     implementation = IMPLEMENTATIONS[name] + (PER_LAYER_SUFFIX if per_layer_metadata else "")
     apply_attention(model, implementation)
     if name == "varlen":
-        backends.GROUPED_BACKWARD = bool(getattr(speed_cfg, "grouped_attention_backward", True))
+        backends.GROUPED_BACKWARD = bool(getattr(speed_cfg, "grouped_attention_backward", False))
         if backends.GROUPED_BACKWARD:
             reason += "; backward a group of whole sequences at a time"
     if per_layer_metadata:

@@ -232,7 +232,7 @@ def varlen_signature() -> VarlenOptions:
 VARLEN_OPTIONS: VarlenOptions | None = None
 # Back-propagate varlen attention a group of whole sequences at a time (`hone.core.attention_chunks`); set from
 # `speed.grouped_attention_backward` by `hone.core.attention.configure`.
-GROUPED_BACKWARD = True
+GROUPED_BACKWARD = False
 
 
 def _varlen(query, key, value, cu, max_len, scaling, window):

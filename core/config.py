@@ -222,10 +222,14 @@ class SpeedConfig(_Section):
     tiled_mlp: bool = _f(True, "With kernels and checkpointing: back-propagate each decoder layer's MLP a tile of "
                          "tokens at a time, so its (tokens x intermediate) activations never exist for the whole "
                          "batch. Less memory, same work.")
-    grouped_attention_backward: bool = _f(True, "Varlen attention: back-propagate a group of whole sequences at a "
-                                          "time, so the backward's workspace (float32 dq, grouped-query dk/dv "
-                                          "expanded to every head) never exists for the whole batch. Lowers the "
-                                          "step's peak; costs one more attention forward per layer.")
+    host_embeddings: bool = _f(True, "On a GPU, keep the frozen input-embedding table in host memory and look up each "
+                               "batch's rows on the CPU while the previous step runs (untied embeddings of text "
+                               "models). Frees the table's GPU memory: 1.16 GiB on Qwen3-8B.")
+    grouped_attention_backward: bool = _f(False, "Varlen attention: back-propagate a group of whole sequences at "
+                                          "a time, so the backward's workspace (float32 dq, grouped-query dk/dv "
+                                          "expanded to every head) never exists for the whole batch. Less memory "
+                                          "where the attention backward is the step's peak; one more attention "
+                                          "forward per layer.")
     layer_tile_tokens: int = _f(0, "With checkpointing and packed rows: recompute and back-propagate each decoder "
                                 "layer a group of whole sequences of at most this many tokens at a time, so its "
                                 "activations and gradients never exist for the whole batch. Same FLOPs and less "

@@ -86,6 +86,8 @@ class PackedBatch:
         num_trained: positions with `targets != -100`, known on the CPU so the loss divisor needs no sync.
         trained_positions: (num_trained,) int64 flat indices of those positions, so the loss can gather them
             without asking the GPU how many there are.
+        input_rows: (1, T, H) the ids' input-embedding rows, gathered on the host when the embedding table lives
+            there (`hone.core.host_embedding`); the model then gets them instead of the ids.
     """
 
     input_ids: torch.Tensor
@@ -97,6 +99,7 @@ class PackedBatch:
     num_tokens: int
     num_trained: int
     trained_positions: torch.Tensor | None = None
+    input_rows: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The same batch on `device`; tensors are copied without blocking (pinned memory to CUDA)."""
@@ -114,7 +117,7 @@ class PackedBatch:
         """
         register_batch(self.cu_seqlens, self.seq_lens)  # lets checkpointed layers back-propagate in tiles
         return {
-            "input_ids": self.input_ids,
+            **_token_inputs(self.input_ids, self.input_rows),
             "position_ids": self.position_ids,
             "use_cache": False,
             "cu_seq_lens_q": self.cu_seqlens,
@@ -122,6 +125,11 @@ class PackedBatch:
             "max_length_q": self.max_seqlen,
             "max_length_k": self.max_seqlen,
         }
+
+
+def _token_inputs(input_ids: torch.Tensor, input_rows: torch.Tensor | None) -> dict:
+    """The ids, or their embedding rows when the collation looked them up already (`input_rows`)."""
+    return {"input_ids": input_ids} if input_rows is None else {"inputs_embeds": input_rows}
 
 
 def collate_packed(rows: Sequence[TokenizedRowLike], *, pin_memory: bool = False) -> PackedBatch:
@@ -181,6 +189,7 @@ class PaddedBatch:
         num_tokens: real tokens (sum of `seq_lens`), not counting padding.
         num_trained: positions with `targets != -100`.
         trained_positions: (num_trained,) int64 flat indices into the (B * L) positions of those targets.
+        input_rows: (B, L, H) input-embedding rows gathered on the host (as `PackedBatch.input_rows`).
     """
 
     input_ids: torch.Tensor
@@ -192,6 +201,7 @@ class PaddedBatch:
     num_tokens: int
     num_trained: int
     trained_positions: torch.Tensor | None = None
+    input_rows: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> PaddedBatch:
         """The same batch on `device`; tensors are copied without blocking (pinned memory to CUDA)."""
@@ -201,8 +211,8 @@ class PaddedBatch:
         return replace(self, **moved)
 
     def model_inputs(self) -> dict:
-        """Keyword arguments for `model(**...)`: ids, the padding mask and positions."""
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+        """Keyword arguments for `model(**...)`: ids (or their rows), the padding mask and positions."""
+        return {**_token_inputs(self.input_ids, self.input_rows), "attention_mask": self.attention_mask,
                 "position_ids": self.position_ids, "use_cache": False}
 
 

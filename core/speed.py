@@ -23,6 +23,7 @@ class SpeedSetup:
     expert_meter: object | None = None  # MoE expert-load meter, read once per step
     offload: object | None = None  # checkpoint offloader, read once per step
     compile: object | None = None  # CompileReport: compile seconds are taken out of step times
+    host_embedding: object | None = None  # HostEmbedding: the collation looks each batch's rows up on the host
 
     def note(self, topic: str, message: str, level: str = "info") -> None:
         self.notices.append(Notice(topic=topic, message=message, level=level))
@@ -63,6 +64,24 @@ def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup
             setup.choices["checkpoint"] += (f"; packed layers back-propagated in tiles of whole sequences "
                                             f"(at most {tokens} tokens)")
     _kernels_and_compile(peft_model, cfg, device, setup)
+    _embeddings(peft_model, cfg, device, setup)
+
+
+def _embeddings(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:
+    """The frozen input-embedding table to host memory where it can go (`hone.core.host_embedding`)."""
+    if not cfg.host_embeddings:
+        setup.choices["embeddings"] = "on the GPU (speed.host_embeddings = false)"
+        return
+    from hone.core.host_embedding import apply_host_embedding
+
+    host = apply_host_embedding(peft_model, device)
+    if isinstance(host, str):
+        setup.choices["embeddings"] = f"on the GPU: {host}"
+        return
+    setup.host_embedding = host
+    size = host.table.numel() * host.table.element_size() / 2**30
+    setup.choices["embeddings"] = (f"input-embedding table ({size:.2f} GiB) in pinned host memory; each batch's "
+                                   "rows looked up on the CPU by the collation")
 
 
 def _kernels_and_compile(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:

@@ -274,15 +274,21 @@ class StepRunner:
             return contextlib.nullcontext()
         return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
 
-    def _collate(self, rows):
+    def collate(self, rows):
+        """One micro-batch on the host (pinned on a GPU), with its embedding rows when the table lives there."""
         if self.vision is not None:
             return self.vision.collate(rows, pin_memory=self.pin)
         if self.config.speed.packing:
-            return collate_packed(rows, pin_memory=self.pin)
-        return collate_padded(rows, pad_id=self.pad_id, pin_memory=self.pin)
+            batch = collate_packed(rows, pin_memory=self.pin)
+        else:
+            batch = collate_padded(rows, pad_id=self.pad_id, pin_memory=self.pin)
+        host = self.setup.host_embedding
+        if host is not None:
+            batch.input_rows = host.rows(batch.input_ids, pin_memory=self.pin)
+        return batch
 
     def _collate_packs(self, dataset: TokenizedSet, packs: list[list[int]]) -> list:
-        return [self._collate([dataset[i] for i in pack]) for pack in packs]
+        return [self.collate([dataset[i] for i in pack]) for pack in packs]
 
     def _batches(self, dataset: TokenizedSet, packs: list[list[int]], next_packs: list[list[int]] | None) -> list:
         """This step's batches (collated ahead when the last step asked for exactly these), and the next step's
@@ -301,11 +307,14 @@ class StepRunner:
         return batches
 
     def close(self) -> None:
-        """Stop the background collation thread (a run's end)."""
+        """Stop the background collation thread and put the embedding table back on the device (a run's end)."""
         self._pending = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self.setup.host_embedding is not None:
+            self.setup.host_embedding.restore(self.model)
+            self.setup.host_embedding = None
 
     def step(self, dataset: TokenizedSet, packs: list[list[int]], step: int, total: int,
              next_packs: list[list[int]] | None = None) -> dict:
@@ -367,7 +376,7 @@ class StepRunner:
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         trained = 0
         for pack in stream.plan(0):
-            batch = self._collate([dataset[i] for i in pack])
+            batch = self.collate([dataset[i] for i in pack])
             trained += batch.num_trained
             with self._autocast():
                 total += loss_sum(model, batch.to(self.device), mode=self.config.speed.loss).float()

@@ -3,7 +3,7 @@
 # OUT_DIR (default $OUT); each stage has its own time limit so one hang cannot eat the whole session.
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
-#   stages: env | tests-{attn,moe,kernels,offload,groups,vision,rest} | spine | demo | demo-shape | micro-kernels |
+#   stages: env | tests-{attn,moe,kernels,offload,groups,embed,vision,rest} | spine | demo | demo-shape | micro-kernels |
 #           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace)
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
@@ -145,6 +145,8 @@ for s in "$@"; do
     tests-offload) gpu_tests tests-offload 150 tests/core/test_offload_gpu.py ;;
     tests-groups) gpu_tests tests-groups 150 tests/core/test_attention_gpu.py tests/core/test_offload_gpu.py \
                     -k 'grouped or varlen_attention_equals or no_host_sync or tiles or 1b_loss' ;;
+    tests-embed) gpu_tests tests-embed 120 tests/core/test_host_embedding_gpu.py tests/core/test_attention_gpu.py \
+                   -k 'host or no_host_sync' ;;
     tests-vision) gpu_tests tests-vision 150 tests/core/vision ;;
     tests-rest) gpu_tests tests-rest 150 tests --ignore=tests/core/test_attention_gpu.py \
                   --ignore=tests/core/bench --ignore=tests/core/moe --ignore=tests/kernels --ignore=tests/core/vision --ignore=tests/app \
@@ -168,11 +170,11 @@ for s in "$@"; do
     bench-vision) stage bench-vision 200 python3 tools/vision_bench.py --steps 8 --layers "${VISION_LAYERS:-12}" \
                     --out "$out/bench-vision.json" ${HONE_TEST_TOKENIZER:+--tokenizer "$HONE_TEST_TOKENIZER"} ;;
     mem-dense) bench mem-dense 150 dense-0.6b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
-                 --only 'all,all-offload-double,all-offload-double-attn-whole,all-offload-double-tiles-4k' ;;
+                 --only 'all,all-offload-double,all-offload-double-attn-grouped,all-offload-double-tiles-4k' ;;
     mem-8b) bench mem-8b 240 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
-              --only 'all,all-attn-whole,all-lean,all-tiles-4k' ;;
+              --only 'all,all-embed-gpu,all-lean,all-tiles-4k' ;;
     mem-moe) bench mem-moe 150 moe-qwen3 --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
-               --only 'all,all-attn-whole,all-lean' ;;
+               --only 'all,all-lean,all-embed-gpu' ;;
     prof-tiles) bench prof-8b 200 dense-8b --steps 2 --warmup 1 --micro off --profile --profile-top 15 \
                   --only 'all,all-tiles-4k'
                 bench prof-dense 120 dense-0.6b --steps 2 --warmup 1 --micro off --profile --profile-top 15 \

@@ -23,7 +23,6 @@ from hone.core.lora import apply_lora
 from hone.core.loss import describe as describe_loss
 from hone.core.loss import loss_sum
 from hone.core.optim import build_optimizer, build_scheduler
-from hone.core.packing import collate_packed
 from hone.core.speed import after_lora, before_lora
 from hone.core.trainer import StepRunner
 
@@ -158,7 +157,7 @@ class HoneRunner:
     def forward_backward(self) -> None:
         """The micro-batch part of `StepRunner.step`: collate, copy to the device, loss, backward."""
         runner = self.runner
-        batch = collate_packed([self.dataset[i] for i in self.packs[0]], pin_memory=runner.pin).to(self.device)
+        batch = runner.collate([self.dataset[i] for i in self.packs[0]]).to(self.device)
         autocast = (torch.autocast("cuda", dtype=runner.autocast_dtype) if runner.autocast_dtype is not None
                     else contextlib.nullcontext())
         self.model.train()
@@ -168,6 +167,8 @@ class HoneRunner:
         runner.optimizer.zero_grad(set_to_none=True)
 
     def teardown(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
         if self.variant.overrides.get("compile"):
             torch._dynamo.reset()  # compiled graphs hold on to this run's modules
         self.model = self.runner = self.setup_state = self.dataset = self.packs = None

@@ -1,0 +1,70 @@
+"""The input-embedding table in host memory on a CUDA GPU (`pytest -m gpu`): the table's device memory is given
+back, the trainer's collation brings each batch's rows along, training matches the table on the device, and a
+step asks the GPU nothing (no host sync) on the collated path."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from offload_helpers import lora_model, packed_batch
+
+from hone.core.bench.measure import count_syncs
+from hone.core.config import RunConfig, SpeedConfig
+from hone.core.host_embedding import HostEmbedding
+from hone.core.loss import loss_sum
+from hone.core.shapes import build_model
+from hone.core.speed import SpeedSetup, after_lora
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _loss_and_grads(model, batch):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = loss_sum(model, batch.to("cuda"))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def test_host_table_frees_its_memory_and_trains_the_same():
+    from hone.core.models import count_params, info_from_config
+    from hone.core.trainer import StepRunner
+
+    torch.manual_seed(0)
+    model = lora_model(build_model("dense-8b", layers=2, dtype=torch.bfloat16, device="cuda"), rank=8)  # untied
+    model.train()
+    rows = packed_batch([700, 300, 500], vocab=151936)
+    want_loss, want = _loss_and_grads(model, rows)
+
+    table_bytes = model.get_input_embeddings().weight.numel() * 2
+    before = torch.cuda.memory_allocated()
+    setup = SpeedSetup()
+    config = RunConfig(speed=SpeedConfig(attention="hf", checkpoint="off", kernels=False))
+    info = info_from_config(model.config, "dense-8b", "shape", count_params(model))
+    after_lora(model, config.speed, info, "cuda", setup, mean_row_tokens=500.0)
+    assert isinstance(setup.host_embedding, HostEmbedding), setup.choices.get("embeddings")
+    torch.cuda.synchronize()
+    assert before - torch.cuda.memory_allocated() >= table_bytes, "the table's device memory was not given back"
+
+    tokenizer = type("Tok", (), {"pad_token_id": 0})()
+    runner = StepRunner(model, tokenizer, None, None, None, [], config, "cuda", torch.bfloat16, setup)
+    ids = rows.input_ids[0].tolist()
+    bounds = [0, 700, 1000, 1500]
+    batch = runner.collate([type("Row", (), {"input_ids": ids[a:b], "labels": ids[a:b]})()
+                            for a, b in itertools.pairwise(bounds)])
+    assert batch.input_rows is not None and batch.input_rows.is_pinned()
+    batch.targets = rows.targets  # the same targets as the reference (packed_batch draws random labels)
+    got_loss, got = _loss_and_grads(model, batch)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-3, atol=1e-3)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=2e-2, atol=1e-4, msg=name)
+
+    on_device = batch.to("cuda")
+    syncs = count_syncs(lambda: loss_sum(model, on_device).backward(), "cuda")
+    assert syncs == 0, f"the collated path made {syncs} host syncs"
+    runner.close()
+    assert isinstance(model.get_input_embeddings(), torch.nn.Embedding)
+    assert model.get_input_embeddings().weight.is_cuda
