@@ -4,7 +4,7 @@
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
 #   stages: env | tests-{attn,moe,kernels,offload,groups,embed,vision,rest} | spine | demo | demo-shape | micro-kernels |
-#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace)
+#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -179,6 +179,12 @@ for s in "$@"; do
                   --only 'all,all-tiles-4k'
                 bench prof-dense 120 dense-0.6b --steps 2 --warmup 1 --micro off --profile --profile-top 15 \
                   --only 'all-offload-double,all-offload-double-tiles-4k' ;;
+    final) gpu_tests tests-embed 120 tests/core/test_host_embedding_gpu.py
+           bench final-8b 150 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace --only 'all,all-lean'
+           bench final-moe 150 moe-qwen3 --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
+             --only 'all,all-lean,all-ckpt-gpu'
+           bench final-qlora 150 dense-8b --qlora --steps 3 --warmup 1 --micro off --no-sync-count --only all
+           bench final-dense 100 dense-0.6b --steps 3 --warmup 1 --micro off --no-sync-count --only 'all,all-ckpt-gpu' ;;
     bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
                 bench bench-lean-8b 120 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \
                   --only 'all-offload-double,all-lean'

@@ -150,7 +150,9 @@ class HoneRunner:
         self.dataset, self.packs = self.batch.tokenized_set(), self.batch.packs()
 
     def step(self) -> StepOutcome:
-        metrics = self.runner.step(self.dataset, self.packs, self.step_index, self.total_steps)
+        # The next step's batches are the same packs: collated on the trainer's background thread while this step
+        # computes, as `Trainer` does for every step but the last.
+        metrics = self.runner.step(self.dataset, self.packs, self.step_index, self.total_steps, next_packs=self.packs)
         self.step_index += 1
         return StepOutcome(loss=metrics["loss"], grad_norm=metrics["grad_norm"])
 

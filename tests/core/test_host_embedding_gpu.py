@@ -20,6 +20,10 @@ from hone.core.speed import SpeedSetup, after_lora
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+
+
 def _loss_and_grads(model, batch):
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = loss_sum(model, batch.to("cuda"))
@@ -38,6 +42,9 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     model.train()
     rows = packed_batch([700, 300, 500], vocab=151936)
     want_loss, want = _loss_and_grads(model, rows)
+    _, again = _loss_and_grads(model, rows)  # bf16 kernels are not bit-reproducible: measure their noise
+    noise = max(_rel(again[n], g) for n, g in want.items())
+    tolerance = max(5e-3, 5 * noise)
 
     table_bytes = model.get_input_embeddings().weight.numel() * 2
     before = torch.cuda.memory_allocated()
@@ -59,8 +66,9 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     batch.targets = rows.targets  # the same targets as the reference (packed_batch draws random labels)
     got_loss, got = _loss_and_grads(model, batch)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-3, atol=1e-3)
-    for name, grad in want.items():
-        torch.testing.assert_close(got[name], grad, rtol=2e-2, atol=1e-4, msg=name)
+    worst = max(want, key=lambda n: _rel(got[n], want[n]))
+    assert _rel(got[worst], want[worst]) <= tolerance, (
+        f"{worst}: relative error {_rel(got[worst], want[worst]):.2e}, noise floor {noise:.2e}")
 
     on_device = batch.to("cuda")
     syncs = count_syncs(lambda: loss_sum(model, on_device).backward(), "cuda")
