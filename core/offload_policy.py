@@ -21,9 +21,10 @@ LAYER_FLOPS_PER_S = 400e12
 # `auto` offloads only when reloading a layer's input takes at most this share of the layer's recompute: two buffers
 # hide the copy, but it still competes for memory bandwidth, the first layer's reload is never hidden, and when
 # memory gets tight the run falls back to one buffer, where the copy is exposed. Measured on an H200 (dense-0.6b,
-# 16K tokens in ~565-token rows, estimated ratio 21%): offload-double ran as fast as recompute from inputs kept on
-# the GPU or faster in 3 of 4 sessions (50,094 vs 47,596 tokens/s in the latest) at 0.78 GiB less, so the cap sits
-# above that; a 1-buffer fallback at 25% costs at most a fifth of the recompute, about a twentieth of the step.
+# 16K tokens in ~565-token rows, estimated ratio 21%), offload-double against recompute from inputs kept on the GPU
+# in five sessions: 40.5K vs 40.0K, 41.1K vs 43.5K, 50.1K vs 47.6K, 51.7K vs 47.8K, 35.9K vs 45.2K tokens/s (this
+# step is bound by the CPU launching kernels, and runs spread by 10-20%), always at 0.78 GiB (26%) less memory. The
+# cap sits above that case: a 1-buffer fallback at 25% costs at most a fifth of the recompute.
 MAX_COPY_RATIO = 0.25
 
 

@@ -1,6 +1,6 @@
 """The input-embedding table in host memory on a CUDA GPU (`pytest -m gpu`): the table's device memory is given
-back, the trainer's collation brings each batch's rows along, training matches the table on the device, and a
-step asks the GPU nothing (no host sync) on the collated path."""
+back, the trainer's collation brings each batch's rows along, training matches the table on the device, and the
+collated path adds no host sync to the step."""
 
 from __future__ import annotations
 
@@ -41,6 +41,10 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     model = lora_model(build_model("dense-8b", layers=2, dtype=torch.bfloat16, device="cuda"), rank=8)  # untied
     model.train()
     rows = packed_batch([700, 300, 500], vocab=151936)
+    on_device_rows = rows.to("cuda")
+    # transformers' own attention (this test keeps it) may sync while building its mask: the host table must add none
+    baseline_syncs = count_syncs(lambda: loss_sum(model, on_device_rows).backward(), "cuda")
+    model.zero_grad(set_to_none=True)
     want_loss, want = _loss_and_grads(model, rows)
     _, again = _loss_and_grads(model, rows)  # bf16 kernels are not bit-reproducible: measure their noise
     noise = max(_rel(again[n], g) for n, g in want.items())
@@ -72,7 +76,7 @@ def test_host_table_frees_its_memory_and_trains_the_same():
 
     on_device = batch.to("cuda")
     syncs = count_syncs(lambda: loss_sum(model, on_device).backward(), "cuda")
-    assert syncs == 0, f"the collated path made {syncs} host syncs"
+    assert syncs == baseline_syncs, f"{syncs} host syncs with the host table, {baseline_syncs} with it on the device"
     runner.close()
     assert isinstance(model.get_input_embeddings(), torch.nn.Embedding)
     assert model.get_input_embeddings().weight.is_cuda
