@@ -231,6 +231,7 @@ class Trainer:
                                                       or self.step % config.train.eval_every):
             eval_loss = step_loop.evaluate(data.eval)
             yield self._emit(events.EvalMetrics(step=self.step, loss=eval_loss, tokens=int(data.eval.num_trained)))
+        step_loop.close()  # the model as it was loaded again (embedding table back on the device) for the saves
         yield self._emit(self._checkpoint(run_dir, model, optimizer, scheduler, scaler, position))
         adapter_dir = save_adapter(model, tokenizer, run_dir / ADAPTER_DIR, config, steps=self.step,
                                    final_loss=None if math.isnan(last_loss) else last_loss)

@@ -261,27 +261,27 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
 
 
 def _profile(runner: Runner, settings: Settings) -> dict:
-    """One more step under the profiler, after the timed ones (their numbers stay unprofiled). A profile that
-    fails (out of memory with the profiler's buffers, say) is recorded in the profile, not as the run's failure."""
+    """One more step under the profiler, after the timed ones (their numbers stay unprofiled)."""
     from hone.core.bench.profile import profile_step
 
-    try:
-        return profile_step(runner, settings.device, top=settings.profile_top)
-    except Exception as e:
-        if is_out_of_memory(e):
-            free_memory(settings.device)
-        return {"error": f"{type(e).__name__}: {e}"[:500]}
+    return _extra_step(lambda: profile_step(runner, settings.device, top=settings.profile_top), settings.device)
 
 
 def _memory_trace(runner: Runner, settings: Settings) -> dict:
-    """One more step with the allocator recording, after the timed ones; a failure is recorded in the trace."""
+    """One more step with the allocator recording, after the timed ones."""
     from hone.core.bench.memory_trace import trace_step
 
+    return _extra_step(lambda: trace_step(runner, settings.device, top=settings.memory_trace_top), settings.device)
+
+
+def _extra_step(measure, device: str) -> dict:
+    """A diagnostic step's summary; one that fails (out of memory with the profiler's buffers, say) is recorded in
+    the summary, not as the run's failure."""
     try:
-        return trace_step(runner, settings.device, top=settings.memory_trace_top)
+        return measure()
     except Exception as e:
         if is_out_of_memory(e):
-            free_memory(settings.device)
+            free_memory(device)
         return {"error": f"{type(e).__name__}: {e}"[:500]}
 
 
