@@ -334,6 +334,9 @@ class StepRunner:
             batch = batch.to(self.device)
             with self._autocast():
                 summed = loss_sum(model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
+            # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding rows
+            # a host table supplies (T x H) must not stay allocated through it.
+            batch = None
             scaled = summed / max(trained, 1)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             loss_total += summed.detach()
