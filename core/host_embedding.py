@@ -81,6 +81,11 @@ def unsupported_reason(model, device: torch.device | str) -> str | None:
     """Why the input embeddings must stay on the device for this model, or None when they can move."""
     if torch.device(device).type != "cuda":
         return "only on a GPU (on the CPU the table is in host memory already)"
+    return _model_reason(model)
+
+
+def _model_reason(model) -> str | None:
+    """What about the model itself keeps its table on the device (whatever the device)."""
     base = _base(model)
     config = getattr(base, "config", None)
     if config is not None and hasattr(config, "vision_config"):
@@ -105,8 +110,8 @@ def apply_host_embedding(model, device: torch.device | str, *, force: bool = Fal
     Returns:
         The `HostEmbedding` now in the model, or the reason the table stays where it is.
     """
-    reason = unsupported_reason(model, device)
-    if reason is not None and not (force and reason.startswith("only on a GPU")):
+    reason = _model_reason(model) if force else unsupported_reason(model, device)
+    if reason is not None:
         return reason
     base = _base(model)
     host = HostEmbedding(base.get_input_embeddings(), device)

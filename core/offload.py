@@ -334,8 +334,10 @@ class Checkpointer:
             # Other inputs that need gradients cannot go through this Function: plain recompute handles them.
             return recompute_checkpoint(function, *args, use_reentrant=False, **kwargs)
 
-        run = LayerCall(function, rest, kwargs, self._layer_module(function))
-        return _CheckpointedLayer.apply(self, run, hidden, self._anchor, self._layer_name(function))
+        layer = self._layer_module(function)
+        run = LayerCall(function, rest, kwargs, layer)
+        name = self.layer_names.get(id(layer)) or type(layer if layer is not None else function).__name__
+        return _CheckpointedLayer.apply(self, run, hidden, self._anchor, name)
 
     def tile_tokens_for(self, hidden: torch.Tensor) -> int:
         """Tokens per backward tile for this layer input (0: back-propagate the layer whole)."""
@@ -352,11 +354,6 @@ class Checkpointer:
             first = function.args[0] if function.args else None
             layer = first if isinstance(first, torch.nn.Module) else getattr(function.func, "__self__", function)
         return layer if isinstance(layer, torch.nn.Module) else None
-
-    def _layer_name(self, function) -> str:
-        """The layer's name in the model, for messages."""
-        layer = self._layer_module(function)
-        return self.layer_names.get(id(layer)) or type(layer if layer is not None else function).__name__
 
     # ---- saving in forward ----
     def save(self, hidden: torch.Tensor, layer: str = "") -> _SavedInput:
