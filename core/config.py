@@ -223,8 +223,13 @@ class SpeedConfig(_Section):
                          "tokens at a time, so its (tokens x intermediate) activations never exist for the whole "
                          "batch. Less memory, same work.")
     host_embeddings: bool = _f(True, "On a GPU, keep the frozen input-embedding table in host memory and look up each "
-                               "batch's rows on the CPU while the previous step runs (untied embeddings of text "
-                               "models). Frees the table's GPU memory: 1.16 GiB on Qwen3-8B.")
+                               "batch's rows on the CPU while the previous step runs (text models; a table tied "
+                               "to the LM head moves only with it). Frees the table's GPU memory: 1.16 GiB on "
+                               "Qwen3-8B.")
+    host_lm_head: bool = _f(True, "On a GPU with the chunked loss, keep the frozen LM head in host memory and copy it "
+                            "to the GPU for the loss only, once per step: the layers' backward, where a step "
+                            "peaks, runs without it (1.16 GiB on Qwen3-8B; ~20 ms of copying per step there). A "
+                            "head tied to the input embeddings moves only with them.")
     grouped_attention_backward: bool = _f(False, "Varlen attention: back-propagate a group of whole sequences at "
                                           "a time, so the backward's workspace (float32 dq, grouped-query dk/dv "
                                           "expanded to every head) never exists for the whole batch. Less memory "

@@ -1,25 +1,32 @@
-"""The frozen input-embedding table kept in host memory: each batch's rows are looked up on the CPU.
+"""The frozen vocabulary tables kept in host memory: input-embedding rows looked up on the CPU, the LM head copied
+to the GPU only for the loss.
 
-Why: LoRA never trains the input embeddings, and a step reads only the rows of the batch's tokens, yet the table
-sits in GPU memory for the whole run: 1.16 GiB for Qwen3-8B (151,936 x 4,096 bf16), 0.58 GiB for Qwen3-30B-A3B.
-On a laptop GPU that is room for several thousand more tokens per batch.
+Why: LoRA trains neither table, yet both sit in GPU memory for the whole run: 1.16 GiB each for Qwen3-8B
+(151,936 x 4,096 bf16), 0.58 GiB each for Qwen3-30B-A3B, 0.29 GiB for Qwen3-0.6B's tied one. A step reads only
+the batch's rows of the input table, and the LM head only while the loss runs, after every layer's forward and
+before any layer's backward: the layers' backward, where a step peaks, never needs it.
 
-How: `apply_host_embedding` moves the table to pinned host memory and puts a `HostEmbedding` in the model's
-place. The trainer's collation (on its background thread, while the GPU runs the previous step) gathers each
-batch's rows from the host table into pinned memory (`HostEmbedding.rows`); they travel to the GPU with the
-batch's other tensors (one asynchronous copy, T x H values) and reach the model as `inputs_embeds`. Any other
-call (generation, a batch collated elsewhere) goes through `HostEmbedding.forward`, which copies the ids to the
-host, looks them up there and copies the rows back: correct, but it waits for the GPU, so only the trainer's
-path is fast. `restore` puts the table and the original module back (the run's end).
+How: `apply_host_tables` moves the tables to pinned host memory and puts a `HostEmbedding` and a `HostLMHead` in
+the model's places. The trainer's collation (on its background thread, while the GPU runs the previous step)
+gathers each batch's rows from the host table into pinned memory (`HostEmbedding.rows`); they travel to the GPU
+with the batch's other tensors (one asynchronous copy, T x H values) and reach the model as `inputs_embeds`. The
+chunked loss (`hone.core.loss`) copies the head's weight to the GPU once per step (`HostLMHead.device_weight`, an
+asynchronous copy from pinned memory: ~20 ms for 1.16 GiB over PCIe 5) and frees it when the loss is done. Any
+other call (generation, a batch collated elsewhere) goes through the modules' `forward`, which is correct but not
+fast: the embedding waits for the ids' copy to the host, the head copies its whole weight on every call. `restore`
+puts the tables and the original modules back (the run's end).
 
-Where: a plain `nn.Embedding` whose weight is frozen and not shared with the LM head (tied tables are read by the
-head for every token anyway), on a CUDA device, for text models (vision-language models merge image features
-into the embeddings inside their forward).
+Where: on a CUDA device, a plain `nn.Embedding` / `nn.Linear` whose weight is frozen; the input table of text
+models only (vision-language models merge image features into the embeddings inside their forward); the head only
+when the chunked loss computes it. A table tied to the head is one table: it moves when both places can move.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -37,8 +44,7 @@ class HostEmbedding(nn.Module):
         self.dtype = original.weight.dtype
         self.num_embeddings, self.embedding_dim = original.num_embeddings, original.embedding_dim
         self.padding_idx = original.padding_idx
-        host = original.weight.detach().to("cpu")
-        self.table = host.pin_memory() if self.device.type == "cuda" else host.clone()
+        self.table = _host_copy(original.weight, self.device)
         self._original = [original]  # a list: not a submodule (its parameters must not count twice)
         original.weight.data = torch.empty(0, dtype=self.dtype, device=original.weight.device)
 
@@ -66,27 +72,81 @@ class HostEmbedding(nn.Module):
     def restore(self, model) -> None:
         """Put the original module back into `model` with its table on the device again."""
         original = self.original
-        original.weight.data = self.table.to(self.device)
+        _bring_back(original.weight, self.table, self.device)
         _base(model).set_input_embeddings(original)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, table in host memory"
 
 
+class HostLMHead(nn.Module):
+    """Stands in for a frozen `nn.Linear` LM head whose weight lives in pinned host memory (module docstring).
+
+    Args:
+        original: the model's head (its weight is moved off the device; `restore` brings it back). A bias, if
+            any, stays on the device.
+        device: the device the model computes on.
+        table: the host copy already made of this weight (a head tied to the input embeddings), else None.
+    """
+
+    def __init__(self, original: nn.Linear, device: torch.device | str, table: torch.Tensor | None = None):
+        super().__init__()
+        self.device = torch.device(device)
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.table = table if table is not None else _host_copy(original.weight, self.device)
+        self.bias = original.bias  # None, or the original's (device) bias parameter
+        self._original = [original]  # not a submodule, as in HostEmbedding
+        original.weight.data = torch.empty(0, dtype=self.table.dtype, device=original.weight.device)
+
+    @property
+    def original(self) -> nn.Linear:
+        return self._original[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The host weight (read-only use: exports and `get_output_embeddings().weight` readers)."""
+        return self.table
+
+    def device_weight(self, device: torch.device | str) -> torch.Tensor:
+        """The weight on `device`: an asynchronous copy from pinned memory, freed when the caller drops it."""
+        return self.table.to(device, non_blocking=True)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # A caller other than the chunked loss (generation, say): correct, but the whole weight travels each call.
+        return F.linear(hidden, self.device_weight(hidden.device), self.bias)
+
+    def restore(self, model) -> None:
+        """Put the original head back into `model` with its weight on the device again."""
+        original = self.original
+        _bring_back(original.weight, self.table, self.device)
+        _base(model).set_output_embeddings(original)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight in host memory"
+
+
+def _host_copy(weight: torch.Tensor, device: torch.device) -> torch.Tensor:
+    host = weight.detach().to("cpu")
+    return host.pin_memory() if device.type == "cuda" else host.clone()
+
+
+def _bring_back(weight: torch.Tensor, table: torch.Tensor, device: torch.device) -> None:
+    """The table back into the (emptied) parameter, once: a tied table's second owner finds it there already."""
+    if weight.numel() == 0:
+        weight.data = table.to(device)
+
+
 def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def unsupported_reason(model, device: torch.device | str) -> str | None:
-    """Why the input embeddings must stay on the device for this model, or None when they can move."""
-    if torch.device(device).type != "cuda":
-        return "only on a GPU (on the CPU the table is in host memory already)"
-    return _model_reason(model)
+def _tied(base) -> bool:
+    head = base.get_output_embeddings()
+    return head is not None and getattr(head, "weight", None) is base.get_input_embeddings().weight
 
 
-def _model_reason(model) -> str | None:
-    """What about the model itself keeps its table on the device (whatever the device)."""
-    base = _base(model)
+def _embedding_reason(base) -> str | None:
+    """What about the model keeps its input table on the device (whatever the device)."""
     config = getattr(base, "config", None)
     if config is not None and hasattr(config, "vision_config"):
         return "vision-language models merge image features into the embeddings inside their forward"
@@ -95,25 +155,71 @@ def _model_reason(model) -> str | None:
         return f"the input embedding is a {type(embedding).__name__}, not a plain nn.Embedding"
     if embedding.weight.requires_grad:
         return "the input embeddings are trained"
-    head = base.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is embedding.weight:
-        return "the table is tied to the LM head, which reads all of it at every step"
     return None
 
 
-def apply_host_embedding(model, device: torch.device | str, *, force: bool = False) -> HostEmbedding | str:
-    """Move `model`'s frozen input-embedding table to host memory (see the module docstring).
+def _head_reason(base) -> str | None:
+    """What about the model keeps its LM head on the device (whatever the device)."""
+    from hone.core.loss import HeadPlan, head_plan
+
+    head = base.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        return f"the LM head is a {type(head).__name__}, not a plain nn.Linear"
+    if head.weight.requires_grad or (head.bias is not None and head.bias.requires_grad):
+        return "the LM head is trained"
+    plan = head_plan(base)
+    if not isinstance(plan, HeadPlan) or plan.head is not head:
+        return "the chunked loss cannot compute this model's head"
+    return None
+
+
+@dataclass
+class HostTables:
+    """What `apply_host_tables` moved: each table's stand-in, or the reason it stays on the device."""
+
+    embedding: HostEmbedding | str
+    head: HostLMHead | str
+
+    def restore(self, model) -> None:
+        """Both tables back on the device, their original modules back in the model (idempotent)."""
+        for moved in (self.embedding, self.head):
+            if not isinstance(moved, str):
+                moved.restore(model)
+        self.embedding = self.embedding if isinstance(self.embedding, str) else "restored"
+        self.head = self.head if isinstance(self.head, str) else "restored"
+
+
+def apply_host_tables(model, device: torch.device | str, *, embedding: bool = True, head: bool = True,
+                      chunked_loss: bool = True, force: bool = False) -> HostTables:
+    """Move `model`'s frozen vocabulary tables to host memory where they can go (see the module docstring).
 
     Args:
+        embedding / head: which tables may move (the `speed.host_embeddings` / `speed.host_lm_head` switches).
+        chunked_loss: the run computes its loss with `hone.core.loss`'s chunked mode (the head moves only then:
+            the model's own forward would copy the head on every call).
         force: skip the GPU-only condition (tests check the bookkeeping on the CPU).
-
-    Returns:
-        The `HostEmbedding` now in the model, or the reason the table stays where it is.
     """
-    reason = _model_reason(model) if force else unsupported_reason(model, device)
-    if reason is not None:
-        return reason
     base = _base(model)
-    host = HostEmbedding(base.get_input_embeddings(), device)
-    base.set_input_embeddings(host)
-    return host
+    on_device = None if force or torch.device(device).type == "cuda" else (
+        "only on a GPU (on the CPU the table is in host memory already)")
+    embedding_why = on_device or _embedding_reason(base) if embedding else "speed.host_embeddings = false"
+    if not head:
+        head_why = "speed.host_lm_head = false"
+    elif not chunked_loss:
+        head_why = "only with speed.loss = chunked (the model's own forward reads the head on every call)"
+    else:
+        head_why = on_device or _head_reason(base)
+    tied = _tied(base)
+    if tied and (embedding_why or head_why):
+        embedding_why = embedding_why or f"the table is tied to the LM head, which stays on the GPU: {head_why}"
+        head_why = head_why or f"the weight is tied to the input embeddings, which stay on the GPU: {embedding_why}"
+    host_embedding = HostEmbedding(base.get_input_embeddings(), device) if embedding_why is None else None
+    host_head = None
+    if head_why is None:
+        shared = host_embedding.table if tied and host_embedding is not None else None
+        host_head = HostLMHead(base.get_output_embeddings(), device, table=shared)
+    if host_embedding is not None:
+        base.set_input_embeddings(host_embedding)
+    if host_head is not None:
+        base.set_output_embeddings(host_head)
+    return HostTables(embedding=host_embedding or embedding_why, head=host_head or head_why)

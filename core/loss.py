@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hone.core.host_embedding import HostLMHead
 from hone.core.packing import IGNORE_INDEX
 
 LOSS_MODES = ("chunked", "plain")
@@ -124,6 +125,11 @@ def auto_chunk_tokens(vocab_size: int, fused: bool = False) -> int:
     return max(MIN_CHUNK_TOKENS, min(MAX_CHUNK_TOKENS, budget // max(vocab_size, 1)))
 
 
+def _is_linear_head(head: nn.Module) -> bool:
+    """A head the manual-gradient path computes: a plain `nn.Linear`, or one whose weight is kept in host memory."""
+    return type(head) is nn.Linear or isinstance(head, HostLMHead)
+
+
 def _postprocess(logits: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
     if scale != 1.0:
         logits = logits * scale
@@ -183,11 +189,11 @@ def _autocast_off(device_type: str):
     return torch.autocast(device_type=device_type, enabled=False)
 
 
-def _loss_only(hidden, targets, head, scale, softcap, chunk) -> torch.Tensor:
-    """Chunked loss without gradients (evaluation)."""
+def _loss_only(hidden, targets, project, scale, softcap, chunk) -> torch.Tensor:
+    """Chunked loss without gradients (evaluation); `project` maps hidden states to logits."""
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk):
-        logits = _postprocess(head(hidden[start:start + chunk]), scale, softcap).float()
+        logits = _postprocess(project(hidden[start:start + chunk]), scale, softcap).float()
         total += F.cross_entropy(logits, targets[start:start + chunk], ignore_index=IGNORE_INDEX, reduction="sum")
     return total
 
@@ -297,7 +303,8 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
     Args:
         hidden: (N, H) hidden states (any float dtype).
         targets: (N,) int64 class ids, -100 = ignored.
-        head: the output projection; a plain `nn.Linear` takes the manual-gradient path, anything else (peft
+        head: the output projection; a plain `nn.Linear` (or a `HostLMHead`, its weight copied to the device once
+            per call) takes the manual-gradient path, anything else (peft
             LoRA-wrapped, quantized) local autograd per chunk.
         scale, softcap: logit post-processing, as in `HeadPlan`.
         chunk_tokens: tokens per chunk; None picks one from the vocabulary size.
@@ -306,19 +313,22 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
     Returns:
         fp32 scalar; differentiable towards `hidden` and the head's trainable parameters.
     """
-    linear = type(head) is nn.Linear and head.weight.dtype.is_floating_point
+    linear = _is_linear_head(head) and head.weight.dtype.is_floating_point
     if chunk_tokens is None:
         vocab = getattr(head, "out_features", None) or head.weight.shape[0]
         chunk_tokens = auto_chunk_tokens(vocab, fused=fused and linear and fused_cross_entropy_runs(hidden, targets))
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    # A head kept in host memory comes to the device once here, for every chunk, and goes when the loss is done.
+    weight = head.device_weight(hidden.device) if isinstance(head, HostLMHead) else head.weight if linear else None
     if not torch.is_grad_enabled():
-        return _loss_only(hidden, targets, head, scale, softcap, chunk_tokens)
+        project = head if weight is None else lambda h: F.linear(h, weight, head.bias)
+        return _loss_only(hidden, targets, project, scale, softcap, chunk_tokens)
     if linear:
         device_type = hidden.device.type
         autocast = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
-        compute_dtype = torch.get_autocast_dtype(device_type) if autocast else head.weight.dtype
-        return _LinearHeadLoss.apply(hidden, targets, head.weight, head.bias, scale, softcap, chunk_tokens,
+        compute_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
+        return _LinearHeadLoss.apply(hidden, targets, weight, head.bias, scale, softcap, chunk_tokens,
                                      compute_dtype, fused)
     params = [p for p in head.parameters() if p.requires_grad]
     return _ModuleHeadLoss.apply(hidden, targets, head, scale, softcap, chunk_tokens, *params)
@@ -380,7 +390,7 @@ def describe(model, mode: str = "chunked", fused: bool = False) -> str:
         extra.append(f"logit scale {plan.scale:g}")
     if plan.softcap is not None:
         extra.append(f"soft-cap {plan.softcap:g}")
-    linear = type(plan.head) is nn.Linear
+    linear = _is_linear_head(plan.head)
     how = ("fused cross-entropy kernel" if fused and linear else "manual gradients") if linear else "per-chunk autograd"
     return "chunked cross-entropy (" + ", ".join([how, *extra]) + ")"
 

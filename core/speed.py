@@ -23,7 +23,7 @@ class SpeedSetup:
     expert_meter: object | None = None  # MoE expert-load meter, read once per step
     offload: object | None = None  # checkpoint offloader, read once per step
     compile: object | None = None  # CompileReport: compile seconds are taken out of step times
-    host_embedding: object | None = None  # HostEmbedding: the collation looks each batch's rows up on the host
+    host_tables: object | None = None  # HostTables: vocabulary tables kept in host memory (hone.core.host_embedding)
 
     def note(self, topic: str, message: str, level: str = "info") -> None:
         self.notices.append(Notice(topic=topic, message=message, level=level))
@@ -68,20 +68,27 @@ def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup
 
 
 def _embeddings(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:
-    """The frozen input-embedding table to host memory where it can go (`hone.core.host_embedding`)."""
-    if not cfg.host_embeddings:
-        setup.choices["embeddings"] = "on the GPU (speed.host_embeddings = false)"
-        return
-    from hone.core.host_embedding import apply_host_embedding
+    """The frozen vocabulary tables to host memory where they can go (`hone.core.host_embedding`)."""
+    from hone.core.host_embedding import apply_host_tables
 
-    host = apply_host_embedding(peft_model, device)
-    if isinstance(host, str):
-        setup.choices["embeddings"] = f"on the GPU: {host}"
-        return
-    setup.host_embedding = host
-    size = host.table.numel() * host.table.element_size() / 2**30
-    setup.choices["embeddings"] = (f"input-embedding table ({size:.2f} GiB) in pinned host memory; each batch's "
-                                   "rows looked up on the CPU by the collation")
+    tables = apply_host_tables(peft_model, device, embedding=cfg.host_embeddings, head=cfg.host_lm_head,
+                               chunked_loss=cfg.loss == "chunked")
+    setup.host_tables = tables
+    if isinstance(tables.embedding, str):
+        setup.choices["embeddings"] = f"on the GPU: {tables.embedding}"
+    else:
+        setup.choices["embeddings"] = (f"input-embedding table ({_gib(tables.embedding.table):.2f} GiB) in pinned "
+                                       "host memory; each batch's rows looked up on the CPU by the collation")
+    if isinstance(tables.head, str):
+        setup.choices["lm_head"] = f"on the GPU: {tables.head}"
+    else:
+        shared = " (the tied input table)" if tables.head.table is getattr(tables.embedding, "table", None) else ""
+        setup.choices["lm_head"] = (f"LM head ({_gib(tables.head.table):.2f} GiB){shared} in pinned host memory; "
+                                    "copied to the GPU for the loss once per step")
+
+
+def _gib(tensor) -> float:
+    return tensor.numel() * tensor.element_size() / 2**30
 
 
 def _kernels_and_compile(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:

@@ -35,6 +35,7 @@ from hone.core.optim import build_optimizer, build_scheduler
 from hone.core.packing import collate_packed, collate_padded
 from hone.core.runs import ADAPTER_DIR, RunWriter, new_run_dir
 from hone.core.speed import after_lora, before_lora
+from hone.kernels.weight_casts import reuse_weight_casts
 
 
 class PackStream:
@@ -283,8 +284,8 @@ class StepRunner:
             batch = collate_packed(rows, pin_memory=self.pin)
         else:
             batch = collate_padded(rows, pad_id=self.pad_id, pin_memory=self.pin)
-        host = self.setup.host_embedding
-        if host is not None:
+        host = getattr(self.setup.host_tables, "embedding", None)
+        if host is not None and not isinstance(host, str):
             batch.input_rows = host.rows(batch.input_ids, pin_memory=self.pin)
         return batch
 
@@ -308,14 +309,13 @@ class StepRunner:
         return batches
 
     def close(self) -> None:
-        """Stop the background collation thread and put the embedding table back on the device (a run's end)."""
+        """Stop the background collation thread and put the vocabulary tables back on the device (a run's end)."""
         self._pending = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self.setup.host_embedding is not None:
-            self.setup.host_embedding.restore(self.model)
-            self.setup.host_embedding = None
+        if self.setup.host_tables is not None:
+            self.setup.host_tables.restore(self.model)
 
     def step(self, dataset: TokenizedSet, packs: list[list[int]], step: int, total: int,
              next_packs: list[list[int]] | None = None) -> dict:
@@ -330,16 +330,17 @@ class StepRunner:
         tokens = sum(b.num_tokens for b in batches)
         loss_total = torch.zeros((), device=self.device, dtype=torch.float32)
         model.train()
-        for batch in batches:
-            batch = batch.to(self.device)
-            with self._autocast():
-                summed = loss_sum(model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
-            # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding rows
-            # a host table supplies (T x H) must not stay allocated through it.
-            batch = None
-            scaled = summed / max(trained, 1)
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            loss_total += summed.detach()
+        with reuse_weight_casts():  # the adapters change only at the optimizer step below
+            for batch in batches:
+                batch = batch.to(self.device)
+                with self._autocast():
+                    summed = loss_sum(model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
+                # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding
+                # rows a host table supplies (T x H) must not stay allocated through it.
+                batch = None
+                scaled = summed / max(trained, 1)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                loss_total += summed.detach()
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
@@ -379,10 +380,11 @@ class StepRunner:
         stream = PackStream(dataset.lengths, self.config.train.batch_tokens, 0, self.config.speed.packing)
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         trained = 0
-        for pack in stream.plan(0):
-            batch = self.collate([dataset[i] for i in pack])
-            trained += batch.num_trained
-            with self._autocast():
-                total += loss_sum(model, batch.to(self.device), mode=self.config.speed.loss).float()
+        with reuse_weight_casts():
+            for pack in stream.plan(0):
+                batch = self.collate([dataset[i] for i in pack])
+                trained += batch.num_trained
+                with self._autocast():
+                    total += loss_sum(model, batch.to(self.device), mode=self.config.speed.loss).float()
         model.train()
         return total.item() / max(trained, 1)

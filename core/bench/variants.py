@@ -92,6 +92,8 @@ VARIANTS: tuple[Variant, ...] = (
             needs=("cuda",), focus=("attention",)),
     Variant("all-embed-gpu", {**ALL_ON, "host_embeddings": False},
             "every path on, the input-embedding table kept in GPU memory", needs=("cuda",)),
+    Variant("all-head-gpu", {**ALL_ON, "host_lm_head": False},
+            "every path on, the LM head kept in GPU memory (a tied table with it)", needs=("cuda",)),
     Variant("all-tiles-4k", {**ALL_ON, "layer_tile_tokens": 4096},
             "every path on, layers back-propagated in sequence groups of <= 4,096 tokens", focus=("checkpoint",)),
     Variant("all-tiles-2k", {**ALL_ON, "layer_tile_tokens": 2048},

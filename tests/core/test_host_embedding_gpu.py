@@ -1,6 +1,6 @@
-"""The input-embedding table in host memory on a CUDA GPU (`pytest -m gpu`): the table's device memory is given
-back, the trainer's collation brings each batch's rows along, training matches the table on the device, and the
-collated path adds no host sync to the step."""
+"""The vocabulary tables in host memory on a CUDA GPU (`pytest -m gpu`): both tables' device memory is given back,
+the trainer's collation brings each batch's rows along, the loss brings the head over and lets it go again,
+training matches the tables on the device, and the collated path adds no host sync to the step."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from offload_helpers import lora_model, packed_batch
 
 from hone.core.bench.measure import count_syncs
 from hone.core.config import RunConfig, SpeedConfig
-from hone.core.host_embedding import HostEmbedding
+from hone.core.host_embedding import HostEmbedding, HostLMHead
 from hone.core.loss import loss_sum
 from hone.core.shapes import build_model
 from hone.core.speed import SpeedSetup, after_lora
@@ -56,9 +56,11 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     config = RunConfig(speed=SpeedConfig(attention="hf", checkpoint="off", kernels=False))
     info = info_from_config(model.config, "dense-8b", "shape", count_params(model))
     after_lora(model, config.speed, info, "cuda", setup, mean_row_tokens=500.0)
-    assert isinstance(setup.host_embedding, HostEmbedding), setup.choices.get("embeddings")
+    assert isinstance(setup.host_tables.embedding, HostEmbedding), setup.choices.get("embeddings")
+    assert isinstance(setup.host_tables.head, HostLMHead), setup.choices.get("lm_head")
     torch.cuda.synchronize()
-    assert before - torch.cuda.memory_allocated() >= table_bytes, "the table's device memory was not given back"
+    moved = before - torch.cuda.memory_allocated()
+    assert moved >= 2 * table_bytes, "the tables' device memory was not given back"
 
     tokenizer = type("Tok", (), {"pad_token_id": 0})()
     runner = StepRunner(model, tokenizer, None, None, None, [], config, "cuda", torch.bfloat16, setup)
@@ -74,9 +76,13 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     assert _rel(got[worst], want[worst]) <= tolerance, (
         f"{worst}: relative error {_rel(got[worst], want[worst]):.2e}, noise floor {noise:.2e}")
 
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() < before - 2 * table_bytes + table_bytes // 4, (
+        "the head's device copy outlived the step")
+
     on_device = batch.to("cuda")
     syncs = count_syncs(lambda: loss_sum(model, on_device).backward(), "cuda")
     assert syncs == baseline_syncs, f"{syncs} host syncs with the host table, {baseline_syncs} with it on the device"
     runner.close()
     assert isinstance(model.get_input_embeddings(), torch.nn.Embedding)
-    assert model.get_input_embeddings().weight.is_cuda
+    assert model.get_input_embeddings().weight.is_cuda and model.get_output_embeddings().weight.is_cuda
