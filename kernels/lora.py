@@ -12,7 +12,12 @@ write, so there is no `@triton.jit` here; what this file changes is what is comp
   and backward;
 - all GEMMs run in the activation dtype: fp32 adapter weights (peft's default next to a bf16 base) are cast
   down, 2 x r x (in + out) elements, instead of casting the (tokens x in) activations up and keeping that fp32
-  copy for backward as the eager path does. Adapter gradients come back in the adapters' dtype.
+  copy for backward as the eager path does. Adapter gradients come back in the adapters' dtype;
+- the scaling rides on the cast of B (`s B`), so neither forward nor the input gradients spend a kernel on it;
+  backward reuses forward's casts instead of casting again. Inside `reuse_weight_casts()` (the trainer opens it
+  around one optimizer step's forward and backward passes, when the adapters cannot change) each weight is cast
+  once per step and shared by every call: forward, a checkpointed layer's recompute and backward. A step is
+  bound by the host launching kernels on small models, and these casts were 6 of ~20 launches per LoRA linear.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from hone.kernels.nf4 import NF4Weight
+from hone.kernels.weight_casts import cast_weight
 
 _FP32_OUT_MM = {"supported": None}  # whether torch.mm(..., out_dtype=torch.float32) runs on this CUDA build
 
@@ -42,45 +48,44 @@ def _base_weight(weight: torch.Tensor | None, nf4: NF4Weight | None, dtype: torc
 
 
 def lora_linear_forward(x: torch.Tensor, x_lora: torch.Tensor, weight: torch.Tensor | None, nf4: NF4Weight | None,
-                        bias: torch.Tensor | None, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                        scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        bias: torch.Tensor | None, a: torch.Tensor, b_scaled: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                   torch.Tensor]:
     """(M, K) inputs -> ((M, N) output in x's dtype, (M, r) `A x_lora`); `x_lora` is x itself or its dropped-out
-    copy."""
-    dtype = x.dtype
-    out = F.linear(x, _base_weight(weight, nf4, dtype), bias)
-    xa = x_lora.to(dtype) @ lora_a.to(dtype).t()
-    return out.addmm_(xa, lora_b.to(dtype).t(), alpha=scaling), xa
+    copy; `a` (r, K) and `b_scaled` (N, r, the scaling applied) are in x's dtype."""
+    out = F.linear(x, _base_weight(weight, nf4, x.dtype), bias)
+    xa = x_lora.to(x.dtype) @ a.t()
+    return out.addmm_(xa, b_scaled.t()), xa
 
 
 def lora_linear_backward(grad: torch.Tensor, x_lora: torch.Tensor, weight: torch.Tensor | None,
-                         nf4: NF4Weight | None, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float,
-                         separate_lora_input: bool, needs: tuple[bool, ...], xa: torch.Tensor | None = None):
+                         nf4: NF4Weight | None, a: torch.Tensor, b_scaled: torch.Tensor, scaling: float,
+                         separate_lora_input: bool, needs: tuple[bool, ...], xa: torch.Tensor,
+                         grad_dtypes: tuple[torch.dtype, torch.dtype]):
     """Gradients for (x, x_lora, bias, lora_a, lora_b), each None where not needed.
 
     Args:
         grad: (M, N) gradient of the output. x_lora: (M, K) the saved LoRA input.
-        xa: (M, r) `A x_lora` from forward, in grad's dtype; None recomputes it.
+        a, b_scaled: forward's casts of A and of `scaling * B`, in grad's dtype.
+        xa: (M, r) `A x_lora` from forward, in grad's dtype.
         separate_lora_input: x_lora is a different tensor from x (dropout), so its gradient is returned on its
             own instead of being added into x's.
         needs: `ctx.needs_input_grad` for (x, x_lora, bias, lora_a, lora_b).
+        grad_dtypes: the dtypes of A's and B's gradients (the adapters' own).
     """
     need_x, need_x_lora, need_bias, need_a, need_b = needs
     dtype = grad.dtype
-    a, b = lora_a.to(dtype), lora_b.to(dtype)
     xl = x_lora.to(dtype)
-    grad_b_proj = grad @ b  # (M, r): gradient reaching A x, before scaling
+    grad_xa = grad @ b_scaled  # (M, r): gradient reaching A x, scaling included
     dx = dx_lora = None
     if need_x:
         dx = grad @ _base_weight(weight, nf4, dtype)
         if not separate_lora_input:
-            dx.addmm_(grad_b_proj, a, alpha=scaling)
+            dx.addmm_(grad_xa, a)
     if separate_lora_input and need_x_lora:
-        dx_lora = (grad_b_proj @ a).mul_(scaling).to(x_lora.dtype)
+        dx_lora = (grad_xa @ a).to(x_lora.dtype)
     dbias = grad.sum(0) if need_bias else None
-    da = _mm_into(grad_b_proj.t(), xl, lora_a.dtype).mul_(scaling) if need_a else None
-    if need_b:
-        xa = xl @ a.t() if xa is None else xa.to(dtype)
-    db = _mm_into(grad.t(), xa, lora_b.dtype).mul_(scaling) if need_b else None
+    da = _mm_into(grad_xa.t(), xl, grad_dtypes[0]) if need_a else None
+    db = _mm_into(grad.t(), xa.to(dtype), grad_dtypes[1]).mul_(scaling) if need_b else None
     return dx, dx_lora, dbias, da, db
 
 
@@ -91,18 +96,20 @@ class LoRALinearFunction(torch.autograd.Function):
                 scaling: float) -> torch.Tensor:
         separate = x_lora is not None
         x_lora = x_lora if separate else x
-        out, xa = lora_linear_forward(x, x_lora, weight, nf4, bias, lora_a, lora_b, scaling)
-        ctx.save_for_backward(x_lora, weight, lora_a, lora_b, xa)
+        a, b_scaled = cast_weight(lora_a, x.dtype), cast_weight(lora_b, x.dtype, scaling)
+        out, xa = lora_linear_forward(x, x_lora, weight, nf4, bias, a, b_scaled)
+        ctx.save_for_backward(x_lora, weight, a, b_scaled, xa)
         ctx.nf4, ctx.scaling, ctx.separate = nf4, scaling, separate
+        ctx.grad_dtypes = (lora_a.dtype, lora_b.dtype)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x_lora, weight, lora_a, lora_b, xa = ctx.saved_tensors
+        x_lora, weight, a, b_scaled, xa = ctx.saved_tensors
         n = ctx.needs_input_grad
         dx, dx_lora, dbias, da, db = lora_linear_backward(
-            grad, x_lora, weight, ctx.nf4, lora_a, lora_b, ctx.scaling, ctx.separate, (n[0], n[1], n[4], n[5], n[6]),
-            xa=xa)
+            grad, x_lora, weight, ctx.nf4, a.to(grad.dtype), b_scaled.to(grad.dtype), ctx.scaling, ctx.separate,
+            (n[0], n[1], n[4], n[5], n[6]), xa, ctx.grad_dtypes)
         return dx, dx_lora, None, None, dbias, da, db, None
 
 

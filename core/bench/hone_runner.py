@@ -25,6 +25,7 @@ from hone.core.loss import loss_sum
 from hone.core.optim import build_optimizer, build_scheduler
 from hone.core.speed import after_lora, before_lora
 from hone.core.trainer import StepRunner
+from hone.kernels.weight_casts import reuse_weight_casts
 
 # The reference's learning rate and clipping (HF Trainer defaults), so both runs take the same optimizer step.
 LEARNING_RATE = 2e-4
@@ -163,9 +164,11 @@ class HoneRunner:
         autocast = (torch.autocast("cuda", dtype=runner.autocast_dtype) if runner.autocast_dtype is not None
                     else contextlib.nullcontext())
         self.model.train()
-        with autocast:
-            summed = loss_sum(self.model, batch, mode=runner.config.speed.loss, fused=runner.config.speed.kernels)
-        (summed / max(batch.num_trained, 1)).backward()
+        with reuse_weight_casts():
+            with autocast:
+                summed = loss_sum(self.model, batch, mode=runner.config.speed.loss,
+                                  fused=runner.config.speed.kernels)
+            (summed / max(batch.num_trained, 1)).backward()
         runner.optimizer.zero_grad(set_to_none=True)
 
     def teardown(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import warnings
@@ -12,6 +13,7 @@ from peft import LoraConfig, get_peft_model
 
 from hone.core.fused import FAMILIES, apply_kernels, kernels_applied, revert_kernels
 from hone.kernels.rms_norm import FusedRMSNorm
+from hone.kernels.weight_casts import reuse_weight_casts
 from tests.core.lora_helpers import TARGETS, lora_model
 
 VOCAB = 1024
@@ -38,14 +40,15 @@ def _packed_batches(steps: int, length: int = 24):
 # otherwise attend differently.
 
 
-def _train(model, batches, seed: int = 0) -> list[float]:
+def _train(model, batches, seed: int = 0, step_scope=contextlib.nullcontext) -> list[float]:
     torch.manual_seed(seed)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     losses = []
     for ids, pos in batches:
-        loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
-        loss.backward()
+        with step_scope():
+            loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
@@ -94,6 +97,23 @@ def test_training_with_kernels_matches_without(shape):
     fused = _train(fused_model, batches)
     assert plain[-1] < plain[0], "the reference run did not learn; the comparison would be vacuous"
     torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), atol=1e-5, rtol=1e-5)
+
+
+def test_weight_casts_reused_within_each_step_train_exactly_like_casting_every_call():
+    """A bf16 model with fp32 adapters, as the trainer runs it: each step's forward and backward inside
+    `reuse_weight_casts()` (one cast per adapter weight per step) gives the same losses, bit for bit, as casting at
+    every call; a cast kept past the optimizer step would train on stale adapters and drift."""
+    batches = _packed_batches(4)
+    runs = []
+    for scope in (contextlib.nullcontext, reuse_weight_casts):
+        model = _peft_model("tiny-dense").to(torch.bfloat16)
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.float()  # peft's adapters stay fp32 next to a bf16 base
+        apply_kernels(model)
+        runs.append(_train(model, batches, step_scope=scope))
+    assert runs[0][-1] < runs[0][0], "the run did not learn; the comparison would be vacuous"
+    assert runs[1] == runs[0]
 
 
 @pytest.mark.parametrize("shape", ["tiny-dense", "tiny-llama"])

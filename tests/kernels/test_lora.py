@@ -7,10 +7,12 @@ import copy
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hone.core.fused_lora import lora_base_kind, patch_lora_layer
 from hone.kernels.lora import lora_linear
 from hone.kernels.reference import lora_linear_reference
+from hone.kernels.weight_casts import reuse_weight_casts
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
 
@@ -72,7 +74,8 @@ def test_fused_lora_matches_peft(dtype, dropout, rslora, bias):
 
 
 def test_backward_keeps_only_the_input_and_the_rank_sized_product():
-    """Nothing of the output's size is saved: the LoRA input, `A x` (tokens x r) and references to the weights."""
+    """Nothing of the output's size is saved: the LoRA input, `A x` (tokens x r) and the weights (or their casts to
+    the compute dtype, `scaling * B` among them)."""
     _, layer = _peft_layer(k=64, n=48)
     patch_lora_layer(layer, "proj")
     x = torch.randn(10, 64, requires_grad=True)
@@ -80,7 +83,8 @@ def test_backward_keeps_only_the_input_and_the_rank_sized_product():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         layer(x)
     weights = {p.data_ptr() for p in layer.parameters()}
-    activations = [t for t in saved if t.data_ptr() not in weights]
+    weight_shapes = {tuple(p.shape) for p in layer.parameters()}
+    activations = [t for t in saved if t.data_ptr() not in weights and tuple(t.shape) not in weight_shapes]
     shapes = [tuple(t.shape) for t in activations]
     assert len(activations) == 2 and activations[0].data_ptr() == x.data_ptr(), shapes
     assert shapes[1] == (10, 4), shapes  # A x: tokens x rank
@@ -140,3 +144,54 @@ def test_qlora_layer_matches_peft_linear4bit(monkeypatch):
     got = _run(layer, x, dout, seed=0)
     for a, b, name in zip(got, want, ("out", "dx", "dA", "dB"), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"qlora {n}: {m}")
+
+
+class _WeightCasts(TorchDispatchMode):
+    """Counts the ops that cast or scale an fp32 tensor of one of the given shapes (the adapters' weights, not their
+    gradients, which arrive in bf16)."""
+
+    def __init__(self, shapes: set[tuple[int, ...]]):
+        super().__init__()
+        self.shapes, self.count = shapes, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        source = args[0]
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.mul.out) and source.dtype == torch.float32 \
+                and tuple(source.shape) in self.shapes:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _casts_in(layer, fn) -> int:
+    with _WeightCasts({tuple(p.shape) for p in layer.parameters() if p.requires_grad}) as mode:
+        fn()
+    return mode.count
+
+
+def test_adapter_casts_are_made_once_inside_a_step_and_afresh_after_it():
+    """fp32 adapters on a bf16 layer: A and `scaling * B` are cast once per call (backward reuses them), once per
+    `reuse_weight_casts` block however many calls it holds, and a weight changed after the block is cast again."""
+    _, layer = _peft_layer(dtype=torch.bfloat16)
+    patch_lora_layer(layer, "proj")
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    assert a.dtype == torch.float32, "peft keeps the adapters in fp32 next to a bf16 base"
+    x = torch.randn(6, 37, dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        layer(x).float().sum().backward()
+
+    assert _casts_in(layer, step) == 2
+    want = layer(x).detach()
+    with reuse_weight_casts():
+        assert _casts_in(layer, step) == 2
+        assert _casts_in(layer, step) == 0, "the second call inside the block reused the first one's casts"
+        assert torch.equal(layer(x).detach(), want)
+
+    with torch.no_grad():
+        a.add_(0.5)
+    with reuse_weight_casts():
+        got = layer(x).detach()
+    reference = lora_linear_reference(x.detach(), layer.base_layer.weight, layer.base_layer.bias, a.to(x.dtype),
+                                      b.to(x.dtype), layer.scaling["default"])
+    _assert_close(got, reference, torch.bfloat16, "after the adapter changed")
+    assert not torch.equal(got, want)
