@@ -99,6 +99,7 @@ class RunResult:
     active_params: int | None = None
     profile: dict | None = None  # one extra step under torch.profiler (--profile), see hone.core.bench.profile
     memory_trace: dict | None = None  # one extra step's allocator history (--memory-trace), see bench.memory_trace
+    host_profile: dict | None = None  # one extra step under cProfile (--host-profile), see bench.host_profile
     # Filled in against the baseline run by report.compare.
     speed_ratio: float | None = None
     memory_ratio: float | None = None
@@ -129,6 +130,7 @@ class Settings:
     count_syncs: bool = True
     profile_top: int = 0  # > 0: profile one extra step and keep this many rows per table
     memory_trace_top: int = 0  # > 0: trace one extra step's allocations, this many sites at the peak
+    host_profile_top: int = 0  # > 0: one extra step under cProfile, this many functions
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -258,6 +260,11 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
         result.profile = _profile(runner, settings)
     if settings.memory_trace_top > 0:
         result.memory_trace = _memory_trace(runner, settings)
+    if settings.host_profile_top > 0:
+        from hone.core.bench.host_profile import host_profile_step
+
+        result.host_profile = _extra_step(
+            lambda: host_profile_step(runner, settings.device, top=settings.host_profile_top), settings.device)
 
 
 def _profile(runner: Runner, settings: Settings) -> dict:

@@ -61,6 +61,7 @@ class BenchOptions:
     count_syncs: bool = True
     profile_top: int = 0  # --profile: one extra step per run under torch.profiler, this many rows per table
     memory_trace_top: int = 0  # --memory-trace: one extra step per run with the allocator history, sites shown
+    host_profile_top: int = 0  # --host-profile: one extra step per run under cProfile, functions shown
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
     free_memory(device)  # the probe's cached blocks must not count as the first run's reserved memory
     settings = Settings(warmup=options.warmup, steps=options.steps, device=device, tokens=batch.tokens,
                         peak_flops=peak_flops, count_syncs=options.count_syncs, profile_top=options.profile_top,
-                        memory_trace_top=options.memory_trace_top)
+                        memory_trace_top=options.memory_trace_top, host_profile_top=options.host_profile_top)
     runs: list[RunResult] = []
     try:
         if options.qlora and device.startswith("cuda") and any(p.make for p in planned):

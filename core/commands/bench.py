@@ -54,6 +54,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--memory-trace", action="store_true", help="after each run's timed steps, run one more step "
                    "with CUDA's allocator history and print what is alive at its peak, grouped by where it was "
                    "allocated")
+    p.add_argument("--host-profile", action="store_true", help="after each run's timed steps, run one more step "
+                   "under Python's cProfile and print where the host's time goes (by function and by package) "
+                   "and how much of it was spent waiting for the GPU")
     p.add_argument("--profile-top", type=int, default=25, metavar="N", help="rows per profile table (default 25)")
     p.add_argument("--verbose", action="store_true", help="also print each run's speed paths and failures")
     p.add_argument("--list", action="store_true", help="list scenarios and runs, then exit")
@@ -107,7 +110,8 @@ def run(args) -> int:
                            peer=args.peer, device=args.device, dtype=args.dtype, micro=args.micro,
                            model_cache=args.model_cache, count_syncs=not args.no_sync_count,
                            profile_top=max(args.profile_top, 1) if args.profile else 0,
-                           memory_trace_top=max(args.profile_top, 1) if args.memory_trace else 0)
+                           memory_trace_top=max(args.profile_top, 1) if args.memory_trace else 0,
+                           host_profile_top=max(args.profile_top, 1) if args.host_profile else 0)
 
     def started(name: str) -> None:
         console.print(f"[dim]{name} ...[/dim]")
@@ -151,6 +155,13 @@ def run(args) -> int:
         for result in report.runs:
             if result.memory_trace is not None:
                 for line in memory_lines(result.name, result.memory_trace):
+                    console.print(line, markup=False, highlight=False)
+    if args.host_profile:
+        from hone.core.bench.host_profile import host_profile_lines
+
+        for result in report.runs:
+            if result.host_profile is not None:
+                for line in host_profile_lines(result.name, result.host_profile):
                     console.print(line, markup=False, highlight=False)
     if args.verbose:
         for result in report.runs:
