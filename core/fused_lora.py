@@ -81,8 +81,8 @@ def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     x_lora = None
     if self.training and not isinstance(dropout, torch.nn.Identity) and getattr(dropout, "p", 1.0) > 0:
         x_lora = dropout(self._cast_input_dtype(x, lora_a.weight.dtype)).to(compute_dtype)
-    bias = base.bias.to(compute_dtype) if base.bias is not None else None
-    x_in = x.to(compute_dtype)
+    bias = base.bias if base.bias is None or base.bias.dtype == compute_dtype else base.bias.to(compute_dtype)
+    x_in = x if x.dtype == compute_dtype else x.to(compute_dtype)
     no_autocast = torch.autocast(x.device.type, enabled=False) if autocast_dtype else contextlib.nullcontext()
     with no_autocast:
         if quantized:
@@ -91,7 +91,7 @@ def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         else:
             out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
                               weight=base.weight)
-    return out.to(x.dtype)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 def patch_lora_layer(module: torch.nn.Module, label: str) -> Undo:

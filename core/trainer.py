@@ -329,7 +329,8 @@ class StepRunner:
         trained = sum(b.num_trained for b in batches)  # known on the CPU: no sync to normalize the loss
         tokens = sum(b.num_tokens for b in batches)
         loss_total = torch.zeros((), device=self.device, dtype=torch.float32)
-        model.train()
+        if not model.training:  # model.train() visits every module: thousands of calls on each step otherwise
+            model.train()
         with reuse_weight_casts():  # the adapters change only at the optimizer step below
             for batch in batches:
                 batch = batch.to(self.device)

@@ -108,5 +108,7 @@ def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch
         raise ValueError(f"unknown activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
     if (use_triton(gate, up) and gate.shape == up.shape and gate.dtype == up.dtype
             and gate.dtype in _FLOAT_DTYPES and gate.numel() > 0):
+        if not torch.is_grad_enabled():  # no autograd node to record
+            return glu_forward(gate.contiguous(), up.contiguous(), activation)
         return GLUFunction.apply(gate, up, activation)
     return glu_reference(gate, up, activation)

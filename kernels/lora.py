@@ -40,7 +40,12 @@ def _mm_into(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tens
             return out
         except (TypeError, RuntimeError, NotImplementedError):
             _FP32_OUT_MM["supported"] = False
-    return torch.mm(a, b).to(dtype)
+    return _as(torch.mm(a, b), dtype)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t.to(dtype)` without the call when it would change nothing (these run hundreds of times per step)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _base_weight(weight: torch.Tensor | None, nf4: NF4Weight | None, dtype: torch.dtype) -> torch.Tensor:
@@ -53,7 +58,7 @@ def lora_linear_forward(x: torch.Tensor, x_lora: torch.Tensor, weight: torch.Ten
     """(M, K) inputs -> ((M, N) output in x's dtype, (M, r) `A x_lora`); `x_lora` is x itself or its dropped-out
     copy; `a` (r, K) and `b_scaled` (N, r, the scaling applied) are in x's dtype."""
     out = F.linear(x, _base_weight(weight, nf4, x.dtype), bias)
-    xa = x_lora.to(x.dtype) @ a.t()
+    xa = _as(x_lora, x.dtype) @ a.t()
     return out.addmm_(xa, b_scaled.t()), xa
 
 
@@ -74,7 +79,7 @@ def lora_linear_backward(grad: torch.Tensor, x_lora: torch.Tensor, weight: torch
     """
     need_x, need_x_lora, need_bias, need_a, need_b = needs
     dtype = grad.dtype
-    xl = x_lora.to(dtype)
+    xl = _as(x_lora, dtype)
     grad_xa = grad @ b_scaled  # (M, r): gradient reaching A x, scaling included
     dx = dx_lora = None
     if need_x:
@@ -82,10 +87,10 @@ def lora_linear_backward(grad: torch.Tensor, x_lora: torch.Tensor, weight: torch
         if not separate_lora_input:
             dx.addmm_(grad_xa, a)
     if separate_lora_input and need_x_lora:
-        dx_lora = (grad_xa @ a).to(x_lora.dtype)
+        dx_lora = _as(grad_xa @ a, x_lora.dtype)
     dbias = grad.sum(0) if need_bias else None
     da = _mm_into(grad_xa.t(), xl, grad_dtypes[0]) if need_a else None
-    db = _mm_into(grad.t(), xa.to(dtype), grad_dtypes[1]).mul_(scaling) if need_b else None
+    db = _mm_into(grad.t(), _as(xa, dtype), grad_dtypes[1]).mul_(scaling) if need_b else None
     return dx, dx_lora, dbias, da, db
 
 
@@ -108,7 +113,7 @@ class LoRALinearFunction(torch.autograd.Function):
         x_lora, weight, a, b_scaled, xa = ctx.saved_tensors
         n = ctx.needs_input_grad
         dx, dx_lora, dbias, da, db = lora_linear_backward(
-            grad, x_lora, weight, ctx.nf4, a.to(grad.dtype), b_scaled.to(grad.dtype), ctx.scaling, ctx.separate,
+            grad, x_lora, weight, ctx.nf4, _as(a, grad.dtype), _as(b_scaled, grad.dtype), ctx.scaling, ctx.separate,
             (n[0], n[1], n[4], n[5], n[6]), xa, ctx.grad_dtypes)
         return dx, dx_lora, None, None, dbias, da, db, None
 
@@ -137,5 +142,9 @@ def lora_linear(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, sca
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     xl2 = x_lora.reshape(-1, x_lora.shape[-1]) if x_lora is not None else None
-    out = LoRALinearFunction.apply(x2, xl2, weight, nf4, bias, lora_a, lora_b, float(scaling))
+    if torch.is_grad_enabled():
+        out = LoRALinearFunction.apply(x2, xl2, weight, nf4, bias, lora_a, lora_b, float(scaling))
+    else:  # (a checkpointed forward, evaluation) no autograd node: less host time per call
+        a, b_scaled = cast_weight(lora_a, x2.dtype), cast_weight(lora_b, x2.dtype, float(scaling))
+        out = lora_linear_forward(x2, x2 if xl2 is None else xl2, weight, nf4, bias, a, b_scaled)[0]
     return out.view(*lead, out.shape[-1])

@@ -130,5 +130,9 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         The rotated (q, k): the same tensors on the Triton path, new ones on the reference path.
     """
     if use_triton(q, k, cos, sin) and _supported(q, k, cos, sin, unsqueeze_dim):
+        if not torch.is_grad_enabled():  # no autograd nodes to record: rotate in place directly
+            rope_rotate(q, q, cos, sin, unsqueeze_dim)
+            rope_rotate(k, k, cos, sin, unsqueeze_dim)
+            return q, k
         return RotaryFunction.apply(q, cos, sin, unsqueeze_dim), RotaryFunction.apply(k, cos, sin, unsqueeze_dim)
     return rope_reference(q, k, cos, sin, unsqueeze_dim)

@@ -163,7 +163,8 @@ class HoneRunner:
         batch = runner.collate([self.dataset[i] for i in self.packs[0]]).to(self.device)
         autocast = (torch.autocast("cuda", dtype=runner.autocast_dtype) if runner.autocast_dtype is not None
                     else contextlib.nullcontext())
-        self.model.train()
+        if not self.model.training:
+            self.model.train()
         with reuse_weight_casts():
             with autocast:
                 summed = loss_sum(self.model, batch, mode=runner.config.speed.loss,

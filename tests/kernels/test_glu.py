@@ -54,3 +54,12 @@ def test_extreme_gates_stay_finite():
 def test_unknown_activation_is_refused():
     with pytest.raises(ValueError, match="relu"):
         glu(torch.ones(3), torch.ones(3), "relu")
+
+
+def test_without_grad_the_kernel_runs_without_an_autograd_node_and_gives_the_same_values():
+    g = torch.Generator().manual_seed(3)
+    gate, up = (torch.randn(5, 19, generator=g).requires_grad_() for _ in range(2))
+    with torch.no_grad():
+        direct = glu(gate, up, "silu")
+    assert direct.grad_fn is None
+    assert torch.equal(direct, glu(gate, up, "silu").detach())

@@ -195,3 +195,13 @@ def test_adapter_casts_are_made_once_inside_a_step_and_afresh_after_it():
                                       b.to(x.dtype), layer.scaling["default"])
     _assert_close(got, reference, torch.bfloat16, "after the adapter changed")
     assert not torch.equal(got, want)
+
+
+def test_without_grad_the_lora_linear_runs_without_an_autograd_node_and_gives_the_same_values():
+    _, layer = _peft_layer(dtype=torch.bfloat16)
+    patch_lora_layer(layer, "proj")
+    x = torch.randn(2, 6, 37, dtype=torch.bfloat16, requires_grad=True)
+    with torch.no_grad():
+        direct = layer(x)
+    assert direct.grad_fn is None
+    assert torch.equal(direct, layer(x).detach())

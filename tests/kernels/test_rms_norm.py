@@ -99,3 +99,17 @@ def test_fused_module_shares_the_weight_and_falls_back_without_triton(monkeypatc
     y = norm(x)
     assert "RMSNormFunction" not in type(y.grad_fn).__name__
     torch.testing.assert_close(y, rms_norm_reference(x, w, 1e-6), atol=0, rtol=0)
+
+
+def test_without_grad_the_kernels_run_without_an_autograd_node_and_give_the_same_values():
+    """A checkpointed layer's first forward runs without grad: the kernel is launched directly (no autograd node,
+    less host time per call) and gives the values the autograd path gives."""
+    x, w, _ = _inputs((4,), 33, torch.float32, "llama")
+    residual = torch.randn_like(x)
+    with torch.no_grad():
+        y_direct = rms_norm(x, w, 1e-6)
+        h_direct, y_added_direct = add_rms_norm(residual, x, w, 1e-6)
+    assert y_direct.grad_fn is None and h_direct.grad_fn is None
+    assert torch.equal(y_direct, rms_norm(x, w, 1e-6).detach())
+    h, y_added = add_rms_norm(residual, x, w, 1e-6)
+    assert torch.equal(h_direct, h.detach()) and torch.equal(y_added_direct, y_added.detach())
