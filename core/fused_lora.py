@@ -5,14 +5,17 @@ its instance `forward` is swapped. Each call checks that it is the plain case: o
 DoRA or other variant, no `adapter_names` mixing), not merged, not disabled, a frozen `nn.Linear` or nf4
 `Linear4bit` base without hooks, not inside `torch.compile`, and under autocast only when autocast computes in
 the base's compute dtype (a bf16 model under bf16 autocast, as the trainer runs it on a GPU): there autocast
-would change no dtype, so it is switched off around the fused node and the output has peft's dtype. Anything
-else runs peft's own forward. Dropout runs through the layer's own `lora_dropout` module on the same input as in
-peft, so a fixed seed draws the same mask; its output is kept in the compute dtype (what the GEMMs read anyway).
+changes no dtype of the fused node's GEMMs, and the output has peft's dtype. Anything else runs peft's own
+forward. What the checks read from the layer's submodules is kept between calls and read again when the adapter
+state changes (`_plan`): the checks run hundreds of times per step. Dropout runs through the layer's own
+`lora_dropout` module on the same input as in peft, so a fixed seed draws the same mask; its output is kept in the
+compute dtype (what the GEMMs read anyway).
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
+from typing import NamedTuple
 
 import torch
 
@@ -48,49 +51,92 @@ def _nf4_compute_dtype(base, x: torch.Tensor) -> torch.dtype:
     return base.compute_dtype if getattr(base, "compute_dtype", None) is not None else x.dtype
 
 
+@functools.cache
+def _has_autocast(device_type: str) -> bool:
+    return torch.amp.is_autocast_available(device_type)
+
+
 def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast computes in on x's device, or None when autocast is off there."""
     device_type = x.device.type
-    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+    if not _has_autocast(device_type) or not torch.is_autocast_enabled(device_type):
         return None  # (meta tensors of step plans: a device without autocast)
     return torch.get_autocast_dtype(device_type)
 
 
+class _Plan(NamedTuple):
+    """What one call of a layer in the plain case needs, read from its modules once (see `_plan`)."""
+
+    lora_a: torch.nn.Parameter
+    lora_b: torch.nn.Parameter
+    scaling: float
+    base: torch.nn.Module
+    quantized: bool
+    dropout: torch.nn.Module | None  # None: no dropout (p = 0, identity, or eval mode)
+
+
+_PLAN_ATTR = "_hone_lora_plan"
+
+
+def _plan(self) -> _Plan | None:
+    """The layer's plan for the plain case, or None when peft's own forward must run.
+
+    Building it reads a dozen submodule attributes (each an `nn.Module.__getattr__`); the layer is called
+    hundreds of times per step, so the plan is kept and rebuilt only when the adapter state it depends on changes:
+    disabled or merged adapters, the active adapter, the set of adapters, training mode.
+    """
+    active = self.active_adapter
+    key = (self.disable_adapters, self.merged, active if isinstance(active, str) else tuple(active),
+           len(self.lora_A), self.training)
+    cached = self.__dict__.get(_PLAN_ATTR)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    plan = None
+    names = [name for name in self.active_adapters if name in self.lora_A]
+    if not self.disable_adapters and not self.merged and len(names) == 1 \
+            and names[0] not in getattr(self, "lora_variant", {}):
+        name = names[0]
+        lora_a, lora_b = self.lora_A[name], self.lora_B[name]
+        if type(lora_a) is torch.nn.Linear and type(lora_b) is torch.nn.Linear and lora_a.bias is None \
+                and lora_b.bias is None:
+            dropout = self.lora_dropout[name]
+            if not self.training or isinstance(dropout, torch.nn.Identity) or getattr(dropout, "p", 1.0) <= 0:
+                dropout = None
+            base = self.base_layer
+            plan = _Plan(lora_a.weight, lora_b.weight, float(self.scaling[name]), base,
+                         hasattr(base.weight, "quant_state"), dropout)
+    self.__dict__[_PLAN_ATTR] = (key, plan)
+    return plan
+
+
 def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """peft's `lora.Linear.forward` for the plain case in one autograd node; peft's own forward otherwise."""
-    if args or kwargs or self.disable_adapters or self.merged or torch.compiler.is_compiling():
+    plan = None if args or kwargs or torch.compiler.is_compiling() else _plan(self)
+    if plan is None or x.shape[-1] != plan.lora_a.shape[1]:
         return type(self).forward(self, x, *args, **kwargs)
-    active = [name for name in self.active_adapters if name in self.lora_A]
-    if len(active) != 1 or active[0] in getattr(self, "lora_variant", {}):
-        return type(self).forward(self, x, *args, **kwargs)
-    name = active[0]
-    lora_a, lora_b, base = self.lora_A[name], self.lora_B[name], self.base_layer
-    if lora_a.bias is not None or lora_b.bias is not None or type(lora_a) is not torch.nn.Linear \
-            or type(lora_b) is not torch.nn.Linear or x.shape[-1] != lora_a.in_features:
-        return type(self).forward(self, x, *args, **kwargs)
-
-    quantized = hasattr(base.weight, "quant_state")
-    compute_dtype = _nf4_compute_dtype(base, x) if quantized else base.weight.dtype
-    if base.weight.requires_grad or (not quantized and x.dtype != compute_dtype):
+    base = plan.base
+    weight = base.weight
+    compute_dtype = _nf4_compute_dtype(base, x) if plan.quantized else weight.dtype
+    if weight.requires_grad or (not plan.quantized and x.dtype != compute_dtype):
         return type(self).forward(self, x, *args, **kwargs)
     autocast_dtype = _autocast_dtype(x)
     if autocast_dtype is not None and autocast_dtype != compute_dtype:
         return type(self).forward(self, x, *args, **kwargs)  # autocast would change the GEMMs' dtype: peft's path
 
-    dropout = self.lora_dropout[name]
+    # Autocast, when on, computes in compute_dtype: every GEMM below already gets compute_dtype inputs, so it
+    # changes nothing and is left on (switching it off and on again costs host time at every call).
     x_lora = None
-    if self.training and not isinstance(dropout, torch.nn.Identity) and getattr(dropout, "p", 1.0) > 0:
-        x_lora = dropout(self._cast_input_dtype(x, lora_a.weight.dtype)).to(compute_dtype)
-    bias = base.bias if base.bias is None or base.bias.dtype == compute_dtype else base.bias.to(compute_dtype)
+    if plan.dropout is not None:
+        x_lora = plan.dropout(self._cast_input_dtype(x, plan.lora_a.dtype)).to(compute_dtype)
+    bias = base.bias
+    if bias is not None and bias.dtype != compute_dtype:
+        bias = bias.to(compute_dtype)
     x_in = x if x.dtype == compute_dtype else x.to(compute_dtype)
-    no_autocast = torch.autocast(x.device.type, enabled=False) if autocast_dtype else contextlib.nullcontext()
-    with no_autocast:
-        if quantized:
-            out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
-                              nf4=NF4Weight.from_params4bit(base.weight))
-        else:
-            out = lora_linear(x_in, lora_a.weight, lora_b.weight, self.scaling[name], bias=bias, x_lora=x_lora,
-                              weight=base.weight)
+    if plan.quantized:
+        out = lora_linear(x_in, plan.lora_a, plan.lora_b, plan.scaling, bias=bias, x_lora=x_lora,
+                          nf4=NF4Weight.from_params4bit(weight))
+    else:
+        out = lora_linear(x_in, plan.lora_a, plan.lora_b, plan.scaling, bias=bias, x_lora=x_lora, weight=weight)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 

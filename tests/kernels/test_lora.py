@@ -205,3 +205,34 @@ def test_without_grad_the_lora_linear_runs_without_an_autograd_node_and_gives_th
         direct = layer(x)
     assert direct.grad_fn is None
     assert torch.equal(direct, layer(x).detach())
+
+
+def test_a_layer_follows_adapter_changes_made_between_its_calls():
+    """The fused forward keeps what it read from the layer between calls: switching, adding, disabling, merging
+    adapters and train/eval mode must each still be seen at the next call."""
+    model, layer = _peft_layer(dropout=0.5)
+    patch_lora_layer(layer, "proj")
+    x = torch.randn(3, 37)
+    weight, bias = layer.base_layer.weight, layer.base_layer.bias
+
+    def expected(name):
+        return lora_linear_reference(x, weight, bias, layer.lora_A[name].weight, layer.lora_B[name].weight,
+                                     layer.scaling[name])
+
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected("default"))  # plan made in eval mode: no dropout
+        model.add_adapter("second", LoraConfig(r=2, lora_alpha=4, target_modules=["proj"]))
+        torch.nn.init.normal_(layer.lora_B["second"].weight, std=0.1)
+        model.set_adapter("second")
+        model.eval()
+        torch.testing.assert_close(layer(x), expected("second"))
+        model.set_adapter("default")
+        model.eval()
+        torch.testing.assert_close(layer(x), expected("default"))
+        with model.disable_adapter():
+            torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight, bias))
+        torch.testing.assert_close(layer(x), expected("default"))
+    model.train()
+    with torch.no_grad():
+        assert not torch.allclose(layer(x), expected("default")), "training mode: dropout (p = 0.5) applies again"
