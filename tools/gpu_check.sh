@@ -4,7 +4,7 @@
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
 #   stages: env | tests-{attn,moe,kernels,offload,groups,embed,vision,rest} | spine | demo | demo-shape | micro-kernels |
-#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final | s15
+#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final | s15 | s15b
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -193,6 +193,14 @@ for s in "$@"; do
          gpu_tests tests-s15 200 tests/core/test_host_embedding_gpu.py tests/core/test_fused_gpu.py \
            tests/core/test_dense_step_gpu.py tests/kernels/test_kernels_gpu.py -k 'not benchmark_runs'
          bench s15-qlora 150 dense-8b --qlora --steps 3 --warmup 1 --micro off --no-sync-count --only all ;;
+    s15b) bench s15b-dense 120 dense-0.6b --steps 3 --warmup 1 --micro off --no-sync-count --host-profile \
+            --profile-top 30 --only 'all,all-head-gpu,all-lean'
+          bench s15b-8b 150 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --only 'all,all-lean'
+          bench s15b-moe 150 moe-qwen3 --steps 3 --warmup 1 --micro off --no-sync-count \
+            --only 'reference-eager,all,all-lean'
+          bench s15b-dense2 90 dense-0.6b --steps 5 --warmup 1 --micro off --no-sync-count --only 'all'
+          gpu_tests tests-s15b 200 tests/core/test_fused_gpu.py tests/core/test_dense_step_gpu.py \
+            tests/kernels/test_kernels_gpu.py tests/core/test_offload_gpu.py -k 'not benchmark_runs' ;;
     bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
                 bench bench-lean-8b 120 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \
                   --only 'all-offload-double,all-lean'
