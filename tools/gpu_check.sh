@@ -4,7 +4,7 @@
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
 #   stages: env | tests-{attn,moe,kernels,offload,groups,embed,vision,rest} | spine | demo | demo-shape | micro-kernels |
-#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final | s15 | s15b
+#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final | s15 | s15b | s15c
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -201,6 +201,12 @@ for s in "$@"; do
           bench s15b-dense2 90 dense-0.6b --steps 5 --warmup 1 --micro off --no-sync-count --only 'all'
           gpu_tests tests-s15b 200 tests/core/test_fused_gpu.py tests/core/test_dense_step_gpu.py \
             tests/kernels/test_kernels_gpu.py tests/core/test_offload_gpu.py -k 'not benchmark_runs' ;;
+    s15c) gpu_tests tests-s15c 120 tests/core/test_host_embedding_gpu.py
+          bench s15c-moe 180 moe-qwen3 --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace --profile \
+            --host-profile --profile-top 30 --only 'all,all-lean,all-head-gpu'
+          bench s15c-dense 100 dense-0.6b --steps 5 --warmup 1 --micro off --no-sync-count --memory-trace \
+            --only 'all,all-head-gpu'
+          bench s15c-8b 150 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace --only 'all' ;;
     bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
                 bench bench-lean-8b 120 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \
                   --only 'all-offload-double,all-lean'

@@ -86,3 +86,35 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     runner.close()
     assert isinstance(model.get_input_embeddings(), torch.nn.Embedding)
     assert model.get_input_embeddings().weight.is_cuda and model.get_output_embeddings().weight.is_cuda
+
+
+def test_the_head_copy_starts_during_the_last_layer_and_not_in_backward():
+    """The head's copy to the GPU starts when the last decoder layer's forward starts (side stream) and the loss
+    takes it; a checkpointed layer recomputed in backward starts no copy."""
+    from hone.core.models import count_params, info_from_config
+
+    torch.manual_seed(0)
+    model = lora_model(build_model("dense-8b", layers=2, dtype=torch.bfloat16, device="cuda"), rank=8)
+    model.train()
+    batch = packed_batch([300, 200], vocab=151936).to("cuda")
+    want_loss, _ = _loss_and_grads(model, batch)
+    setup = SpeedSetup()
+    config = RunConfig(speed=SpeedConfig(checkpoint="gpu", kernels=False))
+    info = info_from_config(model.config, "dense-8b", "shape", count_params(model))
+    after_lora(model, config.speed, info, "cuda", setup, mean_row_tokens=250.0)
+    head = setup.host_tables.head
+    assert isinstance(head, HostLMHead) and len(head._hooks) == 2
+
+    taken = []
+    original = head.device_weight
+
+    def device_weight(device):
+        taken.append(head._pending is not None)  # a copy was under way when the loss asked for the weight
+        return original(device)
+
+    head.device_weight = device_weight
+    got_loss, _ = _loss_and_grads(model, batch)
+    assert taken == [True] and head._pending is None, "recompute in backward started another copy"
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-3, atol=1e-3)
+    setup.host_tables.restore(model)
+    assert head._hooks == [] and model.get_output_embeddings().weight.is_cuda
