@@ -11,8 +11,8 @@ the model's places. The trainer's collation (on its background thread, while the
 gathers each batch's rows from the host table into pinned memory (`HostEmbedding.rows`); they travel to the GPU
 with the batch's other tensors (one asynchronous copy, T x H values) and reach the model as `inputs_embeds`. The
 chunked loss (`hone.core.loss`) copies the head's weight to the GPU once per step (`HostLMHead.device_weight`, an
-asynchronous copy from pinned memory: ~20 ms for 1.16 GiB over PCIe 5, started on a side stream when the last
-decoder layer's forward starts, so the two overlap) and frees it when the loss is done. Any
+asynchronous copy from pinned memory: ~20 ms for 1.16 GiB over PCIe 5, started on a side stream when the model's
+forward starts, so the layers' forward hides it) and frees it when the loss is done. Any
 other call (generation, a batch collated elsewhere) goes through the modules' `forward`, which is correct but not
 fast: the embedding waits for the ids' copy to the host, the head copies its whole weight on every call. `restore`
 puts the tables and the original modules back (the run's end).
@@ -98,7 +98,6 @@ class HostLMHead(nn.Module):
         self.bias = original.bias  # None, or the original's (device) bias parameter
         self._original = [original]  # not a submodule, as in HostEmbedding
         original.weight.data = torch.empty(0, dtype=self.table.dtype, device=original.weight.device)
-        self._armed = False
         self._pending: tuple[torch.Tensor, torch.cuda.Stream] | None = None  # a copy started early, not yet used
         self._stream: torch.cuda.Stream | None = None
         self._hooks: list = []
@@ -125,26 +124,21 @@ class HostLMHead(nn.Module):
                 return weight
         return self.table.to(device, non_blocking=True)
 
-    def prefetch_during(self, body: nn.Module, last_layer: nn.Module) -> None:
-        """Start the weight's copy on a side stream when the last decoder layer's forward starts, so it overlaps
-        that layer instead of delaying the loss. Armed by each forward of `body`: a layer recomputed in backward
-        (checkpointing) starts no copy, since the loss has taken the weight by then. CUDA only."""
+    def prefetch_during(self, body: nn.Module) -> None:
+        """Start the weight's copy on a side stream when `body`'s forward starts, so it overlaps the decoder
+        layers instead of delaying the loss. The copy then shares memory with the forward pass, whose layers need
+        less than their backward on the models measured; a layer recomputed in backward (checkpointing) does not
+        run `body`'s forward, so it starts no copy. CUDA only."""
         if self.device.type != "cuda":
             return
 
-        def arm(module, args):
-            self._armed = True
-
         def start(module, args):
-            if not self._armed:
-                return
-            self._armed = False
             if self._pending is None:
                 self._stream = self._stream or torch.cuda.Stream(self.device)
                 with torch.cuda.stream(self._stream):
                     self._pending = (self.table.to(self.device, non_blocking=True), self._stream)
 
-        self._hooks += [body.register_forward_pre_hook(arm), last_layer.register_forward_pre_hook(start)]
+        self._hooks.append(body.register_forward_pre_hook(start))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # A caller other than the chunked loss (generation, say): correct, but the whole weight travels each call.
@@ -154,7 +148,7 @@ class HostLMHead(nn.Module):
         """Put the original head back into `model` with its weight on the device again."""
         for hook in self._hooks:
             hook.remove()
-        self._hooks, self._pending, self._armed = [], None, False
+        self._hooks, self._pending = [], None
         original = self.original
         _bring_back(original.weight, self.table, self.device)
         _base(model).set_output_embeddings(original)
@@ -212,16 +206,12 @@ def _head_reason(base) -> str | None:
 
 
 def _prefetch_head(base, head: HostLMHead) -> None:
-    """Overlap the head's copy with the last decoder layer where the model has one (see `prefetch_during`)."""
+    """Overlap the head's copy with the forward pass where the chunked loss knows the model's body."""
     from hone.core.loss import HeadPlan, head_plan
-    from hone.core.offload import decoder_layers
 
-    config = getattr(base, "config", None)
-    if config is not None and hasattr(config, "vision_config"):
-        return  # the last checkpointed layer may be a vision block, long before the loss: copy at the loss
-    plan, layers = head_plan(base), decoder_layers(base)
-    if isinstance(plan, HeadPlan) and layers:
-        head.prefetch_during(plan.body, layers[-1])
+    plan = head_plan(base)
+    if isinstance(plan, HeadPlan):
+        head.prefetch_during(plan.body)
 
 
 @dataclass

@@ -4,7 +4,7 @@
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
 #   stages: env | tests-{attn,moe,kernels,offload,groups,embed,vision,rest} | spine | demo | demo-shape | micro-kernels |
-#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final | s15 | s15b | s15c
+#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final | s15 | s15b | s15c | s15d
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -207,6 +207,11 @@ for s in "$@"; do
           bench s15c-dense 100 dense-0.6b --steps 5 --warmup 1 --micro off --no-sync-count --memory-trace \
             --only 'all,all-head-gpu'
           bench s15c-8b 150 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace --only 'all' ;;
+    s15d) gpu_tests tests-s15d 120 tests/core/test_host_embedding_gpu.py
+          bench s15d-moe 150 moe-qwen3 --steps 5 --warmup 1 --micro off --no-sync-count --memory-trace \
+            --only 'all,all-lean,all-head-gpu'
+          bench s15d-dense 100 dense-0.6b --steps 5 --warmup 1 --micro off --no-sync-count --memory-trace --only 'all'
+          bench s15d-8b 150 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace --only 'all,all-lean' ;;
     bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
                 bench bench-lean-8b 120 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \
                   --only 'all-offload-double,all-lean'

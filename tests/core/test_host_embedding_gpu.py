@@ -88,9 +88,9 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     assert model.get_input_embeddings().weight.is_cuda and model.get_output_embeddings().weight.is_cuda
 
 
-def test_the_head_copy_starts_during_the_last_layer_and_not_in_backward():
-    """The head's copy to the GPU starts when the last decoder layer's forward starts (side stream) and the loss
-    takes it; a checkpointed layer recomputed in backward starts no copy."""
+def test_the_head_copy_starts_with_the_forward_and_not_in_backward():
+    """The head's copy to the GPU starts when the model's forward starts (side stream) and the loss takes it; a
+    checkpointed layer recomputed in backward starts no copy."""
     from hone.core.models import count_params, info_from_config
 
     torch.manual_seed(0)
@@ -103,7 +103,7 @@ def test_the_head_copy_starts_during_the_last_layer_and_not_in_backward():
     info = info_from_config(model.config, "dense-8b", "shape", count_params(model))
     after_lora(model, config.speed, info, "cuda", setup, mean_row_tokens=250.0)
     head = setup.host_tables.head
-    assert isinstance(head, HostLMHead) and len(head._hooks) == 2
+    assert isinstance(head, HostLMHead) and len(head._hooks) == 1
 
     taken = []
     original = head.device_weight
