@@ -84,7 +84,7 @@ def _embeddings(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) ->
     else:
         shared = " (the tied input table)" if tables.head.table is getattr(tables.embedding, "table", None) else ""
         setup.choices["lm_head"] = (f"LM head ({_gib(tables.head.table):.2f} GiB){shared} in pinned host memory; "
-                                    "copied to the GPU for the loss once per step")
+                                    "copied to the GPU once per step, while the forward runs, for the loss")
 
 
 def _gib(tensor) -> float:
