@@ -166,7 +166,8 @@ class LoraConfig(_Section):
     rslora: bool = _f(False, "Rank-stabilized LoRA: scale by alpha / sqrt(r).")
     qlora: bool = _f(False, "Load the base weights in 4-bit nf4 (bitsandbytes, double quantization) to save "
                      "memory. Needs an NVIDIA GPU.")
-    experts: bool = _f(True, "Also adapt MoE expert weights (per-expert LoRA) on mixture-of-experts models.")
+    experts: bool = _f(True, "Also adapt MoE expert weights (per-expert LoRA) on mixture-of-experts models; false "
+                       "keeps LoRA on the attention and other linear layers only.")
     train_projector: bool = _f(False, "Vision models: also train the vision-to-text projector.")
     train_vision_tower: bool = _f(False, "Vision models: also put LoRA on the vision encoder.")
     modules_to_save: list[str] = _f([], "Modules trained in full (not LoRA) and saved inside the adapter, by name, "

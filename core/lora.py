@@ -29,6 +29,17 @@ def _expert_targets(model) -> list[str]:
     return list(moe.expert_lora_targets(model))
 
 
+def _linear_layer_names(model) -> list[str]:
+    """The names (last path part) of the model's linear layers, the LM head left out: "all-linear" spelled out."""
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linear_types = ("Linear", "Linear4bit", "Linear8bitLt")
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+             if module is not head and (isinstance(module, torch.nn.Linear) or type(module).__name__ in linear_types)}
+    return sorted(names)
+
+
 def _module_names(model, names) -> list[str]:
     """Full names of the modules called any of `names` (the children of a ModuleList / ModuleDict, which peft
     cannot wrap as one module)."""
@@ -84,6 +95,10 @@ def build_peft_config(model, lora_cfg: LoraConfig, info: ModelInfo):
     targets: str | list[str] = lora_cfg.targets
     if targets == ["all-linear"]:
         targets = "all-linear"
+    if targets == "all-linear" and info.is_moe and not lora_cfg.experts:
+        # peft's own "all-linear" on transformers 5 maps some families' old expert names (Qwen3-MoE's gate_proj /
+        # up_proj / down_proj) onto the 3-D expert weights: name the linear layers instead, so none is adapted.
+        targets = _linear_layer_names(model)
     exclude, modules_to_save = None, []
     if info.is_vision:
         exclude, modules_to_save = vision_plan(model, lora_cfg)

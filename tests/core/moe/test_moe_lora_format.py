@@ -83,3 +83,25 @@ def test_install_and_revert_split_lora_with_dropout(tiny_moe_cache):
     moe.revert_split_lora(peft_model)
     assert type(experts) is ParamWrapper
     assert isinstance(q_proj.lora_dropout["default"], nn.Identity)
+
+
+@pytest.mark.parametrize("shape", ["tiny-moe-qwen3", "tiny-moe-gptoss", "tiny-moe-qwen2"])
+def test_lora_experts_false_leaves_every_expert_weight_alone(shape):
+    """`lora.experts = false` with "all-linear": attention (and shared experts') linears get LoRA, the experts get
+    none. peft's own "all-linear" on transformers 5 maps Qwen3-MoE's v4 expert names onto its 3-D expert weights,
+    so Hone names the linear layers itself."""
+    from hone.core.config import LoraConfig
+    from hone.core.lora import apply_lora
+    from hone.core.models import count_params, info_from_config
+    from hone.core.shapes import build_model
+
+    trained = {}
+    for experts in (True, False):
+        model = build_model(shape)
+        info = info_from_config(model.config, shape, "shape", count_params(model))
+        peft_model, _ = apply_lora(model, LoraConfig(r=4, experts=experts), info)
+        trained[experts] = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+        assert any("q_proj.lora_A" in n for n in trained[experts]), "attention keeps its LoRA"
+    assert any(".experts." in n for n in trained[True])
+    assert not any(".experts." in n for n in trained[False]), sorted(trained[False])
+    assert {n for n in trained[True] if ".experts." not in n and ".gate." not in n} <= trained[False]
