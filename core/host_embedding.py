@@ -31,7 +31,41 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class HostEmbedding(nn.Module):
+class _HostTable(nn.Module):
+    """A frozen vocabulary-sized weight moved to (pinned) host memory, standing in for the module that held it.
+
+    Args:
+        original: the model's module (its weight is emptied on the device; `restore` brings it back).
+        device: the device the model computes on.
+        table: the host copy already made of this weight (one table tied to two places), else None.
+    """
+
+    def __init__(self, original: nn.Module, device: torch.device | str, table: torch.Tensor | None = None):
+        super().__init__()
+        self.device = torch.device(device)
+        self.table = table if table is not None else _host_copy(original.weight, self.device)
+        self._original = [original]  # a list: not a submodule (its parameters must not count twice)
+        original.weight.data = torch.empty(0, dtype=self.table.dtype, device=original.weight.device)
+
+    @property
+    def original(self) -> nn.Module:
+        return self._original[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The host table (read-only use: exports, and readers of the module's `.weight`)."""
+        return self.table
+
+    def _brought_back(self) -> nn.Module:
+        """The original module with the table in its (emptied) weight again: once, since a tied table's second
+        owner finds it there already."""
+        original = self.original
+        if original.weight.numel() == 0:
+            original.weight.data = self.table.to(self.device)
+        return original
+
+
+class HostEmbedding(_HostTable):
     """Stands in for a frozen `nn.Embedding` whose table lives in pinned host memory (see the module docstring).
 
     Args:
@@ -40,23 +74,10 @@ class HostEmbedding(nn.Module):
     """
 
     def __init__(self, original: nn.Embedding, device: torch.device | str):
-        super().__init__()
-        self.device = torch.device(device)
-        self.dtype = original.weight.dtype
+        super().__init__(original, device)
+        self.dtype = self.table.dtype
         self.num_embeddings, self.embedding_dim = original.num_embeddings, original.embedding_dim
         self.padding_idx = original.padding_idx
-        self.table = _host_copy(original.weight, self.device)
-        self._original = [original]  # a list: not a submodule (its parameters must not count twice)
-        original.weight.data = torch.empty(0, dtype=self.dtype, device=original.weight.device)
-
-    @property
-    def original(self) -> nn.Embedding:
-        return self._original[0]
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The host table (read-only use: exports and `get_input_embeddings().weight` readers)."""
-        return self.table
 
     def rows(self, input_ids: torch.Tensor, *, pin_memory: bool = False) -> torch.Tensor:
         """The embedding rows of host `input_ids` (any shape), gathered on the CPU; (*ids.shape, H)."""
@@ -72,15 +93,13 @@ class HostEmbedding(nn.Module):
 
     def restore(self, model) -> None:
         """Put the original module back into `model` with its table on the device again."""
-        original = self.original
-        _bring_back(original.weight, self.table, self.device)
-        _base(model).set_input_embeddings(original)
+        _base(model).set_input_embeddings(self._brought_back())
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, table in host memory"
 
 
-class HostLMHead(nn.Module):
+class HostLMHead(_HostTable):
     """Stands in for a frozen `nn.Linear` LM head whose weight lives in pinned host memory (module docstring).
 
     Args:
@@ -91,25 +110,12 @@ class HostLMHead(nn.Module):
     """
 
     def __init__(self, original: nn.Linear, device: torch.device | str, table: torch.Tensor | None = None):
-        super().__init__()
-        self.device = torch.device(device)
+        super().__init__(original, device, table)
         self.in_features, self.out_features = original.in_features, original.out_features
-        self.table = table if table is not None else _host_copy(original.weight, self.device)
         self.bias = original.bias  # None, or the original's (device) bias parameter
-        self._original = [original]  # not a submodule, as in HostEmbedding
-        original.weight.data = torch.empty(0, dtype=self.table.dtype, device=original.weight.device)
         self._pending: tuple[torch.Tensor, torch.cuda.Stream] | None = None  # a copy started early, not yet used
         self._stream: torch.cuda.Stream | None = None
         self._hooks: list = []
-
-    @property
-    def original(self) -> nn.Linear:
-        return self._original[0]
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The host weight (read-only use: exports and `get_output_embeddings().weight` readers)."""
-        return self.table
 
     def device_weight(self, device: torch.device | str) -> torch.Tensor:
         """The weight on `device`: an asynchronous copy from pinned memory, freed when the caller drops it. A copy
@@ -149,9 +155,7 @@ class HostLMHead(nn.Module):
         for hook in self._hooks:
             hook.remove()
         self._hooks, self._pending = [], None
-        original = self.original
-        _bring_back(original.weight, self.table, self.device)
-        _base(model).set_output_embeddings(original)
+        _base(model).set_output_embeddings(self._brought_back())
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weight in host memory"
@@ -160,12 +164,6 @@ class HostLMHead(nn.Module):
 def _host_copy(weight: torch.Tensor, device: torch.device) -> torch.Tensor:
     host = weight.detach().to("cpu")
     return host.pin_memory() if device.type == "cuda" else host.clone()
-
-
-def _bring_back(weight: torch.Tensor, table: torch.Tensor, device: torch.device) -> None:
-    """The table back into the (emptied) parameter, once: a tied table's second owner finds it there already."""
-    if weight.numel() == 0:
-        weight.data = table.to(device)
 
 
 def _base(model):
