@@ -228,9 +228,9 @@ class SpeedConfig(_Section):
                                "to the LM head moves only with it). Frees the table's GPU memory: 1.16 GiB on "
                                "Qwen3-8B.")
     host_lm_head: bool = _f(True, "On a GPU with the chunked loss, keep the frozen LM head in host memory and copy it "
-                            "to the GPU for the loss only, once per step: the layers' backward, where a step "
-                            "peaks, runs without it (1.16 GiB on Qwen3-8B; ~20 ms of copying per step there). A "
-                            "head tied to the input embeddings moves only with them.")
+                            "to the GPU once per step, while the forward runs, for the loss: the layers' backward, "
+                            "where a step usually peaks, runs without it (1.16 GiB on Qwen3-8B). A head tied to "
+                            "the input embeddings moves only with them.")
     grouped_attention_backward: bool = _f(False, "Varlen attention: back-propagate a group of whole sequences at "
                                           "a time, so the backward's workspace (float32 dq, grouped-query dk/dv "
                                           "expanded to every head) never exists for the whole batch. Less memory "
