@@ -98,6 +98,7 @@ class HoneRunner:
         self.lora_r, self.seed, self.dtype, self.device, self.qlora = lora_r, seed, dtype, device, qlora
         self.model_folder = model_folder
         self.model = self.runner = self.setup_state = None
+        self.active_params: int | None = None
         self.dataset = self.packs = None
         self.step_index = 0
         # The schedule is constant; this only has to exceed the steps a benchmark takes.
@@ -133,6 +134,9 @@ class HoneRunner:
             use_per_layer_metadata(model, setup.choices)
         torch.manual_seed(self.seed)  # LoRA init must not depend on what loading consumed (as in Trainer._run)
         model, lora_report = apply_lora(model, config.lora, info)
+        # Counted before the speed paths run: a vocabulary table moved to host memory is still computed with.
+        facts = architecture_facts(self.scenario, self.layers)
+        self.active_params = active_params(model, facts["experts"], facts["experts_per_token"])
         self.model, self.setup_state = model, setup
         after_lora(model, config.speed, info, device, setup, mean_row_tokens=float(sum(self.batch.lengths)
                                                                                   / len(self.batch.lengths)))
@@ -180,7 +184,6 @@ class HoneRunner:
         self.model = self.runner = self.setup_state = self.dataset = self.packs = None
 
     def describe(self) -> dict:
-        facts = architecture_facts(self.scenario, self.layers)
         params = self.runner.params
         return {"speed_paths": dict(self.setup_state.choices), "trainable_params": sum(p.numel() for p in params),
-                "active_params": active_params(self.model, facts["experts"], facts["experts_per_token"])}
+                "active_params": self.active_params}

@@ -172,3 +172,21 @@ def test_list_shows_scenarios_and_runs(capsys):
     out = capsys.readouterr().out
     for name in ("dense-0.6b", "moe-qwen3", "tiny-dense", "reference-eager", "attn-varlen-per-layer", "all"):
         assert name in out
+
+
+def test_moving_vocabulary_tables_to_the_host_leaves_the_counted_parameters_alone(tmp_path, monkeypatch):
+    """MFU counts what a token is computed with: a table moved to host memory still counts (the runs agree with
+    and without the move)."""
+    import hone.core.host_embedding as host_embedding
+
+    move = host_embedding.apply_host_tables
+    out = tmp_path / "bench.json"
+    args = ["bench", "tiny-llama", "--tokens", "48", "--steps", "1", "--warmup", "0", "--only", "loss-chunked",
+            "--baseline", "loss-chunked", "--micro", "off", "--no-sync-count", "--json", str(out)]
+    assert main(args) == 0
+    kept = json.loads(out.read_text())["runs"][0]
+    monkeypatch.setattr(host_embedding, "apply_host_tables", lambda *a, **k: move(*a, **{**k, "force": True}))
+    assert main(args) == 0
+    moved = json.loads(out.read_text())["runs"][0]
+    assert "pinned host memory" in moved["speed_paths"]["lm_head"], moved["speed_paths"]
+    assert moved["active_params"] == kept["active_params"] > 0

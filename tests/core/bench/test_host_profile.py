@@ -47,3 +47,4 @@ def test_bench_host_profile_option_prints_and_records_the_extra_step(tmp_path, c
     summary = json.loads(out.read_text())["runs"][0]["host_profile"]
     assert len(summary["functions"]) == 5 and summary["function_calls"] > 100
     assert summary["packages"]["hone"] > 0 and summary["packages"]["torch"] > 0
+
