@@ -13,10 +13,12 @@ crosses a sequence boundary and the loss needs no shift of its own.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from hone.core.errors import DataError
@@ -132,6 +134,11 @@ def _token_inputs(input_ids: torch.Tensor, input_rows: torch.Tensor | None) -> d
     return {"input_ids": input_ids} if input_rows is None else {"inputs_embeds": input_rows}
 
 
+def _concatenated(sequences: Sequence[Sequence[int]], total: int) -> torch.Tensor:
+    """The int64 tensor of the sequences end to end (numpy reads Python ints four times faster than torch)."""
+    return torch.from_numpy(np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total))
+
+
 def collate_packed(rows: Sequence[TokenizedRowLike], *, pin_memory: bool = False) -> PackedBatch:
     """Pack rows end to end into one row and compute the sequence metadata.
 
@@ -147,31 +154,33 @@ def collate_packed(rows: Sequence[TokenizedRowLike], *, pin_memory: bool = False
     """
     if not rows:
         raise DataError("cannot build a batch from no rows", "the packing planner must give each batch a row")
-    ids: list[int] = []
-    positions: list[int] = []
-    targets: list[int] = []
-    seq_lens: list[int] = []
     for index, row in enumerate(rows):
         _check_row(index, row)
-        n = len(row.input_ids)
-        ids.extend(row.input_ids)
-        positions.extend(range(n))
-        targets.extend(shifted_targets(row.input_ids, row.labels))
-        seq_lens.append(n)
-    cu = [0]
-    for n in seq_lens:
-        cu.append(cu[-1] + n)
-    trained = [i for i, t in enumerate(targets) if t != IGNORE_INDEX]
+    # Whole-batch tensor ops instead of per-token Python: the trainer collates on a background thread while the
+    # main thread launches the step's kernels, and per-token Python would hold the interpreter lock meanwhile.
+    seq_lens = [len(row.input_ids) for row in rows]
+    total = sum(seq_lens)
+    ids = _concatenated([row.input_ids for row in rows], total)
+    labels = _concatenated([row.labels for row in rows], total)
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
+    torch.cumsum(lens, 0, out=cu[1:])
+    # targets[t] = ids[t + 1] where labels[t + 1] is trained; never across a boundary (each row's last token)
+    targets = torch.full((total,), IGNORE_INDEX, dtype=torch.int64)
+    targets[:-1] = torch.where(labels[1:] != IGNORE_INDEX, ids[1:], IGNORE_INDEX)
+    targets[cu[1:] - 1] = IGNORE_INDEX
+    positions = torch.arange(total, dtype=torch.int64) - torch.repeat_interleave(cu[:-1], lens)
+    trained = torch.nonzero(targets != IGNORE_INDEX).flatten()
     return PackedBatch(
-        input_ids=_pinned(torch.tensor([ids], dtype=torch.int64), pin_memory),
-        position_ids=_pinned(torch.tensor([positions], dtype=torch.int64), pin_memory),
-        targets=_pinned(torch.tensor([targets], dtype=torch.int64), pin_memory),
+        input_ids=_pinned(ids.view(1, total), pin_memory),
+        position_ids=_pinned(positions.view(1, total), pin_memory),
+        targets=_pinned(targets.view(1, total), pin_memory),
         seq_lens=seq_lens,
-        cu_seqlens=_pinned(torch.tensor(cu, dtype=torch.int32), pin_memory),
+        cu_seqlens=_pinned(cu.to(torch.int32), pin_memory),
         max_seqlen=max(seq_lens),
-        num_tokens=len(ids),
-        num_trained=len(trained),
-        trained_positions=_pinned(torch.tensor(trained, dtype=torch.int64), pin_memory),
+        num_tokens=total,
+        num_trained=trained.numel(),
+        trained_positions=_pinned(trained, pin_memory),
     )
 
 

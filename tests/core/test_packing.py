@@ -49,6 +49,31 @@ def test_packed_metadata_is_built_on_cpu_with_shifted_targets():
     assert inputs["use_cache"] is False
 
 
+def test_packed_batches_of_random_rows_match_the_per_token_definition():
+    """The packed collation computes whole-batch tensors; every field matches the definition written token by
+    token (shifted_targets per row), over rows of one token, all-trained and all-untrained rows."""
+    from hone.core.packing import IGNORE_INDEX, shifted_targets
+
+    g = torch.Generator().manual_seed(7)
+    for _ in range(20):
+        rows = []
+        for _ in range(int(torch.randint(1, 9, (1,), generator=g))):
+            n = int(torch.randint(1, 40, (1,), generator=g))
+            ids = torch.randint(0, 1000, (n,), generator=g).tolist()
+            keep = torch.rand(n, generator=g) < float(torch.rand(1, generator=g))
+            rows.append(Row(ids, [t if k else IGNORE_INDEX for t, k in zip(ids, keep.tolist(), strict=True)]))
+        batch = collate_packed(rows)
+        targets = [t for row in rows for t in shifted_targets(row.input_ids, row.labels)]
+        assert batch.input_ids.tolist() == [[t for row in rows for t in row.input_ids]]
+        assert batch.position_ids.tolist() == [[i for row in rows for i in range(len(row.input_ids))]]
+        assert batch.targets.tolist() == [targets]
+        assert batch.trained_positions.tolist() == [i for i, t in enumerate(targets) if t != IGNORE_INDEX]
+        assert batch.num_trained == batch.trained_positions.numel()
+        lengths = [len(row.input_ids) for row in rows]
+        assert batch.cu_seqlens.tolist() == [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+        assert batch.max_seqlen == max(lengths) and batch.num_tokens == sum(lengths)
+
+
 def test_padded_batch_pads_right_and_shifts_per_row():
     batch = collate_padded(ROWS, pad_id=0)
     assert batch.input_ids.tolist() == [[11, 12, 13, 14], [21, 22, 0, 0], [31, 32, 33, 0]]
