@@ -203,15 +203,6 @@ def _head_reason(base) -> str | None:
     return None
 
 
-def _prefetch_head(base, head: HostLMHead) -> None:
-    """Overlap the head's copy with the forward pass where the chunked loss knows the model's body."""
-    from hone.core.loss import HeadPlan, head_plan
-
-    plan = head_plan(base)
-    if isinstance(plan, HeadPlan):
-        head.prefetch_during(plan.body)
-
-
 @dataclass
 class HostTables:
     """What `apply_host_tables` moved: each table's stand-in, or the reason it stays on the device."""
@@ -261,5 +252,7 @@ def apply_host_tables(model, device: torch.device | str, *, embedding: bool = Tr
         base.set_input_embeddings(host_embedding)
     if host_head is not None:
         base.set_output_embeddings(host_head)
-        _prefetch_head(base, host_head)
+        from hone.core.loss import head_plan
+
+        host_head.prefetch_during(head_plan(base).body)  # `_head_reason` checked the chunked loss has a body
     return HostTables(embedding=host_embedding or embedding_why, head=host_head or head_why)

@@ -52,46 +52,34 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+def _locate(filename: str) -> tuple[str, str]:
+    """(package, path from the package's folder on) of a profiled function's file: ("builtins", "") for C calls,
+    ("hone", "hone/core/loss.py") for Hone's own, ("other", the file's name) outside `_PACKAGES`."""
+    if filename == "~" or filename.startswith("<built-in"):
+        return "builtins", ""
+    path = filename.replace("\\", "/")
+    for folder, prefix in _HONE_FOLDERS.items():  # an editable install's folders need not be named "hone"
+        if path.startswith(folder):
+            return "hone", prefix + path[len(folder):]
+    parts = path.split("/")
+    for index in range(len(parts) - 2, -1, -1):  # the innermost package folder holding the file
+        if parts[index] in _PACKAGES:
+            return parts[index], "/".join(parts[index:])
+    return "other", parts[-1]
+
+
 def package_of(filename: str) -> str:
     """The package a profiled function belongs to: one of `_PACKAGES`, "builtins" for C calls, else "other"."""
-    if filename == "~" or filename.startswith("<built-in"):
-        return "builtins"
-    if _hone_path(filename):
-        return "hone"
-    parts = filename.replace("\\", "/").split("/")
-    for index in range(len(parts) - 1, -1, -1):
-        if parts[index] in _PACKAGES and index < len(parts) - 1:
-            return parts[index]
-    return "other"
-
-
-def _hone_path(filename: str) -> str | None:
-    """The path as Hone's module path ("hone/core/loss.py"), or None for a file outside Hone."""
-    path = filename.replace("\\", "/")
-    for folder, prefix in _HONE_FOLDERS.items():
-        if path.startswith(folder):
-            return prefix + path[len(folder):]
-    return None
-
-
-def _label(filename: str, line: int, name: str) -> str:
-    if filename == "~":
-        return name
-    if (inside := _hone_path(filename)) is not None:
-        return f"{inside}:{line} {name}"
-    parts = filename.replace("\\", "/").split("/")
-    for index in range(len(parts) - 1, -1, -1):
-        if parts[index] in _PACKAGES:
-            return f"{'/'.join(parts[index:])}:{line} {name}"
-    return f"{parts[-1]}:{line} {name}"
+    return _locate(filename)[0]
 
 
 def summarize(stats: pstats.Stats, wall_s: float, top: int) -> dict:
     """The summary of a finished profile (see the module docstring)."""
     rows, packages, waiting = [], defaultdict(float), 0.0
     for (filename, line, name), (_, calls, self_s, cumulative_s, _) in stats.stats.items():
-        label = _label(filename, line, name)
-        packages[package_of(filename)] += self_s
+        package, where = _locate(filename)
+        label = f"{where}:{line} {name}" if where else name
+        packages[package] += self_s
         if filename == "~" and any(wait in name for wait in _WAITS):
             waiting += self_s
         rows.append({"function": label, "calls": calls, "self_ms": self_s * 1e3, "cumulative_ms": cumulative_s * 1e3})
