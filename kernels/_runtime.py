@@ -10,11 +10,18 @@ Kernels in this package use only Triton builtins (no `tl.sum`, `tl.zeros`, `tl.s
 `@triton.jit` functions, which the interpreter can only call when it was switched on before `triton` was
 imported). Row sums are written `tl.reduce(x, axis, sum_combine)`, which both the compiler and the
 interpreter run natively.
+
+On CUDA, `launcher` returns a `CachedLaunch`: Triton's own `kernel[grid](...)` spends tens of microseconds of
+Python per launch (argument binding, option and environment lookups), which on small models is a large share of
+the host time of a step that the GPU waits on (docs/notes/host-time.md). `CachedLaunch` keys each call on what
+Triton specializes a compiled kernel on, lets Triton compile (and launch) the first call of a key, and launches
+later calls of that key through the compiled kernel directly. `HONE_TRITON_CACHED_LAUNCH=0` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -31,11 +38,13 @@ except ImportError:  # pragma: no cover - platforms without triton (macOS): refe
     InterpretedFunction = None
     HAS_TRITON = False
 
-__all__ = ["HAS_TRITON", "META_KERNEL_OBSERVER", "interpreting", "launcher", "num_programs", "sum_combine",
-           "use_triton"]
+__all__ = ["CACHED_LAUNCH", "HAS_TRITON", "META_KERNEL_OBSERVER", "CachedLaunch", "interpreting", "launcher",
+           "num_programs", "sum_combine", "use_triton"]
 
 # Called as `observer(kernel_name, args)` for each launch on meta tensors (step plans count its bytes); None = off.
 META_KERNEL_OBSERVER = None
+# Launch CUDA kernels through `CachedLaunch` (see the module docstring); read by `launcher` at each call.
+CACHED_LAUNCH = os.environ.get("HONE_TRITON_CACHED_LAUNCH", "1") != "0"
 
 
 def interpreting() -> bool:
@@ -72,11 +81,111 @@ class _MetaLaunch:
             META_KERNEL_OBSERVER(self.name, args)
 
 
+_INT32 = (-(2**31), 2**31)
+
+
+def _argument_key(args: tuple) -> tuple | None:
+    """What Triton specializes a compiled kernel on, for positional launch arguments: a tensor's dtype and 16-byte
+    alignment, an integer being 1, a multiple of 16 and within int32, a float being a float, a bool's value.
+    (Finer than Triton's own key where it costs nothing: a finer key only compiles nothing new, it asks Triton
+    for the same kernel once more.) None for an argument of another kind: then Triton's own path runs."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, bool) or a is None:
+            key.append(a)
+        elif isinstance(a, int):
+            key.append((a == 1, a % 16 == 0, _INT32[0] <= a < _INT32[1]))
+        elif isinstance(a, float):
+            key.append(float)
+        else:
+            return None
+    return tuple(key)
+
+
+class CachedLaunch:
+    """`kernel[grid](*args, **kwargs)` for a `@triton.jit` kernel on CUDA, with Triton's per-launch work cached.
+
+    Runtime arguments are positional and compile-time ones (constexprs, num_warps, ...) keywords, as every launch
+    in this package passes them. The first call of a key goes through Triton (which compiles when it has to, and
+    launches); the compiled kernel it returns is kept with the launch arguments its signature adds after the
+    positional ones (the constexprs, defaults filled in), and later calls of the key launch it directly with the
+    stream, hooks and launch metadata Triton would pass.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._parameters = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters.values())
+        self._compiled: dict[tuple, tuple] = {}
+
+    def __getitem__(self, grid):
+        return functools.partial(self._launch, grid)
+
+    def _launch(self, grid, *args, **kwargs):
+        arg_key = None if callable(grid) else _argument_key(args)
+        if arg_key is None:
+            return self.kernel[grid](*args, **kwargs)
+        device = _driver().get_current_device()
+        key = (device, arg_key, tuple(kwargs.items()))
+        entry = self._compiled.get(key)
+        if entry is None:
+            compiled = self.kernel[grid](*args, **kwargs)
+            entry = self._entry(compiled, len(args), kwargs)
+            if entry is not None:
+                self._compiled[key] = entry
+            return compiled
+        compiled, tail = entry
+        stream = _driver().get_current_stream(device)
+        grid = (*grid, 1, 1)
+        hooks = triton.knobs.runtime
+        launch_args = (*args, *tail)
+        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid[:3], stream, *launch_args), hooks.launch_enter_hook,
+                     hooks.launch_exit_hook, *launch_args)
+        return compiled
+
+    def _entry(self, compiled, positional: int, kwargs: dict) -> tuple | None:
+        """(compiled kernel, the signature's values after the positional arguments), or None when this kernel
+        cannot be launched directly (an older Triton's launcher takes other arguments)."""
+        if not all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
+            return None
+        tail = []
+        for param in self._parameters[positional:]:
+            if param.name in kwargs:
+                tail.append(kwargs[param.name])
+            elif param.default is not inspect.Parameter.empty:
+                tail.append(param.default)
+            else:
+                return None
+        return compiled, tuple(tail)
+
+
+@functools.cache
+def _driver():
+    return triton.runtime.driver.active
+
+
+@functools.cache
+def _launch_api_known() -> bool:
+    """Triton >= 3.3 passes a kernel's constexprs to its launcher and has `triton.knobs` (what CachedLaunch
+    mirrors); older ones launch through their own path."""
+    major, minor = (int(part) for part in triton.__version__.split(".")[:2])
+    return (major, minor) >= (3, 3) and hasattr(triton, "knobs")
+
+
+@functools.cache
+def _cached(kernel) -> CachedLaunch:
+    return CachedLaunch(kernel)
+
+
 def launcher(kernel, device: torch.device):
     """The launchable form of a `@triton.jit` kernel for tensors on `device`."""
     if device.type == "meta":
         return _MetaLaunch(kernel)
-    if device.type == "cuda" or isinstance(kernel, InterpretedFunction):
+    if device.type == "cuda":
+        return _cached(kernel) if CACHED_LAUNCH and _launch_api_known() else kernel
+    if isinstance(kernel, InterpretedFunction):
         return kernel
     return _interpreted(kernel)
 

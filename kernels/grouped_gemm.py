@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from hone.kernels._runtime import launcher
 from hone.kernels.grouped_gemm_tuning import KernelConfig, cache_dir, pick_config
 
 try:
@@ -105,7 +106,7 @@ def grouped_gemm_forward(
         lx = lora_x if lora_x is not None else x
         lw = lora_w if lora_w is not None else w
         bs = bias if bias is not None else w
-        _grouped_gemm_kernel[grid](
+        launcher(_grouped_gemm_kernel, x.device)[grid](
             x, w, out, group_ends, tile_ends,
             gather if gather is not None else dummy, scatter if scatter is not None else dummy,
             row_scale if row_scale is not None else dummy, bs, lx, lw,
@@ -162,7 +163,7 @@ def grouped_gemm_wgrad(
 
     def launch(cfg: KernelConfig) -> None:
         grid = (triton.cdiv(m_dim, cfg.block_m) * triton.cdiv(n_dim, cfg.block_n), num_groups)
-        _grouped_gemm_wgrad_kernel[grid](
+        launcher(_grouped_gemm_wgrad_kernel, p.device)[grid](
             p, q, out, group_ends,
             gather_p if gather_p is not None else p, gather_q if gather_q is not None else q,
             m_dim, n_dim,
