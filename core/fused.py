@@ -11,6 +11,8 @@ undoable, and returns a `KernelReport` saying what was replaced and what was ski
 - gated MLPs (`down(act(gate(x)) * up(x))`, also Qwen2-MoE's shared expert) -> the SwiGLU / GeGLU kernel,
   after a probe shows which activation `act_fn` computes;
 - peft LoRA linear layers (any model family) -> one autograd node for base + scaled B(A x), dense or nf4 base;
+- peft-wrapped Qwen-style MoE routers (softmax -> top-k) -> that LoRA linear for the logits and one kernel for
+  the top-k each way (`hone.core.fused_router`);
 - with `tile_mlp=True`, those pre-norm decoder layers back-propagate their MLP a tile of tokens at a time when
   Hone's checkpointer recomputes them (`hone.core.fused_mlp`).
 
@@ -40,6 +42,7 @@ from hone.core.fused_patch import (
     swap_forward,
     with_globals,
 )
+from hone.core.fused_router import patch_router, router_reason
 
 FAMILIES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -70,7 +73,7 @@ class KernelReport:
         model_type: the transformers model type (e.g. "qwen3").
         family: the supported family it belongs to, or None (then only LoRA layers are fused).
         backend: "triton" (CUDA), "triton-interpreter" (CPU with TRITON_INTERPRET=1) or "torch" (references).
-        patched: kind -> count: rms_norm, add_rms_norm, rope, glu:<activation>, lora_linear, qlora_linear,
+        patched: kind -> count: rms_norm, add_rms_norm, rope, glu:<activation>, lora_linear, qlora_linear, router,
             tiled_mlp.
         skipped: reason -> names of the modules left as they were.
     """
@@ -364,6 +367,10 @@ def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, und
 def _patch_lora(model: torch.nn.Module, report: KernelReport, undos: list[Undo]) -> None:
     for name, module in model.named_modules():
         if not (type(module).__module__.startswith("peft.tuners.lora") and hasattr(module, "lora_A")):
+            continue
+        if router_reason(module) is None:
+            undos.append(patch_router(module, name))
+            report._add("router")
             continue
         kind, why = lora_base_kind(module)
         if kind is None:
