@@ -99,8 +99,11 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dtype)
+def _cast(t: torch.Tensor | None, dtype: torch.dtype, dense: bool = False) -> torch.Tensor | None:
+    """t in dtype; `dense`: also contiguous, in the same copy (peft lays B out rank-major: a permuted view)."""
+    if t is None:
+        return None
+    return t.to(dtype, memory_format=torch.contiguous_format) if dense else t.to(dtype)
 
 
 def _sorted_source(t: torch.Tensor, routing: Routing, ops: GroupedOps) -> tuple[torch.Tensor, bool]:
@@ -123,7 +126,8 @@ class MoeExpertsFunction(torch.autograd.Function):
         dtype = w_up.dtype
         x = hidden.to(dtype)
         row_weight = top_k_weights.reshape(-1)[r.perm]
-        a1, b1, a2, b2 = (_cast(t, dtype) for t in (a_up, b_up_lora, a_down, b_down_lora))
+        a1, a2 = _cast(a_up, dtype), _cast(a_down, dtype)
+        b1, b2 = _cast(b_up_lora, dtype, dense=True), _cast(b_down_lora, dtype, dense=True)
 
         xs, x_gather = _sorted_source(x, r, ops)
         xa = lora_up = None
@@ -190,7 +194,7 @@ class MoeExpertsFunction(torch.autograd.Function):
             if a2 is not None and plan.down_dropout:
                 d_row_weight += (_wide(u) * _wide(ha)).sum(-1)
             if b_down is not None:
-                d_row_weight += (_wide(d_out) @ _wide(b_down).T)[r.token, r.expert]
+                d_row_weight += (_wide(d_out) @ _wide(b_down).T)[r.token, r.expert.long()]
             d_flat = torch.empty_like(d_row_weight).index_copy_(0, r.perm, d_row_weight)
             grads[1] = d_flat.view(r.num_tokens, r.top_k).to(ctx.weights_dtype)
         if not fused_activation:
@@ -213,7 +217,8 @@ class MoeExpertsFunction(torch.autograd.Function):
             grads[4] = ops.wgrad(h * w_col.to(dtype), ds, r, gather_q=d_gather).to(w_down.dtype)
         if need[5]:
             rows = _wide(ds[r.token] if d_gather else ds) * w_col
-            grads[5] = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert, rows).to(b_down.dtype)
+            summed = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert.long(), rows)
+            grads[5] = summed.to(b_down.dtype)
         del h, u, ds
 
         # ---- up projection: gate_up = x[token] @ W_up + s (drop(x[token]) @ A) @ B + b
@@ -245,7 +250,7 @@ class MoeExpertsFunction(torch.autograd.Function):
             grads[2] = ops.wgrad(xs, d_gate_up, r, gather_p=x_gather).to(w_up.dtype)
         if need[3]:
             rows = _wide(d_gate_up)
-            grads[3] = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert, rows).to(w_up.dtype)
+            grads[3] = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert.long(), rows).to(w_up.dtype)
         return tuple(grads)
 
 

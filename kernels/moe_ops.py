@@ -38,7 +38,7 @@ class GroupedOps(Protocol):
 def _epilogue(out: torch.Tensor, routing: Routing, scatter: bool, row_scale: torch.Tensor | None,
               bias: torch.Tensor | None) -> torch.Tensor:
     if bias is not None:
-        out += bias[routing.expert]
+        out += bias[routing.expert.long()]
     if row_scale is not None:
         out.mul_(row_scale[:, None])
     if scatter:

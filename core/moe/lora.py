@@ -69,7 +69,7 @@ def _factors(wrapper: nn.Module, adapter: str, dropout: float) -> LoraFactors:
     b = wrapper.lora_B[adapter].weight
     experts, rank = wrapper.num_experts, wrapper.r[adapter]
     a_kn = a.view(experts, rank, a.shape[1]).transpose(1, 2)
-    b_kn = b.view(b.shape[0], rank, experts).permute(2, 1, 0).contiguous()
+    b_kn = b.view(b.shape[0], rank, experts).permute(2, 1, 0)  # made contiguous by the cast to bf16
     return LoraFactors(a=a_kn, b=b_kn, scale=float(wrapper.scaling[adapter]), dropout=dropout)
 
 

@@ -196,3 +196,62 @@ def test_benchmark_runs_and_writes_json(tmp_path):
     assert {r["kernel"] for r in rows} >= {"rms_norm", "rope (q and k)", "swiglu", "lora_linear (fp32 adapters)",
                                             "nf4_dequantize", "qlora_linear (nf4 base)"}
     assert all(r["hone_ms"] > 0 and r["reference_ms"] > 0 for r in rows), rows
+
+
+def test_cached_launch_matches_tritons_own_launch_and_spends_less_host_time(monkeypatch):
+    """The grouped GEMM launched through CachedLaunch (as every kernel is on CUDA) gives Triton's own launch's
+    result bit for bit, also on a misaligned view (another specialization); the host time per launch is printed."""
+    import time
+
+    from hone.kernels import _runtime
+    from hone.kernels.grouped_gemm import grouped_gemm_forward
+    from hone.kernels.grouped_gemm_kernels import _grouped_gemm_kernel
+
+    x = _randn(4097, 256, dtype=torch.bfloat16, grad=False)
+    w = _randn(8, 256, 384, dtype=torch.bfloat16, grad=False, seed=1)
+    ends = torch.tensor([0, 500, 500, 1700, 2900, 3000, 4000, 4096], dtype=torch.int32, device="cuda")
+
+    def run(view: torch.Tensor) -> torch.Tensor:
+        return grouped_gemm_forward(view, w, ends, num_rows=4096)
+
+    monkeypatch.setattr(_runtime, "CACHED_LAUNCH", False)
+    want = [run(x[:4096]), run(x[1:])]
+    monkeypatch.setattr(_runtime, "CACHED_LAUNCH", True)
+    got = [run(x[:4096]) for _ in range(2)] + [run(x[1:]) for _ in range(2)]
+    assert _runtime._cached(_grouped_gemm_kernel)._compiled, "the direct launch path never ran"
+    for i, out in enumerate(got):
+        assert torch.equal(out, want[i // 2])
+
+    seconds = {}
+    for cached in (False, True):
+        monkeypatch.setattr(_runtime, "CACHED_LAUNCH", cached)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(200):
+            run(x[:4096])
+        seconds[cached] = (time.perf_counter() - start) / 200
+        torch.cuda.synchronize()
+    print(f"\ngrouped GEMM host time per launch: Triton {seconds[False] * 1e6:.1f} us, cached "
+          f"{seconds[True] * 1e6:.1f} us")
+
+
+@pytest.mark.parametrize(("experts", "top_k", "normalize"), [(128, 8, True), (60, 4, False), (7, 7, True)])
+def test_router_top_k(experts, top_k, normalize):
+    from hone.kernels.router import router_top_k, router_top_k_reference
+
+    rows = 8193
+    g = torch.Generator(device="cuda").manual_seed(0)
+    # distinct bf16 values per row (multiples of 1/8): no ties, which topk and the kernel may order differently
+    ranks = torch.argsort(torch.rand(rows, experts, device="cuda", generator=g), dim=-1)
+    logits = ((ranks - experts / 2) / 8).to(torch.bfloat16).requires_grad_(True)
+    d_w = torch.randn(rows, top_k, device="cuda", generator=g).to(torch.bfloat16)
+    weights, index = router_top_k(logits, top_k, normalize)
+    (weights * d_w).sum().backward()
+    got_grad, logits.grad = logits.grad, None
+    leaf = logits.detach().float().requires_grad_(True)
+    want_w, want_i = router_top_k_reference(leaf, top_k, normalize)
+    (want_w * d_w.float()).sum().backward()
+    assert torch.equal(index, want_i)
+    _close(weights.float(), want_w.to(torch.bfloat16).float(), torch.bfloat16, "weights")
+    scale = max(leaf.grad.abs().max().item(), 1.0)
+    _close(got_grad.float() / scale, leaf.grad / scale, torch.bfloat16, "d logits")
