@@ -38,13 +38,23 @@ except ImportError:  # pragma: no cover - platforms without triton (macOS): refe
     InterpretedFunction = None
     HAS_TRITON = False
 
-__all__ = ["CACHED_LAUNCH", "HAS_TRITON", "META_KERNEL_OBSERVER", "CachedLaunch", "interpreting", "launcher",
-           "num_programs", "sum_combine", "use_triton"]
+__all__ = ["CACHED_LAUNCH", "HAS_TRITON", "META_KERNEL_OBSERVER", "CachedLaunch", "cdiv", "interpreting", "launcher",
+           "next_power_of_2", "num_programs", "sum_combine", "use_triton"]
 
 # Called as `observer(kernel_name, args)` for each launch on meta tensors (step plans count its bytes); None = off.
 META_KERNEL_OBSERVER = None
 # Launch CUDA kernels through `CachedLaunch` (see the module docstring); read by `launcher` at each call.
 CACHED_LAUNCH = os.environ.get("HONE_TRITON_CACHED_LAUNCH", "1") != "0"
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids (`triton.cdiv` is a constexpr function now: several microseconds per call)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n, as `triton.next_power_of_2` (plain Python; 1 for n = 0, where Triton says 0)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def interpreting() -> bool:
@@ -81,24 +91,31 @@ class _MetaLaunch:
             META_KERNEL_OBSERVER(self.name, args)
 
 
-_INT32 = (-(2**31), 2**31)
+_INT32_MIN, _INT32_END = -(2**31), 2**31
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _argument_key(args: tuple) -> tuple | None:
     """What Triton specializes a compiled kernel on, for positional launch arguments: a tensor's dtype and 16-byte
     alignment, an integer being 1, a multiple of 16 and within int32, a float being a float, a bool's value.
     (Finer than Triton's own key where it costs nothing: a finer key only compiles nothing new, it asks Triton
-    for the same kernel once more.) None for an argument of another kind: then Triton's own path runs."""
+    for the same kernel once more.) None for an argument of another kind: then Triton's own path runs.
+
+    This runs at every launch: exact type checks (no isinstance walks) and one small value per argument.
+    """
     key = []
+    append = key.append
     for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif isinstance(a, bool) or a is None:
-            key.append(a)
-        elif isinstance(a, int):
-            key.append((a == 1, a % 16 == 0, _INT32[0] <= a < _INT32[1]))
-        elif isinstance(a, float):
-            key.append(float)
+        kind = type(a)
+        if kind is int:
+            # 1 -> "one", else bit 1: a multiple of 16, bit 2: outside int32
+            append("one" if a == 1 else (not a % 16) | (not _INT32_MIN <= a < _INT32_END) << 1)
+        elif kind in _PLAIN_TENSORS:
+            append((a.dtype, not a.data_ptr() % 16))
+        elif kind is float:
+            append(float)
+        elif kind is bool or a is None:
+            append(a)
         else:
             return None
     return tuple(key)

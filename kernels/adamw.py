@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hone.kernels._runtime import launcher, sum_combine, use_triton
+from hone.kernels._runtime import cdiv, launcher, sum_combine, use_triton
 
 # Streaming kernels: 2048 elements per program over 4 warps (16 per thread) keep HBM busy on Hopper without a long
 # tail; the optimizer buffers hold 1e7-1e9 values.
@@ -133,7 +133,7 @@ def adamw_step_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
     stochastic = m.dtype == torch.bfloat16
     if use_triton(p, g, m, v, coef) and m.dtype == v.dtype:
         n = p.numel()
-        launcher(_adamw_kernel, p.device)[(triton.cdiv(n, _BLOCK),)](
+        launcher(_adamw_kernel, p.device)[(cdiv(n, _BLOCK),)](
             p, g, m, v, coef, n, *args.values(), seed & 0x7FFFFFFF, STOCHASTIC=stochastic, BLOCK=_BLOCK,
             num_warps=_NUM_WARPS)
         return
@@ -153,7 +153,7 @@ def sum_squares(x: torch.Tensor) -> torch.Tensor:
     """Sum of squares of a flat tensor, accumulated in float32 on the device (no host sync). Returns a 0-d tensor."""
     if use_triton(x) and x.dim() == 1 and x.numel():
         n = x.numel()
-        partial = torch.empty(triton.cdiv(n, _BLOCK), dtype=torch.float32, device=x.device)
+        partial = torch.empty(cdiv(n, _BLOCK), dtype=torch.float32, device=x.device)
         launcher(_sum_squares_kernel, x.device)[(partial.numel(),)](x, partial, n, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
         return partial.sum()
     return sum_squares_reference(x)

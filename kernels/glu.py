@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hone.kernels._runtime import launcher, use_triton
+from hone.kernels._runtime import cdiv, launcher, use_triton
 from hone.kernels.reference import GLU_ACTIVATIONS, glu_reference
 
 # Elementwise and memory bound: 1024 elements per program over 4 warps is 8 per thread, one 16-byte vector of
@@ -71,7 +71,7 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.
     """`act(gate) * up` for contiguous same-shape gate and up (any shape); returns a new tensor like gate."""
     out = torch.empty_like(gate)
     n = gate.numel()
-    launcher(_glu_forward_kernel, gate.device)[(triton.cdiv(n, _BLOCK),)](
+    launcher(_glu_forward_kernel, gate.device)[(cdiv(n, _BLOCK),)](
         gate, up, out, n, ACTIVATION=_ACTIVATION_IDS[activation], BLOCK=_BLOCK, num_warps=_NUM_WARPS)
     return out
 
@@ -81,7 +81,7 @@ def glu_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
     """(dgate, dup) from the output gradient, recomputing the activation from gate."""
     dgate, dup = torch.empty_like(gate), torch.empty_like(up)
     n = gate.numel()
-    launcher(_glu_backward_kernel, gate.device)[(triton.cdiv(n, _BLOCK),)](
+    launcher(_glu_backward_kernel, gate.device)[(cdiv(n, _BLOCK),)](
         dout, gate, up, dgate, dup, n, ACTIVATION=_ACTIVATION_IDS[activation], BLOCK=_BLOCK,
         num_warps=_NUM_WARPS)
     return dgate, dup

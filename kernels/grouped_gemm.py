@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from hone.kernels._runtime import launcher
+from hone.kernels._runtime import cdiv, launcher, next_power_of_2
 from hone.kernels.grouped_gemm_tuning import KernelConfig, cache_dir, pick_config
 
 try:
@@ -101,7 +101,7 @@ def grouped_gemm_forward(
 
     def launch(cfg: KernelConfig) -> None:
         tile_ends = _group_tile_ends(group_ends, cfg.block_m, cache)
-        grid = (triton.cdiv(rows, cfg.block_m) + num_groups, triton.cdiv(n_cols, cfg.block_n))
+        grid = (cdiv(rows, cfg.block_m) + num_groups, cdiv(n_cols, cfg.block_n))
         dummy = x
         lx = lora_x if lora_x is not None else x
         lw = lora_w if lora_w is not None else w
@@ -120,7 +120,7 @@ def grouped_gemm_forward(
             HAS_GATHER=flags[0], HAS_SCATTER=flags[1], HAS_ROW_SCALE=flags[2], HAS_BIAS=flags[3],
             HAS_LORA=flags[4], **_dot_options(x.dtype),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            BLOCK_R=max(16, triton.next_power_of_2(max(rank, 1))), BLOCK_G=triton.next_power_of_2(num_groups),
+            BLOCK_R=max(16, next_power_of_2(max(rank, 1))), BLOCK_G=next_power_of_2(num_groups),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
@@ -162,7 +162,7 @@ def grouped_gemm_wgrad(
     flags = (gather_p is not None, gather_q is not None)
 
     def launch(cfg: KernelConfig) -> None:
-        grid = (triton.cdiv(m_dim, cfg.block_m) * triton.cdiv(n_dim, cfg.block_n), num_groups)
+        grid = (cdiv(m_dim, cfg.block_m) * cdiv(n_dim, cfg.block_n), num_groups)
         launcher(_grouped_gemm_wgrad_kernel, p.device)[grid](
             p, q, out, group_ends,
             gather_p if gather_p is not None else p, gather_q if gather_q is not None else q,

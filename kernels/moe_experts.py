@@ -148,6 +148,7 @@ class MoeExpertsFunction(torch.autograd.Function):
             lora_down = (ha, b2, plan.down_scale)
         rows = ops.gmm(h, w_down, r, lora=lora_down, bias=b_down, row_scale=row_weight, scatter=True)
         out = rows.view(r.num_tokens, r.top_k, -1).sum(1)
+        del rows
 
         ctx.plan = plan
         ctx.dtypes = tuple(t.dtype if t is not None else None for t in (a_up, b_up_lora, a_down, b_down_lora))
@@ -235,6 +236,7 @@ class MoeExpertsFunction(torch.autograd.Function):
                 dx = ops.gmm(d_gate_up, w_up.transpose(1, 2), r, scatter=True,
                              lora=(v, a1.transpose(1, 2), 1.0) if a1 is not None else None)
             grads[0] = dx.view(r.num_tokens, r.top_k, -1).sum(1).to(hidden.dtype)
+            del dx  # (S, H): freed before the weight gradients below allocate theirs
         reads_x = need[2] or (a1 is not None and need[6] and not plan.up_dropout)
         xs, x_gather = _sorted_source(x, r, ops) if reads_x else (None, False)
         if a1 is not None:

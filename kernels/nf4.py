@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hone.kernels._runtime import compile_options, launcher, use_triton
+from hone.kernels._runtime import cdiv, compile_options, launcher, use_triton
 from hone.kernels.reference import nf4_absmax_reference, nf4_dequantize_reference
 
 # Bytes per program: 2048 outputs (4 KB of bf16) over 4 warps is 16 values per thread, wide enough for full
@@ -109,7 +109,7 @@ def nf4_dequantize_forward(weight: NF4Weight, dtype: torch.dtype) -> torch.Tenso
     n_bytes = (numel + 1) // 2
     out = torch.empty(weight.shape, dtype=dtype, device=packed.device)
     nested = weight.nested
-    launcher(_nf4_dequantize_kernel, packed.device)[(triton.cdiv(n_bytes, _BLOCK_BYTES),)](
+    launcher(_nf4_dequantize_kernel, packed.device)[(cdiv(n_bytes, _BLOCK_BYTES),)](
         packed, weight.absmax, weight.code, weight.absmax2 if nested else weight.absmax,
         weight.code2 if nested else weight.code, weight.offset if nested else weight.absmax, out, n_bytes, numel,
         BLOCKSIZE=weight.blocksize, BLOCKSIZE2=weight.blocksize2, NESTED=nested, BLOCK_BYTES=_BLOCK_BYTES,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hone.kernels._runtime import launcher, num_programs, sum_combine, use_triton
+from hone.kernels._runtime import cdiv, launcher, next_power_of_2, num_programs, sum_combine, use_triton
 from hone.kernels.reference import add_rms_norm_reference, rms_norm_reference
 
 # Whole rows live in registers; past this width they would spill, so wider rows use the reference.
@@ -94,7 +94,7 @@ def _rms_norm_backward_kernel(dy_ptr, dh_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw
 
 def _launch_config(n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_ROWS, BLOCK_COLS, num_warps) for rows of `n_cols` elements."""
-    block_cols = triton.next_power_of_2(n_cols)
+    block_cols = next_power_of_2(n_cols)
     block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_cols)
     elements = block_rows * block_cols
     # About 8-16 elements per thread: enough independent loads to cover HBM latency without spilling registers.
@@ -132,7 +132,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, style: s
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     h = torch.empty(shape, dtype=x.dtype, device=x.device) if residual is not None else None
     y2, h2 = y.view(n_rows, n_cols), h.view(n_rows, n_cols) if h is not None else None
-    grid = (triton.cdiv(n_rows, block_rows),)
+    grid = (cdiv(n_rows, block_rows),)
     launcher(_rms_norm_forward_kernel, x.device)[grid](
         x, residual if residual is not None else x, weight, y2, h2 if h2 is not None else y2, rstd, n_rows, n_cols,
         x.stride(0), residual.stride(0) if residual is not None else 0, y2.stride(0),
@@ -156,7 +156,7 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, r
     """
     n_rows, n_cols = x.shape
     block_rows, block_cols, num_warps = _launch_config(n_cols)
-    programs = num_programs(x.device, triton.cdiv(n_rows, block_rows))
+    programs = num_programs(x.device, cdiv(n_rows, block_rows))
     dx = torch.empty(shape or x.shape, dtype=x.dtype, device=x.device)
     dx2 = dx.view(n_rows, n_cols)
     dw_partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device) if compute_dw else rstd

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hone.kernels._runtime import launcher, use_triton
+from hone.kernels._runtime import cdiv, launcher, next_power_of_2, use_triton
 from hone.kernels.reference import rope_reference
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -75,12 +75,12 @@ def rope_rotate(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
     _, out_strides = _bsh(out, unsqueeze_dim)
     half = x.shape[-1] // 2
     cos_b_stride = 0 if cos.shape[0] == 1 else cos.stride(0)  # one set of rows broadcast over the batch
-    block_h, block_d = triton.next_power_of_2(n_heads), triton.next_power_of_2(half)
+    block_h, block_d = next_power_of_2(n_heads), next_power_of_2(half)
     # Each program rotates ~2K pairs (4K values): 16 per thread over 4 warps. That is one token of 32 query heads
     # of 128, or four tokens of 8 key heads; small heads batch more tokens per program.
     block_t = max(1, _PAIRS_PER_PROGRAM // (block_h * block_d))
     n_tokens = batch * seq_len
-    launcher(_rope_kernel, x.device)[(triton.cdiv(n_tokens, block_t),)](
+    launcher(_rope_kernel, x.device)[(cdiv(n_tokens, block_t),)](
         x, out, cos, sin, n_tokens, seq_len, n_heads, half, *x_strides, *out_strides, cos_b_stride, cos.stride(1),
         BACKWARD=backward, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4)
 

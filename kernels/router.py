@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from hone.kernels._runtime import launcher, sum_combine, use_triton
+from hone.kernels._runtime import cdiv, launcher, next_power_of_2, sum_combine, use_triton
 
 try:  # the combine functions tl.max / tl.min reduce with (plain functions the interpreter can call)
     from triton.language.standard import _elementwise_max as max_combine
@@ -114,7 +114,7 @@ def _router_top_k_backward_kernel(logits_ptr, index_ptr, grad_ptr, d_logits_ptr,
 
 
 def _blocks(n_experts: int) -> tuple[int, int]:
-    block_e = triton.next_power_of_2(n_experts)
+    block_e = next_power_of_2(n_experts)
     return max(1, _BLOCK_VALUES // block_e), block_e
 
 
@@ -125,7 +125,7 @@ def router_top_k_forward(logits: torch.Tensor, top_k: int, normalize: bool) -> t
     index = torch.empty(rows, top_k, device=logits.device, dtype=torch.int64)
     if rows:
         block_t, block_e = _blocks(n_experts)
-        launcher(_router_top_k_forward_kernel, logits.device)[(triton.cdiv(rows, block_t),)](
+        launcher(_router_top_k_forward_kernel, logits.device)[(cdiv(rows, block_t),)](
             logits, weights, index, rows, n_experts, logits.stride(0),
             TOP_K=top_k, NORMALIZE=bool(normalize), BLOCK_T=block_t, BLOCK_E=block_e, NEG=_NEG, num_warps=_NUM_WARPS)
     return weights, index
@@ -138,7 +138,7 @@ def router_top_k_backward(logits: torch.Tensor, index: torch.Tensor, d_weights: 
     d_logits = torch.empty_like(logits, memory_format=torch.contiguous_format)
     if rows:
         block_t, block_e = _blocks(n_experts)
-        launcher(_router_top_k_backward_kernel, logits.device)[(triton.cdiv(rows, block_t),)](
+        launcher(_router_top_k_backward_kernel, logits.device)[(cdiv(rows, block_t),)](
             logits, index, d_weights, d_logits, rows, n_experts, logits.stride(0),
             d_weights.stride(0), d_weights.stride(1), d_logits.stride(0),
             TOP_K=index.shape[1], NORMALIZE=bool(normalize), BLOCK_T=block_t, BLOCK_E=block_e, NEG=_NEG,

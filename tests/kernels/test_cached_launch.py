@@ -129,3 +129,13 @@ def test_launcher_hands_out_the_cached_form_only_on_cuda(monkeypatch):
     assert isinstance(_runtime.launcher(kernel, torch.device("cuda")), _runtime.CachedLaunch)
     monkeypatch.setattr(_runtime, "CACHED_LAUNCH", False)
     assert _runtime.launcher(kernel, torch.device("cuda")) is kernel
+
+
+def test_grid_helpers_agree_with_tritons():
+    import triton
+
+    for n in range(1, 3000):
+        assert _runtime.next_power_of_2(n) == triton.next_power_of_2(n)
+        for b in (1, 3, 16, 128):
+            assert _runtime.cdiv(n, b) == triton.cdiv(n, b)
+    assert _runtime.cdiv(0, 16) == 0
