@@ -140,6 +140,25 @@ def pick_config(kind: str, device: torch.device, dtype: torch.dtype, rows: int, 
     """
     if interpreting or device.type != "cuda":
         return INTERPRETER_CONFIG
+    # Every layer asks with the same few arguments, hundreds of times a step: answer those from a plain tuple
+    # lookup before building the string key (a host-bound step feels the microseconds).
+    fast_key = (kind, device, dtype, rows, n, k, flags)
+    cfg = _recent.get(fast_key)
+    if cfg is not None:
+        return cfg
+    cfg = _pick_config(kind, device, dtype, rows, n, k, flags, launch)
+    if len(_recent) >= _RECENT_LIMIT:  # batch lengths vary: keep the lookup small
+        _recent.clear()
+    _recent[fast_key] = cfg
+    return cfg
+
+
+_recent: dict[tuple, KernelConfig] = {}
+_RECENT_LIMIT = 4096
+
+
+def _pick_config(kind: str, device: torch.device, dtype: torch.dtype, rows: int, n: int, k: int,
+                 flags: tuple[bool, ...], launch: Callable[[KernelConfig], None]) -> KernelConfig:
     if kind == "wgrad":
         m_dim, n_dim, red = rows, n, k
         shape_key = f"m{m_dim}|n{n_dim}|rows{_row_bucket(red)}"

@@ -112,6 +112,36 @@ def _sorted_source(t: torch.Tensor, routing: Routing, ops: GroupedOps) -> tuple[
     return (t, True) if ops.fuses_gather else (t[routing.token], False)
 
 
+# The scattered (S, N) rows before their sum over the top-k slots are the layer's largest transient (256 MiB for
+# Qwen3-30B-A3B's 2,048-wide output at 8K tokens, in forward and in the input gradient): made a block of columns at
+# a time they take at most this much. The GEMM work is the same (every output tile reads its row and column panels
+# either way); a few more launches.
+SUM_BLOCK_BYTES = 64 * 2**20
+_SUM_BLOCK_ALIGN = 16  # columns per block a multiple of 16: 32-byte aligned slices for torch._grouped_mm
+
+
+def _gmm_summed_over_slots(ops: GroupedOps, x: torch.Tensor, w: torch.Tensor, routing: Routing, *,
+                           lora=None, bias: torch.Tensor | None = None,
+                           row_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """(T, N) in x's dtype: for each token, the sum over its top-k slots of `ops.gmm(x, w, scatter=True, ...)`,
+    computed `SUM_BLOCK_BYTES` of scattered rows at a time (see above). x: (S, K) sorted rows; w: (E, K, N)."""
+    n_cols = w.shape[2]
+    row_bytes = routing.num_rows * x.element_size()
+    block = max(_SUM_BLOCK_ALIGN, SUM_BLOCK_BYTES // max(row_bytes, 1) // _SUM_BLOCK_ALIGN * _SUM_BLOCK_ALIGN)
+    if block >= n_cols:
+        rows = ops.gmm(x, w, routing, lora=lora, bias=bias, row_scale=row_scale, scatter=True)
+        return rows.view(routing.num_tokens, routing.top_k, n_cols).sum(1)
+    out = torch.empty(routing.num_tokens, n_cols, device=x.device, dtype=x.dtype)
+    for c0 in range(0, n_cols, block):
+        cols = slice(c0, min(c0 + block, n_cols))
+        part_lora = (lora[0], lora[1][:, :, cols], lora[2]) if lora is not None else None
+        rows = ops.gmm(x, w[:, :, cols], routing, lora=part_lora, bias=bias[:, cols] if bias is not None else None,
+                       row_scale=row_scale, scatter=True)
+        torch.sum(rows.view(routing.num_tokens, routing.top_k, -1), dim=1, out=out[:, cols])
+        del rows
+    return out
+
+
 def _scatter_rows(rows: torch.Tensor, routing: Routing) -> torch.Tensor:
     return torch.empty_like(rows).index_copy_(0, routing.perm, rows)
 
@@ -146,9 +176,7 @@ class MoeExpertsFunction(torch.autograd.Function):
             hd = _dropped(h, plan.down_dropout, plan.down_seed) if plan.down_dropout else h
             ha = ops.gmm(hd, a2, r)
             lora_down = (ha, b2, plan.down_scale)
-        rows = ops.gmm(h, w_down, r, lora=lora_down, bias=b_down, row_scale=row_weight, scatter=True)
-        out = rows.view(r.num_tokens, r.top_k, -1).sum(1)
-        del rows
+        out = _gmm_summed_over_slots(ops, h, w_down, r, lora=lora_down, bias=b_down, row_scale=row_weight)
 
         ctx.plan = plan
         ctx.dtypes = tuple(t.dtype if t is not None else None for t in (a_up, b_up_lora, a_down, b_down_lora))
@@ -232,11 +260,12 @@ class MoeExpertsFunction(torch.autograd.Function):
                 dx = ops.gmm(d_gate_up, w_up.transpose(1, 2), r)
                 dx += _dropped(ops.gmm(v, a1.transpose(1, 2), r), plan.up_dropout, plan.up_seed)
                 dx = _scatter_rows(dx, r)
+                grads[0] = dx.view(r.num_tokens, r.top_k, -1).sum(1).to(hidden.dtype)
+                del dx
             else:
-                dx = ops.gmm(d_gate_up, w_up.transpose(1, 2), r, scatter=True,
-                             lora=(v, a1.transpose(1, 2), 1.0) if a1 is not None else None)
-            grads[0] = dx.view(r.num_tokens, r.top_k, -1).sum(1).to(hidden.dtype)
-            del dx  # (S, H): freed before the weight gradients below allocate theirs
+                grads[0] = _gmm_summed_over_slots(ops, d_gate_up, w_up.transpose(1, 2), r,
+                                                  lora=(v, a1.transpose(1, 2), 1.0) if a1 is not None else None
+                                                  ).to(hidden.dtype)
         reads_x = need[2] or (a1 is not None and need[6] and not plan.up_dropout)
         xs, x_gather = _sorted_source(x, r, ops) if reads_x else (None, False)
         if a1 is not None:
