@@ -15,8 +15,10 @@ Backends:
 - flash: flash-attn's `flash_attn_varlen_func`, when that package is installed.
 - sdpa: SDPA with one block-diagonal causal mask per batch, shared across layers (CPU, older GPUs, fp32).
 - hf: transformers' own attention, untouched (it builds its mask from position_ids every forward).
-Models with attention sinks (gpt-oss), attention logit soft-capping (Gemma 2) or attention dropout keep
-transformers' attention, and so do vision-language models and runs without packing; the reason says so.
+Models with attention sinks (gpt-oss) take varlen when its probe, gradients included, passes with sinks (see
+`attention_backends.SinkRescale`), else transformers' attention. Models with attention logit soft-capping (Gemma 2)
+or attention dropout keep transformers' attention, and so do vision-language models and runs without packing; the
+reason says so.
 """
 
 from __future__ import annotations
@@ -108,14 +110,17 @@ def _unsupported_reason(model) -> str | None:
     config = hf.config
     if getattr(config, "vision_config", None) is not None:
         return "vision-language model: its image encoder needs transformers' attention masks"
-    if any(hasattr(module, "sinks") for module in hf.modules()):
-        return "attention sinks (e.g. gpt-oss) are not supported by the packed kernels"
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(text, "attn_logit_softcapping", None):
         return "attention logit soft-capping (e.g. Gemma 2) is not supported by the packed kernels"
     if getattr(text, "attention_dropout", 0.0):
         return f"attention dropout {text.attention_dropout} is not supported by the packed kernels"
     return None
+
+
+def _has_sinks(model) -> bool:
+    """Attention with per-head sink logits (gpt-oss)."""
+    return any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in _hf_model(model).modules())
 
 
 def _model_dtype(model) -> torch.dtype:
@@ -140,8 +145,9 @@ def _attention_shape(model) -> tuple[int, int, int, list[int | None]]:
 # ---- the varlen probe --------------------------------------------------------------------------------------------
 
 def probe_varlen(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
-                 windows: list[int | None]) -> str | None:
-    """Run varlen attention once on the device (grouped heads, windows, backward) against a dense reference.
+                 windows: list[int | None], sinks: bool = False) -> str | None:
+    """Run varlen attention once on the device (grouped heads, windows, backward) against a dense reference;
+    with `sinks`, sink logits too, and every gradient (q, k, v, sinks) compared as well.
 
     Sets `backends.VARLEN_OPTIONS` (expanding key/value heads if grouped heads fail). This syncs, but runs once
     per run, before training. Returns None when varlen works, else the reason it cannot be used.
@@ -149,11 +155,14 @@ def probe_varlen(device: torch.device, dtype: torch.dtype, heads: int, kv_heads:
     options = backends.varlen_signature()
     if any(w is not None for w in windows) and not options.window:
         return "this torch's varlen_attn has no sliding-window support"
+    if sinks and not options.lse:
+        return "this torch's varlen_attn cannot return the log-sum-exp that attention sinks need"
     failures = []
-    for candidate in (options, backends.VarlenOptions(options.window, options.gqa_flag, repeat_kv=True)):
+    for candidate in (options, backends.VarlenOptions(options.window, options.gqa_flag, repeat_kv=True,
+                                                      lse=options.lse)):
         backends.VARLEN_OPTIONS = candidate
         try:
-            error = _varlen_error(device, dtype, heads, kv_heads, head_dim, windows)
+            error = _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks)
         except Exception as exc:  # a kernel that cannot run here: try the next way, then report
             error = f"{type(exc).__name__}: {exc}"
         if error is None:
@@ -169,7 +178,30 @@ def probe_varlen(device: torch.device, dtype: torch.dtype, heads: int, kv_heads:
 _PROBE_TOLERANCE = 5e-2
 
 
-def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows) -> str | None:
+def sink_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                             sinks: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
+    """Dense attention in the inputs' dtype, gpt-oss style: (1, H, T, D) q, (1, Hkv, T, D) k / v, a boolean mask
+    (`block_causal_mask`'s (1, 1, T, T)), optional (H,) sink logits joining every row's softmax with no value.
+    Returns (T, H, D)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = backends._repeat_kv(k, groups), backends._repeat_kv(v, groups)
+    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return (probs @ v).transpose(1, 2)[0]
+
+
+def _relative_error(got: torch.Tensor | None, want: torch.Tensor) -> float:
+    if got is None or not torch.isfinite(got).all():
+        return float("inf")
+    return ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+
+
+def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool = False) -> str | None:
     generator = torch.Generator(device="cpu").manual_seed(0)
     lengths = [5, 11, 1, 8]
     total = sum(lengths)
@@ -177,16 +209,24 @@ def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows) -> str | No
     for window in windows:
         q, k, v = (torch.randn(1, h, total, head_dim, generator=generator).to(device, dtype).requires_grad_()
                    for h in (heads, kv_heads, kv_heads))
-        out = backends._varlen(q, k, v, cu, max(lengths), None, window)
-        out.float().square().sum().backward()
+        sink = (torch.randn(heads, generator=generator) + 1.0).to(device, dtype).requires_grad_() if sinks else None
+        out = backends._varlen(q, k, v, cu, max(lengths), None, window, sink)
+        grad_out = torch.randn(out.shape, generator=generator).to(device)
+        (out.float() * grad_out).sum().backward()
         mask = backends.block_causal_mask(cu, total, window)
-        groups = heads // kv_heads
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            q.detach().float(), backends._repeat_kv(k.detach().float(), groups),
-            backends._repeat_kv(v.detach().float(), groups), attn_mask=mask).transpose(1, 2)[0]
-        diff = (out.detach().float() - ref).abs().max().item()
-        if not diff <= _PROBE_TOLERANCE or k.grad is None or not torch.isfinite(k.grad).all():
-            return f"window {window}: max difference {diff:.3g} from the dense reference"
+        leaves = [t.detach().float().requires_grad_() for t in (q, k, v) + ((sink,) if sinks else ())]
+        ref = sink_attention_reference(*leaves[:3], mask, leaves[3] if sinks else None)
+        (ref * grad_out).sum().backward()
+        errors = {"output": _relative_error(out.detach(), ref.detach())}
+        if sinks:  # the sink path relies on the attention node's saved output: check every gradient
+            errors |= {name: _relative_error(t.grad, ref_t.grad)
+                       for name, t, ref_t in zip(("dq", "dk", "dv", "d sinks"), (q, k, v, sink), leaves, strict=True)}
+        elif k.grad is None or not torch.isfinite(k.grad).all():
+            errors["dk"] = float("inf")
+        bad = {name: f"{err:.3g}" for name, err in errors.items() if not err <= _PROBE_TOLERANCE}
+        if bad:
+            return f"window {window}{' with sinks' if sinks else ''}: relative errors {bad} against the dense " \
+                   "reference"
     return None
 
 
@@ -200,6 +240,9 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]
     unsupported = _unsupported_reason(model)
     if unsupported:
         return "hf", f"transformers' attention: {unsupported}"
+    sinks = _has_sinks(model)
+    if sinks and requested not in ("auto", "varlen"):
+        return "hf", "transformers' attention: attention sinks (e.g. gpt-oss) are handled by varlen only"
     on_cuda = device.type == "cuda"
     half = _model_dtype(model) in (torch.bfloat16, torch.float16)
     why_not: dict[str, str] = {}
@@ -211,10 +254,14 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]
         elif not backends.varlen_available():
             why_not["varlen"] = f"torch {torch.__version__} has no torch.nn.attention.varlen"
         else:
-            failure = probe_varlen(device, _model_dtype(model), *_attention_shape(model))
+            failure = probe_varlen(device, _model_dtype(model), *_attention_shape(model), sinks=sinks)
             if failure is None:
-                return "varlen", "torch varlen_attn (flash kernel) with the batch's cu_seqlens, no mask"
+                return "varlen", ("torch varlen_attn (flash kernel) with the batch's cu_seqlens, no mask"
+                                  + ("; sink logits applied from its log-sum-exp" if sinks else ""))
             why_not["varlen"] = failure
+    if sinks:
+        return "hf", "transformers' attention: attention sinks are handled by varlen only (" + \
+            "; ".join(why_not.values()) + ")"
     if requested in ("auto", "flash"):
         if not on_cuda or not half:
             why_not["flash"] = "flash-attn needs a CUDA GPU and bf16/fp16 weights"

@@ -144,9 +144,10 @@ def _window(sliding_window) -> int | None:
     return int(sliding_window) if sliding_window else None
 
 
-def _check_supported(kwargs: dict) -> None:
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise ValueError("Hone's packed attention does not handle attention soft-capping or sink logits; "
+def _check_supported(kwargs: dict, sinks: bool = False) -> None:
+    """Soft-capping is never handled; sink logits (`s_aux`, gpt-oss) only by varlen with `sinks=True`."""
+    if kwargs.get("softcap") is not None or (kwargs.get("s_aux") is not None and not sinks):
+        raise ValueError("this packed attention does not handle attention soft-capping or sink logits; "
                          "configure() keeps transformers' attention for such models")
 
 
@@ -220,13 +221,15 @@ class VarlenOptions:
     window: bool
     gqa_flag: bool
     repeat_kv: bool = False
+    lse: bool = False  # returns the log-sum-exp on request (`return_aux`): what attention sinks need
 
 
 def varlen_signature() -> VarlenOptions:
-    from torch.nn.attention.varlen import varlen_attn
+    from torch.nn.attention import varlen
 
-    params = inspect.signature(varlen_attn).parameters
-    return VarlenOptions(window="window_size" in params, gqa_flag="enable_gqa" in params)
+    params = inspect.signature(varlen.varlen_attn).parameters
+    return VarlenOptions(window="window_size" in params, gqa_flag="enable_gqa" in params,
+                         lse="return_aux" in params and hasattr(varlen, "AuxRequest"))
 
 
 VARLEN_OPTIONS: VarlenOptions | None = None
@@ -235,7 +238,43 @@ VARLEN_OPTIONS: VarlenOptions | None = None
 GROUPED_BACKWARD = False
 
 
-def _varlen(query, key, value, cu, max_len, scaling, window):
+class SinkRescale(torch.autograd.Function):
+    """Attention sinks after flash attention: `out * sigmoid(lse - sink)`, with the saved output kept in step.
+
+    A sink adds e^sink (one logit per head, no value) to every row's softmax denominator Z = e^lse, so the output
+    becomes out * Z / (Z + e^sink) = out * w with w = sigmoid(lse - sink). The scores' gradient then has a share
+    through lse as well as through out, and the flash backward ignores an lse gradient: it computes
+    d scores = p * (dO . v - rowsum(dO * saved_out)). Handing it dO = w * d(out * w) and, as its saved output,
+    out * w itself (written into the tensor the attention node saved, without bumping its version: the node
+    reads it for exactly this row sum) gives rowsum = w^2 <d, out> = w <d, out> - w (1 - w) <d, out>: the second
+    term is lse's share, so the flash backward returns the full gradients of q, k and v.
+    """
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+        wide = torch.promote_types(out.dtype, torch.float32)  # float32 for 16-bit attention
+        weight = torch.sigmoid(lse.to(wide) - sinks.to(wide)[None, :])  # (T, H)
+        scaled = out * weight[..., None].to(out.dtype)
+        out.data.copy_(scaled)  # the attention node's saved output (see above)
+        ctx.save_for_backward(scaled, weight)
+        ctx.sinks_dtype = sinks.dtype
+        return scaled
+
+    @staticmethod
+    def backward(ctx, d_scaled: torch.Tensor):
+        scaled, weight = ctx.saved_tensors
+        d_out = d_scaled * weight[..., None].to(d_scaled.dtype)
+        # d sink = -sum over tokens of <d, out> w (1 - w) = -sum <d, out * w> (1 - w)
+        d_sinks = -((d_scaled.to(weight.dtype) * scaled.to(weight.dtype)).sum(-1) * (1.0 - weight)).sum(0)
+        return d_out, None, d_sinks.to(ctx.sinks_dtype)
+
+
+def _rows_by_heads(lse: torch.Tensor, tokens: int, heads: int) -> torch.Tensor:
+    """The log-sum-exp as (T, H): flash's varlen kernels give it (H, T)."""
+    return lse if lse.shape == (tokens, heads) else lse.transpose(0, 1)
+
+
+def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None):
     from torch.nn.attention.varlen import varlen_attn
 
     options = VARLEN_OPTIONS or varlen_signature()
@@ -259,6 +298,14 @@ def _varlen(query, key, value, cu, max_len, scaling, window):
     def attend(q, k, v, cu, max_len):
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
+    if sinks is not None:
+        if not options.lse or GROUPED_BACKWARD:
+            raise ValueError("attention sinks need varlen_attn's log-sum-exp (torch >= 2.10) and whole-batch "
+                             "backward; configure() keeps transformers' attention otherwise")
+        from torch.nn.attention.varlen import AuxRequest
+
+        out, lse = varlen_attn(q, k, v, cu, cu, max_len, max_len, return_aux=AuxRequest(lse=True), **kwargs)
+        return SinkRescale.apply(out, _rows_by_heads(lse, *out.shape[:2]), sinks)
     if not GROUPED_BACKWARD:
         return attend(q, k, v, cu, max_len)
     from hone.core.attention_chunks import attention
@@ -271,7 +318,7 @@ def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, sca
     if _needs_fallback(module, query, kwargs, per_layer):
         return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                         sliding_window=sliding_window, **kwargs)
-    _check_supported(kwargs)
+    _check_supported(kwargs, sinks=True)
     if dropout and module.training:
         raise ValueError("varlen attention has no attention dropout; configure() keeps SDPA for such models")
     if per_layer:
@@ -279,7 +326,7 @@ def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, sca
     else:
         cu, max_len = _packed_metadata(kwargs)
     _count("packed_calls")
-    out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window))
+    out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window), kwargs.get("s_aux"))
     return out.view(query.shape[0], query.shape[2], query.shape[1], -1), None
 
 

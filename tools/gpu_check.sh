@@ -4,7 +4,7 @@
 #
 #   tools/gpu_check.sh [--out DIR] STAGE ...
 #   stages: env | tests-{attn,moe,kernels,offload,groups,embed,vision,rest} | spine | demo | demo-shape | micro-kernels |
-#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final | s15 | s15b | s15c | s15d | s16 | s16b | s16c | s16d | s16e
+#           bench-{dense,dense-all,8b,long,moe,gptoss,qlora,vision,lean} | mem-{dense,8b,moe} (with --memory-trace) | final | s15 | s15b | s15c | s15d | s16 | s16b | s16c | s16d | s16e | s16f
 #
 # Needs: python3 with torch (CUDA), transformers, peft; the wheels that ../shared/device/wheels.sh puts in
 # .whl/ (bitsandbytes, datasets, gguf) are installed first when present. The bundled demo model (package
@@ -237,6 +237,9 @@ for s in "$@"; do
     s16e) bench s16e-moe 130 moe-qwen3 --steps 5 --warmup 1 --micro off --no-sync-count --memory-trace \
             --only 'all,all-lean'
           bench s16e-gptoss 120 moe-gptoss --steps 3 --warmup 1 --micro off --no-sync-count --only 'all' ;;
+    s16f) gpu_tests tests-s16f 110 tests/core/test_attention_gpu.py -k "sinks or packed_model_equals"
+          bench s16f-gptoss 100 moe-gptoss --steps 3 --warmup 1 --micro off --no-sync-count --memory-trace \
+            --only 'all,all-lean' ;;
     bench-lean) bench bench-lean-dense 60 dense-0.6b --steps 3 --warmup 1 --micro off --only all-lean
                 bench bench-lean-8b 120 dense-8b --steps 3 --warmup 1 --micro off --no-sync-count \
                   --only 'all-offload-double,all-lean'

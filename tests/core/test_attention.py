@@ -161,3 +161,77 @@ def test_attention_bench_runs_on_cpu_and_agrees_with_the_dense_path():
     assert result["mask_builds_per_layer_ours_per_layer"] == 1.0
     assert all(result[key] > 0 for key in ("dense_total_ms", "ours_ms", "ours_per_layer_ms", "dense_mask_build_ms"))
     assert "speedup" in format_table(result)
+
+
+class _FlashLike(torch.autograd.Function):
+    """Dense attention with flash's backward contract (what `SinkRescale` relies on): (T, H, D) layout, returns
+    (out, lse (H, T)), saves its output and recomputes the probabilities from lse; an lse gradient is ignored and
+    d scores = p * (dO . v - rowsum(dO * saved out))."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        scores = torch.einsum("thd,shd->hts", q, k) * q.shape[-1] ** -0.5
+        scores = scores.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # (H, T)
+        out = torch.einsum("hts,shd->thd", torch.exp(scores - lse[..., None]), v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mask = mask
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, _d_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        scale = q.shape[-1] ** -0.5
+        scores = (torch.einsum("thd,shd->hts", q, k) * scale).masked_fill(~ctx.mask, float("-inf"))
+        p = torch.exp(scores - lse[..., None])
+        dv = torch.einsum("hts,thd->shd", p, d_out)
+        dp = torch.einsum("thd,shd->hts", d_out, v)
+        ds = p * (dp - (d_out * out).sum(-1).T[..., None])
+        return torch.einsum("hts,shd->thd", ds, k) * scale, torch.einsum("hts,thd->shd", ds, q) * scale, dv, None
+
+
+def test_sink_rescale_after_a_flash_style_node_gives_the_gradients_of_sink_attention():
+    from hone.core.attention import sink_attention_reference
+
+    gen = torch.Generator().manual_seed(3)
+    lengths, heads, dim = [5, 9, 2], 3, 8
+    total = sum(lengths)
+    cu = torch.tensor([0, 5, 14, 16], dtype=torch.int32)
+    mask = attention_backends.block_causal_mask(cu, total, None)
+    leaves = [torch.randn(total, heads, dim, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(3)]
+    sinks = torch.randn(heads, generator=gen, dtype=torch.float64).requires_grad_()
+    grad_out = torch.randn(total, heads, dim, generator=gen, dtype=torch.float64)
+
+    out, lse = _FlashLike.apply(*leaves, mask[0, 0])
+    got = attention_backends.SinkRescale.apply(out, attention_backends._rows_by_heads(lse, total, heads), sinks)
+    (got * grad_out).sum().backward()
+    got_grads = [t.grad for t in (*leaves, sinks)]
+
+    ref_leaves = [t.detach().clone().requires_grad_() for t in (*leaves, sinks)]
+    q, k, v = (t.transpose(0, 1)[None] for t in ref_leaves[:3])
+    want = sink_attention_reference(q, k, v, mask, ref_leaves[3])
+    (want * grad_out).sum().backward()
+    torch.testing.assert_close(got, want)
+    for name, g, t in zip(("dq", "dk", "dv", "d sinks"), got_grads, ref_leaves, strict=True):
+        torch.testing.assert_close(g, t.grad, msg=lambda m, n=name: f"{n}: {m}")
+    # without the saved output kept in step, the gradients of q and k miss lse's share
+    assert not torch.allclose(leaves[0].grad, torch.zeros_like(leaves[0].grad))
+
+
+def test_sink_models_on_a_gpu_take_varlen_only_through_its_sink_probe(monkeypatch):
+    model = model_of("tiny-moe-gptoss")
+    seen = {}
+
+    def probe(device, dtype, heads, kv_heads, head_dim, windows, sinks=False):
+        seen["sinks"] = sinks
+        return "probe says no"
+
+    monkeypatch.setattr(attention, "probe_varlen", probe)
+    monkeypatch.setattr(attention.backends, "varlen_available", lambda: True)
+    monkeypatch.setattr(attention, "_model_dtype", lambda model: torch.bfloat16)
+    name, reason = attention.choose(model, "auto", "cuda")
+    assert seen == {"sinks": True} and name == "hf" and "probe says no" in reason
+    assert attention.choose(model, "sdpa", "cuda")[0] == "hf"
+    monkeypatch.setattr(attention, "probe_varlen", lambda *args, **kwargs: None)
+    name, reason = attention.choose(model, "auto", "cuda")
+    assert name == "varlen" and "sink" in reason

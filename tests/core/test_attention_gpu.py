@@ -121,7 +121,17 @@ def test_flash_attn_package_equals_per_sequence(heads, kv_heads, head_dim, windo
 
 
 @needs_cuda
-@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-dense", "tiny-mistral-swa"])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(64, 8, 64), (4, 4, 128)])
+def test_varlen_with_sinks_passes_its_probe_at_gptoss_shapes(heads, kv_heads, head_dim):
+    """Outputs and the gradients of q, k, v and the sinks against the dense fp32 reference (gpt-oss-20b's heads,
+    its 128-token window and full attention)."""
+    failure = attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None, 128],
+                                     sinks=True)
+    assert failure is None, failure
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-dense", "tiny-mistral-swa", "tiny-moe-gptoss"])
 def test_varlen_packed_model_equals_sequences_run_one_by_one(shape):
     model = model_of(shape).to(DEVICE, torch.bfloat16)
     rows = random_rows([130, 7, 300, 41], seed=11)
