@@ -326,7 +326,7 @@ def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, sca
     else:
         cu, max_len = _packed_metadata(kwargs)
     _count("packed_calls")
-    out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window), kwargs.get("s_aux"))
+    out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window), sinks=kwargs.get("s_aux"))
     return out.view(query.shape[0], query.shape[2], query.shape[1], -1), None
 
 

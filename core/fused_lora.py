@@ -56,7 +56,7 @@ def _has_autocast(device_type: str) -> bool:
     return torch.amp.is_autocast_available(device_type)
 
 
-def _autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+def autocast_dtype_on(x: torch.Tensor) -> torch.dtype | None:
     """The dtype autocast computes in on x's device, or None when autocast is off there."""
     device_type = x.device.type
     if not _has_autocast(device_type) or not torch.is_autocast_enabled(device_type):
@@ -119,7 +119,7 @@ def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     compute_dtype = _nf4_compute_dtype(base, x) if plan.quantized else weight.dtype
     if weight.requires_grad or (not plan.quantized and x.dtype != compute_dtype):
         return type(self).forward(self, x, *args, **kwargs)
-    autocast_dtype = _autocast_dtype(x)
+    autocast_dtype = autocast_dtype_on(x)
     if autocast_dtype is not None and autocast_dtype != compute_dtype:
         return type(self).forward(self, x, *args, **kwargs)  # autocast would change the GEMMs' dtype: peft's path
 

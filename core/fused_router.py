@@ -21,6 +21,7 @@ import types
 
 import torch
 
+from hone.core.fused_lora import autocast_dtype_on
 from hone.core.fused_patch import Undo, swap_forward
 from hone.kernels.lora import lora_linear
 from hone.kernels.router import router_top_k, router_top_k_reference
@@ -107,6 +108,9 @@ def _fused_router_forward(self, x: torch.Tensor, *args, **kwargs):
     weight = router.weight
     if factors is None or weight.requires_grad or x.shape[-1] != weight.shape[1]:
         return type(self).forward(self, x, *args, **kwargs)
+    autocast_dtype = autocast_dtype_on(x)
+    if autocast_dtype is not None and autocast_dtype != weight.dtype:
+        return type(self).forward(self, x, *args, **kwargs)  # autocast would change the GEMMs' dtype: peft's path
     a, b, scale = factors
     x2 = x.reshape(-1, weight.shape[1])
     x_in = x2 if x2.dtype == weight.dtype else x2.to(weight.dtype)

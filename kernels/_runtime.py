@@ -98,8 +98,8 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 def _argument_key(args: tuple) -> tuple | None:
     """What Triton specializes a compiled kernel on, for positional launch arguments: a tensor's dtype and 16-byte
     alignment, an integer being 1, a multiple of 16 and within int32, a float being a float, a bool's value.
-    (Finer than Triton's own key where it costs nothing: a finer key only compiles nothing new, it asks Triton
-    for the same kernel once more.) None for an argument of another kind: then Triton's own path runs.
+    Where this is finer than Triton's own key, a new key costs one launch through Triton, which finds the kernel
+    it compiled before. None for an argument of another kind: then Triton's own path runs.
 
     This runs at every launch: exact type checks (no isinstance walks) and one small value per argument.
     """

@@ -15,8 +15,9 @@ from torch._dynamo.testing import CompileCounter
 from hone.core import attention_backends as backends
 
 
-def _sdpa_varlen(query, key, value, cu, max_len, scaling, window):
-    """(B, H, T, D) query/key/value -> (B * T, H, D), like torch's varlen_attn, for the CPU."""
+def _sdpa_varlen(query, key, value, cu, max_len, scaling, window, sinks=None):
+    """(B, H, T, D) query/key/value -> (B * T, H, D), like torch's varlen_attn, for the CPU (no sinks here)."""
+    assert sinks is None
     total = query.shape[2]
     mask = backends.block_causal_mask(cu, total, window)
     groups = query.shape[1] // key.shape[1]
