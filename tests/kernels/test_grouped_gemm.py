@@ -139,6 +139,7 @@ def test_tuned_config_is_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("HONE_CACHE", str(tmp_path))
     monkeypatch.setenv("HONE_TRITON_AUTOTUNE", "1")
     monkeypatch.setattr(tuning, "_memory", {})
+    monkeypatch.setattr(tuning, "_recent", {})
     monkeypatch.setattr(tuning, "_disk_loaded", set())
     counts = [300, 0, 212]
     x = torch.randn(sum(counts), 256, device="cuda", dtype=torch.bfloat16)
@@ -150,3 +151,29 @@ def test_tuned_config_is_cached_on_disk(tmp_path, monkeypatch):
     cache = tmp_path / "triton" / tuning.CACHE_FILE
     assert cache.exists(), f"no tuning cache written at {cache}"
     assert "forward|" in cache.read_text()
+
+
+def test_repeated_config_lookups_are_answered_from_recent_calls(monkeypatch):
+    """A layer asks for its config hundreds of times a step: only the first ask of a key builds the string key and
+    looks it up (or tunes); the memo is dropped when it grows past its limit (batch lengths vary)."""
+    from hone.kernels import grouped_gemm_tuning as tuning
+
+    asked = []
+
+    def slow_path(kind, device, dtype, rows, n, k, flags, launch):
+        asked.append(rows)
+        return tuning.heuristic(kind, rows, n, k)
+
+    monkeypatch.setattr(tuning, "_recent", {})
+    monkeypatch.setattr(tuning, "_RECENT_LIMIT", 2)
+    monkeypatch.setattr(tuning, "_pick_config", slow_path)
+    cuda, flags = torch.device("cuda"), (False,) * 5  # only the device's type is read on this path
+
+    def pick(rows):
+        return tuning.pick_config("forward", cuda, torch.bfloat16, rows, 384, 256, flags, None, False)
+
+    assert pick(512) is pick(512) and asked == [512]
+    pick(1024)
+    pick(2048)  # the memo was full: it starts again with this key
+    pick(512)
+    assert asked == [512, 1024, 2048, 512]
