@@ -16,9 +16,10 @@ Backends:
 - sdpa: SDPA with one block-diagonal causal mask per batch, shared across layers (CPU, older GPUs, fp32).
 - hf: transformers' own attention, untouched (it builds its mask from position_ids every forward).
 Models with attention sinks (gpt-oss) take varlen when its probe, gradients included, passes with sinks (see
-`attention_backends.SinkRescale`), else transformers' attention. Models with attention logit soft-capping (Gemma 2)
-or attention dropout keep transformers' attention, and so do vision-language models and runs without packing; the
-reason says so.
+`attention_backends.SinkRescale`), else the shared block mask with the sink attention computed densely (never
+transformers' own attention for packed rows: gpt-oss builds its masks without the position ids, so a packed row
+would attend across its sequences). Models with attention logit soft-capping (Gemma 2) or attention dropout keep
+transformers' attention, and so do vision-language models and runs without packing; the reason says so.
 """
 
 from __future__ import annotations
@@ -236,13 +237,13 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]
     """Pick a backend name ("varlen", "flash", "sdpa", "hf") and the reason, without touching the model."""
     device = torch.device(device)
     if requested == "hf":
-        return "hf", "speed.attention = hf: transformers' own attention"
+        caveat = (" (gpt-oss builds its masks without the position ids: packed sequences attend to each other; "
+                  "`auto` keeps them apart)") if _has_sinks(model) else ""
+        return "hf", "speed.attention = hf: transformers' own attention" + caveat
     unsupported = _unsupported_reason(model)
     if unsupported:
         return "hf", f"transformers' attention: {unsupported}"
     sinks = _has_sinks(model)
-    if sinks and requested not in ("auto", "varlen"):
-        return "hf", "transformers' attention: attention sinks (e.g. gpt-oss) are handled by varlen only"
     on_cuda = device.type == "cuda"
     half = _model_dtype(model) in (torch.bfloat16, torch.float16)
     why_not: dict[str, str] = {}
@@ -259,11 +260,10 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]
                 return "varlen", ("torch varlen_attn (flash kernel) with the batch's cu_seqlens, no mask"
                                   + ("; sink logits applied from its log-sum-exp" if sinks else ""))
             why_not["varlen"] = failure
-    if sinks:
-        return "hf", "transformers' attention: attention sinks are handled by varlen only (" + \
-            "; ".join(why_not.values()) + ")"
     if requested in ("auto", "flash"):
-        if not on_cuda or not half:
+        if sinks:
+            why_not["flash"] = "flash-attn has no attention sinks"
+        elif not on_cuda or not half:
             why_not["flash"] = "flash-attn needs a CUDA GPU and bf16/fp16 weights"
         elif not backends.fa2_available():
             why_not["flash"] = "the flash-attn package is not installed"
@@ -271,6 +271,9 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]
             return "flash", "flash-attn flash_attn_varlen_func with the batch's cu_seqlens, no mask"
     detail = "; ".join(why_not.values())
     reason = "SDPA with one block-diagonal causal mask per batch, shared by all layers"
+    if sinks:
+        reason = ("one block-diagonal causal mask per batch, shared by all layers, attention with sinks computed "
+                  "densely as transformers' eager attention does")
     return "sdpa", reason + (f" ({detail})" if detail else "")
 
 

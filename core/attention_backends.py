@@ -170,6 +170,17 @@ def _hf_sdpa(module, query, key, value, attention_mask, **kwargs):
         kwargs.pop(name, None)
     window = _window(kwargs.get("sliding_window"))
     total = query.shape[2]
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:  # transformers' SDPA has no sink logits: the dense form, causal over each row
+        if attention_mask is None:
+            whole = torch.tensor([0, key.shape[2]], dtype=torch.int32, device=query.device)
+            mask = block_causal_mask(whole, key.shape[2], window)[..., -total:, :]
+        elif attention_mask.dtype == torch.bool:
+            mask = attention_mask
+        else:  # an additive float mask: its large negative entries are the masked ones
+            mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
+        return dense_sink_attention(query, key, value, mask, sinks, kwargs.get("scaling"), dropout), None
     if (attention_mask is None and window is not None and window < total == key.shape[2]
             and _is_causal(module, kwargs)):
         whole = torch.tensor([0, total], dtype=torch.int32, device=query.device)
@@ -196,6 +207,23 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
         return x
     b, h, t, d = x.shape
     return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
+
+
+def dense_sink_attention(query, key, value, mask: torch.Tensor, sinks: torch.Tensor, scaling=None,
+                         dropout: float = 0.0) -> torch.Tensor:
+    """Attention with per-head sink logits (gpt-oss) computed densely, as transformers' eager gpt-oss attention
+    does (its dtype, its memory) but under the given boolean mask: (B, H, T, D) query, (B, Hkv, T, D) key / value,
+    a mask broadcastable to (B, H, T, T) (True = attend), (H,) sinks. Returns (B, T, H, D)."""
+    groups = query.shape[1] // key.shape[1]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = (query @ _repeat_kv(key, groups).transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    logits = torch.cat([scores, column], dim=-1)
+    probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+    if dropout:
+        probs = F.dropout(probs, p=dropout)
+    return (probs.to(value.dtype) @ _repeat_kv(value, groups)).transpose(1, 2).contiguous()
 
 
 # ---- varlen (torch) ----------------------------------------------------------------------------------------------
@@ -390,7 +418,7 @@ def _blockmask_forward(module, query, key, value, attention_mask, *, per_layer, 
     if _needs_fallback(module, query, kwargs, per_layer):
         return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                         sliding_window=sliding_window, **kwargs)
-    _check_supported(kwargs)
+    _check_supported(kwargs, sinks=True)
     batch, _, total, _ = query.shape
     if batch != 1:
         raise ValueError(f"packed attention expects one packed row, got a batch of {batch}")
@@ -400,6 +428,9 @@ def _blockmask_forward(module, query, key, value, attention_mask, *, per_layer, 
     else:
         mask = _shared_mask(_packed_metadata(kwargs)[0], total, window)
     _count("packed_calls")
+    if kwargs.get("s_aux") is not None:
+        return dense_sink_attention(query, key, value, mask, kwargs["s_aux"], scaling,
+                                    dropout if module.training else 0.0), None
     groups = query.shape[1] // key.shape[1]
     out = F.scaled_dot_product_attention(query, _repeat_kv(key, groups), _repeat_kv(value, groups), attn_mask=mask,
                                          dropout_p=dropout if module.training else 0.0, scale=scaling)

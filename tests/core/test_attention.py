@@ -127,10 +127,40 @@ def test_configure_reports_and_reverts():
 
 
 def test_unsupported_models_keep_transformers_attention():
-    model = model_of("tiny-moe-gptoss")
+    model = model_of("tiny-dense")
+    model.config.attention_dropout = 0.1
     choice = attention.configure(model, SpeedConfig(), "cpu")
-    assert choice.name == "hf" and "sinks" in choice.reason
+    assert choice.name == "hf" and "attention dropout" in choice.reason
     assert model.config._attn_implementation == choice.previous
+
+
+def test_packed_gptoss_with_sinks_equals_its_sequences_run_one_by_one_on_the_cpu():
+    """gpt-oss's own masks ignore the position ids (a packed row attends across its sequences); Hone's shared
+    block mask with the sink attention computed densely gives each sequence's own loss and gradients."""
+    model = model_of("tiny-moe-gptoss")
+    rows = random_rows([13, 5, 21, 9], seed=7)  # 13 and 21 are past the tiny shape's 8-token window
+    want = per_sequence_loss(model, rows)  # transformers' eager attention with sinks, one sequence at a time
+    want.backward()
+    want_grads = grads(model)
+    model.zero_grad()
+
+    choice = attention.configure(model, SpeedConfig(attention="auto"), "cpu")
+    assert choice.name == "sdpa" and "sinks" in choice.reason
+    stats = attention_backends.reset_stats()
+    got = loss_sum(model, collate_packed(rows))
+    got.backward()
+    torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-4)
+    assert_grads_close(grads(model), want_grads)
+    assert any("sinks" in name for name in want_grads)
+    assert stats.packed_calls == model.config.num_hidden_layers and stats.fallback_calls == 0
+
+    # an unpacked call (generation, no packed metadata) keeps the sinks too: the eager logits of one sequence
+    ids = torch.as_tensor(rows[2].input_ids)[None]
+    with torch.no_grad():
+        got_logits = model(input_ids=ids, use_cache=False).logits
+        attention.revert(model, choice)
+        want_logits = model(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
 
 
 def test_configure_through_peft_and_unpacked_calls_fall_back():
@@ -218,7 +248,7 @@ def test_sink_rescale_after_a_flash_style_node_gives_the_gradients_of_sink_atten
     assert not torch.allclose(leaves[0].grad, torch.zeros_like(leaves[0].grad))
 
 
-def test_sink_models_on_a_gpu_take_varlen_only_through_its_sink_probe(monkeypatch):
+def test_sink_models_on_a_gpu_take_varlen_through_its_sink_probe_else_the_block_mask(monkeypatch):
     model = model_of("tiny-moe-gptoss")
     seen = {}
 
@@ -230,8 +260,9 @@ def test_sink_models_on_a_gpu_take_varlen_only_through_its_sink_probe(monkeypatc
     monkeypatch.setattr(attention.backends, "varlen_available", lambda: True)
     monkeypatch.setattr(attention, "_model_dtype", lambda model: torch.bfloat16)
     name, reason = attention.choose(model, "auto", "cuda")
-    assert seen == {"sinks": True} and name == "hf" and "probe says no" in reason
-    assert attention.choose(model, "sdpa", "cuda")[0] == "hf"
+    assert seen == {"sinks": True} and name == "sdpa" and "probe says no" in reason and "sinks" in reason
+    assert attention.choose(model, "flash", "cuda")[0] == "sdpa"  # flash-attn has no sinks
+    assert "attend to each other" in attention.choose(model, "hf", "cuda")[1]
     monkeypatch.setattr(attention, "probe_varlen", lambda *args, **kwargs: None)
     name, reason = attention.choose(model, "auto", "cuda")
     assert name == "varlen" and "sink" in reason
