@@ -172,13 +172,14 @@ def _hf_sdpa(module, query, key, value, attention_mask, **kwargs):
     total = query.shape[2]
     sinks = kwargs.get("s_aux")
     if sinks is not None:  # transformers' SDPA has no sink logits: the dense form, causal over each row
-        if attention_mask is None:
+        if attention_mask is not None and attention_mask.dim() == 4:  # a full mask: used as given
+            mask = attention_mask if attention_mask.dtype == torch.bool else \
+                attention_mask > torch.finfo(attention_mask.dtype).min / 2  # additive: large negatives are masked
+        else:
             whole = torch.tensor([0, key.shape[2]], dtype=torch.int32, device=query.device)
             mask = block_causal_mask(whole, key.shape[2], window)[..., -total:, :]
-        elif attention_mask.dtype == torch.bool:
-            mask = attention_mask
-        else:  # an additive float mask: its large negative entries are the masked ones
-            mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+            if attention_mask is not None:  # a (B, keys) padding mask
+                mask = mask & attention_mask.bool()[:, None, None, :]
         dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
         return dense_sink_attention(query, key, value, mask, sinks, kwargs.get("scaling"), dropout), None
     if (attention_mask is None and window is not None and window < total == key.shape[2]
