@@ -181,19 +181,9 @@ _PROBE_TOLERANCE = 5e-2
 
 def sink_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                              sinks: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
-    """Dense attention in the inputs' dtype, gpt-oss style: (1, H, T, D) q, (1, Hkv, T, D) k / v, a boolean mask
-    (`block_causal_mask`'s (1, 1, T, T)), optional (H,) sink logits joining every row's softmax with no value.
-    Returns (T, H, D)."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = backends._repeat_kv(k, groups), backends._repeat_kv(v, groups)
-    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    if sinks is not None:
-        column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
-        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(scores, dim=-1)
-    return (probs @ v).transpose(1, 2)[0]
+    """Dense attention in the inputs' dtype (`attention_backends.dense_sink_attention`) for one row: (1, H, T, D)
+    q, (1, Hkv, T, D) k / v, `block_causal_mask`'s (1, 1, T, T), optional (H,) sinks. Returns (T, H, D)."""
+    return backends.dense_sink_attention(q, k, v, mask, sinks, scale)[0]
 
 
 def _relative_error(got: torch.Tensor | None, want: torch.Tensor) -> float:

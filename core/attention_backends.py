@@ -210,18 +210,22 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
 
 
-def dense_sink_attention(query, key, value, mask: torch.Tensor, sinks: torch.Tensor, scaling=None,
+def dense_sink_attention(query, key, value, mask: torch.Tensor, sinks: torch.Tensor | None, scaling=None,
                          dropout: float = 0.0) -> torch.Tensor:
     """Attention with per-head sink logits (gpt-oss) computed densely, as transformers' eager gpt-oss attention
     does (its dtype, its memory) but under the given boolean mask: (B, H, T, D) query, (B, Hkv, T, D) key / value,
-    a mask broadcastable to (B, H, T, T) (True = attend), (H,) sinks. Returns (B, T, H, D)."""
+    a mask broadcastable to (B, H, T, T) (True = attend), (H,) sinks (None: plain attention, for references).
+    Returns (B, T, H, D)."""
     groups = query.shape[1] // key.shape[1]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     scores = (query @ _repeat_kv(key, groups).transpose(-1, -2)) * scale
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
-    logits = torch.cat([scores, column], dim=-1)
-    probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+    if sinks is not None:
+        column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, column], dim=-1)
+    probs = torch.softmax(scores - scores.amax(dim=-1, keepdim=True), dim=-1)
+    if sinks is not None:
+        probs = probs[..., :-1]
     if dropout:
         probs = F.dropout(probs, p=dropout)
     return (probs.to(value.dtype) @ _repeat_kv(value, groups)).transpose(1, 2).contiguous()

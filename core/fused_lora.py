@@ -7,7 +7,7 @@ DoRA or other variant, no `adapter_names` mixing), not merged, not disabled, a f
 the base's compute dtype (a bf16 model under bf16 autocast, as the trainer runs it on a GPU): there autocast
 changes no dtype of the fused node's GEMMs, and the output has peft's dtype. Anything else runs peft's own
 forward. What the checks read from the layer's submodules is kept between calls and read again when the adapter
-state changes (`_plan`): the checks run hundreds of times per step. Dropout runs through the layer's own
+state changes (`lora_plan`): the checks run hundreds of times per step. Dropout runs through the layer's own
 `lora_dropout` module on the same input as in peft, so a fixed seed draws the same mask; its output is kept in the
 compute dtype (what the GEMMs read anyway).
 """
@@ -65,7 +65,7 @@ def autocast_dtype_on(x: torch.Tensor) -> torch.dtype | None:
 
 
 class _Plan(NamedTuple):
-    """What one call of a layer in the plain case needs, read from its modules once (see `_plan`)."""
+    """What one call of a layer in the plain case needs, read from its modules once (see `lora_plan`)."""
 
     lora_a: torch.nn.Parameter
     lora_b: torch.nn.Parameter
@@ -78,7 +78,7 @@ class _Plan(NamedTuple):
 _PLAN_ATTR = "_hone_lora_plan"
 
 
-def _plan(self) -> _Plan | None:
+def lora_plan(self) -> _Plan | None:
     """The layer's plan for the plain case, or None when peft's own forward must run.
 
     Building it reads a dozen submodule attributes (each an `nn.Module.__getattr__`); the layer is called
@@ -111,7 +111,7 @@ def _plan(self) -> _Plan | None:
 
 def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """peft's `lora.Linear.forward` for the plain case in one autograd node; peft's own forward otherwise."""
-    plan = None if args or kwargs or torch.compiler.is_compiling() else _plan(self)
+    plan = None if args or kwargs or torch.compiler.is_compiling() else lora_plan(self)
     if plan is None or x.shape[-1] != plan.lora_a.shape[1]:
         return type(self).forward(self, x, *args, **kwargs)
     base = plan.base

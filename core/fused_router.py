@@ -21,7 +21,7 @@ import types
 
 import torch
 
-from hone.core.fused_lora import autocast_dtype_on
+from hone.core.fused_lora import autocast_dtype_on, lora_plan
 from hone.core.fused_patch import Undo, swap_forward
 from hone.kernels.lora import lora_linear
 from hone.kernels.router import router_top_k, router_top_k_reference
@@ -86,35 +86,20 @@ def router_reason(module: torch.nn.Module) -> str | None:
     return None
 
 
-def _lora_factors(wrapper: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, float] | None:
-    """(A (r, H), B (E, r), scale) of the one active adapter in the plain case, or None for peft's own path."""
-    if wrapper.disable_adapters or wrapper.merged:
-        return None
-    names = [name for name in wrapper.active_adapters if name in wrapper.lora_A]
-    if len(names) != 1 or names[0] in getattr(wrapper, "lora_variant", {}):
-        return None
-    name = names[0]
-    dropout = wrapper.lora_dropout[name] if name in wrapper.lora_dropout else None  # noqa: SIM401 - a ModuleDict has no get
-    if wrapper.training and dropout is not None and getattr(dropout, "p", 0.0) > 0:
-        return None
-    a, b = wrapper.lora_A[name].weight, wrapper.lora_B[name].weight
-    return a, b, float(wrapper.scaling[name])
-
-
 def _fused_router_forward(self, x: torch.Tensor, *args, **kwargs):
     """peft's ParamWrapper forward around a Qwen-style router, as two fused nodes (see the module docstring)."""
-    factors = None if args or kwargs or torch.compiler.is_compiling() else _lora_factors(self)
+    # the plain case as the fused LoRA linear reads it (kept on the wrapper between calls), without dropout
+    plan = None if args or kwargs or torch.compiler.is_compiling() else lora_plan(self)
     router = self.base_layer
     weight = router.weight
-    if factors is None or weight.requires_grad or x.shape[-1] != weight.shape[1]:
+    if plan is None or plan.dropout is not None or weight.requires_grad or x.shape[-1] != weight.shape[1]:
         return type(self).forward(self, x, *args, **kwargs)
     autocast_dtype = autocast_dtype_on(x)
     if autocast_dtype is not None and autocast_dtype != weight.dtype:
         return type(self).forward(self, x, *args, **kwargs)  # autocast would change the GEMMs' dtype: peft's path
-    a, b, scale = factors
     x2 = x.reshape(-1, weight.shape[1])
     x_in = x2 if x2.dtype == weight.dtype else x2.to(weight.dtype)
-    logits = lora_linear(x_in, a, b, scale, weight=weight)
+    logits = lora_linear(x_in, plan.lora_a, plan.lora_b, plan.scaling, weight=weight)
     weights, index = router_top_k(logits, router.top_k, bool(getattr(router, "norm_topk_prob", False)))
     return logits, weights, index
 

@@ -143,7 +143,8 @@ class CachedLaunch:
         arg_key = None if callable(grid) else _argument_key(args)
         if arg_key is None:
             return self.kernel[grid](*args, **kwargs)
-        device = _driver().get_current_device()
+        driver = _driver()
+        device = driver.get_current_device()
         key = (device, arg_key, tuple(kwargs.items()))
         entry = self._compiled.get(key)
         if entry is None:
@@ -153,7 +154,7 @@ class CachedLaunch:
                 self._compiled[key] = entry
             return compiled
         compiled, tail = entry
-        stream = _driver().get_current_stream(device)
+        stream = driver.get_current_stream(device)
         grid = (*grid, 1, 1)
         hooks = triton.knobs.runtime
         launch_args = (*args, *tail)
