@@ -16,7 +16,7 @@ DEFAULT_SIZE = (1440, 900)
 
 def main(argv: list[str] | None = None) -> int:
     """The `hone-studio` GUI script."""
-    from hone.core.commands.studio import add_arguments
+    from hone.app.studio_command import add_arguments
 
     parser = argparse.ArgumentParser(prog="hone-studio", description="Hone Studio: fine-tune LLMs on one GPU.")
     add_arguments(parser)

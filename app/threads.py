@@ -162,7 +162,7 @@ def core_trainer(config: RunConfig, control: RunControl, resume: Path | None = N
     worker thread, when a run starts)."""
     import torch
 
-    from hone.core.trainer import Trainer
+    from hone.core.train.trainer import Trainer
 
     if not torch.cuda.is_available():
         # A CPU run would otherwise take every core for its matmuls and starve the window's thread; leave it one.

@@ -180,9 +180,9 @@ class ChatModels:
     @classmethod
     def load(cls, model_name_or_path: str, adapter_dir: str | Path | None = None, *, device: str | None = None,
              model_overrides: dict[str, Any] | None = None) -> ChatModels:
-        """Load the base (any form `hone.core.models.load_model` takes) and, if given, a PEFT adapter folder."""
+        """Load the base (any form `hone.core.models.load.load_model` takes) and, if given, a PEFT adapter folder."""
         from hone.core.config import ModelConfig
-        from hone.core.models import load_model
+        from hone.core.models.load import load_model
 
         device = device or _default_device()
         model_cfg = ModelConfig(**{**(model_overrides or {}), "name_or_path": model_name_or_path})

@@ -1,5 +1,5 @@
 """AdamW over one flat buffer of parameters, with 16-bit moments stored by stochastic rounding; and the squared norm
-of a flat gradient buffer. Used by `hone.core.optim.FlatAdamW`.
+of a flat gradient buffer. Used by `hone.core.train.optim.FlatAdamW`.
 
 One kernel updates every trainable value: it reads the parameter (fp32), its gradient (any float dtype, scaled by
 the clipping coefficient read from the device, so clipping needs no host sync) and both moments, and writes the

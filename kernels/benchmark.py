@@ -19,7 +19,7 @@ import torch
 import triton
 
 from hone.kernels.glu import glu
-from hone.kernels.lora import lora_linear
+from hone.kernels.lora_linear import lora_linear
 from hone.kernels.nf4 import NF4Weight
 from hone.kernels.reference import (
     NF4_CODE,

@@ -1,6 +1,6 @@
 """Cross-entropy over a chunk of logits, its gradient written over the logits in place: two passes over memory.
 
-The chunked loss (`hone.core.loss`) computes each chunk's logits with one matmul and needs, per row, the loss
+The chunked loss (`hone.core.train.loss`) computes each chunk's logits with one matmul and needs, per row, the loss
 `logsumexp(z) - z[target]` and the gradient `softmax(z) - onehot(target)` towards the logits (z = the logits after
 the model's scale and soft-cap). In torch that takes a float32 copy of the chunk, a float32 temporary inside
 `logsumexp`, an exponent pass, a mask pass and a cast back: about 30 bytes of traffic per logit and three times the

@@ -2,7 +2,7 @@
 
 Naming chain: `_nf4_dequantize_kernel` (Triton) -> `nf4_dequantize_forward` (launcher) -> `NF4Weight.dequantize`
 (entry, with the torch fallback). There is no autograd Function: the base weight is frozen; the LoRA linear
-(`hone.kernels.lora`) calls `dequantize` in forward and again in backward instead of keeping a 16-bit copy.
+(`hone.kernels.lora_linear`) calls `dequantize` in forward and again in backward instead of keeping a 16-bit copy.
 
 Layout (bitsandbytes `Params4bit`): two 4-bit codes per byte, high nibble first, over the row-major (out, in)
 weight; one scale per `blocksize` (64) elements. With double quantization the scales are themselves uint8

@@ -50,7 +50,7 @@ def tiny_model_dir(tmp_path_factory, smollm2_tokenizer_dir):
     tokenizer, saved like any downloaded model (config.json, safetensors, tokenizer files)."""
     import shutil
 
-    from hone.core.shapes import build_model
+    from hone.core.models.shapes import build_model
 
     made = {}
 

@@ -71,7 +71,7 @@ random_model() {
 import sys
 from pathlib import Path
 from transformers import AutoTokenizer
-from hone.core.shapes import build_model
+from hone.core.models.shapes import build_model
 shape, folder = sys.argv[1], Path(sys.argv[2])
 build_model(shape).save_pretrained(folder)
 if Path(".gguf/tok/tokenizer.json").is_file():

@@ -196,7 +196,7 @@ class ChatPage(Page):
 
     # ---- sources ----
     def refresh_runs(self) -> None:
-        from hone.core.runs import list_runs
+        from hone.core.train.run_dir import list_runs
 
         runs_dir = Path(self.state.config.output.runs_dir)
         current = self.run_box.currentData()

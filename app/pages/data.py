@@ -61,7 +61,7 @@ class DataCheck:
 
 def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
     """The chosen model's tokenizer (downloads nothing the model load would not)."""
-    from hone.core.models import load_config, load_tokenizer
+    from hone.core.models.load import load_config, load_tokenizer
 
     _source, folder, config = load_config(model_cfg)
     return load_tokenizer(folder, config, model_cfg)

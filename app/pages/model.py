@@ -20,7 +20,7 @@ DETAILS = ["Architecture", "Model type", "Layers", "Hidden size", "Vocabulary", 
 
 def inspect(name_or_path: str) -> Any:
     """Read a model's config (no weights). Runs on a worker thread: this is where torch first loads."""
-    from hone.core.models import inspect_model
+    from hone.core.models.load import inspect_model
 
     return inspect_model(name_or_path)
 

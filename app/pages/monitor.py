@@ -419,7 +419,7 @@ class MonitorPage(Page):
     # ---- past runs ----
     def show_run(self, run_dir: str | Path) -> None:
         """Replay a finished run's metrics.jsonl into the charts (no dialogs, no live updates)."""
-        from hone.core.runs import read_events
+        from hone.core.train.run_dir import read_events
 
         if self.state.session.is_running:
             return

@@ -31,7 +31,7 @@ OVERLAY_KEYS = ("first", "second")
 
 def loss_curve(run_dir: str | Path) -> tuple[list[int], list[float]]:
     """(steps, losses) of a run, from its metrics.jsonl."""
-    from hone.core.runs import read_events
+    from hone.core.train.run_dir import read_events
 
     steps, losses = [], []
     for event in read_events(run_dir):
@@ -112,7 +112,7 @@ class RunsPage(Page):
         return Path(self.state.config.output.runs_dir)
 
     def refresh(self) -> None:
-        from hone.core.runs import list_runs
+        from hone.core.train.run_dir import list_runs
 
         self.folder_label.setText(str(self.runs_dir))
         self.summaries = list_runs(self.runs_dir) if self.runs_dir.is_dir() else []

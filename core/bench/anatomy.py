@@ -187,7 +187,7 @@ class StepAnatomy(TorchDispatchMode):
     def phase(self) -> str:
         if self.region is not None:
             return self.region
-        from hone.core.offload import is_recomputing
+        from hone.core.speed.checkpointing.checkpointer import is_recomputing
 
         if is_recomputing():
             return "recompute"

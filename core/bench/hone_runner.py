@@ -19,12 +19,12 @@ from hone.core.bench.scenarios import Scenario
 from hone.core.bench.variants import Variant, speed_config
 from hone.core.bench.weights import active_params, architecture_facts, bench_model_info, build_bench_model
 from hone.core.config import LoraConfig, ModelConfig, RunConfig, TrainConfig
-from hone.core.lora import apply_lora
-from hone.core.loss import describe as describe_loss
-from hone.core.loss import loss_sum
-from hone.core.optim import build_optimizer, build_scheduler
 from hone.core.speed import after_lora, before_lora
-from hone.core.trainer import StepRunner
+from hone.core.train.lora import apply_lora
+from hone.core.train.loss import describe as describe_loss
+from hone.core.train.loss import loss_sum
+from hone.core.train.optim import build_optimizer, build_scheduler
+from hone.core.train.step import StepRunner
 from hone.kernels.weight_casts import reuse_weight_casts
 
 # The reference's learning rate and clipping (HF Trainer defaults), so both runs take the same optimizer step.
@@ -52,7 +52,7 @@ def _path_reported(path: str, choices: dict[str, str], model) -> bool:
         return False
     if path == "kernels":
         try:
-            from hone.core.fused import kernels_applied
+            from hone.core.speed.fused.apply import kernels_applied
         except ImportError:
             return False
         return kernels_applied(model) is not None
@@ -75,9 +75,9 @@ def not_wired(variant: Variant, choices: dict[str, str], model=None) -> str | No
 def use_per_layer_metadata(model, choices: dict[str, str]) -> None:
     """Switch Hone's packed attention to its benchmark-only variant that rebuilds metadata in every layer."""
     try:
-        from hone.core import attention
+        from hone.core.speed import attention
     except ImportError:
-        raise SkipRun("hone.core.attention (packed attention) is not in this build") from None
+        raise SkipRun("hone.core.speed.attention (packed attention) is not in this build") from None
     suffix = getattr(attention, "PER_LAYER_SUFFIX", None)
     current = attention.current_implementation(model)
     if suffix is None or current not in getattr(attention, "IMPLEMENTATIONS", {}).values():
@@ -118,7 +118,7 @@ class HoneRunner:
 
     def _load(self, config: RunConfig):
         if self.qlora:
-            from hone.core.models import load_model
+            from hone.core.models.load import load_model
 
             loaded = load_model(config.model, device=self.device, qlora=True)
             return loaded.model, loaded.tokenizer, loaded.info

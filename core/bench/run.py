@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from hone.core.bench.attention_micro import attention_micro
 from hone.core.bench.batch import TokenBatch, make_batch
 from hone.core.bench.hone_runner import HoneRunner
 from hone.core.bench.measure import RunResult, Settings, free_memory, matmul_rate, measure_run
-from hone.core.bench.micro import attention_micro
-from hone.core.bench.reference import ReferenceRunner
 from hone.core.bench.report import PARITY_TOLERANCE, compare, environment
 from hone.core.bench.scenarios import Scenario, get_scenario
+from hone.core.bench.transformers_peft import ReferenceRunner
 from hone.core.bench.variants import VARIANTS, applies, speed_settings, train_settings, unavailable
 from hone.core.bench.weights import architecture_facts, remove_folder, saved_model_folder, vocab_size
 from hone.core.errors import ConfigError

@@ -1,4 +1,5 @@
-"""Benchmark scenarios: a model shape from `hone.core.shapes`, how many of its layers, and the batch it trains on.
+"""Benchmark scenarios: a model shape from `hone.core.models.shapes`, how many of its layers, and the batch it trains
+on.
 
 The real scenarios are the public architectures the speed claims are about; the `tiny-*` ones keep each
 architecture at a size a CPU runs in milliseconds, for smoke runs and tests. Stdlib only.
@@ -30,7 +31,7 @@ class Scenario:
 
     Attributes:
         name: what `hone bench NAME` takes.
-        shape: a key of `hone.core.shapes.SHAPES`.
+        shape: a key of `hone.core.models.shapes.SHAPES`.
         layers: decoder layers to build (None = all of the shape's).
         tokens: default tokens in the packed row.
         min_len / max_len: default range of the log-uniform sequence lengths.

@@ -114,15 +114,17 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
             `speed.kernels` in a run; separate here to price each).
         tile_mlp, tile_tokens: `speed.tiled_mlp` and `speed.layer_tile_tokens` (off by default here).
     """
-    from hone.core import attention, moe, offload
+    from hone.core import moe
     from hone.core.bench.batch import make_batch
     from hone.core.bench.scenarios import get_scenario
     from hone.core.bench.weights import architecture_facts, bench_model_info, build_bench_model, vocab_size
     from hone.core.config import LoraConfig, TrainConfig
-    from hone.core.lora import apply_lora
-    from hone.core.loss import loss_sum
-    from hone.core.optim import build_optimizer
-    from hone.core.packing import collate_packed
+    from hone.core.data.collate import collate_packed
+    from hone.core.speed import attention
+    from hone.core.speed.checkpointing import checkpointer
+    from hone.core.train.lora import apply_lora
+    from hone.core.train.loss import loss_sum
+    from hone.core.train.optim import build_optimizer
 
     device = "meta"
     spec = get_scenario(scenario)
@@ -135,7 +137,7 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
     torch.manual_seed(seed)
     model, _ = apply_lora(model, LoraConfig(r=lora_r, alpha=2.0 * lora_r), bench_model_info(model, spec))
     if checkpoint != "off":
-        offload.apply_checkpointing(model, checkpoint, device, tile_tokens=tile_tokens)
+        checkpointer.apply_checkpointing(model, checkpoint, device, tile_tokens=tile_tokens)
     if kernels != "none":
         _apply_kernels_on_meta(model, lora=kernels == "all", tile_mlp=tile_mlp)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -178,38 +180,39 @@ _PASSES = {"_cross_entropy_kernel": 3, "_adamw_kernel": 1.8}
 
 
 def _apply_kernels_on_meta(model, *, lora: bool, tile_mlp: bool = False) -> None:
-    """`hone.core.fused.apply_kernels` on a meta model. Its probes compare outputs, which meta tensors cannot: the
-    norms get the style the H200 run's probe chose for these families ("llama": weight x normalized input)."""
-    from hone.core import fused
+    """`hone.core.speed.fused.apply.apply_kernels` on a meta model. Its probes compare outputs, which meta tensors
+    cannot: the norms get the style the H200 run's probe chose for these families ("llama": weight x normalized
+    input)."""
+    from hone.core.speed.fused import apply as fused_apply
 
-    probe, patch_lora = fused._probe_norm_style, fused._patch_lora
-    fused._probe_norm_style = lambda module, weight, eps: "llama"
+    probe, patch_lora = fused_apply._probe_norm_style, fused_apply._patch_lora
+    fused_apply._probe_norm_style = lambda module, weight, eps: "llama"
     if not lora:
-        fused._patch_lora = lambda *args: None
+        fused_apply._patch_lora = lambda *args: None
     try:
-        fused.apply_kernels(model, tile_mlp=tile_mlp)
+        fused_apply.apply_kernels(model, tile_mlp=tile_mlp)
     finally:
-        fused._probe_norm_style, fused._patch_lora = probe, patch_lora
+        fused_apply._probe_norm_style, fused_apply._patch_lora = probe, patch_lora
 
 
 @contextlib.contextmanager
 def _recompute_under(mode: TorchFunctionMode):
     """Enter `mode` for checkpoint recomputes too: they run in backward, on the autograd engine's thread, which does
     not inherit the caller's torch-function modes (CUDA autocast state is replayed by the checkpoint instead)."""
-    from hone.core import offload
+    from hone.core.speed.checkpointing import checkpointer
 
-    replayed = offload._replayed
+    replayed = checkpointer._replayed
 
     @contextlib.contextmanager
     def replayed_under_mode(state):
         with replayed(state), mode:
             yield
 
-    offload._replayed = replayed_under_mode
+    checkpointer._replayed = replayed_under_mode
     try:
         yield
     finally:
-        offload._replayed = replayed
+        checkpointer._replayed = replayed
 
 
 @contextlib.contextmanager
@@ -239,9 +242,9 @@ def _account_triton(anatomy: StepAnatomy):
     Bytes: the (gathered) input rows, each expert's weight once (its row tiles share it through L2), the output
     and the LoRA operands; weight gradients: both row operands and the fp32 result.
     """
-    from hone.kernels import grouped_gemm
+    from hone.kernels.moe.grouped_gemm import launch
 
-    forward, wgrad = grouped_gemm.grouped_gemm_forward, grouped_gemm.grouped_gemm_wgrad
+    forward, wgrad = launch.grouped_gemm_forward, launch.grouped_gemm_wgrad
 
     def counted_forward(x, w, group_ends, **kwargs):
         out = forward(x, w, group_ends, **kwargs)
@@ -266,17 +269,17 @@ def _account_triton(anatomy: StepAnatomy):
                     component="experts LoRA GEMMs" if min(m, n) <= anatomy.lora_width else "experts GEMMs")
         return out
 
-    grouped_gemm.grouped_gemm_forward, grouped_gemm.grouped_gemm_wgrad = counted_forward, counted_wgrad
+    launch.grouped_gemm_forward, launch.grouped_gemm_wgrad = counted_forward, counted_wgrad
     try:
         yield
     finally:
-        grouped_gemm.grouped_gemm_forward, grouped_gemm.grouped_gemm_wgrad = forward, wgrad
+        launch.grouped_gemm_forward, launch.grouped_gemm_wgrad = forward, wgrad
 
 
 @contextlib.contextmanager
 def _chunk(tokens: int | None):
     """Fix the loss's chunk size for the plan (None keeps its own choice)."""
-    from hone.core import loss
+    from hone.core.train import loss
 
     if tokens is None:
         yield
@@ -291,7 +294,7 @@ def _chunk(tokens: int | None):
 
 def _one_step(model, batch, params, optimizer, anatomy: StepAnatomy, loss_sum, fused_loss: bool) -> None:
     """What `StepRunner.step` does for one micro-batch, minus the host reads (meta tensors hold no values)."""
-    from hone.core import loss as loss_module
+    from hone.core.train import loss as loss_module
 
     original = loss_module.chunked_head_loss
 

@@ -17,8 +17,8 @@ import torch
 
 from hone.core.bench.scenarios import Scenario
 from hone.core.model_info import ModelInfo
-from hone.core.models import count_params, info_from_config
-from hone.core.shapes import SHAPES, build_model, make_config
+from hone.core.models.load import count_params, info_from_config
+from hone.core.models.shapes import SHAPES, build_model, make_config
 
 # Written last into a saved model folder: a folder without it is a half-written one and is rebuilt.
 _COMPLETE_MARKER = "hone_bench_complete"

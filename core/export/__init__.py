@@ -31,7 +31,7 @@ from hone.core.export.formats import (
 _LAZY = {
     "export_run": "hone.core.export.dispatch",
     "export_adapter": "hone.core.export.adapter",
-    "export_merged": "hone.core.export.merged",
+    "export_merged": "hone.core.export.merged_model",
     "export_gguf": "hone.core.export.gguf_model",
     "export_gguf_lora": "hone.core.export.gguf_lora",
     "export_ollama": "hone.core.export.ollama",

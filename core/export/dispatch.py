@@ -34,7 +34,7 @@ def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *, 
 
         return export_adapter(run_dir, **kwargs)
     if spec.format == "merged":
-        from hone.core.export.merged import export_merged
+        from hone.core.export.merged_model import export_merged
 
         return export_merged(run_dir, dtype=spec.type, **kwargs)
     if spec.format == "gguf":

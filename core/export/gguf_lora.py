@@ -75,7 +75,7 @@ def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool
     from gguf.quants import quantize
     from peft import PeftModel
 
-    from hone.core.models import load_config
+    from hone.core.models.load import load_config
 
     spec = ExportSpec("gguf-lora", dtype or "f32")
     run = open_run(run_dir)

@@ -264,7 +264,7 @@ def prepare(run: RunSource) -> Prepared:
     """Architecture, tokenizer, chat layout and GGUF vocabulary, from configs and tokenizer files only, so that
     what GGUF export cannot do fails before the model is loaded."""
     from hone.core.export.chat_layout import infer_layout
-    from hone.core.models import load_config, load_tokenizer
+    from hone.core.models.load import load_config, load_tokenizer
 
     source, folder, config = load_config(run.config.model)
     arch = check_supported(config)

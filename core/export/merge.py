@@ -28,7 +28,7 @@ class Merged:
     Attributes:
         model: the merged transformers model, float32, CPU, eval mode.
         tokenizer: the run's tokenizer (from the adapter folder).
-        loaded: hone.core.models.LoadedModel of the base (folder, source; its model is `model` now).
+        loaded: hone.core.models.load.LoadedModel of the base (folder, source; its model is `model` now).
         ids: probe token ids, (1, T) int64.
         reference_logits: base + adapter (unmerged peft forward), (T, V) float32.
         merged_logits: the merged model's logits, (T, V) float32.

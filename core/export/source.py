@@ -22,7 +22,7 @@ from hone.core import __version__
 from hone.core.config import RunConfig
 from hone.core.export.checks import CheckLog
 from hone.core.export.formats import MANIFEST_FILE, ExportError, ExportResult, ExportSpec
-from hone.core.runs import ADAPTER_DIR, CONFIG_FILE, read_summary
+from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, read_summary
 
 Progress = Callable[[str, float], None]
 EXPORTS_DIR = "exports"
@@ -47,11 +47,11 @@ class RunSource:
         return json.loads((self.adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))
 
     def load_base(self):
-        """The base model in float32 on the CPU, eval mode, with its tokenizer (a hone.core.models.LoadedModel).
+        """The base model in float32 on the CPU, eval mode, with its tokenizer (a hone.core.models.load.LoadedModel).
 
         Exports compute in float32 so the checks measure the format, not the arithmetic.
         """
-        from hone.core.models import load_model
+        from hone.core.models.load import load_model
 
         model_cfg = dataclasses.replace(self.config.model, dtype="float32")
         return load_model(model_cfg, device="cpu", for_training=False)

@@ -16,6 +16,7 @@ Backends: grouped_mm (torch._grouped_mm), triton (Hone's kernels), torch (a loop
 """
 
 from hone.core.moe.choice import BACKENDS, ENV_VAR, Choice, configure, probe
+from hone.core.moe.expert_lora import SplitLoraParamWrapper, expert_lora_targets, install_split_lora, revert_split_lora
 from hone.core.moe.experts import (
     IMPLEMENTATIONS,
     apply_backend,
@@ -27,7 +28,6 @@ from hone.core.moe.experts import (
     set_fused_gate,
 )
 from hone.core.moe.load import ExpertLoadMeter
-from hone.core.moe.lora import SplitLoraParamWrapper, expert_lora_targets, install_split_lora, revert_split_lora
 
 __all__ = [
     "BACKENDS", "ENV_VAR", "IMPLEMENTATIONS", "Choice", "ExpertLoadMeter", "SplitLoraParamWrapper",

@@ -16,8 +16,8 @@ from torch import nn
 
 from hone.core.errors import ConfigError
 from hone.core.moe.experts import apply_backend, find_experts, set_fused_gate, unsupported_reason
-from hone.kernels.moe_ops import GroupedOps, make_ops
-from hone.kernels.moe_routing import route
+from hone.kernels.moe.backends import GroupedOps, make_ops
+from hone.kernels.moe.routing import route
 
 BACKENDS = ("auto", "grouped_mm", "triton", "torch", "eager")
 # GPU generations (compute capability major) where Hone's Triton kernels beat torch._grouped_mm in a whole training
@@ -101,7 +101,7 @@ def _auto(device: torch.device, dtype: torch.dtype) -> Choice:
     why_not: list[str] = []
     for name in backend_order(capability):
         if name == "triton":
-            from hone.kernels.grouped_gemm import triton_runs_on
+            from hone.kernels.moe.grouped_gemm.launch import triton_runs_on
 
             if not triton_runs_on(device):
                 why_not.append("Triton is not installed")
@@ -124,7 +124,7 @@ def _forced(name: str, source: str, device: torch.device, dtype: torch.dtype) ->
         what = "PyTorch loop over expert groups" if name == "torch" else "transformers' eager loop (reference)"
         return Choice(name, f"{source}: {what} on {where}")
     if name == "triton":
-        from hone.kernels.grouped_gemm import triton_runs_on
+        from hone.kernels.moe.grouped_gemm.launch import triton_runs_on
 
         if not triton_runs_on(device):
             raise ConfigError(f"{source} asks for the triton MoE backend, but Hone's Triton kernels cannot run on "
@@ -147,7 +147,7 @@ def configure(model: nn.Module, backend: str = "auto", device: torch.device | st
             HONE_MOE_BACKEND, when set, overrides it.
         device: where the experts run (default: where their weights are).
         fused_gate: Hone's backends run a silu gate on concatenated halves (Qwen-style experts) as one fused kernel
-            in forward and backward (`hone.kernels.moe_glu`); False keeps transformers' activation code.
+            in forward and backward (`hone.kernels.moe.glu`); False keeps transformers' activation code.
 
     Returns:
         The Choice (name and reason, for RunStarted.speed_paths["moe"] and the GUI). A model without experts gives

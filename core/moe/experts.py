@@ -3,7 +3,7 @@
 transformers 5.x decorates each MoE experts class with `@use_experts_implementation`: the module's forward
 dispatches on `config._experts_implementation` to a function `fn(module, hidden_states, top_k_index,
 top_k_weights)` registered in `ExpertsInterface` (the same on 5.17 and the latest 5.x). We register
-`hone_grouped_mm`, `hone_triton` and `hone_torch`, each running `hone.kernels.moe_experts.moe_experts` on one
+`hone_grouped_mm`, `hone_triton` and `hone_torch`, each running `hone.kernels.moe.experts.moe_experts` on one
 grouped-GEMM backend, and switch a model between them with its own `set_experts_implementation`
 (`apply_backend` / `revert_backend`).
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hone.kernels.moe_experts import ExpertWeights, LoraFactors, moe_experts
-from hone.kernels.moe_ops import GroupedOps, make_ops
+from hone.kernels.moe.backends import GroupedOps, make_ops
+from hone.kernels.moe.experts import ExpertWeights, LoraFactors, moe_experts
 
 # User-facing backend name -> experts implementation name in transformers' ExpertsInterface.
 IMPLEMENTATIONS = {"grouped_mm": "hone_grouped_mm", "triton": "hone_triton", "torch": "hone_torch",
@@ -57,7 +57,7 @@ FUSED_GATE_ATTR = "_hone_fused_gate"
 
 
 def set_fused_gate(model: nn.Module, enabled: bool) -> None:
-    """Turn the fused silu-gate activation (`hone.kernels.moe_glu`) on or off for every experts module; it is on by
+    """Turn the fused silu-gate activation (`hone.kernels.moe.glu`) on or off for every experts module; it is on by
     default wherever the module's gate is silu on concatenated halves. The trainer follows `speed.kernels`."""
     for _, module in find_experts(model):
         setattr(module, FUSED_GATE_ATTR, bool(enabled))
@@ -124,7 +124,7 @@ def _make_forward(backend: str):
 
             return ALL_EXPERTS_FUNCTIONS["grouped_mm"](self, hidden_states, top_k_index, top_k_weights)
         lora: dict[str, LoraFactors] = getattr(self, LORA_CALL_ATTR, None) or {}
-        from hone.core.offload import is_recomputing
+        from hone.core.speed.checkpointing.checkpointer import is_recomputing
 
         # A graph built while Hone's checkpointing recomputes a layer is back-propagated once, right after.
         return moe_experts(hidden_states, top_k_index, top_k_weights, expert_weights(self), _ops(backend),

@@ -1,7 +1,7 @@
 """Batches for vision-language models: text-only rows and image rows together, pixels next to the ids.
 
 `VisionCollator.collate(rows)` builds, once per batch on the CPU:
-- the text part with `hone.core.packing` (packed rows for families that accept them, else padded rows), so the
+- the text part with `hone.core.data.collate` (packed rows for families that accept them, else padded rows), so the
   targets, trained positions and token counts are exactly those of a text model;
 - every image of the batch, decoded and scaled to `data.image_max_side`, run through the model's image processor
   in one call (`pixel_values` and the family's companions: `image_grid_thw`, `pixel_attention_mask`);
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from hone.core.data.collate import PackedBatch, PaddedBatch, collate_packed, collate_padded
 from hone.core.data.images import load_image
 from hone.core.errors import DataError
-from hone.core.packing import PackedBatch, PaddedBatch, collate_packed, collate_padded
 from hone.core.vision.expansion import image_expansion_for
 from hone.core.vision.families import PACKED, VisionFamily
 from hone.core.vision.mrope import mrope_positions

@@ -147,7 +147,7 @@ def test_a_failed_run_opens_a_dialog_with_reason_and_advice(qtbot, window, advic
 
 
 def test_a_past_run_replays_from_its_folder(window, tmp_path):
-    from hone.core.runs import RunWriter
+    from hone.core.train.run_dir import RunWriter
 
     run_dir = tmp_path / "runs" / "past"
     writer = RunWriter(run_dir, RunConfig())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PySide6.QtGui import QImage
 
-from hone.core.commands.studio import PAGES, parse_size
+from hone.app.studio_command import PAGES, parse_size
 
 
 def _distinct_colours(image: QImage, x0: int = 0) -> int:

@@ -58,7 +58,7 @@ def _set(form, key, value):
 
 
 def test_train_pause_resume_stop_then_chat_and_export(qtbot, make_window, tiny_model_dir):
-    from hone.core.shapes import build_model
+    from hone.core.models.shapes import build_model
 
     window = make_window(telemetry=True)
     model_dir = tiny_model_dir("tiny-dense")

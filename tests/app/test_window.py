@@ -15,7 +15,7 @@ from hone.core.events import RunFailed, RunFinished, RunStarted, StepMetrics
 
 
 def _write_run(folder, losses):
-    from hone.core.runs import RunWriter
+    from hone.core.train.run_dir import RunWriter
 
     writer = RunWriter(folder, RunConfig())
     t0 = time.time()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hone.core.config import RunConfig
-from hone.core.demo_data import make_dataset
+from hone.core.demo.text_data import make_dataset
 
 
 def write_rows(path, rows):

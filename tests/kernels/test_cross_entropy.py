@@ -64,7 +64,7 @@ def test_torch_reference_matches_float32_autograd():
 @pytest.mark.parametrize("softcap", [None, 30.0])
 def test_chunked_loss_with_the_kernel_matches_the_torch_path(softcap):
     """`chunked_head_loss(fused=True)` (kernel, interpreted) against `fused=False`: loss, hidden and head grads."""
-    from hone.core.loss import chunked_head_loss
+    from hone.core.train.loss import chunked_head_loss
 
     gen = torch.Generator().manual_seed(2)
     head = torch.nn.Linear(16, 300, bias=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hone.kernels.glu import glu
-from hone.kernels.lora import lora_linear
+from hone.kernels.lora_linear import lora_linear
 from hone.kernels.nf4 import NF4Weight
 from hone.kernels.reference import (
     NF4_CODE,
@@ -204,8 +204,8 @@ def test_cached_launch_matches_tritons_own_launch_and_spends_less_host_time(monk
     import time
 
     from hone.kernels import _runtime
-    from hone.kernels.grouped_gemm import grouped_gemm_forward
-    from hone.kernels.grouped_gemm_kernels import _grouped_gemm_kernel
+    from hone.kernels.moe.grouped_gemm.kernels import _grouped_gemm_kernel
+    from hone.kernels.moe.grouped_gemm.launch import grouped_gemm_forward
 
     x = _randn(4097, 256, dtype=torch.bfloat16, grad=False)
     w = _randn(8, 256, 384, dtype=torch.bfloat16, grad=False, seed=1)
@@ -237,7 +237,7 @@ def test_cached_launch_matches_tritons_own_launch_and_spends_less_host_time(monk
 
 @pytest.mark.parametrize(("experts", "top_k", "normalize"), [(128, 8, True), (60, 4, False), (7, 7, True)])
 def test_router_top_k(experts, top_k, normalize):
-    from hone.kernels.router import router_top_k, router_top_k_reference
+    from hone.kernels.moe.router import router_top_k, router_top_k_reference
 
     rows = 8193
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hone.kernels.lora import lora_linear
+from hone.kernels.lora_linear import lora_linear
 from hone.kernels.nf4 import NF4Weight
 from hone.kernels.reference import NF4_CODE
 

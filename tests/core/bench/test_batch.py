@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from hone.core.bench.batch import make_batch
+from hone.core.data.collate import IGNORE_INDEX, collate_packed
 from hone.core.errors import ConfigError
-from hone.core.packing import IGNORE_INDEX, collate_packed
 
 
 def test_lengths_fill_the_budget_within_the_range_and_repeat_with_the_seed():

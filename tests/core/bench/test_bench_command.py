@@ -17,7 +17,7 @@ from hone.core.bench.hone_runner import HoneRunner
 from hone.core.bench.measure import RunResult
 from hone.core.bench.peer_unsloth import run_unsloth_peer
 from hone.core.cli import main
-from hone.core.shapes import build_model
+from hone.core.models.shapes import build_model
 
 FAST = ["--tokens", "96", "--steps", "1", "--warmup", "1"]
 TOP_LEVEL = {"schema", "scenario", "options", "device", "dtype", "batch", "architecture", "environment",
@@ -76,7 +76,7 @@ def test_the_attention_micro_benchmark_gets_the_batch_and_the_geometry(dense_rec
     _, data = dense_record
     micro = data["attention_micro"]
     assert micro["status"] == "ok", micro.get("details") or micro["reason"]
-    assert micro["ignored_arguments"] == []  # every size below reached hone.core.attention_bench.run
+    assert micro["ignored_arguments"] == []  # every size below reached hone.core.bench.attention.run
     result = micro["result"]
     assert (result["tokens"], result["sequences"]) == (96, data["batch"]["sequences"])
     assert (result["heads"], result["kv_heads"], result["head_dim"]) == (4, 2, 16)
@@ -177,7 +177,7 @@ def test_list_shows_scenarios_and_runs(capsys):
 def test_moving_vocabulary_tables_to_the_host_leaves_the_counted_parameters_alone(tmp_path, monkeypatch):
     """MFU counts what a token is computed with: a table moved to host memory still counts (the runs agree with
     and without the move)."""
-    import hone.core.host_embedding as host_embedding
+    import hone.core.speed.host_tables as host_embedding
 
     move = host_embedding.apply_host_tables
     out = tmp_path / "bench.json"

@@ -6,7 +6,7 @@ import cProfile
 import json
 import pstats
 
-import hone.core.loss
+import hone.core.train.loss
 from hone.core.bench.host_profile import package_of, summarize
 from hone.core.cli import main
 
@@ -32,7 +32,7 @@ def test_summary_ranks_functions_by_their_own_time_and_sums_packages():
 def test_package_names_come_from_the_path():
     assert package_of("/x/site-packages/torch/nn/modules/module.py") == "torch"
     assert package_of("/x/site-packages/transformers/models/qwen3/modeling_qwen3.py") == "transformers"
-    assert package_of(hone.core.loss.__file__) == "hone"
+    assert package_of(hone.core.train.loss.__file__) == "hone"
     assert package_of("~") == "builtins"
     assert package_of("/usr/lib/python3.12/contextlib.py") == "other"
 

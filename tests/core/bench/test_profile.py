@@ -13,11 +13,11 @@ from torch.autograd import DeviceType
 
 from hone.core.bench.profile import kernel_category, launch_group, module_label, profile_step, summarize
 from hone.core.cli import main
-from hone.core.loss import loss_sum
-from hone.core.offload import apply_checkpointing, revert_checkpointing
-from hone.core.packing import collate_packed
-from hone.core.shapes import build_model
-from tests.core.test_packing import random_rows
+from hone.core.data.collate import collate_packed
+from hone.core.models.shapes import build_model
+from hone.core.speed.checkpointing.checkpointer import apply_checkpointing, revert_checkpointing
+from hone.core.train.loss import loss_sum
+from tests.helpers.packed import random_rows
 
 VOCAB = 256
 

@@ -20,7 +20,7 @@ def base_model_dir(tmp_path_factory, tiny_tokenizer_dir):
 
     def make(shape: str = "tiny-dense"):
         if shape not in made:
-            from hone.core.shapes import build_model
+            from hone.core.models.shapes import build_model
 
             folder = tmp_path_factory.mktemp(shape)
             build_model(TINY_SHAPES[shape], seed=0, vocab_size=TINY_VOCAB).save_pretrained(folder)

@@ -1,7 +1,7 @@
 """Shared pieces of the export tests (a uniquely named module: several test folders have a conftest.py).
 
 Run folders are built the way the trainer writes them: a tiny random-init base model saved as a folder, a real
-peft LoRA adapter on it (applied with hone.core.lora, then given random non-zero B matrices so that merging has
+peft LoRA adapter on it (applied with hone.core.train.lora, then given random non-zero B matrices so that merging has
 something to get right), config.toml and run.json. `Reference` computes what exports must reproduce without the
 exporter: LoRA deltas by hand, models through plain transformers / peft, GGUF files through the gguf package.
 """
@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from hone.core.shapes import SHAPES, Shape
+from hone.core.models.shapes import SHAPES, Shape
 
 # Tiny models get a tiny byte-level BPE tokenizer (trained here, ~300 tokens) instead of SmolLM2's 49k tokens:
 # every GGUF read-back parses the whole vocabulary, which costs seconds at 49k and milliseconds at 300. The model
@@ -29,7 +29,7 @@ CHATML_TEMPLATE = (
 _CORPUS = ["The capital of France is Paris.", "What is the capital of France? Answer in one word.",
            "You are a careful assistant. Be brief.", "Two lines: first and second. Name a color: blue.",
            "12 + 30 = 42, and the sky is blue. Thanks! Got it.", "Hello, how are you today?"]
-# No tiny dense Qwen2 or Llama-3-style model in hone.core.shapes: same sizes as tiny-dense.
+# No tiny dense Qwen2 or Llama-3-style model in hone.core.models.shapes: same sizes as tiny-dense.
 _SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
 TINY_SHAPES = {
@@ -72,10 +72,10 @@ def write_run(run_dir, model_name: str, *, r: int = 8, alpha: float = 16.0, rslo
     """Write a run folder whose adapter is a real peft LoRA with random (seeded) A and B matrices."""
     import torch
 
-    from hone.core.adapter import save_adapter
     from hone.core.config import LoraConfig, ModelConfig, RunConfig
-    from hone.core.lora import apply_lora
-    from hone.core.models import info_from_config, load_model
+    from hone.core.models.load import info_from_config, load_model
+    from hone.core.train.adapter_dir import save_adapter
+    from hone.core.train.lora import apply_lora
 
     config = RunConfig(model=ModelConfig(name_or_path=model_name),
                        lora=LoraConfig(r=r, alpha=alpha, rslora=rslora, qlora=qlora, targets=list(targets)))

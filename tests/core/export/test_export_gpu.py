@@ -17,7 +17,7 @@ def test_cpu_nf4_round_trip_equals_the_cuda_qlora_weights(base_model_dir):
 
     from hone.core.config import ModelConfig
     from hone.core.export.merge import qlora_round_trip
-    from hone.core.models import load_model
+    from hone.core.models.load import load_model
 
     folder = base_model_dir("tiny-llama")
     trained_on = load_model(ModelConfig(name_or_path=str(folder), dtype="bfloat16"), device="cuda", qlora=True).model

@@ -18,7 +18,7 @@ MOE_SHAPES = list(ASYMMETRIC)
 
 
 def build_tiny_moe(shape: str, layers: int = 2, seed: int = 0, **overrides):
-    from hone.core.shapes import build_model
+    from hone.core.models.shapes import build_model
 
     return build_model(shape, layers=layers, seed=seed, **(ASYMMETRIC[shape] | overrides))
 

@@ -1,4 +1,4 @@
-"""The fused router (`hone.core.fused_router`): which routers qualify, and that a patched router gives peft's
+"""The fused router (`hone.core.speed.fused.router`): which routers qualify, and that a patched router gives peft's
 outputs and gradients (torch path, and the Triton kernels under the interpreter), and reverts."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from moe_testing import token_batch
 from peft import LoraConfig, get_peft_model
 
-from hone.core.fused import apply_kernels, revert_kernels
-from hone.core.fused_router import router_reason
+from hone.core.speed.fused.apply import apply_kernels, revert_kernels
+from hone.core.speed.fused.router import router_reason
 
 
 def _router_lora(tiny_moe_cache, shape: str, seed: int = 1):

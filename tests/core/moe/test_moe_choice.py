@@ -9,8 +9,8 @@ import torch
 from hone.core import moe
 from hone.core.errors import ConfigError
 from hone.core.moe.choice import _probe
-from hone.kernels.grouped_gemm import interpreting
-from hone.kernels.moe_ops import TorchLoopOps
+from hone.kernels.moe.backends import TorchLoopOps
+from hone.kernels.moe.grouped_gemm.launch import interpreting
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(qwen3, monkeypatch):
 
 
 def test_dense_model_is_left_alone(monkeypatch):
-    from hone.core.shapes import build_model
+    from hone.core.models.shapes import build_model
 
     monkeypatch.delenv(moe.ENV_VAR, raising=False)
     model = build_model("tiny-dense", layers=1)

@@ -26,7 +26,7 @@ def _usable(backend: str, dtype: torch.dtype) -> str | None:
     if backend == "torch":
         return None
     if backend == "triton":
-        from hone.kernels.grouped_gemm import triton_runs_on
+        from hone.kernels.moe.grouped_gemm.launch import triton_runs_on
 
         if not triton_runs_on("cuda"):
             return "Triton is not installed"
@@ -111,7 +111,7 @@ def test_no_host_sync_in_forward_and_backward(backend):
 def test_benchmark_smoke_on_the_qwen3_30b_expert_shape():
     """Two layers of the real moe-qwen3 shape, 2,048 tokens: every backend runs; the first loss (before any
     update, LoRA B = 0) is the same for all."""
-    from hone.core.moe.bench import run_moe_benchmark
+    from hone.core.bench.moe_backends import run_moe_benchmark
 
     results = {}
     for backend in ("grouped_mm", "triton", "hf_grouped_mm"):

@@ -46,7 +46,7 @@ def test_expert_lora_targets_per_family():
     for shape in ("tiny-moe-qwen3", "tiny-moe-gptoss", "tiny-moe-qwen2"):
         model = build_tiny_moe(shape, layers=1)
         assert moe.expert_lora_targets(model) == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], shape
-    from hone.core.shapes import build_model
+    from hone.core.models.shapes import build_model
 
     assert moe.expert_lora_targets(build_model("tiny-dense", layers=1)) == []
 
@@ -91,9 +91,9 @@ def test_lora_experts_false_leaves_every_expert_weight_alone(shape):
     none. peft's own "all-linear" on transformers 5 maps Qwen3-MoE's v4 expert names onto its 3-D expert weights,
     so Hone names the linear layers itself."""
     from hone.core.config import LoraConfig
-    from hone.core.lora import apply_lora
-    from hone.core.models import count_params, info_from_config
-    from hone.core.shapes import build_model
+    from hone.core.models.load import count_params, info_from_config
+    from hone.core.models.shapes import build_model
+    from hone.core.train.lora import apply_lora
 
     trained = {}
     for experts in (True, False):

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from hone.core.models.shapes import make_config
 from hone.core.moe import install_split_lora, revert_split_lora
 from hone.core.moe.experts import IMPLEMENTATIONS
-from hone.core.shapes import make_config
-from hone.kernels.grouped_gemm import interpreting
+from hone.kernels.moe.grouped_gemm.launch import interpreting
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}  # relative to the largest value
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -7,9 +7,10 @@ import pytest
 import torch
 from moe_testing import add_lora, build_tiny_moe, token_batch
 
-from hone.core import moe, offload
+from hone.core import moe
 from hone.core.moe import choice
 from hone.core.moe.experts import expert_weights, find_experts
+from hone.core.speed.checkpointing import checkpointer
 
 
 def test_backend_order_prefers_triton_on_hopper_only():
@@ -31,7 +32,7 @@ def test_auto_takes_the_first_backend_that_passes_its_probe(monkeypatch, capabil
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
     monkeypatch.setattr(choice, "probe", lambda name, device, dtype: "wrong numbers" if name in failing else None)
-    monkeypatch.setattr("hone.kernels.grouped_gemm.triton_runs_on", lambda device: True)
+    monkeypatch.setattr("hone.kernels.moe.grouped_gemm.launch.triton_runs_on", lambda device: True)
     picked = choice._auto(torch.device("cuda", 0), torch.bfloat16)
     assert picked.name == expected, picked.reason
     for name in failing:
@@ -64,7 +65,7 @@ def test_checkpoint_recompute_gives_the_gradients_of_a_plain_backward(monkeypatc
         moe.install_split_lora(model)
         moe.configure(model, "torch", "cpu", fused_gate=fused_gate)
         if checkpointed:
-            offload.apply_checkpointing(model, "gpu", "cpu")
+            checkpointer.apply_checkpointing(model, "gpu", "cpu")
         model.train()
         model(input_ids=ids, labels=ids).loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})

@@ -4,7 +4,7 @@ reports its expert load, and the saved adapter loads in peft."""
 from __future__ import annotations
 
 from hone.core import events
-from hone.core.trainer import Trainer
+from hone.core.train.trainer import Trainer
 
 
 def test_trainer_reports_backend_and_expert_load(tiny_model_dir, chat_files, tiny_config, tmp_path, monkeypatch):

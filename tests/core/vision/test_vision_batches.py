@@ -13,7 +13,7 @@ from hone.core.data.formats import ColumnNames, normalize
 from hone.core.data.images import check_image, load_image
 from hone.core.data.labels import RowEncoder
 from hone.core.data.tokenized import TokenizedRow
-from hone.core.loss import loss_sum
+from hone.core.train.loss import loss_sum
 from hone.core.vision import family_of, tiny
 from hone.core.vision.collate import VisionCollator, image_token_id
 from hone.core.vision.mrope import mrope_positions

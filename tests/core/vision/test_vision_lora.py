@@ -8,8 +8,8 @@ from vision_helpers import KINDS
 
 from hone.core.config import LoraConfig
 from hone.core.errors import ConfigError
-from hone.core.lora import apply_lora
-from hone.core.models import count_params, info_from_config
+from hone.core.models.load import count_params, info_from_config
+from hone.core.train.lora import apply_lora
 from hone.core.vision import family_of, tiny
 
 

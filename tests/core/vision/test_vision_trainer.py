@@ -12,7 +12,7 @@ from vision_helpers import write_jsonl
 from hone.core import events
 from hone.core.config import RunConfig
 from hone.core.data.rows import IMAGE_MISSING, IMAGE_UNREADABLE
-from hone.core.trainer import Trainer
+from hone.core.train.trainer import Trainer
 
 
 def broken_rows(folder):

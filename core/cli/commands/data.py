@@ -1,0 +1,140 @@
+"""`hone data check FILE [--model M]` and `hone data inspect FILE --model M --row I`.
+
+check:   reads every row, prints the validation report (rows kept, skipped by reason with row numbers, token
+         length stats with a model); exits 1 only when no row is usable.
+inspect: renders rows through the model's chat template and prints them with the trained tokens highlighted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hone.core.config import DATA_FORMATS, DataConfig
+from hone.core.errors import ConfigError, ModelError
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("data", help="check a dataset or inspect its rows",
+                                   description="Validate datasets and see rows as the model will.")
+    sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+
+    check = sub.add_parser("check", help="print the validation report of one or more data files")
+    check.add_argument("files", nargs="+", metavar="FILE", help="dataset files, folders or Hugging Face ids")
+    check.add_argument("--model", "-m", help="model (or tokenizer folder) whose chat template and tokenizer to "
+                       "use; without it only the structure is checked, no token counts")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    _data_options(check)
+
+    inspect = sub.add_parser("inspect", help="show rows rendered with the chat template, trained tokens "
+                             "highlighted")
+    inspect.add_argument("file", metavar="FILE", help="a dataset file, folder or Hugging Face id")
+    inspect.add_argument("--model", "-m", required=True, help="model (or tokenizer folder)")
+    inspect.add_argument("--row", "-r", default="1", help="row number as the report prints it (1-based), or a "
+                         "range like 3-7")
+    inspect.add_argument("--tokens", action="store_true", help="also list the token ids (* = trained)")
+    inspect.add_argument("--no-color", action="store_true", help="mark trained text with [[...]] instead of color")
+    _data_options(inspect)
+    return parser
+
+
+def _data_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=DATA_FORMATS, default="auto", help="row format (default: detect)")
+    parser.add_argument("--column", action="append", default=[], metavar="NAME=YOURS",
+                        help="map a column, e.g. --column messages=dialog (repeatable)")
+    parser.add_argument("--max-length", type=int, default=DataConfig().max_length, help="longest row in tokens")
+    parser.add_argument("--overlong", choices=("truncate", "drop"), default="truncate")
+    parser.add_argument("--train-on", choices=("assistant", "all"), default="assistant")
+
+
+def _config(args, files: list[str]) -> DataConfig:
+    columns = {}
+    for item in args.column:
+        name, sep, yours = item.partition("=")
+        if not sep or not name or not yours:
+            raise ConfigError(f"--column {item!r} is not of the form NAME=YOURS", "write e.g. --column "
+                              "messages=dialog")
+        columns[name.strip()] = yours.strip()
+    return DataConfig(train=files, format=args.format, columns=columns, max_length=args.max_length,
+                      overlong=args.overlong, train_on=args.train_on)
+
+
+def load_tokenizer(name: str):
+    """The tokenizer (or, for vision models, the processor) that training with model `name` would use: a model
+    folder, .gguf file, `bundled:` name, Hugging Face id, or a folder holding only tokenizer files. No weights are
+    read (a GGUF's tokenizer is taken from its metadata, without converting the model)."""
+    from hone.core.config import ModelConfig
+    from hone.core.models.load import load_config, resolve_source
+    from hone.core.models.load import load_tokenizer as model_tokenizer
+
+    path = Path(name).expanduser()
+    if path.is_dir() and not (path / "config.json").exists() and any(
+            (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return _plain_tokenizer(str(path), name)
+    source = resolve_source(name)
+    if source.kind in ("bundled", "gguf"):
+        gguf = Path(source.path)
+        return _plain_tokenizer(str(gguf.parent), name, gguf_file=gguf.name)
+    model_cfg = ModelConfig(name_or_path=name)
+    _, folder, config = load_config(model_cfg)
+    return model_tokenizer(folder, config, model_cfg)
+
+
+def _plain_tokenizer(folder: str, name: str, gguf_file: str | None = None):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file) if gguf_file else \
+            AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"cannot load the tokenizer of {name}: {first}",
+                         "give a model folder, a .gguf file or a Hugging Face id that is downloaded") from None
+
+
+def run(args) -> int:
+    if args.data_command == "check":
+        return _check(args)
+    return _inspect(args)
+
+
+def _check(args) -> int:
+    from hone.core.data import check_data, format_report
+    from hone.core.events import to_dict
+
+    cfg = _config(args, list(args.files))
+    tokenizer = load_tokenizer(args.model) if args.model else None
+    report, _ = check_data(cfg, tokenizer)
+    if args.json:
+        print(json.dumps(to_dict(report), indent=2))
+    else:
+        print(format_report(report, color=sys.stdout.isatty()))
+        if tokenizer is None and report.rows_kept:
+            print("  (give --model to count tokens and check the chat template on every row)")
+    if report.rows_kept == 0:
+        print("hone: no usable row; fix the rows listed above", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _inspect(args) -> int:
+    from hone.core.data.inspect import format_view, inspect_rows
+
+    first, sep, last = args.row.partition("-")
+    try:
+        rows = list(range(int(first), int(last) + 1)) if sep else [int(first)]
+    except ValueError:
+        raise ConfigError(f"--row {args.row!r} is not a row number or a range like 3-7", "write e.g. --row 17") \
+            from None
+    if not rows or min(rows) < 1:
+        raise ConfigError(f"--row {args.row!r} has no row numbers of 1 or more", "rows are numbered from 1")
+    cfg = _config(args, [args.file])
+    views = inspect_rows(args.file, load_tokenizer(args.model), rows, cfg=cfg)
+    color = sys.stdout.isatty() and not args.no_color
+    for n, view in enumerate(views):
+        if n:
+            print("\n" + "-" * 60)
+        print(format_view(view, color=color, show_tokens=args.tokens))
+    return 0

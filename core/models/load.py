@@ -1,0 +1,351 @@
+"""Load a model and its tokenizer from a Hugging Face id, a local folder, a .gguf file or the bundled demo model.
+
+GGUF files are converted once (transformers dequantizes them on load) into a safetensors folder under the user
+cache, keyed by the file's path, size and modification time, so the second load is fast. Errors say what to do:
+an offline machine without the model cached is told to point at a local folder or file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hone.core.config import ModelConfig
+from hone.core.errors import ModelError
+from hone.core.model_info import ModelInfo
+from hone.core.resources import BUNDLED_PREFIX, resolve_bundled
+
+# A Hugging Face repo id: "name" or "owner/name" with letters, digits, '-', '_', '.'.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# GGUF conversions at or under this many bytes of float32 weights stay float32 (exactly the dequantized values);
+# larger ones are stored as bfloat16 so a 7B conversion does not need 28 GB of disk.
+_FP32_CONVERSION_LIMIT = 2 * 1024**3
+# Part of the conversion cache key: bump it when a conversion changes, so old cached folders are not reused.
+_CONVERSION_VERSION = 2
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from. `path` is a folder, a .gguf file, or a hub id (kind == "hub")."""
+
+    kind: str  # bundled | gguf | folder | hub
+    path: str
+    name: str  # what the user gave
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # a transformers PreTrainedModel (peft wraps it later)
+    tokenizer: Any  # tokenizer, or processor for vision models
+    info: ModelInfo
+    source: ModelSource
+    folder: str  # what from_pretrained read: a folder (converted GGUF included) or a hub id
+
+
+def cache_root() -> Path:
+    """Root of Hone's caches: $HONE_CACHE, else ~/.cache/hone."""
+    return Path(os.environ.get("HONE_CACHE") or Path.home() / ".cache" / "hone")
+
+
+def resolve_source(name_or_path: str, gguf_file: str = "") -> ModelSource:
+    """Decide what kind of source `name_or_path` is, or raise ModelError saying why it cannot be used."""
+    name = name_or_path.strip()
+    if not name:
+        raise ModelError("no model chosen (model.name_or_path is empty)",
+                         "give a Hugging Face id, a local model folder or a .gguf file")
+    if name.startswith(BUNDLED_PREFIX):
+        return ModelSource("bundled", str(resolve_bundled(name)), name)
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelError(f"{path} is a file but not a .gguf model",
+                             "pick a .gguf file or the folder that holds config.json and the weights")
+        return ModelSource("gguf", str(path.resolve()), name)
+    if path.is_dir():
+        if gguf_file:
+            file = path / gguf_file
+            if not file.is_file():
+                raise ModelError(f"{file} does not exist", "check model.gguf_file")
+            return ModelSource("gguf", str(file.resolve()), name)
+        if (path / "config.json").is_file():
+            return ModelSource("folder", str(path.resolve()), name)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource("gguf", str(ggufs[0].resolve()), name)
+        if ggufs:
+            raise ModelError(f"{path} holds several .gguf files ({', '.join(g.name for g in ggufs[:4])})",
+                             "set model.gguf_file to the one to use")
+        raise ModelError(f"{path} holds neither config.json nor a .gguf file",
+                         "pick the folder a model was saved to (with config.json and *.safetensors)")
+    looks_local = name.startswith((".", "~", "/", "\\")) or name.lower().endswith(".gguf") or (
+        len(name) > 1 and name[1] == ":") or name.count("/") > 1 or "\\" in name
+    if looks_local or not _HUB_ID.match(name):
+        raise ModelError(f"{name} does not exist", "check the path, or give a Hugging Face id like "
+                         "Qwen/Qwen3-0.6B")
+    return ModelSource("hub", name, name)
+
+
+@contextlib.contextmanager
+def _hub_errors(name: str):
+    """Turn the hub client's exceptions into one clear ModelError."""
+    try:
+        yield
+    except ModelError:
+        raise
+    except (OSError, ValueError) as e:
+        text = str(e)
+        kind = type(e).__name__
+        if "RepositoryNotFound" in kind or "404" in text or "is not a valid model identifier" in text:
+            raise ModelError(f"there is no model named {name!r} on the Hugging Face Hub (or it is private)",
+                             "check the spelling; for a private or gated model run `hf auth login`") from None
+        if "GatedRepo" in kind or "gated" in text.lower():
+            raise ModelError(f"{name} is gated: its license must be accepted on huggingface.co",
+                             "accept it on the model's page, then run `hf auth login`") from None
+        if ("LocalEntryNotFound" in kind or "offline" in text.lower() or "connect" in text.lower()
+                or "cached files" in text.lower()):
+            raise ModelError(f"{name} is not in the local Hugging Face cache and the Hub cannot be reached",
+                             "connect to the internet once to download it, or set model.name_or_path to a "
+                             "local model folder or .gguf file") from None
+        raise
+
+
+def resolve_dtype(name: str, device: str):
+    """auto -> bfloat16 on GPUs that support it, float16 on older GPUs, float32 on CPU."""
+    import torch
+
+    if name != "auto":
+        return getattr(torch, name)
+    if str(device).startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def pick_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _conversion_folder(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{_CONVERSION_VERSION}|{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    key = key.hexdigest()[:16]
+    return cache_root() / "models" / f"{gguf.stem}-{key}"
+
+
+def gguf_folder(gguf: Path) -> Path:
+    """A safetensors folder equivalent to `gguf`, converting it on first use (atomic: temp folder + rename)."""
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = _conversion_folder(gguf)
+    if (target / "config.json").is_file():
+        return target
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        _special_tokens_from_gguf(tokenizer, gguf)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise ModelError(f"{gguf} could not be read as a GGUF model: {e}",
+                         "transformers reads GGUF files of llama, mistral, qwen2/qwen3, phi3, gemma and a few "
+                         "more architectures; convert others to safetensors") from None
+    size = sum(p.numel() for p in model.parameters()) * 4
+    if size > _FP32_CONVERSION_LIMIT:
+        model = model.to(torch.bfloat16)
+        model.config.dtype = torch.bfloat16
+    # The weights are plain tensors now; without this entry the next load reads them as such. transformers
+    # refuses save_pretrained on a GGUF-loaded model, so weights and config are written directly
+    # (save_model keeps one copy of tied tensors).
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+
+    def write(tmp: Path) -> None:
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(tmp)
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "hone_source.json").write_text(json.dumps({"gguf": str(gguf.resolve())}))
+
+    return publish_folder(target, write)
+
+
+def publish_folder(target: Path, write) -> Path:
+    """Fill `target` through `write(tmp)` on a temporary sibling folder, then rename it into place, so a reader never
+    sees a half-written folder. Another process that finished the same folder first wins; its copy is kept."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # not another process's finished copy: a real failure
+            raise
+    return target
+
+
+def _special_tokens_from_gguf(tokenizer, gguf: Path) -> None:
+    """Set BOS / EOS / padding tokens to the ids the GGUF file states. transformers 5.17 mixes them up when it
+    rebuilds a GPT-2 style tokenizer from GGUF (SmolLM2 came out with EOS = <|im_start|>)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf).fields
+    for key, attr in (("bos", "bos_token"), ("eos", "eos_token"), ("padding", "pad_token")):
+        field = fields.get(f"tokenizer.ggml.{key}_token_id")
+        if field is None:
+            continue
+        token_id = int(field.parts[field.data[0]][0])
+        token = tokenizer.convert_ids_to_tokens(token_id)
+        if token is not None and getattr(tokenizer, attr) != token:
+            setattr(tokenizer, attr, token)
+
+
+def source_folder(source: ModelSource) -> str:
+    """What `from_pretrained` should read for this source."""
+    if source.kind in ("bundled", "gguf"):
+        return str(gguf_folder(Path(source.path)))
+    return source.path
+
+
+def load_config(model_cfg: ModelConfig):
+    """(source, folder, transformers config) for a ModelConfig."""
+    from transformers import AutoConfig
+
+    source = resolve_source(model_cfg.name_or_path, model_cfg.gguf_file)
+    folder = source_folder(source)
+    with _hub_errors(source.name):
+        config = AutoConfig.from_pretrained(folder, revision=model_cfg.revision or None,
+                                            trust_remote_code=model_cfg.trust_remote_code)
+    return source, folder, config
+
+
+def is_vision_config(config) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def info_from_config(config, name: str, source_kind: str, params: int) -> ModelInfo:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    experts = next((getattr(text, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
+                    if getattr(text, k, None)), 0)
+    top_k = next((getattr(text, k) for k in ("num_experts_per_tok", "experts_per_token", "moe_topk")
+                  if getattr(text, k, None)), 0)
+    architectures = getattr(config, "architectures", None) or [type(config).__name__.replace("Config", "")]
+    return ModelInfo(name=name, source_kind=source_kind, architecture=architectures[0],
+                     model_type=config.model_type, params=int(params), layers=int(text.num_hidden_layers),
+                     hidden_size=int(text.hidden_size), vocab_size=int(text.vocab_size),
+                     context_length=int(getattr(text, "max_position_embeddings", 0) or 0),
+                     is_moe=bool(experts), num_experts=int(experts or 0), experts_per_token=int(top_k or 0),
+                     is_vision=is_vision_config(config))
+
+
+def _auto_model_class(config):
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
+
+
+def count_params(model) -> int:
+    """Parameters as the user thinks of them (4-bit packed weights count their unpacked size)."""
+    total = 0
+    for p in model.parameters():
+        n = p.numel()
+        if type(p).__name__ == "Params4bit":
+            n *= 2
+        total += n
+    return total
+
+
+def inspect_model(name_or_path: str, gguf_file: str = "") -> ModelInfo:
+    """ModelInfo from the config alone; parameters counted on the meta device (no weights read)."""
+    import torch
+
+    source, _folder, config = load_config(ModelConfig(name_or_path=name_or_path, gguf_file=gguf_file))
+    with torch.device("meta"):
+        model = _auto_model_class(config).from_config(config)
+    return info_from_config(config, name_or_path, source.kind, count_params(model))
+
+
+def _qlora_config(dtype, device: str):
+    if not str(device).startswith("cuda"):
+        raise ModelError("QLoRA (lora.qlora = true) needs an NVIDIA GPU; this run is on the CPU",
+                         "turn lora.qlora off, or run on a machine with a CUDA GPU")
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError:
+        raise ModelError("QLoRA needs the bitsandbytes package, which is not installed",
+                         "pip install bitsandbytes, or turn lora.qlora off") from None
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
+
+
+def _load_processor(folder: str, config, kwargs: dict):
+    """transformers' processor; where it cannot be built because it needs torchvision (the Qwen-VL processors hold
+    a video processor), Hone's image-and-text stand-in for the families it has a placeholder rule for."""
+    from transformers import AutoProcessor
+
+    from hone.core.vision.processor import PLACEHOLDER_RULES, build_fallback_processor
+
+    try:
+        return AutoProcessor.from_pretrained(folder, **kwargs)
+    except (ImportError, TypeError) as e:
+        if "torchvision" not in str(e).lower() and "video" not in str(e).lower():
+            raise
+        if config.model_type in PLACEHOLDER_RULES:
+            return build_fallback_processor(folder, config.model_type, **kwargs)
+        raise ModelError(f"the image processor of this {config.model_type} model needs torchvision, which is not "
+                         "installed", "pip install torchvision (the build that matches your torch)") from None
+
+
+def load_tokenizer(folder: str, config=None, model_cfg: ModelConfig | None = None):
+    """The tokenizer (or, for vision models, the processor), with a pad token set."""
+    from transformers import AutoTokenizer
+
+    model_cfg = model_cfg or ModelConfig()
+    kwargs = dict(revision=model_cfg.revision or None, trust_remote_code=model_cfg.trust_remote_code)
+    with _hub_errors(model_cfg.name_or_path):
+        if config is not None and is_vision_config(config):
+            tokenizer = _load_processor(folder, config, kwargs)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+    if text_tokenizer.pad_token is None:
+        text_tokenizer.pad_token = text_tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(model_cfg: ModelConfig, *, device: str | None = None, for_training: bool = True,
+               qlora: bool = False, attn_implementation: str | None = None) -> LoadedModel:
+    """Load weights and tokenizer onto `device` in the configured dtype (QLoRA: 4-bit nf4 base).
+
+    `attn_implementation` None lets transformers pick its default (SDPA where the architecture has it); the
+    run's packed-attention backend is set afterwards by hone.core.speed.attention."""
+    device = device or pick_device()
+    dtype = resolve_dtype(model_cfg.dtype, device)
+    source, folder, config = load_config(model_cfg)
+    kwargs: dict[str, Any] = dict(dtype=dtype, revision=model_cfg.revision or None,
+                                  trust_remote_code=model_cfg.trust_remote_code,
+                                  attn_implementation=attn_implementation)
+    if qlora:
+        kwargs["quantization_config"] = _qlora_config(dtype, device)
+        kwargs["device_map"] = {"": device}
+    with _hub_errors(source.name):
+        model = _auto_model_class(config).from_pretrained(folder, **kwargs)
+    if not qlora:
+        model.to(device)
+    model.train(for_training)
+    if not for_training:
+        model.requires_grad_(False)
+    tokenizer = load_tokenizer(folder, config, model_cfg)
+    info = info_from_config(model.config, source.name, source.kind, count_params(model))
+    return LoadedModel(model=model, tokenizer=tokenizer, info=info, source=source, folder=folder)

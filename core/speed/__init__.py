@@ -1,0 +1,112 @@
+"""Switches the speed paths on for a run and says what was chosen and why.
+
+Each path lives in its own module with its own reference and tests; this file only decides the order:
+attention and MoE experts before LoRA (they change how the base model computes), checkpointing and fused
+kernels after (they wrap what LoRA produced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hone.core.config import SpeedConfig
+from hone.core.events import Notice
+from hone.core.model_info import ModelInfo
+
+
+@dataclass
+class SpeedSetup:
+    """What a run uses: `choices` go into RunStarted.speed_paths, `notices` become Notice events."""
+
+    choices: dict[str, str] = field(default_factory=dict)
+    notices: list[Notice] = field(default_factory=list)
+    expert_meter: object | None = None  # MoE expert-load meter, read once per step
+    offload: object | None = None  # checkpoint offloader, read once per step
+    compile: object | None = None  # CompileReport: compile seconds are taken out of step times
+    host_tables: object | None = None  # HostTables: vocabulary tables kept in host memory (hone.core.speed.host_tables)
+
+    def note(self, topic: str, message: str, level: str = "info") -> None:
+        self.notices.append(Notice(topic=topic, message=message, level=level))
+
+
+def before_lora(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedSetup:
+    """Attention backend and MoE experts implementation, chosen once per run."""
+    from hone.core.speed import attention
+
+    setup = SpeedSetup()
+    choice = attention.configure(model, cfg, device)
+    setup.choices["attention"] = f"{choice.name}: {choice.reason}"
+    if info.is_moe:
+        from hone.core import moe
+
+        choice = moe.configure(model, cfg.moe_backend, device, fused_gate=cfg.kernels)
+        setup.choices["moe"] = f"{choice.name}: {choice.reason}"
+        setup.expert_meter = moe.ExpertLoadMeter(model)
+    return setup
+
+
+def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup: SpeedSetup,
+               mean_row_tokens: float) -> None:
+    """Activation checkpointing (possibly offloaded), then fused kernels and compilation."""
+    from hone.core.speed.checkpointing import checkpointer, policy
+
+    choice = policy.choose_mode(cfg.checkpoint, device, mean_row_tokens, peft_model.get_base_model().config)
+    if choice.notice:
+        setup.note("checkpoint", choice.notice, choice.level)
+    setup.choices["checkpoint"] = f"{choice.mode}: {choice.reason}"
+    if choice.mode != "off":
+        setup.offload = checkpointer.apply_checkpointing(peft_model, choice.mode, device, note=setup.note,
+                                                    tile_tokens=cfg.layer_tile_tokens)
+        if setup.offload is None:
+            setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"
+        elif cfg.layer_tile_tokens:
+            tokens = cfg.layer_tile_tokens if cfg.layer_tile_tokens > 0 else "auto"
+            setup.choices["checkpoint"] += (f"; packed layers back-propagated in tiles of whole sequences "
+                                            f"(at most {tokens} tokens)")
+    _kernels_and_compile(peft_model, cfg, device, setup)
+    _embeddings(peft_model, cfg, device, setup)
+
+
+def _embeddings(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:
+    """The frozen vocabulary tables to host memory where they can go (`hone.core.speed.host_tables`)."""
+    from hone.core.speed.host_tables import apply_host_tables
+
+    tables = apply_host_tables(peft_model, device, embedding=cfg.host_embeddings, head=cfg.host_lm_head,
+                               chunked_loss=cfg.loss == "chunked")
+    setup.host_tables = tables
+    if isinstance(tables.embedding, str):
+        setup.choices["embeddings"] = f"on the GPU: {tables.embedding}"
+    else:
+        setup.choices["embeddings"] = (f"input-embedding table ({_gib(tables.embedding.table):.2f} GiB) in pinned "
+                                       "host memory; each batch's rows looked up on the CPU by the collation")
+    if isinstance(tables.head, str):
+        setup.choices["lm_head"] = f"on the GPU: {tables.head}"
+    else:
+        shared = " (the tied input table)" if tables.head.table is getattr(tables.embedding, "table", None) else ""
+        setup.choices["lm_head"] = (f"LM head ({_gib(tables.head.table):.2f} GiB){shared} in pinned host memory; "
+                                    "copied to the GPU once per step, while the forward runs, for the loss")
+
+
+def _gib(tensor) -> float:
+    return tensor.numel() * tensor.element_size() / 2**30
+
+
+def _kernels_and_compile(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:
+    """Fused kernels (CUDA only: on the CPU the references would run, which is the plain path anyway), then
+    regional compilation of the (possibly fused) decoder blocks."""
+    if cfg.kernels and str(device).startswith("cuda"):
+        from hone.core.speed.fused.apply import apply_kernels
+
+        report = apply_kernels(peft_model, tile_mlp=cfg.tiled_mlp)
+        setup.choices["kernels"] = report.summary()
+        for reason, names in report.skipped.items():
+            setup.note("kernels", f"{len(names)} modules keep transformers' code: {reason}")
+    elif cfg.kernels:
+        setup.choices["kernels"] = "off: Hone's fused kernels need an NVIDIA GPU"
+    else:
+        setup.choices["kernels"] = "off (speed.kernels = false)"
+    if cfg.compile:
+        from hone.core.speed.compile import compile_blocks
+
+        setup.compile = compile_blocks(peft_model)
+        setup.choices["compile"] = f"{setup.compile.blocks} decoder blocks with torch.compile"

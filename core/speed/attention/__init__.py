@@ -1,0 +1,297 @@
+"""Choosing and installing the attention backend for packed rows, once per run.
+
+`configure(model, speed_cfg, device)` picks a backend (`speed.attention`: auto, varlen, flash, sdpa, hf),
+registers its function with transformers' `AttentionInterface` and sets it on the model; `revert(model, choice)`
+puts the model's previous attention back. The returned `Choice` says what was picked and why, for RunStarted.
+
+How it avoids work inside the step: the registered names are not in transformers' `AttentionMaskInterface`, so
+transformers' mask creation returns at once for them. It builds no dense mask and never runs its packed-sequence
+detection (which calls `.all()` on a GPU tensor, a host sync, on 5.17 and 5.24 alike). The functions in
+`hone.core.speed.attention.backends` read the batch's metadata from the kwargs instead.
+
+Backends:
+- varlen: `torch.nn.attention.varlen.varlen_attn` on CUDA in bf16/fp16 (probed once on the device: grouped
+  heads and sliding windows against a dense reference).
+- flash: flash-attn's `flash_attn_varlen_func`, when that package is installed.
+- sdpa: SDPA with one block-diagonal causal mask per batch, shared across layers (CPU, older GPUs, fp32).
+- hf: transformers' own attention, untouched (it builds its mask from position_ids every forward).
+Models with attention sinks (gpt-oss) take varlen when its probe, gradients included, passes with sinks (see
+`attention_backends.SinkRescale`), else the shared block mask with the sink attention computed densely (never
+transformers' own attention for packed rows: gpt-oss builds its masks without the position ids, so a packed row
+would attend across its sequences). Models with attention logit soft-capping (Gemma 2) or attention dropout keep
+transformers' attention, and so do vision-language models and runs without packing; the reason says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hone.core.speed.attention import backends
+
+# Names registered with transformers' AttentionInterface. They avoid "flash" and "sdpa" on purpose: transformers
+# switches on those substrings in a few places (e.g. `is_flash_attention_requested`).
+IMPLEMENTATIONS = {
+    "varlen": "hone_varlen",
+    "flash": "hone_fa2",
+    "sdpa": "hone_blockmask",
+}
+_FUNCTIONS = {
+    "hone_varlen": backends.varlen_attention,
+    "hone_fa2": backends.fa2_attention,
+    "hone_blockmask": backends.blockmask_attention,
+}
+PER_LAYER_SUFFIX = "_per_layer"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The attention backend picked for a run.
+
+    Attributes:
+        name: "varlen", "flash", "sdpa" or "hf".
+        reason: one sentence for the run log / RunStarted: why this backend.
+        implementation: the name set as the model's attention implementation.
+        previous: the model's attention implementation before `configure` (what `revert` restores).
+        per_layer_metadata: True in the benchmark-only mode that rebuilds metadata in every layer.
+    """
+
+    name: str
+    reason: str
+    implementation: str
+    previous: str
+    per_layer_metadata: bool = False
+
+
+def register() -> None:
+    """Register Hone's attention functions (and their per-layer-metadata variants) with transformers."""
+    from transformers import AttentionInterface
+
+    for name, fn in _FUNCTIONS.items():
+        AttentionInterface.register(name, fn)
+        AttentionInterface.register(name + PER_LAYER_SUFFIX, backends.PER_LAYER_METADATA[fn])
+
+
+def current_implementation(model) -> str:
+    return _hf_model(model).config._attn_implementation
+
+
+def _hf_model(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def apply_attention(model, implementation: str) -> str:
+    """Set `implementation` (a registered name) as the model's attention; returns the previous one."""
+    register()
+    hf = _hf_model(model)
+    previous = hf.config._attn_implementation
+    hf.set_attn_implementation(implementation)
+    if hf.config._attn_implementation != implementation:
+        raise RuntimeError(f"{type(hf).__name__} did not accept attention implementation {implementation!r}")
+    return previous
+
+
+def revert_attention(model, previous: str) -> None:
+    """Put back the attention implementation `apply_attention` replaced."""
+    _hf_model(model).set_attn_implementation(previous)
+
+
+def revert(model, choice: Choice) -> None:
+    """Undo `configure`: the model gets back the attention it had before."""
+    if choice.implementation != choice.previous:
+        revert_attention(model, choice.previous)
+
+
+# ---- what the model needs ----------------------------------------------------------------------------------------
+
+def _unsupported_reason(model) -> str | None:
+    """Why Hone's packed attention cannot serve this model, or None."""
+    hf = _hf_model(model)
+    config = hf.config
+    if getattr(config, "vision_config", None) is not None:
+        return "vision-language model: its image encoder needs transformers' attention masks"
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "attn_logit_softcapping", None):
+        return "attention logit soft-capping (e.g. Gemma 2) is not supported by the packed kernels"
+    if getattr(text, "attention_dropout", 0.0):
+        return f"attention dropout {text.attention_dropout} is not supported by the packed kernels"
+    return None
+
+
+def _has_sinks(model) -> bool:
+    """Attention with per-head sink logits (gpt-oss)."""
+    return any(isinstance(getattr(module, "sinks", None), torch.Tensor) for module in _hf_model(model).modules())
+
+
+def _model_dtype(model) -> torch.dtype:
+    for p in _hf_model(model).parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _attention_shape(model) -> tuple[int, int, int, list[int | None]]:
+    """(query heads, key/value heads, head dim, distinct sliding windows) of the text model."""
+    config = _hf_model(model).config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    window = getattr(text, "sliding_window", None)
+    windows = [None] + ([int(window)] if window else [])
+    return heads, kv_heads, head_dim, windows
+
+
+# ---- the varlen probe --------------------------------------------------------------------------------------------
+
+def probe_varlen(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
+                 windows: list[int | None], sinks: bool = False) -> str | None:
+    """Run varlen attention once on the device (grouped heads, windows, backward) against a dense reference;
+    with `sinks`, sink logits too, and every gradient (q, k, v, sinks) compared as well.
+
+    Sets `backends.VARLEN_OPTIONS` (expanding key/value heads if grouped heads fail). This syncs, but runs once
+    per run, before training. Returns None when varlen works, else the reason it cannot be used.
+    """
+    options = backends.varlen_signature()
+    if any(w is not None for w in windows) and not options.window:
+        return "this torch's varlen_attn has no sliding-window support"
+    if sinks and not options.lse:
+        return "this torch's varlen_attn cannot return the log-sum-exp that attention sinks need"
+    failures = []
+    for candidate in (options, backends.VarlenOptions(options.window, options.gqa_flag, repeat_kv=True,
+                                                      lse=options.lse)):
+        backends.VARLEN_OPTIONS = candidate
+        try:
+            error = _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks)
+        except Exception as exc:  # a kernel that cannot run here: try the next way, then report
+            error = f"{type(exc).__name__}: {exc}"
+        if error is None:
+            return None
+        failures.append(error)
+        if heads == kv_heads:
+            break
+    backends.VARLEN_OPTIONS = None
+    return "varlen_attn failed its check on this device (" + "; ".join(failures) + ")"
+
+
+# Probe tolerance: bf16 attention outputs of unit-scale inputs agree with an fp32 reference to ~1e-2.
+_PROBE_TOLERANCE = 5e-2
+
+
+def sink_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                             sinks: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
+    """Dense attention in the inputs' dtype (`attention_backends.dense_sink_attention`) for one row: (1, H, T, D)
+    q, (1, Hkv, T, D) k / v, `block_causal_mask`'s (1, 1, T, T), optional (H,) sinks. Returns (T, H, D)."""
+    return backends.dense_sink_attention(q, k, v, mask, sinks, scale)[0]
+
+
+def _relative_error(got: torch.Tensor | None, want: torch.Tensor) -> float:
+    if got is None or not torch.isfinite(got).all():
+        return float("inf")
+    return ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+
+
+def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool = False) -> str | None:
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    lengths = [5, 11, 1, 8]
+    total = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    for window in windows:
+        q, k, v = (torch.randn(1, h, total, head_dim, generator=generator).to(device, dtype).requires_grad_()
+                   for h in (heads, kv_heads, kv_heads))
+        sink = (torch.randn(heads, generator=generator) + 1.0).to(device, dtype).requires_grad_() if sinks else None
+        out = backends._varlen(q, k, v, cu, max(lengths), None, window, sink)
+        grad_out = torch.randn(out.shape, generator=generator).to(device)
+        (out.float() * grad_out).sum().backward()
+        mask = backends.block_causal_mask(cu, total, window)
+        leaves = [t.detach().float().requires_grad_() for t in (q, k, v) + ((sink,) if sinks else ())]
+        ref = sink_attention_reference(*leaves[:3], mask, leaves[3] if sinks else None)
+        (ref * grad_out).sum().backward()
+        errors = {"output": _relative_error(out.detach(), ref.detach())}
+        if sinks:  # the sink path relies on the attention node's saved output: check every gradient
+            errors |= {name: _relative_error(t.grad, ref_t.grad)
+                       for name, t, ref_t in zip(("dq", "dk", "dv", "d sinks"), (q, k, v, sink), leaves, strict=True)}
+        elif k.grad is None or not torch.isfinite(k.grad).all():
+            errors["dk"] = float("inf")
+        bad = {name: f"{err:.3g}" for name, err in errors.items() if not err <= _PROBE_TOLERANCE}
+        if bad:
+            return f"window {window}{' with sinks' if sinks else ''}: relative errors {bad} against the dense " \
+                   "reference"
+    return None
+
+
+# ---- the choice --------------------------------------------------------------------------------------------------
+
+def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]:
+    """Pick a backend name ("varlen", "flash", "sdpa", "hf") and the reason, without touching the model."""
+    device = torch.device(device)
+    if requested == "hf":
+        caveat = (" (gpt-oss builds its masks without the position ids: packed sequences attend to each other; "
+                  "`auto` keeps them apart)") if _has_sinks(model) else ""
+        return "hf", "speed.attention = hf: transformers' own attention" + caveat
+    unsupported = _unsupported_reason(model)
+    if unsupported:
+        return "hf", f"transformers' attention: {unsupported}"
+    sinks = _has_sinks(model)
+    on_cuda = device.type == "cuda"
+    half = _model_dtype(model) in (torch.bfloat16, torch.float16)
+    why_not: dict[str, str] = {}
+    if requested in ("auto", "varlen"):
+        if not on_cuda:
+            why_not["varlen"] = "varlen needs a CUDA GPU"
+        elif not half:
+            why_not["varlen"] = f"varlen needs bf16/fp16 weights, the model is {_model_dtype(model)}"
+        elif not backends.varlen_available():
+            why_not["varlen"] = f"torch {torch.__version__} has no torch.nn.attention.varlen"
+        else:
+            failure = probe_varlen(device, _model_dtype(model), *_attention_shape(model), sinks=sinks)
+            if failure is None:
+                return "varlen", ("torch varlen_attn (flash kernel) with the batch's cu_seqlens, no mask"
+                                  + ("; sink logits applied from its log-sum-exp" if sinks else ""))
+            why_not["varlen"] = failure
+    if requested in ("auto", "flash"):
+        if sinks:
+            why_not["flash"] = "flash-attn has no attention sinks"
+        elif not on_cuda or not half:
+            why_not["flash"] = "flash-attn needs a CUDA GPU and bf16/fp16 weights"
+        elif not backends.fa2_available():
+            why_not["flash"] = "the flash-attn package is not installed"
+        else:
+            return "flash", "flash-attn flash_attn_varlen_func with the batch's cu_seqlens, no mask"
+    detail = "; ".join(why_not.values())
+    reason = "SDPA with one block-diagonal causal mask per batch, shared by all layers"
+    if sinks:
+        reason = ("one block-diagonal causal mask per batch, shared by all layers, attention with sinks computed "
+                  "densely as transformers' eager attention does")
+    return "sdpa", reason + (f" ({detail})" if detail else "")
+
+
+def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadata: bool = False) -> Choice:
+    """Pick the attention backend for this run, install it on the model, and say why.
+
+    Args:
+        model: a transformers causal LM or a peft model around one.
+        speed_cfg: `SpeedConfig` (reads `.attention` and `.packing`).
+        device: where the model trains.
+        per_layer_metadata: benchmark only: use the variant that rebuilds the metadata in every layer.
+
+    Returns:
+        The `Choice`; `revert(model, choice)` undoes it.
+    """
+    previous = current_implementation(model)
+    if not getattr(speed_cfg, "packing", True):
+        return Choice("hf", "packing is off: padded rows use transformers' attention with its padding mask",
+                      previous, previous)
+    name, reason = choose(model, speed_cfg.attention, device)
+    if name == "hf":
+        return Choice("hf", reason, previous, previous)
+    implementation = IMPLEMENTATIONS[name] + (PER_LAYER_SUFFIX if per_layer_metadata else "")
+    apply_attention(model, implementation)
+    if name == "varlen":
+        backends.GROUPED_BACKWARD = bool(getattr(speed_cfg, "grouped_attention_backward", False))
+        if backends.GROUPED_BACKWARD:
+            reason += "; backward a group of whole sequences at a time"
+    if per_layer_metadata:
+        reason += "; metadata rebuilt from position_ids in every layer (benchmark variant)"
+    return Choice(name, reason, implementation, previous, per_layer_metadata)

@@ -1,0 +1,192 @@
+"""Checkpointed decoder layers recomputed and back-propagated a group of whole sequences at a time.
+
+Why: when Hone's checkpointer (`hone.core.speed.checkpointing.checkpointer`) rebuilds a layer in backward, everything
+the layer saves for
+its backward (norm outputs, q/k/v, the attention output, the residual stream) exists for the whole batch at once,
+and so do the gradients its backward makes. On Qwen3-8B at 16K tokens that is ~1.5 GiB on top of the weights:
+the largest transient of the step once the loss is chunked and the MLP is tiled (docs/notes/dense-perf.md).
+
+How, at no extra compute: in a packed batch every part of a decoder layer is token-wise except attention, and
+attention never crosses a sequence boundary. So the layer's backward can run on consecutive groups of whole
+sequences, one after the other: each tile recomputes its slice of the layer from its slice of the saved input
+with the tile's own `cu_seqlens` (offsets minus the tile's start; a device op, no host sync), `max_length`,
+`position_ids` and rotary tables, back-propagates its slice of the output gradient, and writes its slice of the
+input gradient. Parameter gradients accumulate across tiles. Every FLOP happens once, as without tiling.
+
+Tile boundaries come from the sequence lengths the CPU computed when it packed the batch (`register_batch`, called
+by `PackedBatch.model_inputs`), so choosing them asks the GPU nothing. A sequence longer than a tile is a tile of
+its own.
+
+When it applies (`LayerCall.tiles`): one packed row (batch size 1) whose `cu_seq_lens_q` was registered, no
+attention mask, no tensor argument other than the ones sliced here, and no dropout in the layer (a tile-wise
+recompute would draw other masks than the forward did). Elsewhere the layer is rebuilt whole.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+# Elements of one (tile tokens x hidden) activation: 2**24 = 32 MiB in bf16 (Qwen3-8B: 4,096 tokens per tile).
+# A layer saves about eight such tensors for its backward and its backward makes as many again.
+TILE_ELEMENTS = 2**24
+# Fewer tokens than this per tile make the projections' GEMMs too short to keep a large GPU busy.
+MIN_TILE_TOKENS = 1024
+
+# Keyword arguments a layer call may carry and how a tile gets its own: sliced along tokens, or replaced.
+_SLICED = ("position_ids", "position_embeddings")
+_REPLACED = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def auto_tile_tokens(hidden_size: int) -> int:
+    """Tokens per tile for `speed.layer_tile_tokens = -1` (auto)."""
+    return max(MIN_TILE_TOKENS, TILE_ELEMENTS // max(int(hidden_size), 1))
+
+
+def group_sequences(seq_lens: list[int] | tuple[int, ...], max_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive sequences grouped into tiles of at most `max_tokens` tokens (a longer sequence alone).
+
+    Returns:
+        (first sequence, one past the last sequence) per tile, in order.
+    """
+    groups: list[tuple[int, int]] = []
+    first, tokens = 0, 0
+    for index, n in enumerate(seq_lens):
+        if tokens and tokens + n > max_tokens:
+            groups.append((first, index))
+            first, tokens = index, 0
+        tokens += n
+    if tokens:
+        groups.append((first, len(seq_lens)))
+    return groups
+
+
+@dataclass(frozen=True)
+class SequenceTile:
+    """One tile of a packed batch: tokens `start:end`, their own offsets (int32, on the batch's device, starting
+    at 0) and longest sequence."""
+
+    start: int
+    end: int
+    cu_seqlens: torch.Tensor
+    max_len: int
+
+
+@dataclass
+class _Batch:
+    cu: weakref.ref
+    seq_lens: tuple[int, ...]
+    tiles: dict  # max_tokens -> list[SequenceTile]
+
+
+# Packed batches in flight, keyed by the identity of their device `cu_seqlens` (what every layer call carries).
+# Entries go when their batch is freed; a few cover a forward overlapping the previous batch's backward.
+_BATCHES: list[_Batch] = []
+_KEEP = 4
+
+
+def register_batch(cu_seqlens: torch.Tensor, seq_lens: list[int] | tuple[int, ...]) -> None:
+    """Remember the host-side sequence lengths behind a batch's `cu_seqlens` (the tensor the model call gets)."""
+    _BATCHES[:] = [b for b in _BATCHES if b.cu() is not None and b.cu() is not cu_seqlens]
+    _BATCHES.insert(0, _Batch(weakref.ref(cu_seqlens), tuple(int(n) for n in seq_lens), {}))
+    del _BATCHES[_KEEP:]
+
+
+def tiles_for(cu_seqlens: torch.Tensor, max_tokens: int) -> list[SequenceTile] | None:
+    """The tiles of a registered batch (built once per batch and tile size), or None for an unknown batch."""
+    batch = next((b for b in _BATCHES if b.cu() is cu_seqlens), None)
+    if batch is None:
+        return None
+    if max_tokens not in batch.tiles:
+        tiles, offsets = [], [0]
+        for n in batch.seq_lens:
+            offsets.append(offsets[-1] + n)
+        for first, last in group_sequences(batch.seq_lens, max_tokens):
+            # Sliced from the device offsets: the values never travel back to the host.
+            local = cu_seqlens[first:last + 1] - cu_seqlens[first]
+            tiles.append(SequenceTile(offsets[first], offsets[last], local, max(batch.seq_lens[first:last])))
+        batch.tiles[max_tokens] = tiles
+    return batch.tiles[max_tokens]
+
+
+def _has_dropout(layer: torch.nn.Module | None) -> bool:
+    if layer is None:
+        return True  # unknown layer: cannot rule dropout out
+    for module in layer.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0 and module.training:
+            return True
+        if float(getattr(module, "attention_dropout", 0.0) or 0.0) > 0 and module.training:
+            return True
+    return False
+
+
+def _slice(value, start: int, end: int):
+    """A token slice of a (1, T, ...) tensor, or of each tensor of a tuple of them (the rotary cos/sin)."""
+    if isinstance(value, tuple):
+        return tuple(_slice(v, start, end) for v in value)
+    return value[:, start:end]
+
+
+def _token_major(value, total: int) -> bool:
+    """None, or a (1, T, ...) tensor: what `_slice` can cut (not e.g. multimodal rotary tables (3, 1, T, D))."""
+    return value is None or (torch.is_tensor(value) and value.dim() >= 2 and value.shape[0] == 1
+                             and value.shape[1] == total)
+
+
+class LayerCall:
+    """One decoder layer call as transformers hands it to the checkpointer: `function(hidden, *rest, **kwargs)`.
+
+    transformers binds the layer's keyword arguments into `function` (a `functools.partial`); `tiles` reads them
+    there to make each tile's call.
+    """
+
+    def __init__(self, function, rest: tuple, kwargs: dict, layer: torch.nn.Module | None):
+        self.function, self.rest, self.kwargs, self.layer = function, rest, kwargs, layer
+
+    def __call__(self, hidden: torch.Tensor):
+        return self.function(hidden, *self.rest, **self.kwargs)
+
+    def _bound(self) -> dict:
+        bound = dict(self.function.keywords) if isinstance(self.function, functools.partial) else {}
+        bound.update(self.kwargs)
+        return bound
+
+    def tiles(self, hidden: torch.Tensor, max_tokens: int) -> list[tuple[SequenceTile, LayerCall]] | None:
+        """(tile, the call for that tile) pairs when this call can be back-propagated in tiles, else None."""
+        if max_tokens <= 0 or hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[1] <= max_tokens:
+            return None
+        if any(torch.is_tensor(r) for r in self.rest) or _has_dropout(self.layer):
+            return None
+        bound = self._bound()
+        cu = bound.get("cu_seq_lens_q")
+        if cu is None or bound.get("cu_seq_lens_k") is not cu or bound.get("attention_mask") is not None:
+            return None
+        total = hidden.shape[1]
+        for name, value in bound.items():
+            if name in _SLICED:
+                if not all(_token_major(v, total) for v in (value if isinstance(value, tuple) else (value,))):
+                    return None
+                continue
+            if name in _REPLACED:
+                continue
+            if torch.is_tensor(value) or (isinstance(value, (tuple, list)) and any(map(torch.is_tensor, value))):
+                return None  # a tensor argument we do not know how to cut
+        tiles = tiles_for(cu, max_tokens)
+        if tiles is None or len(tiles) < 2 or tiles[-1].end != hidden.shape[1]:
+            return None
+        calls = []
+        for tile in tiles:
+            own = {name: _slice(bound[name], tile.start, tile.end) for name in _SLICED if bound.get(name) is not None}
+            own.update(cu_seq_lens_q=tile.cu_seqlens, cu_seq_lens_k=tile.cu_seqlens, max_length_q=tile.max_len,
+                       max_length_k=tile.max_len)
+            if isinstance(self.function, functools.partial):
+                function = functools.partial(self.function.func, *self.function.args,
+                                             **{**self.function.keywords, **own})
+                kwargs = {k: v for k, v in self.kwargs.items() if k not in own}
+            else:
+                function, kwargs = self.function, {**self.kwargs, **own}
+            calls.append((tile, LayerCall(function, self.rest, kwargs, self.layer)))
+        return calls

@@ -1,0 +1,27 @@
+"""Training: the loop, one optimizer step, the loss, the optimizer, LoRA, and what a run writes to disk.
+
+    trainer.py      Trainer: config -> data -> model -> speed paths -> LoRA -> steps -> events
+    step.py         StepRunner: one optimizer step and evaluation; PackStream: packs in training order
+    loss.py         the token-summed cross-entropy, chunked over the LM head
+    optim.py        AdamW variants and the learning-rate schedule
+    lora.py         LoRA adapters through peft, and the trainable-parameter report
+    checkpoints.py  resumable checkpoints, written atomically
+    run_dir.py      the run folder: config, metrics, log, status summary
+    adapter_dir.py  the final adapter folder with tokenizer and model card
+
+Importing this package is light: `Trainer` and `StepRunner` load torch when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {"Trainer": "hone.core.train.trainer", "StepRunner": "hone.core.train.step"}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

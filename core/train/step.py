@@ -1,0 +1,207 @@
+"""One optimizer step and evaluation (`StepRunner`), and the order packs are taken in across epochs (`PackStream`).
+
+A step collates its micro-batches (the next step's on a background thread on a GPU), runs forward, the summed
+token loss and backward for each, then clips, steps the optimizer and the scheduler, and returns the numbers a
+StepMetrics event carries. The loss is normalized by the trained-token count the batches know on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from hone.core import vision
+from hone.core.config import RunConfig
+from hone.core.data import TokenizedSet, plan_packs
+from hone.core.data.collate import collate_packed, collate_padded
+from hone.core.train.loss import loss_sum
+from hone.kernels.weight_casts import reuse_weight_casts
+
+
+class PackStream:
+    """Packs of row indices in training order across epochs; position = packs consumed so far.
+
+    Each epoch's plan is deterministic for (seed, epoch), so a resumed run recomputes the same order and
+    continues from the saved position.
+    """
+
+    def __init__(self, lengths, budget: int, seed: int, packing: bool):
+        self.lengths, self.budget, self.seed, self.packing = lengths, budget, seed, packing
+        self._plans: dict[int, list[list[int]]] = {}
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        if epoch not in self._plans:
+            if self.packing:
+                self._plans[epoch] = plan_packs(self.lengths, self.budget, seed=self.seed, epoch=epoch)
+            else:  # one row per micro-batch, shuffled per epoch the same way
+                order = torch.randperm(len(self.lengths), generator=torch.Generator().manual_seed(
+                    self.seed * 1000 + epoch)).tolist()
+                self._plans[epoch] = [[i] for i in order]
+        return self._plans[epoch]
+
+    def packs_per_epoch(self) -> int:
+        return len(self.plan(0))
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """(epoch, index within that epoch) of the pack at global `position`."""
+        epoch = 0
+        while position >= len(self.plan(epoch)):
+            position -= len(self.plan(epoch))
+            epoch += 1
+        return epoch, position
+
+    def take(self, position: int) -> list[int]:
+        epoch, index = self.locate(position)
+        return self.plan(epoch)[index]
+
+    def epoch_progress(self, position: int) -> float:
+        epoch, index = self.locate(position)
+        return epoch + index / len(self.plan(epoch))
+
+
+class StepRunner:
+    """One optimizer step and evaluation; holds what every step needs."""
+
+    PREFETCH_ON_CPU = False  # tests switch background collation on without a GPU
+
+    def __init__(self, model, tokenizer, optimizer, scheduler, scaler, params, config: RunConfig, device: str,
+                 dtype, setup):
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.params, self.config, self.device, self.setup = params, config, device, setup
+        self.cuda = str(device).startswith("cuda")
+        self.autocast_dtype = dtype if self.cuda and dtype != torch.float32 else None
+        text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        self.pad_id = text_tokenizer.pad_token_id
+        self.pin = self.cuda
+        # On a GPU the next step's batches are collated on a background thread while this step computes (image
+        # rows cost 0.1-0.3 s per 8K-token batch to decode and resize); on the CPU that thread would only compete
+        # with the step for cores.
+        self.prefetch = self.cuda or self.PREFETCH_ON_CPU
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: tuple[int, list[list[int]], Future] | None = None
+        self.vision = None  # vision-language models: batches carry pixels next to the ids (hone.core.vision)
+        if vision.is_vision_processor(tokenizer):
+            self.vision = vision.collator_for(model, tokenizer, config, dtype)
+            setup.note("vision", f"vision batches: {self.vision.describe()}")
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
+
+    def collate(self, rows):
+        """One micro-batch on the host (pinned on a GPU), with its embedding rows when the table lives there."""
+        if self.vision is not None:
+            return self.vision.collate(rows, pin_memory=self.pin)
+        if self.config.speed.packing:
+            batch = collate_packed(rows, pin_memory=self.pin)
+        else:
+            batch = collate_padded(rows, pad_id=self.pad_id, pin_memory=self.pin)
+        host = getattr(self.setup.host_tables, "embedding", None)
+        if host is not None and not isinstance(host, str):
+            batch.input_rows = host.rows(batch.input_ids, pin_memory=self.pin)
+        return batch
+
+    def _collate_packs(self, dataset: TokenizedSet, packs: list[list[int]]) -> list:
+        return [self.collate([dataset[i] for i in pack]) for pack in packs]
+
+    def _batches(self, dataset: TokenizedSet, packs: list[list[int]], next_packs: list[list[int]] | None) -> list:
+        """This step's batches (collated ahead when the last step asked for exactly these), and the next step's
+        collation started in the background. A collation error surfaces here, in the step that needs it."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == id(dataset) and pending[1] == packs:
+            batches = pending[2].result()
+        else:
+            if pending is not None:
+                pending[2].cancel()
+            batches = self._collate_packs(dataset, packs)
+        if self.prefetch and next_packs:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hone-collate")
+            self._pending = (id(dataset), next_packs, self._pool.submit(self._collate_packs, dataset, next_packs))
+        return batches
+
+    def close(self) -> None:
+        """Stop the background collation thread and put the vocabulary tables back on the device (a run's end)."""
+        self._pending = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self.setup.host_tables is not None:
+            self.setup.host_tables.restore(self.model)
+
+    def step(self, dataset: TokenizedSet, packs: list[list[int]], step: int, total: int,
+             next_packs: list[list[int]] | None = None) -> dict:
+        """Run one optimizer step over `packs` (one micro-batch each); returns StepMetrics fields. `next_packs`,
+        the packs of the step after, are collated in the background meanwhile (on a GPU)."""
+        model, cfg = self.model, self.config.train
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        batches = self._batches(dataset, packs, next_packs)
+        trained = sum(b.num_trained for b in batches)  # known on the CPU: no sync to normalize the loss
+        tokens = sum(b.num_tokens for b in batches)
+        loss_total = torch.zeros((), device=self.device, dtype=torch.float32)
+        if not model.training:  # model.train() visits every module: thousands of calls on each step otherwise
+            model.train()
+        with reuse_weight_casts():  # the adapters change only at the optimizer step below
+            for batch in batches:
+                batch = batch.to(self.device)
+                with self._autocast():
+                    summed = loss_sum(model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
+                # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding
+                # rows a host table supplies (T x H) must not stay allocated through it.
+                batch = None
+                scaled = summed / max(trained, 1)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                loss_total += summed.detach()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        own_clip = getattr(self.optimizer, "clip_grad_norm_", None)  # FlatAdamW keeps the gradients in its buffer
+        grad_norm = own_clip(max_norm) if own_clip else torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = loss_total.item() / max(trained, 1)  # the step's one deliberate sync, after all GPU work is queued
+        if self.cuda:
+            torch.cuda.synchronize()
+        step_time = time.perf_counter() - started
+        if self.setup.compile is not None and (compiling := self.setup.compile.take_new_seconds()):
+            # compilation happens inside the first steps; report it once and keep it out of the step's rate
+            step_time = max(step_time - compiling, 1e-6)
+            self.setup.note("compile", f"compiled decoder blocks in {compiling:.1f} s (not counted in step times)")
+        out = dict(loss=loss, lr=lr, grad_norm=float(grad_norm), tokens=tokens, trained_tokens=trained,
+                   tokens_per_s=tokens / step_time, step_time=step_time)
+        if self.cuda:
+            out.update(mem_allocated=torch.cuda.max_memory_allocated(), mem_reserved=torch.cuda.memory_reserved())
+        if self.setup.expert_meter is not None:
+            out["expert_load"] = self.setup.expert_meter.read_and_reset()
+        if self.setup.offload is not None:
+            out.update(self.setup.offload.read_and_reset())
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, dataset: TokenizedSet) -> float:
+        """Mean loss over every trained token of the evaluation rows."""
+        model = self.model
+        model.eval()
+        stream = PackStream(dataset.lengths, self.config.train.batch_tokens, 0, self.config.speed.packing)
+        total = torch.zeros((), device=self.device, dtype=torch.float32)
+        trained = 0
+        with reuse_weight_casts():
+            for pack in stream.plan(0):
+                batch = self.collate([dataset[i] for i in pack])
+                trained += batch.num_trained
+                with self._autocast():
+                    total += loss_sum(model, batch.to(self.device), mode=self.config.speed.loss).float()
+        model.train()
+        return total.item() / max(trained, 1)

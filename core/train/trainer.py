@@ -1,0 +1,201 @@
+"""The training loop: explicit, one screen for the step itself, events out.
+
+    for each optimizer step:
+        micro-batches (packed rows) -> forward -> summed token loss -> backward (scaled by 1 / trained tokens of
+        the whole step, so the loss is token-weighted across micro-batches) -> clip -> optimizer -> scheduler
+        -> StepMetrics event
+
+`Trainer(config).run()` is a generator of events (hone.core.events); every event is also appended to the
+run folder's metrics.jsonl. Failures become a RunFailed event with advice, never an exception out of run().
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from hone.core import events
+from hone.core.config import RunConfig
+from hone.core.control import RunControl
+from hone.core.data import load_training_data, packing_efficiency
+from hone.core.errors import HoneError
+from hone.core.models.load import load_model, pick_device, resolve_dtype
+from hone.core.speed import after_lora, before_lora
+from hone.core.train import checkpoints as ckpt
+from hone.core.train.adapter_dir import save_adapter
+from hone.core.train.lora import apply_lora
+from hone.core.train.optim import build_optimizer, build_scheduler
+from hone.core.train.run_dir import ADAPTER_DIR, RunWriter, new_run_dir
+from hone.core.train.step import PackStream, StepRunner
+
+
+def total_steps_for(config: RunConfig, stream: PackStream) -> int:
+    t = config.train
+    if t.max_steps:
+        return t.max_steps
+    full, fraction = int(t.epochs), t.epochs - int(t.epochs)
+    packs = sum(len(stream.plan(e)) for e in range(full)) + math.ceil(fraction * len(stream.plan(full)))
+    return max(1, math.ceil(packs / t.grad_accum))
+
+
+class Trainer:
+    """Runs one fine-tuning run. `resume_dir` continues a run from its newest complete checkpoint."""
+
+    def __init__(self, config: RunConfig, control: RunControl | None = None, *, resume_dir: str | Path | None = None,
+                 device: str | None = None):
+        self.config = config
+        self.control = control or RunControl()
+        self.resume_dir = Path(resume_dir) if resume_dir else None
+        self.device = device or pick_device()
+        self.step = 0
+        self.writer: RunWriter | None = None
+        self.step_loop: StepRunner | None = None
+        self.model = None  # the peft model once loaded (tests and the demo read it after the run)
+        self.tokenizer = None
+
+    # ---- events ----
+    def _emit(self, event: events.Event) -> events.Event:
+        if self.writer is not None:
+            self.writer.write(event)
+            if isinstance(event, (events.Notice, events.RunFailed, events.CheckpointSaved)):
+                self.writer.log(f"{type(event).__name__}: {events.to_dict(event)}")
+        return event
+
+    def run(self) -> Iterator[events.Event]:
+        try:
+            yield from self._run()
+        except HoneError as e:
+            yield self._emit(events.RunFailed(reason=e.message, advice=e.advice, step=self.step))
+        except torch.cuda.OutOfMemoryError:
+            used = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+            yield self._emit(events.RunFailed(
+                reason=f"the GPU ran out of memory at step {self.step} ({used:.1f} GiB in use)",
+                advice="lower train.batch_tokens, set speed.checkpoint = offload, or turn on lora.qlora",
+                step=self.step, details=traceback.format_exc()))
+        except Exception as e:  # anything else: keep the traceback in the log, tell the user where it is
+            yield self._emit(events.RunFailed(reason=f"{type(e).__name__}: {e}", step=self.step,
+                                              advice="see train.log in the run folder for the full traceback",
+                                              details=traceback.format_exc()))
+        finally:
+            if self.step_loop is not None:
+                self.step_loop.close()
+            if self.writer is not None:
+                self.writer.close()
+
+    # ---- the run ----
+    def _run(self) -> Iterator[events.Event]:
+        config, device = self.config, self.device
+        run_dir = self.resume_dir or new_run_dir(config)
+        self.writer = RunWriter(run_dir, config)
+        self.writer.log(f"run folder {run_dir}, device {device}")
+        torch.manual_seed(config.train.seed)
+
+        loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
+        model, tokenizer, info = loaded.model, loaded.tokenizer, loaded.info
+        data = load_training_data(config.data, tokenizer, seed=config.train.seed)
+        for report in data.reports:
+            yield self._emit(report)
+        if len(data.train) == 0:
+            raise HoneError("no usable training rows", "see the dataset report above for why rows were skipped")
+        if config.data.max_length > config.train.batch_tokens and config.speed.packing:
+            raise HoneError(f"data.max_length ({config.data.max_length}) is larger than train.batch_tokens "
+                            f"({config.train.batch_tokens}), so a long row would not fit one micro-batch",
+                            "raise train.batch_tokens or lower data.max_length")
+
+        setup = before_lora(model, config.speed, info, device)
+        torch.manual_seed(config.train.seed)  # LoRA init must not depend on what loading consumed
+        model, lora_report = apply_lora(model, config.lora, info)
+        self.model, self.tokenizer = model, tokenizer
+        after_lora(model, config.speed, info, device, setup,
+                   mean_row_tokens=float(data.train.lengths.mean()))
+        setup.choices["lora"] = lora_report.summary()
+        for notice in setup.notices:
+            yield self._emit(notice)
+        emitted = len(setup.notices)
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        stream = PackStream(data.train.lengths, config.train.batch_tokens, config.train.seed, config.speed.packing)
+        total = total_steps_for(config, stream)
+        optimizer = build_optimizer(params, config.train, device)
+        scheduler = build_scheduler(optimizer, config.train, total)
+        dtype = resolve_dtype(config.model.dtype, device)
+        scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+        if scaler is not None and hasattr(optimizer, "clip_grad_norm_"):
+            raise HoneError("train.optimizer = adamw-bf16 does not work with float16 weights (the loss scaler "
+                            "needs per-parameter gradients)", "use model.dtype = bfloat16, or train.optimizer = adamw")
+
+        position = 0
+        if self.resume_dir is not None:
+            latest = ckpt.latest_checkpoint(run_dir)
+            if latest is None:
+                yield self._emit(events.Notice(topic="resume", message="no complete checkpoint found; "
+                                               "starting this run from step 0", level="warning"))
+            else:
+                state = ckpt.load_checkpoint(latest, model, optimizer, scheduler, scaler=scaler)
+                self.step, position = state["step"], state["position"]
+
+        yield self._emit(events.RunStarted(
+            run_dir=str(run_dir), model=info.name, device=device, dtype=str(dtype).replace("torch.", ""),
+            params_total=lora_report.total, params_trainable=lora_report.trainable, total_steps=total,
+            tokens_per_epoch=int(data.train.num_tokens), resumed_from_step=self.step, is_moe=info.is_moe,
+            is_vision=info.is_vision, speed_paths=setup.choices, config=config.to_dict()))
+
+        step_loop = self.step_loop = StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config,
+                                                device, dtype, setup)
+        start_time, last_loss, eval_loss, stopped = time.time(), float("nan"), None, False
+        while self.step < total:
+            if self.control.paused:
+                yield self._emit(events.RunPaused(step=self.step))
+                self.control.wait_while_paused()
+                if not self.control.stop_requested:
+                    yield self._emit(events.RunResumed(step=self.step))
+            if self.control.stop_requested:
+                stopped = True
+                break
+            packs = [stream.take(position + i) for i in range(config.train.grad_accum)]
+            position += len(packs)
+            upcoming = ([stream.take(position + i) for i in range(config.train.grad_accum)]
+                        if self.step + 1 < total else None)
+            metrics = step_loop.step(data.train, packs, self.step, total, next_packs=upcoming)
+            self.step += 1
+            for notice in setup.notices[emitted:]:  # speed paths may fall back mid-run (e.g. offload buffers)
+                yield self._emit(notice)
+            emitted = len(setup.notices)
+            last_loss = metrics["loss"]
+            yield self._emit(events.StepMetrics(
+                step=self.step, total_steps=total, epoch=stream.epoch_progress(position),
+                elapsed=time.time() - start_time,
+                packing_efficiency=packing_efficiency(packs, data.train.lengths, config.train.batch_tokens)
+                if config.speed.packing else 1.0, **metrics))
+            if not math.isfinite(last_loss):
+                raise HoneError(f"the loss became {last_loss} at step {self.step}",
+                                "lower train.lr, or use model.dtype = bfloat16 instead of float16")
+            if data.eval is not None and config.train.eval_every and self.step % config.train.eval_every == 0:
+                eval_loss = step_loop.evaluate(data.eval)
+                yield self._emit(events.EvalMetrics(step=self.step, loss=eval_loss,
+                                                    tokens=int(data.eval.num_trained)))
+            every = config.output.checkpoint_every
+            if every and self.step % every == 0 and self.step < total:
+                yield self._emit(self._checkpoint(run_dir, model, optimizer, scheduler, scaler, position))
+
+        if data.eval is not None and not stopped and (not config.train.eval_every
+                                                      or self.step % config.train.eval_every):
+            eval_loss = step_loop.evaluate(data.eval)
+            yield self._emit(events.EvalMetrics(step=self.step, loss=eval_loss, tokens=int(data.eval.num_trained)))
+        step_loop.close()  # the model as it was loaded again (embedding table back on the device) for the saves
+        yield self._emit(self._checkpoint(run_dir, model, optimizer, scheduler, scaler, position))
+        adapter_dir = save_adapter(model, tokenizer, run_dir / ADAPTER_DIR, config, steps=self.step,
+                                   final_loss=None if math.isnan(last_loss) else last_loss)
+        yield self._emit(events.RunFinished(step=self.step, run_dir=str(run_dir), adapter_dir=str(adapter_dir),
+                                            final_loss=last_loss, elapsed=time.time() - start_time,
+                                            stopped=stopped, eval_loss=eval_loss))
+
+    def _checkpoint(self, run_dir, model, optimizer, scheduler, scaler, position) -> events.CheckpointSaved:
+        path = ckpt.save_checkpoint(run_dir, self.step, model, optimizer, scheduler, {"position": position},
+                                    scaler=scaler, keep=self.config.output.keep_checkpoints)
+        return events.CheckpointSaved(step=self.step, path=str(path))

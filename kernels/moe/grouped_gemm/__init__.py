@@ -1,0 +1,9 @@
+"""Grouped GEMMs over expert-sorted rows: the Triton kernels, their launchers and plain-torch references, and the
+block-size tuning remembered per GPU and shape.
+
+    kernels.py  the Triton kernels (forward with an optional LoRA term, weight gradient)
+    launch.py   grouped_gemm_forward / grouped_gemm_wgrad and their references
+    tuning.py   block sizes timed once per (GPU, kernel, shape) and cached on disk
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,67 @@
+"""Packed-row test helpers: random token rows, tiny models built once per session, the per-sequence reference loss
+and gradient comparison."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Row:
+    input_ids: list[int]
+    labels: list[int]
+    source: str = "test"
+    images: list = field(default_factory=list)
+
+
+
+def random_rows(lengths, vocab=49152, seed=0, prompt=2):
+    """Rows with random ids; the first `prompt` tokens carry no loss (like a user turn)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        ids = torch.randint(5, vocab, (n,), generator=g).tolist()
+        rows.append(Row(ids, [-100] * min(prompt, n) + ids[prompt:]))
+    return rows
+
+
+@functools.cache
+def _built(shape: str):
+    from hone.core.models.shapes import build_model
+
+    return build_model(shape)
+
+
+def model_of(shape: str):
+    """A fresh copy of the tiny random-init model of this shape (built once per test session)."""
+    return copy.deepcopy(_built(shape))
+
+
+def per_sequence_loss(model, rows):
+    """Reference: each row on its own, standard causal-LM shift, summed over trained tokens."""
+    device = next(model.parameters()).device
+    total = 0.0
+    for row in rows:
+        ids = torch.tensor([row.input_ids], device=device)
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        labels = torch.tensor(row.labels[1:], device=device)
+        total = total + F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+    return total
+
+
+def grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_grads_close(got, want, rtol=1e-4, rel_atol=1e-4):
+    """Every gradient matches; the absolute tolerance scales with that tensor's largest entry, since fp32 sums
+    taken in a different order differ by a few ulps of the largest terms."""
+    assert got.keys() == want.keys()
+    for name in want:
+        atol = rel_atol * float(want[name].abs().max()) + 1e-8
+        torch.testing.assert_close(got[name], want[name], rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
