@@ -24,7 +24,8 @@ transformers' attention, and so do vision-language models and runs without packi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -55,6 +56,7 @@ class Choice:
         implementation: the name set as the model's attention implementation.
         previous: the model's attention implementation before `configure` (what `revert` restores).
         per_layer_metadata: True in the benchmark-only mode that rebuilds metadata in every layer.
+        varlen: how the varlen kernel is called for this model (probed), None for the other backends.
     """
 
     name: str
@@ -62,6 +64,7 @@ class Choice:
     implementation: str
     previous: str
     per_layer_metadata: bool = False
+    varlen: backends.VarlenOptions | None = None
 
 
 def register() -> None:
@@ -73,6 +76,28 @@ def register() -> None:
         AttentionInterface.register(name + PER_LAYER_SUFFIX, backends.PER_LAYER_METADATA[fn])
 
 
+def register_varlen(options: backends.VarlenOptions, per_layer_metadata: bool = False) -> str:
+    """Register the varlen function bound to `options` under a name that spells them out; returns the name.
+
+    The model's attention implementation is that name, so the options travel with the model (its config), not
+    with this module: a base model and a fine-tune in one process each call the kernel their own way. Options as
+    this torch's signature gives them keep the plain name (`register` binds the same function to it).
+    """
+    from transformers import AttentionInterface
+
+    plain = backends.varlen_signature()
+    name = IMPLEMENTATIONS["varlen"]
+    for field in fields(options):
+        value = getattr(options, field.name)
+        if value != getattr(plain, field.name):
+            name += f"_{field.name}" if value else f"_no_{field.name}"
+    fn = backends.varlen_attention
+    if per_layer_metadata:
+        name, fn = name + PER_LAYER_SUFFIX, backends.PER_LAYER_METADATA[fn]
+    AttentionInterface.register(name, functools.partial(fn, options=options))
+    return name
+
+
 def current_implementation(model) -> str:
     return _hf_model(model).config._attn_implementation
 
@@ -82,7 +107,8 @@ def _hf_model(model):
 
 
 def apply_attention(model, implementation: str) -> str:
-    """Set `implementation` (a registered name) as the model's attention; returns the previous one."""
+    """Set `implementation` (a registered name, see `register` and `register_varlen`) as the model's attention;
+    returns the previous one."""
     register()
     hf = _hf_model(model)
     previous = hf.config._attn_implementation
@@ -146,12 +172,12 @@ def _attention_shape(model) -> tuple[int, int, int, list[int | None]]:
 # ---- the varlen probe --------------------------------------------------------------------------------------------
 
 def probe_varlen(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
-                 windows: list[int | None], sinks: bool = False) -> str | None:
+                 windows: list[int | None], sinks: bool = False) -> backends.VarlenOptions | str:
     """Run varlen attention once on the device (grouped heads, windows, backward) against a dense reference;
     with `sinks`, sink logits too, and every gradient (q, k, v, sinks) compared as well.
 
-    Sets `backends.VARLEN_OPTIONS` (expanding key/value heads if grouped heads fail). This syncs, but runs once
-    per run, before training. Returns None when varlen works, else the reason it cannot be used.
+    This syncs, but runs once per run, before training. Returns the options that passed (key/value heads
+    expanded first if grouped heads fail), else the reason varlen cannot be used.
     """
     options = backends.varlen_signature()
     if any(w is not None for w in windows) and not options.window:
@@ -159,19 +185,16 @@ def probe_varlen(device: torch.device, dtype: torch.dtype, heads: int, kv_heads:
     if sinks and not options.lse:
         return "this torch's varlen_attn cannot return the log-sum-exp that attention sinks need"
     failures = []
-    for candidate in (options, backends.VarlenOptions(options.window, options.gqa_flag, repeat_kv=True,
-                                                      lse=options.lse)):
-        backends.VARLEN_OPTIONS = candidate
+    for candidate in (options, replace(options, repeat_kv=True)):
         try:
-            error = _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks)
+            error = _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks, candidate)
         except Exception as exc:  # a kernel that cannot run here: try the next way, then report
             error = f"{type(exc).__name__}: {exc}"
         if error is None:
-            return None
+            return candidate
         failures.append(error)
         if heads == kv_heads:
             break
-    backends.VARLEN_OPTIONS = None
     return "varlen_attn failed its check on this device (" + "; ".join(failures) + ")"
 
 
@@ -192,7 +215,8 @@ def _relative_error(got: torch.Tensor | None, want: torch.Tensor) -> float:
     return ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
 
 
-def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool = False) -> str | None:
+def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool,
+                  options: backends.VarlenOptions) -> str | None:
     generator = torch.Generator(device="cpu").manual_seed(0)
     lengths = [5, 11, 1, 8]
     total = sum(lengths)
@@ -201,7 +225,7 @@ def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool
         q, k, v = (torch.randn(1, h, total, head_dim, generator=generator).to(device, dtype).requires_grad_()
                    for h in (heads, kv_heads, kv_heads))
         sink = (torch.randn(heads, generator=generator) + 1.0).to(device, dtype).requires_grad_() if sinks else None
-        out = backends._varlen(q, k, v, cu, max(lengths), None, window, sink)
+        out = backends._varlen(q, k, v, cu, max(lengths), None, window, sink, options=options)
         grad_out = torch.randn(out.shape, generator=generator).to(device)
         (out.float() * grad_out).sum().backward()
         mask = backends.block_causal_mask(cu, total, window)
@@ -223,16 +247,17 @@ def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool
 
 # ---- the choice --------------------------------------------------------------------------------------------------
 
-def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]:
-    """Pick a backend name ("varlen", "flash", "sdpa", "hf") and the reason, without touching the model."""
+def choose(model, requested: str, device: torch.device | str) -> tuple[str, str, backends.VarlenOptions | None]:
+    """Pick a backend name ("varlen", "flash", "sdpa", "hf"), the reason and, for varlen, the probed options,
+    without touching the model."""
     device = torch.device(device)
     if requested == "hf":
         caveat = (" (gpt-oss builds its masks without the position ids: packed sequences attend to each other; "
                   "`auto` keeps them apart)") if _has_sinks(model) else ""
-        return "hf", "speed.attention = hf: transformers' own attention" + caveat
+        return "hf", "speed.attention = hf: transformers' own attention" + caveat, None
     unsupported = _unsupported_reason(model)
     if unsupported:
-        return "hf", f"transformers' attention: {unsupported}"
+        return "hf", f"transformers' attention: {unsupported}", None
     sinks = _has_sinks(model)
     on_cuda = device.type == "cuda"
     half = _model_dtype(model) in (torch.bfloat16, torch.float16)
@@ -245,11 +270,11 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]
         elif not backends.varlen_available():
             why_not["varlen"] = f"torch {torch.__version__} has no torch.nn.attention.varlen"
         else:
-            failure = probe_varlen(device, _model_dtype(model), *_attention_shape(model), sinks=sinks)
-            if failure is None:
+            probed = probe_varlen(device, _model_dtype(model), *_attention_shape(model), sinks=sinks)
+            if isinstance(probed, backends.VarlenOptions):
                 return "varlen", ("torch varlen_attn (flash kernel) with the batch's cu_seqlens, no mask"
-                                  + ("; sink logits applied from its log-sum-exp" if sinks else ""))
-            why_not["varlen"] = failure
+                                  + ("; sink logits applied from its log-sum-exp" if sinks else "")), probed
+            why_not["varlen"] = probed
     if requested in ("auto", "flash"):
         if sinks:
             why_not["flash"] = "flash-attn has no attention sinks"
@@ -258,13 +283,13 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str]
         elif not backends.fa2_available():
             why_not["flash"] = "the flash-attn package is not installed"
         else:
-            return "flash", "flash-attn flash_attn_varlen_func with the batch's cu_seqlens, no mask"
+            return "flash", "flash-attn flash_attn_varlen_func with the batch's cu_seqlens, no mask", None
     detail = "; ".join(why_not.values())
     reason = "SDPA with one block-diagonal causal mask per batch, shared by all layers"
     if sinks:
         reason = ("one block-diagonal causal mask per batch, shared by all layers, attention with sinks computed "
                   "densely as transformers' eager attention does")
-    return "sdpa", reason + (f" ({detail})" if detail else "")
+    return "sdpa", reason + (f" ({detail})" if detail else ""), None
 
 
 def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadata: bool = False) -> Choice:
@@ -283,15 +308,20 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
     if not getattr(speed_cfg, "packing", True):
         return Choice("hf", "packing is off: padded rows use transformers' attention with its padding mask",
                       previous, previous)
-    name, reason = choose(model, speed_cfg.attention, device)
+    name, reason, varlen = choose(model, speed_cfg.attention, device)
     if name == "hf":
         return Choice("hf", reason, previous, previous)
-    implementation = IMPLEMENTATIONS[name] + (PER_LAYER_SUFFIX if per_layer_metadata else "")
+    if varlen is not None:
+        if getattr(speed_cfg, "grouped_attention_backward", False):
+            if _has_sinks(model):  # the sink rescale needs the whole batch's saved output
+                reason += "; whole-batch backward (grouped backward does not apply to attention sinks)"
+            else:
+                varlen = replace(varlen, grouped_backward=True)
+                reason += "; backward a group of whole sequences at a time"
+        implementation = register_varlen(varlen, per_layer_metadata)
+    else:
+        implementation = IMPLEMENTATIONS[name] + (PER_LAYER_SUFFIX if per_layer_metadata else "")
     apply_attention(model, implementation)
-    if name == "varlen":
-        backends.GROUPED_BACKWARD = bool(getattr(speed_cfg, "grouped_attention_backward", False))
-        if backends.GROUPED_BACKWARD:
-            reason += "; backward a group of whole sequences at a time"
     if per_layer_metadata:
         reason += "; metadata rebuilt from position_ids in every layer (benchmark variant)"
-    return Choice(name, reason, implementation, previous, per_layer_metadata)
+    return Choice(name, reason, implementation, previous, per_layer_metadata, varlen)

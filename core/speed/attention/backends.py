@@ -21,6 +21,7 @@ rows have B = 1; the varlen kernels see (B * T, H, D).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from dataclasses import dataclass
@@ -244,31 +245,30 @@ def varlen_available() -> bool:
 
 @dataclass(frozen=True)
 class VarlenOptions:
-    """How to call this torch's `varlen_attn`, read once from its signature.
+    """How to call this torch's `varlen_attn` for one model, and how to back-propagate it.
 
     torch 2.11 has `window_size` and passes key/value with fewer heads straight to the flash kernel (which
     supports grouped queries natively); torch 2.12+ also wants `enable_gqa=True` for that. `repeat_kv` is set
-    when the probe in `hone.core.speed.attention` finds grouped heads not working, so key/value are expanded first.
+    when the probe in `hone.core.speed.attention` finds grouped heads not working, so key/value are expanded
+    first. Each model carries its own options in the attention implementation registered for it
+    (`register_varlen`), so two models in one process never share them.
     """
 
     window: bool
     gqa_flag: bool
     repeat_kv: bool = False
     lse: bool = False  # returns the log-sum-exp on request (`return_aux`): what attention sinks need
+    grouped_backward: bool = False  # back-propagate a group of whole sequences at a time (grouped_backward.py)
 
 
+@functools.cache
 def varlen_signature() -> VarlenOptions:
+    """What this torch's `varlen_attn` accepts (a property of the installed torch, read once)."""
     from torch.nn.attention import varlen
 
     params = inspect.signature(varlen.varlen_attn).parameters
     return VarlenOptions(window="window_size" in params, gqa_flag="enable_gqa" in params,
                          lse="return_aux" in params and hasattr(varlen, "AuxRequest"))
-
-
-VARLEN_OPTIONS: VarlenOptions | None = None
-# Back-propagate varlen attention a group of whole sequences at a time (`hone.core.speed.attention.grouped_backward`);
-# set from `speed.grouped_attention_backward` by `hone.core.speed.attention.configure`.
-GROUPED_BACKWARD = False
 
 
 class SinkRescale(torch.autograd.Function):
@@ -307,10 +307,10 @@ def _rows_by_heads(lse: torch.Tensor, tokens: int, heads: int) -> torch.Tensor:
     return lse if lse.shape == (tokens, heads) else lse.transpose(0, 1)
 
 
-def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None):
+def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options: VarlenOptions | None = None):
     from torch.nn.attention.varlen import varlen_attn
 
-    options = VARLEN_OPTIONS or varlen_signature()
+    options = options or varlen_signature()
     q, k, v = _to_varlen(query), _to_varlen(key), _to_varlen(value)
     kwargs = {"scale": scaling}
     grouped = q.shape[1] != k.shape[1]
@@ -332,22 +332,22 @@ def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None):
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
     if sinks is not None:
-        if not options.lse or GROUPED_BACKWARD:
+        if not options.lse or options.grouped_backward:
             raise ValueError("attention sinks need varlen_attn's log-sum-exp (torch >= 2.10) and whole-batch "
                              "backward; configure() keeps transformers' attention otherwise")
         from torch.nn.attention.varlen import AuxRequest
 
         out, lse = varlen_attn(q, k, v, cu, cu, max_len, max_len, return_aux=AuxRequest(lse=True), **kwargs)
         return SinkRescale.apply(out, _rows_by_heads(lse, *out.shape[:2]), sinks)
-    if not GROUPED_BACKWARD:
+    if not options.grouped_backward:
         return attend(q, k, v, cu, max_len)
     from hone.core.speed.attention.grouped_backward import attention
 
     return attention(q, k, v, cu, max_len, attend)
 
 
-def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0,
-                    sliding_window=None, **kwargs):
+def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, options=None, scaling=None,
+                    dropout=0.0, sliding_window=None, **kwargs):
     if _needs_fallback(module, query, kwargs, per_layer):
         return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                         sliding_window=sliding_window, **kwargs)
@@ -359,18 +359,21 @@ def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, sca
     else:
         cu, max_len = _packed_metadata(kwargs)
     _count("packed_calls")
-    out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window), sinks=kwargs.get("s_aux"))
+    out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window), sinks=kwargs.get("s_aux"),
+                  options=options)
     return out.view(query.shape[0], query.shape[2], query.shape[1], -1), None
 
 
-def varlen_attention(module, query, key, value, attention_mask, **kwargs):
-    """Packed attention with torch's `varlen_attn`, metadata from the batch."""
-    return _varlen_forward(module, query, key, value, attention_mask, per_layer=False, **kwargs)
+def varlen_attention(module, query, key, value, attention_mask, *, options: VarlenOptions | None = None, **kwargs):
+    """Packed attention with torch's `varlen_attn`, metadata from the batch; `options` as the model's probe found
+    them (None: as this torch's signature says, whole-batch backward)."""
+    return _varlen_forward(module, query, key, value, attention_mask, per_layer=False, options=options, **kwargs)
 
 
-def varlen_attention_per_layer(module, query, key, value, attention_mask, **kwargs):
+def varlen_attention_per_layer(module, query, key, value, attention_mask, *, options: VarlenOptions | None = None,
+                               **kwargs):
     """As `varlen_attention`, rebuilding cu_seqlens/max from position_ids in every layer (benchmark only)."""
-    return _varlen_forward(module, query, key, value, attention_mask, per_layer=True, **kwargs)
+    return _varlen_forward(module, query, key, value, attention_mask, per_layer=True, options=options, **kwargs)
 
 
 # ---- flash-attn package ------------------------------------------------------------------------------------------

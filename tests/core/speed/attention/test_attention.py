@@ -260,10 +260,61 @@ def test_sink_models_on_a_gpu_take_varlen_through_its_sink_probe_else_the_block_
     monkeypatch.setattr(attention, "probe_varlen", probe)
     monkeypatch.setattr(attention.backends, "varlen_available", lambda: True)
     monkeypatch.setattr(attention, "_model_dtype", lambda model: torch.bfloat16)
-    name, reason = attention.choose(model, "auto", "cuda")
+    name, reason, _ = attention.choose(model, "auto", "cuda")
     assert seen == {"sinks": True} and name == "sdpa" and "probe says no" in reason and "sinks" in reason
     assert attention.choose(model, "flash", "cuda")[0] == "sdpa"  # flash-attn has no sinks
     assert "attend to each other" in attention.choose(model, "hf", "cuda")[1]
-    monkeypatch.setattr(attention, "probe_varlen", lambda *args, **kwargs: None)
-    name, reason = attention.choose(model, "auto", "cuda")
-    assert name == "varlen" and "sink" in reason
+    probed = attention.backends.VarlenOptions(window=True, gqa_flag=False, lse=True)
+    monkeypatch.setattr(attention, "probe_varlen", lambda *args, **kwargs: probed)
+    name, reason, options = attention.choose(model, "auto", "cuda")
+    assert name == "varlen" and "sink" in reason and options is probed
+
+
+def _cpu_varlen(seen: list):
+    """Stand-in for the CUDA varlen kernel on the CPU: packed causal SDPA, recording the options of each call."""
+    def attend(query, key, value, cu, max_len, scaling, window, sinks=None, options=None):
+        seen.append(options)
+        total = query.shape[2]
+        groups = query.shape[1] // key.shape[1]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1),
+            attn_mask=backends.block_causal_mask(cu, total, window), scale=scaling)
+        return out.transpose(1, 2).reshape(total, query.shape[1], query.shape[3])
+    return attend
+
+
+def test_two_models_in_one_process_keep_their_own_varlen_options(monkeypatch):
+    """The base model and a fine-tune (the Chat page holds both) are configured with different varlen options; each
+    model's layers call the kernel with its own, whichever was configured last."""
+    seen = []
+    monkeypatch.setattr(backends, "_varlen", _cpu_varlen(seen))
+    monkeypatch.setattr(backends, "varlen_available", lambda: True)
+    monkeypatch.setattr(attention, "_model_dtype", lambda model: torch.bfloat16)
+    probed = {}
+
+    def probe(device, dtype, heads, kv_heads, head_dim, windows, sinks=False):
+        return probed["next"]
+
+    monkeypatch.setattr(attention, "probe_varlen", probe)
+    first, second = model_of("tiny-llama"), model_of("tiny-llama")
+    probed["next"] = backends.VarlenOptions(window=True, gqa_flag=False, repeat_kv=True)
+    choice_first = attention.configure(first, SpeedConfig(attention="varlen", grouped_attention_backward=True),
+                                       "cuda")
+    probed["next"] = backends.VarlenOptions(window=True, gqa_flag=True)
+    choice_second = attention.configure(second, SpeedConfig(attention="varlen"), "cuda")
+    assert choice_first.varlen == backends.VarlenOptions(window=True, gqa_flag=False, repeat_kv=True,
+                                                         grouped_backward=True)
+    assert choice_second.varlen == backends.VarlenOptions(window=True, gqa_flag=True)
+    assert choice_first.implementation != choice_second.implementation
+    assert "group of whole sequences" in choice_first.reason and "group" not in choice_second.reason
+
+    batch = collate_packed(random_rows([5, 9, 3], vocab=first.config.vocab_size))
+    layers = first.config.num_hidden_layers
+    for model, want in ((first, choice_first.varlen), (second, choice_second.varlen), (first, choice_first.varlen)):
+        seen.clear()
+        with torch.no_grad():
+            loss_sum(model, batch)
+        assert seen == [want] * layers
+    attention.revert(first, choice_first)
+    assert first.config._attn_implementation == choice_first.previous
+    assert second.config._attn_implementation == choice_second.implementation

@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -74,7 +76,8 @@ def _check_backend(fn, heads, kv_heads, head_dim, window, lengths=(1, 17, 300, 6
     want = [ref.detach(), q2.grad, k2.grad, v2.grad]
     for name, a, b in zip(("output", "dq", "dk", "dv"), got, want, strict=True):
         err = relative_error(a, b)
-        assert err < 2e-2, (f"{fn.__name__} {heads}/{kv_heads}x{head_dim} window={window}: {name} relative error "
+        label = getattr(fn, "__name__", None) or fn.func.__name__
+        assert err < 2e-2, (f"{label} {heads}/{kv_heads}x{head_dim} window={window}: {name} relative error "
                             f"{err:.3g}")
 
 
@@ -87,10 +90,10 @@ GEOMETRIES = [(16, 8, 128), (4, 4, 64), (8, 1, 64), (16, 8, 256)]
 def test_varlen_attention_equals_per_sequence(heads, kv_heads, head_dim, window):
     if not backends.varlen_available():
         pytest.fail(f"torch {torch.__version__} has no torch.nn.attention.varlen")
-    failure = attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None, window])
-    assert failure is None, failure
-    print(f"varlen options: {backends.VARLEN_OPTIONS}")
-    _check_backend(backends.varlen_attention, heads, kv_heads, head_dim, window)
+    options = attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None, window])
+    assert isinstance(options, backends.VarlenOptions), options
+    print(f"varlen options: {options}")
+    _check_backend(functools.partial(backends.varlen_attention, options=options), heads, kv_heads, head_dim, window)
 
 
 @needs_cuda
@@ -101,15 +104,15 @@ def test_varlen_backward_in_sequence_groups_equals_per_sequence(heads, kv_heads,
     [1800, 40] [900] [2100]), and the same batch back-propagated whole."""
     from hone.core.speed.attention import grouped_backward
 
-    assert attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None]) is None
+    options = attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None])
+    assert isinstance(options, backends.VarlenOptions), options
     monkeypatch.setattr(grouped_backward, "WORKSPACE_BYTES", 2048 * heads * head_dim * 8)
-    monkeypatch.setattr(backends, "GROUPED_BACKWARD", grouped)
     calls = []
     original = grouped_backward.ChunkedAttention.backward
     monkeypatch.setattr(grouped_backward.ChunkedAttention, "backward",
                         staticmethod(lambda ctx, g: calls.append(len(ctx.tiles)) or original(ctx, g)))
-    _check_backend(backends.varlen_attention, heads, kv_heads, head_dim, None,
-                   lengths=(1500, 700, 1800, 40, 900, 2100))
+    _check_backend(functools.partial(backends.varlen_attention, options=replace(options, grouped_backward=grouped)),
+                   heads, kv_heads, head_dim, None, lengths=(1500, 700, 1800, 40, 900, 2100))
     assert calls == ([5] if grouped else []), calls
 
 
@@ -126,9 +129,9 @@ def test_flash_attn_package_equals_per_sequence(heads, kv_heads, head_dim, windo
 def test_varlen_with_sinks_passes_its_probe_at_gptoss_shapes(heads, kv_heads, head_dim):
     """Outputs and the gradients of q, k, v and the sinks against the dense fp32 reference (gpt-oss-20b's heads,
     its 128-token window and full attention)."""
-    failure = attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None, 128],
+    options = attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None, 128],
                                      sinks=True)
-    assert failure is None, failure
+    assert isinstance(options, backends.VarlenOptions), options
 
 
 @needs_cuda
