@@ -1,4 +1,7 @@
-"""Start Hone Studio (`hone studio`, `hone-studio`), or render one page to a PNG (`--screenshot`)."""
+"""Build Hone Studio's window and run it, or render one page to a PNG (`--screenshot`).
+
+`hone studio` and the `hone-studio` script parse their options in `hone.app.studio_command` and call `run` here.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +15,6 @@ from pathlib import Path
 # Longest a screenshot waits for background work (reading a model's config, checking data) before it renders.
 SCREENSHOT_WAIT_S = 120.0
 DEFAULT_SIZE = (1440, 900)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The `hone-studio` GUI script."""
-    from hone.app.studio_command import add_arguments
-
-    parser = argparse.ArgumentParser(prog="hone-studio", description="Hone Studio: fine-tune LLMs on one GPU.")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +99,3 @@ def screenshot(window, path: str | Path) -> Path:
     if not window.grab().save(str(path), "PNG"):
         raise OSError(f"could not write {path}")
     return path
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,17 +1,26 @@
-"""`hone studio`: open the desktop app, or render one page to a PNG and exit (`--screenshot`)."""
+"""How Hone Studio is started: `hone studio` (a `hone` command the app adds through the `hone.commands` entry
+point group), the `hone-studio` GUI script, and the options both take.
+
+Nothing here imports Qt at module level, so `hone --help` and `hone studio --help` stay fast; the window itself is
+built by `hone.app.main.run`, imported only when the app starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import re
+import sys
 
-from hone.core.errors import ConfigError
+from hone.core.errors import HoneError
 
 PAGES = ("model", "data", "train", "monitor", "chat", "export", "runs")
+# The third-party packages the window is built from: when one does not import, the user has an install to fix.
+GUI_PACKAGES = ("PySide6.QtWidgets", "pyqtgraph")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    """`hone studio`, for `hone.core.cli` (the `studio` entry point of the `hone.commands` group)."""
     p = sub.add_parser("studio", help="open Hone Studio, the desktop app",
                        description="Open Hone Studio. With --screenshot, render a page offscreen to a PNG and exit.")
     add_arguments(p)
@@ -36,12 +45,31 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def run(args) -> int:
-    # The GUI is the one part of Hone the command line starts but never imports at module level: it is looked up
-    # by name here so that `hone` without `studio` loads no Qt (hone.core never depends on hone.app).
+def run(args: argparse.Namespace) -> int:
+    """Open the app (or take the screenshot). A GUI package that does not import is a `HoneError` (one line plus
+    advice); any other failure keeps its traceback."""
+    for name in GUI_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise HoneError(f"the desktop app cannot start: {e}",
+                            "install the GUI dependencies: pip install pyside6-essentials pyqtgraph") from None
+    from hone.app.main import run as start_app
+
+    return start_app(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `hone-studio` GUI script."""
+    parser = argparse.ArgumentParser(prog="hone-studio", description="Hone Studio: fine-tune LLMs on one GPU.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
     try:
-        studio = importlib.import_module("hone.app.main")
-    except ImportError as e:
-        raise ConfigError(f"the desktop app cannot start: {e}",
-                          "install the GUI dependencies: pip install pyside6-essentials pyqtgraph") from None
-    return studio.run(args)
+        return run(args)
+    except HoneError as e:
+        print(f"hone-studio: error: {e.message}\nhone-studio: advice: {e.advice}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

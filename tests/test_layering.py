@@ -1,36 +1,207 @@
-"""The dependency direction app -> core -> kernels holds, and the light modules stay light."""
+"""The dependency direction app -> core -> kernels holds, no hone modules import each other in a circle, and the
+light modules stay light."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 import subprocess
 import sys
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QT = ("PySide6", "pyqtgraph", "shiboken6")
+PACKAGES = {"app": "hone.app", "core": "hone.core", "kernels": "hone.kernels", "resources": "hone.resources"}
 
 
-def _imports(folder: str):
-    for path in (ROOT / folder).rglob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    yield path, alias.name, node
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                yield path, node.module, node
+@dataclass(frozen=True)
+class Reference:
+    """One place a module names another: an import statement (at any depth, relative ones resolved) or a string
+    literal (`importlib.import_module("hone...")`, a table of lazily imported modules, a message).
+
+    Attributes:
+        source: the module that refers, e.g. "hone.core.train.loss".
+        target: the dotted name referred to: for `from pkg import name`, "pkg.name" (a submodule or not); for a
+            string, the whole string.
+        string: the reference is a string literal, not an import statement.
+    """
+
+    source: str
+    target: str
+    path: Path
+    line: int
+    string: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}: {'string ' if self.string else ''}{self.target}"
 
 
-def test_kernels_import_only_torch_and_triton():
-    bad = [f"{p.relative_to(ROOT)}: {m}" for p, m, _ in _imports("kernels")
-           if m.startswith(("hone.core", "hone.app", *QT))]
+@functools.cache
+def _modules() -> dict[str, Path]:
+    """Every hone module's dotted name -> its file (a package is its __init__.py)."""
+    modules = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            modules[".".join((package, *parts[:-1 if parts[-1] == "__init__" else None]))] = path
+    return modules
+
+
+def _from_base(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The package or module a `from ... import` reads from, relative levels resolved."""
+    if not node.level:
+        return node.module
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    return ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+
+
+@functools.cache
+def _references(module: str) -> tuple[Reference, ...]:
+    path = _modules()[module]
+    refs = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            refs += [Reference(module, alias.name, path, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _from_base(module, path, node)
+            refs += [Reference(module, base if alias.name == "*" else f"{base}.{alias.name}", path, node.lineno)
+                     for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("hone."):
+            refs.append(Reference(module, node.value, path, node.lineno, string=True))
+    return tuple(refs)
+
+
+def _references_from(folder: str) -> list[Reference]:
+    return [ref for module, path in _modules().items() if path.is_relative_to(ROOT / folder)
+            for ref in _references(module)]
+
+
+def _names(target: str, *packages: str) -> bool:
+    """`target` is (or starts with) one of these dotted names: "hone.app" covers "hone.app.main:main", not
+    "hone.apps"."""
+    return any(re.match(rf"{re.escape(package)}(?!\w)", target) for package in packages)
+
+
+def test_kernels_refer_only_to_torch_and_triton():
+    """Not even lazily or by name: kernels never reach into core or the app."""
+    bad = [str(ref) for ref in _references_from("kernels")
+           if _names(ref.target, "hone.core", "hone.app") or (not ref.string and _names(ref.target, *QT))]
     assert not bad, bad
 
 
-def test_core_imports_no_qt_and_no_app():
-    bad = [f"{p.relative_to(ROOT)}: {m}" for p, m, _ in _imports("core") if m.startswith(("hone.app", *QT))]
+def test_core_refers_to_no_app_and_imports_no_qt():
+    """Not even lazily or by name: the CLI finds `hone studio` through the `hone.commands` entry point group."""
+    bad = [str(ref) for ref in _references_from("core")
+           if _names(ref.target, "hone.app") or (not ref.string and _names(ref.target, *QT))]
     assert not bad, bad
+
+
+def _edges() -> dict[str, dict[str, Reference]]:
+    """module -> {module it depends on: the first reference that says so}.
+
+    An import depends on the module it names: `import hone.a.b` and `from hone.a.b import f` on hone.a.b,
+    `from hone.a import b` on the submodule hone.a.b (not on hone.a's __init__; a package __init__ that re-exports
+    has its own edges to the submodules it imports). A string literal depends on the module when it is exactly a
+    module's name (what `importlib.import_module` and lazy-import tables hold). Imports inside functions and
+    under `if TYPE_CHECKING:` count: a lazy import hides a circle from the interpreter, not from the design.
+    """
+    modules = _modules()
+    edges: dict[str, dict[str, Reference]] = {module: {} for module in modules}
+    for module in modules:
+        for ref in _references(module):
+            if ref.string:
+                target = ref.target if ref.target in modules else None
+            else:  # the longest prefix that is a module: "hone.a.b.f" -> hone.a.b
+                parts = ref.target.split(".")
+                target = next((name for name in (".".join(parts[:n]) for n in range(len(parts), 0, -1))
+                               if name in modules), None)
+            if target is not None and target != module:
+                edges[module].setdefault(target, ref)
+    return edges
+
+
+def _strongly_connected(edges: dict[str, dict[str, Reference]]) -> list[list[str]]:
+    """Tarjan's algorithm: the sets of modules that each reach one another (more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in edges[node]:
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def _one_circle(component: list[str], edges: dict[str, dict[str, Reference]]) -> list[Reference]:
+    """The shortest circle from the component's first module back to itself, as the references along it."""
+    start, members = component[0], set(component)
+    came_from: dict[str, Reference] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for succ, ref in edges[node].items():
+            if succ == start:
+                path = [ref]
+                while path[0].source != start:
+                    path.insert(0, came_from[path[0].source])
+                return path
+            if succ in members and succ not in came_from:
+                came_from[succ] = ref
+                queue.append(succ)
+    raise AssertionError(f"{component} is not strongly connected")
+
+
+def _circle_report(edges: dict[str, dict[str, Reference]]) -> list[str]:
+    report = []
+    for component in _strongly_connected(edges):
+        circle = _one_circle(component, edges)
+        report.append(f"circle among {', '.join(component)}:")
+        report += [f"    {ref.source} -> {to}  ({ref})" for ref, to in zip(circle, [r.source for r in circle[1:]]
+                                                                              + [component[0]])]
+    return report
+
+
+def test_no_import_circles_among_hone_modules():
+    report = _circle_report(_edges())
+    assert not report, "import circles (each listed with one path around it):\n" + "\n".join(report)
+
+
+def test_circle_finder_finds_a_lazy_circle_and_names_its_modules():
+    """The finder itself, on a made-up graph: a <-> b through a lazy import, c on its own."""
+    here = Path(__file__)
+    a_to_b = Reference("hone.x.a", "hone.x.b.f", here, 1)
+    b_to_a = Reference("hone.x.b", "hone.x.a", here, 2)
+    edges = {"hone.x.a": {"hone.x.b": a_to_b}, "hone.x.b": {"hone.x.a": b_to_a},
+             "hone.x.c": {"hone.x.a": Reference("hone.x.c", "hone.x.a", here, 3)}}
+    assert _strongly_connected(edges) == [["hone.x.a", "hone.x.b"]]
+    assert _one_circle(["hone.x.a", "hone.x.b"], edges) == [a_to_b, b_to_a]
+    assert _circle_report(edges)[0] == "circle among hone.x.a, hone.x.b:"
 
 
 def test_app_imports_no_torch_at_module_level():

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hone.core.models.head import HeadPlan, head_plan
+
 
 class _HostTable(nn.Module):
     """A frozen vocabulary-sized weight moved to (pinned) host memory, standing in for the module that held it.
@@ -190,8 +192,6 @@ def _embedding_reason(base) -> str | None:
 
 def _head_reason(base) -> str | None:
     """What about the model keeps its LM head on the device (whatever the device)."""
-    from hone.core.train.loss import HeadPlan, head_plan
-
     head = base.get_output_embeddings()
     if type(head) is not nn.Linear:
         return f"the LM head is a {type(head).__name__}, not a plain nn.Linear"
@@ -252,7 +252,5 @@ def apply_host_tables(model, device: torch.device | str, *, embedding: bool = Tr
         base.set_input_embeddings(host_embedding)
     if host_head is not None:
         base.set_output_embeddings(host_head)
-        from hone.core.train.loss import head_plan
-
         host_head.prefetch_during(head_plan(base).body)  # `_head_reason` checked the chunked loss has a body
     return HostTables(embedding=host_embedding or embedding_why, head=host_head or head_why)

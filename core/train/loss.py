@@ -22,13 +22,13 @@ a divisor, a tanh soft-cap); a model with any other logit setting it does not kn
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from hone.core.data.collate import IGNORE_INDEX
+from hone.core.models.head import HeadPlan, head_plan
 from hone.core.speed.host_tables import HostLMHead
 
 LOSS_MODES = ("chunked", "plain")
@@ -45,69 +45,6 @@ FUSED_CHUNK_LOGIT_ELEMENTS = 2**27
 # the per-chunk bookkeeping no longer matters.
 MIN_CHUNK_TOKENS = 256
 MAX_CHUNK_TOKENS = 16384
-
-# Config attributes that mention logits but do not change the LM head's output.
-_HARMLESS_LOGIT_ATTRS = frozenset({
-    "output_router_logits", "num_logits_to_keep", "attn_logit_softcapping", "router_logits",
-    "logit_scale_init_value", "output_logits", "contrastive_logits_temperature",
-})
-_HANDLED_LOGIT_ATTRS = frozenset({"final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"})
-
-
-@dataclass(frozen=True)
-class HeadPlan:
-    """How to run a causal LM as body + head for the chunked loss.
-
-    Attributes:
-        body: module returning hidden states of shape (B, T, H) as its first output / `last_hidden_state`.
-        head: the output projection (H -> V).
-        scale: multiplier applied to the head's output (1.0 = none).
-        softcap: tanh soft-cap `softcap * tanh(logits / softcap)` applied after the scale (None = none).
-    """
-
-    body: nn.Module
-    head: nn.Module
-    scale: float = 1.0
-    softcap: float | None = None
-
-
-def _configs(model) -> list:
-    config = getattr(model, "config", None)
-    if config is None:
-        return []
-    text = getattr(config, "text_config", None) if hasattr(config, "get_text_config") else None
-    return [config] + ([text] if text is not None and text is not config else [])
-
-
-def head_plan(model) -> HeadPlan | str:
-    """Split a (possibly peft-wrapped) causal LM into body and head, or say why it cannot be done.
-
-    Returns:
-        A `HeadPlan`, or a string naming the reason the chunked loss falls back to the model's own forward.
-    """
-    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
-    prefix = getattr(hf, "base_model_prefix", "")
-    body = getattr(hf, prefix, None) if prefix else None
-    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
-    if body is None or body is hf or head is None:
-        return f"{type(hf).__name__} has no separate body and LM head"
-    scale, softcap = 1.0, None
-    for config in _configs(hf):
-        for name, value in vars(config).items():
-            if "logit" not in name and name != "output_multiplier":
-                continue
-            if name in _HARMLESS_LOGIT_ATTRS or value is None or isinstance(value, bool):
-                continue
-            if name not in _HANDLED_LOGIT_ATTRS:
-                return f"unknown logit setting {name}={value!r} in {type(config).__name__}"
-            if name in ("logit_scale", "output_multiplier"):
-                scale *= float(value)
-            elif name == "logits_scaling":
-                scale /= float(value)
-            elif name == "final_logit_softcapping":
-                softcap = float(value)
-    return HeadPlan(body=body, head=head, scale=scale, softcap=softcap)
-
 
 def fused_cross_entropy_runs(*tensors: torch.Tensor) -> bool:
     """Whether the fused cross-entropy kernel runs on these tensors (Triton installed, a device it runs on)."""
@@ -306,7 +243,7 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
         head: the output projection; a plain `nn.Linear` (or a `HostLMHead`, its weight copied to the device once
             per call) takes the manual-gradient path, anything else (peft
             LoRA-wrapped, quantized) local autograd per chunk.
-        scale, softcap: logit post-processing, as in `HeadPlan`.
+        scale, softcap: logit post-processing, as in `hone.core.models.head.HeadPlan`.
         chunk_tokens: tokens per chunk; None picks one from the vocabulary size.
         fused: a plain linear head's chunks go through the fused cross-entropy kernel where it runs.
 
@@ -395,5 +332,5 @@ def describe(model, mode: str = "chunked", fused: bool = False) -> str:
     return "chunked cross-entropy (" + ", ".join([how, *extra]) + ")"
 
 
-__all__ = ["LOSS_MODES", "HeadPlan", "auto_chunk_tokens", "chunked_head_loss", "describe", "fused_cross_entropy_runs",
-           "head_plan", "loss_sum", "plain_loss_sum"]
+__all__ = ["LOSS_MODES", "auto_chunk_tokens", "chunked_head_loss", "describe", "fused_cross_entropy_runs", "loss_sum",
+           "plain_loss_sum"]

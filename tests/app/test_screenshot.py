@@ -49,6 +49,17 @@ def test_hone_studio_command_writes_the_screenshot(tmp_path):
     assert QImage(str(path)).pixelColor(600, 690).lightness() < 80
 
 
+def test_hone_studio_script_without_the_gui_packages_is_one_line_with_advice(monkeypatch, capsys, tmp_path):
+    from hone.app.studio_command import main
+
+    monkeypatch.setitem(sys.modules, "pyqtgraph", None)  # makes `import pyqtgraph` fail
+    shot = tmp_path / "shot.png"
+    assert main(["--screenshot", str(shot), "--page", "train"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hone-studio: error: the desktop app cannot start") and "pyqtgraph" in err
+    assert "hone-studio: advice: install the GUI dependencies" in err and not shot.exists()
+
+
 @pytest.mark.parametrize("text, size", [("1440x900", (1440, 900)), ("800 X 600", (800, 600))])
 def test_size_parsing(text, size):
     assert parse_size(text) == size

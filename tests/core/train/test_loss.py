@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hone.core.data.collate import collate_packed
-from hone.core.train.loss import chunked_head_loss, describe, head_plan, loss_sum
+from hone.core.models.head import head_plan
+from hone.core.train.loss import chunked_head_loss, describe, loss_sum
 from tests.helpers.packed import assert_grads_close, grads, model_of, random_rows
 
 
