@@ -225,22 +225,21 @@ class SpeedConfig(_Section):
                          "batch. Less memory, same work.")
     host_embeddings: bool = _f(True, "On a GPU, keep the frozen input-embedding table in host memory and look up each "
                                "batch's rows on the CPU while the previous step runs (text models; a table tied "
-                               "to the LM head moves only with it). Frees the table's GPU memory: 1.16 GiB on "
-                               "Qwen3-8B.")
+                               "to the LM head moves only with it). Frees the table's GPU memory.")
     host_lm_head: bool = _f(True, "On a GPU with the chunked loss, keep the frozen LM head in host memory and copy it "
                             "to the GPU once per step, while the forward runs, for the loss: the layers' backward, "
-                            "where a step usually peaks, runs without it (1.16 GiB on Qwen3-8B). A head tied to "
-                            "the input embeddings moves only with them.")
+                            "where a step usually peaks, runs without it. A head tied to the input embeddings "
+                            "moves only with them.")
     grouped_attention_backward: bool = _f(False, "Varlen attention: back-propagate a group of whole sequences at "
                                           "a time, so the backward's workspace (float32 dq, grouped-query dk/dv "
                                           "expanded to every head) never exists for the whole batch. Less memory "
                                           "where the attention backward is the step's peak; one more attention "
                                           "forward per layer.")
-    layer_tile_tokens: int = _f(0, "With checkpointing and packed rows: recompute and back-propagate each decoder "
-                                "layer a group of whole sequences of at most this many tokens at a time, so its "
-                                "activations and gradients never exist for the whole batch. Same FLOPs and less "
-                                "memory, but more kernel launches: slower where the step is bound by the CPU "
-                                "launching them. 0 = whole layers, -1 = sized from the hidden size.", min=-1)
+    layer_group_tokens: int = _f(0, "With checkpointing and packed rows: recompute and back-propagate each decoder "
+                                 "layer a group of whole sequences of at most this many tokens at a time, so its "
+                                 "activations and gradients never exist for the whole batch. Same FLOPs and less "
+                                 "memory, but more kernel launches: slower where the step is bound by the CPU "
+                                 "launching them. 0 = whole layers, -1 = sized from the hidden size.", min=-1)
 
 
 @dataclass
@@ -294,6 +293,7 @@ class RunConfig:
             if not isinstance(values, dict):
                 raise ConfigError(f"{source}: [{name}] must be a table of settings", "see the config reference")
             known = {f.name for f in dataclasses.fields(section_cls)}
+            values = _renamed_settings(name, values, source)
             for key in values:
                 if key not in known:
                     raise ConfigError(f"{source}: unknown setting {name}.{key}{_did_you_mean(key, known)}",
@@ -329,6 +329,26 @@ class RunConfig:
                                   f"{_did_you_mean(section, SECTIONS)}", f"sections are {', '.join(SECTIONS)}")
             data[section][name] = _parse_value(raw.strip())
         return RunConfig.from_dict(data, source="--set")
+
+
+# Settings that were renamed: section -> {old name: new name}. Configs written before the rename (a run folder's
+# config.toml among them, which `hone train --resume` reads) keep loading.
+RENAMED: dict[str, dict[str, str]] = {"speed": {"layer_tile_tokens": "layer_group_tokens"}}
+
+
+def _renamed_settings(section: str, values: dict[str, Any], source: str) -> dict[str, Any]:
+    """`values` with old setting names replaced by the new ones (an error when a config gives both)."""
+    renamed = RENAMED.get(section, {})
+    if not any(old in values for old in renamed):
+        return values
+    out = dict(values)
+    for old, new in renamed.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{source}: {section}.{old} and {section}.{new} are the same setting "
+                                  f"({old} is its former name)", f"keep only {section}.{new}")
+            out[new] = out.pop(old)
+    return out
 
 
 def field_help(section: str, name: str) -> dict[str, Any]:

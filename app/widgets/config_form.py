@@ -49,7 +49,7 @@ LABELS = {
     "train.max_grad_norm": "Clip grad norm", "train.batch_tokens": "Tokens per batch",
     "speed.moe_backend": "MoE backend", "speed.checkpoint": "Activation checkpoints", "speed.kernels": "Fused kernels",
     "speed.compile": "torch.compile", "speed.host_embeddings": "Input embeddings in host memory",
-    "speed.host_lm_head": "LM head in host memory", "speed.layer_tile_tokens": "Layer tiles (tokens)",
+    "speed.host_lm_head": "LM head in host memory", "speed.layer_group_tokens": "Layer groups (tokens)",
     "data.train_on": "Train on", "data.max_length": "Max length (tokens)",
     "data.image_max_side": "Image max side (px)", "data.eval_fraction": "Eval fraction",
     "model.trust_remote_code": "Trust remote code", "output.runs_dir": "Runs folder", "output.name": "Run name",

@@ -1,8 +1,9 @@
-"""Switches the speed paths on for a run and says what was chosen and why.
+"""The speed paths, switched on for a run in order, each choice recorded with its reason.
 
-Each path lives in its own module with its own reference and tests; this file only decides the order:
-attention and MoE experts before LoRA (they change how the base model computes), checkpointing and fused
-kernels after (they wrap what LoRA produced).
+`install_attention_and_experts` runs before LoRA: the attention backend and the MoE experts backend change how
+the base model computes. `install_memory_and_kernels` runs after LoRA: activation checkpointing (possibly
+offloaded), the fused kernels, compilation and the vocabulary tables in host memory wrap what LoRA produced.
+Each path lives in its own module or subpackage with its reference, probe, undo and tests.
 """
 
 from __future__ import annotations
@@ -20,21 +21,22 @@ class SpeedSetup:
 
     choices: dict[str, str] = field(default_factory=dict)
     notices: list[Notice] = field(default_factory=list)
+    attention: object | None = None  # the attention Choice (hone.core.speed.attention): what `revert` undoes
     expert_meter: object | None = None  # MoE expert-load meter, read once per step
     offload: object | None = None  # checkpoint offloader, read once per step
     compile: object | None = None  # CompileReport: compile seconds are taken out of step times
-    host_tables: object | None = None  # HostTables: vocabulary tables kept in host memory (hone.core.speed.host_tables)
+    host_tables: object | None = None  # HostTables (hone.core.speed.host_tables): vocabulary tables in host memory
 
     def note(self, topic: str, message: str, level: str = "info") -> None:
         self.notices.append(Notice(topic=topic, message=message, level=level))
 
 
-def before_lora(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedSetup:
+def install_attention_and_experts(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedSetup:
     """Attention backend and MoE experts implementation, chosen once per run."""
     from hone.core.speed import attention
 
     setup = SpeedSetup()
-    choice = attention.configure(model, cfg, device)
+    choice = setup.attention = attention.configure(model, cfg, device)
     setup.choices["attention"] = f"{choice.name}: {choice.reason}"
     if info.is_moe:
         from hone.core import moe
@@ -45,7 +47,7 @@ def before_lora(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedS
     return setup
 
 
-def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup: SpeedSetup,
+def install_memory_and_kernels(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup: SpeedSetup,
                mean_row_tokens: float) -> None:
     """Activation checkpointing (possibly offloaded), then fused kernels and compilation."""
     from hone.core.speed.checkpointing import checkpointer, policy
@@ -56,12 +58,12 @@ def after_lora(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup
     setup.choices["checkpoint"] = f"{choice.mode}: {choice.reason}"
     if choice.mode != "off":
         setup.offload = checkpointer.apply_checkpointing(peft_model, choice.mode, device, note=setup.note,
-                                                    tile_tokens=cfg.layer_tile_tokens)
+                                                    group_tokens=cfg.layer_group_tokens)
         if setup.offload is None:
             setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"
-        elif cfg.layer_tile_tokens:
-            tokens = cfg.layer_tile_tokens if cfg.layer_tile_tokens > 0 else "auto"
-            setup.choices["checkpoint"] += (f"; packed layers back-propagated in tiles of whole sequences "
+        elif cfg.layer_group_tokens:
+            tokens = cfg.layer_group_tokens if cfg.layer_group_tokens > 0 else "auto"
+            setup.choices["checkpoint"] += (f"; packed layers back-propagated in groups of whole sequences "
                                             f"(at most {tokens} tokens)")
     _kernels_and_compile(peft_model, cfg, device, setup)
     _embeddings(peft_model, cfg, device, setup)

@@ -25,7 +25,7 @@ from hone.core.control import RunControl
 from hone.core.data import load_training_data, packing_efficiency
 from hone.core.errors import HoneError
 from hone.core.models.load import load_model, pick_device, resolve_dtype
-from hone.core.speed import after_lora, before_lora
+from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
 from hone.core.train import checkpoints as ckpt
 from hone.core.train.adapter_dir import save_adapter
 from hone.core.train.lora import apply_lora
@@ -107,11 +107,11 @@ class Trainer:
                             f"({config.train.batch_tokens}), so a long row would not fit one micro-batch",
                             "raise train.batch_tokens or lower data.max_length")
 
-        setup = before_lora(model, config.speed, info, device)
+        setup = install_attention_and_experts(model, config.speed, info, device)
         torch.manual_seed(config.train.seed)  # LoRA init must not depend on what loading consumed
         model, lora_report = apply_lora(model, config.lora, info)
         self.model, self.tokenizer = model, tokenizer
-        after_lora(model, config.speed, info, device, setup,
+        install_memory_and_kernels(model, config.speed, info, device, setup,
                    mean_row_tokens=float(data.train.lengths.mean()))
         setup.choices["lora"] = lora_report.summary()
         for notice in setup.notices:

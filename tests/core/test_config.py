@@ -65,3 +65,15 @@ def test_every_field_has_help():
     for section, values in RunConfig().to_dict().items():
         for name in values:
             assert len(field_help(section, name)["help"]) > 10, f"{section}.{name}"
+
+
+def test_a_renamed_setting_still_loads_under_its_former_name(tmp_path):
+    """A run folder's config.toml written before `speed.layer_tile_tokens` became `layer_group_tokens` resumes."""
+    old = tmp_path / "config.toml"
+    old.write_text("[speed]\nlayer_tile_tokens = 4096\n", encoding="utf-8")
+    assert RunConfig.load(old).speed.layer_group_tokens == 4096
+    assert "layer_tile_tokens" not in RunConfig.load(old).to_dict()["speed"]
+    both = tmp_path / "both.toml"
+    both.write_text("[speed]\nlayer_tile_tokens = 4096\nlayer_group_tokens = 2048\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="same setting"):
+        RunConfig.load(both)

@@ -129,6 +129,20 @@ def revert(model, choice: Choice) -> None:
         revert_attention(model, choice.previous)
 
 
+def use_per_layer_metadata(model, choice: Choice) -> Choice:
+    """Switch a configured model to the benchmark-only variant of its backend that rebuilds the metadata in every
+    layer (what building it once per batch saves); returns the new Choice, which `revert` undoes as well."""
+    if choice.name == "hf" or choice.per_layer_metadata:
+        return choice
+    if choice.varlen is not None:
+        implementation = register_varlen(choice.varlen, per_layer_metadata=True)
+    else:
+        implementation = IMPLEMENTATIONS[choice.name] + PER_LAYER_SUFFIX
+    apply_attention(model, implementation)
+    return replace(choice, implementation=implementation, per_layer_metadata=True,
+                   reason=choice.reason + f"; metadata rebuilt in every layer ({implementation}, benchmark only)")
+
+
 # ---- what the model needs ----------------------------------------------------------------------------------------
 
 def _unsupported_reason(model) -> str | None:
@@ -318,10 +332,9 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
             else:
                 varlen = replace(varlen, grouped_backward=True)
                 reason += "; backward a group of whole sequences at a time"
-        implementation = register_varlen(varlen, per_layer_metadata)
+        implementation = register_varlen(varlen)
     else:
-        implementation = IMPLEMENTATIONS[name] + (PER_LAYER_SUFFIX if per_layer_metadata else "")
+        implementation = IMPLEMENTATIONS[name]
     apply_attention(model, implementation)
-    if per_layer_metadata:
-        reason += "; metadata rebuilt from position_ids in every layer (benchmark variant)"
-    return Choice(name, reason, implementation, previous, per_layer_metadata, varlen)
+    choice = Choice(name, reason, implementation, previous, varlen=varlen)
+    return use_per_layer_metadata(model, choice) if per_layer_metadata else choice

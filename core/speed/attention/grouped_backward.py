@@ -6,7 +6,7 @@ On Qwen3-8B at 16K tokens that is 0.55 GiB on top of dq/dk/dv, and it is the ins
 (`hone bench --memory-trace`). Attention never crosses a sequence boundary, so the backward can run on groups of
 whole sequences one after the other: each group's workspace exists alone.
 
-How: `ChunkedAttention` runs the attention forward without autograd and keeps only q, k and v (not the output or
+How: `GroupedBackwardAttention` runs the attention forward without autograd and keeps only q, k and v (not the output or
 the log-sum-exp). Its backward recomputes each group's attention forward with autograd (`attend` on the group's
 slices, offsets from `hone.core.speed.checkpointing.layer_groups`) and back-propagates the group's slice of the output
 gradient. The
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from hone.core.speed.checkpointing.layer_groups import tiles_for
+from hone.core.speed.checkpointing.layer_groups import groups_for
 
 # Backward workspace per group (dq accumulator + expanded dk/dv): 2**27 bytes = 128 MiB.
 WORKSPACE_BYTES = 2**27
@@ -36,37 +36,37 @@ def group_tokens(query_heads: int, head_dim: int) -> int:
     return max(MIN_GROUP_TOKENS, WORKSPACE_BYTES // max(per_token, 1))
 
 
-class ChunkedAttention(torch.autograd.Function):
+class GroupedBackwardAttention(torch.autograd.Function):
     """Packed attention whose backward runs a group of whole sequences at a time (see the module docstring).
 
     Args (forward): q (T, Hq, D), k and v (T, Hkv, D) in varlen layout; attend; cu_seqlens and max_len of the whole
-    batch; tiles: the `SequenceTile`s the backward runs.
+    batch; groups: the `SequenceGroup`s the backward runs.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, attend, cu_seqlens, max_len, tiles):
+    def forward(ctx, q, k, v, attend, cu_seqlens, max_len, groups):
         ctx.save_for_backward(q, k, v)
-        ctx.attend, ctx.tiles = attend, tiles
+        ctx.attend, ctx.groups = attend, groups
         return attend(q, k, v, cu_seqlens, max_len)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        for tile in ctx.tiles:
-            span = slice(tile.start, tile.end)
+        for group in ctx.groups:
+            span = slice(group.start, group.end)
             pieces = [t[span].detach().requires_grad_(True) for t in (q, k, v)]
             with torch.enable_grad():
-                out = ctx.attend(*pieces, tile.cu_seqlens, tile.max_len)
+                out = ctx.attend(*pieces, group.cu_seqlens, group.max_len)
             grads = torch.autograd.grad(out, pieces, grad_out[span])
             for target, grad in zip((dq, dk, dv), grads, strict=True):
                 target[span] = grad
             del out, pieces, grads  # this group's workspace goes before the next group's exists
-        ctx.attend = ctx.tiles = None
+        ctx.attend = ctx.groups = None
         return dq, dk, dv, None, None, None, None
 
 
-def chunked_tiles(q: torch.Tensor, cu_seqlens: torch.Tensor) -> list | None:
+def backward_groups(q: torch.Tensor, cu_seqlens: torch.Tensor) -> list | None:
     """The sequence groups for this call's backward, or None when it should run whole (no autograd, a batch that
     was not registered, or one group would hold everything). Frozen attention projections without LoRA leave q
     without gradient while k or v may have one: q is the widest, so it decides."""
@@ -75,15 +75,15 @@ def chunked_tiles(q: torch.Tensor, cu_seqlens: torch.Tensor) -> list | None:
     tokens = group_tokens(q.shape[1], q.shape[2])
     if q.shape[0] <= tokens:
         return None
-    tiles = tiles_for(cu_seqlens, tokens)
-    if tiles is None or len(tiles) < 2 or tiles[-1].end != q.shape[0]:
+    groups = groups_for(cu_seqlens, tokens)
+    if groups is None or len(groups) < 2 or groups[-1].end != q.shape[0]:
         return None
-    return tiles
+    return groups
 
 
 def attention(q, k, v, cu_seqlens: torch.Tensor, max_len: int, attend: Attend) -> torch.Tensor:
     """`attend(q, k, v, cu_seqlens, max_len)`, back-propagated in sequence groups where that applies."""
-    tiles = chunked_tiles(q, cu_seqlens)
-    if tiles is None:
+    groups = backward_groups(q, cu_seqlens)
+    if groups is None:
         return attend(q, k, v, cu_seqlens, max_len)
-    return ChunkedAttention.apply(q, k, v, attend, cu_seqlens, max_len, tiles)
+    return GroupedBackwardAttention.apply(q, k, v, attend, cu_seqlens, max_len, groups)

@@ -29,7 +29,7 @@ saves only its input; backward reloads the input, recomputes the layer with auto
 in forward), back-propagates through it (parameter gradients accumulate into `.grad` right there) and returns the
 input's gradient. A zero-size `anchor` tensor that requires grad is passed along so the Function is part of the graph
 even when the first layer's input does not require grad. Gradients therefore reach parameters through
-`loss.backward()` (what the trainer calls), not through `torch.autograd.grad(loss, params)`. With `tile_tokens`, a
+`loss.backward()` (what the trainer calls), not through `torch.autograd.grad(loss, params)`. With `group_tokens`, a
 packed layer is recomputed and back-propagated a group of whole sequences at a time
 (`hone.core.speed.checkpointing.layer_groups`).
 """
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.checkpoint import checkpoint as recompute_checkpoint
 
-from hone.core.speed.checkpointing.layer_groups import LayerCall, auto_tile_tokens
+from hone.core.speed.checkpointing.layer_groups import LayerCall, auto_group_tokens
 from hone.core.speed.checkpointing.offload_buffers import (
     CudaCopier,
     HostSlot,
@@ -71,11 +71,12 @@ def is_recomputing() -> bool:
     return _RECOMPUTING > 0
 
 
-_PIECEWISE_FORWARD = 0  # > 0 while a checkpointer that tiles layers runs a layer's (no-grad) forward
+# > 0 while a checkpointer that back-propagates layers in sequence groups runs a layer's (no-grad) forward
+_PIECEWISE_FORWARD = 0
 
 
 def is_piecewise_forward() -> bool:
-    """True in the forward of a checkpointed layer whose backward runs in tiles: the fused decoder then runs its
+    """True in the forward of a checkpointed layer whose backward runs in groups: the fused decoder then runs its
     MLP a piece at a time too, so the forward's transient memory stays as low as the backward's."""
     return _PIECEWISE_FORWARD > 0
 
@@ -172,7 +173,7 @@ class _CheckpointedLayer(torch.autograd.Function):
         ctx.state = _capture_state(hidden.device)
         ctx.layer_input = checkpointer.save(hidden, layer)
         version = hidden._version
-        with _pieces(checkpointer.tile_tokens != 0):
+        with _pieces(checkpointer.group_tokens != 0):
             out = run(hidden)
         if hidden._version != version:
             # The copy saved for backward (queued on another stream, or this very tensor) would not be the input
@@ -186,10 +187,10 @@ class _CheckpointedLayer(torch.autograd.Function):
         checkpointer = ctx.checkpointer
         try:
             x = checkpointer.load(ctx.layer_input).detach()
-            tiles = ctx.run.tiles(x, checkpointer.tile_tokens_for(x)) if isinstance(ctx.run, LayerCall) else None
-            if tiles is not None and _only_first_has_grad(grads):
-                checkpointer.tiled_layers += 1
-                grad = _backward_in_tiles(ctx, x, grads[0], tiles)
+            groups = ctx.run.groups(x, checkpointer.group_tokens_for(x)) if isinstance(ctx.run, LayerCall) else None
+            if groups is not None and _only_first_has_grad(grads):
+                checkpointer.grouped_layers += 1
+                grad = _backward_in_groups(ctx, x, grads[0], groups)
             else:
                 x.requires_grad_(ctx.input_requires_grad)
                 _recompute_and_backward(ctx, x, grads)
@@ -216,21 +217,21 @@ def _only_first_has_grad(grads: tuple) -> bool:
     return torch.is_tensor(grads[0]) and all(g is None for g in grads[1:])
 
 
-def _backward_in_tiles(ctx, x: torch.Tensor, grad_out: torch.Tensor, tiles) -> torch.Tensor | None:
+def _backward_in_groups(ctx, x: torch.Tensor, grad_out: torch.Tensor, groups) -> torch.Tensor | None:
     """The layer recomputed and back-propagated one group of whole sequences at a time
     (`hone.core.speed.checkpointing.layer_groups`):
-    only one tile's activations and gradients exist at once. Returns the input gradient (None if not needed)."""
+    only one group's activations and gradients exist at once. Returns the input gradient (None if not needed)."""
     grad_in = torch.empty_like(x) if ctx.input_requires_grad else None
-    for tile, call in tiles:
-        piece = x[:, tile.start:tile.end].requires_grad_(ctx.input_requires_grad)
+    for group, call in groups:
+        piece = x[:, group.start:group.end].requires_grad_(ctx.input_requires_grad)
         with torch.enable_grad(), _replayed(ctx.state):
             out = call(piece)
         out = out[0] if isinstance(out, tuple) else out
         if out.requires_grad:
-            torch.autograd.backward(out, grad_out[:, tile.start:tile.end])
+            torch.autograd.backward(out, grad_out[:, group.start:group.end])
         if grad_in is not None:
-            grad_in[:, tile.start:tile.end] = piece.grad
-        del out, piece  # this tile's graph goes before the next tile's is built
+            grad_in[:, group.start:group.end] = piece.grad
+        del out, piece  # this group's graph goes before the next group's is built
     return grad_in
 
 
@@ -282,13 +283,13 @@ class Checkpointer:
         verify: keep a device copy of every saved input and compare the bytes the layer is recomputed from with it
             (in host memory, in the reload buffer, and again after the layer's backward): `integrity` lists the
             results. A diagnostic for tests: it costs memory and synchronizes the host at every layer.
-        tile_tokens: recompute and back-propagate each layer a group of whole sequences of at most this many tokens
+        group_tokens: recompute and back-propagate each layer a group of whole sequences of at most this many tokens
             at a time (`hone.core.speed.checkpointing.layer_groups`); 0 = whole layers, -1 = a size chosen from the
-            hidden size. `tiled_layers` counts the layer backward passes that ran in tiles.
+            hidden size. `grouped_layers` counts the layer backward passes that ran in groups.
     """
 
     def __init__(self, mode: str, device, *, max_buffer_bytes: int | None = None, note=None, streams=None,
-                 verify: bool = False, tile_tokens: int = 0):
+                 verify: bool = False, group_tokens: int = 0):
         if mode not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint mode {mode!r} is not one of {CHECKPOINT_MODES}")
         self.device = torch.device(device)
@@ -305,8 +306,8 @@ class Checkpointer:
         self.layer_names: dict[int, str] = {}  # id(layer module) -> its name in the model, for messages
         self.verify = verify
         self.integrity: list[IntegrityCheck] = []
-        self.tile_tokens = tile_tokens
-        self.tiled_layers = 0
+        self.group_tokens = group_tokens
+        self.grouped_layers = 0
         self._note = note
         self._seq = 0
         self._turn = 0  # round robin over the reload buffers
@@ -342,11 +343,11 @@ class Checkpointer:
         name = self.layer_names.get(id(layer)) or type(layer if layer is not None else function).__name__
         return _CheckpointedLayer.apply(self, run, hidden, self._anchor, name)
 
-    def tile_tokens_for(self, hidden: torch.Tensor) -> int:
-        """Tokens per backward tile for this layer input (0: back-propagate the layer whole)."""
-        if self.tile_tokens < 0:
-            return auto_tile_tokens(hidden.shape[-1])
-        return self.tile_tokens
+    def group_tokens_for(self, hidden: torch.Tensor) -> int:
+        """Tokens per backward group for this layer input (0: back-propagate the layer whole)."""
+        if self.group_tokens < 0:
+            return auto_group_tokens(hidden.shape[-1])
+        return self.group_tokens
 
     @staticmethod
     def _layer_module(function) -> torch.nn.Module | None:
@@ -581,10 +582,10 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | None = None, note=None,
-                        streams=None, verify: bool = False, tile_tokens: int = 0) -> Checkpointer | None:
+                        streams=None, verify: bool = False, group_tokens: int = 0) -> Checkpointer | None:
     """Checkpoint every decoder layer of `model` (a transformers model, possibly peft-wrapped) in `mode`.
 
-    `max_buffer_bytes`, `note`, `streams`, `verify` and `tile_tokens` are passed to the `Checkpointer`.
+    `max_buffer_bytes`, `note`, `streams`, `verify` and `group_tokens` are passed to the `Checkpointer`.
 
     Returns:
         The Checkpointer (read it once per step with `read_and_reset`), or None when the model has no layer
@@ -599,7 +600,7 @@ def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | Non
                                "checkpointing is off for this run", "warning")
         return None
     checkpointer = Checkpointer(mode, device, max_buffer_bytes=max_buffer_bytes, note=note, streams=streams,
-                                verify=verify, tile_tokens=tile_tokens)
+                                verify=verify, group_tokens=group_tokens)
     ids = {id(layer) for layer in layers}
     checkpointer.layer_names = {id(m): name for name, m in base.named_modules() if id(m) in ids}
     previous = [(layer, layer.__dict__.get("gradient_checkpointing", _UNSET),

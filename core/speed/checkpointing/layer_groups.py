@@ -8,17 +8,17 @@ the largest transient of the step once the loss is chunked and the MLP is tiled 
 
 How, at no extra compute: in a packed batch every part of a decoder layer is token-wise except attention, and
 attention never crosses a sequence boundary. So the layer's backward can run on consecutive groups of whole
-sequences, one after the other: each tile recomputes its slice of the layer from its slice of the saved input
-with the tile's own `cu_seqlens` (offsets minus the tile's start; a device op, no host sync), `max_length`,
+sequences, one after the other: each group recomputes its slice of the layer from its slice of the saved input
+with the group's own `cu_seqlens` (offsets minus the group's start; a device op, no host sync), `max_length`,
 `position_ids` and rotary tables, back-propagates its slice of the output gradient, and writes its slice of the
-input gradient. Parameter gradients accumulate across tiles. Every FLOP happens once, as without tiling.
+input gradient. Parameter gradients accumulate across groups. Every FLOP happens once, as without grouping.
 
-Tile boundaries come from the sequence lengths the CPU computed when it packed the batch (`register_batch`, called
-by `PackedBatch.model_inputs`), so choosing them asks the GPU nothing. A sequence longer than a tile is a tile of
+Group boundaries come from the sequence lengths the CPU computed when it packed the batch (`register_batch`, called
+by `PackedBatch.model_inputs`), so choosing them asks the GPU nothing. A sequence longer than a group is a group of
 its own.
 
-When it applies (`LayerCall.tiles`): one packed row (batch size 1) whose `cu_seq_lens_q` was registered, no
-attention mask, no tensor argument other than the ones sliced here, and no dropout in the layer (a tile-wise
+When it applies (`LayerCall.groups`): one packed row (batch size 1) whose `cu_seq_lens_q` was registered, no
+attention mask, no tensor argument other than the ones sliced here, and no dropout in the layer (a group-wise
 recompute would draw other masks than the forward did). Elsewhere the layer is rebuilt whole.
 """
 
@@ -30,27 +30,27 @@ from dataclasses import dataclass
 
 import torch
 
-# Elements of one (tile tokens x hidden) activation: 2**24 = 32 MiB in bf16 (Qwen3-8B: 4,096 tokens per tile).
+# Elements of one (group tokens x hidden) activation: 2**24 = 32 MiB in bf16 (Qwen3-8B: 4,096 tokens per group).
 # A layer saves about eight such tensors for its backward and its backward makes as many again.
 TILE_ELEMENTS = 2**24
-# Fewer tokens than this per tile make the projections' GEMMs too short to keep a large GPU busy.
+# Fewer tokens than this per group make the projections' GEMMs too short to keep a large GPU busy.
 MIN_TILE_TOKENS = 1024
 
-# Keyword arguments a layer call may carry and how a tile gets its own: sliced along tokens, or replaced.
+# Keyword arguments a layer call may carry and how a group gets its own: sliced along tokens, or replaced.
 _SLICED = ("position_ids", "position_embeddings")
 _REPLACED = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def auto_tile_tokens(hidden_size: int) -> int:
-    """Tokens per tile for `speed.layer_tile_tokens = -1` (auto)."""
+def auto_group_tokens(hidden_size: int) -> int:
+    """Tokens per group for `speed.layer_group_tokens = -1` (auto)."""
     return max(MIN_TILE_TOKENS, TILE_ELEMENTS // max(int(hidden_size), 1))
 
 
 def group_sequences(seq_lens: list[int] | tuple[int, ...], max_tokens: int) -> list[tuple[int, int]]:
-    """Consecutive sequences grouped into tiles of at most `max_tokens` tokens (a longer sequence alone).
+    """Consecutive sequences taken together, at most `max_tokens` tokens per group (a longer sequence alone).
 
     Returns:
-        (first sequence, one past the last sequence) per tile, in order.
+        (first sequence, one past the last sequence) per group, in order.
     """
     groups: list[tuple[int, int]] = []
     first, tokens = 0, 0
@@ -65,8 +65,8 @@ def group_sequences(seq_lens: list[int] | tuple[int, ...], max_tokens: int) -> l
 
 
 @dataclass(frozen=True)
-class SequenceTile:
-    """One tile of a packed batch: tokens `start:end`, their own offsets (int32, on the batch's device, starting
+class SequenceGroup:
+    """One group of a packed batch: tokens `start:end`, their own offsets (int32, on the batch's device, starting
     at 0) and longest sequence."""
 
     start: int
@@ -79,7 +79,7 @@ class SequenceTile:
 class _Batch:
     cu: weakref.ref
     seq_lens: tuple[int, ...]
-    tiles: dict  # max_tokens -> list[SequenceTile]
+    groups: dict  # max_tokens -> list[SequenceGroup]
 
 
 # Packed batches in flight, keyed by the identity of their device `cu_seqlens` (what every layer call carries).
@@ -95,21 +95,21 @@ def register_batch(cu_seqlens: torch.Tensor, seq_lens: list[int] | tuple[int, ..
     del _BATCHES[_KEEP:]
 
 
-def tiles_for(cu_seqlens: torch.Tensor, max_tokens: int) -> list[SequenceTile] | None:
-    """The tiles of a registered batch (built once per batch and tile size), or None for an unknown batch."""
+def groups_for(cu_seqlens: torch.Tensor, max_tokens: int) -> list[SequenceGroup] | None:
+    """The groups of a registered batch (built once per batch and group size), or None for an unknown batch."""
     batch = next((b for b in _BATCHES if b.cu() is cu_seqlens), None)
     if batch is None:
         return None
-    if max_tokens not in batch.tiles:
-        tiles, offsets = [], [0]
+    if max_tokens not in batch.groups:
+        groups, offsets = [], [0]
         for n in batch.seq_lens:
             offsets.append(offsets[-1] + n)
         for first, last in group_sequences(batch.seq_lens, max_tokens):
             # Sliced from the device offsets: the values never travel back to the host.
             local = cu_seqlens[first:last + 1] - cu_seqlens[first]
-            tiles.append(SequenceTile(offsets[first], offsets[last], local, max(batch.seq_lens[first:last])))
-        batch.tiles[max_tokens] = tiles
-    return batch.tiles[max_tokens]
+            groups.append(SequenceGroup(offsets[first], offsets[last], local, max(batch.seq_lens[first:last])))
+        batch.groups[max_tokens] = groups
+    return batch.groups[max_tokens]
 
 
 def _has_dropout(layer: torch.nn.Module | None) -> bool:
@@ -139,8 +139,8 @@ def _token_major(value, total: int) -> bool:
 class LayerCall:
     """One decoder layer call as transformers hands it to the checkpointer: `function(hidden, *rest, **kwargs)`.
 
-    transformers binds the layer's keyword arguments into `function` (a `functools.partial`); `tiles` reads them
-    there to make each tile's call.
+    transformers binds the layer's keyword arguments into `function` (a `functools.partial`); `groups` reads them
+    there to make each group's call.
     """
 
     def __init__(self, function, rest: tuple, kwargs: dict, layer: torch.nn.Module | None):
@@ -154,8 +154,8 @@ class LayerCall:
         bound.update(self.kwargs)
         return bound
 
-    def tiles(self, hidden: torch.Tensor, max_tokens: int) -> list[tuple[SequenceTile, LayerCall]] | None:
-        """(tile, the call for that tile) pairs when this call can be back-propagated in tiles, else None."""
+    def groups(self, hidden: torch.Tensor, max_tokens: int) -> list[tuple[SequenceGroup, LayerCall]] | None:
+        """(group, the call for that group) pairs when this call can be back-propagated in groups, else None."""
         if max_tokens <= 0 or hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[1] <= max_tokens:
             return None
         if any(torch.is_tensor(r) for r in self.rest) or _has_dropout(self.layer):
@@ -174,19 +174,19 @@ class LayerCall:
                 continue
             if torch.is_tensor(value) or (isinstance(value, (tuple, list)) and any(map(torch.is_tensor, value))):
                 return None  # a tensor argument we do not know how to cut
-        tiles = tiles_for(cu, max_tokens)
-        if tiles is None or len(tiles) < 2 or tiles[-1].end != hidden.shape[1]:
+        groups = groups_for(cu, max_tokens)
+        if groups is None or len(groups) < 2 or groups[-1].end != hidden.shape[1]:
             return None
         calls = []
-        for tile in tiles:
-            own = {name: _slice(bound[name], tile.start, tile.end) for name in _SLICED if bound.get(name) is not None}
-            own.update(cu_seq_lens_q=tile.cu_seqlens, cu_seq_lens_k=tile.cu_seqlens, max_length_q=tile.max_len,
-                       max_length_k=tile.max_len)
+        for group in groups:
+            own = {name: _slice(bound[name], group.start, group.end) for name in _SLICED if bound.get(name) is not None}
+            own.update(cu_seq_lens_q=group.cu_seqlens, cu_seq_lens_k=group.cu_seqlens, max_length_q=group.max_len,
+                       max_length_k=group.max_len)
             if isinstance(self.function, functools.partial):
                 function = functools.partial(self.function.func, *self.function.args,
                                              **{**self.function.keywords, **own})
                 kwargs = {k: v for k, v in self.kwargs.items() if k not in own}
             else:
                 function, kwargs = self.function, {**self.kwargs, **own}
-            calls.append((tile, LayerCall(function, self.rest, kwargs, self.layer)))
+            calls.append((group, LayerCall(function, self.rest, kwargs, self.layer)))
         return calls

@@ -12,7 +12,7 @@ import torch
 from hone.core.bench.measure import count_syncs
 from hone.core.config import RunConfig, SpeedConfig
 from hone.core.models.shapes import build_model
-from hone.core.speed import SpeedSetup, after_lora
+from hone.core.speed import SpeedSetup, install_memory_and_kernels
 from hone.core.speed.host_tables import HostEmbedding, HostLMHead
 from hone.core.train.loss import loss_sum
 from tests.helpers.offload import lora_model, packed_batch
@@ -55,7 +55,7 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     setup = SpeedSetup()
     config = RunConfig(speed=SpeedConfig(attention="hf", checkpoint="off", kernels=False))
     info = info_from_config(model.config, "dense-8b", "shape", count_params(model))
-    after_lora(model, config.speed, info, "cuda", setup, mean_row_tokens=500.0)
+    install_memory_and_kernels(model, config.speed, info, "cuda", setup, mean_row_tokens=500.0)
     assert isinstance(setup.host_tables.embedding, HostEmbedding), setup.choices.get("embeddings")
     assert isinstance(setup.host_tables.head, HostLMHead), setup.choices.get("lm_head")
     torch.cuda.synchronize()
@@ -101,7 +101,7 @@ def test_the_head_copy_starts_with_the_forward_and_not_in_backward():
     setup = SpeedSetup()
     config = RunConfig(speed=SpeedConfig(checkpoint="gpu", kernels=False))
     info = info_from_config(model.config, "dense-8b", "shape", count_params(model))
-    after_lora(model, config.speed, info, "cuda", setup, mean_row_tokens=250.0)
+    install_memory_and_kernels(model, config.speed, info, "cuda", setup, mean_row_tokens=250.0)
     head = setup.host_tables.head
     assert isinstance(head, HostLMHead) and len(head._hooks) == 1
 

@@ -108,9 +108,9 @@ def test_varlen_backward_in_sequence_groups_equals_per_sequence(heads, kv_heads,
     assert isinstance(options, backends.VarlenOptions), options
     monkeypatch.setattr(grouped_backward, "WORKSPACE_BYTES", 2048 * heads * head_dim * 8)
     calls = []
-    original = grouped_backward.ChunkedAttention.backward
-    monkeypatch.setattr(grouped_backward.ChunkedAttention, "backward",
-                        staticmethod(lambda ctx, g: calls.append(len(ctx.tiles)) or original(ctx, g)))
+    original = grouped_backward.GroupedBackwardAttention.backward
+    monkeypatch.setattr(grouped_backward.GroupedBackwardAttention, "backward",
+                        staticmethod(lambda ctx, g: calls.append(len(ctx.groups)) or original(ctx, g)))
     _check_backend(functools.partial(backends.varlen_attention, options=replace(options, grouped_backward=grouped)),
                    heads, kv_heads, head_dim, None, lengths=(1500, 700, 1800, 40, 900, 2100))
     assert calls == ([5] if grouped else []), calls

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hone.core.speed.attention import grouped_backward
-from hone.core.speed.attention.grouped_backward import ChunkedAttention, attention, group_tokens
+from hone.core.speed.attention.grouped_backward import GroupedBackwardAttention, attention, group_tokens
 from hone.core.speed.checkpointing.layer_groups import register_batch
 
 LENGTHS = [23, 41, 9, 30, 5]
@@ -60,7 +60,7 @@ def test_grouped_backward_equals_one_whole_backward(small_groups):
     want_grads = torch.autograd.grad(want, (q, k, v), grad)
     calls.clear()
     got = attention(q, k, v, cu, max(LENGTHS), attend)
-    assert got.grad_fn is not None and type(got.grad_fn).__name__ == "ChunkedAttentionBackward"
+    assert got.grad_fn is not None and type(got.grad_fn).__name__ == "GroupedBackwardAttentionBackward"
     got_grads = torch.autograd.grad(got, (q, k, v), grad)
     assert calls == [sum(LENGTHS), 23, 41, 39, 5], "one whole forward, then one forward per group in backward"
     torch.testing.assert_close(got, want)
@@ -75,7 +75,7 @@ def test_whole_where_grouping_cannot_help_or_apply(small_groups, monkeypatch):
     with torch.no_grad():  # a checkpointed layer's forward: nothing to back-propagate
         attention(q, k, v, cu, max(LENGTHS), attend)
     assert attention(q, k, v, cu.clone(), max(LENGTHS), attend).grad_fn.__class__.__name__ != \
-        "ChunkedAttentionBackward", "a batch the packer did not register runs whole"
+        "GroupedBackwardAttentionBackward", "a batch the packer did not register runs whole"
     monkeypatch.setattr(grouped_backward, "WORKSPACE_BYTES", 10**9)  # one group would hold every token
     out = attention(q, k, v, cu, max(LENGTHS), attend)
-    assert not isinstance(out.grad_fn, ChunkedAttention._backward_cls)
+    assert not isinstance(out.grad_fn, GroupedBackwardAttention._backward_cls)

@@ -376,12 +376,12 @@ def test_auto_follows_the_copy_compute_ratio():
 @pytest.mark.parametrize("requested", ["offload", "offload-double"])
 def test_cuda_modes_degrade_to_gpu_recompute_on_the_cpu_with_a_notice(requested, lora_models):
     from hone.core.model_info import ModelInfo
-    from hone.core.speed import SpeedSetup, after_lora
+    from hone.core.speed import SpeedSetup, install_memory_and_kernels
 
     model = lora_models("tiny-dense")
     setup = SpeedSetup()
     info = ModelInfo("tiny", "folder", "Qwen3ForCausalLM", "qwen3", 0, 2, 64, 49152, 4096)
-    after_lora(model, SpeedConfig(checkpoint=requested), info, "cpu", setup, mean_row_tokens=100.0)
+    install_memory_and_kernels(model, SpeedConfig(checkpoint=requested), info, "cpu", setup, mean_row_tokens=100.0)
     try:
         assert setup.choices["checkpoint"].startswith("gpu:")
         assert [(n.topic, n.level) for n in setup.notices] == [("checkpoint", "warning")]
@@ -392,7 +392,8 @@ def test_cuda_modes_degrade_to_gpu_recompute_on_the_cpu_with_a_notice(requested,
         revert_checkpointing(model)
     for requested_off in ("auto", "off"):
         setup = SpeedSetup()
-        after_lora(model, SpeedConfig(checkpoint=requested_off), info, "cpu", setup, mean_row_tokens=100.0)
+        install_memory_and_kernels(model, SpeedConfig(checkpoint=requested_off), info, "cpu", setup,
+                                   mean_row_tokens=100.0)
         assert setup.choices["checkpoint"].startswith("off:") and setup.offload is None and not setup.notices
 
 

@@ -200,10 +200,10 @@ def test_1b_loss_and_gradients_equal_training_without_checkpointing(llama_1b, mo
 
 
 @pytest.mark.parametrize("kernels", [False, True])
-def test_1b_layers_back_propagated_in_sequence_tiles_equal_training_without_checkpointing(llama_1b, kernels):
-    """`hone.core.speed.checkpointing.layer_groups` on the GPU: tiles [1500] [700] [1800] of at most 1,024 tokens (a
+def test_1b_layers_back_propagated_in_sequence_groups_equal_training_without_checkpointing(llama_1b, kernels):
+    """`hone.core.speed.checkpointing.layer_groups` on the GPU: groups [1500] [700] [1800] of at most 1,024 tokens (a
     longer sequence is
-    a tile of its own), with offloaded inputs; with Hone's kernels, each tile's MLP also in MLP tiles."""
+    a group of its own), with offloaded inputs; with Hone's kernels, each group's MLP also in MLP tiles."""
     from hone.core.speed.fused.apply import apply_kernels, revert_kernels
 
     batch = packed_batch([1500, 700, 1800], vocab=128256)
@@ -212,17 +212,17 @@ def test_1b_layers_back_propagated_in_sequence_tiles_equal_training_without_chec
         apply_kernels(llama_1b, tile_mlp=True)
         ref_loss, ref, tolerance = reference(llama_1b, batch)  # the kernels' own rounding is the reference here
     try:
-        checkpointer = apply_checkpointing(llama_1b, "offload-double", "cuda", tile_tokens=1024)
+        checkpointer = apply_checkpointing(llama_1b, "offload-double", "cuda", group_tokens=1024)
         loss, grads = loss_and_grads(llama_1b, batch, autocast_dtype=torch.bfloat16)
         checkpointer.read_and_reset()
         revert_checkpointing(llama_1b)
     finally:
         if kernels:
             revert_kernels(llama_1b)
-    assert checkpointer.tiled_layers == len(decoder_layers(llama_1b))
+    assert checkpointer.grouped_layers == len(decoder_layers(llama_1b))
     error, where = worst_error(loss, grads, ref_loss, ref)
     if error > tolerance:
-        pytest.fail(f"tiles: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})")
+        pytest.fail(f"groups: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})")
 
 
 @pytest.mark.parametrize("mode", ["gpu", "offload", "offload-double"])

@@ -9,10 +9,10 @@ from hone.core.config import SpeedConfig
 from hone.core.models.shapes import build_model
 from hone.core.speed import attention
 from hone.core.speed.checkpointing.checkpointer import apply_checkpointing, decoder_layers, revert_checkpointing
-from hone.core.speed.checkpointing.layer_groups import auto_tile_tokens, group_sequences, register_batch, tiles_for
+from hone.core.speed.checkpointing.layer_groups import auto_group_tokens, group_sequences, groups_for, register_batch
 from tests.helpers.offload import layer_call_counter, lora_model, loss_and_grads, packed_batch
 
-LENGTHS = [23, 41, 9, 30, 5]  # tiles of 40 tokens: [23] [41] (longer than a tile: alone) [9, 30] [5]
+LENGTHS = [23, 41, 9, 30, 5]  # groups of 40 tokens: [23] [41] (longer than a group: alone) [9, 30] [5]
 
 
 def test_sequences_are_grouped_whole_and_in_order():
@@ -23,20 +23,20 @@ def test_sequences_are_grouped_whole_and_in_order():
     assert group_sequences([], 8) == []
 
 
-def test_each_tile_gets_offsets_from_zero_and_its_longest_sequence():
+def test_each_group_gets_offsets_from_zero_and_its_longest_sequence():
     cu = torch.tensor([0, 23, 64, 73, 103, 108], dtype=torch.int32)
     register_batch(cu, LENGTHS)
-    tiles = tiles_for(cu, 40)
-    assert [(t.start, t.end, t.max_len) for t in tiles] == [(0, 23, 23), (23, 64, 41), (64, 103, 30), (103, 108, 5)]
-    assert [t.cu_seqlens.tolist() for t in tiles] == [[0, 23], [0, 41], [0, 9, 39], [0, 5]]
-    assert tiles_for(cu, 40) is tiles, "built once per batch and tile size"
-    assert tiles_for(cu.clone(), 40) is None, "a batch that was never registered is not tiled"
+    groups = groups_for(cu, 40)
+    assert [(t.start, t.end, t.max_len) for t in groups] == [(0, 23, 23), (23, 64, 41), (64, 103, 30), (103, 108, 5)]
+    assert [t.cu_seqlens.tolist() for t in groups] == [[0, 23], [0, 41], [0, 9, 39], [0, 5]]
+    assert groups_for(cu, 40) is groups, "built once per batch and group size"
+    assert groups_for(cu.clone(), 40) is None, "a batch that was never registered is not grouped"
 
 
-def test_tile_size_follows_the_hidden_size():
-    assert auto_tile_tokens(4096) == 4096
-    assert auto_tile_tokens(1024) == 16384
-    assert auto_tile_tokens(1 << 20) == 1024  # never below the GEMM-friendly minimum
+def test_group_size_follows_the_hidden_size():
+    assert auto_group_tokens(4096) == 4096
+    assert auto_group_tokens(1024) == 16384
+    assert auto_group_tokens(1 << 20) == 1024  # never below the GEMM-friendly minimum
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def models():
 
 
 @pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe-qwen3"])
-def test_tiled_backward_gives_the_loss_and_gradients_of_no_checkpointing(shape, models):
+def test_layer_backward_in_sequence_groups_gives_the_loss_and_gradients_of_no_checkpointing(shape, models):
     model = models(shape)
     batch = packed_batch(LENGTHS)
     ref_loss, ref = loss_and_grads(model, batch)
@@ -64,12 +64,12 @@ def test_tiled_backward_gives_the_loss_and_gradients_of_no_checkpointing(shape, 
     counts, remove = layer_call_counter(model)
     try:
         for mode in ("gpu", "offload-double"):  # offload modes run their CPU bookkeeping here
-            checkpointer = apply_checkpointing(model, mode, "cpu", tile_tokens=40)
+            checkpointer = apply_checkpointing(model, mode, "cpu", group_tokens=40)
             counts[0] = 0
             loss, grads = loss_and_grads(model, batch)
             revert_checkpointing(model)
-            assert checkpointer.tiled_layers == layers, f"{mode}: every layer's backward should run in tiles"
-            assert counts[0] == layers + 4 * layers, f"{mode}: one forward and one recompute per tile per layer"
+            assert checkpointer.grouped_layers == layers, f"{mode}: every layer's backward should run in groups"
+            assert counts[0] == layers + 4 * layers, f"{mode}: one forward and one recompute per group per layer"
             torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-5)
             for name, expected in ref.items():
                 torch.testing.assert_close(grads[name], expected, rtol=1e-4, atol=1e-6, msg=f"{mode}: {name}")
@@ -77,44 +77,44 @@ def test_tiled_backward_gives_the_loss_and_gradients_of_no_checkpointing(shape, 
         remove()
 
 
-def test_input_gradient_reaches_the_embeddings_through_every_tile(models):
-    """Layer inputs that need gradients (trainable embeddings) get the gradient of each tile's slice."""
+def test_input_gradient_reaches_the_embeddings_through_every_group(models):
+    """Layer inputs that need gradients (trainable embeddings) get the gradient of each group's slice."""
     model = models("tiny-dense")
     embed = model.get_input_embeddings()
     embed.weight.requires_grad_(True)
     try:
         batch = packed_batch(LENGTHS)
         _, ref = loss_and_grads(model, batch)
-        apply_checkpointing(model, "gpu", "cpu", tile_tokens=40)
-        _, tiled = loss_and_grads(model, batch)
+        apply_checkpointing(model, "gpu", "cpu", group_tokens=40)
+        _, grouped = loss_and_grads(model, batch)
         revert_checkpointing(model)
     finally:
         embed.weight.requires_grad_(False)
         embed.weight.grad = None
     name = next(n for n in ref if "embed_tokens" in n)
     assert ref[name].abs().sum() > 0
-    torch.testing.assert_close(tiled[name], ref[name], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(grouped[name], ref[name], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(("backend", "dropout", "why"), [
-    ("sdpa", 0.1, "LoRA dropout: a tile-wise recompute would draw other masks"),
+    ("sdpa", 0.1, "LoRA dropout: a group-wise recompute would draw other masks"),
     ("hf", 0.0, "transformers' attention gets a mask over the whole row"),
 ])
-def test_layers_stay_whole_where_tiles_would_change_the_result(backend, dropout, why, models):
+def test_layers_stay_whole_where_groups_would_change_the_result(backend, dropout, why, models):
     model = models("tiny-llama", backend, dropout)
     batch = packed_batch(LENGTHS)
     ref_loss, ref = loss_and_grads(model, batch)
-    checkpointer = apply_checkpointing(model, "gpu", "cpu", tile_tokens=40)
+    checkpointer = apply_checkpointing(model, "gpu", "cpu", group_tokens=40)
     loss, grads = loss_and_grads(model, batch)
     revert_checkpointing(model)
-    assert checkpointer.tiled_layers == 0, why
+    assert checkpointer.grouped_layers == 0, why
     assert torch.equal(loss, ref_loss)
     assert all(torch.equal(grads[n], g) for n, g in ref.items())
 
 
-def test_a_batch_shorter_than_one_tile_runs_whole(models):
+def test_a_batch_shorter_than_one_group_runs_whole(models):
     model = models("tiny-dense")
-    checkpointer = apply_checkpointing(model, "gpu", "cpu", tile_tokens=1000)
+    checkpointer = apply_checkpointing(model, "gpu", "cpu", group_tokens=1000)
     loss_and_grads(model, packed_batch(LENGTHS))
     revert_checkpointing(model)
-    assert checkpointer.tiled_layers == 0
+    assert checkpointer.grouped_layers == 0

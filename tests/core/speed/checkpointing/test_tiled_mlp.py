@@ -69,19 +69,19 @@ def test_tiled_mlp_backward_matches_plain_peft_and_skips_the_recompute(small_til
     revert_checkpointing(model)
 
 
-def test_layer_tiles_and_mlp_tiles_together_match_plain_peft(small_tiles):
-    """Layers back-propagated a sequence group at a time ([20], [11, 14] for 25-token tiles), each group's MLP in
+def test_layer_groups_and_mlp_tiles_together_match_plain_peft(small_tiles):
+    """Layers back-propagated a sequence group at a time ([20], [11, 14] for 25-token groups), each group's MLP in
     16-token tiles."""
     want_loss, want = _step(_model())
     model = _model()
     # Hone's packed attention (transformers' own gets a mask over the whole row, which keeps layers whole).
     attention.configure(model.get_base_model(), SpeedConfig(attention="sdpa"), "cpu")
-    checkpointer = apply_checkpointing(model, "gpu", "cpu", tile_tokens=25)
+    checkpointer = apply_checkpointing(model, "gpu", "cpu", group_tokens=25)
     apply_kernels(model, tile_mlp=True)
     calls = _mlp_calls(model)
     got_loss, got = _step(model)
-    assert checkpointer.tiled_layers == LAYERS
-    # The checkpointed forward runs the MLP in 16-token pieces (3); backward in MLP tiles within each layer tile:
+    assert checkpointer.grouped_layers == LAYERS
+    # The checkpointed forward runs the MLP in 16-token pieces (3); backward in MLP tiles within each layer group:
     # [20] -> 16 + 4, [11, 14] -> 16 + 9.
     assert calls == [3 + 2 + 2] * LAYERS, calls
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
