@@ -1,15 +1,29 @@
-"""`hone bench`: speed and memory of Hone's speed paths next to plain transformers + peft, in one process.
+"""Benchmarks: speed and memory of Hone's speed paths next to plain transformers + peft, in one process.
 
-    from hone.core.bench.run import BenchOptions, run_bench
-    report = run_bench(BenchOptions(scenario="dense-0.6b", steps=5))
-    for run in report.runs:
-        print(run.name, run.tokens_per_s, run.speed_ratio, run.peak_allocated_gib, run.parity)
+`hone bench SCENARIO`, text scenarios:
+    scenarios.py          what can be benchmarked: model shape, layers, batch size (text and vision scenarios)
+    batch.py              the one packed token batch every run trains on
+    weights.py            the same random-init model for every run
+    transformers_peft.py  the reference run: transformers + peft as a careful user runs it
+    variants.py           Hone's runs, each a set of SpeedConfig settings over "every path off"
+    hone_runner.py        a Hone run: the trainer's own setup and step
+    measure.py            one run: tokens/s, peak memory, MFU, first-step loss, host syncs, out-of-memory capture
+    report.py             ratios and parity against the baseline, the table, the environment, the JSON file
+    run.py                the whole text benchmark, run after run
+    attention.py          attention alone: dense-mask SDPA against Hone's packed backends, per layer (`--micro`)
+    peer_unsloth.py       Unsloth's tokens/s on the same batch, in a child process (`--peer`, untested)
+    profile.py            one more step under torch.profiler: GPU time by kernel and by launch site (`--profile`)
+    memory_trace.py       one more step's allocator history: what is alive at the peak (`--memory-trace`)
+    host_profile.py       one more step under cProfile: the host's time by function and package (`--host-profile`)
+`hone bench vision-...`:
+    vision.py             Hone's Trainer against transformers + peft with padded batches, on a vision-language model
+Run with `python -m`:
+    attention_step.py     full LoRA steps: transformers' SDPA + full logits against Hone's attention + chunked loss
+    moe_backends.py       one MoE training step per experts backend (used by the MoE GPU smoke test)
+    anatomy.py            FLOPs, bytes and live memory of every operation of a step on the meta device
+    step_plan.py          Hone's MoE step planned with the anatomy: predicted time and memory by component
 
-Modules: `scenarios` (what can be benchmarked), `batch` (the one token batch), `weights` (the same random-init
-model for every run), `reference` (transformers + peft as a careful user runs it), `variants` (Hone's runs as
-SpeedConfig settings) and `hone_runner` (the trainer's own setup and step), `measure` (timing, memory, MFU, syncs,
-out-of-memory capture), `report` (ratios, table, environment, JSON), `micro` (attention alone), `peer_unsloth`
-(Unsloth in a child process, untested), `run` (the whole benchmark).
-
-This package imports nothing heavy itself: the Unsloth child process must import unsloth before transformers.
+Importing this package imports nothing: the Unsloth child process must import unsloth before transformers.
 """
+
+__all__: list[str] = []

@@ -1,22 +1,14 @@
 """Step anatomy: every operation of one training step with its FLOPs, bytes moved and live memory, on no GPU.
 
-The step runs on the `meta` device (tensors with shapes and no data) under a dispatch mode that sees each aten
-operation: FLOPs for the matmul-like ones, bytes read and written for all, and every allocation and free, so the
-peak of live tensor memory is measured for the very code the trainer runs at the real model shape. From those
-counts a roofline gives a predicted time per operation: max(FLOPs / matmul rate, bytes / memory bandwidth) plus
-a fixed cost per kernel. `python -m hone.core.bench.anatomy --backend triton` prints the table by component.
-
-What the plan does not see: Triton kernels launch no aten operation, so Hone's grouped GEMM and cross-entropy
-launchers report their own costs through `record_kernel` (they are the only ones on the MoE path); fused norm /
-rope / LoRA kernels are CUDA-only and the plan runs their torch references (a few more elementwise passes than the
-GPU run); the CUDA caching allocator rounds blocks up (a few MiB over the peak here); host-side overheads
-(Python, launch latency beyond the fixed per-kernel cost) are not modelled and show up as the gap between a
-measured step and the prediction.
+The step runs on the `meta` device (shapes, no data) under `StepAnatomy`, a dispatch mode that sees each aten
+operation: FLOPs of the matmul-like ones, bytes read and written of all, every allocation and free (so the peak of
+live memory is that of the trainer's own code at the real shape). A roofline turns the counts into a predicted time
+per operation: max(FLOPs / matmul rate, bytes / memory bandwidth) plus a fixed cost per kernel. `step_plan` runs a
+whole step under it (`python -m hone.core.bench.step_plan` prints the tables).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import re
 import weakref
@@ -158,6 +150,13 @@ class ModuleLabels:
 
 class StepAnatomy(TorchDispatchMode):
     """Records every aten operation (see the module docstring); with `ModuleLabels`, by component.
+
+    What it does not see: Triton kernels launch no aten operation, so Hone's grouped GEMM and cross-entropy
+    launchers report their own costs through `record_kernel` (they are the only ones on the MoE path); fused norm /
+    rope / LoRA kernels are CUDA-only and a plan runs their torch references (a few more elementwise passes than the
+    GPU run); the CUDA caching allocator rounds blocks up (a few MiB over the peak here); host-side overheads
+    (Python, launch latency beyond the fixed per-kernel cost) are not modelled and show up as the gap between a
+    measured step and the prediction.
 
     Attributes:
         records: OpRecord per operation, in order.
@@ -359,18 +358,3 @@ def causal_attention_flops(lengths: list[int], heads: int, head_dim: int) -> tup
     pairs = sum(n * (n + 1) / 2 for n in lengths)
     forward = 2 * 2 * pairs * heads * head_dim
     return forward, 2.5 * forward
-
-
-def main(argv: list[str] | None = None) -> int:
-    from hone.core.bench.step_plan import plan_moe_step, print_plan
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", default="moe-qwen3")
-    parser.add_argument("--backend", default="triton", choices=["grouped_mm", "triton"])
-    args = parser.parse_args(argv)
-    print_plan(plan_moe_step(args.scenario, moe_backend=args.backend))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,25 +1,24 @@
-"""Attention alone on one packed batch: transformers' dense-mask SDPA against Hone's packed backends.
+"""Attention alone on one packed row: transformers' dense-mask SDPA against Hone's packed backends.
 
-`run(tokens=16384)` packs sequences of random length into one row of `tokens` tokens and times one attention
-layer forward + backward three ways:
-
-- dense: what transformers does for a packed row with SDPA: build the (T x T) block mask from position ids
-  (`create_causal_mask`, which also detects the packing with a host sync), then SDPA with that mask.
-- ours: the backend `hone.core.speed.attention` picks on this device (varlen on CUDA), fed the batch's metadata
-  built once on the CPU by the collator.
-- ours, per-layer metadata: the same backend rebuilding its metadata from position ids in the layer.
-
-It also counts mask/metadata builds per layer call and checks that both paths give the same output. Importable
-without a GPU; on a CPU it runs at small sizes (the tests use it that way).
+`run` times one attention layer's forward + backward three ways: dense (the (T x T) block mask built from position
+ids, as transformers does for a packed row, then SDPA), ours (the backend `hone.core.speed.attention` picks here,
+fed the collator's metadata built once per batch) and ours with the metadata rebuilt in every layer. It also counts
+mask/metadata builds per layer and checks the paths agree. `run_on_batch` is what `hone bench` records as
+"attention alone"; `python -m hone.core.bench.attention_step` runs it from the shell. Runs on a CPU at small sizes.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
+import traceback
+from collections.abc import Callable
 
 import torch
 
+from hone.core.bench.batch import TokenBatch
+from hone.core.bench.measure import free_memory, is_out_of_memory
 from hone.core.data.collate import collate_packed
 from hone.core.speed.attention import backends
 
@@ -86,28 +85,25 @@ def _hf_mask_builder(heads: int, kv_heads: int, head_dim: int, window: int | Non
     return make
 
 
-def _pick_backend(backend: str, device: torch.device, dtype, heads, kv_heads, head_dim, window) -> tuple[str, str]:
+def _pick_backend(backend: str, device: torch.device, dtype, heads, kv_heads, head_dim,
+                  window) -> tuple[str, str, Callable, Callable]:
+    """(name, description, the backend's function, its per-layer-metadata variant) for Hone's side."""
     half = dtype in (torch.bfloat16, torch.float16)
     if backend in ("auto", "varlen") and device.type == "cuda" and half and backends.varlen_available():
         from hone.core.speed.attention import probe_varlen
 
-        failure = probe_varlen(device, dtype, heads, kv_heads, head_dim, [None, window] if window else [None])
-        if failure is None:
-            return "varlen", "torch varlen_attn"
+        probed = probe_varlen(device, dtype, heads, kv_heads, head_dim, [None, window] if window else [None])
+        if isinstance(probed, backends.VarlenOptions):
+            return ("varlen", "torch varlen_attn", functools.partial(backends.varlen_attention, options=probed),
+                    functools.partial(backends.varlen_attention_per_layer, options=probed))
         if backend == "varlen":
-            raise RuntimeError(failure)
+            raise RuntimeError(probed)
     if backend in ("auto", "flash") and device.type == "cuda" and half and backends.fa2_available():
-        return "flash", "flash-attn varlen"
+        return "flash", "flash-attn varlen", backends.fa2_attention, backends.fa2_attention_per_layer
     if backend in ("varlen", "flash"):
         raise RuntimeError(f"backend {backend!r} cannot run on {device} in {dtype}")
-    return "sdpa", "SDPA with one shared block mask"
-
-
-_FUNCTIONS = {
-    "varlen": (backends.varlen_attention, backends.varlen_attention_per_layer),
-    "flash": (backends.fa2_attention, backends.fa2_attention_per_layer),
-    "sdpa": (backends.blockmask_attention, backends.blockmask_attention_per_layer),
-}
+    return ("sdpa", "SDPA with one shared block mask", backends.blockmask_attention,
+            backends.blockmask_attention_per_layer)
 
 
 def run(tokens: int = 16384, *, heads: int = DEFAULT_HEADS, kv_heads: int = DEFAULT_KV_HEADS,
@@ -137,8 +133,7 @@ def run(tokens: int = 16384, *, heads: int = DEFAULT_HEADS, kv_heads: int = DEFA
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     lengths = seq_lens or packed_lengths(tokens, seed)
     total = sum(lengths)
-    name, description = _pick_backend(backend, device, dtype, heads, kv_heads, head_dim, window)
-    fast, per_layer = _FUNCTIONS[name]
+    name, description, fast, per_layer = _pick_backend(backend, device, dtype, heads, kv_heads, head_dim, window)
 
     start = time.perf_counter()
     batch = collate_packed([_Row(n) for n in lengths], pin_memory=device.type == "cuda")
@@ -236,37 +231,26 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m hone.core.bench.attention [--tokens N] [--step SHAPE ...] [--layers L] [--json FILE]`."""
-    import argparse
-    import json
+def run_on_batch(batch: TokenBatch, facts: dict, *, device: str, dtype: torch.dtype) -> dict:
+    """`run` on `hone bench`'s own sequence lengths with the scenario's attention geometry.
 
-    from hone.core.bench.attention_step import format_step_table, run_step
+    Args:
+        batch: the benchmark's token batch (its lengths are packed into one row).
+        facts: `weights.architecture_facts` of the scenario (heads, kv_heads, head_dim, sliding_window, layers).
+        device, dtype: where and in what the benchmark runs.
 
-    parser = argparse.ArgumentParser(prog="python -m hone.core.bench.attention", description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=16384, help="packed row length (default 16384)")
-    parser.add_argument("--window", type=int, default=None, help="sliding window for the attention-alone run")
-    parser.add_argument("--step", nargs="*", default=[], metavar="SHAPE",
-                        help="also time full LoRA steps on these shapes (e.g. dense-0.6b dense-8b)")
-    parser.add_argument("--layers", type=int, default=None, help="decoder layers kept in the step runs")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (default 5)")
-    parser.add_argument("--json", default=None, help="also write every result to this JSON file")
-    args = parser.parse_args(argv)
-
-    alone = run(tokens=args.tokens, window=args.window)
-    print(format_table(alone), flush=True)
-    steps = []
-    for shape in args.step:
-        results = run_step(shape, tokens=args.tokens, layers=args.layers, steps=args.steps)
-        print(format_step_table(results), flush=True)
-        steps.extend(results)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"attention": alone, "steps": steps}, f, indent=2)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    Returns:
+        {"status": "ok", "reason": "", "result": run's dict, "table": format_table's text}, or status "oom" /
+        "failed" with the reason and the traceback under "details": a failure here never stops the benchmark.
+    """
+    try:
+        result = run(batch.tokens, seq_lens=list(batch.lengths), heads=facts["heads"], kv_heads=facts["kv_heads"],
+                     head_dim=facts["head_dim"], window=facts["sliding_window"], layers=facts["layers"],
+                     device=device, dtype=dtype)
+    except Exception as e:
+        status = "oom" if is_out_of_memory(e) else "failed"
+        out = {"status": status, "reason": f"{type(e).__name__}: {e}"[:500], "details": traceback.format_exc()}
+    else:
+        out = {"status": "ok", "reason": "", "result": result, "table": format_table(result)}
+    free_memory(device)
+    return out

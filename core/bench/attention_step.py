@@ -1,15 +1,10 @@
-"""A full LoRA training step on one packed batch: plain transformers + peft against this issue's parts.
+"""A full LoRA training step on one packed row: plain transformers + peft against Hone's attention and loss.
 
-`run_step("dense-0.6b")` builds the shape (random init, bf16), puts peft LoRA r16 on all linear layers, turns on
-transformers' gradient checkpointing, and times training steps (forward, loss, backward, AdamW) on one packed
-row of `tokens` tokens for each variant:
-
-- reference: transformers' SDPA (mask from position ids every forward) and the model's full logits.
-- ours: the attention backend `hone.core.speed.attention.configure` picks + the chunked loss.
-- ours_per_layer: the same, with the attention metadata rebuilt in every layer.
-
-Each result gives tokens/s, step time and peak GPU memory. Needs a CUDA GPU for meaningful numbers; on a CPU
-it runs at tiny sizes (the tests use `tiny-dense`).
+`run_step("dense-0.6b")` builds the shape (random init, peft LoRA on all linear layers, transformers' gradient
+checkpointing) and times steps for each variant: reference (transformers' SDPA with its mask from position ids,
+full logits), ours (the backend `hone.core.speed.attention.configure` picks + the chunked loss), ours_per_layer
+(the same with the metadata rebuilt in every layer). `python -m hone.core.bench.attention_step` runs attention
+alone (`hone.core.bench.attention`) and then these steps. Meaningful on a CUDA GPU; tiny shapes run on a CPU.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ import time
 
 import torch
 
-from hone.core.bench.attention import packed_lengths
+from hone.core.bench import attention as attention_alone
 from hone.core.config import SpeedConfig
 from hone.core.data.collate import collate_packed
 from hone.core.speed import attention
@@ -35,7 +30,8 @@ class _Row:
 
 def _packed_batch(tokens: int, vocab: int, seed: int, pin: bool):
     generator = torch.Generator().manual_seed(seed)
-    rows = [_Row(torch.randint(0, vocab, (n,), generator=generator).tolist()) for n in packed_lengths(tokens, seed)]
+    lengths = attention_alone.packed_lengths(tokens, seed)
+    rows = [_Row(torch.randint(0, vocab, (n,), generator=generator).tolist()) for n in lengths]
     return collate_packed(rows, pin_memory=pin)
 
 
@@ -123,3 +119,38 @@ def format_step_table(results: list[dict]) -> str:
         lines.append(f"{r['shape']:<12}{r['variant']:<16}{r['attention']:<11}{r['loss_mode']:<9}"
                      f"{r['tokens_per_s']:>11.0f}{ratio:>7.2f}x{r['step_ms']:>10.1f}{r['peak_gib']:>10.1f}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hone.core.bench.attention_step [--tokens N] [--window W] [--step SHAPE ...] [--json FILE]`."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m hone.core.bench.attention_step",
+                                     description="attention alone on one packed row, then full LoRA steps")
+    parser.add_argument("--tokens", type=int, default=16384, help="packed row length (default 16384)")
+    parser.add_argument("--window", type=int, default=None, help="sliding window for the attention-alone run")
+    parser.add_argument("--step", nargs="*", default=[], metavar="SHAPE",
+                        help="also time full LoRA steps on these shapes (e.g. dense-0.6b dense-8b)")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers kept in the step runs")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (default 5)")
+    parser.add_argument("--json", default=None, help="also write every result to this JSON file")
+    args = parser.parse_args(argv)
+
+    alone = attention_alone.run(tokens=args.tokens, window=args.window)
+    print(attention_alone.format_table(alone), flush=True)
+    steps = []
+    for shape in args.step:
+        results = run_step(shape, tokens=args.tokens, layers=args.layers, steps=args.steps)
+        print(format_step_table(results), flush=True)
+        steps.extend(results)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"attention": alone, "steps": steps}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,14 +1,9 @@
 """The one token batch every run of a benchmark trains on.
 
-Sequence lengths are drawn log-uniform between a minimum and a maximum with a fixed seed (like SFT chat data:
-many short rows, a few long ones) until they fill the token budget exactly (the last one is cut to fit); token
-ids are uniform random over the vocabulary with the same seed. Every token is trained.
-
-The same batch is handed to each runner in the form it expects:
-- Hone: `TokenizedRow`s in a `TokenizedSet` and one pack holding all of them, as the trainer's data API gives.
-- the transformers + peft reference: one packed row with `position_ids` restarting at each sequence and labels
-  -100 at each sequence start, which is what `DataCollatorWithFlattening` produces; the model's own loss shifts
-  the labels, so no loss crosses a sequence boundary.
+Sequence lengths are drawn log-uniform between a minimum and a maximum with a fixed seed (like SFT chat data: many
+short rows, a few long ones) until they fill the token budget exactly; token ids are uniform random with the same
+seed. Each runner gets it in its own form: Hone the trainer's `TokenizedSet` and one pack (`tokenized_set`,
+`packs`), the transformers + peft reference one packed row as `DataCollatorWithFlattening` makes it (`flattened`).
 Both train the same positions: every next-token prediction inside a sequence.
 """
 
@@ -79,7 +74,8 @@ class TokenBatch:
 
     def flattened(self) -> dict[str, np.ndarray]:
         """One packed row the way `DataCollatorWithFlattening` builds it: (1, T) int64 arrays `input_ids`,
-        `position_ids` (restarting at 0 at each sequence) and `labels` (the ids, -100 at each sequence start)."""
+        `position_ids` (restarting at 0 at each sequence) and `labels` (the ids, -100 at each sequence start: the
+        model's own loss shifts the labels, so no loss crosses a sequence boundary)."""
         positions = np.concatenate([np.arange(n, dtype=np.int64) for n in self.lengths])
         labels = self.ids.copy()
         labels[self.starts()] = IGNORE_INDEX

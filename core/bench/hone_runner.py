@@ -1,7 +1,7 @@
 """A Hone run: the same model, then the very code the trainer runs, with one variant's speed settings.
 
-Setup follows `Trainer._run` step for step: `before_lora` (attention, MoE experts), seed, `apply_lora`,
-`after_lora` (checkpointing, offload, kernels, compilation), `build_optimizer` / `build_scheduler`, and a
+Setup follows `Trainer._run` step for step: `install_attention_and_experts`, seed, `apply_lora`,
+`install_memory_and_kernels`, `build_optimizer` / `build_scheduler`, and a
 `StepRunner`; each timed step is one `StepRunner.step` over the batch's rows as a `TokenizedSet` and one pack,
 exactly what the trainer feeds it. QLoRA runs load the saved random-init folder through `load_model`, as the
 trainer does.
@@ -19,7 +19,7 @@ from hone.core.bench.scenarios import Scenario
 from hone.core.bench.variants import Variant, speed_config
 from hone.core.bench.weights import active_params, architecture_facts, bench_model_info, build_bench_model
 from hone.core.config import LoraConfig, ModelConfig, RunConfig, TrainConfig
-from hone.core.speed import after_lora, before_lora
+from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
 from hone.core.train.lora import apply_lora
 from hone.core.train.loss import describe as describe_loss
 from hone.core.train.loss import loss_sum
@@ -72,19 +72,16 @@ def not_wired(variant: Variant, choices: dict[str, str], model=None) -> str | No
     return None
 
 
-def use_per_layer_metadata(model, choices: dict[str, str]) -> None:
+def use_per_layer_metadata(model, setup) -> None:
     """Switch Hone's packed attention to its benchmark-only variant that rebuilds metadata in every layer."""
-    try:
-        from hone.core.speed import attention
-    except ImportError:
-        raise SkipRun("hone.core.speed.attention (packed attention) is not in this build") from None
-    suffix = getattr(attention, "PER_LAYER_SUFFIX", None)
-    current = attention.current_implementation(model)
-    if suffix is None or current not in getattr(attention, "IMPLEMENTATIONS", {}).values():
+    from hone.core.speed import attention
+
+    choice = setup.attention
+    if choice is None or choice.name == "hf":
+        current = attention.current_implementation(model)
         raise SkipRun(f"the run's attention is {current!r}, which has no per-layer-metadata variant")
-    attention.apply_attention(model, current + suffix)
-    choices["attention"] = (choices.get("attention", current)
-                            + f"; metadata rebuilt in every layer ({current + suffix}, benchmark only)")
+    setup.attention = attention.use_per_layer_metadata(model, choice)
+    setup.choices["attention"] = f"{setup.attention.name}: {setup.attention.reason}"
 
 
 class HoneRunner:
@@ -129,17 +126,17 @@ class HoneRunner:
         config = self.run_config()
         device = self.device
         model, tokenizer, info = self._load(config)
-        setup = before_lora(model, config.speed, info, device)
+        setup = install_attention_and_experts(model, config.speed, info, device)
         if self.variant.per_layer_metadata:
-            use_per_layer_metadata(model, setup.choices)
+            use_per_layer_metadata(model, setup)
         torch.manual_seed(self.seed)  # LoRA init must not depend on what loading consumed (as in Trainer._run)
         model, lora_report = apply_lora(model, config.lora, info)
         # Counted before the speed paths run: a vocabulary table moved to host memory is still computed with.
         facts = architecture_facts(self.scenario, self.layers)
         self.active_params = active_params(model, facts["experts"], facts["experts_per_token"])
         self.model, self.setup_state = model, setup
-        after_lora(model, config.speed, info, device, setup, mean_row_tokens=float(sum(self.batch.lengths)
-                                                                                  / len(self.batch.lengths)))
+        mean_row_tokens = sum(self.batch.lengths) / len(self.batch.lengths)
+        install_memory_and_kernels(model, config.speed, info, device, setup, mean_row_tokens=float(mean_row_tokens))
         setup.choices["lora"] = lora_report.summary()
         fused_loss = config.speed.kernels and str(device).startswith("cuda")
         setup.choices.setdefault("loss", describe_loss(model, config.speed.loss, fused=fused_loss))

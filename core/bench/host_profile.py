@@ -1,20 +1,8 @@
-"""One training step under Python's `cProfile`: where the host's time goes while it launches the step's work.
+"""One training step under Python's `cProfile` (`hone bench --host-profile`): where the host's time goes.
 
 On small models a step is bound by the CPU, not the GPU: the host spends longer issuing kernels (Python, the
 modules' code, PyTorch's dispatch) than the GPU spends running them. `torch.profiler` (`--profile`) shows the
-kernels; this shows the host side:
-
-    summary = host_profile_step(runner, "cuda")
-    summary["functions"]   # the top functions by their own time ("self"), with calls and cumulative time
-    summary["packages"]    # self time summed by package: hone, torch, transformers, peft, builtins (C calls)
-    summary["wall_ms"], summary["waiting_ms"]
-
-A built-in call's self time is the C++ behind it: for a PyTorch op, the dispatch and the kernel launch (or its
-whole run on the CPU). `waiting_ms` is the time spent in calls that block until the GPU is done (`.item()`,
-synchronize): large means the GPU was the bottleneck in this step, small means the host was. cProfile's own
-overhead inflates Python-heavy code, roughly doubling a function call's cost, so read shares, not absolutes.
-On a GPU the autograd engine runs the backward pass on a thread of its own, which cProfile does not follow: the
-backward shows as one call (`run_backward`) whose self time is the whole pass's host time.
+kernels; `host_profile_step` shows the host side, by function and by package, and how long it waited for the GPU.
 """
 
 from __future__ import annotations
@@ -74,7 +62,7 @@ def package_of(filename: str) -> str:
 
 
 def summarize(stats: pstats.Stats, wall_s: float, top: int) -> dict:
-    """The summary of a finished profile (see the module docstring)."""
+    """The summary of a finished profile (see `host_profile_step`)."""
     rows, packages, waiting = [], defaultdict(float), 0.0
     for (filename, line, name), (_, calls, self_s, cumulative_s, _) in stats.stats.items():
         package, where = _locate(filename)
@@ -95,7 +83,18 @@ def summarize(stats: pstats.Stats, wall_s: float, top: int) -> dict:
 
 
 def host_profile_step(runner, device: str, *, top: int = 25) -> dict:
-    """Run one more `runner.step()` under cProfile and summarize it (the caller's timed steps stay unprofiled)."""
+    """Run one more `runner.step()` under cProfile and summarize it (the caller's timed steps stay unprofiled).
+
+    Returns:
+        "functions": the `top` functions by their own time ("self"), with calls and cumulative time; "packages":
+        self time summed by package (hone, torch, transformers, peft, builtins for C calls); "wall_ms" and
+        "waiting_ms". A built-in call's self time is the C++ behind it: for a PyTorch op, the dispatch and the
+        kernel launch (or its whole run on the CPU). `waiting_ms` is the time in calls that block until the GPU is
+        done (`.item()`, synchronize): large means the GPU was the bottleneck in this step, small means the host
+        was. cProfile's own overhead inflates Python-heavy code, so read shares, not absolutes. On a GPU the
+        autograd engine runs the backward pass on a thread of its own, which cProfile does not follow: the backward
+        shows as one call (`run_backward`) whose self time is the whole pass's host time.
+    """
     _synchronize(device)
     profiler = cProfile.Profile()
     started = time.perf_counter()

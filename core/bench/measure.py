@@ -1,21 +1,10 @@
 """Measuring one run: timed steps, peak memory, MFU, first-step loss, host syncs, and out-of-memory capture.
 
-A run is anything with the `Runner` shape (reference, Hone, a test double): `setup()` builds model and optimizer,
-`step()` runs one optimizer step and reports its loss, `forward_backward()` runs the step's forward and backward
-only (for counting syncs), `teardown()` drops everything. `measure_run` drives it:
-
-    setup -> warm-up steps (the first one's loss and gradient norm are the parity numbers) -> timed steps
-    (synchronized before and after each; median) -> one forward + backward under CUDA's sync debug mode
-    -> teardown -> free memory
-
-Out of memory anywhere becomes status "oom" for that run, a path that cannot run here (`SkipRun`, or a
-`ConfigError` from a speed path) status "skipped", anything else status "failed" with its traceback; the
-caller goes on with the next run either way.
-
-MFU counts 6 x N x tokens FLOPs per step (N = parameters a token passes through: every parameter, embedding and
-LM head included, LoRA included, routed experts scaled by top-k / E) against the matmul rate measured on this
-device at the start. Attention-score FLOPs (which grow with sequence length) and checkpoint recompute are not
-counted, so the number is comparable across runs and with the usual "6N" figures.
+A run is anything with the `Runner` shape (the transformers + peft reference, a Hone variant, the peer, a test
+double). `measure_run` sets it up, runs warm-up steps (the first one's loss and gradient norm are the parity
+numbers), times steps (synchronized before and after each; the median counts), counts host syncs in one forward
++ backward and tears it down. A failure is recorded in the run's `RunResult` ("oom", "skipped" or "failed"),
+never raised: the caller goes on with the next run.
 """
 
 from __future__ import annotations
@@ -50,6 +39,10 @@ class StepOutcome:
 
 
 class Runner(Protocol):
+    """`setup()` builds model and optimizer, `step()` runs one optimizer step and reports its loss,
+    `forward_backward()` runs the step's forward and backward only (for counting syncs), `teardown()` drops
+    everything."""
+
     name: str
     kind: str  # "reference" | "hone" | "peer"
 
@@ -292,7 +285,9 @@ def _extra_step(measure, device: str) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def _record_failure(result: RunResult, error: Exception, device: str) -> None:
+def record_failure(result: RunResult, error: Exception, device: str) -> None:
+    """Record why a run stopped: "skipped" (`SkipRun`, a speed path's ConfigError), "oom" (with the peaks reached),
+    or "failed" with the traceback."""
     if isinstance(error, SkipRun):
         result.status, result.reason = "skipped", str(error)
     elif isinstance(error, ConfigError):  # a speed path said it cannot run here
@@ -311,6 +306,16 @@ def measure_run(runner: Runner, settings: Settings, *, description: str = "",
                 overrides: dict | None = None) -> RunResult:
     """Set up, warm up, time and tear down one run; failures are recorded, never raised.
 
+    setup -> warm-up steps -> timed steps -> one forward + backward under CUDA's sync debug mode -> the optional
+    diagnostic steps (profile, memory trace, host profile) -> teardown -> free memory. Out of memory anywhere
+    becomes status "oom", a path that cannot run here (`SkipRun`, or a `ConfigError` from a speed path) "skipped",
+    anything else "failed" with its traceback.
+
+    MFU counts 6 x N x tokens FLOPs per step (N = parameters a token passes through: every parameter, embedding
+    and LM head included, LoRA included, routed experts scaled by top-k / E) against the matmul rate measured on
+    this device at the start. Attention-score FLOPs (which grow with sequence length) and checkpoint recompute are
+    not counted, so the number is comparable across runs and with the usual "6N" figures.
+
     Args:
         runner: the run.
         settings: steps, warm-up, device, tokens per step, the measured matmul rate.
@@ -327,7 +332,7 @@ def measure_run(runner: Runner, settings: Settings, *, description: str = "",
     try:
         _drive(runner, settings, result)
     except Exception as e:
-        _record_failure(result, e, settings.device)
+        record_failure(result, e, settings.device)
         # The traceback's frames hold the failed step's tensors (activations of an OOM'd forward); an exception
         # kept alive anywhere would keep them, so their locals are dropped now.
         traceback.clear_frames(e.__traceback__)

@@ -1,12 +1,10 @@
-"""One training step under CUDA's allocator history: what is alive at the step's peak, and where it was allocated.
+"""One training step under CUDA's allocator history (`hone bench --memory-trace`): what is alive at its peak.
 
-    summary = trace_step(runner, "cuda")   # after the run's timed steps, on the same model and batch
-
-The allocator records every allocation and free of the step with the Python stack that made it
-(`torch.cuda.memory._record_memory_history`). Replaying those events from the memory allocated before the step
-finds the instant of the peak; the blocks alive then are grouped by the innermost frame in Hone's, transformers'
-or peft's code ("site"). Memory allocated before the step (weights, optimizer state, buffers kept across steps)
-is one line, `before the step`.
+`trace_step(runner, "cuda")`, after the run's timed steps, records every allocation and free of one more step with
+the Python stack that made it (`torch.cuda.memory._record_memory_history`). Replaying those events from the memory
+allocated before the step finds the instant of the peak; the blocks alive then are grouped by the innermost frame
+in Hone's, transformers' or peft's code ("site"). Memory allocated before the step (weights, optimizer state,
+buffers kept across steps) is one line, `before the step`.
 """
 
 from __future__ import annotations

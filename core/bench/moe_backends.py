@@ -1,12 +1,10 @@
-"""MoE training-step benchmark: one shape, one backend, LoRA on attention and experts, tokens/s and peak memory.
+"""Per-backend MoE training-step benchmark: one shape, one experts backend, LoRA on attention and experts.
 
-`run_moe_benchmark` is what `hone bench moe-qwen3` / `moe-gptoss` call per backend. Backends:
-
-- "grouped_mm", "triton", "torch": Hone's experts implementations with split LoRA on the experts.
-- "hf_grouped_mm", "hf_eager": the transformers + peft reference (transformers' own experts implementation,
-  peft's W + BA on the experts).
-
-`python -m hone.core.bench.moe_backends --shape moe-qwen3 --layers 8 --tokens 8192` prints a table over all backends.
+`run_moe_benchmark(shape, backend)` trains a few steps on one row of random tokens and reports tokens/s, peak memory
+and the losses, for Hone's experts backends ("grouped_mm", "triton", "torch", split LoRA on the experts) and the
+transformers + peft references ("hf_grouped_mm", "hf_eager": peft's W + BA on the experts). The MoE GPU smoke test
+uses it, and `python -m hone.core.bench.moe_backends --shape moe-qwen3` prints a table over the backends.
+`hone bench moe-qwen3` does not call it: its `moe-*` runs (`variants`) go through Hone's trainer step.
 """
 
 from __future__ import annotations

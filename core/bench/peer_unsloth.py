@@ -1,17 +1,10 @@
-"""Unsloth as a peer (`hone bench ... --peer unsloth`), in a separate process because it patches transformers
-globally when imported.
+"""Unsloth as a peer (`hone bench ... --peer unsloth`), in a child process because it patches transformers globally
+when imported (`python -m hone.core.bench.peer_unsloth SPEC.json RESULT.json`).
 
 UNTESTED: Unsloth is not installed where Hone is developed and tested, so this runner was written against
 Unsloth's documented API (`FastLanguageModel.from_pretrained / get_peft_model / for_training`) and its packed-
 batch convention (a `packed_seq_lengths` int32 tensor next to `position_ids`, as its collator wrapper adds it),
 and has never been run. Nothing in Hone's tests depends on it; a failure is recorded as this run's failure.
-
-The child process builds the same random-init weights (same shape, seed and device, so the same values), saves
-them with a synthetic tokenizer for Unsloth's loader, and runs the same token batch with Unsloth's defaults:
-its gradient checkpointing ("unsloth"), LoRA r on the same linear layers (alpha 2r, no dropout), fused AdamW,
-clipping at 1.0. It is measured by the same `measure_run` and answers with a RunResult as JSON.
-
-    python -m hone.core.bench.peer_unsloth SPEC.json RESULT.json
 """
 
 from __future__ import annotations
@@ -35,7 +28,13 @@ def unsloth_available() -> bool:
 
 
 class UnslothRunner:
-    """The peer run inside the child process (imports unsloth before anything imports transformers)."""
+    """The peer run inside the child process (imports unsloth before anything imports transformers).
+
+    It builds the same random-init weights (same shape, seed and device, so the same values), saves them with a
+    synthetic tokenizer for Unsloth's loader, and runs the same token batch with Unsloth's defaults: its gradient
+    checkpointing ("unsloth"), LoRA r on the same linear layers (alpha 2r, no dropout), fused AdamW, clipping at
+    1.0. `child_main` measures it with the same `measure_run` and answers with a RunResult as JSON.
+    """
 
     kind = "peer"
 

@@ -1,24 +1,10 @@
-"""One training step under `torch.profiler`: which kernels take the GPU's time, and where they were launched.
+"""One training step under `torch.profiler` (`hone bench --profile`): which kernels take the GPU's time, and where
+they were launched.
 
-    summary = profile_step(runner, "cuda")   # after the run's timed steps, on the same model and batch
-    summary["kernels"]     # the top kernels by total device time, with call counts
-    summary["groups"]      # the same time by where it was launched (below)
-    summary["phases"], summary["categories"]
-
-Where a kernel was launched is read from the ranges around the CPU op that launched it, innermost first:
-- every module of the model gets a `record_function` range while its forward runs (forward hooks, removed
-  afterwards), named after its path with the layer index dropped (`self_attn.q_proj.base_layer`, `mlp`,
-  `model.norm`): a kernel inside one is "forward <module>", or "recompute <module>" when the module ran inside
-  an autograd node (a checkpointed layer recomputed in backward);
-- the autograd engine wraps each backward node in a range of its own: "backward <node>" (e.g.
-  `LoRALinearFunctionBackward`);
-- `Optimizer.step` / `zero_grad` ranges: "optimizer";
-- anything else: "other <outermost range or op>" (e.g. the chunked loss's `_LinearHeadLoss`, gradient clipping).
-Blocks compiled with `torch.compile` get no module ranges (new hooks would make dynamo recompile inside the
-profiled step); their kernels are grouped by autograd node and range only.
-
-On a CPU there are no device kernels: each ATen op's own time stands in for a kernel, so the grouping and the
-tables can be checked without a GPU.
+`profile_step(runner, "cuda")`, after the run's timed steps, profiles one more step and summarizes it: the top
+kernels by total device time with call counts, the same time by where each kernel was launched (`launch_group`:
+forward / recompute of a module, backward of an autograd node, optimizer, other), by phase and by category. On a
+CPU there are no device kernels: each ATen op's own time stands in for one, so the tables can be checked there.
 """
 
 from __future__ import annotations
@@ -107,7 +93,19 @@ def _compiled(model: torch.nn.Module) -> bool:
 
 
 def launch_group(event) -> str:
-    """Where the CPU op `event` ran: see the module docstring."""
+    """Where the CPU op `event` ran, read from the ranges around it, innermost first.
+
+    - every module of the model gets a `record_function` range while its forward runs (forward hooks, removed
+      afterwards), named after its path with the layer index dropped (`self_attn.q_proj.base_layer`, `mlp`,
+      `model.norm`): a kernel inside one is "forward <module>", or "recompute <module>" when the module ran inside
+      an autograd node (a checkpointed layer recomputed in backward);
+    - the autograd engine wraps each backward node in a range of its own: "backward <node>" (e.g.
+      `LoRALinearFunctionBackward`);
+    - `Optimizer.step` / `zero_grad` ranges: "optimizer";
+    - anything else: "other <outermost range or op>" (e.g. the chunked loss's `_LinearHeadLoss`, gradient clipping).
+    Blocks compiled with `torch.compile` get no module ranges (new hooks would make dynamo recompile inside the
+    profiled step); their kernels are grouped by autograd node and range only.
+    """
     chain = []
     while event is not None:
         chain.append(event.name)

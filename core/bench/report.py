@@ -36,9 +36,11 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def compare(runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, ...] = ()) -> None:
+def compare(runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, ...] = (), *,
+            parity: bool = True) -> None:
     """Fill each run's ratios, loss difference and parity against the run named `baseline` (in place), and its
-    tokens/s ratio against each run named in `also` that ran (`speed_ratios`)."""
+    tokens/s ratio against each run named in `also` that ran (`speed_ratios`). `parity=False` when the runs do not
+    train the same batch (the vision scenario: packed vs padded rows): the loss difference is filled, parity not."""
     for name in also:
         other = next((r for r in runs if r.name == name and r.ok and r.tokens_per_s), None)
         if other is None or name == baseline:
@@ -59,12 +61,14 @@ def compare(runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, .
             continue
         run.loss_diff = run.first_loss - base.first_loss
         run.loss_rel_diff = _rel(run.first_loss, base.first_loss)
-        parity = run.loss_rel_diff <= loss_tol
+        if not parity:
+            continue
+        same = run.loss_rel_diff <= loss_tol
         # The peer initializes LoRA A with its own random draws, so only its loss is comparable.
         if run.first_grad_norm is not None and base.first_grad_norm is not None and run.kind != "peer":
             run.grad_norm_rel_diff = _rel(run.first_grad_norm, base.first_grad_norm)
-            parity = parity and run.grad_norm_rel_diff <= grad_tol
-        run.parity = bool(parity) and all(math.isfinite(x) for x in (run.first_loss, base.first_loss))
+            same = same and run.grad_norm_rel_diff <= grad_tol
+        run.parity = bool(same) and all(math.isfinite(x) for x in (run.first_loss, base.first_loss))
 
 
 # ---- environment --------------------------------------------------------------------------------------------------

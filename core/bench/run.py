@@ -1,12 +1,11 @@
-"""One benchmark: build the batch, measure the matmul roof, run every selected run in turn, compare, record.
+"""One text-scenario benchmark: build the batch, measure the matmul roof, run every selected run, compare, record.
 
     report = run_bench(BenchOptions(scenario="dense-0.6b"))
-    report.runs          # RunResult per run, ratios against the baseline filled in
-    report.to_dict()     # everything, for --json
+    report.runs          # RunResult per run, ratios against the baseline filled in; report.to_dict() for --json
 
 Runs happen in this process one after the other, each on a freshly built model and an emptied GPU cache: the
 transformers + peft reference first (and for MoE models the eager-experts reference), then the Hone variants,
-then an optional peer in its own process.
+then an optional peer in its own process. Vision scenarios run through `hone.core.bench.vision` instead.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from hone.core.bench.attention_micro import attention_micro
+from hone.core.bench import attention
 from hone.core.bench.batch import TokenBatch, make_batch
 from hone.core.bench.hone_runner import HoneRunner
 from hone.core.bench.measure import RunResult, Settings, free_memory, matmul_rate, measure_run
@@ -183,7 +182,7 @@ def _peer_spec(options: BenchOptions, scenario: Scenario, batch: TokenBatch, dev
 
 def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] | None = None,
               on_start: Callable[[str], None] | None = None) -> BenchReport:
-    """Run the benchmark `options` describes.
+    """Run the text-scenario benchmark `options` describes (vision scenarios: `hone.core.bench.vision`).
 
     Args:
         options: the command's options.
@@ -191,10 +190,13 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
         on_start: called with each run's name before it starts.
 
     Raises:
-        ConfigError: an unknown scenario, a bad size, an --only or --baseline that names no run.
+        ConfigError: an unknown or a vision scenario, a bad size, an --only or --baseline that names no run.
     """
     started = time.perf_counter()
     scenario = get_scenario(options.scenario)
+    if scenario.kind != "text":
+        raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario",
+                          "run it with hone.core.bench.vision.run_vision_bench (`hone bench` picks it)")
     if options.steps < 1 or options.warmup < 0:
         raise ConfigError("--steps must be >= 1 and --warmup >= 0", "e.g. --steps 5 --warmup 2")
     if options.lora_r < 1:
@@ -256,7 +258,7 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
     if options.micro == "on" or (options.micro == "auto" and device.startswith("cuda")):
         if on_start:
             on_start("attention alone")
-        micro = attention_micro(batch, facts, device=device, dtype=dtype)
+        micro = attention.run_on_batch(batch, facts, device=device, dtype=dtype)
     return BenchReport(options=options, scenario=scenario, batch=batch.describe(), device=device, dtype=dtype_name,
                        environment=environment(device), matmul_tflops=peak_flops / 1e12, architecture=facts,
                        runs=runs, attention_micro=micro, elapsed_s=time.perf_counter() - started)

@@ -1,8 +1,9 @@
-"""Benchmark scenarios: a model shape from `hone.core.models.shapes`, how many of its layers, and the batch it trains
-on.
+"""Benchmark scenarios: what `hone bench NAME` trains, as data (stdlib only).
 
-The real scenarios are the public architectures the speed claims are about; the `tiny-*` ones keep each
-architecture at a size a CPU runs in milliseconds, for smoke runs and tests. Stdlib only.
+A text scenario is a model shape from `hone.core.models.shapes`, how many of its layers, and the packed batch it
+trains on; the real ones are the public architectures the speed claims are about, the `tiny-*` ones keep each
+architecture at a size a CPU runs in milliseconds, for smoke runs and tests. A vision scenario is a vision-language
+model trained through Hone's Trainer on generated rows (`hone.core.bench.vision`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 
 from hone.core.errors import ConfigError
 
-# Default packed-row sizes. 16,384 tokens is the dense batch the reference numbers in DESIGN.md were measured on;
-# MoE layers hold a (tokens x top-k) routing problem, so their batch is half of that, as in the MoE reference.
+# Default packed-row sizes. 16,384 tokens is the dense batch Hone's speed figures are measured on; MoE layers hold a
+# (tokens x top-k) routing problem, so their batch is half of that.
 DENSE_TOKENS = 16384
 MOE_TOKENS = 8192
 # Tiny scenarios: enough tokens for several sequences of a few lengths, still milliseconds per step on a CPU.
@@ -23,6 +24,9 @@ MAX_SEQ_LEN = 2048
 # Tiny scenarios keep the distribution's shape at their scale.
 TINY_MIN_SEQ_LEN = 8
 TINY_MAX_SEQ_LEN = 256
+# Vision: tokens per micro-batch (Hone's train.batch_tokens, and the budget of each padded reference batch): a
+# dozen or more of the generated rows, which run a few hundred tokens each (an image is 256 of them).
+VISION_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -31,11 +35,13 @@ class Scenario:
 
     Attributes:
         name: what `hone bench NAME` takes.
-        shape: a key of `hone.core.models.shapes.SHAPES`.
-        layers: decoder layers to build (None = all of the shape's).
-        tokens: default tokens in the packed row.
-        min_len / max_len: default range of the log-uniform sequence lengths.
+        shape: a key of `hone.core.models.shapes.SHAPES` (text); a vision family of `hone.core.vision` (vision).
+        layers: decoder (text) layers to build (None = all of the shape's).
+        tokens: default tokens in the packed row (text); tokens per micro-batch (vision).
+        min_len / max_len: default range of the log-uniform sequence lengths (text; 0 for vision, whose rows
+            come from generated data).
         description: one line for `hone bench --list`.
+        kind: "text" (`hone.core.bench.run`) or "vision" (`hone.core.bench.vision`).
     """
 
     name: str
@@ -45,6 +51,7 @@ class Scenario:
     min_len: int
     max_len: int
     description: str
+    kind: str = "text"
 
     @property
     def is_tiny(self) -> bool:
@@ -72,6 +79,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     _tiny("tiny-llama", "tiny-llama", "tiny Llama (CPU smoke run)"),
     _tiny("tiny-moe-qwen3", "tiny-moe-qwen3", "tiny Qwen3-MoE (CPU smoke run)"),
     _tiny("tiny-moe-gptoss", "tiny-moe-gptoss", "tiny gpt-oss (CPU smoke run)"),
+    Scenario("vision-qwen2.5-vl", "qwen2_5_vl", 36, VISION_TOKENS, 0, 0, "Qwen2.5-VL-3B shape, all 36 text layers; "
+             "text-only and 448 px image rows, Hone's Trainer vs padded batches (CUDA only)", kind="vision"),
 )}
 
 

@@ -2,13 +2,14 @@
 
 `plan_moe_step("moe-qwen3", moe_backend="triton")` builds the benchmark's model at its real shape on the `meta`
 device with the speed paths the `all` run takes on a GPU (packed varlen attention, Hone's experts backend with
-split LoRA, recompute checkpointing, chunked loss, the run's optimizer), runs two steps the way
-`StepRunner.step` does (forward + loss, backward, clipping, optimizer, zero_grad) under `StepAnatomy`, and keeps
-the second step: the first one creates the optimizer state.
+split LoRA, recompute checkpointing, chunked loss, the run's optimizer), runs two steps the way `StepRunner.step`
+does under `anatomy.StepAnatomy`, and keeps the second (the first creates the optimizer state).
+`python -m hone.core.bench.step_plan --backend triton` prints its tables by component and phase.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 from dataclasses import dataclass, field
 
@@ -98,7 +99,7 @@ def _parameter_bytes(model, optimizer) -> int:
 def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", layers: int | None = None,
                   tokens: int | None = None, lora_r: int = 16, optimizer: str = "adamw",
                   loss_chunk: int | None = None, checkpoint: str = "gpu", kernels: str = "all",
-                  fused_loss: bool = True, fused_gate: bool = True, tile_mlp: bool = False, tile_tokens: int = 0,
+                  fused_loss: bool = True, fused_gate: bool = True, tile_mlp: bool = False, group_tokens: int = 0,
                   seed: int = 0) -> StepPlan:
     """Plan one steady-state step of the benchmark's Hone `all` run (see the module docstring).
 
@@ -112,7 +113,7 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
             fused LoRA linear), "none".
         fused_loss, fused_gate: the fused cross-entropy kernel and the experts' fused silu gate (both follow
             `speed.kernels` in a run; separate here to price each).
-        tile_mlp, tile_tokens: `speed.tiled_mlp` and `speed.layer_tile_tokens` (off by default here).
+        tile_mlp, group_tokens: `speed.tiled_mlp` and `speed.layer_group_tokens` (off by default here).
     """
     from hone.core import moe
     from hone.core.bench.batch import make_batch
@@ -137,7 +138,7 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
     torch.manual_seed(seed)
     model, _ = apply_lora(model, LoraConfig(r=lora_r, alpha=2.0 * lora_r), bench_model_info(model, spec))
     if checkpoint != "off":
-        checkpointer.apply_checkpointing(model, checkpoint, device, tile_tokens=tile_tokens)
+        checkpointer.apply_checkpointing(model, checkpoint, device, group_tokens=group_tokens)
     if kernels != "none":
         _apply_kernels_on_meta(model, lora=kernels == "all", tile_mlp=tile_mlp)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -169,7 +170,7 @@ def plan_moe_step(scenario: str = "moe-qwen3", *, moe_backend: str = "triton", l
                     settings={"scenario": scenario, "moe_backend": moe_backend, "optimizer": optimizer,
                               "loss_chunk": loss_chunk, "checkpoint": checkpoint, "kernels": kernels,
                               "fused_loss": fused_loss, "fused_gate": fused_gate, "tile_mlp": tile_mlp,
-                              "tile_tokens": tile_tokens, "tokens": batch.tokens,
+                              "group_tokens": group_tokens, "tokens": batch.tokens,
                               "trainable_params": sum(p.numel() for p in params)},
                     peak_live=sorted(anatomy.peak_live, reverse=True))
 
@@ -331,3 +332,18 @@ def print_plan(plan: StepPlan, matmul_flops: float = H200_MATMUL_FLOPS, bytes_pe
         for name, s in table.items():
             print(f"{name:<40} {s.seconds * 1e3:7.2f} {s.flops / 1e12:7.2f} {s.bytes / 1e9:7.2f} {s.kernels:8d}")
     print("peak live memory by phase (GiB): " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in plan.phase_peaks.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hone.core.bench.step_plan [--scenario moe-qwen3] [--backend triton]`: print the plan's tables."""
+    parser = argparse.ArgumentParser(prog="python -m hone.core.bench.step_plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="moe-qwen3", help="a `hone bench` scenario (default moe-qwen3)")
+    parser.add_argument("--backend", default="triton", choices=["grouped_mm", "triton"],
+                        help="Hone's experts backend (default triton)")
+    args = parser.parse_args(argv)
+    print_plan(plan_moe_step(args.scenario, moe_backend=args.backend))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,16 +1,9 @@
-"""The reference: what a careful user runs with plain transformers + peft.
+"""The reference: what a careful user runs with plain transformers + peft (`ReferenceRunner`).
 
-- the model in bf16 (fp32 on a CPU) with `attn_implementation="sdpa"` (eager where transformers has no SDPA
-  path for the architecture), MoE experts with `experts_implementation="grouped_mm"` (or "eager" for the second
-  MoE reference); QLoRA: `from_pretrained` with bitsandbytes nf4 + double quantization, bf16 compute;
-- `gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})` (its new name
-  `activation_checkpointing_enable` where transformers has it);
-- peft LoRA r (alpha 2r, no dropout) on all linear layers, and on the stacked expert weights through
-  `target_parameters` for MoE models;
-- one packed row as `DataCollatorWithFlattening` makes it (position ids restarting per sequence, labels -100 at
-  each sequence start), moved to the device once; the model's own loss from `labels`;
-- autocast in the weights' dtype on CUDA and fused AdamW, as the HF Trainer does with `bf16=True`;
-  gradient clipping at 1.0 (the Trainer's default).
+The model with transformers' SDPA attention (grouped_mm or eager experts for MoE models), transformers' gradient
+checkpointing, peft LoRA on all linear layers (and on the stacked experts), one packed row as
+`DataCollatorWithFlattening` makes it with the model's own loss, autocast and fused AdamW as the HF Trainer uses
+them with `bf16=True`. Every choice is listed on `ReferenceRunner`.
 """
 
 from __future__ import annotations
@@ -46,7 +39,20 @@ def enable_checkpointing(model) -> None:
 
 
 class ReferenceRunner:
-    """One reference run; see the module docstring for what it does."""
+    """One reference run:
+
+    - the model in bf16 (fp32 on a CPU) with `attn_implementation="sdpa"` (eager where transformers has no SDPA
+      path for the architecture), MoE experts with `experts_implementation="grouped_mm"` (or "eager" for the second
+      MoE reference); QLoRA: `from_pretrained` with bitsandbytes nf4 + double quantization, bf16 compute;
+    - `gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})` (its new name
+      `activation_checkpointing_enable` where transformers has it);
+    - peft LoRA r (alpha 2r, no dropout) on all linear layers, and on the stacked expert weights through
+      `target_parameters` for MoE models;
+    - one packed row as `DataCollatorWithFlattening` makes it (position ids restarting per sequence, labels -100 at
+      each sequence start), moved to the device once; the model's own loss from `labels`;
+    - autocast in the weights' dtype on CUDA and fused AdamW, as the HF Trainer does with `bf16=True`;
+      gradient clipping at 1.0 (the Trainer's default).
+    """
 
     kind = "reference"
 

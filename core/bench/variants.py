@@ -94,11 +94,11 @@ VARIANTS: tuple[Variant, ...] = (
             "every path on, the input-embedding table kept in GPU memory", needs=("cuda",)),
     Variant("all-head-gpu", {**ALL_ON, "host_lm_head": False},
             "every path on, the LM head kept in GPU memory (a tied table with it)", needs=("cuda",)),
-    Variant("all-tiles-4k", {**ALL_ON, "layer_tile_tokens": 4096},
+    Variant("all-groups-4k", {**ALL_ON, "layer_group_tokens": 4096},
             "every path on, layers back-propagated in sequence groups of <= 4,096 tokens", focus=("checkpoint",)),
-    Variant("all-tiles-2k", {**ALL_ON, "layer_tile_tokens": 2048},
+    Variant("all-groups-2k", {**ALL_ON, "layer_group_tokens": 2048},
             "every path on, layers back-propagated in sequence groups of <= 2,048 tokens", focus=("checkpoint",)),
-    Variant("all-tiles-8k", {**ALL_ON, "layer_tile_tokens": 8192},
+    Variant("all-groups-8k", {**ALL_ON, "layer_group_tokens": 8192},
             "every path on, layers back-propagated in sequence groups of <= 8,192 tokens", focus=("checkpoint",)),
     Variant("all-ckpt-gpu", {**ALL_ON, "checkpoint": "gpu"}, "every path on, recompute checkpointing",
             focus=("checkpoint",)),
@@ -106,10 +106,10 @@ VARIANTS: tuple[Variant, ...] = (
             needs=("cuda",), focus=("checkpoint",)),
     Variant("all-offload-double", {**ALL_ON, "checkpoint": "offload-double"},
             "every path on, offloaded checkpoints (two buffers)", needs=("cuda",), focus=("checkpoint",)),
-    Variant("all-offload-double-tiles-4k", {**ALL_ON, "checkpoint": "offload-double", "layer_tile_tokens": 4096},
+    Variant("all-offload-double-groups-4k", {**ALL_ON, "checkpoint": "offload-double", "layer_group_tokens": 4096},
             "every path on, offloaded checkpoints (two buffers), layers back-propagated in sequence groups of "
             "<= 4,096 tokens", needs=("cuda",), focus=("checkpoint",)),
-    Variant("all-offload-double-tiles-8k", {**ALL_ON, "checkpoint": "offload-double", "layer_tile_tokens": 8192},
+    Variant("all-offload-double-groups-8k", {**ALL_ON, "checkpoint": "offload-double", "layer_group_tokens": 8192},
             "every path on, offloaded checkpoints (two buffers), layers back-propagated in sequence groups of "
             "<= 8,192 tokens", needs=("cuda",), focus=("checkpoint",)),
 )

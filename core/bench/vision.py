@@ -1,36 +1,104 @@
-"""Vision-language training speed on one GPU: Hone's Trainer against plain transformers + peft, same model, same
-mixed data (text-only rows and rows with an image), same process. Prints a table and writes JSON.
+"""Vision-language training speed: Hone's Trainer against plain transformers + peft, in one process, on one GPU.
 
-    python tools/vision_bench.py [--layers 36] [--steps 8] [--batch-tokens 8192] [--out vision_bench.json]
-
-The model has Qwen2.5-VL-3B's shape (random init, bf16): 36 text layers of width 2048, a 32-layer vision encoder
-of width 1280. Images are 448 x 448 (256 image tokens each). Both paths train LoRA r16 on every linear layer of the
-language model with AdamW; the reference pads each batch of rows, runs transformers' own loss (full logits) and
-transformers' gradient checkpointing, which is how a plain transformers + peft script trains a VLM. Hone packs the
-rows, uses its chunked loss and its own checkpoint choice. Tokens/s counts real (non-padding) tokens, from the
-third step on; peak memory is torch's max_memory_allocated over the timed steps.
+`hone bench vision-qwen2.5-vl` builds a Qwen2.5-VL-3B-shaped model (random init, bf16) and mixed rows (text-only,
+and a 448 px image with text), then trains LoRA on its language model twice: through Hone's Trainer (packed rows,
+chunked loss, its own speed choices) and as a plain transformers + peft script does (the same batches of rows,
+padded; the model's own loss; transformers' gradient checkpointing). Each run becomes a `RunResult` that
+`report.compare` and `report.ratio_table` treat like a text scenario's. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import sys
+import statistics
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import torch
+
+from hone.core.bench.measure import GIB, RunResult, allocated_gib, free_memory, record_failure
+from hone.core.bench.report import compare, environment
+from hone.core.bench.scenarios import Scenario, get_scenario
+from hone.core.errors import ConfigError, HoneError
 
 # Rows per kind in the generated data: enough for several batches of 8K tokens.
 IMAGE_ROWS = 96
 TEXT_ROWS = 96
 IMAGE_SIDE = 448  # pixels: (448 / 14)^2 / 4 = 256 image tokens
-WARMUP_STEPS = 2  # steps not timed (allocator warm-up, first kernel launches)
+BASELINE = "reference"
 WORDS = (
     "the", "model", "reads", "a", "picture", "and", "a", "question", "then", "answers", "in", "a", "few", "words",
     "about", "colors", "shapes", "and", "places", "people", "like", "to", "train", "small", "models", "on", "their",
     "own", "data", "because", "it", "is", "fast", "and", "cheap",
 )
+# The reference's LoRA targets: every linear layer of the language model, none in the vision encoder.
+REFERENCE_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
+
+@dataclass
+class VisionOptions:
+    """What `hone bench vision-...` was asked to do (CLI flags, one to one).
+
+    Attributes:
+        scenario: a scenario of kind "vision".
+        tokens: tokens per micro-batch (None: the scenario's).
+        layers: text layers to build (None: the scenario's).
+        lora_r: LoRA rank, alpha = 2 x rank, in both runs.
+        steps, warmup: timed optimizer steps per run, and untimed ones before them.
+        tokenizer: a folder with SmolLM2's tokenizer (None: read it from the bundled GGUF).
+    """
+
+    scenario: str
+    tokens: int | None = None
+    layers: int | None = None
+    lora_r: int = 16
+    steps: int = 5
+    warmup: int = 2
+    tokenizer: str | None = None
+
+
+@dataclass
+class VisionReport:
+    """Both runs, compared against the reference; `to_dict` is the JSON record."""
+
+    options: VisionOptions
+    scenario: Scenario
+    batch: dict
+    device: str
+    dtype: str
+    environment: dict
+    runs: list[RunResult]
+    losses: dict[str, list[float]] = field(default_factory=dict)  # every step's loss per run, warm-up included
+    notices: dict[str, list[str]] = field(default_factory=dict)  # what Hone's Trainer said while it ran
+    elapsed_s: float = 0.0
+
+    def run(self, name: str) -> RunResult:
+        return next(r for r in self.runs if r.name == name)
+
+    def to_dict(self) -> dict:
+        return {"schema": 1, "scenario": asdict(self.scenario), "options": asdict(self.options), "device": self.device,
+                "dtype": self.dtype, "batch": self.batch, "environment": self.environment, "baseline": BASELINE,
+                "runs": [r.to_dict() for r in self.runs], "losses": self.losses, "notices": self.notices,
+                "elapsed_s": self.elapsed_s}
+
+
+@dataclass
+class RunSteps:
+    """What one run's steps gave, warm-up included: seconds, real (non-padding) tokens and loss of each step."""
+
+    times: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    peak_allocated: int = 0  # bytes, over the timed steps
+    peak_reserved: int = 0
+    first_grad_norm: float | None = None
+    speed_paths: dict = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
 
 
 def make_data(folder: Path, seed: int = 0) -> Path:
@@ -57,9 +125,9 @@ def make_data(folder: Path, seed: int = 0) -> Path:
     return data
 
 
-def model_folder(folder: Path, layers: int, tokenizer_dir: Path | None = None) -> Path:
-    """The model, with SmolLM2's tokenizer (from `tokenizer_dir`, else read from the bundled GGUF)."""
-    import torch
+def model_folder(folder: Path, family: str, layers: int, tokenizer_dir: Path | None = None) -> Path:
+    """The random-init model at its real shape, with SmolLM2's tokenizer (from `tokenizer_dir`, else read from the
+    bundled GGUF), saved under `folder` as a downloaded model would be."""
     from transformers import AutoTokenizer
 
     from hone.core.resources import smollm2_gguf
@@ -69,49 +137,52 @@ def model_folder(folder: Path, layers: int, tokenizer_dir: Path | None = None) -
         gguf = smollm2_gguf()
         tokenizer_dir = folder / "tokenizer"
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tokenizer_dir)
-    tokenizer = tiny.vision_tokenizer("qwen2_5_vl", tokenizer_dir)
-    model = tiny.build_vision_model("qwen2_5_vl", tokenizer, shape="real", layers=layers, dtype=torch.bfloat16)
+    tokenizer = tiny.vision_tokenizer(family, tokenizer_dir)
+    model = tiny.build_vision_model(family, tokenizer, shape="real", layers=layers, dtype=torch.bfloat16)
     out = folder / "model"
     model.save_pretrained(out)
-    tiny.build_processor("qwen2_5_vl", tokenizer, shape="real").save_pretrained(out)
+    tiny.build_processor(family, tokenizer, shape="real").save_pretrained(out)
     return out
 
 
-def hone_run(model_dir: Path, data: Path, runs: Path, steps: int, batch_tokens: int) -> dict:
-    import torch
-
+def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmup: int, batch_tokens: int,
+               lora_r: int) -> RunSteps:
+    """Hone's Trainer for `steps` optimizer steps (`warmup` of them untimed), as `hone train` runs it."""
     from hone.core import events
     from hone.core.config import RunConfig
     from hone.core.train.trainer import Trainer
 
     config = RunConfig().with_overrides([
         f"model.name_or_path={json.dumps(str(model_dir))}", f"data.train=[{json.dumps(str(data))}]",
-        f"output.runs_dir={json.dumps(str(runs))}", "model.dtype=bfloat16", f"data.max_length={batch_tokens}",
+        f"output.runs_dir={json.dumps(str(runs_dir))}", "model.dtype=bfloat16", f"data.max_length={batch_tokens}",
         f"data.image_max_side={IMAGE_SIDE}", f"train.batch_tokens={batch_tokens}", f"train.max_steps={steps}",
-        "train.lr=1e-4", "lora.r=16", "output.checkpoint_every=0"])
+        "train.lr=1e-4", f"lora.r={lora_r}", f"lora.alpha={2 * lora_r}", "output.checkpoint_every=0"])
     torch.cuda.reset_peak_memory_stats()
-    metrics, notices, failed = [], [], None
+    out = RunSteps()
+    metrics = []
     for event in Trainer(config).run():
         if isinstance(event, events.StepMetrics):
             metrics.append(event)
         elif isinstance(event, events.RunStarted):
-            notices.append(json.dumps(event.speed_paths))
+            out.speed_paths = dict(event.speed_paths)
         elif isinstance(event, events.Notice):
-            notices.append(event.message)
+            out.notices.append(event.message)
         elif isinstance(event, events.RunFailed):
-            failed = event.reason + "\n" + (event.details or "")[-3000:]
-    if failed:
-        raise RuntimeError(f"Hone's run failed: {failed}")
-    timed = metrics[WARMUP_STEPS:]
-    tokens = sum(m.tokens for m in timed)
-    seconds = sum(m.step_time for m in timed)
-    return {"tokens_per_s": tokens / seconds, "peak_gib": max(m.mem_allocated for m in timed) / 2**30,
-            "losses": [round(m.loss, 4) for m in metrics], "tokens_per_step": tokens / len(timed), "notes": notices}
+            raise RuntimeError(f"Hone's Trainer failed: {event.reason}\n{(event.details or '')[-3000:]}")
+    out.times = [m.step_time for m in metrics]
+    out.tokens = [m.tokens for m in metrics]
+    out.losses = [m.loss for m in metrics]
+    out.first_grad_norm = metrics[0].grad_norm if metrics else None
+    timed = metrics[warmup:]
+    if timed:
+        out.peak_allocated = max(m.mem_allocated for m in timed)
+        out.peak_reserved = max(m.mem_reserved for m in timed)
+    return out
 
 
-def reference_run(model_dir: Path, data: Path, steps: int, batch_tokens: int) -> dict:
+def reference_steps(model_dir: Path, data: Path, family: str, *, steps: int, warmup: int, batch_tokens: int,
+                    lora_r: int) -> RunSteps:
     """Plain transformers + peft: padded batches, the model's own loss, transformers' gradient checkpointing."""
-    import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
 
@@ -127,15 +198,16 @@ def reference_run(model_dir: Path, data: Path, steps: int, batch_tokens: int) ->
     rows = load_training_data(cfg, processor, cache_dir=data.parent / "cache").train
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
-    peft_model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=r".*language_model.*\.(q_proj|"
-                                                  r"k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"))
+    peft_model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=REFERENCE_TARGETS))
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-4)
     # the same batches of rows as Hone's planner makes, padded (what a plain script does)
-    padded = VisionCollator(family_for("qwen2_5_vl"), processor, model.config, image_max_side=IMAGE_SIDE,
+    padded = VisionCollator(family_for(family), processor, model.config, image_max_side=IMAGE_SIDE,
                             packing=False, pad_id=processor.tokenizer.pad_token_id, dtype=torch.bfloat16)
     plan = plan_packs(rows.lengths, batch_tokens, seed=0, epoch=0)
     torch.cuda.reset_peak_memory_stats()
-    times, tokens, losses = [], [], []
+    attention = str(getattr(model.config, "_attn_implementation", None) or "transformers' default")
+    out = RunSteps(speed_paths={"attention": attention, "loss": "the model's own (full logits)",
+                              "checkpoint": "transformers' gradient checkpointing", "batch": "padded"})
     for step in range(steps):
         batch = padded.collate([rows[i] for i in plan[step % len(plan)]]).to("cuda")
         inputs = batch.model_inputs()
@@ -143,58 +215,137 @@ def reference_run(model_dir: Path, data: Path, steps: int, batch_tokens: int) ->
         labels = torch.where(torch.roll(batch.text.targets, 1, dims=1) != -100, batch.text.input_ids, -100)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        out = peft_model(**inputs, labels=labels)
-        out.loss.backward()
+        loss = peft_model(**inputs, labels=labels).loss
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        tokens.append(batch.num_tokens)
-        losses.append(round(out.loss.item(), 4))
-        if step == WARMUP_STEPS - 1:
+        out.times.append(time.perf_counter() - start)
+        out.tokens.append(batch.num_tokens)
+        out.losses.append(loss.item())
+        if step == warmup - 1:
             torch.cuda.reset_peak_memory_stats()
-    peak = torch.cuda.max_memory_allocated() / 2**30
-    timed = slice(WARMUP_STEPS, None)
-    return {"tokens_per_s": sum(tokens[timed]) / sum(times[timed]), "peak_gib": peak, "losses": losses,
-            "tokens_per_step": sum(tokens[timed]) / len(tokens[timed])}
+    out.peak_allocated = torch.cuda.max_memory_allocated()
+    out.peak_reserved = torch.cuda.max_memory_reserved()
+    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=36, help="text layers (Qwen2.5-VL-3B has 36)")
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per path (the first two untimed)")
-    parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per micro-batch")
-    parser.add_argument("--out", default="vision_bench.json", help="where the JSON results go")
-    parser.add_argument("--tokenizer", type=Path, default=None, help="a folder with SmolLM2's tokenizer (default: "
-                        "read from the bundled GGUF)")
-    args = parser.parse_args(argv)
-    import torch
+def _fill(result: RunResult, steps: RunSteps, warmup: int) -> None:
+    """Copy a run's steps into its RunResult: tokens/s over the timed steps (real tokens / their summed time, as the
+    batches differ in size), the median step, the first step's loss."""
+    if len(steps.times) <= warmup:
+        raise RuntimeError(f"{len(steps.times)} steps ran, {warmup} of them warm-up: nothing left to time")
+    timed_times, timed_tokens = steps.times[warmup:], steps.tokens[warmup:]
+    result.step_times_s = timed_times
+    result.median_step_s = statistics.median(timed_times)
+    result.tokens = round(sum(timed_tokens) / len(timed_tokens))
+    result.tokens_per_s = sum(timed_tokens) / sum(timed_times)
+    result.first_step_s = steps.times[0]
+    result.first_loss, result.last_loss = steps.losses[0], steps.losses[-1]
+    result.first_grad_norm = steps.first_grad_norm
+    result.speed_paths = steps.speed_paths
+    if steps.peak_allocated:
+        result.peak_allocated_gib = steps.peak_allocated / GIB
+        result.peak_reserved_gib = steps.peak_reserved / GIB
 
+
+def _measure(name: str, kind: str, description: str, run: Callable[[], RunSteps], options: VisionOptions,
+             report: VisionReport) -> RunResult:
+    """One run, its failure recorded rather than raised (as `measure.measure_run` does for text runs)."""
+    result = RunResult(name=name, kind=kind, description=description, warmup_steps=options.warmup,
+                       steps=options.steps, memory_before_gib=allocated_gib("cuda"))
+    try:
+        steps = run()
+        _fill(result, steps, options.warmup)
+        report.losses[name] = [round(loss, 4) for loss in steps.losses]
+        if steps.notices:
+            report.notices[name] = steps.notices
+    except Exception as e:
+        record_failure(result, e, "cuda")
+        # the traceback's frames hold the failed step's tensors: drop them before the next run (see measure_run)
+        traceback.clear_frames(e.__traceback__)
+        e.__traceback__ = None
+    free_memory("cuda")
+    return result
+
+
+def _check(options: VisionOptions, scenario: Scenario) -> None:
+    if scenario.kind != "vision":
+        raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario, not a vision one",
+                          "run it with hone.core.bench.run.run_bench")
+    if options.steps < 1 or options.warmup < 0:
+        raise ConfigError("--steps must be >= 1 and --warmup >= 0", "e.g. --steps 5 --warmup 2")
+    if options.lora_r < 1:
+        raise ConfigError(f"--lora-r is {options.lora_r}", "give a rank >= 1")
+    if options.layers is not None and options.layers < 1:
+        raise ConfigError(f"--layers is {options.layers}", "give at least 1 layer")
+    if options.tokens is not None and options.tokens < 1:
+        raise ConfigError(f"--tokens is {options.tokens}", f"give the tokens per batch, e.g. {scenario.tokens}")
+    if options.tokenizer is not None and not Path(options.tokenizer).is_dir():
+        raise ConfigError(f"--tokenizer {options.tokenizer} is not a folder",
+                          "give a folder holding SmolLM2's tokenizer, or leave --tokenizer out to read it from the "
+                          "bundled GGUF")
+
+
+def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult], None] | None = None,
+                     on_start: Callable[[str], None] | None = None) -> VisionReport:
+    """Run the vision benchmark `options` describes: Hone's Trainer, then the transformers + peft reference (the order
+    this benchmark has always run in; `free_memory` between them, and each run's `memory_before_gib` shows what the
+    one before left allocated).
+
+    Args:
+        options: the command's options.
+        on_result: called with each RunResult as soon as it is measured (for progress output).
+        on_start: called with each run's name (and the setup's) before it starts.
+
+    Raises:
+        ConfigError: not a vision scenario, a bad size, no CUDA GPU here, no tokenizer to build the model with.
+    """
+    started = time.perf_counter()
+    scenario = get_scenario(options.scenario)
+    _check(options, scenario)
     if not torch.cuda.is_available():
-        print("vision_bench needs a CUDA GPU", file=sys.stderr)
-        return 2
-    with tempfile.TemporaryDirectory(prefix="hone-vision-bench-") as tmp:
-        tmp = Path(tmp)
+        raise ConfigError(f"the {scenario.name} benchmark needs a CUDA GPU and there is none here",
+                          "run it on a machine with one; the tiny-* scenarios run on a CPU")
+    tokenizer = Path(options.tokenizer) if options.tokenizer else None
+    if tokenizer is None:
+        from hone.core.resources import smollm2_gguf
+
+        try:
+            smollm2_gguf()
+        except HoneError as e:
+            raise ConfigError(e.message, f"{e.advice}, or give --tokenizer a folder with SmolLM2's tokenizer") from None
+    layers = options.layers or scenario.layers
+    batch_tokens = options.tokens or scenario.tokens
+    report = VisionReport(options=options, scenario=scenario, device="cuda", dtype="bfloat16",
+                          environment=environment("cuda"), runs=[],
+                          batch={"tokens_per_batch": batch_tokens, "image_rows": IMAGE_ROWS, "text_rows": TEXT_ROWS,
+                                 "image_side": IMAGE_SIDE, "layers": layers, "family": scenario.shape})
+    steps = options.warmup + options.steps
+    with tempfile.TemporaryDirectory(prefix="hone-vision-bench-") as folder:
+        tmp = Path(folder)
+        if on_start:
+            on_start("generated rows and model")
         data = make_data(tmp)
-        model_dir = model_folder(tmp, args.layers, args.tokenizer)
-        results = {"hone": hone_run(model_dir, data, tmp / "runs", args.steps, args.batch_tokens)}
-        torch.cuda.empty_cache()
-        results["transformers+peft"] = reference_run(model_dir, data, args.steps, args.batch_tokens)
-    results["setup"] = {"layers": args.layers, "steps": args.steps, "batch_tokens": args.batch_tokens,
-                        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    Path(args.out).write_text(json.dumps(results, indent=2))
-    ref = results["transformers+peft"]
-    print(f"Qwen2.5-VL-3B shape ({args.layers} text layers), LoRA r16, mixed rows (half with a 448 px image), "
-          f"{args.batch_tokens} tokens per batch")
-    print("| path | tokens/s | peak GiB | vs reference |\n|---|---|---|---|")
-    for name in ("transformers+peft", "hone"):
-        r = results[name]
-        print(f"| {name} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} | "
-              f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x speed, {r['peak_gib'] / ref['peak_gib']:.2f}x memory |")
-    print("hone speed paths:", results["hone"]["notes"][:1])
-    print("losses: hone", results["hone"]["losses"], "reference", ref["losses"])
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        model_dir = model_folder(tmp, scenario.shape, layers, tokenizer)
+        free_memory("cuda")
+        runs = (
+            ("hone", "hone", "Hone's Trainer: packed rows, chunked loss, its own speed choices",
+             lambda: hone_steps(model_dir, data, tmp / "runs", steps=steps, warmup=options.warmup,
+                                batch_tokens=batch_tokens, lora_r=options.lora_r)),
+            (BASELINE, "reference", "transformers + peft: the same batches padded, the model's own loss, HF gradient "
+             "checkpointing", lambda: reference_steps(model_dir, data, scenario.shape, steps=steps,
+                                                      warmup=options.warmup, batch_tokens=batch_tokens,
+                                                      lora_r=options.lora_r)),
+        )
+        for name, kind, description, run in runs:
+            if on_start:
+                on_start(name)
+            result = _measure(name, kind, description, run, options, report)
+            report.runs.append(result)
+            if on_result:
+                on_result(result)
+    # The runs batch the same rows differently (packed vs padded), so their losses are no parity check.
+    compare(report.runs, BASELINE, report.dtype, parity=False)
+    report.elapsed_s = time.perf_counter() - started
+    return report

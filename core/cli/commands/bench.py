@@ -1,9 +1,19 @@
 """`hone bench SCENARIO [...]`: speed and memory of Hone's speed paths against plain transformers + peft,
-in one process, as ratios."""
+in one process, as ratios. Text scenarios go to `hone.core.bench.run`, vision ones to `hone.core.bench.vision`."""
 
 from __future__ import annotations
 
 import argparse
+
+PROFILE_TOP = 25  # default rows per --profile, --memory-trace and --host-profile table
+# Flags only the text scenarios read, with their defaults: a vision scenario refuses them rather than ignore them.
+TEXT_ONLY_FLAGS = (("--qlora", "qlora", False), ("--seed", "seed", 0), ("--seq-min", "seq_min", None),
+                   ("--seq-max", "seq_max", None), ("--only", "only", None), ("--baseline", "baseline", "reference"),
+                   ("--peer", "peer", None), ("--device", "device", None), ("--dtype", "dtype", "auto"),
+                   ("--micro", "micro", "auto"), ("--model-cache", "model_cache", None),
+                   ("--no-sync-count", "no_sync_count", False), ("--profile", "profile", False),
+                   ("--memory-trace", "memory_trace", False), ("--host-profile", "host_profile", False),
+                   ("--profile-top", "profile_top", PROFILE_TOP))
 
 
 def _names(text: str) -> list[str]:
@@ -20,12 +30,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "bench", help="measure tokens/s and memory against plain transformers + peft",
         description="Train random-init models of real shapes on one packed batch: the transformers + peft "
         "reference, then Hone with each speed path alone and all together. Prints ratios against the "
-        "reference (tokens/s, peak memory, first-step loss difference).")
+        "reference (tokens/s, peak memory, first-step loss difference). Vision scenarios (CUDA only) train a "
+        "vision-language model on generated text and image rows through Hone's Trainer and through "
+        "transformers + peft with padded batches.")
     p.add_argument("scenario", nargs="?", choices=list(SCENARIOS), metavar="SCENARIO",
                    help=f"one of: {', '.join(SCENARIOS)}")
     p.add_argument("--tokens", type=int, help="tokens in the packed batch (default 16384 dense, 8192 MoE, "
-                   "512 tiny)")
-    p.add_argument("--layers", type=int, help="decoder layers to build (default: the scenario's)")
+                   "512 tiny); vision: tokens per micro-batch (default 8192)")
+    p.add_argument("--layers", type=int, help="decoder (text) layers to build (default: the scenario's)")
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank, alpha = 2 x rank (default 16)")
     p.add_argument("--qlora", action="store_true", help="4-bit nf4 base weights (bitsandbytes) in every run")
     p.add_argument("--steps", type=int, default=5, help="timed steps per run; the median counts (default 5)")
@@ -57,7 +69,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--host-profile", action="store_true", help="after each run's timed steps, run one more step "
                    "under Python's cProfile and print where the host's time goes (by function and by package) "
                    "and how much of it was spent waiting for the GPU")
-    p.add_argument("--profile-top", type=int, default=25, metavar="N", help="rows per profile table (default 25)")
+    p.add_argument("--profile-top", type=int, default=PROFILE_TOP, metavar="N",
+                   help=f"rows per profile table (default {PROFILE_TOP})")
+    p.add_argument("--tokenizer", metavar="DIR", help="vision scenarios: a folder with SmolLM2's tokenizer (default: "
+                   "read from the bundled GGUF)")
     p.add_argument("--verbose", action="store_true", help="also print each run's speed paths and failures")
     p.add_argument("--list", action="store_true", help="list scenarios and runs, then exit")
     return p
@@ -85,6 +100,8 @@ def _print_list(console) -> None:
         settings = ", ".join(f"{k}={v_}" for k, v_ in overrides.items()) or "(every path off)"
         runs.add_row(v.name, settings, ", ".join(v.needs), v.description)
     console.print(runs)
+    console.print("vision scenarios make two runs: hone (Hone's Trainer, packed rows) and reference (transformers "
+                  "+ peft, the same rows in padded batches)")
 
 
 def run(args) -> int:
@@ -100,6 +117,13 @@ def run(args) -> int:
         return 0
     if not args.scenario:
         raise ConfigError("no scenario given", "run `hone bench --list` to see them, e.g. `hone bench dense-0.6b`")
+    from hone.core.bench.scenarios import get_scenario
+
+    if get_scenario(args.scenario).kind == "vision":
+        return _run_vision(args, console)
+    if args.tokenizer:
+        raise ConfigError(f"--tokenizer is for the vision scenarios, not {args.scenario}",
+                          "leave it out: text scenarios feed token ids, no tokenizer")
 
     from hone.core.bench.report import notes, ratio_table, write_json
     from hone.core.bench.run import BenchOptions, run_bench
@@ -113,17 +137,7 @@ def run(args) -> int:
                            memory_trace_top=max(args.profile_top, 1) if args.memory_trace else 0,
                            host_profile_top=max(args.profile_top, 1) if args.host_profile else 0)
 
-    def started(name: str) -> None:
-        console.print(f"[dim]{name} ...[/dim]")
-
-    def measured(result) -> None:
-        if result.ok:
-            memory = "" if result.peak_allocated_gib is None else f", {result.peak_allocated_gib:.2f} GiB"
-            console.print(f"  {result.name}: {result.tokens_per_s:,.0f} tokens/s{memory}, "
-                          f"first loss {result.first_loss:.4f}")
-        else:
-            console.print(f"  {result.name}: {result.status}: {result.reason}")
-
+    started, measured = _progress(console)
     report = run_bench(options, on_result=measured, on_start=started)
     batch = report.batch
     title = (f"{report.scenario.name} ({report.scenario.description}): {batch['tokens']:,} tokens in "
@@ -164,12 +178,70 @@ def run(args) -> int:
                 for line in host_profile_lines(result.name, result.host_profile):
                     console.print(line, markup=False, highlight=False)
     if args.verbose:
-        for result in report.runs:
-            for path, choice in result.speed_paths.items():
-                console.print(f"[dim]{result.name}: {path}: {choice}[/dim]")
-            if result.details:
-                console.print(result.details)
+        _print_details(console, report.runs)
     if args.json:
         path = write_json(report.to_dict(), args.json)
         console.print(f"wrote {path}")
     return 0 if any(r.ok for r in report.runs) else 1
+
+
+def _run_vision(args, console) -> int:
+    """A vision scenario: Hone's Trainer and the transformers + peft reference, then the same ratio table."""
+    from hone.core.bench.report import notes, ratio_table, write_json
+    from hone.core.bench.vision import BASELINE, VisionOptions, run_vision_bench
+    from hone.core.errors import ConfigError
+
+    given = [flag for flag, name, default in TEXT_ONLY_FLAGS if getattr(args, name) != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: not used by the vision scenario {args.scenario}",
+                          "it takes --tokens, --layers, --lora-r, --steps, --warmup, --tokenizer, --json and --verbose")
+    options = VisionOptions(scenario=args.scenario, tokens=args.tokens, layers=args.layers, lora_r=args.lora_r,
+                            steps=args.steps, warmup=args.warmup, tokenizer=args.tokenizer)
+    started, measured = _progress(console)
+    report = run_vision_bench(options, on_result=measured, on_start=started)
+    batch = report.batch
+    title = (f"{report.scenario.name}: {batch['layers']} text layers, "
+             f"{batch['image_rows']} rows with a {batch['image_side']} px image and {batch['text_rows']} text-only, "
+             f"{batch['tokens_per_batch']:,} tokens per batch, LoRA r{options.lora_r}, {report.dtype} on "
+             f"{report.environment.get('gpu', report.device)}; {options.steps} timed steps after {options.warmup}; "
+             f"ratios vs {BASELINE}")
+    console.print(ratio_table(report.runs, BASELINE, title))
+    console.print("tokens/s counts real (non-padding) tokens over the timed steps. loss is the first step's; the "
+                  "runs batch the rows differently (packed vs padded), so it is no parity check.")
+    for line in notes(report.runs):
+        console.print(f"[yellow]{line}[/yellow]")
+    if args.verbose:
+        _print_details(console, report.runs)
+        for name, messages in report.notices.items():
+            for message in messages:
+                console.print(f"[dim]{name}: {message}[/dim]")
+    if args.json:
+        path = write_json(report.to_dict(), args.json)
+        console.print(f"wrote {path}")
+    return 0 if any(r.ok for r in report.runs) else 1
+
+
+def _progress(console):
+    """(on_start, on_result) callbacks that print each run as it starts and as it is measured."""
+
+    def started(name: str) -> None:
+        console.print(f"[dim]{name} ...[/dim]")
+
+    def measured(result) -> None:
+        if result.ok:
+            memory = "" if result.peak_allocated_gib is None else f", {result.peak_allocated_gib:.2f} GiB"
+            console.print(f"  {result.name}: {result.tokens_per_s:,.0f} tokens/s{memory}, "
+                          f"first loss {result.first_loss:.4f}")
+        else:
+            console.print(f"  {result.name}: {result.status}: {result.reason}")
+
+    return started, measured
+
+
+def _print_details(console, runs) -> None:
+    """--verbose: each run's speed paths and failures."""
+    for result in runs:
+        for path, choice in result.speed_paths.items():
+            console.print(f"[dim]{result.name}: {path}: {choice}[/dim]")
+        if result.details:
+            console.print(result.details)
