@@ -2,12 +2,16 @@
 random-init models saved as real model folders, so tests go through the same loaders as users do.
 
 No test downloads anything: HF_HUB_OFFLINE is set for the whole session.
+
+Every test is marked with its area, one marker per folder between tests/ and its file (registered in pyproject.toml),
+so `pytest -m "gpu and moe" -o addopts=""` runs the MoE GPU tests of tests/core/moe and tests/kernels/moe.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,11 +24,35 @@ os.environ.setdefault("HONE_CACHE", tempfile.mkdtemp(prefix="hone-test-cache-"))
 
 import pytest
 
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folders' names (tests/core/speed/attention/... -> core, speed, attention)."""
+    registered = {line.split(":", 1)[0].strip() for line in config.getini("markers")}
+    unregistered = set()
+    for item in items:
+        path = Path(item.path).resolve()
+        if TESTS not in path.parents:
+            continue
+        folders = path.parent.relative_to(TESTS).parts
+        for i, name in enumerate(folders):
+            if name in registered:
+                item.add_marker(name)
+            else:
+                unregistered.add("/".join(folders[: i + 1]))
+    for folder in sorted(unregistered):
+        name = folder.rsplit("/", 1)[-1]
+        warnings.warn(pytest.PytestWarning(
+            f"tests/{folder} has no area marker: add \"{name}: <what it tests>\" to markers in pyproject.toml's "
+            f"[tool.pytest.ini_options] so `-m {name}` selects its tests"), stacklevel=1)
+
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_dir(tmp_path_factory):
-    """A folder holding SmolLM2-135M-Instruct's tokenizer (with its chat template), read from the GGUF, or the folder
-    named by HONE_TEST_TOKENIZER on machines without the bundled model (the GGUF is too large to copy everywhere)."""
+    """A folder holding SmolLM2-135M-Instruct's tokenizer (with its chat template), read from the bundled GGUF, or the
+    folder named by HONE_TEST_TOKENIZER on machines without the bundled model (dev/export_test_tokenizer.py writes
+    one)."""
     from transformers import AutoTokenizer
 
     from hone.core.resources import smollm2_gguf
