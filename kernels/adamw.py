@@ -7,6 +7,12 @@ parameter and the moments back. Moments kept in bf16 lose the small per-step cha
 when rounded to nearest (v changes by 0.1% a step, under half a bf16 unit); rounding stochastically keeps them
 unbiased. The random bits come from a hash of (seed, element index), so a step is reproducible from its seed.
 
+The kernel receives its float arguments as fp32 scalars, so every coefficient derived from the hyperparameters
+(1 - beta1, 1 - beta2, 1 - lr * weight_decay, the bias corrections) is computed on the host in double and passed in,
+as the torch reference computes it. Computed in the kernel from fp32 betas it would be off: fl32(0.999) is
+0.99900001287, and 1 - fl32(0.999) = 0.00099998713 is 1.3e-5 smaller than 0.001, which biases every v update by that
+much. What remains between kernel and reference is fused multiply-add rounding, an ulp or two.
+
 Naming chain: `_adamw_kernel` / `_sum_squares_kernel` (Triton) -> `adamw_step_` / `sum_squares` (entries, each with
 a torch fallback that computes the same values: `adamw_step_reference`, `sum_squares_reference`).
 """
@@ -31,8 +37,8 @@ _MIX1, _MIX2, _GOLDEN = 0x7FEB352D, 0x846CA68B, 0x9E3779B1
 
 # seed varies per step: unspecialized, or Triton would turn a seed of 1 into a compile-time constant (no .to)
 @triton.jit(do_not_specialize=["seed"])
-def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, coef_ptr, n, lr, beta1, beta2, eps, weight_decay, bias1, bias2, seed,
-                  STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr):
+def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, coef_ptr, n, beta1, one_minus_beta1, beta2, one_minus_beta2, decay, lr,
+                  bias1, bias2, eps, seed, STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     coef = tl.load(coef_ptr).to(tl.float32)
@@ -40,9 +46,11 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, coef_ptr, n, lr, beta1, beta2, eps
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32) * coef
     m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    m = beta1 * m + (1.0 - beta1) * g
-    v = beta2 * v + (1.0 - beta2) * g * g
-    p = p * (1.0 - lr * weight_decay) - lr * (m / bias1) / (tl.sqrt(v / bias2) + eps)
+    # no arithmetic on the scalar arguments here: they are fp32 (see the module docstring); g * g first, as the
+    # reference squares the gradient before scaling it
+    m = beta1 * m + one_minus_beta1 * g
+    v = beta2 * v + one_minus_beta2 * (g * g)
+    p = p * decay - lr * (m / bias1) / (tl.sqrt(v / bias2) + eps)
     tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
     if STOCHASTIC:
         # 32-bit hash of (seed, index); its low 16 bits are added below the bf16 cut, then the cut truncates
@@ -127,15 +135,16 @@ def adamw_step_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
         lr, beta1, beta2, eps, weight_decay: AdamW's hyperparameters (decoupled weight decay).
         step: the 1-based step number (bias correction). seed: the stochastic rounding's seed for this step.
     """
-    bias1, bias2 = 1.0 - beta1**step, 1.0 - beta2**step
-    args = dict(lr=float(lr), beta1=float(beta1), beta2=float(beta2), eps=float(eps),
-                weight_decay=float(weight_decay), bias1=bias1, bias2=bias2)
+    lr, beta1, beta2, eps, weight_decay = float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)
+    args = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, bias1=1.0 - beta1**step,
+                bias2=1.0 - beta2**step)
     stochastic = m.dtype == torch.bfloat16
     if use_triton(p, g, m, v, coef) and m.dtype == v.dtype:
         n = p.numel()
+        # the coefficients in double here, rounded once to fp32 at the launch (module docstring)
         launcher(_adamw_kernel, p.device)[(cdiv(n, _BLOCK),)](
-            p, g, m, v, coef, n, *args.values(), seed & 0x7FFFFFFF, STOCHASTIC=stochastic, BLOCK=_BLOCK,
-            num_warps=_NUM_WARPS)
+            p, g, m, v, coef, n, beta1, 1.0 - beta1, beta2, 1.0 - beta2, 1.0 - lr * weight_decay, lr, args["bias1"],
+            args["bias2"], eps, seed & 0x7FFFFFFF, STOCHASTIC=stochastic, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
         return
     adamw_step_reference(p, g, m, v, coef, **args, seed=seed & 0x7FFFFFFF)
 

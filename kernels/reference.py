@@ -8,6 +8,8 @@ inside `torch.compile`, or where Triton is missing). Autograd differentiates the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -141,3 +143,91 @@ def nf4_dequantize_reference(packed: torch.Tensor, absmax: torch.Tensor, code: t
     values = code.float()[idx]
     scales = absmax.float().repeat_interleave(blocksize)[:numel]
     return (values * scales).reshape(shape).to(dtype)
+
+
+@dataclass
+class NF4Quantized:
+    """A weight quantized to nf4 with double quantization, in bitsandbytes' layout (see `hone.kernels.nf4`).
+
+    Attributes:
+        packed: uint8, ceil(numel / 2): two 4-bit codes per byte, high nibble first, over the row-major weight.
+        scale_codes: uint8, one per 64-weight block: the block's scale as an index into `scale_code`.
+        scale_absmax: fp32, one per 256 blocks; offset: fp32 scalar (the mean of the blocks' absmax).
+        code: (16,) fp32 nf4 code book; scale_code: (256,) fp32 bitsandbytes dynamic map.
+        shape: the weight's shape; blocksize / scale_blocksize: weights per scale, scales per 8-bit group.
+    """
+
+    packed: Any
+    scale_codes: Any
+    scale_absmax: Any
+    offset: Any
+    code: Any
+    scale_code: Any
+    shape: tuple[int, ...]
+    blocksize: int = 64
+    scale_blocksize: int = 256
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in `dtype`, by Hone's nf4 reference (`scale = scale_code[q] * absmax2 + offset`, then
+        `code[nibble] * scale` in fp32, rounded once): what QLoRA training computed with."""
+        scales = nf4_absmax_reference(self.scale_codes, self.scale_absmax, self.scale_code, self.offset,
+                                      self.scale_blocksize)
+        return nf4_dequantize_reference(self.packed, scales, self.code, self.blocksize, self.shape, dtype)
+
+
+def dynamic_code_index(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
+    """bitsandbytes' CUDA `dQuantize<0>` on fp32 `x` in [-1, 1]: binary search of the sorted (256,) `code`, then the
+    nearer of the two entries around x by their fp32 midpoint. Returns uint8 indices, shaped like x."""
+    pivot = torch.full(x.shape, 127, dtype=torch.int64)
+    lower_i, upper_i = torch.zeros_like(pivot), torch.full_like(pivot, 255)
+    lower, upper = torch.full_like(x, -1.0), torch.full_like(x, 1.0)
+    val = code[pivot]
+    for step in (64, 32, 16, 8, 4, 2, 1):
+        above = x > val
+        lower_i, lower = torch.where(above, pivot, lower_i), torch.where(above, val, lower)
+        upper_i, upper = torch.where(above, upper_i, pivot), torch.where(above, upper, val)
+        pivot = torch.where(above, pivot + step, pivot - step)
+        val = code[pivot]
+    upper = torch.where(upper_i == 255, code[255], upper)
+    lower = torch.where(lower_i == 0, code[0], lower)
+    up = torch.where(x > (upper + val) * 0.5, upper_i, pivot)
+    down = torch.where(x < (lower + val) * 0.5, lower_i, pivot)
+    return torch.where(x > val, up, down).to(torch.uint8)
+
+
+def nf4_quantize_reference(weight: torch.Tensor, scale_code: torch.Tensor, blocksize: int = 64,
+                           scale_blocksize: int = 256) -> NF4Quantized:
+    """Quantize a 16-bit weight to nf4 with double quantization exactly as bitsandbytes' CUDA kernels do
+    (`quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)` on a GPU, which is how QLoRA
+    loading quantized the base that training saw).
+
+    bitsandbytes' CPU quantizer is not that: it picks each block's 8-bit scale code through a 65536-entry lookup
+    table (steps of 3e-5 over [-1, 1]), so a scale closer than that to a midpoint between two codes can get the
+    farther one, and every weight of that block lands a bf16 step off what training used. Here every step is the
+    CUDA kernels' (`kQuantizeBlockwise`, `dQuantizeNF4`, `dQuantize` in bitsandbytes' csrc/kernels.cu), in fp32
+    torch ops. The one value that may still differ is the offset, a float32 mean that CUDA sums in another order;
+    an offset one ulp apart moves a few weights in 100,000 by one bf16 step.
+
+    Args:
+        weight: any shape, bf16 or fp16 (the QLoRA compute dtype), on the CPU.
+        scale_code: (256,) fp32 bitsandbytes dynamic map (`bitsandbytes.functional.create_dynamic_map()`).
+    """
+    code = torch.tensor(NF4_CODE, dtype=torch.float32)
+    flat = weight.detach().reshape(-1).float()
+    numel = flat.numel()
+    blocks = F.pad(flat, (0, -numel % blocksize)).view(-1, blocksize)
+    absmax = blocks.abs().amax(dim=1)
+    scaled = blocks * (1.0 / absmax).unsqueeze(1)  # the kernel multiplies by the reciprocal; it does not divide
+    # dQuantizeNF4's decision tree: code k when x is above k of the code book's fp32 midpoints (its thresholds);
+    # an all-zero block gives NaN, which passes no threshold: code 0
+    nibbles = torch.bucketize(scaled, (code[:-1] + code[1:]) / 2, out_int32=True)
+    nibbles = nibbles.masked_fill_(scaled.isnan(), 0).to(torch.uint8).reshape(-1)[:numel + numel % 2]
+    packed = (nibbles[0::2] << 4) | nibbles[1::2]
+    offset = absmax.mean()
+    centred = absmax - offset
+    groups = F.pad(centred, (0, -centred.numel() % scale_blocksize)).view(-1, scale_blocksize)
+    scale_absmax = groups.abs().amax(dim=1)
+    scale_codes = dynamic_code_index(groups * (1.0 / scale_absmax).unsqueeze(1), scale_code)
+    return NF4Quantized(packed=packed, scale_codes=scale_codes.reshape(-1)[:centred.numel()],
+                        scale_absmax=scale_absmax, offset=offset, code=code, scale_code=scale_code,
+                        shape=tuple(weight.shape), blocksize=blocksize, scale_blocksize=scale_blocksize)

@@ -3,6 +3,10 @@
 Shared by the merged, gguf and ollama exports. A QLoRA run trained its adapter on 4-bit nf4 weights, so its base
 is put through the same nf4 round trip (quantize, dequantize) before merging: the merged model then computes what
 the trained model computed, not what an adapter on the full-precision weights would.
+
+The round trip quantizes as bitsandbytes' CUDA kernels did when training loaded the model
+(`hone.kernels.reference.nf4_quantize_reference`), not with bitsandbytes' CPU quantizer, and dequantizes with
+Hone's nf4 reference, which the kernel training ran matches bit for bit.
 """
 
 from __future__ import annotations
@@ -17,8 +21,6 @@ from hone.core.export.source import RunSource
 # fp32 merge: (W + s·BA)x and Wx + s·B(Ax) differ only by float32 reassociation, ~1e-6 of the logits; a wrong
 # merge (missing module, wrong scale) is off by the adapter's whole effect.
 MERGE_TOLERANCE = 1e-4
-# bitsandbytes' defaults, which hone's QLoRA loading uses: nf4 blocks of 64 weights.
-NF4_BLOCK = 64
 
 
 @dataclass
@@ -45,8 +47,9 @@ class Merged:
 def qlora_round_trip(model, dtype_name: str) -> int:
     """Replace every Linear weight QLoRA would quantize (all but the LM head) by its nf4 round trip.
 
-    The weight is cast to the QLoRA compute dtype, quantized to nf4 with double quantization (bitsandbytes, as
-    in training), dequantized and cast back to float32. Returns the number of weights changed.
+    The weight is cast to the QLoRA compute dtype, quantized to nf4 with double quantization as bitsandbytes' CUDA
+    kernels quantized it for training (`nf4_quantize_reference`), dequantized with Hone's nf4 reference and cast back to
+    float32. Returns the number of weights changed.
     """
     import torch
 
@@ -55,14 +58,16 @@ def qlora_round_trip(model, dtype_name: str) -> int:
     except ImportError:
         raise ExportError("this run trained with QLoRA; merging it needs bitsandbytes to reproduce the 4-bit base",
                           "pip install bitsandbytes") from None
+    from hone.kernels.reference import nf4_quantize_reference
+
     dtype = torch.float16 if dtype_name == "float16" else torch.bfloat16
+    scale_code = bnbf.create_dynamic_map().float()
     output = model.get_output_embeddings()
     count = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Linear) and module is not output:
             w = module.weight.data.to(dtype)
-            q, state = bnbf.quantize_4bit(w, blocksize=NF4_BLOCK, quant_type="nf4", compress_statistics=True)
-            module.weight.data = bnbf.dequantize_4bit(q, state).to(torch.float32).reshape(w.shape)
+            module.weight.data = nf4_quantize_reference(w, scale_code).dequantize(dtype).to(torch.float32)
             count += 1
     return count
 
