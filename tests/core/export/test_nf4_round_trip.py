@@ -1,9 +1,9 @@
 """The QLoRA round trip of the merged export (`qlora_round_trip`): nf4 quantization as bitsandbytes' CUDA kernels do
 it, dequantized by Hone's nf4 reference, so the merged base equals the weights training computed with.
 
-The tiny Llama's layer-0 gate_proj is a case that bitsandbytes' CPU quantizer gets wrong: three of its block scales, less their mean and
-divided by their absmax, sit 5.6e-6 past the midpoint between two 8-bit codes, and bitsandbytes' CPU quantizer
-(a 65536-entry lookup table) takes the farther code, putting 0.52% of the weights one bf16 step off.
+The tiny Llama's layer-0 gate_proj is a case bitsandbytes' CPU quantizer gets wrong: three of its block scales,
+less their mean and divided by their absmax, sit 5.6e-6 past the midpoint between two 8-bit codes, and the CPU
+quantizer (a 65536-entry lookup table) takes the farther code, putting 0.52% of the weights one bf16 step off.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def test_round_trip_quantizes_each_value_and_scale_to_its_nearest_code(tiny_llam
 
 def test_round_trip_equals_hone_dequantize_of_the_quantized_state(tiny_llama, monkeypatch):
     """The round trip's weights are Hone's nf4 dequantize (reference and, interpreted, the Triton kernel training
-    runs) of the state `nf4_quantize_reference` makes, bit for bit; bitsandbytes reads that state to the same weights."""
+    runs) of the state `nf4_quantize_reference` makes, bit for bit; bitsandbytes reads that state to the same
+    weights."""
     from hone.kernels.nf4 import NF4Weight
 
     weights, model = tiny_llama
