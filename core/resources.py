@@ -1,14 +1,41 @@
-"""Files shipped inside the package (sample datasets, configs, icons) and the `bundled:` names for them."""
+"""Files shipped inside the package (sample datasets, configs, icons) and the `bundled:` names for them, and the
+per-user folder Hone keeps its caches in."""
 
 from __future__ import annotations
 
 import importlib.resources
 import importlib.util
+import os
+import sys
 from pathlib import Path
+
+import platformdirs
 
 from hone.core.errors import HoneError
 
 BUNDLED_PREFIX = "bundled:"
+CACHE_ENV = "HONE_CACHE"
+
+
+def cache_root(*subfolders: str) -> Path:
+    """Hone's per-user cache folder, or a subfolder of it (not created here).
+
+    `$HONE_CACHE` when set; else the platform's convention: `%LOCALAPPDATA%\\HoneStudio\\Cache` on Windows,
+    `~/Library/Caches/HoneStudio` on macOS, `$XDG_CACHE_HOME/hone` (default `~/.cache/hone`) elsewhere.
+
+    Args:
+        subfolders: path parts under the root, e.g. `cache_root("models")` or `cache_root("triton")`.
+    """
+    override = os.environ.get(CACHE_ENV, "").strip()
+    if override:
+        root = Path(override).expanduser()
+    else:
+        # Linux (and the other XDG systems) keep the lowercase ~/.cache/hone that earlier versions used, so GGUF
+        # conversions and tokenized datasets made before are still found; Windows and macOS name it like their apps.
+        name = "HoneStudio" if sys.platform in ("win32", "darwin") else "hone"
+        # appauthor=False: no "<author>" level on Windows (platformdirs would repeat the app name there).
+        root = platformdirs.user_cache_path(name, appauthor=False)
+    return root.joinpath(*subfolders)
 
 
 def resource_path(relative: str) -> Path:

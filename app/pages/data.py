@@ -60,11 +60,11 @@ class DataCheck:
 
 
 def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
-    """The chosen model's tokenizer (downloads nothing the model load would not)."""
-    from hone.core.models.load import load_config, load_tokenizer
+    """The tokenizer training with the chosen model would use, as `hone data check --model` loads it (no weights are
+    read, no GGUF converted; downloads nothing the model load would not)."""
+    from hone.core.models.load import tokenizer_for
 
-    _source, folder, config = load_config(model_cfg)
-    return load_tokenizer(folder, config, model_cfg)
+    return tokenizer_for(model_cfg)
 
 
 def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCheck:

@@ -20,6 +20,7 @@ import numpy as np
 
 from hone.core.data.rows import ImageRef
 from hone.core.data.tokenized import TokenizedSet
+from hone.core.resources import cache_root
 
 # Bump when the stored layout or the tokenization rules change, so old entries are not reused.
 CACHE_VERSION = 3
@@ -27,9 +28,8 @@ _ARRAYS = ("ids", "trained", "offsets", "trained_counts", "row_numbers", "source
 
 
 def default_cache_dir() -> Path:
-    """`$HONE_CACHE/datasets`, or ~/.cache/hone/datasets."""
-    root = os.environ.get("HONE_CACHE") or str(Path("~/.cache/hone").expanduser())
-    return Path(root).expanduser() / "datasets"
+    """`datasets` under Hone's user cache (`$HONE_CACHE`, else the platform's; see `hone.core.resources.cache_root`)."""
+    return cache_root("datasets")
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -59,7 +59,8 @@ def load_training_data(cfg, tokenizer, *, seed: int = 0, cache_dir: Path | None 
         cfg: hone.core.config.DataConfig.
         tokenizer: the model's tokenizer (with its chat template), or its processor for vision models.
         seed: picks the rows held out by `cfg.eval_fraction`.
-        cache_dir: where tokenized splits are cached; None = `$HONE_CACHE/datasets` (~/.cache/hone/datasets).
+        cache_dir: where tokenized splits are cached; None = `cache_root("datasets")` (`$HONE_CACHE/datasets`, else
+            the platform's user cache, e.g. ~/.cache/hone/datasets).
         progress: called as progress(message, fraction 0..1) while working.
 
     Returns:

@@ -37,13 +37,13 @@ CHAT_TEMPLATE = (
 
 def demo_model_folder() -> Path:
     """The demo model's folder (config, weights, tokenizer, image processor), built on first use."""
-    from hone.core.models.load import cache_root, publish_folder
-    from hone.core.resources import smollm2_gguf
+    from hone.core.models.load import publish_folder
+    from hone.core.resources import cache_root, smollm2_gguf
 
     gguf = smollm2_gguf()
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|v{BUILDER_VERSION}".encode())
-    target = cache_root() / "models" / f"smolvlm-demo-{key.hexdigest()[:16]}"
+    target = cache_root("models", f"smolvlm-demo-{key.hexdigest()[:16]}")
     if (target / "config.json").is_file():
         return target
     return publish_folder(target, build_demo_model)

@@ -1,8 +1,9 @@
 """Load a model and its tokenizer from a Hugging Face id, a local folder, a .gguf file or the bundled demo model.
 
 GGUF files are converted once (transformers dequantizes them on load) into a safetensors folder under the user
-cache, keyed by the file's path, size and modification time, so the second load is fast. Errors say what to do:
-an offline machine without the model cached is told to point at a local folder or file.
+cache (`hone.core.resources.cache_root("models")`), keyed by the file's path, size and modification time, so the second
+load is fast. `tokenizer_for` gives the tokenizer a run would use without reading weights (data checks). Errors say
+what to do: an offline machine without the model cached is told to point at a local folder or file.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from hone.core.config import ModelConfig
 from hone.core.errors import ModelError
 from hone.core.model_info import ModelInfo
-from hone.core.resources import BUNDLED_PREFIX, resolve_bundled
+from hone.core.resources import BUNDLED_PREFIX, cache_root, resolve_bundled
 
 # A Hugging Face repo id: "name" or "owner/name" with letters, digits, '-', '_', '.'.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -48,11 +49,6 @@ class LoadedModel:
     info: ModelInfo
     source: ModelSource
     folder: str  # what from_pretrained read: a folder (converted GGUF included) or a hub id
-
-
-def cache_root() -> Path:
-    """Root of Hone's caches: $HONE_CACHE, else ~/.cache/hone."""
-    return Path(os.environ.get("HONE_CACHE") or Path.home() / ".cache" / "hone")
 
 
 def resolve_source(name_or_path: str, gguf_file: str = "") -> ModelSource:
@@ -138,21 +134,20 @@ def _conversion_folder(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{_CONVERSION_VERSION}|{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
     key = key.hexdigest()[:16]
-    return cache_root() / "models" / f"{gguf.stem}-{key}"
+    return cache_root("models", f"{gguf.stem}-{key}")
 
 
 def gguf_folder(gguf: Path) -> Path:
     """A safetensors folder equivalent to `gguf`, converting it on first use (atomic: temp folder + rename)."""
     import torch
     from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     target = _conversion_folder(gguf)
     if (target / "config.json").is_file():
         return target
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        _special_tokens_from_gguf(tokenizer, gguf)
+        tokenizer = gguf_tokenizer(gguf)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except (ValueError, KeyError, RuntimeError) as e:
         raise ModelError(f"{gguf} could not be read as a GGUF model: {e}",
@@ -192,6 +187,21 @@ def publish_folder(target: Path, write) -> Path:
         if not (target / "config.json").is_file():  # not another process's finished copy: a real failure
             raise
     return target
+
+
+def gguf_tokenizer(gguf: Path):
+    """The tokenizer transformers builds from a GGUF file's metadata (no tensor is read), with BOS / EOS / padding set
+    to the ids the file states. The conversion saves exactly this tokenizer next to the weights.
+
+    Raises:
+        OSError, ValueError, KeyError, RuntimeError: the file cannot be read, or transformers cannot build its
+            tokenizer.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _special_tokens_from_gguf(tokenizer, gguf)
+    return tokenizer
 
 
 def _special_tokens_from_gguf(tokenizer, gguf: Path) -> None:
@@ -318,10 +328,60 @@ def load_tokenizer(folder: str, config=None, model_cfg: ModelConfig | None = Non
             tokenizer = _load_processor(folder, config, kwargs)
         else:
             tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    return _with_pad_token(tokenizer)
+
+
+def _with_pad_token(tokenizer):
+    """Pad with EOS where the tokenizer names no padding token (collation pads batches)."""
     text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     if text_tokenizer.pad_token is None:
         text_tokenizer.pad_token = text_tokenizer.eos_token
     return tokenizer
+
+
+def tokenizer_for(model_cfg: ModelConfig):
+    """The tokenizer (or, for vision models, the processor) a run with `model_cfg` would train with, read without any
+    weights: what `hone data check --model` and the Studio's Data page tokenize rows with.
+
+    `model_cfg.name_or_path` may be anything a run accepts (a model folder, a .gguf file or a folder holding one, a
+    `bundled:` name, a Hugging Face id) or a folder holding only tokenizer files. A GGUF's tokenizer comes from its
+    conversion when a run made one, else from its metadata exactly as the conversion builds it (`gguf_tokenizer`): a
+    data check never converts a model. Other models read their config (vision models pick a processor) and tokenizer
+    files.
+
+    Raises:
+        ModelError: the name is no model, or its tokenizer cannot be read; the message says which and what to do.
+    """
+    name = model_cfg.name_or_path.strip()
+    folder = Path(name).expanduser()
+    if name and not model_cfg.gguf_file and _holds_only_a_tokenizer(folder):
+        try:
+            return load_tokenizer(str(folder), None, model_cfg)
+        except (OSError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ModelError(f"cannot load the tokenizer in {folder}: {first}",
+                             "give a model folder, a .gguf file, or a folder with tokenizer.json or "
+                             "tokenizer_config.json") from None
+    source = resolve_source(name, model_cfg.gguf_file)
+    if source.kind in ("bundled", "gguf"):
+        gguf = Path(source.path)
+        converted = _conversion_folder(gguf)
+        if (converted / "config.json").is_file():  # a run converted it already: the very files runs read (and fast)
+            return load_tokenizer(str(converted), None, model_cfg)
+        try:
+            return _with_pad_token(gguf_tokenizer(gguf))
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise ModelError(f"the tokenizer of {gguf} could not be read: {e}",
+                             "transformers reads the tokenizers of llama, mistral, qwen2/qwen3, phi3, gemma and a few "
+                             "more GGUF architectures; convert others to safetensors") from None
+    _source, folder_or_id, config = load_config(model_cfg)
+    return load_tokenizer(folder_or_id, config, model_cfg)
+
+
+def _holds_only_a_tokenizer(folder: Path) -> bool:
+    """A folder with tokenizer files but neither config.json nor a .gguf file (which `resolve_source` would take)."""
+    return (folder.is_dir() and not (folder / "config.json").is_file() and not any(folder.glob("*.gguf"))
+            and any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")))
 
 
 def load_model(model_cfg: ModelConfig, *, device: str | None = None, for_training: bool = True,

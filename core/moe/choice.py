@@ -16,7 +16,9 @@ from torch import nn
 
 from hone.core.errors import ConfigError
 from hone.core.moe.experts import apply_backend, find_experts, set_fused_gate, unsupported_reason
+from hone.core.resources import cache_root
 from hone.kernels.moe.backends import GroupedOps, make_ops
+from hone.kernels.moe.grouped_gemm import tuning
 from hone.kernels.moe.routing import route
 
 BACKENDS = ("auto", "grouped_mm", "triton", "torch", "eager")
@@ -139,7 +141,8 @@ def _forced(name: str, source: str, device: torch.device, dtype: torch.dtype) ->
 
 def configure(model: nn.Module, backend: str = "auto", device: torch.device | str | None = None, *,
               fused_gate: bool = True) -> Choice:
-    """Pick the MoE backend and set it as the model's experts implementation (undo with `revert_backend`).
+    """Pick the MoE backend and set it as the model's experts implementation (undo with `revert_backend`). The Triton
+    kernels are told to keep their tuned block sizes in the user cache (`cache_root("triton")`).
 
     Args:
         model: a transformers model or a peft model around one.
@@ -172,6 +175,7 @@ def configure(model: nn.Module, backend: str = "auto", device: torch.device | st
     if reasons and requested != "eager":
         apply_backend(model, "eager")
         return Choice("eager", f"transformers' eager experts: {sorted(reasons)[0]}")
+    tuning.set_cache_dir(cache_root("triton"))  # before the probe: it may run (and tune) the Triton kernels
     choice = _auto(device, dtype) if requested == "auto" else _forced(requested, source, device, dtype)
     apply_backend(model, choice.name)
     return choice

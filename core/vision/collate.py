@@ -23,6 +23,7 @@ import torch
 from hone.core.data.collate import PackedBatch, PaddedBatch, collate_packed, collate_padded
 from hone.core.data.images import load_image
 from hone.core.errors import DataError
+from hone.core.resources import cache_root
 from hone.core.vision.expansion import image_expansion_for
 from hone.core.vision.families import PACKED, VisionFamily
 from hone.core.vision.mrope import mrope_positions
@@ -168,7 +169,7 @@ class VisionCollator:
         if expected != found:
             raise DataError(f"{row.source}: {found} image tokens for images that need {expected}",
                             "an image changed since the data was tokenized; clear the data cache "
-                            "(~/.cache/hone/datasets) and start the run again")
+                            f"({cache_root('datasets')}) and start the run again")
 
     def _pixels(self, images) -> dict[str, torch.Tensor]:
         processor = self.processor.image_processor

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from hone.core.config import DATA_FORMATS, DataConfig
-from hone.core.errors import ConfigError, ModelError
+from hone.core.errors import ConfigError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -64,34 +63,11 @@ def _config(args, files: list[str]) -> DataConfig:
 def load_tokenizer(name: str):
     """The tokenizer (or, for vision models, the processor) that training with model `name` would use: a model
     folder, .gguf file, `bundled:` name, Hugging Face id, or a folder holding only tokenizer files. No weights are
-    read (a GGUF's tokenizer is taken from its metadata, without converting the model)."""
+    read; the Studio's Data page loads it the same way (`hone.core.models.load.tokenizer_for`)."""
     from hone.core.config import ModelConfig
-    from hone.core.models.load import load_config, resolve_source
-    from hone.core.models.load import load_tokenizer as model_tokenizer
+    from hone.core.models.load import tokenizer_for
 
-    path = Path(name).expanduser()
-    if path.is_dir() and not (path / "config.json").exists() and any(
-            (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        return _plain_tokenizer(str(path), name)
-    source = resolve_source(name)
-    if source.kind in ("bundled", "gguf"):
-        gguf = Path(source.path)
-        return _plain_tokenizer(str(gguf.parent), name, gguf_file=gguf.name)
-    model_cfg = ModelConfig(name_or_path=name)
-    _, folder, config = load_config(model_cfg)
-    return model_tokenizer(folder, config, model_cfg)
-
-
-def _plain_tokenizer(folder: str, name: str, gguf_file: str | None = None):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file) if gguf_file else \
-            AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ModelError(f"cannot load the tokenizer of {name}: {first}",
-                         "give a model folder, a .gguf file or a Hugging Face id that is downloaded") from None
+    return tokenizer_for(ModelConfig(name_or_path=name))
 
 
 def run(args) -> int:

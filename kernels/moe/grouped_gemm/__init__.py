@@ -3,7 +3,7 @@ block-size tuning remembered per GPU and shape.
 
     kernels.py  the Triton kernels (forward with an optional LoRA term, weight gradient)
     launch.py   grouped_gemm_forward / grouped_gemm_wgrad and their references
-    tuning.py   block sizes timed once per (GPU, kernel, shape) and cached on disk
+    tuning.py   block sizes timed once per (GPU, kernel, shape), kept in the folder the caller names
 """
 
 __all__: list[str] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from hone.kernels._runtime import cdiv, launcher, next_power_of_2
-from hone.kernels.moe.grouped_gemm.tuning import KernelConfig, cache_dir, pick_config
+from hone.kernels.moe.grouped_gemm.tuning import KernelConfig, pick_config
 
 try:
     import triton
@@ -229,5 +229,5 @@ def grouped_gemm_wgrad_reference(p: torch.Tensor, q: torch.Tensor, group_ends: t
     return out
 
 
-__all__ = ["cache_dir", "grouped_gemm_forward", "grouped_gemm_reference", "grouped_gemm_wgrad",
+__all__ = ["grouped_gemm_forward", "grouped_gemm_reference", "grouped_gemm_wgrad",
            "grouped_gemm_wgrad_reference", "interpreting", "triton_runs_on"]

@@ -1,8 +1,9 @@
-"""Block-size choice for the grouped GEMM kernels: timed once per GPU and shape, remembered on disk.
+"""Block-size choice for the grouped GEMM kernels: timed once per GPU and shape, kept in a folder the caller names.
 
 The first call with a new (GPU, kernel, dtype, N, K, row bucket, fused options) key times a short list of
-candidate configs and keeps the fastest, in memory and in `$HONE_CACHE/triton/grouped_gemm.json` (default
-`~/.cache/hone`), so later runs start tuned. Timing synchronizes the GPU, once per key. Set
+candidate configs and keeps the fastest, in memory and, once `set_cache_dir` has named a folder, in
+`<folder>/grouped_gemm.json`, so later runs start tuned. Hone's core names its user cache's `triton` folder when it
+sets up the MoE backend (`hone.core.moe.choice.configure`). Timing synchronizes the GPU, once per key. Set
 `HONE_TRITON_AUTOTUNE=0` to skip timing and use the built-in heuristic.
 """
 
@@ -32,11 +33,22 @@ CACHE_FILE = "grouped_gemm.json"
 
 _memory: dict[str, KernelConfig] = {}
 _disk_loaded: set[str] = set()
+# Where tuned configs are kept on disk. Until someone says, nowhere: the kernels cannot know the app's cache folder
+# (that is hone.core.resources.cache_root's, with its platform conventions and HONE_CACHE), and a second guess here
+# would drift from it. Tuning still happens once per key per process; only the memory across runs is missing.
+_cache_dir: str | None = None
 
 
-def cache_dir() -> str:
-    """Where tuned configs are kept: $HONE_CACHE/triton (default ~/.cache/hone/triton)."""
-    return os.path.join(os.environ.get("HONE_CACHE") or os.path.expanduser("~/.cache/hone"), "triton")
+def set_cache_dir(folder: str | os.PathLike | None) -> None:
+    """Keep tuned configs in `folder`/grouped_gemm.json from now on (created on the first save; configs tuned so far
+    are written with it); None keeps them in memory only. Configs already in memory stay in use."""
+    global _cache_dir
+    _cache_dir = None if folder is None else os.fspath(folder)
+
+
+def cache_dir() -> str | None:
+    """The folder tuned configs are kept in, or None while they stay in memory only (see `set_cache_dir`)."""
+    return _cache_dir
 
 
 def _pow2_at_least(n: int, floor: int = 16) -> int:
@@ -94,13 +106,13 @@ def _time_ms(launch: Callable[[KernelConfig], None], cfg: KernelConfig) -> float
     return start.elapsed_time(end) / reps
 
 
-def _disk_path() -> str:
-    return os.path.join(cache_dir(), CACHE_FILE)
+def _disk_path() -> str | None:
+    return None if _cache_dir is None else os.path.join(_cache_dir, CACHE_FILE)
 
 
 def _load_disk() -> None:
     path = _disk_path()
-    if path in _disk_loaded:
+    if path is None or path in _disk_loaded:
         return
     _disk_loaded.add(path)
     try:
@@ -113,6 +125,8 @@ def _load_disk() -> None:
 
 def _save_disk() -> None:
     path = _disk_path()
+    if path is None:
+        return
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")

@@ -6,6 +6,8 @@ them that way in a subprocess. On a GPU: `pytest -m gpu`.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -131,26 +133,54 @@ def test_wgrad_gathers_the_left_operand(device):
 
 @pytest.mark.gpu
 def test_tuned_config_is_cached_on_disk(tmp_path, monkeypatch):
-    """The first call with a new shape times candidate configs and writes them under $HONE_CACHE/triton."""
+    """The first call with a new shape times candidate configs; told a folder (as Hone's core does with its user
+    cache), the kernels write them there, and a later process reads them back instead of timing again."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from hone.kernels.moe.grouped_gemm import tuning
 
-    monkeypatch.setenv("HONE_CACHE", str(tmp_path))
+    timed = []
+    time_ms = tuning._time_ms
+
+    def counted(launch, cfg):
+        timed.append(cfg)
+        return time_ms(launch, cfg)
+
+    def fresh_process():
+        monkeypatch.setattr(tuning, "_memory", {})
+        monkeypatch.setattr(tuning, "_recent", {})
+        monkeypatch.setattr(tuning, "_disk_loaded", set())
+        timed.clear()
+
     monkeypatch.setenv("HONE_TRITON_AUTOTUNE", "1")
-    monkeypatch.setattr(tuning, "_memory", {})
-    monkeypatch.setattr(tuning, "_recent", {})
-    monkeypatch.setattr(tuning, "_disk_loaded", set())
+    monkeypatch.setenv("HONE_CACHE", str(tmp_path))  # the kernels do not read it: only core names their folder
+    monkeypatch.setattr(tuning, "_time_ms", counted)
+    monkeypatch.setattr(tuning, "_cache_dir", None)
+    fresh_process()
     counts = [300, 0, 212]
     x = torch.randn(sum(counts), 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(3, 256, 384, device="cuda", dtype=torch.bfloat16)
     ends = _group_ends(counts, "cuda")
+    reference = grouped_gemm_reference(x, w, ends)
+    grouped_gemm_forward(x, w, ends)
+    assert timed, "a new shape was not timed"
+    assert not list(tmp_path.rglob("*.json")), "tuned configs were written though no folder was named"
+
+    folder = tmp_path / "triton"
+    tuning.set_cache_dir(folder)
+    fresh_process()
     out = grouped_gemm_forward(x, w, ends)
-    err = _rel_err(out, grouped_gemm_reference(x, w, ends))
+    err = _rel_err(out, reference)
     assert err <= TOLERANCE[torch.bfloat16], f"tuned forward off by {err:.3g}"
-    cache = tmp_path / "triton" / tuning.CACHE_FILE
-    assert cache.exists(), f"no tuning cache written at {cache}"
-    assert "forward|" in cache.read_text()
+    cache = folder / tuning.CACHE_FILE
+    assert timed and cache.exists(), f"no tuning cache written at {cache}"
+    saved = json.loads(cache.read_text(encoding="utf-8"))
+    assert any(key.startswith("forward|") for key in saved)
+
+    fresh_process()  # a later run, told the same folder
+    out = grouped_gemm_forward(x, w, ends)
+    assert not timed, "the configs on disk were timed again"
+    assert _rel_err(out, reference) <= TOLERANCE[torch.bfloat16]
 
 
 def test_repeated_config_lookups_are_answered_from_recent_calls(monkeypatch):
