@@ -1,15 +1,9 @@
 """Regional compilation: `torch.compile` each decoder block, not the whole model.
 
-Every decoder layer of a model runs the same code, so dynamo traces one block and the others reuse it (guards
-pass because the layers bind the same forward functions, see `hone.core.speed.fused.apply`). Compiling blocks instead of
-the model keeps the loss, the LM head and the trainer's own code eager, and compiles in seconds rather than
-minutes. Compilation happens lazily on the first step (forward, then backward) and again once when the packed
-sequence length first changes (dynamo then makes that dimension dynamic). `CompileReport` measures that time
-through dynamo's compile callbacks, so the trainer can report it once and keep it out of step times.
-
-CUDA graphs (`mode="reduce-overhead"`) are not the default: packed batches change length every step, and
-each new length would record a new graph; they pay only for fixed-shape batches of very small models.
-Inside compiled blocks Hone's Triton kernels step aside for their torch references, which inductor fuses.
+Every decoder layer runs the same code, so dynamo traces one block and the others reuse it; the loss, the LM head
+and the trainer's own code stay eager. The one thing to know: compilation happens lazily, on the first step
+(forward, then backward) and again once when the packed sequence length first changes, and `CompileReport`
+measures that time so the trainer can report it once and keep it out of step times.
 """
 
 from __future__ import annotations
@@ -124,8 +118,15 @@ def compile_blocks(model: torch.nn.Module, *, mode: str | None = None, dynamic: 
                    backend: str = "inductor", fullgraph: bool = False) -> CompileReport:
     """Compile each decoder block of `model` in place (`nn.Module.compile`); call after LoRA and kernels.
 
+    The blocks reuse one trace because every layer binds the same forward functions (`hone.core.speed.fused.apply`
+    shares them), so dynamo's guards pass; compiling blocks instead of the whole model takes seconds rather than
+    minutes. Inside compiled blocks Hone's Triton kernels step aside for their torch references, which inductor
+    fuses. Compile time is measured through dynamo's compile callbacks (`CompileReport.take_new_seconds`).
+
     Args:
-        mode: torch.compile mode (None = default; see the module docstring about "reduce-overhead").
+        mode: torch.compile mode (None = default). CUDA graphs (`"reduce-overhead"`) are not the default: packed
+            batches change length every step, and each new length would record a new graph; they pay only for
+            fixed-shape batches of very small models.
         dynamic: None lets dynamo make the sequence length dynamic when it first changes.
         backend: "inductor" on GPU; tests use "eager" to exercise tracing without a compiler.
         fullgraph: require one graph per block (graph breaks raise).

@@ -1,25 +1,10 @@
-"""The frozen vocabulary tables kept in host memory: input-embedding rows looked up on the CPU, the LM head copied
-to the GPU only for the loss.
+"""The frozen vocabulary tables, which LoRA never trains, kept in pinned host memory instead of GPU memory.
 
-Why: LoRA trains neither table, yet both sit in GPU memory for the whole run: 1.16 GiB each for Qwen3-8B
-(151,936 x 4,096 bf16), 0.58 GiB each for Qwen3-30B-A3B, 0.29 GiB for Qwen3-0.6B's tied one. A step reads only
-the batch's rows of the input table, and the LM head only while the loss runs, after every layer's forward and
-before any layer's backward: the layers' backward, where a step peaks, never needs it.
-
-How: `apply_host_tables` moves the tables to pinned host memory and puts a `HostEmbedding` and a `HostLMHead` in
-the model's places. The trainer's collation (on its background thread, while the GPU runs the previous step)
-gathers each batch's rows from the host table into pinned memory (`HostEmbedding.rows`); they travel to the GPU
-with the batch's other tensors (one asynchronous copy, T x H values) and reach the model as `inputs_embeds`. The
-chunked loss (`hone.core.train.loss`) copies the head's weight to the GPU once per step (`HostLMHead.device_weight`, an
-asynchronous copy from pinned memory: ~20 ms for 1.16 GiB over PCIe 5, started on a side stream when the model's
-forward starts, so the layers' forward hides it) and frees it when the loss is done. Any
-other call (generation, a batch collated elsewhere) goes through the modules' `forward`, which is correct but not
-fast: the embedding waits for the ids' copy to the host, the head copies its whole weight on every call. `restore`
-puts the tables and the original modules back (the run's end).
-
-Where: on a CUDA device, a plain `nn.Embedding` / `nn.Linear` whose weight is frozen; the input table of text
-models only (vision-language models merge image features into the embeddings inside their forward); the head only
-when the chunked loss computes it. A table tied to the head is one table: it moves when both places can move.
+The input embedding's rows are looked up on the CPU by the trainer's collation and reach the model as
+`inputs_embeds`; the LM head is copied to the GPU once per step, while the forward runs, for the chunked loss, and
+freed after it. The one thing to know: only those two callers are fast. Any other call (generation, a batch
+collated elsewhere) goes through the stand-ins' `forward`, correct but copying on every call. `apply_host_tables`
+decides what moves; `HostTables.restore` puts it back. What it saves and costs: docs/performance/memory.md.
 """
 
 from __future__ import annotations
@@ -68,7 +53,12 @@ class _HostTable(nn.Module):
 
 
 class HostEmbedding(_HostTable):
-    """Stands in for a frozen `nn.Embedding` whose table lives in pinned host memory (see the module docstring).
+    """Stands in for a frozen `nn.Embedding` whose table lives in pinned host memory.
+
+    A step reads only its batch's rows of the table. The trainer's collation (on its background thread, while the
+    GPU runs the previous step) gathers them from the host table into pinned memory (`rows`); they travel to the
+    GPU with the batch's other tensors (one asynchronous copy of T x H values) and reach the model as
+    `inputs_embeds`, so the table takes no GPU memory during the step. `forward` serves any other caller.
 
     Args:
         original: the model's embedding module (its weight is moved off the device; `restore` brings it back).
@@ -102,7 +92,13 @@ class HostEmbedding(_HostTable):
 
 
 class HostLMHead(_HostTable):
-    """Stands in for a frozen `nn.Linear` LM head whose weight lives in pinned host memory (module docstring).
+    """Stands in for a frozen `nn.Linear` LM head whose weight lives in pinned host memory.
+
+    Only the loss reads the head, after every layer's forward and before any layer's backward, so the layers'
+    backward never needs it. The chunked loss (`hone.core.train.loss`) takes it once per step with `device_weight`:
+    an asynchronous copy from pinned memory, started on a side stream when the model's forward starts
+    (`prefetch_during`) so the layers' forward hides it, and freed when the loss drops it. `forward` serves any
+    other caller (generation, say) by copying the whole weight on every call.
 
     Args:
         original: the model's head (its weight is moved off the device; `restore` brings it back). A bias, if
@@ -221,13 +217,22 @@ class HostTables:
 
 def apply_host_tables(model, device: torch.device | str, *, embedding: bool = True, head: bool = True,
                       chunked_loss: bool = True, force: bool = False) -> HostTables:
-    """Move `model`'s frozen vocabulary tables to host memory where they can go (see the module docstring).
+    """Move `model`'s frozen vocabulary tables to pinned host memory where they can go, putting a `HostEmbedding`
+    and a `HostLMHead` in the model's places.
+
+    Where: on a CUDA device, a plain `nn.Embedding` / `nn.Linear` whose weight is frozen; the input table of text
+    models only (vision-language models merge image features into the embeddings inside their forward); the head
+    only when the chunked loss computes it. A table tied to the head is one table: it moves when both places can
+    move.
 
     Args:
         embedding / head: which tables may move (the `speed.host_embeddings` / `speed.host_lm_head` switches).
         chunked_loss: the run computes its loss with `hone.core.train.loss`'s chunked mode (the head moves only then:
             the model's own forward would copy the head on every call).
         force: skip the GPU-only condition (tests check the bookkeeping on the CPU).
+
+    Returns:
+        A `HostTables`: each table's stand-in, or the reason it stays on the device; `restore` undoes the move.
     """
     base = _base(model)
     on_device = None if force or torch.device(device).type == "cuda" else (

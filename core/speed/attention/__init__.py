@@ -1,25 +1,10 @@
 """Choosing and installing the attention backend for packed rows, once per run.
 
-`configure(model, speed_cfg, device)` picks a backend (`speed.attention`: auto, varlen, flash, sdpa, hf),
-registers its function with transformers' `AttentionInterface` and sets it on the model; `revert(model, choice)`
-puts the model's previous attention back. The returned `Choice` says what was picked and why, for RunStarted.
-
-How it avoids work inside the step: the registered names are not in transformers' `AttentionMaskInterface`, so
-transformers' mask creation returns at once for them. It builds no dense mask and never runs its packed-sequence
-detection (which calls `.all()` on a GPU tensor, a host sync, on 5.17 and 5.24 alike). The functions in
-`hone.core.speed.attention.backends` read the batch's metadata from the kwargs instead.
-
-Backends:
-- varlen: `torch.nn.attention.varlen.varlen_attn` on CUDA in bf16/fp16 (probed once on the device: grouped
-  heads and sliding windows against a dense reference).
-- flash: flash-attn's `flash_attn_varlen_func`, when that package is installed.
-- sdpa: SDPA with one block-diagonal causal mask per batch, shared across layers (CPU, older GPUs, fp32).
-- hf: transformers' own attention, untouched (it builds its mask from position_ids every forward).
-Models with attention sinks (gpt-oss) take varlen when its probe, gradients included, passes with sinks (see
-`attention_backends.SinkRescale`), else the shared block mask with the sink attention computed densely (never
-transformers' own attention for packed rows: gpt-oss builds its masks without the position ids, so a packed row
-would attend across its sequences). Models with attention logit soft-capping (Gemma 2) or attention dropout keep
-transformers' attention, and so do vision-language models and runs without packing; the reason says so.
+`configure(model, speed_cfg, device)` picks a backend (`speed.attention`: auto, varlen, flash, sdpa, hf; `choose`
+says when each is taken), registers its function with transformers' `AttentionInterface` and sets it on the
+model; `revert(model, choice)` puts the model's previous attention back. The returned `Choice` says what was picked
+and why, for RunStarted. The one thing to know: for Hone's registered names transformers builds no mask and runs
+no packed-sequence detection (a host sync); the functions in `backends` read the batch's metadata from the kwargs.
 """
 
 from __future__ import annotations
@@ -68,7 +53,12 @@ class Choice:
 
 
 def register() -> None:
-    """Register Hone's attention functions (and their per-layer-metadata variants) with transformers."""
+    """Register Hone's attention functions (and their per-layer-metadata variants) with transformers.
+
+    The names are not in transformers' `AttentionMaskInterface`, so transformers' mask creation returns at once
+    for them: it builds no dense mask and never runs its packed-sequence detection (which calls `.all()` on a GPU
+    tensor, a host sync, in transformers 5.17 and 5.24 alike).
+    """
     from transformers import AttentionInterface
 
     for name, fn in _FUNCTIONS.items():
@@ -218,7 +208,7 @@ _PROBE_TOLERANCE = 5e-2
 
 def sink_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                              sinks: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
-    """Dense attention in the inputs' dtype (`attention_backends.dense_sink_attention`) for one row: (1, H, T, D)
+    """Dense attention in the inputs' dtype (`backends.dense_sink_attention`) for one row: (1, H, T, D)
     q, (1, Hkv, T, D) k / v, `block_causal_mask`'s (1, 1, T, T), optional (H,) sinks. Returns (T, H, D)."""
     return backends.dense_sink_attention(q, k, v, mask, sinks, scale)[0]
 
@@ -263,7 +253,21 @@ def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool
 
 def choose(model, requested: str, device: torch.device | str) -> tuple[str, str, backends.VarlenOptions | None]:
     """Pick a backend name ("varlen", "flash", "sdpa", "hf"), the reason and, for varlen, the probed options,
-    without touching the model."""
+    without touching the model.
+
+    The backends, in the order `auto` tries them:
+    - varlen: `torch.nn.attention.varlen.varlen_attn` on CUDA in bf16/fp16, when `probe_varlen` passes on the
+      device (grouped heads and sliding windows against a dense reference).
+    - flash: flash-attn's `flash_attn_varlen_func`, when that package is installed.
+    - sdpa: SDPA with one block-diagonal causal mask per batch, shared across layers (CPU, older GPUs, fp32).
+    - hf: transformers' own attention, untouched (it builds its mask from position_ids every forward).
+    Models with attention sinks (gpt-oss) take varlen when its probe, gradients included, passes with sinks (see
+    `backends.SinkRescale`), else the shared block mask with the sink attention computed densely; never
+    transformers' own attention unless asked for: gpt-oss builds its masks without the position ids, so a packed
+    row would attend across its sequences. Models with attention logit soft-capping (Gemma 2) or attention dropout
+    keep transformers' attention, and so do vision-language models (`_unsupported_reason`) and, in `configure`,
+    runs without packing; the reason says so.
+    """
     device = torch.device(device)
     if requested == "hf":
         caveat = (" (gpt-oss builds its masks without the position ids: packed sequences attend to each other; "

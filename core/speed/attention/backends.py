@@ -1,22 +1,11 @@
 """Attention functions for packed rows, in the form transformers' `AttentionInterface` calls them.
 
-Each function receives the layer's query/key/value and the kwargs the model call was given, which include the
-packed batch's `cu_seq_lens_q/k` (int32 offsets, already on the device) and `max_length_q/k` (Python ints) from
-`PackedBatch.model_inputs()`. They use those as they are: no layer rebuilds them and nothing asks the GPU for a
-value, so a step never stalls on a host sync.
-
-- `varlen_attention`: `torch.nn.attention.varlen.varlen_attn` (torch's flash kernel on CUDA).
-- `fa2_attention`: `flash_attn.flash_attn_varlen_func` from the flash-attn package.
-- `blockmask_attention`: `scaled_dot_product_attention` with one block-diagonal causal mask (sliding window
-  respected) built from `cu_seq_lens_q` at the first layer of a batch and reused by every later layer: the path
-  for CPUs and GPUs without flash kernels.
-
-`PER_LAYER_METADATA[fn]` is the same function rebuilding everything from `position_ids` in every layer, the
-way transformers' own flash path does (with its host syncs); it exists for the benchmark to show what building
-once per batch buys.
-
-Shapes (transformers' convention): query (B, Hq, T, D), key/value (B, Hkv, T, D); output (B, T, Hq, D). Packed
-rows have B = 1; the varlen kernels see (B * T, H, D).
+`varlen_attention` calls torch's `varlen_attn`, `fa2_attention` flash-attn, and `blockmask_attention` SDPA with one
+block-diagonal causal mask per batch (for CPUs and GPUs without flash kernels). The one thing to know: each reads
+the packed batch's `cu_seq_lens_q/k` (int32 offsets, already on the device) and `max_length_q/k` (Python ints) from
+the kwargs `PackedBatch.model_inputs()` gave the model, and uses them as they are: no layer rebuilds them and
+nothing asks the GPU for a value, so a step never stalls on a host sync. Shapes (transformers' convention): query
+(B, Hq, T, D), key/value (B, Hkv, T, D); output (B, T, Hq, D). Packed rows have B = 1.
 """
 
 from __future__ import annotations
@@ -446,7 +435,8 @@ def _blockmask_forward(module, query, key, value, attention_mask, *, per_layer, 
 
 
 def blockmask_attention(module, query, key, value, attention_mask, **kwargs):
-    """SDPA with a block-diagonal causal mask built once per batch and shared by every layer."""
+    """SDPA with a block-diagonal causal mask (sliding window respected), built from `cu_seq_lens_q` at the first
+    layer of a batch and reused by every later layer (`_shared_mask`)."""
     return _blockmask_forward(module, query, key, value, attention_mask, per_layer=False, **kwargs)
 
 
@@ -455,6 +445,8 @@ def blockmask_attention_per_layer(module, query, key, value, attention_mask, **k
     return _blockmask_forward(module, query, key, value, attention_mask, per_layer=True, **kwargs)
 
 
+# Each function -> the same function rebuilding cu_seqlens / the mask from `position_ids` in every layer, the way
+# transformers' own flash path does (with its host syncs): benchmark only, to show what building once per batch buys.
 PER_LAYER_METADATA = {
     varlen_attention: varlen_attention_per_layer,
     fa2_attention: fa2_attention_per_layer,

@@ -1,17 +1,10 @@
-"""Packed attention back-propagated a group of whole sequences at a time.
+"""Packed attention back-propagated a group of whole sequences at a time, so its backward workspace exists per group.
 
-Why: a flash-attention backward over a packed batch allocates, beyond dq/dk/dv, a float32 dq accumulator and, for
+Beyond dq/dk/dv, a flash-attention backward over a packed batch allocates a float32 dq accumulator and, for
 grouped-query models, dk and dv expanded to every query head: (4 + 2 + 2) bytes x tokens x query heads x head dim.
-On Qwen3-8B at 16K tokens that is 0.55 GiB on top of dq/dk/dv, and it is the instant of the whole step's peak
-(`hone bench --memory-trace`). Attention never crosses a sequence boundary, so the backward can run on groups of
-whole sequences one after the other: each group's workspace exists alone.
-
-How: `GroupedBackwardAttention` runs the attention forward without autograd and keeps only q, k and v (not the output or
-the log-sum-exp). Its backward recomputes each group's attention forward with autograd (`attend` on the group's
-slices, offsets from `hone.core.speed.checkpointing.layer_groups`) and back-propagates the group's slice of the output
-gradient. The
-price is one more attention forward per layer (a few percent of a step at these row lengths) and a few more kernel
-launches per layer; the layer's own launches are unchanged.
+Attention never crosses a sequence boundary, so the backward can run one group after the other. The one thing to
+know: the price is one more attention forward per layer (`GroupedBackwardAttention` keeps only q, k and v); what it
+saves and costs is on docs/performance/memory.md. `speed.grouped_attention_backward` turns it on.
 """
 
 from __future__ import annotations
@@ -37,7 +30,13 @@ def group_tokens(query_heads: int, head_dim: int) -> int:
 
 
 class GroupedBackwardAttention(torch.autograd.Function):
-    """Packed attention whose backward runs a group of whole sequences at a time (see the module docstring).
+    """Packed attention whose backward runs a group of whole sequences at a time.
+
+    Forward runs the attention without autograd and keeps only q, k and v (not the output or the log-sum-exp).
+    Backward recomputes each group's attention forward with autograd (`attend` on the group's slices, with the
+    group's own offsets from `hone.core.speed.checkpointing.layer_groups`) and back-propagates the group's slice of
+    the output gradient, so one group's workspace exists at a time. The price is one more attention forward per
+    layer and a few more kernel launches; the layer's other launches are unchanged.
 
     Args (forward): q (T, Hq, D), k and v (T, Hkv, D) in varlen layout; attend; cu_seqlens and max_len of the whole
     batch; groups: the `SequenceGroup`s the backward runs.

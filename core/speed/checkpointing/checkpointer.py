@@ -1,37 +1,10 @@
 """Activation checkpointing of decoder layers, with the saved inputs kept on the GPU or offloaded to pinned host memory.
 
-Modes (`speed.checkpoint`):
-- `off`: no checkpointing; every activation stays in memory.
-- `gpu`: each decoder layer keeps only its input; backward recomputes the layer from it.
-- `offload`: the input goes to pinned host memory (copied on a side stream while the forward pass runs on); backward
-  copies it back into one GPU buffer, waits for the copy, recomputes. The GPU idles during each copy.
-- `offload-double`: two GPU buffers; while layer i is recomputed from one, the input of layer i-1 is copied into
-  the other, so the copy hides behind compute. Falls back to one buffer (with a Notice) when a second buffer does
-  not fit or memory gets tight.
-- `auto`: see `hone.core.speed.checkpointing.policy.choose_mode`.
-
-How it plugs in: transformers decoder layers are `GradientCheckpointingLayer`s that, when their
-`gradient_checkpointing` flag is set, call `self._gradient_checkpointing_func(layer_call, hidden_states)` with every
-other argument (attention mask, position-embedding tuple, `cu_seq_lens_q/k`, `max_length_q/k`, ...) bound into
-`layer_call`. `apply_checkpointing` sets those two attributes on every decoder layer to a `Checkpointer`;
-`revert_checkpointing` restores what was there. Works the same under peft LoRA / QLoRA (peft swaps the linear
-modules inside a layer, not the layer) and for MoE layers.
-
-On a GPU the copies run on a side stream, ordered by the rules in
-`hone.core.speed.checkpointing.offload_buffers.CudaCopier`: every copy
-waits for the work the compute stream has queued so far, and a recompute waits for its reload. The reload buffer a
-recompute reads is marked `reading` from `load` to `release` (after the layer's backward is queued); the next copy
-into it is issued only after that, so waiting for the queued compute work covers its last reader. The tests check
-these rules on the CPU with a stream simulator; `verify=True` compares every reloaded input with the saved one.
-
-The layer runs inside `_CheckpointedLayer`, an autograd Function: forward runs the layer without autograd and
-saves only its input; backward reloads the input, recomputes the layer with autograd (same RNG and autocast state as
-in forward), back-propagates through it (parameter gradients accumulate into `.grad` right there) and returns the
-input's gradient. A zero-size `anchor` tensor that requires grad is passed along so the Function is part of the graph
-even when the first layer's input does not require grad. Gradients therefore reach parameters through
-`loss.backward()` (what the trainer calls), not through `torch.autograd.grad(loss, params)`. With `group_tokens`, a
-packed layer is recomputed and back-propagated a group of whole sequences at a time
-(`hone.core.speed.checkpointing.layer_groups`).
+`apply_checkpointing` makes a `Checkpointer` the checkpoint function of every transformers
+`GradientCheckpointingLayer` (`revert_checkpointing` undoes it) in one of the modes of `speed.checkpoint`; the
+`Checkpointer` docstring says what each mode does, `policy.choose_mode` which one `auto` takes. The one thing to
+know: a checkpointed layer back-propagates inside its own backward node, so its parameter gradients reach `.grad`
+through `loss.backward()` (what the trainer calls), not through `torch.autograd.grad(loss, params)`.
 """
 
 from __future__ import annotations
@@ -162,8 +135,16 @@ def _replayed(state: _ForwardState):
 class _CheckpointedLayer(torch.autograd.Function):
     """One decoder layer, checkpointed: forward saves only `hidden`; backward recomputes and back-propagates.
 
+    Forward runs the layer without autograd and saves only its input (through `Checkpointer.save`: kept, or
+    offloaded). Backward reloads the input, recomputes the layer with autograd under the RNG and autocast state
+    of the forward (same dropout masks, same dtypes), back-propagates through it right there (parameter
+    gradients accumulate into `.grad`, hence only through `loss.backward()`) and returns the input's gradient.
+    With the checkpointer's `group_tokens`, a packed layer is recomputed and back-propagated a group of whole
+    sequences at a time (`_backward_in_groups`).
+
     Args (forward): checkpointer, run (hidden -> layer output: a tensor or a tuple), hidden (B, T, H) layer input,
-    anchor (zero-size tensor that requires grad), layer (its name, for messages).
+    anchor (zero-size tensor that requires grad, so the Function is part of the graph even when the first layer's
+    input does not require grad), layer (its name, for messages).
     """
 
     @staticmethod
@@ -271,6 +252,19 @@ class Checkpointer:
     Called by transformers as `checkpointer(layer_call, hidden_states, *rest)`. `read_and_reset()` gives the step's
     StepMetrics fields. On a CUDA device the copies run on a side stream; on a CPU device they are synchronous
     (correct, pointless for speed: `choose_mode` never offloads on the CPU, tests use it to check the bookkeeping).
+
+    Modes (`speed.checkpoint`; `off` installs no Checkpointer, `auto` is resolved by `policy.choose_mode`):
+    - `gpu`: each decoder layer keeps only its input; backward recomputes the layer from it.
+    - `offload`: the input goes to pinned host memory (copied on a side stream while the forward pass runs on);
+      backward copies it back into one GPU buffer, waits for the copy, recomputes. The GPU idles during each copy.
+    - `offload-double`: two GPU buffers; while layer i is recomputed from one, the input of layer i-1 is copied
+      into the other, so the copy hides behind compute. Falls back to one buffer (with a Notice) when a second
+      buffer does not fit or memory gets tight.
+
+    Copy ordering on a GPU follows the rules in `offload_buffers.CudaCopier`: every copy waits for the work the
+    compute stream has queued so far, and a recompute waits for its reload. The reload buffer a recompute reads is
+    marked `reading` from `load` to `release` (after the layer's backward is queued); the next copy into it is
+    issued only after that, so waiting for the queued compute work covers its last reader.
 
     Args:
         mode: gpu, offload or offload-double.
@@ -584,6 +578,13 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | None = None, note=None,
                         streams=None, verify: bool = False, group_tokens: int = 0) -> Checkpointer | None:
     """Checkpoint every decoder layer of `model` (a transformers model, possibly peft-wrapped) in `mode`.
+
+    transformers decoder layers are `GradientCheckpointingLayer`s that, when their `gradient_checkpointing` flag is
+    set, call `self._gradient_checkpointing_func(layer_call, hidden_states)` with every other argument (attention
+    mask, position-embedding tuple, `cu_seq_lens_q/k`, `max_length_q/k`, ...) bound into `layer_call`. This sets
+    those two attributes on every such layer, to one `Checkpointer`; `revert_checkpointing` restores what was there.
+    It works the same under peft LoRA / QLoRA (peft swaps the linear modules inside a layer, not the layer) and for
+    MoE layers.
 
     `max_buffer_bytes`, `note`, `streams`, `verify` and `group_tokens` are passed to the `Checkpointer`.
 

@@ -1,25 +1,11 @@
 """Checkpointed decoder layers recomputed and back-propagated a group of whole sequences at a time.
 
-Why: when Hone's checkpointer (`hone.core.speed.checkpointing.checkpointer`) rebuilds a layer in backward, everything
-the layer saves for
-its backward (norm outputs, q/k/v, the attention output, the residual stream) exists for the whole batch at once,
-and so do the gradients its backward makes. On Qwen3-8B at 16K tokens that is ~1.5 GiB on top of the weights:
-the largest transient of the step once the loss is chunked and the MLP is tiled (docs/notes/dense-perf.md).
-
-How, at no extra compute: in a packed batch every part of a decoder layer is token-wise except attention, and
-attention never crosses a sequence boundary. So the layer's backward can run on consecutive groups of whole
-sequences, one after the other: each group recomputes its slice of the layer from its slice of the saved input
-with the group's own `cu_seqlens` (offsets minus the group's start; a device op, no host sync), `max_length`,
-`position_ids` and rotary tables, back-propagates its slice of the output gradient, and writes its slice of the
-input gradient. Parameter gradients accumulate across groups. Every FLOP happens once, as without grouping.
-
-Group boundaries come from the sequence lengths the CPU computed when it packed the batch (`register_batch`, called
-by `PackedBatch.model_inputs`), so choosing them asks the GPU nothing. A sequence longer than a group is a group of
-its own.
-
-When it applies (`LayerCall.groups`): one packed row (batch size 1) whose `cu_seq_lens_q` was registered, no
-attention mask, no tensor argument other than the ones sliced here, and no dropout in the layer (a group-wise
-recompute would draw other masks than the forward did). Elsewhere the layer is rebuilt whole.
+What a recomputed layer saves for its backward, and the gradients its backward makes, then exist for one group
+instead of the whole batch (docs/performance/memory.md); every FLOP still runs once, since in a packed batch only
+attention mixes tokens and it never crosses a sequence boundary. The one thing to know: group boundaries come from
+the host-side sequence lengths `register_batch` records (`PackedBatch.model_inputs` calls it), so choosing them
+asks the GPU nothing, and a batch that was not registered is back-propagated whole. `LayerCall.groups` says when
+grouping applies; the checkpointer runs the groups (`speed.layer_group_tokens`).
 """
 
 from __future__ import annotations
@@ -30,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-# Elements of one (group tokens x hidden) activation: 2**24 = 32 MiB in bf16 (Qwen3-8B: 4,096 tokens per group).
+# Elements of one (group tokens x hidden) activation: 2**24 = 32 MiB in bf16 (a hidden size of 4,096 gives 4,096
+# tokens per group).
 # A layer saves about eight such tensors for its backward and its backward makes as many again.
 TILE_ELEMENTS = 2**24
 # Fewer tokens than this per group make the projections' GEMMs too short to keep a large GPU busy.
@@ -155,7 +142,21 @@ class LayerCall:
         return bound
 
     def groups(self, hidden: torch.Tensor, max_tokens: int) -> list[tuple[SequenceGroup, LayerCall]] | None:
-        """(group, the call for that group) pairs when this call can be back-propagated in groups, else None."""
+        """(group, the call for that group) pairs when this call can be back-propagated in groups, else None.
+
+        Each group's call recomputes its slice of the layer from its slice of the saved input, with the group's own
+        `cu_seqlens` (the batch's offsets minus the group's start: a device op, no host sync), `max_length`,
+        `position_ids` and rotary tables; the checkpointer back-propagates its slice of the output gradient and
+        writes its slice of the input gradient, and parameter gradients accumulate across groups.
+
+        It applies to one packed row (batch size 1) longer than `max_tokens` whose `cu_seq_lens_q` was registered,
+        with no attention mask, no tensor argument other than the ones sliced or replaced here, and no dropout in
+        the layer (a group-wise recompute would draw other masks than the forward did).
+
+        Args:
+            hidden: (1, T, H) saved layer input.
+            max_tokens: the most tokens per group (a longer sequence is a group of its own).
+        """
         if max_tokens <= 0 or hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[1] <= max_tokens:
             return None
         if any(torch.is_tensor(r) for r in self.rest) or _has_dropout(self.layer):

@@ -1,13 +1,10 @@
 """Memory and copies for offloaded activation checkpoints: pinned host slots, GPU reload buffers, copy streams.
 
-Everything here is allocated once and reused across steps. A saved layer input lives in a `HostSlot` (pinned host
-memory, one slot per layer input waiting for its backward pass); in backward it is copied back into a
-`ReloadBuffer` on the GPU (one or two of them) and the layer is recomputed from there. Sizes follow the largest
-layer input seen so far and grow when a bigger batch comes.
-
-Copies go through a `Copier`: `CudaCopier` runs them on a side stream, `SyncCopier` copies synchronously for a CPU
-device, where the same bookkeeping runs without streams. The ordering rules of `CudaCopier` (see its docstring) are
-checked on the CPU by a stream simulator in the tests.
+A saved layer input waits for its backward in a `HostSlot` (pinned host memory) and is copied back into a
+`ReloadBuffer` on the GPU (one or two of them) for its layer's recompute; both are allocated once, grow with the
+largest input seen and are reused across steps. The one thing to know: on a GPU every copy runs on a side stream
+under the ordering rules in `CudaCopier`'s docstring, which the tests check on the CPU with a stream simulator;
+`SyncCopier` runs the same bookkeeping synchronously for a CPU device.
 """
 
 from __future__ import annotations

@@ -12,19 +12,21 @@ from dataclasses import dataclass
 
 import torch
 
-# Pinned host-to-device copy rate measured on an H200 (PCIe 5); slower links make offloading cost more, faster GPUs
-# make each layer's recompute shorter: the H200's ratio of the two is on the costly side for offloading.
+# What pinned host-to-device copies sustain over a PCIe 5 link, below its nominal rate (docs/performance/memory.md).
+# `auto` uses it only through the copy / recompute ratio: a slower link, or a faster GPU than `LAYER_FLOPS_PER_S`
+# describes, makes offloading cost more than estimated.
 H2D_BYTES_PER_S = 55e9
-# What a decoder layer's recompute and backward sustain on that GPU: its bf16 matmuls peak at ~797 TFLOP/s, a layer
-# mixing GEMMs, attention and elementwise work runs at about half (a well-tuned 8B LoRA step measures ~350 TFLOP/s).
+# The rate at which a decoder layer's recompute and backward get through the FLOPs `LayerCost.recompute_flops` counts
+# on a current data-centre GPU. A layer mixes GEMMs with attention and memory-bound elementwise work, so it runs well
+# below the GPU's bf16 matmul peak. About half that peak is a fair estimate: a little below the rate of counted matmul
+# work a whole fused dense LoRA step sustains (docs/performance/memory.md, dense.md). A lower value makes the recompute
+# look longer, so `auto` starts offloading at shorter rows.
 LAYER_FLOPS_PER_S = 400e12
 # `auto` offloads only when reloading a layer's input takes at most this share of the layer's recompute: two buffers
 # hide the copy, but it still competes for memory bandwidth, the first layer's reload is never hidden, and when
-# memory gets tight the run falls back to one buffer, where the copy is exposed. Measured on an H200 (dense-0.6b,
-# 16K tokens in ~565-token rows, estimated ratio 21%), offload-double against recompute from inputs kept on the GPU
-# in five sessions: 40.5K vs 40.0K, 41.1K vs 43.5K, 50.1K vs 47.6K, 51.7K vs 47.8K, 35.9K vs 45.2K tokens/s (this
-# step is bound by the CPU launching kernels, and runs spread by 10-20%), always at 0.78 GiB (26%) less memory. The
-# cap sits above that case: a 1-buffer fallback at 25% costs at most a fifth of the recompute.
+# memory gets tight the run falls back to one buffer, where the exposed copy adds up to this share to each layer's
+# recompute. A step estimated a little under the cap ran as fast with offload-double as with recompute from inputs
+# kept on the GPU, at less memory (docs/performance/memory.md, "Checkpoint modes and `auto`").
 MAX_COPY_RATIO = 0.25
 
 

@@ -1,25 +1,10 @@
-"""The MLP of a checkpointed decoder layer back-propagated a tile of tokens at a time.
+"""The MLP of a checkpointed decoder layer back-propagated a tile of tokens at a time, at no extra compute.
 
-Why: when a checkpointed layer is recomputed in backward, its MLP keeps the gate and up projections and their
-product for the whole batch (three tokens x intermediate tensors: 1.1 GiB for Qwen3-8B at 16K tokens), and its
-backward adds as much again in gradients. That is the largest part of the step's peak after the weights
-(docs/notes/dense-perf.md). Tiled, only one tile's intermediates exist at a time.
-
-How, at no extra compute: inside Hone's checkpointer (`hone.core.speed.checkpointing.checkpointer`) a layer runs twice,
-once without
-autograd in forward and once with autograd in backward, only to rebuild its graph; the value it recomputes is
-never read. In that recompute the MLP is not run: `TiledMLP` returns zeros of the MLP output's shape
-(the residual add that consumes them needs no values for its backward) and keeps the MLP input. Its backward
-then runs the MLP forward and backward tile by tile: every MLP FLOP of the step still happens exactly once in
-forward, once in the recompute and once in backward, as without tiling.
-
-When it applies (`tile_for`): a pre-norm decoder layer whose forward Hone's fused kernels rebuilt (so the MLP
-output goes straight into `residual + mlp(...)`), the layer being recomputed by Hone's checkpointer with grad
-on, not under `torch.compile`, more tokens than one tile, and MLP LoRA layers without dropout (a tile-wise
-recompute would draw other dropout masks than the forward did). Everywhere else the MLP runs as it is.
-
-With layer tiles on as well, the same layers also run their MLP a tile at a time in their checkpointed (no-grad)
-forward (`forward_tile_for`), which keeps the forward's peak as low as the tiled backward's.
+Whole, a recomputed layer's MLP holds gate, up and their product for the batch (3 x tokens x intermediate values)
+and its backward about as much again in gradients; tiled, only one tile's exist at a time (docs/performance/memory.md).
+The one thing to know: in the recompute `TiledMLP` returns zeros, not the MLP's value. Nothing reads that value,
+and its backward runs the MLP forward and backward tile by tile, so every MLP FLOP still runs once per pass.
+`tile_for` says where this applies; `hone.core.speed.fused.apply` turns it on (`tile_mlp=True`).
 """
 
 from __future__ import annotations
@@ -31,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 # Elements of one (tile tokens x intermediate) activation: 2**25 = 64 MiB in bf16, so one tile's gate, up, product
-# and their gradients stay near 0.4 GiB whatever the MLP width (Qwen3-8B: 2,730 tokens per tile of 16K).
+# and their gradients stay near 0.4 GiB whatever the MLP width (an intermediate width of 12,288 gives 2,560 tokens
+# per tile: 2**25 // 12,288 rounded down to a multiple of `TILE_MULTIPLE`).
 TILE_ELEMENTS = 2**25
 # Fewer tokens than this per tile make the MLP GEMMs too short to keep a large GPU busy.
 MIN_TILE_TOKENS = 1024
@@ -91,7 +77,13 @@ def enable_tiling(layer: torch.nn.Module, label: str) -> TilingUndo | str:
 
 
 def tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
-    """Tokens per tile when this call of `layer.mlp(hidden)` should go through `TiledMLP`, else None."""
+    """Tokens per tile when this call of `layer.mlp(hidden)` should go through `TiledMLP`, else None.
+
+    Only in the recompute of a layer that `enable_tiling` marked (a pre-norm decoder layer whose forward the fused
+    kernels rebuilt, so the MLP output goes straight into `residual + mlp(...)`, with dropout-free MLP LoRA layers),
+    run by Hone's checkpointer with grad on, not under `torch.compile`, over more tokens than one tile. Everywhere
+    else the MLP runs as it is.
+    """
     if torch.compiler.is_compiling():
         return None
     tile = _TILES.get(layer)
@@ -108,11 +100,12 @@ def tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
 
 def forward_tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
     """Tokens per piece when this call of `layer.mlp(hidden)` is the no-grad forward of a checkpointed layer whose
-    backward runs in sequence tiles (`hone.core.speed.checkpointing.layer_groups`) and should run a piece at a time,
-    else None.
+    backward runs in sequence groups (`hone.core.speed.checkpointing.layer_groups`) and should run a piece at a
+    time, else None.
 
-    Only then: each piece is more kernel launches, which a step bound by the CPU pays for in time; without layer
-    tiles the backward's peak is above the forward's anyway.
+    Only then: running in pieces keeps the forward's peak as low as the grouped, tiled backward's, but each piece
+    is more kernel launches, which a step bound by the CPU pays for in time; without layer groups the backward's
+    peak is above the forward's anyway.
     """
     if torch.compiler.is_compiling() or torch.is_grad_enabled():
         return None
@@ -128,8 +121,17 @@ def forward_tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None
 
 def mlp_in_pieces(mlp: torch.nn.Module, hidden: torch.Tensor, tile: int) -> torch.Tensor:
     """`mlp(hidden)` without autograd, `tile` tokens at a time: the (tokens x intermediate) activations exist
-    for one piece only (in a checkpointed forward they are the step's largest transient: 1.1 GiB for Qwen3-8B at
-    16K tokens). Same values: the MLP is token-wise."""
+    for one piece only (in a checkpointed forward they can be the step's largest transient,
+    docs/performance/memory.md). Same values: the MLP is token-wise.
+
+    Args:
+        mlp: the layer's MLP, called on (tile, H) inputs.
+        hidden: (..., H) MLP input.
+        tile: tokens per piece.
+
+    Returns:
+        (..., out_features) in the MLP's output dtype.
+    """
     flat = hidden.reshape(-1, hidden.shape[-1])
     out = None
     for start in range(0, flat.shape[0], tile):
@@ -150,6 +152,13 @@ def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
 class TiledMLP(torch.autograd.Function):
     """Forward: zeros shaped like `mlp(hidden)` (in a recompute whose values are never read); backward: the MLP
     recomputed and back-propagated tile by tile.
+
+    Inside Hone's checkpointer (`hone.core.speed.checkpointing.checkpointer`) a layer runs twice: once without
+    autograd in forward, and once with autograd in backward, only to rebuild its graph; the value that recompute
+    produces is never read. So in the recompute the MLP is not run: this returns zeros of the MLP output's shape
+    (the residual add that consumes them needs no values for its backward) and keeps the MLP input. Its backward
+    then runs the MLP forward and backward tile by tile (under the forward's autocast state): every MLP FLOP of the
+    step still happens once in forward, once in the recompute and once in backward, as without tiling.
 
     Args (forward): hidden (..., H) MLP input that requires grad; mlp (the module, called on (tile, H) inputs);
     out_features: the MLP output width; tile: tokens per tile.

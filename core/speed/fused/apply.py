@@ -1,25 +1,10 @@
 """Apply Hone's fused kernels to a loaded (peft) model, and take them off again.
 
-`apply_kernels(model)` changes module instances only (never classes, never module globals), each change
-undoable, and returns a `KernelReport` saying what was replaced and what was skipped and why:
-
-- RMSNorm modules (decoder norms, final norm, Qwen3/Gemma3 q/k norms) -> `FusedRMSNorm`, sharing the weight
-  Parameter, after a probe shows which weight style ("llama" or "gemma") reproduces the module's output;
-- decoder layers of the pre-norm shape (`x + attn(norm(x))`, then `+ mlp(norm(.))`) -> the middle residual add
-  fused into the post-attention norm (`add_rms_norm`);
-- attention modules -> their own forward, with `apply_rotary_pos_emb` resolved to the in-place Triton rope;
-- gated MLPs (`down(act(gate(x)) * up(x))`, also Qwen2-MoE's shared expert) -> the SwiGLU / GeGLU kernel,
-  after a probe shows which activation `act_fn` computes;
-- peft LoRA linear layers (any model family) -> one autograd node for base + scaled B(A x), dense or nf4 base;
-- peft-wrapped Qwen-style MoE routers (softmax -> top-k) -> that LoRA linear for the logits and one kernel for
-  the top-k each way (`hone.core.speed.fused.router`);
-- with `tile_mlp=True`, those pre-norm decoder layers back-propagate their MLP a tile of tokens at a time when
-  Hone's checkpointer recomputes them (`hone.core.speed.checkpointing.tiled_mlp`).
-
-The family-specific parts cover Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3 and the attention/norm parts of
-Qwen2-MoE, Qwen3-MoE and Mixtral; MoE expert layers are left to the MoE backends. Each patched module
-computes the same function as before; on CPU (without `TRITON_INTERPRET=1`) and inside `torch.compile` the
-patched modules run plain torch. `revert_kernels(model)` restores every original module and forward.
+`apply_kernels(model)` swaps fused versions into module instances (never classes, never module globals): norms,
+the middle residual add, rope, gated MLPs, peft LoRA linears and Qwen-style MoE routers. It returns a
+`KernelReport` of what was replaced and what was skipped and why; `revert_kernels(model)` restores every original
+module and forward. The one thing to know: a module is replaced only where a probe of its output or a check of its
+forward's code shows the fused version computes the same function; anything else keeps transformers' code.
 """
 
 from __future__ import annotations
@@ -44,6 +29,10 @@ from hone.core.speed.fused.patching import (
 )
 from hone.core.speed.fused.router import patch_router, router_reason
 
+# transformers model type -> the family it is reported as; the norm, rope, MLP and decoder patches run on these types
+# only. For the MoE families (Qwen2-MoE, Qwen3-MoE, Mixtral) that covers the attention, norms and residual adds (and
+# Qwen2-MoE's shared expert): expert layers are left to the MoE backends (`hone.core.moe`). Any other model type gets
+# only its peft LoRA layers and routers fused.
 FAMILIES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
     "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma",
@@ -107,6 +96,21 @@ class KernelReport:
 
 def apply_kernels(model: torch.nn.Module, *, tile_mlp: bool = False) -> KernelReport:
     """Swap in the fused kernels on `model` (a transformers model, or a peft model around one).
+
+    What is replaced, each change undoable by `revert_kernels`:
+    - RMSNorm modules (decoder norms, final norm, Qwen3/Gemma3 q/k norms) -> `FusedRMSNorm`, sharing the weight
+      Parameter, after a probe shows which weight style ("llama" or "gemma") reproduces the module's output;
+    - decoder layers of the pre-norm shape (`x + attn(norm(x))`, then `+ mlp(norm(.))`) -> the middle residual add
+      fused into the post-attention norm (`add_rms_norm`);
+    - attention modules -> their own forward, with `apply_rotary_pos_emb` resolved to the in-place Triton rope;
+    - gated MLPs (`down(act(gate(x)) * up(x))`, also Qwen2-MoE's shared expert) -> the SwiGLU / GeGLU kernel,
+      after a probe shows which activation `act_fn` computes;
+    - peft LoRA linear layers (any model family) -> one autograd node for base + scaled B(A x), dense or nf4 base
+      (`hone.core.speed.fused.lora_layers`);
+    - peft-wrapped Qwen-style MoE routers (softmax -> top-k) -> that LoRA linear for the logits and one kernel for
+      the top-k each way (`hone.core.speed.fused.router`).
+    The norm, rope, MLP and decoder patches apply to the model types in `FAMILIES`. On the CPU (without
+    `TRITON_INTERPRET=1`) and inside `torch.compile` the patched modules run plain torch.
 
     Args:
         tile_mlp: also back-propagate the MLPs of pre-norm decoder layers in token tiles when Hone's checkpointer

@@ -1,15 +1,9 @@
 """peft LoRA layers routed through Hone's LoRA linear (`hone.kernels.lora_linear`), dense and QLoRA (nf4) bases.
 
-The peft layer stays in the model (its adapters, saving, merging and `disable_adapter()` work as before); only
-its instance `forward` is swapped. Each call checks that it is the plain case: one active vanilla adapter (no
-DoRA or other variant, no `adapter_names` mixing), not merged, not disabled, a frozen `nn.Linear` or nf4
-`Linear4bit` base without hooks, not inside `torch.compile`, and under autocast only when autocast computes in
-the base's compute dtype (a bf16 model under bf16 autocast, as the trainer runs it on a GPU): there autocast
-changes no dtype of the fused node's GEMMs, and the output has peft's dtype. Anything else runs peft's own
-forward. What the checks read from the layer's submodules is kept between calls and read again when the adapter
-state changes (`lora_plan`): the checks run hundreds of times per step. Dropout runs through the layer's own
-`lora_dropout` module on the same input as in peft, so a fixed seed draws the same mask; its output is kept in the
-compute dtype (what the GEMMs read anyway).
+The peft layer stays in the model (its adapters, saving, merging and `disable_adapter()` work as before); only its
+instance `forward` is swapped (`patch_lora_layer`). The one thing to know: the fused node runs only in the plain
+case that `_fused_lora_forward` checks at every call (one active vanilla adapter, a frozen base, autocast off or
+computing in the base's dtype, ...); every other call runs peft's own forward.
 """
 
 from __future__ import annotations
@@ -110,7 +104,22 @@ def lora_plan(self) -> _Plan | None:
 
 
 def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    """peft's `lora.Linear.forward` for the plain case in one autograd node; peft's own forward otherwise."""
+    """peft's `lora.Linear.forward` for the plain case in one autograd node; peft's own forward otherwise.
+
+    The plain case: one active vanilla adapter (no DoRA or other variant, no `adapter_names` mixing), not merged,
+    not disabled, a frozen `nn.Linear` or nf4 `Linear4bit` base without hooks (`lora_base_kind`), no extra
+    arguments, not inside `torch.compile`, and under autocast only when autocast computes in the base's compute
+    dtype (a bf16 model under bf16 autocast, as the trainer runs it on a GPU): there autocast changes no dtype of
+    the fused node's GEMMs, and the output has peft's dtype. What the checks read from the submodules is kept
+    between calls (`lora_plan`). Dropout runs through the layer's own `lora_dropout` module on the same input as in
+    peft, so a fixed seed draws the same mask; its output is kept in the compute dtype (what the GEMMs read anyway).
+
+    Args:
+        x: (..., in_features) input.
+
+    Returns:
+        (..., out_features); on the fused path in x's dtype.
+    """
     plan = None if args or kwargs or torch.compiler.is_compiling() else lora_plan(self)
     if plan is None or x.shape[-1] != plan.lora_a.shape[1]:
         return type(self).forward(self, x, *args, **kwargs)

@@ -1,18 +1,11 @@
 """The MoE router with LoRA in two fused nodes: Hone's LoRA linear for the logits, one kernel for softmax + top-k.
 
-peft adapts a Qwen-style router (`Qwen3MoeTopKRouter`: a bare `weight` parameter, not an nn.Linear) through a
-`ParamWrapper`, whose forward registers a parametrization that forms W + scale * B @ A at every call, then runs the
-router's own softmax, top-k, renormalization and cast: about 15 small kernels and several hundred microseconds of
-host time per layer and pass, on a step the host sets the pace of. `patch_router` gives such a wrapper an instance
-forward that computes the same (logits, weights, expert ids) as
+`patch_router` gives a peft-wrapped Qwen-style router an instance forward returning (logits, weights, expert ids):
 
     logits = x @ W^T + scale * (x @ A^T) @ B^T        (hone.kernels.lora_linear.lora_linear: W + BA never formed)
     weights, ids = router_top_k(logits, top_k, norm_topk_prob)   (hone.kernels.moe.router)
 
-A router qualifies when its class's own forward, run on a small random stand-in, gives exactly that (so a family
-with another routing rule, e.g. gpt-oss's top-k before the softmax or DeepSeek's grouped sigmoid routing, keeps
-peft's path); anything else at call time (merged or disabled adapters, several adapters, dropout, extra arguments)
-falls through to peft's forward.
+A router qualifies only if its class's own forward gives exactly that on a small random stand-in (`router_reason`).
 """
 
 from __future__ import annotations
@@ -42,7 +35,10 @@ def _router_fields(router: torch.nn.Module) -> tuple[int, bool] | None:
 
 def _class_forward_matches(router: torch.nn.Module, top_k: int, normalize: bool) -> bool:
     """Whether the router class's forward computes softmax -> top-k -> (renormalize) -> cast after x @ W^T: run
-    on a CPU stand-in with the module's routing settings and a small random weight, compared with our formula."""
+    on a CPU stand-in with the module's routing settings and a small random weight, compared with our formula.
+
+    A family with another routing rule (gpt-oss's top-k before the softmax, DeepSeek's grouped sigmoid routing)
+    fails here and keeps peft's path."""
     experts, hidden, rows = max(top_k + 3, 8), 12, 6
     gen = torch.Generator().manual_seed(0)
     stand_in = types.SimpleNamespace(
@@ -87,7 +83,10 @@ def router_reason(module: torch.nn.Module) -> str | None:
 
 
 def _fused_router_forward(self, x: torch.Tensor, *args, **kwargs):
-    """peft's ParamWrapper forward around a Qwen-style router, as two fused nodes (see the module docstring)."""
+    """peft's ParamWrapper forward around a Qwen-style router, as two fused nodes (the formula in the module
+    docstring), returning (logits, routing weights, expert ids) as the router does. Anything else at call time
+    (merged or disabled adapters, several adapters, dropout, extra arguments, a trained router weight, autocast
+    to another dtype, `torch.compile`) falls through to peft's forward."""
     # the plain case as the fused LoRA linear reads it (kept on the wrapper between calls), without dropout
     plan = None if args or kwargs or torch.compiler.is_compiling() else lora_plan(self)
     router = self.base_layer
@@ -105,5 +104,12 @@ def _fused_router_forward(self, x: torch.Tensor, *args, **kwargs):
 
 
 def patch_router(module: torch.nn.Module, label: str) -> Undo:
-    """Route one peft-wrapped router through the fused path (`router_reason(module)` must be None)."""
+    """Route one peft-wrapped router through the fused path (`router_reason(module)` must be None).
+
+    peft adapts a Qwen-style router (`Qwen3MoeTopKRouter`: a bare `weight` parameter, not an nn.Linear) through a
+    `ParamWrapper`, whose forward registers a parametrization that forms W + scale * B @ A at every call, then runs
+    the router's own softmax, top-k, renormalization and cast as separate small kernels: host time per layer and
+    pass, on steps the host sets the pace of (docs/performance/host-time.md). The wrapper gets an instance forward
+    instead; the returned `Undo` takes it off.
+    """
     return swap_forward(module, _fused_router_forward, label)

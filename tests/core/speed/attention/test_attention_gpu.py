@@ -1,4 +1,4 @@
-"""GPU tests for packed attention (run with `pytest -m gpu tests/core/test_attention_gpu.py -s`).
+"""GPU tests for packed attention (run with `pytest -m gpu tests/core/speed/attention/test_attention_gpu.py -s`).
 
 - varlen (and flash-attn, when installed) attention equals each sequence attended alone, with gradients;
 - a packed model's loss and gradients through varlen equal the sequences run one by one;

@@ -1,7 +1,7 @@
 """Packed attention back-propagated a group of whole sequences at a time gives the gradients of one whole backward.
 
 The grouping and the gradient assembly are checked on the CPU with a plain-torch varlen attention standing in for
-torch's flash kernel (CUDA only); tests/core/test_attention_gpu.py runs the real kernel."""
+torch's flash kernel (CUDA only); tests/core/speed/attention/test_attention_gpu.py runs the real kernel."""
 
 from __future__ import annotations
 
