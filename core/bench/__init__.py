@@ -12,16 +12,15 @@
     run.py                the whole text benchmark, run after run
     attention.py          attention alone: dense-mask SDPA against Hone's packed backends, per layer (`--micro`)
     peer_unsloth.py       Unsloth's tokens/s on the same batch, in a child process (`--peer`)
-    profile.py            one more step under torch.profiler: GPU time by kernel and by launch site (`--profile`)
-    memory_trace.py       one more step's allocator history: what is alive at the peak (`--memory-trace`)
-    host_profile.py       one more step under cProfile: the host's time by function and package (`--host-profile`)
+    diagnostics/          one more step under a tool: torch.profiler (`--profile`), the allocator's history
+                          (`--memory-trace`), cProfile (`--host-profile`)
 `hone bench vision-...`:
     vision.py             Hone's Trainer against transformers + peft with padded batches, on a vision-language model
 Run with `python -m`:
     attention_step.py     full LoRA steps: transformers' SDPA + full logits against Hone's attention + chunked loss
     moe_backends.py       one MoE training step per experts backend (used by the MoE GPU smoke test)
-    anatomy.py            FLOPs, bytes and live memory of every operation of a step on the meta device
-    step_plan.py          Hone's MoE step planned with the anatomy: predicted time and memory by component
+    meta/                 a step counted on the meta device (no GPU): FLOPs, bytes and live memory of every
+                          operation (anatomy.py), and Hone's MoE step planned from them (step_plan.py)
 
 Importing this package imports nothing: the Unsloth child process must import unsloth before transformers.
 """

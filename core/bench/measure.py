@@ -90,9 +90,10 @@ class RunResult:
     first_step_s: float | None = None
     trainable_params: int | None = None
     active_params: int | None = None
-    profile: dict | None = None  # one extra step under torch.profiler (--profile), see hone.core.bench.profile
-    memory_trace: dict | None = None  # one extra step's allocator history (--memory-trace), see bench.memory_trace
-    host_profile: dict | None = None  # one extra step under cProfile (--host-profile), see bench.host_profile
+    # one extra step each, under a tool (hone.core.bench.diagnostics): --profile, --memory-trace, --host-profile
+    profile: dict | None = None
+    memory_trace: dict | None = None
+    host_profile: dict | None = None
     # Filled in against the baseline run by report.compare.
     speed_ratio: float | None = None
     memory_ratio: float | None = None
@@ -254,7 +255,7 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
     if settings.memory_trace_top > 0:
         result.memory_trace = _memory_trace(runner, settings)
     if settings.host_profile_top > 0:
-        from hone.core.bench.host_profile import host_profile_step
+        from hone.core.bench.diagnostics.host_profile import host_profile_step
 
         result.host_profile = _extra_step(
             lambda: host_profile_step(runner, settings.device, top=settings.host_profile_top), settings.device)
@@ -262,14 +263,14 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
 
 def _profile(runner: Runner, settings: Settings) -> dict:
     """One more step under the profiler, after the timed ones (their numbers stay unprofiled)."""
-    from hone.core.bench.profile import profile_step
+    from hone.core.bench.diagnostics.profile import profile_step
 
     return _extra_step(lambda: profile_step(runner, settings.device, top=settings.profile_top), settings.device)
 
 
 def _memory_trace(runner: Runner, settings: Settings) -> dict:
     """One more step with the allocator recording, after the timed ones."""
-    from hone.core.bench.memory_trace import trace_step
+    from hone.core.bench.diagnostics.memory_trace import trace_step
 
     return _extra_step(lambda: trace_step(runner, settings.device, top=settings.memory_trace_top), settings.device)
 

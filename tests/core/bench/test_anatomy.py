@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from hone.core.bench.anatomy import ModuleLabels, StepAnatomy, causal_attention_flops
-from hone.core.bench.step_plan import plan_moe_step
+from hone.core.bench.meta.anatomy import ModuleLabels, StepAnatomy, causal_attention_flops
+from hone.core.bench.meta.step_plan import plan_moe_step
 
 
 def test_live_memory_peak_and_op_costs_are_exact():

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from hone.core.bench import attention_step, step_plan
+from hone.core.bench import attention_step
+from hone.core.bench.meta import step_plan
 
 
 def test_the_attention_entry_point_runs_attention_alone_and_writes_json(tmp_path, capsys):

@@ -7,7 +7,7 @@ import json
 import pstats
 
 import hone.core.train.loss
-from hone.core.bench.host_profile import package_of, summarize
+from hone.core.bench.diagnostics.host_profile import package_of, summarize
 from hone.core.cli import main
 
 

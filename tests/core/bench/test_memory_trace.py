@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from hone.core.bench.memory_trace import GIB, peak_from_trace
+from hone.core.bench.diagnostics.memory_trace import GIB, peak_from_trace
 from hone.core.cli import main
 
 

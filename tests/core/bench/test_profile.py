@@ -11,7 +11,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch.autograd import DeviceType
 
-from hone.core.bench.profile import kernel_category, launch_group, module_label, profile_step, summarize
+from hone.core.bench.diagnostics.profile import kernel_category, launch_group, module_label, profile_step, summarize
 from hone.core.cli import main
 from hone.core.data.collate import collate_packed
 from hone.core.models.shapes import build_model

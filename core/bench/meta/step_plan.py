@@ -4,7 +4,7 @@
 device with the speed paths the `all` run takes on a GPU (packed varlen attention, Hone's experts backend with
 split LoRA, recompute checkpointing, chunked loss, the run's optimizer), runs two steps the way `StepRunner.step`
 does under `anatomy.StepAnatomy`, and keeps the second (the first creates the optimizer state).
-`python -m hone.core.bench.step_plan --backend triton` prints its tables by component and phase.
+`python -m hone.core.bench.meta.step_plan --backend triton` prints its tables by component and phase.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
-from hone.core.bench.anatomy import (
+from hone.core.bench.meta.anatomy import (
     H200_BYTES_PER_S,
     H200_MATMUL_FLOPS,
     ModuleLabels,
@@ -335,8 +335,9 @@ def print_plan(plan: StepPlan, matmul_flops: float = H200_MATMUL_FLOPS, bytes_pe
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hone.core.bench.step_plan [--scenario moe-qwen3] [--backend triton]`: print the plan's tables."""
-    parser = argparse.ArgumentParser(prog="python -m hone.core.bench.step_plan", description=__doc__.splitlines()[0])
+    """`python -m hone.core.bench.meta.step_plan [--scenario moe-qwen3] [--backend triton]`: print the plan's tables."""
+    parser = argparse.ArgumentParser(prog="python -m hone.core.bench.meta.step_plan",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", default="moe-qwen3", help="a `hone bench` scenario (default moe-qwen3)")
     parser.add_argument("--backend", default="triton", choices=["grouped_mm", "triton"],
                         help="Hone's experts backend (default triton)")

@@ -4,7 +4,7 @@ The step runs on the `meta` device (shapes, no data) under `StepAnatomy`, a disp
 operation: FLOPs of the matmul-like ones, bytes read and written of all, every allocation and free (so the peak of
 live memory is that of the trainer's own code at the real shape). A roofline turns the counts into a predicted time
 per operation: max(FLOPs / matmul rate, bytes / memory bandwidth) plus a fixed cost per kernel. `step_plan` runs a
-whole step under it (`python -m hone.core.bench.step_plan` prints the tables).
+whole step under it (`python -m hone.core.bench.meta.step_plan` prints the tables).
 """
 
 from __future__ import annotations
