@@ -157,21 +157,21 @@ def run(args) -> int:
         else:
             console.print(f"attention alone: {micro.get('status')}: {micro.get('reason')}")
     if args.profile:
-        from hone.core.bench.profile import profile_tables
+        from hone.core.bench.diagnostics.profile import profile_tables
 
         for result in report.runs:
             if result.profile is not None:
                 for renderable in profile_tables(result.name, result.profile):
                     console.print(renderable)
     if args.memory_trace:
-        from hone.core.bench.memory_trace import memory_lines
+        from hone.core.bench.diagnostics.memory_trace import memory_lines
 
         for result in report.runs:
             if result.memory_trace is not None:
                 for line in memory_lines(result.name, result.memory_trace):
                     console.print(line, markup=False, highlight=False)
     if args.host_profile:
-        from hone.core.bench.host_profile import host_profile_lines
+        from hone.core.bench.diagnostics.host_profile import host_profile_lines
 
         for result in report.runs:
             if result.host_profile is not None:
