@@ -23,7 +23,7 @@ from hone.core.bench.batch import TokenBatch, make_batch
 from hone.core.bench.hone_runner import HoneRunner
 from hone.core.bench.measure import RunResult, Settings, free_memory, matmul_rate, measure_run
 from hone.core.bench.report import PARITY_TOLERANCE, compare, environment
-from hone.core.bench.scenarios import Scenario, get_scenario
+from hone.core.bench.scenarios import Scenario, check_sizes, get_scenario
 from hone.core.bench.transformers_peft import ReferenceRunner
 from hone.core.bench.variants import VARIANTS, applies, speed_settings, train_settings, unavailable
 from hone.core.bench.weights import architecture_facts, remove_folder, saved_model_folder, vocab_size
@@ -197,12 +197,7 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
     if scenario.kind != "text":
         raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario",
                           "run it with hone.core.bench.vision.run_vision_bench (`hone bench` picks it)")
-    if options.steps < 1 or options.warmup < 0:
-        raise ConfigError("--steps must be >= 1 and --warmup >= 0", "e.g. --steps 5 --warmup 2")
-    if options.lora_r < 1:
-        raise ConfigError(f"--lora-r is {options.lora_r}", "give a rank >= 1")
-    if options.layers is not None and options.layers < 1:
-        raise ConfigError(f"--layers is {options.layers}", "give at least 1 layer")
+    check_sizes(options.steps, options.warmup, options.lora_r, options.layers)
     if options.peer not in (None, "unsloth"):
         raise ConfigError(f"--peer {options.peer!r} is not a known peer", "the peer Hone knows is: unsloth")
     device = resolve_device(options.device)

@@ -84,6 +84,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 )}
 
 
+def check_sizes(steps: int, warmup: int, lora_r: int, layers: int | None) -> None:
+    """The sizes every scenario takes from the command line, or a ConfigError naming the flag to change."""
+    if steps < 1 or warmup < 0:
+        raise ConfigError("--steps must be >= 1 and --warmup >= 0", "e.g. --steps 5 --warmup 2")
+    if lora_r < 1:
+        raise ConfigError(f"--lora-r is {lora_r}", "give a rank >= 1")
+    if layers is not None and layers < 1:
+        raise ConfigError(f"--layers is {layers}", "give at least 1 layer")
+
+
 def get_scenario(name: str) -> Scenario:
     """The scenario called `name`, or a ConfigError listing the ones there are."""
     try:

@@ -23,7 +23,7 @@ import torch
 
 from hone.core.bench.measure import GIB, RunResult, allocated_gib, free_memory, record_failure
 from hone.core.bench.report import compare, environment
-from hone.core.bench.scenarios import Scenario, get_scenario
+from hone.core.bench.scenarios import Scenario, check_sizes, get_scenario
 from hone.core.errors import ConfigError, HoneError
 
 # Rows per kind in the generated data: enough for several batches of 8K tokens.
@@ -273,12 +273,7 @@ def _check(options: VisionOptions, scenario: Scenario) -> None:
     if scenario.kind != "vision":
         raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario, not a vision one",
                           "run it with hone.core.bench.run.run_bench")
-    if options.steps < 1 or options.warmup < 0:
-        raise ConfigError("--steps must be >= 1 and --warmup >= 0", "e.g. --steps 5 --warmup 2")
-    if options.lora_r < 1:
-        raise ConfigError(f"--lora-r is {options.lora_r}", "give a rank >= 1")
-    if options.layers is not None and options.layers < 1:
-        raise ConfigError(f"--layers is {options.layers}", "give at least 1 layer")
+    check_sizes(options.steps, options.warmup, options.lora_r, options.layers)
     if options.tokens is not None and options.tokens < 1:
         raise ConfigError(f"--tokens is {options.tokens}", f"give the tokens per batch, e.g. {scenario.tokens}")
     if options.tokenizer is not None and not Path(options.tokenizer).is_dir():
