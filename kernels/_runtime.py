@@ -1,21 +1,10 @@
 """When Hone's Triton kernels run, and how they are launched.
 
-A kernel runs compiled on CUDA tensors. On CPU tensors it runs only when `TRITON_INTERPRET=1` is set (read at
-call time), through Triton's interpreter, which is how the kernels are tested on machines without a GPU.
-Everything else, and anything inside a `torch.compile` region (where inductor writes its own fused code),
-takes the plain-torch reference path. On `meta` tensors (shapes only, as step plans use them) the Triton path is
-taken but no kernel runs: the launcher only tells `META_KERNEL_OBSERVER`, when one is set, what it would launch.
-
-Kernels in this package use only Triton builtins (no `tl.sum`, `tl.zeros`, `tl.sigmoid`, ...: those are
-`@triton.jit` functions, which the interpreter can only call when it was switched on before `triton` was
-imported). Row sums are written `tl.reduce(x, axis, sum_combine)`, which both the compiler and the
-interpreter run natively.
-
-On CUDA, `launcher` returns a `CachedLaunch`: Triton's own `kernel[grid](...)` spends tens of microseconds of
-Python per launch (argument binding, option and environment lookups), which on small models is a large share of
-the host time of a step that the GPU waits on (docs/notes/host-time.md). `CachedLaunch` keys each call on what
-Triton specializes a compiled kernel on, lets Triton compile (and launch) the first call of a key, and launches
-later calls of that key through the compiled kernel directly. `HONE_TRITON_CACHED_LAUNCH=0` turns it off.
+A kernel runs compiled on CUDA tensors, and on CPU tensors through Triton's interpreter when `TRITON_INTERPRET=1`
+is set (read at call time), which is how the kernels are tested without a GPU. Everything else, and anything inside
+a `torch.compile` region, takes the plain-torch reference path (`use_triton`). Kernels get their launchable form
+from `launcher`: on CUDA a `CachedLaunch`, which skips Triton's per-launch Python work once a kernel is compiled
+(docs/performance/host-time.md), on `meta` tensors nothing that runs.
 """
 
 from __future__ import annotations
@@ -28,6 +17,12 @@ import torch
 
 try:
     import triton
+
+    # Kernels in this package, the grouped GEMMs aside, use only Triton builtins (no `tl.sum`, `tl.zeros`,
+    # `tl.sigmoid`, ...: those are `@triton.jit` functions, which the interpreter can only call when it was switched
+    # on before `triton` was imported). Row sums are written `tl.reduce(x, axis, sum_combine)`, which both the
+    # compiler and the interpreter run natively. The grouped GEMM kernels (kernels/moe/grouped_gemm/) use `tl.zeros`
+    # and `tl.sum`: they run interpreted only when TRITON_INTERPRET=1 was set before import (`launch.interpreting`).
     from triton.language.standard import _sum_combine as sum_combine
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -43,12 +38,13 @@ __all__ = ["CACHED_LAUNCH", "HAS_TRITON", "META_KERNEL_OBSERVER", "CachedLaunch"
 
 # Called as `observer(kernel_name, args)` for each launch on meta tensors (step plans count its bytes); None = off.
 META_KERNEL_OBSERVER = None
-# Launch CUDA kernels through `CachedLaunch` (see the module docstring); read by `launcher` at each call.
+# Launch CUDA kernels through `CachedLaunch`; `HONE_TRITON_CACHED_LAUNCH=0` turns it off. Read by `launcher` at each
+# call.
 CACHED_LAUNCH = os.environ.get("HONE_TRITON_CACHED_LAUNCH", "1") != "0"
 
 
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for launch grids (`triton.cdiv` is a constexpr function now: several microseconds per call)."""
+    """ceil(a / b) for launch grids (`triton.cdiv` is a constexpr function now, slow to call from Python)."""
     return -(-a // b)
 
 
@@ -63,7 +59,13 @@ def interpreting() -> bool:
 
 
 def use_triton(*tensors: torch.Tensor | None) -> bool:
-    """Whether the Triton kernel (rather than the torch reference) should run on these tensors."""
+    """Whether the Triton kernel (rather than the torch reference) should run on these tensors.
+
+    True on CUDA tensors; on CPU tensors only under `TRITON_INTERPRET=1`; never without Triton or inside a
+    `torch.compile` region (where inductor writes its own fused code). On `meta` tensors (shapes only, as step plans
+    use them) the Triton path is taken but no kernel runs: the launcher only tells `META_KERNEL_OBSERVER`, when one
+    is set, what it would launch.
+    """
     if not HAS_TRITON or torch.compiler.is_compiling():
         return False
     devices = {t.device.type for t in tensors if t is not None}
@@ -123,6 +125,12 @@ def _argument_key(args: tuple) -> tuple | None:
 
 class CachedLaunch:
     """`kernel[grid](*args, **kwargs)` for a `@triton.jit` kernel on CUDA, with Triton's per-launch work cached.
+
+    Triton's own `kernel[grid](...)` spends Python time on every launch (argument binding, option and environment
+    lookups); on small models that is a large share of the host time of a step that the GPU waits on
+    (docs/performance/host-time.md). `CachedLaunch` keys each call on what Triton specializes a compiled kernel on
+    (`_argument_key`), lets Triton compile (and launch) the first call of a key, and launches later calls of that
+    key through the compiled kernel directly. `HONE_TRITON_CACHED_LAUNCH=0` turns it off.
 
     Runtime arguments are positional and compile-time ones (constexprs, num_warps, ...) keywords, as every launch
     in this package passes them. The first call of a key goes through Triton (which compiles when it has to, and

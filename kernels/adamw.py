@@ -1,20 +1,10 @@
 """AdamW over one flat buffer of parameters, with 16-bit moments stored by stochastic rounding; and the squared norm
 of a flat gradient buffer. Used by `hone.core.train.optim.FlatAdamW`.
 
-One kernel updates every trainable value: it reads the parameter (fp32), its gradient (any float dtype, scaled by
-the clipping coefficient read from the device, so clipping needs no host sync) and both moments, and writes the
-parameter and the moments back. Moments kept in bf16 lose the small per-step changes of an exponential average
-when rounded to nearest (v changes by 0.1% a step, under half a bf16 unit); rounding stochastically keeps them
-unbiased. The random bits come from a hash of (seed, element index), so a step is reproducible from its seed.
-
-The kernel receives its float arguments as fp32 scalars, so every coefficient derived from the hyperparameters
-(1 - beta1, 1 - beta2, 1 - lr * weight_decay, the bias corrections) is computed on the host in double and passed in,
-as the torch reference computes it. Computed in the kernel from fp32 betas it would be off: fl32(0.999) is
-0.99900001287, and 1 - fl32(0.999) = 0.00099998713 is 1.3e-5 smaller than 0.001, which biases every v update by that
-much. What remains between kernel and reference is fused multiply-add rounding, an ulp or two.
-
 Naming chain: `_adamw_kernel` / `_sum_squares_kernel` (Triton) -> `adamw_step_` / `sum_squares` (entries, each with
 a torch fallback that computes the same values: `adamw_step_reference`, `sum_squares_reference`).
+The kernel takes its float arguments as fp32 scalars, so every coefficient derived from the hyperparameters is
+computed on the host in double and passed in; `adamw_step_` says why, and why bf16 moments round stochastically.
 """
 
 from __future__ import annotations
@@ -46,7 +36,7 @@ def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, coef_ptr, n, beta1, one_minus_beta
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32) * coef
     m = tl.load(m_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    # no arithmetic on the scalar arguments here: they are fp32 (see the module docstring); g * g first, as the
+    # no arithmetic on the scalar arguments here: they are fp32 (see `adamw_step_`); g * g first, as the
     # reference squares the gradient before scaling it
     m = beta1 * m + one_minus_beta1 * g
     v = beta2 * v + one_minus_beta2 * (g * g)
@@ -128,6 +118,18 @@ def adamw_step_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
                 beta1: float, beta2: float, eps: float, weight_decay: float, step: int, seed: int) -> None:
     """One AdamW step over flat buffers, in place.
 
+    One kernel updates every trainable value: it reads the parameter (fp32), its gradient (any float dtype, scaled by
+    the clipping coefficient read from the device, so clipping needs no host sync) and both moments, and writes the
+    parameter and the moments back. Moments kept in bf16 lose the small per-step changes of an exponential average
+    when rounded to nearest (v changes by 0.1% a step, under half a bf16 unit); rounding stochastically keeps them
+    unbiased. The random bits come from a hash of (seed, element index), so a step is reproducible from its seed.
+
+    The kernel receives its float arguments as fp32 scalars, so every coefficient derived from the hyperparameters
+    (1 - beta1, 1 - beta2, 1 - lr * weight_decay, the bias corrections) is computed here in double and passed in,
+    as the torch reference computes it. Computed in the kernel from fp32 betas it would be off: fl32(0.999) is
+    0.99900001287, and 1 - fl32(0.999) = 0.00099998713 is 1.3e-5 smaller than 0.001, which biases every v update by
+    that much. What remains between kernel and reference is fused multiply-add rounding, an ulp or two.
+
     Args:
         p: (n,) parameters (float32). g: (n,) gradients (any float dtype).
         m, v: (n,) first and second moments, float32 or bf16 (bf16: stochastic rounding).
@@ -141,7 +143,7 @@ def adamw_step_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
     stochastic = m.dtype == torch.bfloat16
     if use_triton(p, g, m, v, coef) and m.dtype == v.dtype:
         n = p.numel()
-        # the coefficients in double here, rounded once to fp32 at the launch (module docstring)
+        # the coefficients in double here, rounded once to fp32 at the launch (see the docstring)
         launcher(_adamw_kernel, p.device)[(cdiv(n, _BLOCK),)](
             p, g, m, v, coef, n, beta1, 1.0 - beta1, beta2, 1.0 - beta2, 1.0 - lr * weight_decay, lr, args["bias1"],
             args["bias2"], eps, seed & 0x7FFFFFFF, STOCHASTIC=stochastic, BLOCK=_BLOCK, num_warps=_NUM_WARPS)

@@ -1,14 +1,8 @@
 """Cross-entropy over a chunk of logits, its gradient written over the logits in place: two passes over memory.
 
-The chunked loss (`hone.core.train.loss`) computes each chunk's logits with one matmul and needs, per row, the loss
-`logsumexp(z) - z[target]` and the gradient `softmax(z) - onehot(target)` towards the logits (z = the logits after
-the model's scale and soft-cap). In torch that takes a float32 copy of the chunk, a float32 temporary inside
-`logsumexp`, an exponent pass, a mask pass and a cast back: about 30 bytes of traffic per logit and three times the
-chunk in memory. Here one program per row reads its logits twice (an online max / sum, then the gradient) and
-overwrites them with the gradient in their own dtype: 6 bytes per bf16 logit and no extra memory.
-
 Naming chain: `_cross_entropy_kernel` (Triton) -> `cross_entropy_forward_backward` (launcher) ->
-`cross_entropy_grad_` (entry, with the torch fallback `cross_entropy_grad_reference`).
+`cross_entropy_grad_` (entry, with the torch fallback `cross_entropy_grad_reference`). There is no autograd
+Function: the chunked loss (`hone.core.train.loss`) asks for each chunk's loss and gradient at once.
 """
 
 from __future__ import annotations
@@ -117,6 +111,13 @@ def cross_entropy_grad_(logits: torch.Tensor, targets: torch.Tensor, scale: floa
                         softcap: float | None = None, ignore_index: int = -100) -> torch.Tensor:
     """Cross-entropy of each row of `logits` (after `z = scale * logits`, then `softcap * tanh(z / softcap)`), and
     the gradient of the summed loss towards the raw logits, written over `logits`.
+
+    The chunked loss computes each chunk's logits with one matmul and needs, per row, the loss
+    `logsumexp(z) - z[target]` and the gradient `softmax(z) - onehot(target)` towards the logits. In torch that takes
+    a float32 copy of the chunk, a float32 temporary inside `logsumexp`, an exponent pass, a mask pass and a cast
+    back: about 30 bytes of traffic per logit and three times the chunk in memory. The kernel runs one program per
+    row, which reads its logits twice (an online max / sum, then the gradient) and overwrites them with the gradient
+    in their own dtype: 6 bytes per bf16 logit and no extra memory.
 
     Args:
         logits: (rows, V) raw logits, any float dtype, unit column stride; overwritten.

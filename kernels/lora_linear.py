@@ -2,22 +2,9 @@
 
 Naming chain: `lora_linear_forward` / `lora_linear_backward` (launchers) -> `LoRALinearFunction` (autograd) ->
 `lora_linear` (entry). The work is four GEMMs, which cuBLAS runs better than any Triton kernel we could
-write, so there is no `@triton.jit` here; what this file changes is what is computed and kept:
-
-- the LoRA update is added into the base output by the GEMM itself (`addmm_`, beta=1), with no
-  (tokens x out) temporaries for `B(A x)`, its scaled copy, or the sum;
-- backward keeps the LoRA input (the layer input, or its dropped-out copy), `A x` (tokens x r: r/K of the input's
-  size, and keeping it saves backward a full read of the input) and references to the weights. The base output
-  is never kept, and an nf4 base weight is dequantized again instead of keeping a 16-bit copy between forward
-  and backward;
-- all GEMMs run in the activation dtype: fp32 adapter weights (peft's default next to a bf16 base) are cast
-  down, 2 x r x (in + out) elements, instead of casting the (tokens x in) activations up and keeping that fp32
-  copy for backward as the eager path does. Adapter gradients come back in the adapters' dtype;
-- the scaling rides on the cast of B (`s B`), so neither forward nor the input gradients spend a kernel on it;
-  backward reuses forward's casts instead of casting again. Inside `reuse_weight_casts()` (the trainer opens it
-  around one optimizer step's forward and backward passes, when the adapters cannot change) each weight is cast
-  once per step and shared by every call: forward, a checkpointed layer's recompute and backward. A step is
-  bound by the host launching kernels on small models, and these casts were 6 of ~20 launches per LoRA linear.
+write, so there is no `@triton.jit` here; what this file changes is what is computed and kept (`LoRALinearFunction`
+lists it). All GEMMs run in the activation dtype: the adapters are cast down, with the scaling folded into B's
+cast (`b_scaled` = `scaling * B`), once per optimizer step inside `reuse_weight_casts()`.
 """
 
 from __future__ import annotations
@@ -96,6 +83,28 @@ def lora_linear_backward(grad: torch.Tensor, x_lora: torch.Tensor, weight: torch
 
 
 class LoRALinearFunction(torch.autograd.Function):
+    """Autograd for `lora_linear` on 2-D inputs; what it computes and keeps differs from peft's eager path.
+
+    forward(x (M, K), x_lora (M, K) or None, weight (N, K) or None, nf4, bias (N,) or None, lora_a (r, K),
+    lora_b (N, r), scaling) -> (M, N) in x's dtype.
+
+    - The LoRA update is added into the base output by the GEMM itself (`addmm_`, beta=1), with no (M, N)
+      temporaries for `B(A x)`, its scaled copy, or the sum.
+    - Backward keeps the LoRA input (the layer input, or its dropped-out copy), `A x` ((M, r): r/K of the input's
+      size, and keeping it saves backward a full read of the input) and references to the weights. The base output
+      is never kept, and an nf4 base weight is dequantized again instead of keeping a 16-bit copy between forward
+      and backward.
+    - All GEMMs run in the activation dtype: fp32 adapter weights (peft's default next to a bf16 base) are cast
+      down, 2 x r x (K + N) elements, instead of casting the (M, K) activations up and keeping that fp32 copy for
+      backward as the eager path does. Adapter gradients come back in the adapters' dtype.
+    - The scaling rides on the cast of B (`s B`), so neither forward nor the input gradients spend a kernel on it;
+      backward reuses forward's casts instead of casting again. Inside `reuse_weight_casts()` (the trainer opens it
+      around one optimizer step's forward and backward passes, when the adapters cannot change) each weight is cast
+      once per step and shared by every call: forward, a checkpointed layer's recompute and backward. A step is
+      bound by the host launching kernels on small models, and these casts were a large share of each LoRA
+      linear's launches (docs/performance/host-time.md).
+    """
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, x_lora: torch.Tensor | None, weight: torch.Tensor | None,
                 nf4: NF4Weight | None, bias: torch.Tensor | None, lora_a: torch.Tensor, lora_b: torch.Tensor,

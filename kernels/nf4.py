@@ -2,15 +2,8 @@
 
 Naming chain: `_nf4_dequantize_kernel` (Triton) -> `nf4_dequantize_forward` (launcher) -> `NF4Weight.dequantize`
 (entry, with the torch fallback). There is no autograd Function: the base weight is frozen; the LoRA linear
-(`hone.kernels.lora_linear`) calls `dequantize` in forward and again in backward instead of keeping a 16-bit copy.
-
-Layout (bitsandbytes `Params4bit`): two 4-bit codes per byte, high nibble first, over the row-major (out, in)
-weight; one scale per `blocksize` (64) elements. With double quantization the scales are themselves uint8
-codes into a 256-entry table, scaled per 256 blocks, plus one fp32 offset:
-`scale[i] = code2[absmax[i]] * absmax2[i // 256] + offset`. All arithmetic is fp32 in the same order as
-bitsandbytes, rounded once to the output dtype. One program reads 1024 packed bytes and writes 2048 weights;
-the dequantized weight then feeds cuBLAS (the matmul, not the dequantize, is where the time goes: dequantizing
-a 4096 x 12288 weight moves ~125 MB, ~40 us on an H200, against ~2 ms for its 16K-token matmul).
+(`hone.kernels.lora_linear`) calls `dequantize` in forward and again in backward instead of keeping a 16-bit copy
+(the matmul, not the dequantize, is where the time goes: docs/performance/dense.md, QLoRA).
 """
 
 from __future__ import annotations
@@ -56,6 +49,11 @@ def _nf4_dequantize_kernel(packed_ptr, absmax_ptr, code_ptr, absmax2_ptr, code2_
 @dataclass
 class NF4Weight:
     """A bitsandbytes nf4 weight as plain tensors (no bitsandbytes import needed to use it).
+
+    Layout (bitsandbytes `Params4bit`): two 4-bit codes per byte, high nibble first, over the row-major (out, in)
+    weight; one scale per `blocksize` (64) elements. With double quantization the scales are themselves uint8
+    codes into a 256-entry table, scaled per 256 blocks, plus one fp32 offset:
+    `scale[i] = code2[absmax[i]] * absmax2[i // 256] + offset`.
 
     Attributes:
         packed: uint8 bytes (any storage dtype; viewed as bytes), ceil(out * in / 2) of them.
@@ -103,7 +101,11 @@ class NF4Weight:
 
 
 def nf4_dequantize_forward(weight: NF4Weight, dtype: torch.dtype) -> torch.Tensor:
-    """Launch the dequantize kernel; returns a new (out, in) tensor of `dtype`."""
+    """Launch the dequantize kernel; returns a new (out, in) tensor of `dtype`.
+
+    All arithmetic is fp32 in the same order as bitsandbytes, rounded once to the output dtype. One program reads
+    1024 packed bytes and writes 2048 weights; the dequantized weight then feeds cuBLAS.
+    """
     numel = math.prod(weight.shape)
     packed = weight.packed.reshape(-1).view(torch.uint8)
     n_bytes = (numel + 1) // 2

@@ -6,7 +6,6 @@ Naming chain: `_rms_norm_forward_kernel` / `_rms_norm_backward_kernel` (Triton) 
 
 Both weight styles of the supported families are computed with transformers' intermediate roundings:
 "llama" rounds the normalized row to the input dtype before scaling, "gemma" scales by (1 + weight) in fp32.
-Backward saves the input and one fp32 rstd per row; nothing else.
 """
 
 from __future__ import annotations
@@ -170,6 +169,9 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, r
 
 
 class RMSNormFunction(torch.autograd.Function):
+    """Autograd for `rms_norm`: x (..., N), weight (N,) -> (..., N). Backward saves the input and one fp32 rstd per
+    row; nothing else."""
+
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, style: str) -> torch.Tensor:
         x2 = _rows(x)
@@ -186,6 +188,8 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 class AddRMSNormFunction(torch.autograd.Function):
+    """Autograd for `add_rms_norm`: (residual, x) (..., N) -> (h, y). Backward saves h and one fp32 rstd per row."""
+
     @staticmethod
     def forward(ctx, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, style: str):
         y, rstd, h = rms_norm_forward(_rows(x), weight, eps, style, residual=_rows(residual), shape=x.shape)

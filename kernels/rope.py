@@ -3,12 +3,8 @@
 Naming chain: `_rope_kernel` (Triton) -> `rope_rotate` (launcher) -> `RotaryFunction`
 (autograd) -> `apply_rotary` (entry, with the torch fallback; call-compatible with transformers'
 `apply_rotary_pos_emb`).
-
-One program rotates every head of a few tokens (q and k take one launch each), reading each cos/sin row once. Positions
-come in through cos/sin, which the model gathers per token from `position_ids`, so packed rows (positions
-restarting at 0 inside a row) and any RoPE scaling the model computes need nothing special here. The forward
-rotates q and k in place (no new activations); backward applies the transposed rotation to the gradients and
-saves nothing but references to cos and sin.
+Positions come in through cos/sin, which the model gathers per token from `position_ids`, so packed rows (positions
+restarting at 0 inside a row) and any RoPE scaling the model computes need nothing special here.
 """
 
 from __future__ import annotations
@@ -67,6 +63,8 @@ def rope_rotate(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
                 backward: bool = False) -> None:
     """Launch the kernel: `out` = the rotation of `x` (its transpose when `backward`); out may be x itself.
 
+    One program rotates every head of a few tokens (so q and k take one launch each), reading each cos/sin row once.
+
     Args:
         x, out: (B, H, S, D) (or (B, S, H, D) with `unsqueeze_dim=2`), unit stride over D.
         cos, sin: (B or 1, S, D), unit stride over D.
@@ -87,7 +85,11 @@ def rope_rotate(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
 
 class RotaryFunction(torch.autograd.Function):
     """Rotates one tensor (q or k) in place. autograd lets a Function that writes into a view return only that
-    one tensor, so q and k take one call each."""
+    one tensor, so q and k take one call each.
+
+    The forward rotates in place (no new activations); backward applies the transposed rotation to the gradient and
+    saves nothing but references to cos and sin.
+    """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:

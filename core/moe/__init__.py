@@ -1,18 +1,16 @@
-"""Mixture-of-experts speed path: routing grouped once, grouped-GEMM backends, split LoRA on experts.
+"""Mixture-of-experts speed path: Hone's experts backends behind transformers' `ExpertsInterface`, split LoRA on the
+experts, the backend choice and the expert-load meter.
 
-What a run calls, in order:
+    choice.py       `configure`: which backend a run uses and why (`auto` probes); the `Choice` goes to RunStarted
+    experts.py      hone_grouped_mm / hone_triton / hone_torch in `ExpertsInterface`; apply_backend / revert_backend
+    expert_lora.py  peft's expert LoRA as (X_e A_e) B_e, never W + BA; install_split_lora / revert_split_lora
+    load.py         `ExpertLoadMeter`: tokens per expert, `read_and_reset()` -> StepMetrics.expert_load
 
-    from hone.core import moe
-
-    targets = moe.expert_lora_targets(model)              # LoraConfig(target_parameters=targets, lora_dropout=0)
-    peft_model = get_peft_model(model, lora_config)
-    moe.install_split_lora(peft_model, dropout=lora.dropout)   # expert LoRA as (X_e A_e) B_e, never W + BA
-    choice = moe.configure(peft_model, speed.moe_backend, device)  # Choice(name, reason) for RunStarted
-    meter = moe.ExpertLoadMeter(peft_model)               # meter.read_and_reset() -> StepMetrics.expert_load
-
-Backends: grouped_mm (torch._grouped_mm), triton (Hone's kernels), torch (a loop over expert groups), eager
-(transformers' own loop; with peft's W + BA on LoRA). The first three are registered in transformers'
-`ExpertsInterface` as hone_grouped_mm / hone_triton / hone_torch.
+A run calls `configure(model, speed.moe_backend, device)` and `ExpertLoadMeter(model)` before LoRA
+(core/speed/__init__.py), then `get_peft_model` with `LoraConfig(target_parameters=expert_lora_targets(model),
+lora_dropout=0)` and `install_split_lora(peft_model, dropout=lora.dropout)` (core/train/lora.py). Backends:
+grouped_mm (torch._grouped_mm), triton (Hone's kernels), torch (a loop over expert groups), eager (transformers'
+own loop, with peft's W + BA on LoRA).
 """
 
 from hone.core.moe.choice import BACKENDS, ENV_VAR, Choice, configure, probe

@@ -23,8 +23,8 @@ from hone.kernels.moe.routing import route
 
 BACKENDS = ("auto", "grouped_mm", "triton", "torch", "eager")
 # GPU generations (compute capability major) where Hone's Triton kernels beat torch._grouped_mm in a whole training
-# step: on an H200 (sm90) `hone bench moe-qwen3` measured 25,570 tokens/s with triton and 24,288 with grouped_mm
-# (gather, LoRA, routing weight and scatter fused into the GEMMs). Elsewhere grouped_mm (CUTLASS) goes first.
+# step, measured with `hone bench moe-qwen3` on sm90 (docs/performance/moe.md; gather, LoRA, routing weight and
+# scatter fused into the GEMMs). Elsewhere grouped_mm (CUTLASS) goes first.
 TRITON_FIRST_MAJORS = frozenset({9})
 ENV_VAR = "HONE_MOE_BACKEND"
 _probe_results: dict[tuple, str | None] = {}

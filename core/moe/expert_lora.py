@@ -1,19 +1,10 @@
 """LoRA on MoE experts in peft's own format, computed split: (X_e A_e) B_e per expert group, never W + BA.
 
-peft adapts stacked expert weights with `LoraConfig(target_parameters=[...])`: one `lora.ParamWrapper` per
-targeted parameter (nested when a module has several), holding A as a Linear (in, r * E) and B as a Linear
-(r * E, out). On every forward it registers a parametrization that forms W + scale * B @ A for all experts at
-once. We keep peft's wrappers, parameters and names untouched (so `save_pretrained` writes, and
-`PeftModel.from_pretrained` reads, a plain peft adapter) and change only what the outermost wrapper's forward
-does: `install_split_lora` switches its class to `SplitLoraParamWrapper`, whose forward hands the LoRA factors
-to Hone's experts implementation for that call and calls the experts module directly, so the parametrization is
-never built. Anything the split path does not cover (merged or disabled adapters, several active adapters, a
-non-Hone experts implementation) falls through to peft's own forward.
-
-Dropout: peft rejects `lora_dropout > 0` in a config that has `target_parameters`, so such a LoraConfig is built
-with `lora_dropout=0` and the dropout is given to `install_split_lora`, which sets it on every LoRA layer: the
-linear ones get the `nn.Dropout` peft would have made, the experts drop their LoRA input rows. The saved adapter
-then records `lora_dropout=0`, which is what lets peft load it (dropout does not change inference outputs).
+peft adapts stacked expert weights through `LoraConfig(target_parameters=expert_lora_targets(model))`, one
+`ParamWrapper` per parameter, whose forward forms W + scale * B @ A for all experts. `install_split_lora` keeps
+peft's wrappers, parameters and names (the saved adapter is a plain peft adapter) and only switches the outermost
+wrapper's class to `SplitLoraParamWrapper`, which hands the factors to Hone's experts backend instead;
+`revert_split_lora` undoes it. LoRA dropout goes to `install_split_lora`, not to the LoraConfig (it says why).
 """
 
 from __future__ import annotations
@@ -99,7 +90,15 @@ def _split_factors(outer: nn.Module) -> dict[str, LoraFactors] | None:
 class SplitLoraParamWrapper(ParamWrapper):
     """peft's ParamWrapper whose forward runs the experts' LoRA split inside Hone's experts implementation.
 
-    Only the class of an existing wrapper changes (`install_split_lora`); its state is peft's.
+    peft's `lora.ParamWrapper` (one per targeted parameter, nested when a module has several) holds A as a Linear
+    (in, r * E) and B as a Linear (r * E, out), and on every forward registers a parametrization that forms
+    W + scale * B @ A for all experts at once. This forward hands the LoRA factors to Hone's experts implementation
+    for that call and calls the experts module directly, so the parametrization is never built. Anything the split
+    path does not cover (merged or disabled adapters, several active adapters, a non-Hone experts implementation)
+    falls through to peft's own forward.
+
+    Only the class of an existing wrapper changes (`install_split_lora`); its state is peft's, so `save_pretrained`
+    writes, and `PeftModel.from_pretrained` reads, a plain peft adapter.
     """
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -126,10 +125,15 @@ def _outer_wrappers(model: nn.Module) -> list[nn.Module]:
 
 
 def install_split_lora(peft_model: nn.Module, dropout: float = 0.0) -> int:
-    """Make expert LoRA compute (X_e A_e) B_e within each group instead of peft's W + BA (see module docstring).
+    """Make expert LoRA compute (X_e A_e) B_e within each group instead of peft's W + BA (`SplitLoraParamWrapper`).
 
     Call after `get_peft_model(model, LoraConfig(target_parameters=expert_lora_targets(model), ...))`. The split
     runs while the experts use a Hone backend (`configure`); otherwise peft's own forward runs.
+
+    Dropout: peft rejects `lora_dropout > 0` in a config that has `target_parameters`, so such a LoraConfig is built
+    with `lora_dropout=0` and the dropout is given here, which sets it on every LoRA layer: the linear ones get the
+    `nn.Dropout` peft would have made, the experts drop their LoRA input rows. The saved adapter then records
+    `lora_dropout=0`, which is what lets peft load it (dropout does not change inference outputs).
 
     Args:
         peft_model: the peft model.

@@ -1,15 +1,9 @@
 """Hone's experts implementations, plugged into transformers through its `ExpertsInterface`.
 
-transformers 5.x decorates each MoE experts class with `@use_experts_implementation`: the module's forward
-dispatches on `config._experts_implementation` to a function `fn(module, hidden_states, top_k_index,
-top_k_weights)` registered in `ExpertsInterface` (the same on 5.17 and the latest 5.x). We register
-`hone_grouped_mm`, `hone_triton` and `hone_torch`, each running `hone.kernels.moe.experts.moe_experts` on one
-grouped-GEMM backend, and switch a model between them with its own `set_experts_implementation`
-(`apply_backend` / `revert_backend`).
-
-The module describes its layout through attributes the decorator sets: `has_gate` (gate_up_proj vs up_proj),
-`is_transposed` (gpt-oss stores (E, in, out)), `has_bias`, and its own `_apply_gate` (Qwen's silu(gate) * up on
-concatenated halves, gpt-oss's clamped GLU on interleaved columns) or `act_fn`.
+transformers 5.x decorates each MoE experts class with `@use_experts_implementation`, whose forward dispatches on
+`config._experts_implementation` to a function registered in `ExpertsInterface`. `register` adds `hone_grouped_mm`,
+`hone_triton` and `hone_torch`, each running `hone.kernels.moe.experts.moe_experts` on one grouped-GEMM backend;
+`apply_backend` / `revert_backend` switch a model between them with its own `set_experts_implementation`.
 """
 
 from __future__ import annotations
@@ -87,7 +81,12 @@ def _is_silu_halves(module: nn.Module) -> bool:
 
 
 def expert_weights(module: nn.Module) -> ExpertWeights:
-    """The module's weights as (E, K, N) views (no copies)."""
+    """The module's weights as (E, K, N) views (no copies).
+
+    The module describes its layout through attributes the decorator sets: `has_gate` (gate_up_proj vs up_proj),
+    `is_transposed` (gpt-oss stores (E, in, out)), `has_bias`, and its own `_apply_gate` (Qwen's silu(gate) * up on
+    concatenated halves, gpt-oss's clamped GLU on interleaved columns) or `act_fn`.
+    """
 
     def kn(w: torch.Tensor) -> torch.Tensor:
         return w if module.is_transposed else w.transpose(1, 2)
@@ -137,7 +136,11 @@ def _make_forward(backend: str):
 
 
 def register() -> None:
-    """Register hone_grouped_mm / hone_triton / hone_torch in transformers' ExpertsInterface (idempotent)."""
+    """Register hone_grouped_mm / hone_triton / hone_torch in transformers' ExpertsInterface (idempotent).
+
+    Each is a function `fn(module, hidden_states, top_k_index, top_k_weights)`, the signature `ExpertsInterface`
+    calls (the same on transformers 5.17 and the latest 5.x).
+    """
     from transformers.integrations.moe import ExpertsInterface
 
     for impl, backend in HONE_IMPLEMENTATIONS.items():

@@ -1,14 +1,9 @@
-"""The grouped-GEMM primitives of the MoE experts computation, one class per backend.
+"""The grouped-GEMM primitives of the MoE experts computation, one class per backend, all behind `GroupedOps`.
 
-Every backend offers the same two operations on expert-sorted rows (see `hone.kernels.moe.routing.Routing`):
-
-- `gmm(x, w, routing, ...)`: out[rows of e] = x[rows of e] @ w[e], with the router's token gather, a LoRA term,
-  a per-expert bias, the routing weight and the scatter back to (token, slot) order as options.
-- `wgrad(p, q, routing, ...)`: out[e] = p[rows of e]^T @ q[rows of e] (weight and LoRA-factor gradients).
-
-`TritonOps` fuses the options into its kernels; `GroupedMmOps` (torch._grouped_mm) and `TorchLoopOps`
-(a loop over the groups) apply them with indexing around the GEMMs. Only `TorchLoopOps` reads the group sizes on
-the host (once per layer call).
+Every backend offers `gmm` (one product per expert over its sorted rows) and `wgrad` (per-expert weight gradients).
+`TritonOps` fuses the gather, LoRA term, bias, routing weight and scatter into its kernels; `GroupedMmOps`
+(torch._grouped_mm) and `TorchLoopOps` (a loop over the groups) apply them with indexing around the GEMMs. Only
+`TorchLoopOps` reads the group sizes on the host (once per layer call).
 """
 
 from __future__ import annotations
@@ -23,6 +18,17 @@ Lora = tuple[torch.Tensor, torch.Tensor, float]  # (lora_x (S, r), lora_w (E, r,
 
 
 class GroupedOps(Protocol):
+    """The two operations every backend offers on expert-sorted rows (see `hone.kernels.moe.routing.Routing`).
+
+    - `gmm(x, w, routing, ...)`: out[rows of e] = x[rows of e] @ w[e], with the router's token gather, a LoRA term,
+      a per-expert bias, the routing weight and the scatter back to (token, slot) order as options. x: (T, K) with
+      `gather`, else (S, K); w: (E, K, N); `lora`: (lora_x (S, r), lora_w (E, r, N), scale); bias: (E, N);
+      row_scale: (S,). Returns (S, N).
+    - `wgrad(p, q, routing, ...)`: out[e] = p[rows of e]^T @ q[rows of e] (weight and LoRA-factor gradients).
+      p: (S or T, M), q: (S or T, N), gathered through the router's token index with `gather_p` / `gather_q`.
+      Returns (E, M, N); experts with no rows get zeros.
+    """
+
     name: str
     rank_multiple: int  # LoRA ranks are zero-padded to a multiple of this (alignment of the GEMM operands)
     fuses_gather: bool  # gathers rows inside its GEMMs (else callers gather once and pass sorted rows)
@@ -54,7 +60,7 @@ class TorchLoopOps:
     fuses_gather = False
 
     def gmm(self, x, w, routing, *, gather=False, scatter=False, row_scale=None, bias=None, lora=None):
-        """See the module docstring. x: (T, K) with gather, else (S, K); w: (E, K, N) -> (S, N)."""
+        """See `GroupedOps`. x: (T, K) with gather, else (S, K); w: (E, K, N) -> (S, N)."""
         rows = x[routing.token] if gather else x
         out = rows.new_empty(routing.num_rows, w.shape[2])
         for e, (begin, end) in enumerate(routing.bounds()):

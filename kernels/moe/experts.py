@@ -1,19 +1,9 @@
 """One MoE experts layer as a single autograd function over grouped GEMMs, with split LoRA on the experts.
 
-For T tokens routed to top_k of E experts (S = T * top_k sorted rows, see `moe_routing`):
-
-    gate_up = x[token] @ W_up[e] + s_up * (drop(x[token]) @ A_up[e]) @ B_up[e] + b_up[e]      (S, N1)
-    h       = activation(gate_up)                                                          (S, I)
-    y       = h @ W_down[e] + s_down * (drop(h) @ A_down[e]) @ B_down[e] + b_down[e]       (S, H)
-    out[t]  = sum over k of routing_weight[t, k] * y[row of (t, k)]                        (T, H)
-
-W + s * A @ B is never formed: the LoRA factors act on the rows of their own group. Saved for backward are the
-layer input x (T, H) (not its top_k copies), gate_up and the two rank-r LoRA activations; h is recomputed from
-gate_up (for silu-gated halves in one fused pass that also gives the gradients towards gate_up and the routing
-weights, see `moe_glu`). Gradients flow to x, the routing weights, the LoRA factors and, when they require it, the
-base weights and biases. Dropout masks are regenerated from a seed in backward rather than stored.
-
-`moe_experts_reference` is the same layer written expert by expert with plain autograd, for tests.
+Each of the S = T * top_k expert-sorted rows computes `act(x[token] @ W_up[e] + LoRA) @ W_down[e] + LoRA`, and each
+token sums its rows times its routing weights. W + s * A @ B is never formed: the LoRA factors act on the rows of
+their own group. `moe_experts` is the entry (on any `GroupedOps` backend), `MoeExpertsFunction` the autograd (the
+formulas and what backward keeps), `moe_experts_reference` the same layer expert by expert, for tests.
 """
 
 from __future__ import annotations
@@ -41,7 +31,8 @@ class ExpertWeights:
         up_bias: (E, N1) or None. down_bias: (E, H) or None.
         activation: (S, N1) -> (S, I), e.g. silu(gate) * up, or gpt-oss's clamped interleaved GLU.
         silu_halves: the activation is `silu(gate_up[:, :I]) * gate_up[:, I:]` (transformers' default gate with a
-            silu act_fn, as Qwen-style experts have): its forward and backward then run fused (`moe_glu`).
+            silu act_fn, as Qwen-style experts have): its forward and backward then run fused
+            (`hone.kernels.moe.glu`).
     """
 
     up: torch.Tensor
@@ -112,8 +103,8 @@ def _sorted_source(t: torch.Tensor, routing: Routing, ops: GroupedOps) -> tuple[
     return (t, True) if ops.fuses_gather else (t[routing.token], False)
 
 
-# The scattered (S, N) rows before their sum over the top-k slots are the layer's largest transient (256 MiB for
-# Qwen3-30B-A3B's 2,048-wide output at 8K tokens, in forward and in the input gradient): made a block of columns at
+# The scattered (S, N) rows before their sum over the top-k slots are the layer's largest transient (in forward and in
+# the input gradient; Qwen3-30B-A3B at 8K tokens: 65,536 rows x 2,048 bf16 = 256 MiB): made a block of columns at
 # a time they take at most this much. The GEMM work is the same (every output tile reads its row and column panels
 # either way); a few more launches.
 SUM_BLOCK_BYTES = 64 * 2**20
@@ -147,7 +138,21 @@ def _scatter_rows(rows: torch.Tensor, routing: Routing) -> torch.Tensor:
 
 
 class MoeExpertsFunction(torch.autograd.Function):
-    """Autograd over the grouped GEMMs of one experts layer (see the module docstring)."""
+    """Autograd over the grouped GEMMs of one experts layer.
+
+    For T tokens routed to top_k of E experts (S = T * top_k sorted rows, see `hone.kernels.moe.routing.route`):
+
+        gate_up = x[token] @ W_up[e] + s_up * (drop(x[token]) @ A_up[e]) @ B_up[e] + b_up[e]      (S, N1)
+        h       = activation(gate_up)                                                          (S, I)
+        y       = h @ W_down[e] + s_down * (drop(h) @ A_down[e]) @ B_down[e] + b_down[e]       (S, H)
+        out[t]  = sum over k of routing_weight[t, k] * y[row of (t, k)]                        (T, H)
+
+    Saved for backward are the layer input x (T, H) (not its top_k copies), gate_up and the two rank-r LoRA
+    activations; h is recomputed from gate_up (for silu-gated halves in one fused pass that also gives the gradients
+    towards gate_up and the routing weights, see `hone.kernels.moe.glu`). Gradients flow to x, the routing weights,
+    the LoRA factors and, when they require it, the base weights and biases. Dropout masks are regenerated from a
+    seed in backward rather than stored. The arguments are `moe_experts`'s, unpacked; `plan` holds the rest.
+    """
 
     @staticmethod
     def forward(ctx, hidden, top_k_weights, w_up, b_up, w_down, b_down, a_up, b_up_lora, a_down, b_down_lora,
@@ -298,7 +303,7 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
                 weights: ExpertWeights, ops: GroupedOps, *, lora_up: LoraFactors | None = None,
                 lora_down: LoraFactors | None = None, training: bool = False,
                 routing: Routing | None = None, single_use: bool = False) -> torch.Tensor:
-    """The experts layer (see the module docstring) on one backend.
+    """The experts layer (formulas in `MoeExpertsFunction`) on one backend.
 
     Args:
         hidden: (T, H) layer input.

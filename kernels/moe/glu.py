@@ -1,18 +1,10 @@
 """The experts' gated activation `silu(gate) * up` on concatenated halves, with its backward fused for the MoE layer.
 
-Qwen-style experts compute one (S, 2I) product `gate_up = x @ W_gate_up[e]` and apply `silu(gate_up[:, :I]) *
-gate_up[:, I:]`. In backward the experts layer (`hone.kernels.moe.experts`) needs three things from it at once: the
-activation h again (its LoRA and weight gradients read it), the gradient towards gate_up, and the routing weight's
-gradient `<g, h>` per row (g = d y / d h before the routing weight). The eager way builds an autograd graph for the
-activation, materializes float32 copies for the row dot products and makes a (S, 2I) concatenation; this kernel
-reads gate_up and g once and writes h, d gate_up and the row dots in one pass.
-
 Naming chain: `_swiglu_halves_forward_kernel` / `_swiglu_halves_backward_kernel` (Triton) ->
 `swiglu_halves_forward` / `swiglu_halves_backward` (launchers) -> `swiglu_halves` / `swiglu_halves_grad` (entries,
-which fall back to the torch references `swiglu_halves_reference` / `swiglu_halves_grad_reference`).
-
-Roundings: the activation is rounded to the activation dtype before the product and h is rounded before the row
-dot (what the GEMMs see); the gradients are computed in float32 from the 16-bit inputs and rounded once.
+which fall back to the torch references `swiglu_halves_reference` / `swiglu_halves_grad_reference`). There is no
+autograd Function: the experts layer (`hone.kernels.moe.experts`) calls the backward itself, which gives h, the
+gradient towards gate_up and the routing weights' gradient in one pass (`swiglu_halves_backward` says why).
 """
 
 from __future__ import annotations
@@ -71,7 +63,10 @@ def _rows_ok(t: torch.Tensor) -> bool:
 
 
 def swiglu_halves_forward(gate_up: torch.Tensor) -> torch.Tensor:
-    """(S, 2I) -> (S, I) `silu(gate_up[:, :I]) * gate_up[:, I:]` in gate_up's dtype (rows with unit column stride)."""
+    """(S, 2I) -> (S, I) `silu(gate_up[:, :I]) * gate_up[:, I:]` in gate_up's dtype (rows with unit column stride).
+
+    The activation is rounded to gate_up's dtype before the product, as in `swiglu_halves_backward`.
+    """
     rows, width = gate_up.shape
     h = torch.empty(rows, width // 2, dtype=gate_up.dtype, device=gate_up.device)
     if rows:
@@ -83,6 +78,16 @@ def swiglu_halves_forward(gate_up: torch.Tensor) -> torch.Tensor:
 def swiglu_halves_backward(gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor,
                            overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The activation's backward for the experts layer, in one pass.
+
+    Qwen-style experts compute one (S, 2I) product `gate_up = x @ W_gate_up[e]` and apply `silu(gate_up[:, :I]) *
+    gate_up[:, I:]`. In backward the experts layer needs three things from it at once: the activation h again (its
+    LoRA and weight gradients read it), the gradient towards gate_up, and the routing weight's gradient `<g, h>` per
+    row. The eager way builds an autograd graph for the activation, materializes float32 copies for the row dot
+    products and makes a (S, 2I) concatenation; this kernel reads gate_up and g once and writes h, d gate_up and the
+    row dots in one pass.
+
+    Roundings: the activation is rounded to the activation dtype before the product and h is rounded before the row
+    dot (what the GEMMs see); the gradients are computed in float32 from the 16-bit inputs and rounded once.
 
     Args:
         gate_up: (S, 2I) the saved up-projection output.

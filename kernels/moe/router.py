@@ -1,13 +1,7 @@
 """A MoE router's top-k choice in one kernel each way: softmax over the experts, the k largest, renormalized or not.
 
-Qwen-style routers (Qwen2-MoE, Qwen3-MoE, ...) turn their (T, E) logits into routing weights as
-
-    p = softmax(logits) in float32;  (w, index) = topk(p, k);  w /= sum(w) when normalizing;  w in logits' dtype.
-
-Eagerly that is five kernels forward (softmax, topk, sum, divide, cast) and more backward, per layer, per pass;
-with a (T, E) float32 copy of the probabilities kept for backward. Here each direction is one launch: forward
-reads the logits once and writes w and index; backward recomputes p from the logits (E values per row) and writes
-the logits' gradient. Ties pick the lower expert id (`torch.topk` leaves the order of equal values unspecified).
+What Qwen-style routers compute after their linear layer (`router_top_k_reference`), in one launch per direction
+instead of five eager kernels forward and more backward (`RouterTopKFunction` says what each kernel does).
 
 Naming chain: `_router_top_k_forward_kernel` / `_router_top_k_backward_kernel` (Triton) -> `router_top_k_forward` /
 `router_top_k_backward` (launchers) -> `RouterTopKFunction` (autograd) -> `router_top_k` (entry, which falls back
@@ -147,6 +141,19 @@ def router_top_k_backward(logits: torch.Tensor, index: torch.Tensor, d_weights: 
 
 
 class RouterTopKFunction(torch.autograd.Function):
+    """Autograd for `router_top_k` on (T, E) logits: (T, k) weights in the logits' dtype, (T, k) int64 expert ids.
+
+    Qwen-style routers (Qwen2-MoE, Qwen3-MoE, ...) turn their (T, E) logits into routing weights as
+
+        p = softmax(logits) in float32;  (w, index) = topk(p, k);  w /= sum(w) when normalizing;  w in logits' dtype.
+
+    Eagerly that is five kernels forward (softmax, topk, sum, divide, cast) and more backward, per layer, per pass;
+    with a (T, E) float32 copy of the probabilities kept for backward. Here each direction is one launch: forward
+    reads the logits once and writes w and index; backward recomputes p from the saved logits (E values per row) and
+    writes the logits' gradient. Ties pick the lower expert id (`torch.topk` leaves the order of equal values
+    unspecified).
+    """
+
     @staticmethod
     def forward(ctx, logits: torch.Tensor, top_k: int, normalize: bool):
         weights, index = router_top_k_forward(logits, top_k, normalize)

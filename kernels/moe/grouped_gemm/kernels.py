@@ -1,18 +1,10 @@
 """Triton grouped GEMMs for mixture-of-experts layers: rows sorted by expert, one weight matrix per expert.
 
-Two kernels, both driven by `group_ends` (int32, (E,)): the cumulative row count of each expert's group, so
-group e owns sorted rows [group_ends[e-1], group_ends[e]). Nothing here reads sizes on the host.
-
-- `_grouped_gemm_kernel`: out[rows of e] = x[rows of e] @ w[e] (+ scale * lora_x @ lora_w[e]) (+ bias[e]),
-  optionally gathering x's rows through an index (the token gather of the router, fused into the loads) and
-  scattering output rows through an index with a per-row scale (the routing weight, fused into the stores).
-- `_grouped_gemm_wgrad_kernel`: out[e] = p[rows of e]^T @ q[rows of e], the reduction over each group's rows
-  that gives weight (and LoRA factor) gradients; either operand's rows may be gathered.
-
-UPCAST (set only under Triton's CPU interpreter, whose bf16 `tl.dot` returns garbage on Triton 3.9) converts the
-operands to float32 before each dot; bf16/fp16 products are exact in float32, so the result is the same sum.
-
-Launchers (`hone.kernels.moe.grouped_gemm.launch`) pick block sizes and compute the per-group tile prefix on the device.
+Both kernels are driven by `group_ends` (int32, (E,)), the cumulative row count of each expert's group: group e
+owns sorted rows [group_ends[e-1], group_ends[e]). Nothing here reads sizes on the host. `_grouped_gemm_kernel` is
+the forward product with the token gather, LoRA term, bias, routing weight and scatter fused in;
+`_grouped_gemm_wgrad_kernel` the per-group reduction that gives weight and LoRA-factor gradients. Launchers (block
+sizes, the per-group tile prefix, the naming chain): `hone.kernels.moe.grouped_gemm.launch`.
 """
 
 from __future__ import annotations
@@ -38,6 +30,12 @@ def _grouped_gemm_kernel(
     BLOCK_G: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) output tile of one expert group.
+
+    out[rows of e] = x[rows of e] @ w[e] (+ scale * lora_x @ lora_w[e]) (+ bias[e]), optionally gathering x's rows
+    through an index (HAS_GATHER: the token gather of the router, fused into the loads) and scattering output rows
+    through an index with a per-row scale (HAS_SCATTER, HAS_ROW_SCALE: the routing weight, fused into the stores).
+    UPCAST (set only under Triton's CPU interpreter, whose bf16 `tl.dot` returns garbage on Triton 3.9) converts the
+    operands to float32 before each dot; bf16/fp16 products are exact in float32, so the result is the same sum.
 
     Axis 0 enumerates row tiles of all groups back to back (`tile_ends` is their cumulative count per group, so
     the grid's upper bound cdiv(S, BLOCK_M) + E needs no host sync); programs past the last tile do nothing.
@@ -118,6 +116,8 @@ def _grouped_gemm_wgrad_kernel(
 ):
     """One (BLOCK_M, BLOCK_N) tile of out[e] = p[rows of e]^T @ q[rows of e]; an empty group writes zeros.
 
+    The reduction over each group's rows that gives weight (and LoRA factor) gradients; either operand's rows may be
+    gathered (HAS_GATHER_P, HAS_GATHER_Q). UPCAST as in `_grouped_gemm_kernel`.
     Axis 0 enumerates output tiles, axis 1 the groups. The loop runs over the group's rows in BLOCK_K steps.
     """
     pid = tl.program_id(0)

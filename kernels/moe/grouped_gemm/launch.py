@@ -1,13 +1,11 @@
 """Grouped GEMM launchers for mixture-of-experts layers, and their plain-torch references.
 
-Rows are sorted by expert; `group_ends` (int32, (E,), on the device) holds each expert's cumulative row count.
-`grouped_gemm_forward` computes out[rows of e] = x[rows of e] @ w[e] (with an optional LoRA term, bias, row gather,
-row scatter and row scale fused in); `grouped_gemm_wgrad` computes out[e] = p[rows of e]^T @ q[rows of e].
-Weights are read through their strides, so a transposed view (e.g. a (E, N, K) parameter seen as (E, K, N))
-costs no copy. Neither launcher reads a size back to the host.
-
-The references (`grouped_gemm_reference`, `grouped_gemm_wgrad_reference`) loop over experts in float32 and
-are what the kernels are tested against.
+Naming chain: `_grouped_gemm_kernel` / `_grouped_gemm_wgrad_kernel` (Triton, kernels.py) -> `grouped_gemm_forward` /
+`grouped_gemm_wgrad` (launchers) -> `TritonOps` (`hone.kernels.moe.backends`) -> `MoeExpertsFunction` (autograd,
+`hone.kernels.moe.experts`). Rows are sorted by expert and `group_ends` (int32, (E,), on the device) holds each
+expert's cumulative row count; neither launcher reads a size back to the host. The references
+(`grouped_gemm_reference`, `grouped_gemm_wgrad_reference`) loop over experts in float32; the kernels are tested
+against them.
 """
 
 from __future__ import annotations
@@ -77,7 +75,8 @@ def grouped_gemm_forward(
 
     Args:
         x: (R, K) rows; with `gather`, sorted row s reads x[gather[s]], else x is already in sorted order.
-        w: (E, K, N), any strides (the dtype of x).
+        w: (E, K, N), any strides (the dtype of x): weights are read through their strides, so a transposed view
+            (e.g. a (E, N, K) parameter seen as (E, K, N)) costs no copy.
         group_ends: (E,) int32 cumulative rows per expert; the last entry is the number of sorted rows S.
         gather: (S,) int64 source row of each sorted row, or None.
         scatter: (S,) int64 destination row of each sorted row (a permutation of range(S)), or None.
