@@ -42,7 +42,7 @@ def _synchronize(device: str) -> None:
 
 def _locate(filename: str) -> tuple[str, str]:
     """(package, path from the package's folder on) of a profiled function's file: ("builtins", "") for C calls,
-    ("hone", "hone/core/loss.py") for Hone's own, ("other", the file's name) outside `_PACKAGES`."""
+    ("hone", "hone/core/train/loss.py") for Hone's own, ("other", the file's name) outside `_PACKAGES`."""
     if filename == "~" or filename.startswith("<built-in"):
         return "builtins", ""
     path = filename.replace("\\", "/")
