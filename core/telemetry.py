@@ -2,11 +2,7 @@
 
 Reads NVIDIA's management library through nvidia-ml-py (`pynvml`). Stdlib + pynvml only, so sampling never
 imports torch. Where NVML cannot say how much memory the device has, the sample reports system memory instead
-and says why in `note`:
-
-- no NVIDIA GPU, no driver, or no nvidia-ml-py -> system memory, no utilization/temperature/power;
-- a unified-memory device (DGX Spark's GB10, Jetson) where NVML reports no memory of its own -> system memory
-  (the GPU allocates from it), with the GPU's utilization, temperature and power still read from NVML.
+and says why in `note` (`Telemetry.sample` lists the cases).
 """
 
 from __future__ import annotations
@@ -73,7 +69,14 @@ class Telemetry:
         return self._nvml is not None
 
     def sample(self) -> TelemetrySample:
-        """Read the device now. Never raises: a reading NVML refuses becomes None."""
+        """Read the device now. Never raises: a reading NVML refuses becomes None.
+
+        Memory comes from the system instead of the GPU, with the reason in `note`, when:
+
+        - there is no NVIDIA GPU, no driver, or no nvidia-ml-py: system memory, no utilization/temperature/power;
+        - the device has unified memory (DGX Spark's GB10, Jetson) and NVML reports no memory of its own: system
+          memory (the GPU allocates from it), with the GPU's utilization, temperature and power still from NVML.
+        """
         if self._nvml is None:
             used, total = system_memory()
             return TelemetrySample("System memory", SYSTEM, used, total, note=self.unavailable_reason)

@@ -6,7 +6,7 @@ Public API (what the trainer, the CLI and the GUI use):
     check_data(cfg, tokenizer=None, *, split) -> (DatasetReport, TokenizedSet | None)
     TokenizedSet / TokenizedRow / ImageRef            the tokenized rows (labels -100 where no loss)
     plan_packs(lengths, budget, *, seed, epoch, method) / packing_efficiency(plan, lengths, budget)
-    inspect_row(source, tokenizer, row, ...) -> RowView  (rendered text + per-token trained flags)
+    inspect.inspect_row(entry, tokenizer, row, ...) -> RowView  (rendered text + per-token trained flags)
     format_report(report) -> str                      the terminal table of a DatasetReport
 
 Importing this package is light (numpy only); transformers, datasets, pyarrow and Pillow load on use.

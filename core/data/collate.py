@@ -1,14 +1,9 @@
 """Batches for training: packed (padding-free) rows with their sequence metadata, and padded rows.
 
-A packed batch lays several tokenized rows end to end in one row of `T` tokens. Everything that describes where
-the sequences start and end (lengths, cumulative offsets, the longest length, the number of trained tokens) is
-computed here, once per batch, on the CPU, as Python ints or small int tensors. The attention backends in
-`hone.core.speed.attention` read it from the kwargs transformers passes down to every layer and never rebuild it, and
-the trainer reads the counts from the CPU side, so a training step never waits for the GPU to answer a question.
-
-Targets are shifted here: `targets[t]` is the token the model should predict at position `t` (the next token of
-the same sequence), or -100 where no loss is taken. The last token of every sequence gets -100, so no loss ever
-crosses a sequence boundary and the loss needs no shift of its own.
+Everything that says where the sequences start and end (lengths, cumulative offsets, the longest length, the number
+of trained tokens) is computed here, once per batch, on the CPU, so the attention backends never rebuild it and a
+training step never waits for the GPU to answer a question. Targets are shifted here too: the last token of every
+sequence gets -100, so no loss ever crosses a sequence boundary and the loss needs no shift of its own.
 """
 
 from __future__ import annotations
@@ -76,6 +71,10 @@ def _move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 class PackedBatch:
     """Several sequences packed into one row, with their boundaries computed once on the CPU.
 
+    The boundaries are Python ints or small int tensors. The attention backends in `hone.core.speed.attention` read
+    them from the kwargs transformers passes down to every layer (`model_inputs`) and never rebuild them; the
+    trainer reads the counts from the CPU side.
+
     Attributes:
         input_ids: (1, T) int64 token ids, sequences end to end.
         position_ids: (1, T) int64, restarting at 0 at each sequence start.
@@ -117,7 +116,8 @@ class PackedBatch:
         attention call; Hone's attention backends (and transformers' own flash-attention path) read them instead
         of deriving the boundaries from `position_ids` in every layer.
         """
-        register_batch(self.cu_seqlens, self.seq_lens)  # lets checkpointed layers back-propagate in tiles
+        # Lets checkpointed layers back-propagate a group of whole sequences at a time (speed.layer_group_tokens).
+        register_batch(self.cu_seqlens, self.seq_lens)
         return {
             **_token_inputs(self.input_ids, self.input_rows),
             "position_ids": self.position_ids,

@@ -1,14 +1,9 @@
 """Row formats: detect which one a file uses and normalize each raw record into a `Row`.
 
-Formats (the names of `DataConfig.format`):
-    messages           {"messages": [{"role": "user", "content": "..."}, ...]}  (OpenAI / ChatML style; content a
-                       string or a list of parts {"type": "text", "text"} / {"type": "image", "image": ...})
-    sharegpt           {"conversations": [{"from": "human", "value": "..."}, ...]}  (human/gpt/system)
-    alpaca             {"instruction", "input" (optional), "output", "system" (optional)}
-    prompt-completion  {"prompt", "completion"}  (strings, or lists of messages as TRL writes them)
-    text               {"text"}  (continued pretraining: every token trained, no chat template)
-Any format may carry an `images` column (LLaVA style: `<image>` placeholders in the text mark where each goes).
-`DataConfig.columns` maps these canonical names (and `role` / `content` inside turns) to the user's own names.
+The formats are the values of `DataConfig.format`: messages, sharegpt, alpaca, prompt-completion and text (each
+record's shape is beside `DETECTION_ORDER`). Any format may carry an `images` column (LLaVA style: `<image>`
+placeholders in the text mark where each goes). `DataConfig.columns` maps the canonical column names (and `role` /
+`content` inside turns) to the user's own names.
 """
 
 from __future__ import annotations
@@ -38,7 +33,13 @@ from hone.core.data.rows import (
 )
 
 IMAGE_PLACEHOLDER = "<image>"
-# Checked in this order; the first format whose required columns are all present wins.
+# Checked in this order; the first format whose required columns are all present wins. A record of each format:
+#     messages           {"messages": [{"role": "user", "content": "..."}, ...]}  (OpenAI / ChatML style; content a
+#                        string or a list of parts {"type": "text", "text"} / {"type": "image", "image": ...})
+#     sharegpt           {"conversations": [{"from": "human", "value": "..."}, ...]}  (human/gpt/system)
+#     alpaca             {"instruction", "input" (optional), "output", "system" (optional)}
+#     prompt-completion  {"prompt", "completion"}  (strings, or lists of messages as TRL writes them)
+#     text               {"text"}  (continued pretraining: every token trained, no chat template)
 DETECTION_ORDER: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("messages", ("messages",)),
     ("sharegpt", ("conversations",)),

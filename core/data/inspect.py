@@ -1,16 +1,8 @@
 """The inspector: one row as the model will see it, for the GUI's highlight view and `hone data inspect`.
 
-    views = inspect_rows("data/train.jsonl", tokenizer, [17], cfg=run_config.data)
-    view = views[0]
-    view.text                    # the rendered conversation (chat template applied; one placeholder per image)
-    for piece in view.pieces:    # consecutive pieces cover view.text exactly
-        piece.text, piece.trained, piece.kind, piece.tokens   # kind: "text" | "image"
-    view.images                  # per image: where it is, its size, and how many tokens it becomes
-    view.problem                 # set (and nothing else) when the row is skipped: the report's message
-
-Row numbers are the ones the report prints ("file.jsonl:17" is row 17: the line of a JSONL file, the element of
-a JSON list, the spreadsheet row of a CSV with its header as row 1). The GUI highlights `pieces` with
-`trained=True`; a piece is a run of tokens with the same flag, so long rows stay cheap to draw.
+`inspect_rows` gives a `RowView` per requested row: the rendered text cut into `Piece`s that cover it exactly, each
+a run of tokens with the same trained flag (or one image's tokens), so long rows stay cheap to draw. Row numbers
+are the 1-based ones the data report prints.
 """
 
 from __future__ import annotations
@@ -58,7 +50,21 @@ class ImagePlaceholder:
 
 @dataclass
 class RowView:
-    """What the inspector shows for one row (see the module docstring)."""
+    """What the inspector shows for one row.
+
+    Attributes:
+        source: where the row is ("file.jsonl:17").
+        format: the row format it was read as ("messages", "alpaca", ...).
+        text: the rendered conversation (chat template applied; one placeholder per image).
+        pieces: consecutive runs of tokens that cover `text` exactly; the GUI highlights those with `trained=True`.
+        token_ids: the row's token ids.
+        trained: per token, whether it carries loss.
+        images: per image: where it is, its size, and how many tokens it becomes.
+        messages: the normalized conversation, where the row got that far.
+        truncated: the row was cut to `data.max_length`.
+        problem: the report's message when the row is skipped; then only `source` (and `format` and `messages`
+            where the row got that far) are set.
+    """
 
     source: str
     format: str = ""
@@ -82,6 +88,16 @@ class RowView:
 
 def inspect_rows(entry: str, tokenizer, rows: list[int], *, cfg=None) -> list[RowView]:
     """Views of the given rows of one dataset source.
+
+    Example:
+        views = inspect_rows("data/train.jsonl", tokenizer, [17], cfg=run_config.data)
+        view = views[0]
+        view.text                    # the rendered conversation (chat template applied; one placeholder per image)
+        for piece in view.pieces:    # consecutive pieces cover view.text exactly
+            piece.text, piece.trained, piece.kind, piece.tokens   # kind: "text" | "image"
+
+    Row numbers are the ones the report prints ("file.jsonl:17" is row 17: the line of a JSONL file, the element
+    of a JSON list, the spreadsheet row of a CSV with its header as row 1).
 
     Args:
         entry: a file, folder or dataset id, as in DataConfig.train.

@@ -1,16 +1,8 @@
 """Read dataset sources into raw records, one at a time, with their row numbers.
 
-Sources (`DataConfig.train` / `eval` entries): JSONL, JSON (a list of rows, a dict of columns, or one row),
-CSV/TSV, Parquet, Arrow, folders saved by `datasets.save_to_disk`, folders holding such files, `bundled:` names
-and Hugging Face dataset ids. Append `:split` to a Hugging Face id or a saved DatasetDict folder to pick a split
-(`org/name:test`); without it the training side reads "train", the evaluation side "validation" or "test".
-
-Files are streamed (JSONL line by line, CSV row by row, Parquet/Arrow in record batches, memory-mapped), so a
-large file is never held whole in memory. Readers never raise on a bad row: they yield a `RowProblem` for it and
+`resolve_sources` turns `DataConfig.train` / `eval` entries into `Source`s and `read_records` streams each one, so
+a large file is never held whole in memory. Readers never raise on a bad row: they yield a `RowProblem` for it and
 go on. Problems with a whole file (missing, empty, not parseable at all) raise `SourceError`.
-
-Row numbers are 1-based: the line for JSONL, the element for JSON lists, the spreadsheet row for CSV/TSV (the
-header is row 1), the table row for Parquet, Arrow and `datasets` folders.
 """
 
 from __future__ import annotations
@@ -83,6 +75,11 @@ class Source:
 def resolve_sources(entries: list[str], side: str = "train") -> list[Source]:
     """Turn config entries into Sources.
 
+    An entry is a JSONL, JSON (a list of rows, a dict of columns, or one row), CSV/TSV, Parquet or Arrow file, a
+    folder saved by `datasets.save_to_disk`, a folder holding such files (one Source per file), a `bundled:` name
+    or a Hugging Face dataset id. Append `:split` to a Hugging Face id or a saved DatasetDict folder to pick a split
+    (`org/name:test`); without it the training side reads "train", the evaluation side "validation" or "test".
+
     Raises:
         SourceError: an entry names nothing readable (the message says what was found instead).
     """
@@ -148,6 +145,10 @@ def content_hash(source: Source) -> str:
 
 def read_records(source: Source) -> Iterator[tuple[int, Any]]:
     """Yield (row number, record dict or RowProblem) for every row of the source.
+
+    Files are streamed: JSONL line by line, CSV row by row, Parquet/Arrow in record batches, memory-mapped. Row
+    numbers are 1-based: the line for JSONL, the element for JSON lists, the spreadsheet row for CSV/TSV (the
+    header is row 1), the table row for Parquet, Arrow and `datasets` folders.
 
     Raises:
         SourceError: the source as a whole cannot be read.

@@ -3,11 +3,6 @@
 The main process reads, normalizes and checks rows (cheap, and it must count every row in order); workers render
 the chat template and tokenize (the expensive part). Batches come back in submission order, with at most two per
 worker in flight, so memory stays flat.
-
-Workers are forked where the platform can (Linux), like PyTorch's DataLoader: the encoder is inherited, not
-pickled, and the main script is not imported again (with "spawn", a script without an `if __name__ ==
-"__main__":` guard re-runs in each worker, and the pool hangs). Workers never touch CUDA or Qt, so forking a
-process that has them is safe. Elsewhere (Windows, macOS) they are spawned.
 """
 
 from __future__ import annotations
@@ -50,7 +45,13 @@ def default_workers(sources: list[Source]) -> int:
 
 
 def encode_stream(encoder: RowEncoder, batches: Iterable[list[Row]], workers: int) -> Iterator[tuple[list, list]]:
-    """Yield (batch, encoder.encode(batch)) for every batch, in order; in `workers` processes when > 0."""
+    """Yield (batch, encoder.encode(batch)) for every batch, in order; in `workers` processes when > 0.
+
+    Workers are forked where the platform can (Linux), like PyTorch's DataLoader: the encoder is inherited, not
+    pickled, and the main script is not imported again (with "spawn", a script without an `if __name__ ==
+    "__main__":` guard re-runs in each worker, and the pool hangs). Workers never touch CUDA or Qt, so forking a
+    process that has them is safe. Elsewhere (Windows, macOS) they are spawned.
+    """
     if workers <= 0:
         for batch in batches:
             yield batch, encoder.encode(batch)

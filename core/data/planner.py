@@ -1,15 +1,8 @@
 """Packing planner: group rows into packed rows of at most `budget` tokens, once per epoch.
 
-Both methods sort rows by length, longest first, after a seeded shuffle (so equal lengths land in a different
-order each epoch), then place each row:
-    best-fit     into the open pack with the least room that still fits it (tightest packs, the default;
-                 ties go to the oldest pack);
-    first-fit    into the oldest open pack that fits it.
-A row that fits no open pack starts a new one. Finally the packs are shuffled, so an epoch does not start with
-all the long rows. Every row appears in exactly one pack; the same (seed, epoch) always gives the same plan.
-
-The output, per pack the row indices (their lengths are the sequence lengths of that packed row), is what the
-packed-attention batch builder consumes.
+`plan_packs` gives per pack the row indices (their lengths are the sequence lengths of that packed row), which the
+packed-attention batch builder consumes. Every row appears in exactly one pack, and the same (seed, epoch) always
+gives the same plan, which is what lets a resumed run continue at the saved pack position.
 """
 
 from __future__ import annotations
@@ -30,6 +23,16 @@ _EPOCH_STRIDE = 1_000_003
 def plan_packs(lengths: Sequence[int], budget: int, *, seed: int, epoch: int,
                method: str = "best-fit") -> list[list[int]]:
     """Plan one epoch of packed rows.
+
+    Both methods sort rows by length, longest first, after a seeded shuffle (so equal lengths land in a different
+    order each epoch), then place each row:
+
+        best-fit     into the open pack with the least room that still fits it (tightest packs, the default;
+                     ties go to the oldest pack);
+        first-fit    into the oldest open pack that fits it.
+
+    A row that fits no open pack starts a new one. Finally the packs are shuffled, so an epoch does not start with
+    all the long rows.
 
     Args:
         lengths: tokens per row (int, each 1..budget).

@@ -1,17 +1,10 @@
 """Chat templates: render a conversation and find which characters belong to assistant turns.
 
 Templates are Jinja run in a sandbox set up the way transformers runs them (same filters and globals), compiled
-once per template. Assistant spans come from rendering growing prefixes of the conversation, which works for any
-template, with or without `{% generation %}` markers:
-
-    before = render(messages[:i], add_generation_prompt=True)    # ends with e.g. "<|im_start|>assistant\\n"
-    upto   = render(messages[:i + 1])                            # adds the turn: "...content<|im_end|>\\n"
-    span of turn i = [len(before), len(upto))                    # when both are prefixes of the full render
-
-So the span holds the assistant's content and the template's end-of-turn text (the model must learn to stop), and
-not the role header. Templates that rewrite earlier turns (e.g. drop old reasoning) break the prefix property; then
-the turn's content is found in the full render after the previous span, and the end-of-turn text that `upto` puts
-after the content is taken along when the full render has it too.
+once per template. Assistant spans come from rendering growing prefixes of the conversation
+(`ChatTemplate.render_with_spans`), which works for any template, with or without `{% generation %}` markers; a
+span holds the turn's content and the template's end-of-turn text (the model must learn to stop), not the role
+header.
 """
 
 from __future__ import annotations
@@ -99,6 +92,17 @@ class ChatTemplate:
     def render_with_spans(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
         """Render the conversation and locate its assistant turns.
 
+        Each span comes from rendering growing prefixes of the conversation:
+
+            before = render(messages[:i], add_generation_prompt=True)    # ends with e.g. "<|im_start|>assistant\\n"
+            upto   = render(messages[:i + 1])                            # adds the turn: "...content<|im_end|>\\n"
+            span of turn i = [len(before), len(upto))                    # when both are prefixes of the full render
+
+        So the span holds the assistant's content and the template's end-of-turn text (the model must learn to
+        stop), and not the role header. Templates that rewrite earlier turns (e.g. drop old reasoning) break the
+        prefix property; then the turn's content is found in the full render after the previous span, and the
+        end-of-turn text that `upto` puts after the content is taken along when the full render has it too.
+
         Returns:
             (text, spans): the full render, and one [start, end) character span per assistant turn, in order.
 
@@ -129,7 +133,7 @@ class ChatTemplate:
 
 def _locate(full: str, upto: str, message: dict[str, Any], cursor: int, before: str | None,
             index: int) -> tuple[int, int]:
-    """Find an assistant turn whose render is not a prefix of the full render (see the module docstring)."""
+    """Find an assistant turn whose render is not a prefix of the full render (see `render_with_spans`)."""
     content = message["content"]
     if isinstance(content, list):
         content = "".join(p.get("text", "") for p in content if p.get("type") == "text")

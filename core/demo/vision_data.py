@@ -1,13 +1,9 @@
 """The vision demo's dataset: simple shapes in simple colors, drawn with Pillow, with questions and one-word answers,
 mixed with text-only questions the base model already answers.
 
-    resources/datasets/shapes_vqa/
-        train.jsonl   image rows (one or two questions about one image) and text-only rows
-        eval.jsonl    held-out images, one question each, and held-out text-only questions
-        images/       32 x 32 PNG files
-
-The shipped files are `write_shapes_dataset()`'s output; a test regenerates them and compares (the JSONL byte for
-byte, the images pixel for pixel), so the dataset stays reproducible.
+The shipped files (resources/datasets/shapes_vqa/) are `write_shapes_dataset()`'s output; a test regenerates them
+and compares (the JSONL byte for byte, the images pixel for pixel), so the dataset stays reproducible: a change
+here means regenerating the shipped files.
 """
 
 from __future__ import annotations
@@ -120,7 +116,12 @@ def make_dataset(n_train_images: int = 320, n_eval_images: int = 36, n_train_tex
 
 
 def write_shapes_dataset(folder: Path) -> None:
-    """Write train.jsonl, eval.jsonl and images/ under `folder`."""
+    """Write the dataset under `folder` (resources/datasets/shapes_vqa/ is this function's output):
+
+        train.jsonl   image rows (one or two questions about one image) and text-only rows
+        eval.jsonl    held-out images, one question each, and held-out text-only questions
+        images/       32 x 32 PNG files
+    """
     train, held_out, images = make_dataset()
     folder = Path(folder)
     (folder / "images").mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,8 @@
 """The vision demo's model: a small vision-language model whose language model is the real SmolLM2-135M-Instruct
 (the bundled GGUF) and whose vision encoder and projector start from random weights.
 
-It is built the SmolVLM way (SmolLM2 text backbone, a ViT patch encoder, an MLP projector into the text
-embeddings) on transformers' LLaVA classes, whose image processor (CLIP's) runs on Pillow alone; the Idefics3 /
-SmolVLM image processors of transformers 5.17 need torchvision. Sizes are chosen for a CPU: 32 x 32 images cut into
-four 16 x 16 patches, a 2-layer encoder of width 128, so an image costs the language model four tokens.
-
-The folder is built once and cached under Hone's cache, keyed by the GGUF and the builder's version.
+It is built on transformers' LLaVA classes and sized for a CPU (`build_demo_model` says how). The folder is built
+once and cached under Hone's cache, keyed by the GGUF and `BUILDER_VERSION`.
 """
 
 from __future__ import annotations
@@ -50,7 +46,13 @@ def demo_model_folder() -> Path:
 
 
 def build_demo_model(folder: Path) -> Path:
-    """Write the demo model into `folder`: SmolLM2's weights for the language model, random vision parts."""
+    """Write the demo model into `folder`: SmolLM2's weights for the language model, random vision parts.
+
+    It is built the SmolVLM way (SmolLM2 text backbone, a ViT patch encoder, an MLP projector into the text
+    embeddings) on transformers' LLaVA classes, whose image processor (CLIP's) runs on Pillow alone; the Idefics3 /
+    SmolVLM image processors of transformers 5.17 need torchvision. Sizes are chosen for a CPU: 32 x 32 images cut
+    into four 16 x 16 patches, a 2-layer encoder of width 128, so an image costs the language model four tokens.
+    """
     import torch
     from safetensors.torch import load_file
     from transformers import (

@@ -2,14 +2,8 @@
 
 Supported: llama (Llama 2/3.x, SmolLM, with llama3 rope scaling), qwen2 (Qwen2, Qwen2.5) and qwen3 (dense Qwen3).
 The layout follows llama.cpp's published conventions (GGUF spec, convert_hf_to_gguf.py), written here from
-scratch:
-
-- names: `token_embd`, `output_norm`, `output` (left out when the LM head is tied to the embeddings; llama.cpp
-  then reuses token_embd), and per block `blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, attn_q_norm,
-  attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}`, each with `.weight` or `.bias`;
-- llama only: the rows of attn_q / attn_k are permuted per head from Hugging Face's rotate-half order to the
-  interleaved pairs llama.cpp's rope uses;
-- llama3 rope scaling is written as a `rope_freqs.weight` tensor of per-frequency divisors.
+scratch. `check_supported` refuses, from the config alone, any architecture or feature (sliding windows, other
+rope scaling, ...) the writer does not handle.
 """
 
 from __future__ import annotations
@@ -27,6 +21,8 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 _ADVICE = ("GGUF export supports " + ", ".join(f"{k} ({v})" for k, v in SUPPORTED_ARCHITECTURES.items())
            + "; for other models export `merged` and convert it with llama.cpp's convert_hf_to_gguf.py")
 
+# Hugging Face module -> llama.cpp tensor name, each with `.weight` or `.bias`. `output` is left out when the LM head
+# is tied to the embeddings (llama.cpp then reuses token_embd); blocks are `blk.N.<name>`.
 _GLOBAL_TENSORS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _BLOCK_TENSORS = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -107,7 +103,11 @@ def _rope_heads(gguf_name: str, config, arch: str) -> int | None:
 
 
 def to_gguf_layout(gguf_name: str, array, config, arch: str):
-    """The tensor as llama.cpp stores it: q/k rows permuted for llama, everything else unchanged."""
+    """The tensor as llama.cpp stores it: q/k rows permuted for llama, everything else unchanged.
+
+    On llama the rows of attn_q / attn_k go from Hugging Face's rotate-half order to the interleaved pairs
+    llama.cpp's rope uses (`permute_for_rope`); qwen2 and qwen3 need no permutation.
+    """
     heads = _rope_heads(gguf_name, config, arch)
     return array if heads is None else permute_for_rope(array, heads)
 
@@ -119,7 +119,8 @@ def from_gguf_layout(gguf_name: str, array, config, arch: str):
 
 
 def rope_freq_factors(config):
-    """llama3 rope scaling as llama.cpp's rope_freqs tensor: plain frequency / scaled frequency, float32 (d/2,).
+    """llama3 rope scaling as llama.cpp's rope_freqs tensor of per-frequency divisors: plain frequency / scaled
+    frequency, float32 (d/2,).
 
     The scaled frequencies come from transformers' own llama3 rope initializer, so the GGUF computes the rotations
     the Hugging Face model computes. None when the model has no llama3 scaling.

@@ -1,18 +1,8 @@
 """`gguf-lora`: the adapter alone as a GGUF LoRA file in llama.cpp's layout (`llama-cli -m base.gguf --lora x.gguf`).
 
-Layout (llama.cpp's LoRA loader): metadata general.type = "adapter", general.architecture = the base model's,
-adapter.type = "lora", adapter.lora.alpha (float32); for each adapted weight `W` of the base GGUF (e.g.
-`blk.0.attn_q.weight`) two tensors `W.lora_a` (numpy shape (r, in), GGUF ne [in, r]) and `W.lora_b` ((out, r),
-ne [r, out]). llama.cpp adds scale * lora_b @ lora_a with scale = alpha / r, r read from lora_b.
-
-peft scales by alpha / r, or alpha / sqrt(r) with rsLoRA, with per-module rank and alpha patterns. The file's alpha
-is lora_alpha (times sqrt(r) for rsLoRA), so most modules need nothing; where peft's scale for a module differs
-from what llama.cpp would compute (a rank or alpha pattern), the ratio is folded into that module's lora_b. On
-llama models lora_b's rows get the same per-head rope permutation as the base q/k weights.
-
-Check (read back with the gguf package's reader): the metadata; every pair names a tensor of the base model's GGUF
-with shapes llama.cpp accepts; and for every module, alpha / r * lora_b @ lora_a from the file equals peft's own
-delta weight (in GGUF layout) within the type's rounding.
+llama.cpp applies each pair as alpha / r * lora_b @ lora_a; where peft's scale for a module differs from that
+(rsLoRA, rank or alpha patterns), the ratio is folded into that module's lora_b, so the file adds exactly peft's
+delta weights. The file is read back and every module's delta compared with peft's before the export passes.
 """
 
 from __future__ import annotations
@@ -63,6 +53,16 @@ def check_adapter_weights(run) -> None:
 def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool = False,
                      progress: Progress | None = None) -> ExportResult:
     """Write the run's adapter as a GGUF LoRA file for llama.cpp (llama, qwen2 and qwen3 bases).
+
+    Layout (llama.cpp's LoRA loader): metadata general.type = "adapter", general.architecture = the base model's,
+    adapter.type = "lora", adapter.lora.alpha (float32); for each adapted weight `W` of the base GGUF (e.g.
+    `blk.0.attn_q.weight`) two tensors `W.lora_a` (numpy shape (r, in), GGUF ne [in, r]) and `W.lora_b` ((out, r),
+    ne [r, out]). llama.cpp adds scale * lora_b @ lora_a with scale = alpha / r, r read from lora_b.
+
+    peft scales by alpha / r, or alpha / sqrt(r) with rsLoRA, with per-module rank and alpha patterns. The file's
+    alpha is lora_alpha (times sqrt(r) for rsLoRA), so most modules need nothing; where peft's scale for a module
+    differs from what llama.cpp would compute (a rank or alpha pattern), the ratio is folded into that module's
+    lora_b. On llama models lora_b's rows get the same per-head rope permutation as the base q/k weights.
 
     Args:
         run_dir: a run folder with an adapter.
@@ -134,7 +134,12 @@ def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool
 
 def check_lora_file(path, arch: str, alpha: float, base_tensors: dict, modules: dict, config, dtype: str,
                     log: CheckLog) -> None:
-    """Read the file back with gguf.GGUFReader and check it as llama.cpp's loader would, plus the math."""
+    """Read the file back with gguf.GGUFReader and check it as llama.cpp's loader would, plus the math.
+
+    Checks the metadata; that every pair names a tensor of the base model's GGUF with shapes llama.cpp accepts;
+    and that for every module alpha / r * lora_b @ lora_a from the file equals peft's own delta weight (in GGUF
+    layout) within the type's rounding (`DELTA_TOLERANCE`).
+    """
     import numpy as np
     import torch
     from gguf import GGUFReader

@@ -1,17 +1,9 @@
 """`gguf`: the merged model as one GGUF file (weights, architecture keys, tokenizer, chat template).
 
-Written with the `gguf` package (no llama.cpp binaries) and proven four ways after writing:
-1. metadata: every key read back (Hone's own reader, gguf_read.py) equals what was meant to be written;
-2. tensors: the names, shapes and types llama.cpp expects, and every tensor's dequantized values within its
-   type's rounding bound of the merged weights;
-3. tokenizer: transformers rebuilds the tokenizer from the file; it has the chat template and encodes the probe
-   conversation to the same ids;
-4. logits: transformers loads the file (`gguf_file=`); its logits equal (float32 summation aside) those of the
-   merged model with its weights replaced by the file's dequantized tensors, which proves the layout, names and
-   metadata whatever the type; and they stay within the type's tolerance of the merged model's own logits (the
-   quantization's effect, reported with mean KL and top-1 agreement). Where transformers ignores a key the file
-   states (qwen3's attention.key_length, llama3 rope scaling, which llama.cpp reads from rope_freqs), the config is
-   completed from the file and the run, and that is noted.
+Written with the `gguf` package (no llama.cpp binaries) and proven four ways after writing: metadata, tensors,
+tokenizer and logits (`write_checked_gguf` lists them). The decisive check: transformers loading the file gives
+the logits of the merged model holding the file's own dequantized weights, which proves layout, names and
+metadata whatever the quantization type.
 """
 
 from __future__ import annotations
@@ -43,9 +35,9 @@ from hone.core.export.source import Progress, RunSource, Steps, finish, open_run
 TENSOR_TOLERANCE = {"f32": 0.0, "f16": 6e-4, "bf16": 4.5e-3, "q8_0": 5e-3, "q5_1": 0.04, "q5_0": 0.07,
                     "q4_1": 0.075, "q4_0": 0.14}
 # max |logits(GGUF) - logits(merged)| / max |logits(merged)| on the probe conversation: the quantization's effect.
-# About 2x the worst measured (tiny random-init models and SmolLM2-135M with a LoRA, CPU): SmolLM2 f16 0.001,
-# bf16 0.009, q8_0 0.030, q5_1 0.22, q5_0 0.29, q4_1 0.17, q4_0 0.71. A 135M model loses much at 4-5 bits, so the
-# low-bit bounds are loose; the layout is proven by the exact comparison with the file's own weights instead.
+# About 2x the worst measured per type on tiny random-init models and SmolLM2-135M with a LoRA (the figures:
+# docs/performance/export-accuracy.md). A 135M model loses much at 4-5 bits, so the low-bit bounds are loose; the
+# layout is proven by the exact comparison with the file's own weights instead.
 LOGITS_TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 3e-2, "q8_0": 0.08, "q5_1": 0.5, "q5_0": 0.6,
                     "q4_1": 0.5, "q4_0": 1.5}
 # GGUF logits (transformers) vs the merged model holding the file's dequantized weights: the same float32 numbers
@@ -282,7 +274,19 @@ def prepare(run: RunSource) -> Prepared:
 
 def write_checked_gguf(run: RunSource, prepared: Prepared, folder: Path, qtype: str, log: CheckLog,
                        steps: Steps) -> tuple[Path, Merged]:
-    """Merge, write `<run>-<qtype>.gguf` into `folder` and check it.
+    """Merge, write `<run>-<qtype>.gguf` into `folder` and check it four ways:
+
+    1. metadata: every key read back (Hone's own reader, gguf_read.py) equals what was meant to be written;
+    2. tensors: the names, shapes and types llama.cpp expects, and every tensor's dequantized values within its
+       type's rounding bound of the merged weights;
+    3. tokenizer: transformers rebuilds the tokenizer from the file; it has the chat template and encodes the
+       probe conversation to the same ids;
+    4. logits: transformers loads the file (`gguf_file=`); its logits equal (float32 summation aside) those of the
+       merged model with its weights replaced by the file's dequantized tensors, which proves the layout, names
+       and metadata whatever the type; and they stay within the type's tolerance of the merged model's own
+       logits (the quantization's effect, reported with mean KL and top-1 agreement). Where transformers ignores
+       a key the file states (qwen3's attention.key_length, llama3 rope scaling, which llama.cpp reads from
+       rope_freqs), the config is completed from the file and the run, and that is noted.
 
     Returns the file and the Merged model, which then holds the file's dequantized weights (see check_file).
     """

@@ -1,12 +1,8 @@
 """Base + adapter -> one merged float32 model, checked against the unmerged base + adapter.
 
 Shared by the merged, gguf and ollama exports. A QLoRA run trained its adapter on 4-bit nf4 weights, so its base
-is put through the same nf4 round trip (quantize, dequantize) before merging: the merged model then computes what
+is put through the same nf4 round trip (`qlora_round_trip`) before merging: the merged model then computes what
 the trained model computed, not what an adapter on the full-precision weights would.
-
-The round trip quantizes as bitsandbytes' CUDA kernels did when training loaded the model
-(`hone.kernels.reference.nf4_quantize_reference`), not with bitsandbytes' CPU quantizer, and dequantizes with
-Hone's nf4 reference, which the kernel training ran matches bit for bit.
 """
 
 from __future__ import annotations
@@ -48,8 +44,9 @@ def qlora_round_trip(model, dtype_name: str) -> int:
     """Replace every Linear weight QLoRA would quantize (all but the LM head) by its nf4 round trip.
 
     The weight is cast to the QLoRA compute dtype, quantized to nf4 with double quantization as bitsandbytes' CUDA
-    kernels quantized it for training (`nf4_quantize_reference`), dequantized with Hone's nf4 reference and cast back to
-    float32. Returns the number of weights changed.
+    kernels quantized it for training (`nf4_quantize_reference`, not bitsandbytes' CPU quantizer), dequantized
+    with Hone's nf4 reference, which the kernel training ran matches bit for bit, and cast back to float32. Returns
+    the number of weights changed.
     """
     import torch
 

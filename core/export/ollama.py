@@ -1,15 +1,9 @@
 """`ollama`: a GGUF of the merged model plus a Modelfile (`ollama create NAME -f Modelfile`).
 
-The Modelfile's TEMPLATE is the run's chat template rewritten in Ollama's Go template syntax. Hone learns the
-template's per-role wrappers by rendering it (chat_layout.py) and writes them as one Go template over
-`.Messages`; the template's default system prompt becomes SYSTEM (Ollama inserts it when a conversation has
-none). Templates that are not fixed per-message wrappers (ChatML, Llama 3, Zephyr and most others are) get a clear
-error rather than a guess. Stop tokens: the text that ends an assistant turn, the special tokens that open a
-turn, and EOS. Parameters: the context length and the base model's sampling defaults (generation_config.json).
-
-Check: the Modelfile is parsed back; FROM names the GGUF beside it; the TEMPLATE, rendered the way Ollama does
-(Go text/template semantics, default system inserted, BOS added by llama.cpp), produces exactly the text the
-original template produces for several conversations; every stop string is one token of the vocabulary.
+The Modelfile's TEMPLATE is the run's chat template rewritten in Ollama's Go template syntax, from the per-role
+wrappers Hone learns by rendering the template (chat_layout.py). Templates that are not fixed per-message wrappers
+(ChatML, Llama 3, Zephyr and most others are) get a clear error rather than a guess; a written TEMPLATE is rendered
+back the way Ollama does and must produce exactly the original template's text.
 """
 
 from __future__ import annotations
@@ -90,6 +84,10 @@ def sampling_parameters(folder) -> dict[str, float]:
 
 def write_modelfile(path: Path, gguf_name: str, layout: ChatLayout, stops: list[str], parameters: dict,
                     run_name: str) -> None:
+    """Write the Modelfile: FROM the GGUF beside it, TEMPLATE (`go_template`), the template's default system
+    prompt as SYSTEM (Ollama inserts it when a conversation has none), one stop PARAMETER per stop string (the
+    text that ends an assistant turn, the special tokens that open a turn, EOS), then `parameters` (the context
+    length and the base model's sampling defaults from generation_config.json)."""
     lines = [f"# Modelfile written by Hone Studio for run {run_name}.",
              f"# Create the model: ollama create {re.sub(r'[^a-z0-9._-]+', '-', run_name.lower())} -f {MODELFILE}",
              f"FROM ./{gguf_name}", f"TEMPLATE {_block(go_template(layout))}"]
@@ -132,6 +130,9 @@ def parse_modelfile(text: str) -> dict[str, list[str]]:
 
 
 def check_modelfile(folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer, log: CheckLog) -> None:
+    """Parse the Modelfile back and check it: FROM names the GGUF beside it; the TEMPLATE, rendered the way Ollama
+    does (Go text/template semantics, default system inserted, BOS added by llama.cpp), produces exactly the text
+    the original template produces for several conversations; every stop string is one token of the vocabulary."""
     parsed = parse_modelfile((folder / MODELFILE).read_text(encoding="utf-8"))
     source = parsed.get("FROM", [""])[0]
     log.require("ollama.from", (folder / source).resolve() == gguf_path.resolve() and gguf_path.is_file(),

@@ -1,22 +1,9 @@
 """Cross-entropy over the LM head without ever holding the full [tokens x vocabulary] logits.
 
-`loss_sum(model, batch)` returns the fp32 SUM of next-token cross-entropy over the batch's trained positions
-(`batch.targets != -100`; the targets are already shifted by the collator). The trainer divides by the
-accumulated step's trained-token count, which the batches know on the CPU, so micro-batches are token-weighted
-and nothing waits for the GPU.
-
-Two modes:
-- `plain`: the model's own forward (full logits), then cross-entropy. The reference.
-- `chunked`: the model body gives hidden states; only the trained positions go through the LM head, a chunk of
-  tokens at a time. Each chunk's loss *and* its gradients (towards the hidden states and any trainable head
-  weights) are computed right away and the chunk's logits are freed, so peak memory holds one chunk of logits
-  instead of all of them. The backward pass only scales the stored gradients by the incoming factor. With
-  `fused` (the trainer passes `speed.kernels`) each chunk's loss and logit gradient come from one Triton kernel
-  that overwrites the chunk's logits with their gradient (`hone.kernels.cross_entropy`), where it runs; else
-  from torch ops on a float32 copy.
-
-The chunked mode reproduces the logit post-processing transformers models apply after the head (a multiplier,
-a divisor, a tanh soft-cap); a model with any other logit setting it does not know falls back to `plain`.
+`loss_sum(model, batch)` returns the fp32 SUM of next-token cross-entropy over the batch's trained positions; the
+trainer divides by the step's trained-token count, which the batches know on the CPU, so micro-batches are
+token-weighted and nothing waits for the GPU. The `chunked` mode computes each chunk's loss and gradients at once
+and frees its logits; `plain` (the model's own forward) is the reference it must match.
 """
 
 from __future__ import annotations
@@ -33,10 +20,10 @@ from hone.core.speed.host_tables import HostLMHead
 
 LOSS_MODES = ("chunked", "plain")
 
-# Logits one chunk may hold: 2**26 fp32 values = 256 MiB (442 tokens of a 151,936-token vocabulary). With the
+# Logits one chunk may hold: 2**26 fp32 values = 256 MiB (441 tokens of a 151,936-token vocabulary). With the
 # chunk's bf16 logits and bf16 gradient the loss then needs ~0.5 GiB of transient memory, less than one decoder
-# layer's backward, while each chunk's head GEMM (442 x 151,936 x H) is still large enough to run at full speed.
-# (2**28 was 2.5-2.9 GiB at its worst instant and set the 0.6B model's peak; see docs/notes/dense-perf.md.)
+# layer's backward, while each chunk's head GEMM (441 x 151,936 x H) is still large enough to run at full speed.
+# A 4x larger chunk (2**28) set the Qwen3-0.6B step's memory peak (docs/performance/dense.md#the-loss).
 CHUNK_LOGIT_ELEMENTS = 2**26
 # The fused cross-entropy kernel keeps only the chunk's logits (overwritten by their gradient): 2**27 bf16 values
 # are 256 MiB, the torch path's budget, in half as many chunks.
@@ -237,6 +224,12 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
                       fused: bool = True) -> torch.Tensor:
     """SUM of cross-entropy of `head(hidden)` against `targets`, one chunk of tokens at a time.
 
+    Each chunk's loss *and* its gradients (towards the hidden states and any trainable head weights) are computed
+    right away and the chunk's logits are freed, so peak memory holds one chunk of logits instead of all of them;
+    the backward pass only scales the stored gradients by the incoming factor. With `fused`, a plain linear head's
+    chunk loss and logit gradient come from one Triton kernel that overwrites the chunk's logits with their
+    gradient (`hone.kernels.cross_entropy`), where it runs; else from torch ops on a float32 copy.
+
     Args:
         hidden: (N, H) hidden states (any float dtype).
         targets: (N,) int64 class ids, -100 = ignored.
@@ -286,6 +279,15 @@ def _hidden_states(body: nn.Module, inputs: dict) -> torch.Tensor:
 def loss_sum(model, batch, *, mode: str = "chunked", chunk_tokens: int | None = None,
              fused: bool = True) -> torch.Tensor:
     """SUM of next-token cross-entropy over the batch's trained positions, as an fp32 scalar.
+
+    Trained positions are those with `batch.targets != -100`; the collator has already shifted the targets, so no
+    shift happens here. Two modes:
+
+    - `plain`: the model's own forward (full logits), then cross-entropy. The reference.
+    - `chunked`: the model body gives hidden states; only the trained positions go through the LM head, a chunk
+      of tokens at a time (`chunked_head_loss`). It reproduces the logit post-processing transformers models
+      apply after the head (a multiplier, a divisor, a tanh soft-cap); a model with any other logit setting it
+      does not know falls back to `plain`.
 
     Args:
         model: a transformers causal LM, or a peft model around one.

@@ -1,12 +1,8 @@
-"""Optimizer and learning-rate schedule.
+"""Optimizer and learning-rate schedule: `build_optimizer` (`train.optimizer`), `build_scheduler` (`train.schedule`).
 
-`train.optimizer`:
-- adamw: torch's AdamW (fused on CUDA), float32 moments and gradients.
-- adamw-bf16: `FlatAdamW`: every trainable weight lives in one flat float32 buffer, gradients in one flat bf16
-  buffer (each parameter's float32 gradient is folded in and freed as soon as autograd has it), bf16 moments with
-  stochastic rounding, and one kernel for the update; clipping reads the flat buffer, on the device. For LoRA on
-  MoE experts (166M trainable values on a Qwen3-30B-A3B shape) that is 10 bytes per value instead of 16.
-- adamw8bit: bitsandbytes' 8-bit AdamW.
+`adamw` is torch's AdamW, `adamw-bf16` Hone's `FlatAdamW` (flat buffers, bf16 gradients and moments), `adamw8bit`
+bitsandbytes'. Under `FlatAdamW` `param.grad` stays None (gradients go straight into its flat buffer): clip with
+its own `clip_grad_norm_`, not torch's.
 """
 
 from __future__ import annotations
@@ -21,8 +17,18 @@ from hone.core.errors import ConfigError
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig, device: str) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA: one kernel for all parameters), `FlatAdamW` with bf16 state, or bitsandbytes' 8-bit
-    AdamW (see the module docstring)."""
+    """The optimizer `cfg.optimizer` names:
+
+    - adamw: torch's AdamW (fused on CUDA: one kernel for all parameters), float32 moments and gradients.
+    - adamw-bf16: `FlatAdamW`: every trainable weight lives in one flat float32 buffer, gradients in one flat bf16
+      buffer (each parameter's float32 gradient is folded in and freed as soon as autograd has it), bf16 moments
+      with stochastic rounding, and one kernel for the update; clipping reads the flat buffer, on the device. For
+      LoRA on MoE experts (166M trainable values on a Qwen3-30B-A3B shape) that is 10 bytes per value instead of 16.
+    - adamw8bit: bitsandbytes' 8-bit AdamW (NVIDIA GPUs only).
+
+    Raises:
+        ConfigError: adamw8bit on the CPU, or without bitsandbytes.
+    """
     if cfg.optimizer == "adamw-bf16":
         return FlatAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, state_dtype=torch.bfloat16,
                          seed=cfg.seed)
@@ -68,7 +74,7 @@ _ALIGN_ELEMENTS = 64
 
 
 class FlatAdamW(torch.optim.Optimizer):
-    """AdamW over flat buffers: one kernel per step, 16-bit gradients and moments (see the module docstring).
+    """AdamW over flat buffers: one kernel per step, 16-bit gradients and moments (`train.optimizer = adamw-bf16`).
 
     Construction moves every parameter's values into `flat_params` and points the parameter at its slice (the
     model computes with the same values; `load_state_dict` on the model writes into the slices). A hook folds each

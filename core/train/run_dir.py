@@ -1,14 +1,8 @@
 """Run folders: one per run, holding everything needed to follow, resume and export it.
 
-    RUN_DIR/config.toml      the RunConfig the run used
-            metrics.jsonl    every event, one JSON object per line (append-only; a killed run loses at most
-                             its last partial line, which readers skip)
-            train.log        human-readable log
-            run.json         summary: status, steps, losses, paths (rewritten atomically)
-            checkpoints/     step-NNNNNN/ resumable states (see checkpoint.py)
-            adapter/         the final PEFT adapter folder
-
-Stdlib only, so the GUI's run history can read folders without torch.
+`RunWriter` writes config.toml, metrics.jsonl, train.log and run.json as a run goes (what each holds is beside its
+name below); checkpoints.py and adapter_dir.py write the rest. Stdlib only, so the GUI's run history can read
+folders without torch.
 """
 
 from __future__ import annotations
@@ -23,12 +17,15 @@ from pathlib import Path
 from hone.core import events
 from hone.core.config import RunConfig
 
-CONFIG_FILE = "config.toml"
+# What RUN_DIR holds:
+CONFIG_FILE = "config.toml"  # the RunConfig the run used
+# Every event, one JSON object per line; append-only, so a killed run loses at most its last partial line, which
+# readers skip.
 METRICS_FILE = "metrics.jsonl"
-LOG_FILE = "train.log"
-SUMMARY_FILE = "run.json"
-ADAPTER_DIR = "adapter"
-CHECKPOINTS_DIR = "checkpoints"
+LOG_FILE = "train.log"  # human-readable log
+SUMMARY_FILE = "run.json"  # summary: status, steps, losses, paths (rewritten atomically)
+ADAPTER_DIR = "adapter"  # the final PEFT adapter folder (adapter_dir.py)
+CHECKPOINTS_DIR = "checkpoints"  # step-NNNNNN/ resumable states (checkpoints.py)
 
 
 @dataclass

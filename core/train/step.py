@@ -76,9 +76,9 @@ class StepRunner:
         text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
         self.pad_id = text_tokenizer.pad_token_id
         self.pin = self.cuda
-        # On a GPU the next step's batches are collated on a background thread while this step computes (image
-        # rows cost 0.1-0.3 s per 8K-token batch to decode and resize); on the CPU that thread would only compete
-        # with the step for cores.
+        # On a GPU the next step's batches are collated on a background thread while this step computes (decoding
+        # and resizing image rows is a noticeable share of a step: docs/performance/overview.md); on the CPU that
+        # thread would only compete with the step for cores.
         self.prefetch = self.cuda or self.PREFETCH_ON_CPU
         self._pool: ThreadPoolExecutor | None = None
         self._pending: tuple[int, list[list[int]], Future] | None = None

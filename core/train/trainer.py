@@ -1,10 +1,5 @@
 """The training loop: explicit, one screen for the step itself, events out.
 
-    for each optimizer step:
-        micro-batches (packed rows) -> forward -> summed token loss -> backward (scaled by 1 / trained tokens of
-        the whole step, so the loss is token-weighted across micro-batches) -> clip -> optimizer -> scheduler
-        -> StepMetrics event
-
 `Trainer(config).run()` is a generator of events (hone.core.events); every event is also appended to the
 run folder's metrics.jsonl. Failures become a RunFailed event with advice, never an exception out of run().
 """
@@ -67,6 +62,12 @@ class Trainer:
         return event
 
     def run(self) -> Iterator[events.Event]:
+        """Run the whole fine-tuning run, yielding its events; nothing escapes (failures become RunFailed).
+
+        For each optimizer step: micro-batches (packed rows) -> forward -> summed token loss -> backward (scaled by
+        1 / trained tokens of the whole step, so the loss is token-weighted across micro-batches) -> clip ->
+        optimizer -> scheduler -> StepMetrics event.
+        """
         try:
             yield from self._run()
         except HoneError as e:

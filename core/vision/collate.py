@@ -1,15 +1,9 @@
 """Batches for vision-language models: text-only rows and image rows together, pixels next to the ids.
 
-`VisionCollator.collate(rows)` builds, once per batch on the CPU:
-- the text part with `hone.core.data.collate` (packed rows for families that accept them, else padded rows), so the
-  targets, trained positions and token counts are exactly those of a text model;
-- every image of the batch, decoded and scaled to `data.image_max_side`, run through the model's image processor
-  in one call (`pixel_values` and the family's companions: `image_grid_thw`, `pixel_attention_mask`);
-- Qwen-VL's 3-D rope positions per sequence (hone.core.vision.mrope), Gemma 3's `token_type_ids`.
-
-Rows without images simply contribute no pixels; a batch of text-only rows carries no pixel tensors at all. Each
-row's image tokens are checked against what its images expand to, so a file that changed since tokenization is
-reported with its row instead of failing deep inside the model.
+The text part is built by `hone.core.data.collate`, so targets, trained positions and token counts are exactly
+those of a text model; `VisionCollator` adds the batch's images, run through the model's image processor, and the
+family's extra inputs. Each row's image tokens are checked against what its images expand to, so a file that
+changed since tokenization is reported with its row instead of failing deep inside the model.
 """
 
 from __future__ import annotations
@@ -126,7 +120,16 @@ class VisionCollator:
         return f"{self.family.name}: {how}, images up to {self.image_max_side} px; {self.family.why}"
 
     def collate(self, rows: Sequence, *, pin_memory: bool = False) -> VisionBatch:
-        """One batch from tokenized rows (TokenizedRow: input_ids, labels, source, images).
+        """One batch from tokenized rows (TokenizedRow: input_ids, labels, source, images), built on the CPU:
+
+        - the text part with `hone.core.data.collate` (packed rows for families that accept them, else padded
+          rows);
+        - every image of the batch, decoded and scaled to `data.image_max_side`, run through the model's image
+          processor in one call (`pixel_values` and the family's companions: `image_grid_thw`,
+          `pixel_attention_mask`);
+        - Qwen-VL's 3-D rope positions per sequence (hone.core.vision.mrope), Gemma 3's `token_type_ids`.
+
+        Rows without images contribute no pixels; a batch of text-only rows carries no pixel tensors at all.
 
         Raises:
             DataError: an image cannot be read any more, or a row's image tokens do not match its images.

@@ -1,13 +1,8 @@
 """What one image placeholder becomes in the token stream, asked of the model's own processor.
 
-Chat templates write one placeholder per image (`<image>`, `<|image_pad|>`, Gemma 3's `<start_of_image>`); the
-processor replaces it by a sequence that depends on the image's size: a run of image tokens (Qwen, LLaVA), the run
-wrapped in markers (Gemma 3: `\\n\\n<start_of_image>` + 256 x `<image_soft_token>` + `<end_of_image>\\n\\n`), or a
-grid of tiles with row/column tags and a global view (Idefics3 / SmolVLM). Rather than re-deriving each rule, the
-processor is run once on a blank image of the same (already size-limited) size, with the placeholder as the only
-text, and its token ids are the expansion. Results are cached per "image shape" as the processor itself counts it,
-so a dataset of many sizes costs one processor call per distinct shape, not per image.
-
+Rather than re-deriving each family's rule, the processor is run once on a blank image of the same (already
+size-limited) size, with the placeholder as the only text, and its token ids are the expansion; results are
+cached per image shape, so a dataset of many sizes costs one processor call per distinct shape, not per image.
 Importing this module is light (numpy); Pillow loads on the first expansion.
 """
 
@@ -20,6 +15,11 @@ from hone.core.data.images import fitted_size
 
 class ImageExpansion:
     """The placeholder token of a vision processor and, per image size, the token ids it expands to.
+
+    Chat templates write one placeholder per image (`<image>`, `<|image_pad|>`, Gemma 3's `<start_of_image>`); the
+    processor replaces it by a sequence that depends on the image's size: a run of image tokens (Qwen, LLaVA), the
+    run wrapped in markers (Gemma 3: `\\n\\n<start_of_image>` + 256 x `<image_soft_token>` + `<end_of_image>\\n\\n`),
+    or a grid of tiles with row/column tags and a global view (Idefics3 / SmolVLM).
 
     Attributes:
         processor: a transformers processor (or hone.core.vision.processor.ImageTextProcessor).
@@ -45,7 +45,8 @@ class ImageExpansion:
         return len(self.expand(width, height))
 
     def _shape_key(self, w: int, h: int) -> tuple:
-        """What decides the expansion: the processor's own token and patch counts where it can say, else the size."""
+        """What decides the expansion ("image shape" as the processor itself counts it): the processor's own token
+        and patch counts where it can say, else the size."""
         counter = getattr(self.processor, "_get_num_multimodal_tokens", None)
         patches = getattr(getattr(self.processor, "image_processor", None), "get_number_of_image_patches", None)
         if counter is None or patches is None:

@@ -1,22 +1,9 @@
 """The vision-language families Hone knows: how each one batches, where its vision parts live, what extra inputs
 its forward needs.
 
-How each family batches, and why:
-
-- Qwen2.5-VL, Qwen3-VL: packed. Hone builds the 3-D rope positions per sequence and passes them after the text
-  positions as a 4-row `position_ids`; transformers finds the sequence starts in the text positions and builds a
-  block-diagonal causal mask, so no token sees another row.
-- Idefics3 / SmolVLM, LLaVA: packed. 1-D positions restarting at 0 per row give the same block-diagonal mask; the
-  image features fill the image tokens in order, whichever row they sit in.
-- Gemma 3: padded. Image tokens attend to each other both ways (token_type_ids); Hone keeps the padded layout
-  transformers builds those masks for.
-- Any other family: padded, the safe default (transformers' own masks).
-
-With `speed.packing = false` every family trains one row per micro-batch (padding-free); with packing on, a family
-marked padded pads the rows of each planned batch to the longest one. `tests/core/vision` checks packed == per-row
-losses and gradients for each packed family.
-
-Importing this module is light (no torch).
+A family trains on packed rows only when `tests/core/vision` shows packed == per-row losses and gradients; any
+other, and any model type without an entry here, trains on padded rows with transformers' own masks. Importing
+this module is light (no torch): it is read before a model is loaded.
 """
 
 from __future__ import annotations
@@ -34,7 +21,9 @@ class VisionFamily:
     Attributes:
         name: what people call it ("Qwen2.5-VL").
         model_types: `config.model_type` values that belong to it.
-        batching: PACKED or PADDED (see the module docstring).
+        batching: PACKED or PADDED, how rows share a micro-batch with `speed.packing` on (a PADDED family pads the
+            rows of each planned batch to the longest one; why each family is which: the comment above FAMILIES).
+            With `speed.packing = false` every family trains one row per micro-batch (padding-free).
         why: one sentence on why, for the run log.
         vision_modules: names of the vision encoder's modules (LoRA stays off them unless asked for).
         projector_modules: names of the vision-to-text projector's modules (`lora.train_projector` trains them).
@@ -57,6 +46,15 @@ class VisionFamily:
         return f"{self.name}: {self.batching} rows ({self.why})"
 
 
+# How each family batches, and why:
+# - Qwen2.5-VL, Qwen3-VL: packed. Hone builds the 3-D rope positions per sequence and passes them after the text
+#   positions as a 4-row `position_ids`; transformers finds the sequence starts in the text positions and builds a
+#   block-diagonal causal mask, so no token sees another row.
+# - Idefics3 / SmolVLM, LLaVA: packed. 1-D positions restarting at 0 per row give the same block-diagonal mask; the
+#   image features fill the image tokens in order, whichever row they sit in.
+# - Gemma 3: padded. Image tokens attend to each other both ways (token_type_ids); Hone keeps the padded layout
+#   transformers builds those masks for.
+# - Any other family (GENERIC): padded, the safe default (transformers' own masks).
 _MROPE_WHY = ("3-D rope positions built per sequence; transformers builds a block-diagonal mask from the text "
               "positions")
 _PLAIN_WHY = "positions restart per sequence, so transformers builds a block-diagonal mask"

@@ -1,14 +1,11 @@
 """Random-init vision-language models and offline processors, for tests (tiny, CPU) and GPU benchmarks (real
 shapes): no download, the SmolLM2 tokenizer with each family's image tokens added and a chat template written here
-in the family's style.
+in the family's style. `KINDS` lists the families; `available(kind)` says whether one can be built here.
 
     tokenizer = vision_tokenizer("qwen2_5_vl", smollm2_tokenizer_dir)
     processor = build_processor("qwen2_5_vl", tokenizer)
     model = build_vision_model("qwen2_5_vl", tokenizer)                 # tiny, seed 0
     folder = save_vision_model(folder, "qwen2_5_vl", smollm2_tokenizer_dir)   # what load_model reads
-
-KINDS lists the families; `available(kind)` says whether this transformers can build its processor here (the
-Idefics3 image processor of transformers 5.17 needs torchvision).
 """
 
 from __future__ import annotations
@@ -59,7 +56,8 @@ _TINY_MROPE = [2, 3, 3]
 
 
 def available(kind: str) -> str | None:
-    """None when this transformers can build the family's processor here, else the reason it cannot."""
+    """None when this transformers can build the family's processor here, else the reason it cannot (the
+    Idefics3 image processor of transformers 5.17 needs torchvision)."""
     if kind == "idefics3":
         import transformers
 
