@@ -135,7 +135,7 @@ def _token_inputs(input_ids: torch.Tensor, input_rows: torch.Tensor | None) -> d
 
 
 def _concatenated(sequences: Sequence[Sequence[int]], total: int) -> torch.Tensor:
-    """The int64 tensor of the sequences end to end (numpy reads Python ints four times faster than torch)."""
+    """The int64 tensor of the sequences end to end (numpy reads Python ints much faster than torch)."""
     return torch.from_numpy(np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=total))
 
 
