@@ -48,7 +48,7 @@ def install_attention_and_experts(model, cfg: SpeedConfig, info: ModelInfo, devi
 
 
 def install_memory_and_kernels(peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup: SpeedSetup,
-               mean_row_tokens: float) -> None:
+                               mean_row_tokens: float) -> None:
     """Activation checkpointing (possibly offloaded), then fused kernels and compilation."""
     from hone.core.speed.checkpointing import checkpointer, policy
 
@@ -58,7 +58,7 @@ def install_memory_and_kernels(peft_model, cfg: SpeedConfig, info: ModelInfo, de
     setup.choices["checkpoint"] = f"{choice.mode}: {choice.reason}"
     if choice.mode != "off":
         setup.offload = checkpointer.apply_checkpointing(peft_model, choice.mode, device, note=setup.note,
-                                                    group_tokens=cfg.layer_group_tokens)
+                                                         group_tokens=cfg.layer_group_tokens)
         if setup.offload is None:
             setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"
         elif cfg.layer_group_tokens:

@@ -113,7 +113,7 @@ class Trainer:
         model, lora_report = apply_lora(model, config.lora, info)
         self.model, self.tokenizer = model, tokenizer
         install_memory_and_kernels(model, config.speed, info, device, setup,
-                   mean_row_tokens=float(data.train.lengths.mean()))
+                                   mean_row_tokens=float(data.train.lengths.mean()))
         setup.choices["lora"] = lora_report.summary()
         for notice in setup.notices:
             yield self._emit(notice)
