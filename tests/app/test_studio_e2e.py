@@ -15,7 +15,7 @@ from PySide6.QtCore import QTimer
 from hone.core.config import DEMO_TRAIN_DATA
 from hone.core.events import DatasetReport, RunFailed, RunFinished, RunPaused, RunResumed, RunStarted, StepMetrics
 
-# The bound on a GUI-thread stall while a run trains.
+# How long the GUI thread may stall while a run trains: a fifth of a second is a visible hitch.
 MAX_STALL_S = 0.2
 
 
