@@ -16,6 +16,7 @@ from typing import Any
 
 GPU = "gpu"
 SYSTEM = "system"
+UNIFIED = "unified"  # system memory that the GPU allocates from (DGX Spark's GB10, Jetson)
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class TelemetrySample:
     """One reading. Memory in bytes; None where the source cannot tell."""
 
     device: str  # e.g. "NVIDIA H200", or "System memory"
-    memory_source: str  # "gpu" or "system": where memory_used / memory_total come from
+    memory_source: str  # "gpu", "system" or "unified": where memory_used / memory_total come from
     memory_used: int
     memory_total: int
     utilization: float | None = None  # percent of time the GPU was busy over the driver's last sample period
@@ -75,7 +76,8 @@ class Telemetry:
 
         - there is no NVIDIA GPU, no driver, or no nvidia-ml-py: system memory, no utilization/temperature/power;
         - the device has unified memory (DGX Spark's GB10, Jetson) and NVML reports no memory of its own: system
-          memory (the GPU allocates from it), with the GPU's utilization, temperature and power still from NVML.
+          memory (the GPU allocates from it; source `unified`), with the GPU's utilization, temperature and power
+          still from NVML.
         """
         if self._nvml is None:
             used, total = system_memory()
@@ -89,7 +91,7 @@ class Telemetry:
             return TelemetrySample(self._name, GPU, int(memory.used), int(memory.total), utilization, temperature,
                                    power)
         used, total = system_memory()
-        return TelemetrySample(self._name, SYSTEM, used, total, utilization, temperature, power,
+        return TelemetrySample(self._name, UNIFIED, used, total, utilization, temperature, power,
                                note="unified memory: the GPU shares system memory, which is shown instead")
 
     def close(self) -> None:

@@ -394,7 +394,7 @@ class MonitorPage(Page):
             self.speed_tile.set("—", "")
         sample = getattr(self, "_sample", None)
         if sample is not None:
-            source = "" if sample.memory_source == "gpu" else " (system)"
+            source = {"gpu": "", "unified": " (unified memory)"}.get(sample.memory_source, " (system)")
             self.memory_tile.set(f"{human_bytes(sample.memory_used)}",
                                  f"of {human_bytes(sample.memory_total)}{source}")
             if step and step.mem_allocated:

@@ -163,3 +163,13 @@ def test_a_past_run_replays_from_its_folder(window, tmp_path):
     assert window.monitor.status == "finished"
     assert "fell back to sdpa" in window.monitor.log.toPlainText()
     assert not window.monitor.pause_button.isEnabled() and not window.monitor.stop_button.isEnabled()
+
+
+@pytest.mark.parametrize(("source", "label"), [("gpu", "of 8.0 GB"), ("system", "of 8.0 GB (system)"),
+                                               ("unified", "of 8.0 GB (unified memory)")])
+def test_memory_tile_names_where_memory_comes_from(window, source, label):
+    from hone.core.telemetry import TelemetrySample
+
+    window.monitor.telemetry(TelemetrySample("NVIDIA GB10", source, 2 << 30, 8 << 30, 12.0, 50.0, 30.0))
+    window.monitor.flush()
+    assert window.monitor.memory_tile.detail() == label

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hone.core.telemetry import GPU, SYSTEM, Telemetry, system_memory
+from hone.core.telemetry import GPU, SYSTEM, UNIFIED, Telemetry, system_memory
 
 
 class NotSupported(Exception):
@@ -74,7 +74,7 @@ def test_discrete_gpu_reports_device_memory_and_converts_power_to_watts():
 def test_unified_memory_device_falls_back_to_system_memory_but_keeps_gpu_readings():
     for memory in (None, SimpleNamespace(total=0, used=0, free=0)):  # NVML refuses, or reports no memory
         sample = Telemetry(device_index=0, nvml=FakeNvml(memory=memory)).sample()
-        assert sample.memory_source == SYSTEM, memory
+        assert sample.memory_source == UNIFIED, memory
         assert sample.memory_total == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         assert 0 < sample.memory_used < sample.memory_total
         assert sample.utilization == 87.0 and sample.power == pytest.approx(412.345)

@@ -112,8 +112,9 @@ def choose_mode(requested: str, device, mean_row_tokens: float, model_config,
 
     `auto`: `off` on the CPU (memory is plentiful there and recompute costs a third more time); on a GPU, `gpu`
     when the mean row is too short for offloading to pay (reloading a layer's input would take more than
-    `MAX_COPY_RATIO` of its recompute, see `LayerCost`), else `offload` (one buffer) on an integrated GPU and
-    `offload-double` on a discrete one (which keeps one buffer if the second does not fit at run time).
+    `MAX_COPY_RATIO` of its recompute, see `LayerCost`) or the GPU shares memory with the host (DGX Spark:
+    offloading frees nothing there), else `offload-double` (which keeps one buffer if the second does not fit at
+    run time).
     On the CPU, `offload` and `offload-double` degrade to `gpu` recompute with a warning.
 
     Args:
@@ -144,8 +145,9 @@ def choose_mode(requested: str, device, mean_row_tokens: float, model_config,
                                  f"{ratio:.0%} of its recompute (offloading pays from ~{cost.min_row_tokens()} tokens "
                                  f"per row for this model); recompute each decoder layer from an input kept on the GPU")
     if integrated if integrated is not None else is_integrated_gpu(device):
-        return ModeChoice("offload", "integrated GPU (memory shared with the host): one reload buffer; "
-                                     + _describe("offload"))
+        # "Host" memory is the same physical memory as the GPU's here: moving layer inputs there frees nothing.
+        return ModeChoice("gpu", "unified memory (the GPU shares system memory): offloading layer inputs to host "
+                                 "memory would free nothing, so " + _describe("gpu"))
     return ModeChoice("offload-double", f"reloading a layer's input takes ~{ratio:.0%} of its recompute, hidden "
                                         "behind it by two buffers (one if memory is short); "
                                         + _describe("offload-double"))

@@ -362,7 +362,8 @@ def test_auto_follows_the_copy_compute_ratio():
     assert choose_mode("auto", "cuda", 565, medium, integrated=False).mode == "offload-double"
     assert layer_cost(big).min_row_tokens() == 0  # an 8B layer's matmuls alone hide the copy 10 times over
     assert choose_mode("auto", "cuda", 256, big, integrated=False).mode == "offload-double"
-    assert choose_mode("auto", "cuda", 256, big, integrated=True).mode == "offload"
+    on_unified_memory = choose_mode("auto", "cuda", 16384, big, integrated=True)  # DGX Spark: never offload
+    assert on_unified_memory.mode == "gpu" and "would free nothing" in on_unified_memory.reason
     assert choose_mode("auto", "cpu", 16384, big).mode == "off"
     for mode in ("off", "gpu", "offload", "offload-double"):
         assert choose_mode(mode, "cuda:0", 10, small).mode == mode  # what the user asks for on a GPU
