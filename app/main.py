@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"saved {path}")
         return 0
     window.show()
+    from hone.app.setup_check import start_setup_check
+
+    start_setup_check(window, settings)  # says what is wrong with PyTorch or the GPU, if anything, in plain words
     return app.exec()
 
 
