@@ -31,6 +31,9 @@ ATTENTION_BACKENDS = ("auto", "varlen", "flash", "sdpa", "hf")
 CHECKPOINT_MODES = ("auto", "off", "gpu", "offload", "offload-double")
 MOE_BACKENDS = ("auto", "grouped_mm", "triton", "torch", "eager")
 DATA_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text")
+# Hone's column names, the keys of data.columns (hone.core.data.formats reads them; a test keeps the two in step).
+COLUMN_NAMES = ("messages", "conversations", "instruction", "input", "output", "prompt", "completion", "text",
+                "system", "images", "role", "content")
 
 
 def _f(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
@@ -141,7 +144,9 @@ class DataConfig(_Section):
     eval_fraction: float = _f(0.0, "Hold out this fraction of the training rows for evaluation when `eval` "
                               "is empty.", min=0.0, max=0.5)
     format: str = _f("auto", "Row format; auto detects it from the columns.", choices=DATA_FORMATS)
-    columns: dict[str, str] = _f({}, "Column mapping for custom names, e.g. {messages = \"dialog\"}.")
+    columns: dict[str, str] = _f({}, "Your column names, keyed by Hone's: {prompt = \"question\", completion = "
+                                 "\"answer\"} reads a question/answer file as prompt-completion. Keys: "
+                                 + ", ".join(COLUMN_NAMES) + ".")
     max_length: int = _f(2048, "Longest row in tokens; longer rows are truncated or dropped (see overlong).",
                          min=16)
     overlong: str = _f("truncate", "What to do with rows longer than max_length (always counted and reported).",
@@ -150,6 +155,20 @@ class DataConfig(_Section):
                        choices=("assistant", "all"))
     image_max_side: int = _f(768, "Longest image side in pixels after resizing (vision models); bounds memory.",
                              min=28)
+
+    def check(self) -> None:
+        unknown = [k for k in self.columns if k not in COLUMN_NAMES]
+        if not unknown:
+            return
+        if all(self.columns[k] in COLUMN_NAMES for k in unknown):  # written the other way round
+            fixed = {**{k: v for k, v in self.columns.items() if k not in unknown},
+                     **{self.columns[k]: k for k in unknown}}
+            raise ConfigError(f"data.columns = {_toml_value(self.columns)} maps your columns to Hone's names; it "
+                              "goes the other way: Hone's name = your column",
+                              f"write data.columns = {_toml_value(fixed)}")
+        raise ConfigError(f"data.columns has the key {unknown[0]!r}, which is not a column Hone reads",
+                          f"keys are Hone's names ({', '.join(COLUMN_NAMES)}), each set to your column's name, "
+                          "e.g. {messages = \"dialog\"}")
 
 
 @dataclass
@@ -275,6 +294,15 @@ class RunConfig:
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"RunConfig.{name} must be a {cls.__name__}", "build it with that class")
+        self.check()
+
+    def check(self) -> None:
+        """Checks across sections (each section checks its own fields)."""
+        if self.speed.packing and self.data.max_length > self.train.batch_tokens:
+            raise ConfigError(f"data.max_length ({self.data.max_length}) is larger than train.batch_tokens "
+                              f"({self.train.batch_tokens}), so a row of the longest allowed length would not fit "
+                              "one micro-batch", f"raise train.batch_tokens to at least {self.data.max_length}, or "
+                              f"lower data.max_length to at most {self.train.batch_tokens}")
 
     # ---- dict / TOML ----
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -3,6 +3,7 @@ per-user folder Hone keeps its caches in."""
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 import importlib.util
 import os
@@ -14,6 +15,11 @@ import platformdirs
 from hone.core.errors import HoneError
 
 BUNDLED_PREFIX = "bundled:"
+# Bundled models: `bundled:<name>` -> the Hugging Face id of the model the shipped file was made from (what an
+# adapter trained on it names as its base, so it loads outside Hone).
+BUNDLED_MODELS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+# Files under resources/datasets that `bundled:` names list (images and notes are not datasets).
+_DATASET_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 CACHE_ENV = "HONE_CACHE"
 
 
@@ -58,12 +64,24 @@ def smollm2_gguf() -> Path:
     return files[0]
 
 
+def bundled_datasets() -> list[str]:
+    """The `bundled:` names of the shipped datasets, sorted."""
+    root = resource_path("datasets")
+    return sorted(f"{BUNDLED_PREFIX}{p.relative_to(root).as_posix()}" for p in root.rglob("*")
+                  if p.is_file() and p.suffix in _DATASET_SUFFIXES)
+
+
 def resolve_bundled(name: str) -> Path:
-    """Turn `bundled:<relative path>` into a file under resources/datasets (or the demo model's GGUF)."""
+    """Turn `bundled:<relative path>` into a file under resources/datasets (or a bundled model's file)."""
     relative = name[len(BUNDLED_PREFIX):]
     if relative == "smollm2-135m-instruct":
         return smollm2_gguf()
     path = resource_path(f"datasets/{relative}")
     if not path.exists():
-        raise HoneError(f"{name} is not a bundled file", "bundled datasets live in resources/datasets")
+        names = bundled_datasets()
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise HoneError(f"{name} is not a bundled file",
+                        f"{hint}bundled datasets: {', '.join(names)}; bundled models: "
+                        f"{', '.join(BUNDLED_PREFIX + m for m in BUNDLED_MODELS)}")
     return path

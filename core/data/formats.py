@@ -31,6 +31,7 @@ from hone.core.data.rows import (
     RowError,
     preview,
 )
+from hone.core.data.turn_order import check_turn_order
 
 IMAGE_PLACEHOLDER = "<image>"
 # Checked in this order; the first format whose required columns are all present wins. A record of each format:
@@ -72,15 +73,42 @@ def detect_format(record: Mapping[str, Any], columns: ColumnNames) -> str:
     """The format whose required columns the record has.
 
     Raises:
-        RowError(UNKNOWN_FORMAT): no known format fits; the message lists the record's columns.
+        RowError(UNKNOWN_FORMAT): no known format fits; the message lists the record's columns and suggests a
+            data.columns mapping for them.
     """
     for name, required in DETECTION_ORDER:
         if all(columns.has(record, c) for c in required):
             return name
-    found = ", ".join(map(str, list(record)[:8])) or "none"
+    names = [str(k) for k in record]
+    found = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "none"
     raise RowError(UNKNOWN_FORMAT, "", f"no columns of a known format (messages, conversations, instruction+output, "
-                   f"prompt+completion, text); found: {found}. Map your names with data.columns, "
-                   f"e.g. {{messages = \"dialog\"}}")
+                   f"prompt+completion, text); found: {found}. Map yours to Hone's names with data.columns = "
+                   f"{suggest_columns(names)} (Hone's name = your column)")
+
+
+# Column names people use for each canonical column, for the mapping `suggest_columns` proposes.
+_LOOKALIKES = {
+    "prompt": ("question", "query", "input", "instruction", "user", "human", "request", "q", "source", "context"),
+    "completion": ("answer", "response", "output", "reply", "assistant", "gpt", "target", "a", "label", "solution"),
+    "messages": ("dialog", "dialogue", "conversation", "conversations", "chat", "turns", "history", "thread"),
+    "text": ("content", "body", "document", "passage", "article", "sentence", "raw", "contents"),
+}
+
+
+def suggest_columns(names: list[str]) -> str:
+    """A data.columns value (TOML) mapping Hone's names to the given columns, e.g. {prompt = "question", ...}."""
+    lowered = {n.strip().lower(): n for n in names}
+
+    def pick(canonical: str) -> str | None:
+        return next((lowered[alias] for alias in _LOOKALIKES[canonical] if alias in lowered), None)
+
+    prompt, completion = pick("prompt"), pick("completion")
+    if prompt and completion and prompt != completion:
+        return f'{{prompt = "{prompt}", completion = "{completion}"}}'
+    for canonical in ("messages", "text"):
+        if found := pick(canonical):
+            return f'{{{canonical} = "{found}"}}'
+    return '{prompt = "YOUR_QUESTION_COLUMN", completion = "YOUR_ANSWER_COLUMN"}'
 
 
 # Optional columns each format reads besides its required ones.
@@ -115,27 +143,31 @@ def normalize(record: Any, fmt: str, columns: ColumnNames, source: str, base_dir
         if not text.strip():
             raise RowError(EMPTY_TEXT, columns["text"], "is empty")
         return Row(source=source, text=text, format=fmt)
-    if fmt == "messages":
-        messages = _turns(_field(record, columns, "messages"), columns["messages"], columns)
-    elif fmt == "sharegpt":
-        messages = _turns(_field(record, columns, "conversations"), columns["conversations"], columns)
+    if fmt in ("messages", "sharegpt"):
+        canonical = "messages" if fmt == "messages" else "conversations"
+        messages, fields = _turns(_field(record, columns, canonical), columns[canonical], columns)
     elif fmt == "alpaca":
         instruction = _string(record, columns, "instruction")
         extra = _string(record, columns, "input", optional=True)
         output = _string(record, columns, "output")
         prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
+        fields = [("", columns["instruction"]), ("", columns["output"])]
     elif fmt == "prompt-completion":
-        messages = (_side(record, columns, "prompt", "user") + _side(record, columns, "completion", "assistant"))
+        prompt, prompt_fields = _side(record, columns, "prompt", "user")
+        completion, completion_fields = _side(record, columns, "completion", "assistant")
+        messages, fields = prompt + completion, prompt_fields + completion_fields
     else:
         raise ValueError(f"unknown format {fmt!r}")
     if fmt != "messages" and columns.has(record, "system") and not any(m["role"] == "system" for m in messages):
         system = _string(record, columns, "system", optional=True)
         if system.strip():
             messages.insert(0, {"role": "system", "content": system})
+            fields.insert(0, ("", columns["system"]))
     images = _attach_images(record, columns, messages, base_dir)
-    _check_conversation(messages, columns, fmt, require_assistant)
-    return Row(source=source, messages=messages, images=images, format=fmt)
+    _check_conversation(messages, fields, columns, fmt, require_assistant)
+    notes = check_turn_order(messages, [role for role, _ in fields])
+    return Row(source=source, messages=messages, images=images, format=fmt, notes=notes)
 
 
 def _field(record: Any, columns: ColumnNames, canonical: str) -> Any:
@@ -155,34 +187,44 @@ def _string(record: Any, columns: ColumnNames, canonical: str, optional: bool = 
     return value
 
 
-def _side(record: Any, columns: ColumnNames, canonical: str, role: str) -> list[dict[str, Any]]:
-    """A prompt or completion: a string (one turn of `role`) or a list of messages."""
+def _side(record: Any, columns: ColumnNames, canonical: str,
+          role: str) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """A prompt or completion: a string (one turn of `role`) or a list of messages; with each turn's fields."""
     value = _field(record, columns, canonical)
     if isinstance(value, str):
-        return [{"role": role, "content": value}]
+        return [{"role": role, "content": value}], [("", columns[canonical])]
     if isinstance(value, list):
         return _turns(value, columns[canonical], columns)
     raise RowError(WRONG_TYPE, columns[canonical], f"is {_kind(value)}, expected a string or a list of messages")
 
 
-def _turns(value: Any, where: str, columns: ColumnNames) -> list[dict[str, Any]]:
-    """Normalize a list of turns (role/content or from/value) into messages with canonical roles."""
+def _turns(value: Any, where: str, columns: ColumnNames) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Normalize a list of turns (role/content or from/value) into messages with canonical roles.
+
+    Returns:
+        (messages, fields): per message, the (role, content) field paths in the user's own names, e.g.
+        ("conversations[1].from", "conversations[1].value"), for the messages about that turn.
+    """
     if isinstance(value, str):
         value = _json_list(value, where)
     if not isinstance(value, list):
         raise RowError(WRONG_TYPE, where, f"is {_kind(value)}, expected a list of {{role, content}} turns")
     if not value:
         raise RowError(EMPTY_CONVERSATION, where, "is an empty list")
-    role_key, content_key = columns["role"], columns["content"]
-    messages = []
+    # The key names this conversation uses: the mapped ones, else ShareGPT's from/value when any turn has them.
+    role_names, content_names = (columns["role"], "from", "role"), (columns["content"], "value", "content")
+    turns = [t for t in value if isinstance(t, Mapping)]
+    usual_role = next((k for k in role_names if any(k in t for t in turns)), columns["role"])
+    usual_content = next((k for k in content_names if any(k in t for t in turns)), columns["content"])
+    messages, fields = [], []
     for i, turn in enumerate(value):
         at = f"{where}[{i}]"
         if not isinstance(turn, Mapping):
             raise RowError(WRONG_TYPE, at, f"is {_kind(turn)}, expected an object with role and content")
-        rk = role_key if role_key in turn else "from" if "from" in turn else "role"
-        ck = content_key if content_key in turn else "value" if "value" in turn else "content"
+        rk = next((k for k in role_names if k in turn), usual_role)
+        ck = next((k for k in content_names if k in turn), usual_content)
         if rk not in turn:
-            raise RowError(MISSING_FIELD, f"{at}.role", "is missing")
+            raise RowError(MISSING_FIELD, f"{at}.{rk}", "is missing")
         role = turn[rk]
         if not isinstance(role, str):
             raise RowError(WRONG_TYPE, f"{at}.{rk}", f"is {_kind(role)}, expected a string")
@@ -192,13 +234,14 @@ def _turns(value: Any, where: str, columns: ColumnNames) -> list[dict[str, Any]]
                            "assistant or tool (human/gpt also work)")
         message: dict[str, Any] = {"role": canonical}
         if ck not in turn and not turn.get("tool_calls"):
-            raise RowError(MISSING_FIELD, f"{at}.content", "is missing")
+            raise RowError(MISSING_FIELD, f"{at}.{ck}", "is missing")
         message["content"] = _content(turn.get(ck), f"{at}.{ck}")
         for key in PASSTHROUGH_KEYS:
             if turn.get(key) is not None:
                 message[key] = turn[key]
         messages.append(message)
-    return messages
+        fields.append((f"{at}.{rk}", f"{at}.{ck}"))
+    return messages, fields
 
 
 def _json_list(text: str, where: str) -> list:
@@ -207,8 +250,9 @@ def _json_list(text: str, where: str) -> list:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as e:
+            at = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno}, column {e.colno}"
             raise RowError(WRONG_TYPE, where, f"is text that starts like a JSON list but does not parse ({e.msg} "
-                           f"at character {e.pos})") from None
+                           f"at {at})") from None
         if isinstance(value, list):
             return value
     raise RowError(WRONG_TYPE, where, "is a string, expected a list of {role, content} turns")
@@ -311,18 +355,24 @@ def _as_text(content: str | list[dict[str, Any]]) -> str:
     return "".join(p["text"] for p in content if p["type"] == "text")
 
 
-def _check_conversation(messages: list[dict[str, Any]], columns: ColumnNames, fmt: str,
-                        require_assistant: bool) -> None:
+def _check_conversation(messages: list[dict[str, Any]], fields: list[tuple[str, str]], columns: ColumnNames,
+                        fmt: str, require_assistant: bool) -> None:
+    """Skip a row with nothing to train, an empty answer or an empty prompt (a user turn without text or image)."""
     where = columns["messages"] if fmt == "messages" else columns["conversations"] if fmt == "sharegpt" else ""
-    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if require_assistant and not assistants:
+    if require_assistant and not any(m["role"] == "assistant" for m in messages):
         raise RowError(NO_ASSISTANT, where or columns["output"], "has no assistant turn, so nothing would be "
                        "trained; add one or set data.train_on = \"all\"")
-    for i in assistants:
-        m = messages[i]
-        if not _as_text(m["content"]).strip() and not m.get("tool_calls"):
-            field_name = f"{where}[{i}].content" if where else columns["output" if fmt == "alpaca" else "completion"]
-            raise RowError(EMPTY_CONTENT, field_name, "the assistant turn is empty")
+    for m, (_, content_field) in zip(messages, fields, strict=True):
+        empty = not _as_text(m["content"]).strip()
+        if m["role"] == "assistant" and empty and not m.get("tool_calls"):
+            raise RowError(EMPTY_CONTENT, content_field, "the assistant turn is empty")
+        if m["role"] == "user" and empty and not _has_image(m["content"]):
+            raise RowError(EMPTY_CONTENT, content_field, "the user turn is empty, so the answer would follow no "
+                           "question; fill it in or remove the row")
+
+
+def _has_image(content: str | list[dict[str, Any]]) -> bool:
+    return isinstance(content, list) and any(p["type"] == "image" for p in content)
 
 
 def _kind(value: Any) -> str:

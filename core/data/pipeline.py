@@ -110,10 +110,11 @@ def check_data(cfg, tokenizer=None, *, split: str = "train",
     """Validate the data of one split without caching; tokenize only when a tokenizer is given.
 
     Without a tokenizer every structural check still runs (files, JSON, fields, roles, images) and the report
-    has no token statistics. Used by `hone data check` and the GUI's dataset page.
+    has no token statistics. Every skipped row is listed (a run's report lists the first few). Used by
+    `hone data check` and the GUI's dataset page.
     """
     entries = cfg.train if split == "train" else cfg.eval
-    report = ReportBuilder(split, [str(e) for e in entries])
+    report = ReportBuilder(split, [str(e) for e in entries], max_examples=None)
     rows = _row_batches(entries, split, cfg, report, progress)
     if tokenizer is None:
         kept = image_rows = 0
@@ -205,6 +206,8 @@ def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder,
                 if isinstance(item, RowProblem):
                     report.skip(item)
                     continue
+                for note in item.notes:
+                    report.kept_with_note(item.source, note)
                 batch.append(item)
                 if len(batch) >= ENCODE_BATCH:
                     yield batch

@@ -9,21 +9,30 @@ from collections import Counter
 
 import numpy as np
 
-from hone.core.data.rows import RowProblem
+from hone.core.data.rows import UNKNOWN_FORMAT, RowProblem
 from hone.core.events import DatasetReport
 
-# How many skipped rows are listed by name in the report (all are counted); enough to spot a pattern.
+# How many skipped rows a run's report lists by name (all are counted; `hone data check` lists every one); enough to
+# spot a pattern.
 MAX_EXAMPLES = 20
+# How many rows a note on kept rows names (all are counted).
+MAX_NOTED = 10
 
 
 class ReportBuilder:
     """Counts rows as they pass through loading and tokenizing."""
 
-    def __init__(self, split: str, files: list[str]):
-        self.split, self.files = split, files
+    def __init__(self, split: str, files: list[str], max_examples: int | None = MAX_EXAMPLES):
+        """`max_examples`: skipped rows listed by name; None = every one."""
+        self.split, self.files, self.max_examples = split, files, max_examples
         self.rows_read = 0
         self.skipped: Counter[str] = Counter()
         self.examples: list[str] = []
+        # A file whose columns match no format fails every row the same way: the first such row is listed once,
+        # with how many more rows it stands for.
+        self.unknown_format: dict[str, int] = {}  # detail -> index into examples
+        self.repeats: dict[int, int] = {}  # index into examples -> further rows with the same problem
+        self.kept_notes: dict[str, list] = {}  # note -> [count, first sources]
         self.problems: list[str] = []
         self.notes: list[str] = []
         self.truncated = 0
@@ -35,8 +44,21 @@ class ReportBuilder:
 
     def skip(self, problem: RowProblem) -> None:
         self.skipped[problem.reason] += 1
-        if len(self.examples) < MAX_EXAMPLES:
+        if problem.reason == UNKNOWN_FORMAT and problem.detail in self.unknown_format:
+            index = self.unknown_format[problem.detail]
+            self.repeats[index] = self.repeats.get(index, 0) + 1
+            return
+        if self.max_examples is None or len(self.examples) < self.max_examples:
+            if problem.reason == UNKNOWN_FORMAT:
+                self.unknown_format[problem.detail] = len(self.examples)
             self.examples.append(problem.message)
+
+    def kept_with_note(self, source: str, note: str) -> None:
+        """A kept row that was changed or is unusual (a hone.core.data.turn_order note)."""
+        entry = self.kept_notes.setdefault(note, [0, []])
+        entry[0] += 1
+        if len(entry[1]) < MAX_NOTED:
+            entry[1].append(source)
 
     def problem(self, message: str) -> None:
         """A whole source that could not be read."""
@@ -53,7 +75,8 @@ class ReportBuilder:
     def to_state(self) -> dict:
         return {"rows_read": self.rows_read, "skipped": dict(self.skipped), "examples": self.examples,
                 "problems": self.problems, "notes": self.notes, "truncated": self.truncated,
-                "formats": dict(self.formats), "detections": self.detections}
+                "formats": dict(self.formats), "detections": self.detections,
+                "repeats": {str(k): v for k, v in self.repeats.items()}, "kept_notes": self.kept_notes}
 
     @classmethod
     def from_state(cls, split: str, files: list[str], state: dict) -> ReportBuilder:
@@ -66,6 +89,8 @@ class ReportBuilder:
         builder.truncated = state["truncated"]
         builder.formats.update(state["formats"])
         builder.detections = {k: list(v) for k, v in state["detections"].items()}
+        builder.repeats = {int(k): v for k, v in state.get("repeats", {}).items()}
+        builder.kept_notes = {k: [v[0], list(v[1])] for k, v in state.get("kept_notes", {}).items()}
         return builder
 
     def build(self, lengths: np.ndarray, trained_lengths: np.ndarray, image_rows: int, held_out: int = 0,
@@ -84,12 +109,24 @@ class ReportBuilder:
         return DatasetReport(
             split=self.split, files=list(self.files), rows_read=self.rows_read,
             rows_kept=len(lengths) if rows_kept is None else rows_kept,
-            skipped=dict(self.skipped.most_common()), skipped_examples=list(self.examples),
+            skipped=dict(self.skipped.most_common()), skipped_examples=self._examples(),
             truncated=self.truncated if truncated is None else truncated, image_rows=image_rows,
             tokens=int(np.sum(lengths)), trained_tokens=int(np.sum(trained_lengths)), **stats,
             format=", ".join(f"{name} ({count})" if len(self.formats) > 1 else name
                              for name, count in self.formats.most_common()),
-            held_out=held_out, problems=list(self.problems), notes=self._detection_notes() + list(self.notes))
+            held_out=held_out, problems=list(self.problems),
+            notes=self._detection_notes() + self._kept_notes() + list(self.notes))
+
+    def _examples(self) -> list[str]:
+        return [f"{m} (and {self.repeats[i]:,} more rows like it)" if self.repeats.get(i) else m
+                for i, m in enumerate(self.examples)]
+
+    def _kept_notes(self) -> list[str]:
+        notes = []
+        for note, (count, sources) in self.kept_notes.items():
+            more = f" and {count - len(sources):,} more" if count > len(sources) else ""
+            notes.append(f"{count:,} row{'s' if count != 1 else ''} {note} (kept): {', '.join(sources)}{more}")
+        return notes
 
     def _detection_notes(self) -> list[str]:
         notes = []

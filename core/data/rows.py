@@ -21,6 +21,7 @@ EMPTY_CONVERSATION = "empty conversation"
 EMPTY_CONTENT = "empty content"
 UNKNOWN_ROLE = "unknown role"
 NO_ASSISTANT = "no assistant turn"
+TURN_ORDER = "malformed turn order"
 UNKNOWN_FORMAT = "unknown format"
 DUPLICATE_COLUMN = "duplicate column"
 IMAGE_MISSING = "image missing"
@@ -86,6 +87,8 @@ class Row:
         text: the plain text of a `text` row (continued pretraining); None for conversations.
         images: the row's images, in the order their {"type": "image"} parts appear.
         format: the format the row was read as ("messages", "sharegpt", "alpaca", ...).
+        notes: what was changed or is unusual about a kept row (hone.core.data.turn_order's note keys); the
+            report lists every such row under its note.
     """
 
     source: str
@@ -93,6 +96,7 @@ class Row:
     text: str | None = None
     images: list[ImageRef] = field(default_factory=list)
     format: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from hone.core.export.source import (
     output_folder,
     staged,
 )
+from hone.core.train.adapter_dir import base_model
 
 MODEL_CARD = """---
 library_name: peft
@@ -51,7 +52,7 @@ def copy_adapter(run: RunSource, folder: Path, tokenizer) -> None:
     if not (folder / "tokenizer_config.json").is_file():
         tokenizer.save_pretrained(folder)
     if not (folder / "README.md").is_file():
-        (folder / "README.md").write_text(MODEL_CARD.format(base=run.config.model.name_or_path, name=run.name),
+        (folder / "README.md").write_text(MODEL_CARD.format(base=base_model(run.config.model).name, name=run.name),
                                           encoding="utf-8")
 
 

@@ -15,6 +15,7 @@ from hone.core.export.checks import CheckLog, compare_logits, logits_of, quiet_t
 from hone.core.export.formats import ExportResult, ExportSpec
 from hone.core.export.merge import merge_run
 from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
+from hone.core.train.adapter_dir import base_model
 
 # The largest safetensors file written; transformers' own default, so hub tooling sees the usual layout.
 MAX_SHARD_SIZE = "5GB"
@@ -84,7 +85,7 @@ def export_merged(run_dir, out=None, *, dtype: str | None = None, force: bool = 
         model.config.dtype = torch_dtype
         model.save_pretrained(folder, max_shard_size=MAX_SHARD_SIZE)
         merged.tokenizer.save_pretrained(folder)
-        (folder / "README.md").write_text(MERGED_CARD.format(base=run.config.model.name_or_path, name=run.name,
+        (folder / "README.md").write_text(MERGED_CARD.format(base=base_model(run.config.model).name, name=run.name,
                                                              dtype=dtype), encoding="utf-8")
         steps.start("checking the saved model")
         del model, merged.model

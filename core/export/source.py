@@ -121,9 +121,20 @@ def staged(out: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _apply_umask(tmp)
     if out.exists():
         shutil.rmtree(out)  # output_folder() allowed this: forced, and an earlier export wrote it
     os.replace(tmp, out)
+
+
+def _apply_umask(root: Path) -> None:
+    """Give `root` and everything in it the modes a plain mkdir / open would (mkdtemp and mkstemp make them
+    private: 0700 / 0600), so an export is shared like any other folder the user creates."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in (root, *root.rglob("*")):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def finish(folder: Path, out: Path, run: RunSource, spec: ExportSpec, log: CheckLog) -> ExportResult:

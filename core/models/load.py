@@ -22,7 +22,7 @@ from typing import Any
 from hone.core.config import ModelConfig
 from hone.core.errors import ModelError
 from hone.core.model_info import ModelInfo
-from hone.core.resources import BUNDLED_PREFIX, cache_root, resolve_bundled
+from hone.core.resources import BUNDLED_MODELS, BUNDLED_PREFIX, cache_root, resolve_bundled
 
 # A Hugging Face repo id: "name" or "owner/name" with letters, digits, '-', '_', '.'.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -31,6 +31,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _FP32_CONVERSION_LIMIT = 2 * 1024**3
 # Part of the conversion cache key: bump it when a conversion changes, so old cached folders are not reused.
 _CONVERSION_VERSION = 2
+# Seconds the one Hub request of `check_hub_model` may take: long enough for a slow link, short enough that a
+# machine without one is told at once.
+_HUB_CHECK_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ def resolve_source(name_or_path: str, gguf_file: str = "") -> ModelSource:
         raise ModelError("no model chosen (model.name_or_path is empty)",
                          "give a Hugging Face id, a local model folder or a .gguf file")
     if name.startswith(BUNDLED_PREFIX):
+        if name[len(BUNDLED_PREFIX):] not in BUNDLED_MODELS:
+            raise ModelError(f"{name} is not a bundled model",
+                             f"bundled models: {', '.join(BUNDLED_PREFIX + m for m in BUNDLED_MODELS)}")
         return ModelSource("bundled", str(resolve_bundled(name)), name)
     path = Path(name).expanduser()
     if path.is_file():
@@ -84,9 +90,39 @@ def resolve_source(name_or_path: str, gguf_file: str = "") -> ModelSource:
     looks_local = name.startswith((".", "~", "/", "\\")) or name.lower().endswith(".gguf") or (
         len(name) > 1 and name[1] == ":") or name.count("/") > 1 or "\\" in name
     if looks_local or not _HUB_ID.match(name):
-        raise ModelError(f"{name} does not exist", "check the path, or give a Hugging Face id like "
-                         "Qwen/Qwen3-0.6B")
+        raise ModelError(f"{name} does not exist", "check the path, or set model.name_or_path to a local model "
+                         "folder, a .gguf file, or a Hugging Face id like Qwen/Qwen3-0.6B")
     return ModelSource("hub", name, name)
+
+
+def check_hub_model(name: str, revision: str = "", filename: str = "config.json") -> None:
+    """Make sure a Hub model can be loaded before anything is: it is in the local Hugging Face cache, or the Hub
+    answers that it exists. One request at most and no retries, so a wrong id or an offline machine is one line.
+
+    Raises:
+        ModelError: offline (HF_HUB_OFFLINE) and not cached, no such model, or the Hub cannot be reached.
+    """
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(name, filename, revision=revision or None), str):
+        return
+    local = "set model.name_or_path to a local model folder or .gguf file"
+    if constants.HF_HUB_OFFLINE:
+        raise ModelError(f"{name} is not in the local Hugging Face cache, and HF_HUB_OFFLINE is set, so it cannot "
+                         "be downloaded", f"unset HF_HUB_OFFLINE to download it once, or {local}")
+    try:
+        HfApi().model_info(name, revision=revision or None, timeout=_HUB_CHECK_TIMEOUT_S)
+    except GatedRepoError:
+        raise ModelError(f"{name} is gated: its license must be accepted on huggingface.co",
+                         "accept it on the model's page, then run `hf auth login`") from None
+    except RepositoryNotFoundError:
+        raise ModelError(f"there is no model named {name!r} on the Hugging Face Hub (or it is private)",
+                         "check the spelling; for a private model run `hf auth login`") from None
+    except Exception as e:  # whatever the HTTP client raises when the Hub cannot be reached
+        raise ModelError(f"{name} is not in the local Hugging Face cache and the Hub cannot be reached "
+                         f"({type(e).__name__})", f"connect to the internet once to download it, or {local}") \
+            from None
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from hone.core.errors import ConfigError
 
 def test_defaults_are_valid_and_round_trip_through_toml(tmp_path):
     config = RunConfig()
-    config.data.columns = {"messages": "dialog", "weird key": "x"}
+    config.data.columns = {"messages": "dialog", "prompt": "a \"quoted\" name"}
     config.lora.targets = ["q_proj", "v_proj"]
     path = tmp_path / "run.toml"
     config.save(path)
@@ -77,3 +77,20 @@ def test_a_renamed_setting_still_loads_under_its_former_name(tmp_path):
     both.write_text("[speed]\nlayer_tile_tokens = 4096\nlayer_group_tokens = 2048\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="same setting"):
         RunConfig.load(both)
+
+
+def test_max_length_over_batch_tokens_is_refused_with_both_fixes():
+    with pytest.raises(ConfigError) as e:
+        RunConfig.from_dict({"data": {"max_length": 4096}, "train": {"batch_tokens": 2048}})
+    assert "data.max_length (4096)" in e.value.message and "train.batch_tokens (2048)" in e.value.message
+    assert "at least 4096" in e.value.advice and "at most 2048" in e.value.advice
+    # Without packing each row is its own micro-batch, so the budget does not bound the row length.
+    RunConfig.from_dict({"data": {"max_length": 4096}, "train": {"batch_tokens": 2048}, "speed": {"packing": False}})
+
+
+def test_column_names_are_the_ones_the_formats_read():
+    from hone.core.config import COLUMN_NAMES
+    from hone.core.data.formats import OPTIONAL, REQUIRED
+
+    read = {c for fmt in REQUIRED for c in (*REQUIRED[fmt], *OPTIONAL[fmt])} | {"role", "content"}
+    assert set(COLUMN_NAMES) == read

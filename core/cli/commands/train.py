@@ -36,12 +36,17 @@ def load_run_config(config_path: str | None, resume: str | None, overrides: list
 
 
 def run(args) -> int:
-    from hone.core.cli.console import EventPrinter
-    from hone.core.control import RunControl
-    from hone.core.events import RunFailed
-    from hone.core.train.trainer import Trainer
+    from hone.core.train.input_checks import check_inputs
 
     config = load_run_config(args.config, args.resume, args.overrides)
+    check_inputs(config)  # before torch loads or a run folder exists: a wrong path is one line, exit 2
+    from hone.core.cli.console import EventPrinter, quiet_library_noise
+    from hone.core.control import RunControl
+    from hone.core.events import RunFailed
+
+    quiet_library_noise()
+    from hone.core.train.trainer import Trainer
+
     control = RunControl()
 
     def on_interrupt(signum, frame):

@@ -238,8 +238,9 @@ def test_row_longer_than_limit_with_drop(tmp_path, smollm2_tokenizer):
 
 
 def test_template_that_raises_skips_only_that_row(tmp_path, gemma_tokenizer):
-    """Gemma's template refuses two user turns in a row; the row is skipped with the template's own message."""
-    bad = {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+    """Gemma's template refuses a conversation the assistant opens (which Hone keeps, with a note); the row is
+    skipped with the template's own message."""
+    bad = {"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"},
                         {"role": "assistant", "content": "c"}]}
     path = _write(tmp_path, "a.jsonl", _jsonl(GOOD, bad))
     data = load_training_data(DataConfig(train=[str(path)]), gemma_tokenizer)
