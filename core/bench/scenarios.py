@@ -68,6 +68,7 @@ def _tiny(name: str, shape: str, description: str) -> Scenario:
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     _real("dense-0.6b", "dense-0.6b", None, DENSE_TOKENS, "Qwen3-0.6B shape, all 28 layers"),
+    _real("dense-4b", "dense-4b", None, DENSE_TOKENS, "Qwen3-4B shape, all 36 layers"),
     _real("dense-8b", "dense-8b", None, DENSE_TOKENS, "Qwen3-8B shape, all 36 layers"),
     _real("llama-1b", "llama-1b", None, DENSE_TOKENS, "Llama-3.2-1B shape, all 16 layers"),
     # 8 of Qwen3-30B-A3B's 48 layers: the per-layer work is what is measured, and 8 layers fit beside the

@@ -26,6 +26,7 @@ COMMANDS = {
     "bench": "hone.core.cli.commands.bench",
     "data": "hone.core.cli.commands.data",
     "export": "hone.core.cli.commands.export",
+    "plan": "hone.core.cli.commands.plan",
 }
 ENTRY_POINT_GROUP = "hone.commands"
 

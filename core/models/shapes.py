@@ -32,6 +32,10 @@ SHAPES: dict[str, Shape] = {
     "dense-0.6b": Shape("qwen3", dict(_QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
                         "Qwen3-0.6B shape"),
+    # Qwen/Qwen3-4B
+    "dense-4b": Shape("qwen3", dict(_QWEN3_COMMON, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                                    num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+                      "Qwen3-4B shape"),
     # Qwen/Qwen3-8B
     "dense-8b": Shape("qwen3", dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),

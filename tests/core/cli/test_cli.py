@@ -56,7 +56,7 @@ def _command_names(help_text: str) -> list[str]:
 def test_help_lists_built_in_commands_then_studio(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export", "studio"]
+    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export", "plan", "studio"]
 
 
 def test_studio_help_comes_from_the_entry_point_without_qt_or_torch():
@@ -100,7 +100,7 @@ def test_a_broken_entry_point_leaves_the_other_commands_working(capsys, monkeypa
     monkeypatch.setattr(cli, "distributions", lambda: [plugin, *installed])
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export", "broken",
+    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export", "plan", "broken",
                                                        "studio"]
 
     assert main(["broken", "--any", "options"]) == 2
@@ -120,4 +120,4 @@ def test_without_entry_points_the_built_in_commands_remain(capsys, monkeypatch):
     monkeypatch.setattr(cli, "distributions", lambda: [])
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export"]
+    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export", "plan"]

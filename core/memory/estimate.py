@@ -1,0 +1,168 @@
+"""Predict the peak GPU memory of one training step from the model's shape and the run's settings.
+
+The step's peak is what stays allocated across steps (weights, LoRA weights and optimizer state, checkpoint
+buffers) plus the largest of three transients: a decoder layer's forward, the first recomputed layer's backward,
+and the chunked loss. Each part follows what Hone's speed paths keep (docs/performance/memory.md says where each
+figure comes from); the constants were calibrated against measured `hone bench` peaks
+(docs/performance/memory-planner.md, `tools/memory_calibration.py`). Plain arithmetic: no torch, no GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hone.core.memory.shape import ModelShape
+
+GIB = 1024**3
+# nf4 with double quantization: 4 bits per weight, an 8-bit absmax per 64 weights and an fp32 scale per 256 absmax.
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+# Bytes per trainable LoRA value kept across steps (fp32 weight + optimizer state) and its gradient in backward.
+OPTIMIZER_STATE_BYTES = {"adamw": 4 + 8, "adamw8bit": 4 + 2, "adamw-bf16": 4 + 4}
+GRADIENT_BYTES = {"adamw": 4, "adamw8bit": 4, "adamw-bf16": 2}
+# The tiled MLP backward holds ~7 tensors of one tile (2**25 elements, core/speed/checkpointing/tiled_mlp.py):
+# gate, up and their product, and the gradients towards them and the tile's input.
+TILED_MLP_TENSORS = 7
+TILE_ELEMENTS = 2**25
+# An untiled MLP backward holds gate, up, product and their three gradients for the whole batch.
+UNTILED_MLP_TENSORS = 6
+# The no-grad forward of a checkpointed layer's MLP holds gate, up, the activation and the product.
+MLP_FORWARD_TENSORS = 4
+# What a recomputed layer saves for its attention half, in units of (tokens x width) bf16 tensors: the input norm's
+# output, the residual and the MLP norm's output (3 x hidden); q, k and v, before and after norm and rope, and the
+# attention output (3 x q width, 3 x kv width).
+SAVED_ATTENTION_HIDDEN, SAVED_ATTENTION_PROJECTIONS = 3, 3
+# Flash attention's backward workspace per query value: an fp32 dq accumulator, and dk, dv expanded to every query
+# head (grouped-query attention), on top of dq, dk and dv themselves.
+ATTENTION_WORKSPACE_BYTES = 4 + 2 + 2
+# One loss chunk (core/train/loss.py): Hone's fused cross-entropy keeps 2**27 bf16 logits, overwritten by their
+# gradient; the plain chunked loss 2**26 fp32 logits and their bf16 copy and gradient.
+FUSED_LOSS_CHUNK_BYTES = 2**28
+LOSS_CHUNK_BYTES = 2**29
+# What the caching allocator adds over the live tensors at the peak (block rounding, fragmentation).
+ALLOCATOR_SLACK = 0.04
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """The run settings the peak depends on (from a RunConfig: `settings_from_config`)."""
+
+    batch_tokens: int
+    lora_rank: int = 16
+    lora_experts: bool = True
+    qlora: bool = False
+    optimizer: str = "adamw"
+    weight_bytes: int = 2  # bf16 / fp16; 4 for float32
+    checkpoint: str = "offload-double"  # the resolved mode: off, gpu, offload, offload-double
+    host_embeddings: bool = True
+    host_lm_head: bool = True
+    tiled_mlp: bool = True
+    chunked_loss: bool = True
+    kernels: bool = True  # Hone's fused kernels (the fused cross-entropy among them)
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    bytes: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The predicted peak of one step, by part. `phase` names the transient that sets the peak."""
+
+    parts: tuple[Part, ...]
+    phase: str
+
+    @property
+    def peak_bytes(self) -> float:
+        return sum(part.bytes for part in self.parts)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    def part(self, name: str) -> float:
+        return sum(part.bytes for part in self.parts if part.name == name)
+
+    def summary(self) -> str:
+        largest = sorted(self.parts, key=lambda part: -part.bytes)[:3]
+        return ", ".join(f"{part.name} {part.bytes / GIB:.2f}" for part in largest)
+
+
+def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate:
+    """The peak GPU memory of one training step."""
+    s, w, tokens = settings, settings.weight_bytes, settings.batch_tokens
+    linear_bytes = shape.linear_params * (NF4_BYTES if s.qlora else w)
+    tables = shape.vocab * shape.hidden * w
+    tables_on_gpu = 0.0 if s.host_embeddings else tables
+    if not shape.tied_embeddings:
+        tables_on_gpu += 0.0 if (s.host_lm_head and s.chunked_loss) else tables
+    elif not (s.host_lm_head and s.chunked_loss):
+        tables_on_gpu = tables  # one tied table: it stays on the GPU unless both lookups move to the host
+    head_copy = tables if (s.host_lm_head and s.chunked_loss) else 0.0  # copied in for each step's loss
+    trainable = shape.lora_params(s.lora_rank, s.lora_experts)
+    lora_state = trainable * OPTIMIZER_STATE_BYTES.get(s.optimizer, OPTIMIZER_STATE_BYTES["adamw"])
+    gradients = trainable * GRADIENT_BYTES.get(s.optimizer, 4)
+    row = tokens * shape.hidden * w  # one (tokens x hidden) bf16 tensor
+    checkpoints = {"off": shape.layers * _layer_activations(shape, tokens, w), "gpu": shape.layers * row,
+                   "offload": row, "offload-double": 2 * row}[s.checkpoint]
+
+    forward = head_copy + _layer_forward(shape, tokens, w)
+    # A recomputed layer back-propagates its MLP first, then its attention: what the attention half saved is alive
+    # through both, the MLP's and the attention's own workspaces one after the other.
+    saved, workspace = _attention_backward(shape, tokens, w)
+    if s.checkpoint == "off":  # every layer's activations are already counted as checkpoints
+        saved = 0.0
+    backward = gradients + 2 * row + saved + max(workspace, _mlp_backward(shape, tokens, w, s))
+    all_logits = tokens * shape.vocab * (4 + 2 * w)  # fp32 logits, and their bf16 copy and gradient
+    chunk = FUSED_LOSS_CHUNK_BYTES if s.kernels else LOSS_CHUNK_BYTES
+    loss = head_copy + (min(chunk, all_logits) if s.chunked_loss else all_logits) + row
+    phase, transient = max((("forward", forward), ("backward", backward), ("loss", loss)), key=lambda p: p[1])
+
+    parts = [
+        Part("weights", linear_bytes, "decoder layers" + (" in 4-bit nf4" if s.qlora else "")),
+        Part("vocabulary tables", tables_on_gpu, "input embedding and LM head on the GPU"),
+        Part("LoRA + optimizer", lora_state, f"{trainable / 1e6:.1f}M trainable values, {s.optimizer}"),
+        Part("checkpoints", checkpoints, f"activation checkpointing: {s.checkpoint}"),
+        Part("step", transient, f"the largest transient: {phase}"),
+    ]
+    live = sum(part.bytes for part in parts)
+    parts.append(Part("allocator slack", live * ALLOCATOR_SLACK, "block rounding and fragmentation"))
+    return MemoryEstimate(tuple(parts), phase)
+
+
+def _mlp_width(shape: ModelShape) -> tuple[int, int]:
+    """(intermediate width per token, routed copies per token) of the widest MLP."""
+    if shape.experts and shape.moe_layers:
+        return shape.expert_intermediate * shape.top_k + shape.shared_intermediate, shape.top_k
+    return shape.intermediate, 0
+
+
+def _layer_forward(shape: ModelShape, tokens: int, w: int) -> float:
+    """A checkpointed layer's no-grad forward: its MLP's activations for the whole batch (and routed copies)."""
+    width, routed = _mlp_width(shape)
+    return tokens * w * (MLP_FORWARD_TENSORS * width + routed * shape.hidden)
+
+
+def _attention_backward(shape: ModelShape, tokens: int, w: int) -> tuple[float, float]:
+    """(what the attention half of a recomputed layer saves, its backward's workspace)."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    saved = tokens * w * (SAVED_ATTENTION_HIDDEN * shape.hidden + SAVED_ATTENTION_PROJECTIONS * (q + kv))
+    workspace = tokens * q * ATTENTION_WORKSPACE_BYTES + tokens * (q + 2 * kv) * w
+    return saved, workspace
+
+
+def _mlp_backward(shape: ModelShape, tokens: int, w: int, s: MemorySettings) -> float:
+    width, routed = _mlp_width(shape)
+    if s.tiled_mlp and not shape.experts:
+        return TILED_MLP_TENSORS * min(TILE_ELEMENTS, tokens * width) * w
+    return tokens * w * (UNTILED_MLP_TENSORS * width + 2 * routed * shape.hidden)
+
+
+def _layer_activations(shape: ModelShape, tokens: int, w: int) -> float:
+    """Everything one layer keeps for its backward when nothing is checkpointed."""
+    width, routed = _mlp_width(shape)
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    return tokens * w * (SAVED_ATTENTION_HIDDEN * shape.hidden + SAVED_ATTENTION_PROJECTIONS * (q + kv)
+                         + MLP_FORWARD_TENSORS * width + routed * shape.hidden)

@@ -1,0 +1,112 @@
+"""Auto-fit: the largest batch and the cheapest memory levers with which a run's step fits in the memory given.
+
+Levers are tried in order of what they cost in speed: host vocabulary tables and the tiled MLP cost almost nothing,
+offloaded checkpoints little, recompute from inputs on the GPU nothing but memory, a smaller batch some throughput,
+QLoRA (only when allowed) accuracy and time. The batch never goes below the longest row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estimate_peak
+from hone.core.memory.shape import ModelShape
+
+# Headroom left free beyond the prediction: the calibration's largest error, and what other processes (the desktop,
+# a second model on the Chat page) may take meanwhile.
+HEADROOM = 0.10
+BATCH_MULTIPLE = 256  # batch sizes tried: multiples of this many tokens
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What auto-fit chose, or why nothing fits (`fits` False, `reason` set)."""
+
+    fits: bool
+    settings: MemorySettings
+    estimate: MemoryEstimate
+    available_bytes: float
+    changes: tuple[str, ...] = ()  # what differs from the run's own settings, in words
+    reason: str = ""
+    largest_max_length: int = 0  # when nothing fits: the longest row that would
+
+
+def usable(available_bytes: float) -> float:
+    return available_bytes * (1 - HEADROOM)
+
+
+def _levers(settings: MemorySettings, allow_qlora: bool, unified: bool) -> list[tuple[MemorySettings, list[str]]]:
+    """Settings to try, cheapest first, each with what it changed."""
+    steps: list[tuple[dict, str]] = [
+        ({"host_embeddings": True, "host_lm_head": True}, "vocabulary tables in host memory"),
+        ({"tiled_mlp": True}, "MLP back-propagated in tiles"),
+    ]
+    if not unified:  # offloading frees nothing where the GPU shares system memory
+        steps.append(({"checkpoint": "offload-double"}, "checkpoints offloaded to host memory (two reload buffers)"))
+        steps.append(({"checkpoint": "offload"}, "checkpoints offloaded to host memory (one reload buffer)"))
+    elif settings.checkpoint == "off":
+        steps.append(({"checkpoint": "gpu"}, "activation checkpointing (recompute)"))
+    if allow_qlora:
+        steps.append(({"qlora": True}, "base weights in 4-bit (QLoRA)"))
+    tried, changed, current = [(settings, [])], [], settings
+    for change, words in steps:
+        updated = dataclasses.replace(current, **change)
+        if updated != current:
+            current, changed = updated, [*changed, words]
+            tried.append((current, changed))
+    return tried
+
+
+def largest_batch(shape: ModelShape, settings: MemorySettings, budget: float, ceiling: int) -> int:
+    """The largest multiple of BATCH_MULTIPLE up to `ceiling` tokens whose step fits `budget` bytes, or 0."""
+    low, high = 0, max(ceiling // BATCH_MULTIPLE, 1)
+    while low < high:  # the peak grows with the batch: bisect on multiples
+        middle = (low + high + 1) // 2
+        trial = dataclasses.replace(settings, batch_tokens=middle * BATCH_MULTIPLE)
+        if estimate_peak(shape, trial).peak_bytes <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low * BATCH_MULTIPLE
+
+
+def auto_fit(shape: ModelShape, settings: MemorySettings, available_bytes: float, longest_row: int, *,
+             allow_qlora: bool = False, unified: bool = False) -> FitResult:
+    """Fit the run's step into `available_bytes`: its own settings when they fit, else the cheapest levers and
+    the largest batch (at least `longest_row` tokens, at most the run's own batch)."""
+    budget = usable(available_bytes)
+    own = estimate_peak(shape, settings)
+    if own.peak_bytes <= budget:
+        return FitResult(True, settings, own, available_bytes)
+    ceiling = max(settings.batch_tokens, longest_row)
+    levers = _levers(settings, allow_qlora, unified)
+    # Every lever that keeps the weights as they are comes before a smaller batch; QLoRA comes last, at the full
+    # batch first.
+    order = [(c, w, False) for c, w in levers if not c.qlora or settings.qlora]
+    order.append((order[-1][0], order[-1][1], True))
+    if allow_qlora and not settings.qlora:
+        order += [(levers[-1][0], levers[-1][1], False), (levers[-1][0], levers[-1][1], True)]
+    for candidate, changed, shrink in order:
+        batch = largest_batch(shape, candidate, budget, ceiling) if shrink else (
+            ceiling if estimate_peak(shape, dataclasses.replace(candidate, batch_tokens=ceiling)).peak_bytes <= budget
+            else 0)
+        if batch >= longest_row:
+            chosen = dataclasses.replace(candidate, batch_tokens=batch)
+            words = [*changed] + ([f"batch of {batch:,} tokens (was {settings.batch_tokens:,})"]
+                                  if batch != settings.batch_tokens else [])
+            return FitResult(True, chosen, estimate_peak(shape, chosen), available_bytes, tuple(words))
+    cheapest = levers[-1][0]
+    at_row = dataclasses.replace(cheapest, batch_tokens=max(longest_row, BATCH_MULTIPLE))
+    floor = estimate_peak(shape, dataclasses.replace(cheapest, batch_tokens=BATCH_MULTIPLE))
+    longest = largest_batch(shape, cheapest, budget, max(longest_row, BATCH_MULTIPLE))
+    if floor.peak_bytes > budget:
+        reason = (f"even a {BATCH_MULTIPLE}-token batch with every memory lever needs {floor.peak_gib:.1f} GiB, more "
+                  f"than the {budget / GIB:.1f} GiB usable of {available_bytes / GIB:.1f} GiB"
+                  + ("" if allow_qlora or cheapest.qlora else "; QLoRA (lora.qlora = true) would shrink the weights"))
+    else:
+        reason = (f"a batch holding the longest row ({longest_row:,} tokens) needs "
+                  f"{estimate_peak(shape, at_row).peak_gib:.1f} GiB with every memory lever, more than the "
+                  f"{budget / GIB:.1f} GiB usable; rows up to {longest:,} tokens would fit (data.max_length)")
+    return FitResult(False, cheapest, estimate_peak(shape, at_row), available_bytes, reason=reason,
+                     largest_max_length=longest)

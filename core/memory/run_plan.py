@@ -1,0 +1,98 @@
+"""The memory plan of a run: its model's shape (config only), its settings, the memory it can use, and auto-fit.
+
+What `hone plan` prints and the Train page shows before Start.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hone.core.config import RunConfig
+from hone.core.errors import ConfigError
+from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estimate_peak
+from hone.core.memory.fit import FitResult, auto_fit
+from hone.core.memory.shape import ModelShape, load_model_config
+
+GPU_OPTIMIZERS = ("adamw8bit",)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory a run can use: `available` bytes on `device` ("NVIDIA H200", "8 GiB as given"), `unified` when
+    the GPU allocates from system memory (DGX Spark), `gpu` False when there is no NVIDIA GPU at all."""
+
+    available: float
+    device: str
+    unified: bool = False
+    gpu: bool = True
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    shape: ModelShape
+    settings: MemorySettings
+    estimate: MemoryEstimate
+    memory: Memory | None
+    fit: FitResult | None
+    mean_row_tokens: float
+
+
+def parse_size(text: str) -> float:
+    """"8GiB", "12 GB", "24g", "16384MiB" -> bytes (GB and G are read as GiB, as GPU makers' labels mean)."""
+    found = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?b?)\s*", text.lower())
+    if not found:
+        raise ConfigError(f"cannot read the memory size {text!r}", "write it like 8GiB, 24GB or 16384MiB")
+    scale = {"": GIB, "k": 1024, "m": 1024**2, "g": GIB, "t": 1024**4}[found.group(2)]
+    return float(found.group(1)) * scale
+
+
+def detect_memory() -> Memory | None:
+    """Free memory of the first visible NVIDIA GPU (system memory on unified-memory GPUs); None without a GPU."""
+    from hone.core.telemetry import GPU, UNIFIED, Telemetry
+
+    telemetry = Telemetry()
+    try:
+        if not telemetry.has_gpu:
+            return None
+        sample = telemetry.sample()
+        free = sample.memory_total - sample.memory_used
+        return Memory(float(free), f"{sample.device} ({free / GIB:.1f} GiB free)",
+                      unified=sample.memory_source == UNIFIED, gpu=sample.memory_source in (GPU, UNIFIED))
+    finally:
+        telemetry.close()
+
+
+def settings_from_config(config: RunConfig, hf_config, *, cuda: bool = True, unified: bool = False,
+                         mean_row_tokens: float | None = None) -> tuple[MemorySettings, float]:
+    """The planner's settings for a run config, with `auto` resolved the way the trainer resolves it; and the mean
+    row length assumed (half of data.max_length unless given: the planner reads no data)."""
+    from hone.core.memory.bench_cases import resolve_checkpoint
+
+    speed, train = config.speed, config.train
+    mean_row = mean_row_tokens or max(min(config.data.max_length, train.batch_tokens) / 2, 1)
+    dtype = config.model.dtype
+    weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
+    checkpoint = resolve_checkpoint(speed.checkpoint, mean_row, hf_config, cuda=cuda, integrated=unified)
+    return MemorySettings(
+        batch_tokens=train.batch_tokens, lora_rank=config.lora.r, lora_experts=config.lora.experts,
+        qlora=config.lora.qlora, optimizer=train.optimizer, weight_bytes=weight_bytes, checkpoint=checkpoint,
+        host_embeddings=speed.host_embeddings and cuda, host_lm_head=speed.host_lm_head and cuda,
+        tiled_mlp=speed.tiled_mlp and speed.kernels and cuda, chunked_loss=speed.loss == "chunked",
+        kernels=speed.kernels and cuda), mean_row
+
+
+def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = False) -> RunPlan:
+    """Predict the run's peak, and fit it into `memory` when given."""
+    model = config.model
+    hf_config = load_model_config(model.name_or_path, model.gguf_file, model.revision, model.trust_remote_code)
+    shape = ModelShape.from_config(hf_config, model.name_or_path)
+    cuda = memory is not None and memory.gpu
+    settings, mean_row = settings_from_config(config, hf_config, cuda=cuda or memory is None,
+                                              unified=bool(memory and memory.unified))
+    estimate = estimate_peak(shape, settings)
+    fit = None
+    if memory is not None:
+        fit = auto_fit(shape, settings, memory.available, config.data.max_length, allow_qlora=allow_qlora,
+                       unified=memory.unified)
+    return RunPlan(shape, settings, estimate, memory, fit, mean_row)

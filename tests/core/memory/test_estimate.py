@@ -1,0 +1,87 @@
+"""The planner's arithmetic against sizes worked out by hand, and how each lever moves the peak."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hone.core.memory.estimate import GIB, NF4_BYTES, MemorySettings, estimate_peak
+from hone.core.memory.shape import ModelShape
+from hone.core.models.shapes import make_config
+
+# 2 layers, hidden 64, MLP 128, 4 query heads and 2 key/value heads of 16, vocabulary 1000, untied head.
+SMALL = ModelShape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, vocab=1000,
+                   tied_embeddings=False)
+
+
+def test_parameter_counts_by_hand():
+    # q 64x64, k and v 64x32 each, o 64x64; gate, up, down 64x128 each
+    assert SMALL.attention_params == 64 * 64 + 2 * 64 * 32 + 64 * 64 == 12288
+    assert SMALL.linear_params == 2 * (12288 + 3 * 64 * 128) == 73728
+    assert SMALL.table_params == 2 * 1000 * 64
+    # LoRA r4 on q (64+64), k, v (64+32 each), o (64+64), gate, up, down (64+128 each)
+    assert SMALL.lora_params(4) == 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128))
+
+
+def test_small_peak_by_hand():
+    settings = MemorySettings(batch_tokens=512, lora_rank=4, checkpoint="gpu", host_embeddings=False,
+                              host_lm_head=False, tiled_mlp=False, chunked_loss=False)
+    estimate = estimate_peak(SMALL, settings)
+    trainable = SMALL.lora_params(4)
+    assert estimate.part("weights") == 73728 * 2
+    assert estimate.part("vocabulary tables") == 2 * 1000 * 64 * 2
+    assert estimate.part("LoRA + optimizer") == trainable * 12  # fp32 weight + two fp32 Adam moments
+    assert estimate.part("checkpoints") == 2 * 512 * 64 * 2  # each layer's input, bf16
+    # the backward of a recomputed layer: LoRA gradients, two hidden-size tensors, the attention half's saved
+    # tensors (3 x hidden + 3 x (q + kv) widths), flash's workspace (8 bytes per query value + dq, dk, dv) and the
+    # untiled MLP (6 tensors of the intermediate width)
+    backward = (trainable * 4 + 2 * 512 * 64 * 2 + 512 * 2 * (3 * 64 + 3 * (64 + 32)) + 512 * 64 * 8
+                + 512 * (64 + 64) * 2 + 512 * 2 * 6 * 128)
+    # the plain loss: every logit in fp32 plus its bf16 copy and gradient, and the final hidden states
+    loss = 512 * 1000 * (4 + 4) + 512 * 64 * 2
+    assert estimate.phase == "loss" and estimate.part("step") == loss > backward
+    live = sum(p.bytes for p in estimate.parts if p.name != "allocator slack")
+    assert estimate.peak_bytes == pytest.approx(live * 1.04)
+
+
+def test_qwen3_8b_defaults_match_the_measured_composition():
+    """docs/performance/memory.md: 13.74 GiB allocated before the step with the defaults (12.94 of bf16 decoder
+    weights, 0.16 LoRA, 0.33 Adam, 0.25 reload buffers), the peak 16.74 GiB in a layer's no-grad forward."""
+    shape = ModelShape.from_config(make_config("dense-8b"))
+    estimate = estimate_peak(shape, MemorySettings(batch_tokens=16384))
+    assert estimate.part("weights") / GIB == pytest.approx(12.94, abs=0.01)
+    assert estimate.part("LoRA + optimizer") / GIB == pytest.approx(0.16 + 0.33, abs=0.01)
+    assert estimate.part("checkpoints") / GIB == pytest.approx(0.25, abs=0.001)
+    assert estimate.phase == "forward"
+    assert estimate.peak_gib == pytest.approx(16.74, rel=0.10)
+
+
+@pytest.mark.parametrize(("change", "smaller"), [
+    ({"qlora": True}, True), ({"optimizer": "adamw8bit"}, True), ({"checkpoint": "gpu"}, False),
+    ({"host_lm_head": False}, False), ({"tiled_mlp": False}, False), ({"batch_tokens": 4096}, True),
+])
+def test_each_lever_moves_the_peak_the_right_way(change, smaller):
+    shape = ModelShape.from_config(make_config("dense-8b"))
+    base = MemorySettings(batch_tokens=16384)
+    before, after = estimate_peak(shape, base).peak_bytes, estimate_peak(shape, dataclasses.replace(base, **change))
+    assert (after.peak_bytes < before) is smaller
+
+
+def test_qlora_weights_are_nf4():
+    shape = ModelShape.from_config(make_config("dense-8b"))
+    estimate = estimate_peak(shape, MemorySettings(batch_tokens=4096, qlora=True))
+    assert estimate.part("weights") == pytest.approx(shape.linear_params * NF4_BYTES)
+
+
+def test_moe_shape_from_config():
+    shape = ModelShape.from_config(make_config("moe-qwen3", 8))
+    assert (shape.experts, shape.top_k, shape.expert_intermediate, shape.moe_layers) == (128, 8, 768, 8)
+    # every expert's weights count; the router too
+    assert shape.mlp_params(True) == 128 * 3 * 2048 * 768 + 2048 * 128
+
+
+def test_vision_config_uses_its_language_model():
+    text = make_config("dense-0.6b").to_dict()
+    shape = ModelShape.from_config({"model_type": "qwen2_5_vl", "text_config": text})
+    assert (shape.layers, shape.hidden) == (28, 1024)
