@@ -62,6 +62,28 @@ class PackStream:
         return epoch + index / len(self.plan(epoch))
 
 
+def split_packs(packs: list[list[int]], lengths, parts: int) -> list[list[int]]:
+    """Each pack cut into up to `parts` micro-batches of whole rows with about equal tokens, rows in order.
+
+    After an out-of-memory error the trainer runs the same step again on smaller micro-batches: the step's rows,
+    and so its token-weighted loss and gradient, stay the same.
+    """
+    if parts <= 1:
+        return packs
+    out = []
+    for pack in packs:
+        target = -(-sum(int(lengths[i]) for i in pack) // parts)  # ceil
+        piece, tokens = [], 0
+        for row in pack:
+            if piece and tokens + int(lengths[row]) > target:
+                out.append(piece)
+                piece, tokens = [], 0
+            piece.append(row)
+            tokens += int(lengths[row])
+        out.append(piece)
+    return out
+
+
 class StepRunner:
     """One optimizer step and evaluation; holds what every step needs."""
 
@@ -123,6 +145,17 @@ class StepRunner:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hone-collate")
             self._pending = (id(dataset), next_packs, self._pool.submit(self._collate_packs, dataset, next_packs))
         return batches
+
+    def forget_step(self) -> None:
+        """Undo what a failed step left behind (an out-of-memory error mid-step): its gradients, the batches
+        collated ahead for it, and the allocator's cached blocks. The weights and optimizer state are untouched: the
+        optimizer only runs after every micro-batch's backward."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._pending is not None:
+            self._pending[2].cancel()
+            self._pending = None
+        if self.cuda:
+            torch.cuda.empty_cache()
 
     def close(self) -> None:
         """Stop the background collation thread and put the vocabulary tables back on the device (a run's end)."""

@@ -26,7 +26,10 @@ from hone.core.train.adapter_dir import save_adapter
 from hone.core.train.lora import apply_lora
 from hone.core.train.optim import build_optimizer, build_scheduler
 from hone.core.train.run_dir import ADAPTER_DIR, RunWriter, new_run_dir
-from hone.core.train.step import PackStream, StepRunner
+from hone.core.train.step import PackStream, StepRunner, split_packs
+
+OOM_ADVICE = ("lower train.batch_tokens, set speed.checkpoint = offload, or turn on lora.qlora (`hone plan RUN.toml` "
+              "says what fits)")
 
 
 def total_steps_for(config: RunConfig, stream: PackStream) -> int:
@@ -48,6 +51,7 @@ class Trainer:
         self.resume_dir = Path(resume_dir) if resume_dir else None
         self.device = device or pick_device()
         self.step = 0
+        self.split = 1  # micro-batches each pack runs as; doubled by every out-of-memory step
         self.writer: RunWriter | None = None
         self.step_loop: StepRunner | None = None
         self.model = None  # the peft model once loaded (tests and the demo read it after the run)
@@ -56,9 +60,7 @@ class Trainer:
     # ---- events ----
     def _emit(self, event: events.Event) -> events.Event:
         if self.writer is not None:
-            self.writer.write(event)
-            if isinstance(event, (events.Notice, events.RunFailed, events.CheckpointSaved)):
-                self.writer.log(f"{type(event).__name__}: {events.to_dict(event)}")
+            self.writer.write(event)  # metrics.jsonl, and train.log in words
         return event
 
     def run(self) -> Iterator[events.Event]:
@@ -72,11 +74,11 @@ class Trainer:
             yield from self._run()
         except HoneError as e:
             yield self._emit(events.RunFailed(reason=e.message, advice=e.advice, step=self.step))
-        except torch.cuda.OutOfMemoryError:
+        except torch.OutOfMemoryError:
             used = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
             yield self._emit(events.RunFailed(
                 reason=f"the GPU ran out of memory at step {self.step} ({used:.1f} GiB in use)",
-                advice="lower train.batch_tokens, set speed.checkpoint = offload, or turn on lora.qlora",
+                advice=OOM_ADVICE,
                 step=self.step, details=traceback.format_exc()))
         except Exception as e:  # anything else: keep the traceback in the log, tell the user where it is
             yield self._emit(events.RunFailed(reason=f"{type(e).__name__}: {e}", step=self.step,
@@ -162,7 +164,23 @@ class Trainer:
             position += len(packs)
             upcoming = ([stream.take(position + i) for i in range(config.train.grad_accum)]
                         if self.step + 1 < total else None)
-            metrics = step_loop.step(data.train, packs, self.step, total, next_packs=upcoming)
+            while True:  # an out-of-memory step runs again on smaller micro-batches of the same rows
+                lengths = data.train.lengths
+                try:
+                    metrics = step_loop.step(data.train, split_packs(packs, lengths, self.split), self.step, total,
+                                             next_packs=upcoming and split_packs(upcoming, lengths, self.split))
+                    break
+                except torch.OutOfMemoryError:
+                    step_loop.forget_step()
+                    if max(len(p) for p in split_packs(packs, lengths, self.split)) == 1:
+                        yield self._emit(self._checkpoint(run_dir, model, optimizer, scheduler, scaler,
+                                                          position - len(packs)))
+                        raise HoneError(f"the GPU ran out of memory at step {self.step + 1} even with one row per "
+                                        "micro-batch; the run is saved up to the step before", OOM_ADVICE) from None
+                    self.split *= 2
+                    yield self._emit(events.Notice(topic="memory", level="warning", message=(
+                        f"out of GPU memory at step {self.step + 1}: running each micro-batch as {self.split} "
+                        "smaller ones from now on (the same rows per step, so the loss curve stays comparable)")))
             self.step += 1
             for notice in setup.notices[emitted:]:  # speed paths may fall back mid-run (e.g. offload buffers)
                 yield self._emit(notice)
