@@ -9,6 +9,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from hone.app.run_checks import Machine
 from hone.app.settings import Settings
 from hone.app.threads import TrainerFactory, TrainSession, core_trainer
 from hone.core.config import RunConfig
@@ -21,11 +22,13 @@ class AppState(QObject):
         config_changed(RunConfig): the config changed (a page edited it, a preset was applied).
         model_info_changed(dict | None): details of the chosen model (ModelInfo as a dict), None while unknown.
         page_requested(str): a page asks the window to show another page (e.g. Start -> Monitor).
+        machine_changed(Machine): what this computer can run became known (read in the background at start).
     """
 
     config_changed = Signal(object)
     model_info_changed = Signal(object)
     page_requested = Signal(str)
+    machine_changed = Signal(object)
 
     def __init__(self, settings: Settings, trainer: TrainerFactory = core_trainer, parent: QObject | None = None):
         super().__init__(parent)
@@ -33,6 +36,11 @@ class AppState(QObject):
         self.config: RunConfig = settings.config()
         self.model_info: dict[str, Any] | None = self._cached_model_info(self.config.model.name_or_path)
         self.session = TrainSession(trainer, self)
+        self.machine: Machine | None = None  # None until read; nothing is refused for the machine until then
+
+    def set_machine(self, machine: Machine) -> None:
+        self.machine = machine
+        self.machine_changed.emit(machine)
 
     def set_config(self, config: RunConfig) -> None:
         """Replace the config (already validated) and tell every page."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtWidgets import (
     QApplication,
@@ -18,6 +20,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from shiboken6 import isValid
 
 from hone.app.compat import install_guards
 from hone.app.pages.base import Page
@@ -28,6 +31,7 @@ from hone.app.pages.model import ModelPage
 from hone.app.pages.monitor import MonitorPage
 from hone.app.pages.runs import RunsPage
 from hone.app.pages.train import TrainPage
+from hone.app.run_checks import Machine, detect_machine
 from hone.app.settings import Settings
 from hone.app.state import AppState
 from hone.app.theme import DARK, LIGHT, SYSTEM, Palette, Theme, icon, logo_pixmap
@@ -78,6 +82,20 @@ class RunBadge(QFrame):
             self.detail.setText(event.reason[:80])
             self.bar.hide()
 
+    def show_past_run(self, name: str, ended: Event | None, last_step: StepMetrics | None) -> None:
+        """A past run opened from Runs: say which, and how it ended."""
+        self.bar.hide()
+        if isinstance(ended, RunFinished):
+            self.title.setText("Stopped" if ended.stopped else "Finished")
+            self.detail.setText(f"{name} · step {ended.step:,} · loss {ended.final_loss:.3f}")
+        elif isinstance(ended, RunFailed):
+            self.title.setText("Failed")
+            self.detail.setText(f"{name} · {ended.reason[:60]}")
+        else:
+            self.title.setText("Interrupted")
+            step = f" · step {last_step.step:,}" if last_step else ""
+            self.detail.setText(f"{name}{step} · ended without saying how")
+
     def running_changed(self, running: bool) -> None:
         if running:
             self.title.setText("Starting")
@@ -92,10 +110,11 @@ class MainWindow(QMainWindow):
         trainer: what runs a training (the core Trainer; tests may pass another event source).
         theme: the application's Theme (created if None).
         telemetry: sample the GPU on a background thread (off for screenshots of non-monitor pages).
+        machine: what this computer can run (tests pass one); None reads it on a background thread.
     """
 
     def __init__(self, settings: Settings | None = None, trainer: TrainerFactory = core_trainer,
-                 theme: Theme | None = None, telemetry: bool = True):
+                 theme: Theme | None = None, telemetry: bool = True, machine: Machine | None = None):
         super().__init__()
         install_guards(QApplication.instance())
         self.settings = settings or Settings()
@@ -143,6 +162,11 @@ class MainWindow(QMainWindow):
             self.resize(1320, 860)
         self.show_page(self.settings.page() or "model")
         self._closing = False
+        if machine is not None:
+            self.state.set_machine(machine)
+        else:
+            state = self.state
+            Task(detect_machine, on_result=lambda found: state.set_machine(found) if isValid(state) else None)
 
     # ---- pages ----
     @property
@@ -160,6 +184,8 @@ class MainWindow(QMainWindow):
     def open_run(self, run_dir: str) -> None:
         """Show a past run in the Monitor (and make it the run Chat and Export offer)."""
         self.monitor.show_run(run_dir)
+        if not self.state.session.is_running:  # the badge follows a live run first
+            self.badge.show_past_run(Path(run_dir).name, self.monitor.ended, self.monitor.last_step)
         self.pages["chat"].select_run(run_dir)
         self.pages["export"].set_run(run_dir)
         self.show_page("monitor")

@@ -33,7 +33,7 @@ from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.threads import Task, TaskError
 from hone.app.widgets.charts import plot_widget
-from hone.app.widgets.common import Card, StatTile, label, set_role
+from hone.app.widgets.common import Card, Columns, StatTile, label, set_role
 from hone.core.config import DATA_FORMATS, DEMO_EVAL_DATA, DEMO_TRAIN_DATA, DataConfig, ModelConfig
 from hone.core.events import DatasetReport
 
@@ -132,19 +132,24 @@ class DataPage(Page):
         self.result: DataCheck | None = None
 
         files = Card("Files", "JSONL, JSON, CSV/TSV, Parquet, Arrow, a folder saved by `datasets`, or a hub id.")
-        lists = QHBoxLayout()
-        lists.setSpacing(14)
+        lists = Columns(2, stretches=(3, 2))  # one under the other where the window is too narrow
         self.train_list, train_box = self._file_list("Training", "train")
         self.eval_list, eval_box = self._file_list("Evaluation (optional)", "eval")
-        lists.addLayout(train_box, 3)
-        lists.addLayout(eval_box, 2)
-        files.body.addLayout(lists)
+        for box in (train_box, eval_box):
+            holder = QWidget()
+            box.setContentsMargins(0, 0, 0, 0)
+            holder.setLayout(box)
+            lists.add(holder)
+        files.body.addWidget(lists)
         options = QHBoxLayout()
         options.addWidget(label("Format"))
         self.format_box = QComboBox()
         for fmt in DATA_FORMATS:
             self.format_box.addItem(FORMAT_LABELS.get(fmt, fmt), fmt)
         self.format_box.setToolTip("How rows are read. Auto-detect looks at the columns of each file.")
+        # sized for a short name, not the longest one, so the row fits the window's minimum width
+        self.format_box.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.format_box.setMinimumContentsLength(14)
         self.format_box.currentIndexChanged.connect(self._format_changed)
         options.addWidget(self.format_box)
         self.demo_button = QPushButton("Use the demo data")

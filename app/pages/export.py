@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ from PySide6.QtWidgets import (
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.threads import Task, TaskError
-from hone.app.widgets.common import Card, label, set_role
+from hone.app.widgets.common import Card, human_bytes, label, set_role
 
 
 def export_formats() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
@@ -47,6 +50,86 @@ def run_export(run_dir: str, fmt: str, out: str, force: bool, progress) -> Any:
 
     return export_run(run_dir, fmt, out or None, force=force, progress=lambda stage, fraction: progress(
         (stage, fraction)))
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One read-back check as the page shows it: passed or not, what was checked, and the number if any."""
+
+    passed: bool
+    what: str
+    detail: str = ""
+
+
+def check_rows(checks: dict[str, float | str], failures: list[str]) -> list[CheckRow]:
+    """The verdicts among an export's checks, one row each; plain notes (numbers without a tolerance) are left out.
+
+    A compared number is recorded just before its tolerance (`CheckLog.within`), so each ".tolerance" entry
+    closes the number before it; yes/no checks are "ok" or "FAILED: why".
+    """
+    rows, previous = [], None
+    failed_names = {f.rsplit("(", 1)[-1].rstrip(")") for f in failures if f.endswith(")")}
+    for name, value in checks.items():
+        if name.endswith(".tolerance") and previous is not None and isinstance(value, float):
+            compared, number = previous
+            ok = compared not in failed_names and number <= value
+            rows.append(CheckRow(ok, _check_name(compared.rsplit(".", 1)[0]),
+                                 f"{_words(compared.rsplit('.', 1)[-1])} {number:.3g} "
+                                 f"{'≤' if ok else '>'} tolerance {value:.3g}"))
+        elif isinstance(value, str) and value == "ok":
+            rows.append(CheckRow(True, _check_name(name)))
+        elif isinstance(value, str) and value.startswith("FAILED"):
+            rows.append(CheckRow(False, _check_name(name), value.partition(":")[2].strip()))
+        previous = (name, value) if isinstance(value, float) else None
+    return rows
+
+
+def next_step(fmt: str, path: Path, files: list[Path]) -> str:
+    """The command (or code) that uses what an export wrote."""
+    name = fmt.partition(":")[0]
+    ggufs = [f for f in files if f.suffix == ".gguf"]
+    if name == "ollama":
+        modelfile = path / "Modelfile"
+        # the Modelfile's own comment names the model after the run: "# Create the model: ollama create NAME -f ..."
+        text = modelfile.read_text(encoding="utf-8") if modelfile.is_file() else ""
+        found = re.search(r"ollama create (\S+) -f", text)
+        model = found.group(1) if found else "my-model"
+        return f'ollama create {model} -f "{modelfile}"  then  ollama run {model}'
+    if name == "gguf" and ggufs:
+        return f'llama-cli -m "{ggufs[0]}"  (or load the file in LM Studio)'
+    if name == "gguf-lora" and ggufs:
+        return f'llama-cli -m BASE_MODEL.gguf --lora "{ggufs[0]}"'
+    if name == "merged":
+        return f'AutoModelForCausalLM.from_pretrained(r"{path}")  (transformers)'
+    return f'PeftModel.from_pretrained(base_model, r"{path}")  (peft)'
+
+
+def result_html(result: Any) -> str:
+    """An export's outcome for the page: verdict, each check passed or failed, the files with sizes, what next."""
+    rows = check_rows(result.checks, result.failures)
+    passed = sum(row.passed for row in rows)
+    head = (f"<b>Export checked: {passed} of {len(rows)} checks passed.</b>" if result.passed
+            else f"<b>Export written, but {len(rows) - passed} of {len(rows)} checks failed.</b>")
+    lines = [head]
+    lines += [f"{'✓' if row.passed else '✗'} {escape(row.what)}" + (f": {escape(row.detail)}" if row.detail else "")
+              for row in rows]
+    if all(row.passed for row in rows):  # a failure no check row carries: say it as core wrote it
+        lines += [f"✗ {escape(failure)}" for failure in result.failures]
+    sizes = [f"{escape(f.name)} ({human_bytes(f.stat().st_size)})" for f in result.files if f.is_file()]
+    lines.append(f"<br>Files in {escape(str(result.path))}: {', '.join(sizes)}")
+    if result.passed:
+        command = next_step(result.format, Path(result.path), result.files)
+        lines.append(f"Next: <code>{escape(command, quote=False)}</code>")
+    return "<br>".join(lines)
+
+
+def _check_name(stem: str) -> str:
+    return " › ".join(_words(part) for part in stem.split("."))
+
+
+def _words(part: str) -> str:
+    # quantization type names (q4_0, f16, bf16) keep their underscore; other names read as words
+    return part if re.fullmatch(r"[a-z]*\d+(_\d+)?", part) else part.replace("_", " ")
 
 
 class ExportPage(Page):
@@ -134,7 +217,8 @@ class ExportPage(Page):
             hint = label(description[0].upper() + description[1:] + ".", "muted", wrap=True)
             row.addWidget(hint, 1)
             self.formats_layout.addLayout(row)
-            button.toggled.connect(self._format_changed)
+            # toggled fires for the button turned off and the one turned on: refill the types once, for the latter
+            button.toggled.connect(lambda checked: self._format_changed() if checked else None)
         type_row = QHBoxLayout()
         self.type_label = label("Type")
         self.type_box = QComboBox()
@@ -150,8 +234,8 @@ class ExportPage(Page):
             self.formats_note.setText("This installation of Hone has no exporter (hone.core.export is missing).")
         self._format_changed()
 
-    def _format_changed(self, *_: Any) -> None:
-        types = self.format_types.get(self.selected_format(), {})
+    def _format_changed(self) -> None:
+        types = self.format_types.get(self.checked_format(), {})
         self.type_box.blockSignals(True)
         self.type_box.clear()
         for name, description in types.items():
@@ -162,13 +246,15 @@ class ExportPage(Page):
         self._suggest_out()
         self._update_buttons()
 
+    def checked_format(self) -> str:
+        """The format whose button is checked, without a type ("gguf"); "" when none is."""
+        return next((fmt for fmt, button in self.format_buttons.items() if button.isChecked()), "")
+
     def selected_format(self) -> str:
         """The format with its type, as export_run takes it (e.g. "gguf:q8_0")."""
-        for fmt, button in self.format_buttons.items():
-            if button.isChecked():
-                kind = self.type_box.currentData() if self.format_types.get(fmt) else None
-                return f"{fmt}:{kind}" if kind else fmt
-        return ""
+        fmt = self.checked_format()
+        kind = self.type_box.currentData() if self.format_types.get(fmt) else None
+        return f"{fmt}:{kind}" if kind else fmt
 
     def select_format(self, fmt: str) -> None:
         name, _, kind = fmt.partition(":")
@@ -229,6 +315,7 @@ class ExportPage(Page):
         self.open_button.setEnabled(False)
         self.task = Task(run_export, run_dir, fmt, out, self.force_box.isChecked(),
                          on_result=self._done, on_error=self._failed, on_progress=self._progress)
+        self.task.finished.connect(self._update_buttons)  # the task counts as running until its thread ends
 
     def _progress(self, value: tuple[str, float]) -> None:
         stage, fraction = value
@@ -238,14 +325,10 @@ class ExportPage(Page):
     def _done(self, result: Any) -> None:
         self.result = result
         self.progress.setValue(1000)
-        count = len(result.files)
-        lines = [f"Wrote {count} file{'s' if count != 1 else ''} to {result.path}"]
-        numbers = [f"{name} {value:.3g}" if isinstance(value, float) else f"{name} {value}"
-                   for name, value in result.checks.items() if not name.endswith(".tolerance")]
-        if numbers:
-            lines.append("Checks: " + ", ".join(numbers))
-        lines += [f"Check failed: {failure}" for failure in result.failures]
-        self.status.setText("\n".join(lines))
+        self.status.setText(result_html(result))
+        self.status.setToolTip("Every number the read-back recorded:\n" + "\n".join(
+            f"{name} = {value:.4g}" if isinstance(value, float) else f"{name} = {value}"
+            for name, value in result.checks.items()))
         set_role(self.status, "ok" if result.passed else "error")
         self.out_edit.setText(str(result.path))
         self.open_button.setEnabled(True)

@@ -60,7 +60,8 @@ class ModelPage(Page):
         self.demo_button.setToolTip("SmolLM2-135M-Instruct, bundled with Hone Studio: trains on any machine.")
         self.demo_button.clicked.connect(lambda: self.choose(DEMO_MODEL))
         demo_row.addWidget(self.demo_button)
-        demo_row.addWidget(label("SmolLM2-135M-Instruct ships with Hone Studio and needs no download.", "muted"))
+        demo_row.addWidget(label("SmolLM2-135M-Instruct ships with Hone Studio and needs no download.", "muted",
+                                 wrap=True), 1)  # wraps rather than widen the page past the window
         demo_row.addStretch(1)
         source.body.addLayout(demo_row)
         self.busy = QProgressBar()

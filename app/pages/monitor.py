@@ -115,11 +115,11 @@ class MonitorPage(Page):
             tiles.addWidget(tile)
         self.body.addLayout(tiles)
 
-        self.loss_chart = LiveChart("Loss", y_format="{:.4f}")
+        self.loss_chart = LiveChart("Loss", y_format="{:.4f}", steps=True)
         self.loss_chart.add_line("raw", "loss", "loss", width=1.2)
         self.loss_chart.add_line("smooth", "smoothed", "smooth", width=2.4)
         self.loss_chart.add_line("eval", "eval loss", "eval", width=2.0, symbol="o")
-        self.speed_chart = LiveChart("Throughput", unit="tokens/s", y_format="{:,.0f}")
+        self.speed_chart = LiveChart("Throughput", unit="tokens/s", y_format="{:,.0f}", steps=True)
         self.speed_chart.add_line("tps", "tokens/s", "speed")
         self.memory_chart = LiveChart("Memory", unit="GiB", y_format="{:.2f}")
         self.memory_chart.add_line("device", "device used", "mem_device", width=2.0)
@@ -127,7 +127,7 @@ class MonitorPage(Page):
         self.memory_chart.add_line("allocated", "allocated (peak)", "mem_alloc", width=2.0)
         self.util_chart = LiveChart("GPU utilization", unit="%", y_format="{:.0f}")
         self.util_chart.add_line("util", "utilization", "util")
-        self.lr_chart = LiveChart("Learning rate", y_format="{:.2e}")
+        self.lr_chart = LiveChart("Learning rate", y_format="{:.2e}", steps=True)
         self.lr_chart.add_line("lr", "learning rate", "lr")
         self.expert_chart = BarChart("Expert load (tokens routed per expert)")
         self.expert_chart.hide()
@@ -180,7 +180,9 @@ class MonitorPage(Page):
         self.smoother = SmoothedLoss()
         self.step_times: deque[float] = deque(maxlen=ETA_WINDOW)
         self.started: RunStarted | None = None
+        self.t0: float | None = None  # when the run first started: a resumed run's time axis continues from it
         self.last_step: StepMetrics | None = None
+        self.ended: RunFinished | RunFailed | None = None
         self.expert_totals: list[float] = []
         self.status = "idle"
         self._log_step_at = 0.0
@@ -194,8 +196,15 @@ class MonitorPage(Page):
     def handle(self, event: Event) -> None:
         """Take one core event into the charts, numbers and log (live or replayed)."""
         if isinstance(event, RunStarted):
-            self._reset()
+            if event.resumed_from_step and self.live and self.last_step is None:
+                self._replay_before(event)  # live: the steps before the checkpoint come from the run folder
+            if event.resumed_from_step and self.last_step is not None:
+                self._continue_at(event.resumed_from_step)
+            else:
+                self._reset()
+                self.t0 = event.time
             self.started = event
+            self.ended = None
             self.status = "running"
             self.header.title.setText("Monitor")
             self.header.subtitle.setText(f"{Path(event.run_dir).name} · {event.model} on {event.device} "
@@ -233,12 +242,17 @@ class MonitorPage(Page):
             self._log(event, f"Resumed at step {event.step}")
         elif isinstance(event, RunFinished):
             self.status = "stopped" if event.stopped else "finished"
+            self.ended = event
             eval_text = f", eval loss {event.eval_loss:.4f}" if event.eval_loss is not None else ""
             self._log(event, f"{'Stopped' if event.stopped else 'Finished'} at step {event.step} after "
                              f"{human_duration(event.elapsed)}: loss {event.final_loss:.4f}{eval_text}. "
                              f"Adapter: {event.adapter_dir}")
         elif isinstance(event, RunFailed):
             self.status = "failed"
+            self.ended = event
+            self.header.subtitle.setText(f"Failed: {event.reason}")
+            if self.last_step is None:
+                self.loss_chart.set_empty_text("The run failed before its first step; the log below says why")
             self._log(event, f"Failed at step {event.step}: {event.reason}")
             if event.advice:
                 self._log(event, f"Advice: {event.advice}")
@@ -374,6 +388,7 @@ class MonitorPage(Page):
         labels = {"idle": "Idle", "starting": "Starting", "running": "Training", "paused": "Paused",
                   "finished": "Finished", "stopped": "Stopped", "failed": "Failed"}
         self.status_pill.setText(labels.get(self.status, self.status))
+        self._colour_pill()
         if step:
             fraction = step.step / step.total_steps if step.total_steps else 0.0
             self.progress.setValue(int(fraction * 1000))
@@ -382,8 +397,12 @@ class MonitorPage(Page):
             left = eta_seconds(self.step_times, step.total_steps - step.step)
             self.eta_text.setText(f"ETA {human_duration(left)}" if self.status in ("running", "paused") else "")
             smooth = self.loss_chart.series["smooth"].buffer
-            self.loss_tile.set(f"{smooth.y[-1]:.4f}" if smooth.n else "—",
-                               f"raw {step.loss:.4f} · grad norm {step.grad_norm:.2f}")
+            smooth_text = f"smoothed {smooth.y[-1]:.4f} · " if smooth.n else ""
+            if isinstance(self.ended, RunFinished):  # the number a finished run is remembered by
+                self.loss_tile.set(f"{self.ended.final_loss:.4f}", f"final loss · {smooth_text}"
+                                                                    f"grad norm {step.grad_norm:.2f}")
+            else:
+                self.loss_tile.set(f"{step.loss:.4f}", f"{smooth_text}grad norm {step.grad_norm:.2f}")
             self.speed_tile.set(f"{step.tokens_per_s:,.0f}",
                                 f"{step.step_time:.2f} s/step · packing {step.packing_efficiency:.0%}")
         elif self.status in ("idle", "starting"):
@@ -393,23 +412,74 @@ class MonitorPage(Page):
             self.loss_tile.set("—", "")
             self.speed_tile.set("—", "")
         sample = getattr(self, "_sample", None)
-        if sample is not None:
-            source = {"gpu": "", "unified": " (unified memory)"}.get(sample.memory_source, " (system)")
-            self.memory_tile.set(f"{human_bytes(sample.memory_used)}",
-                                 f"of {human_bytes(sample.memory_total)}{source}")
-            if step and step.mem_allocated:
-                self.memory_tile.set(self.memory_tile.value(), f"of {human_bytes(sample.memory_total)}{source} · "
-                                                               f"run peak {human_bytes(step.mem_allocated)}")
-            parts = [f"{sample.temperature:.0f} °C" if sample.temperature is not None else "",
-                     f"{sample.power:.0f} W" if sample.power is not None else ""]
-            self.gpu_tile.set(f"{sample.utilization:.0f}%" if sample.utilization is not None else "—",
-                              " · ".join(p for p in parts if p) or sample.device)
-            self.util_chart.headline.setText(" · ".join([sample.device] + [p for p in parts if p]))
-        elif step and step.mem_allocated:
-            self.memory_tile.set(human_bytes(step.mem_allocated), f"reserved {human_bytes(step.mem_reserved)}")
+        past = self.started is not None and not self.live  # a run opened from Runs: this machine's now means nothing
+        if past or sample is None:
+            self._run_memory_tiles(step)
+            return
+        no_gpu = sample.memory_source == "system"
+        self.memory_tile.set_title("System memory" if no_gpu else "GPU memory")
+        self.gpu_tile.set_title("Device" if no_gpu else "GPU")
+        source = {"gpu": "", "unified": " (unified memory)"}.get(sample.memory_source, " (system)")
+        detail = f"of {human_bytes(sample.memory_total)}{source}"
+        if step and step.mem_allocated:
+            detail += f" · run peak {human_bytes(step.mem_allocated)}"
+        self.memory_tile.set(human_bytes(sample.memory_used), detail)
+        if no_gpu:
+            self.gpu_tile.set("CPU", "no NVIDIA GPU: nothing to measure")
+            self.util_chart.headline.setText("no NVIDIA GPU")
+            self.util_chart.set_empty_text("No NVIDIA GPU on this computer, so there is no GPU load to show")
+            return
+        parts = [f"{sample.temperature:.0f} °C" if sample.temperature is not None else "",
+                 f"{sample.power:.0f} W" if sample.power is not None else ""]
+        self.gpu_tile.set(f"{sample.utilization:.0f}%" if sample.utilization is not None else "—",
+                          " · ".join(p for p in parts if p) or sample.device)
+        self.util_chart.headline.setText(" · ".join([sample.device] + [p for p in parts if p]))
+
+    def _run_memory_tiles(self, step: StepMetrics | None) -> None:
+        """Memory as the run itself recorded it (a past run, or no telemetry)."""
+        self.memory_tile.set_title("Run memory")
+        self.gpu_tile.set_title("Device")
+        if step and step.mem_allocated:
+            self.memory_tile.set(human_bytes(step.mem_allocated), f"peak allocated · reserved "
+                                                                  f"{human_bytes(step.mem_reserved)}")
+        else:
+            self.memory_tile.set("—", "not recorded (CPU run)" if self.started else "")
+        self.gpu_tile.set(self.started.device if self.started else "—", "")
+
+    def _colour_pill(self) -> None:
+        # a failure must read as one at a glance; every other state keeps the stylesheet's pill colours
+        if self.status == "failed" and self.palette_:
+            self.status_pill.setStyleSheet(f"background: {self.palette_.danger}; color: #ffffff;")
+        else:
+            self.status_pill.setStyleSheet("")
 
     def _seconds(self, event: Event) -> float:
-        return event.time - self.started.time if self.started else 0.0
+        return event.time - self.t0 if self.t0 is not None else 0.0
+
+    # ---- resumed runs ----
+    def _replay_before(self, started: RunStarted) -> None:
+        """Take in what the run's folder holds from before this (resumed) start."""
+        from hone.core.train.run_dir import read_events
+
+        show_dialogs, self.show_dialogs = self.show_dialogs, False
+        try:
+            for earlier in read_events(started.run_dir):
+                if isinstance(earlier, RunStarted) and earlier.time >= started.time:
+                    break
+                self.handle(earlier)
+        finally:
+            self.show_dialogs = show_dialogs
+
+    def _continue_at(self, step: int) -> None:
+        """A resumed run continues from its checkpoint at `step`: keep every point up to it, drop the steps after
+        it (they are trained again), and smooth the loss on from the kept points."""
+        for chart in (self.loss_chart, self.speed_chart, self.lr_chart):
+            chart.keep_until(step)
+        self.smoother = SmoothedLoss()
+        _, raw = self.loss_chart.points("raw")
+        smooth = [self.smoother.add(float(value)) for value in raw]
+        self.loss_chart.set_points("smooth", self.loss_chart.points("raw")[0], smooth)
+        self.step_times.clear()
 
     def _log(self, event: Event, text: str) -> None:
         stamp = time.strftime("%H:%M:%S", time.localtime(event.time))

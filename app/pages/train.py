@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QButtonGroup, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
 from hone.app.pages.base import Page
 from hone.app.presets import PRESETS, PRESETS_BY_NAME, matching_preset
+from hone.app.run_checks import run_problems
 from hone.app.theme import Palette, icon
+from hone.app.threads import Task
 from hone.app.widgets.common import Card, label, set_role
-from hone.app.widgets.config_form import ConfigForm, field_label
+from hone.app.widgets.config_form import ConfigForm
+from hone.app.widgets.memory_estimate import MemoryEstimateView
 from hone.core.config import RunConfig
 from hone.core.errors import ConfigError
 from hone.core.events import RunStarted
 
 MOE_KEY = "speed.moe_backend"
+ESTIMATE_DELAY_MS = 400  # edits in a row (typing a number) start one estimate, not one per keystroke
+
+
+def plan_memory(config: RunConfig, memory_source):
+    """The run's memory plan against what `memory_source()` finds (on a worker thread: reads the model config)."""
+    from hone.core.memory.run_plan import plan_run
+
+    return plan_run(config, memory_source(), allow_qlora=True)
+
+
+def detect_memory():
+    from hone.core.memory.run_plan import detect_memory as detect
+
+    return detect()
 
 
 class TrainPage(Page):
@@ -60,8 +77,18 @@ class TrainPage(Page):
         self.summary_text = label("", wrap=True, selectable=True)
         self.problems = label("", "error", wrap=True)
         self.summary.body.addWidget(self.summary_text)
+        self.memory = MemoryEstimateView()
+        self.memory.fix_requested.connect(lambda assignments: self.state.update(*assignments))
+        self.summary.body.addWidget(self.memory)
         self.summary.body.addWidget(self.problems)
         self.body.addWidget(self.summary)
+        # What memory the estimate is held against: the first GPU's free memory (tests give their own).
+        self.memory_source = detect_memory
+        self.estimate_task: Task | None = None
+        self._estimate_timer = QTimer(self)
+        self._estimate_timer.setSingleShot(True)
+        self._estimate_timer.setInterval(ESTIMATE_DELAY_MS)
+        self._estimate_timer.timeout.connect(self._estimate)
 
         self.form = ConfigForm()
         self.form.changed.connect(self._form_changed)
@@ -72,6 +99,7 @@ class TrainPage(Page):
         state.config_changed.connect(self._config_changed)
         state.model_info_changed.connect(lambda _info: self._refresh())
         state.session.running_changed.connect(lambda _running: self._refresh())
+        state.machine_changed.connect(lambda _machine: self._refresh())
         state.session.event.connect(self._event)
         self.form.set_config(state.config)
         self._refresh()
@@ -98,13 +126,16 @@ class TrainPage(Page):
         self.state.page_requested.emit("monitor")
 
     def problem_list(self) -> list[str]:
-        """Every reason Start is not possible yet, in words."""
-        problems = [f"{field_label(key) if key in self.form.editors else key}: {message}"
-                    for key, message in self.form.errors().items()]
+        """Every reason Start is not possible yet, in words: the form's checks, then what the trainer would refuse
+        on this machine (GPU-only choices without a GPU, missing data, settings that contradict each other)."""
+        errors = self.form.errors()
+        problems = list(errors.values())
         if not self.state.config.model.name_or_path:
             problems.append("Choose a model on the Model page.")
         if not self.state.config.data.train:
             problems.append("Choose training data on the Data page.")
+        if not errors:
+            problems += run_problems(self.form.config(), self.state.machine)
         return problems
 
     # ---- syncing with the state ----
@@ -157,12 +188,41 @@ class TrainPage(Page):
         self.summary_text.setText(
             f"<b>{_short(config.model.name_or_path)}</b> · data {data_text} · {method} rank {config.lora.r} · "
             f"{steps} · {config.train.batch_tokens:,} tokens per batch × {config.train.grad_accum}")
+        if self.isVisible():  # estimated for the page in view only: loading a model's config is not free
+            self._estimate_timer.start()
         problems = self.problem_list()
         self.problems.setText("\n".join(problems))
         self.problems.setVisible(bool(problems))
         running = self.state.session.is_running
         self.start_button.setEnabled(not problems and not running)
         self.start_button.setText("Training…" if running else "Start training")
+        # a running trainer has already read its config: editing it now would change nothing and mislead
+        for widget in (self.form, self.load_button, *self.preset_buttons.values()):
+            widget.setEnabled(not running)
+        self.form.setToolTip("The settings of the run in progress; edit them once it has ended." if running else "")
+
+    def shown(self) -> None:
+        super().shown()
+        self._estimate_timer.start()
+
+    def _estimate(self) -> None:
+        """Predict the run's peak memory in the background; a newer config's estimate replaces an older one."""
+        config = self.state.config
+        if self.state.model_info is None:  # nothing chosen yet: reading a config would load torch for nothing
+            self.memory.show_waiting("Memory: choose a model to see what the run needs.")
+            return
+        if Task.running():
+            # One background job at a time: a first import of transformers on two threads at once can fail (its
+            # lazy module is not thread-safe), and the model's inspection or the data check come first anyway.
+            self._estimate_timer.start()
+            return
+
+        def show(plan, asked=config):
+            if asked == self.state.config:
+                self.memory.show_plan(plan)
+
+        self.estimate_task = Task(plan_memory, config, self.memory_source, on_result=show,
+                                  on_error=lambda error: self.memory.show_failure(error.message))
 
     def _open_config(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open run config", "", "Run configs (*.toml);;All files (*)")

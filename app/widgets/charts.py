@@ -16,9 +16,26 @@ from hone.app.theme import Palette
 from hone.app.widgets.common import Card
 
 
-def plot_widget(min_height: int) -> pg.PlotWidget:
-    """A pyqtgraph plot as every chart here uses it: no context menu, no auto-range button."""
-    plot = pg.PlotWidget()
+class StepAxis(pg.AxisItem):
+    """An x axis of optimizer steps: ticks only at whole steps (no 1.5 or 2.5 while a run is short)."""
+
+    def tickValues(self, minVal, maxVal, size):
+        levels = []
+        for spacing, values in super().tickValues(minVal, maxVal, size):
+            if spacing >= 1:
+                levels.append((spacing, values))
+            else:  # finer than a step: the whole steps in view instead
+                levels.append((1.0, [float(v) for v in range(int(np.ceil(minVal)), int(np.floor(maxVal)) + 1)]))
+                break
+        return levels
+
+
+def plot_widget(min_height: int, steps: bool = False) -> pg.PlotWidget:
+    """A pyqtgraph plot as every chart here uses it: no context menu, no auto-range button; `steps` puts whole
+    optimizer steps on the x axis, labelled so."""
+    plot = pg.PlotWidget(axisItems={"bottom": StepAxis("bottom")} if steps else None)
+    if steps:
+        plot.getPlotItem().setLabel("bottom", "step")
     plot.setMinimumHeight(min_height)
     plot.setMenuEnabled(False)
     plot.hideButtons()
@@ -84,14 +101,16 @@ class LiveChart(Card):
         title: card title.
         unit: shown next to the latest value in the card header.
         y_format: formats the headline value (the latest point of the first series).
+        steps: the x axis counts optimizer steps (labelled "step", whole-step ticks).
     """
 
-    def __init__(self, title: str, unit: str = "", y_format: str = "{:.4g}", parent: QWidget | None = None):
+    def __init__(self, title: str, unit: str = "", y_format: str = "{:.4g}", parent: QWidget | None = None,
+                 steps: bool = False):
         super().__init__(title, parent=parent)
         self._unit = unit
         self._y_format = y_format
         self.headline = _headline(self)
-        self.plot = plot_widget(150)
+        self.plot = plot_widget(150, steps=steps)
         item = self.plot.getPlotItem()
         item.showGrid(x=False, y=True, alpha=0.25)
         item.setClipToView(True)
@@ -122,6 +141,14 @@ class LiveChart(Card):
         series = self.series[key]
         series.buffer.replace(xs, ys)
         series.dirty = True
+
+    def keep_until(self, x_max: float) -> None:
+        """Drop every point right of `x_max` (a resumed run redoes the steps after its checkpoint)."""
+        for series in self.series.values():
+            keep = series.buffer.x <= x_max
+            if not keep.all():
+                series.buffer.replace(series.buffer.x[keep], series.buffer.y[keep])
+                series.dirty = True
 
     def points(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         buffer = self.series[key].buffer
@@ -171,7 +198,12 @@ class LiveChart(Card):
         self._place_empty()
 
     def _place_empty(self) -> None:
-        self._empty.setGeometry(0, 0, self.plot.width(), self.plot.height())
+        # over the plotting area only, so the hint never sits on the axis ticks
+        area = self.plot.mapFromScene(self.plot.getPlotItem().getViewBox().sceneBoundingRect()).boundingRect()
+        if area.width() < 40 or area.height() < 20:  # not laid out yet
+            area = self.plot.rect()
+        self._empty.setGeometry(area)
+        self._empty.setWordWrap(True)
 
     def _style(self, series: _Series) -> None:
         colour = getattr(self._palette, series.colour_key)

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLayout,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
 
 
 def set_role(widget: QWidget, role: str) -> QWidget:
@@ -53,6 +62,66 @@ class PageHeader(QWidget):
         layout.addLayout(self.actions)
 
 
+class Columns(QWidget):
+    """Widgets side by side while the width allows each its minimum, else one under another (the window's
+    minimum width must not cut off what the right-hand column holds).
+
+    The widget asks only for the width of its widest child, so an enclosing scroll area can make it narrower
+    than the side-by-side layout needs; it then re-lays its children in one column.
+    """
+
+    def __init__(self, columns: int = 2, spacing: int = 14, stretches: tuple[int, ...] = (),
+                 parent: QWidget | None = None):
+        super().__init__(parent)
+        self._grid = QGridLayout(self)
+        self._grid.setContentsMargins(0, 0, 0, 0)
+        self._grid.setSpacing(spacing)
+        self._grid.setSizeConstraint(QLayout.SetNoConstraint)  # the minimum width is ours, see minimumSizeHint
+        self._columns = columns
+        self._stretches = stretches or (1,) * columns
+        self._widgets: list[QWidget] = []
+        self._shown_columns = 0
+
+    def add(self, widget: QWidget) -> None:
+        self._widgets.append(widget)
+        self._arrange(self._columns, force=True)
+
+    def columns(self) -> int:
+        return self._shown_columns
+
+    def minimumSizeHint(self) -> QSize:
+        width = max((w.minimumSizeHint().width() for w in self._widgets), default=0)
+        return QSize(width, self._grid.minimumSize().height())
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.minimumSizeHint().width(), self._grid.sizeHint().height())
+
+    def hasHeightForWidth(self) -> bool:
+        return False
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._arrange(self._fitting_columns(event.size().width()))
+
+    def _fitting_columns(self, width: int) -> int:
+        rows = [self._widgets[i:i + self._columns] for i in range(0, len(self._widgets), self._columns)]
+        needed = max((sum(w.minimumSizeHint().width() for w in row) + self._grid.spacing() * (len(row) - 1)
+                      for row in rows), default=0)
+        return self._columns if needed <= width else 1
+
+    def _arrange(self, columns: int, force: bool = False) -> None:
+        if columns == self._shown_columns and not force:
+            return
+        self._shown_columns = columns
+        for widget in self._widgets:
+            self._grid.removeWidget(widget)
+        for i, widget in enumerate(self._widgets):
+            self._grid.addWidget(widget, i // columns, i % columns, Qt.AlignTop)
+        for column in range(self._columns):
+            self._grid.setColumnStretch(column, self._stretches[column] if column < columns else 0)
+        self.updateGeometry()
+
+
 class Card(QFrame):
     """A rounded panel with an optional title; put content in `body`."""
 
@@ -97,6 +166,12 @@ class StatTile(QFrame):
         self._detail.setObjectName("StatDetail")
         for widget in (self._title, self._value, self._detail):
             layout.addWidget(widget)
+
+    def set_title(self, title: str) -> None:
+        self._title.setText(title.upper())
+
+    def title(self) -> str:
+        return self._title.text()
 
     def set(self, value: str, detail: str | None = None) -> None:
         self._value.setText(value)
@@ -146,11 +221,12 @@ class InfoGrid(QWidget):
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit in ("GB", "TB") else f"{n:.0f} {unit}"
+    """Bytes in binary units, named as such: 8 * 2**30 -> "8.0 GiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit in ("GiB", "TiB") else f"{n:.0f} {unit}"
         n /= 1024
-    return f"{n:.1f} TB"
+    return f"{n:.1f} TiB"
 
 
 def human_count(n: float) -> str:

@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
-    QGridLayout,
     QLabel,
     QLineEdit,
     QSpinBox,
@@ -29,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from hone.app.widgets.common import Card, label, set_invalid
+from hone.app.widgets.common import Card, Columns, label, set_invalid
 from hone.core.config import SECTIONS, RunConfig
 from hone.core.errors import ConfigError
 
@@ -53,10 +52,26 @@ LABELS = {
     "data.train_on": "Train on", "data.max_length": "Max length (tokens)",
     "data.image_max_side": "Image max side (px)", "data.eval_fraction": "Eval fraction",
     "model.trust_remote_code": "Trust remote code", "output.runs_dir": "Runs folder", "output.name": "Run name",
+    "model.name_or_path": "Model", "data.train": "Training data", "data.eval": "Evaluation data",
+    "speed.tiled_mlp": "Tiled MLP backward", "speed.loss": "Loss", "speed.attention": "Attention",
+    "speed.grouped_attention_backward": "Grouped attention backward", "output.checkpoint_every": "Checkpoint every",
+    "output.keep_checkpoints": "Checkpoints kept", "train.eval_every": "Evaluate every (steps)",
+    "model.dtype": "Weight type",
 }
+# Choices in words; the value the config stores is each item's data (and in its tooltip).
 CHOICE_LABELS = {
     "speed.moe_backend": {"auto": "Auto", "grouped_mm": "grouped_mm", "triton": "Triton", "torch": "PyTorch",
                           "eager": "transformers eager"},
+    "speed.checkpoint": {"auto": "Auto", "off": "Off (keep every activation)", "gpu": "Recompute",
+                         "offload": "Offload to host memory", "offload-double": "Offload, two reload buffers"},
+    "speed.attention": {"auto": "Auto", "varlen": "Varlen (PyTorch)", "flash": "FlashAttention",
+                        "sdpa": "SDPA with a block mask", "hf": "transformers' own"},
+    "speed.loss": {"chunked": "Chunked (less memory)", "plain": "Plain (all logits at once)"},
+    "train.schedule": {"cosine": "Cosine decay", "linear": "Linear decay", "constant": "Constant"},
+    "train.optimizer": {"adamw": "AdamW", "adamw-bf16": "AdamW, 16-bit state", "adamw8bit": "AdamW 8-bit"},
+    "model.dtype": {"auto": "Auto", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"},
+    "data.overlong": {"truncate": "Truncate", "drop": "Drop the row"},
+    "data.train_on": {"assistant": "Assistant replies", "all": "Every token"},
 }
 
 _WHERE = re.compile(r"^(?:[^:]*: )?(?:unknown setting )?(\w+)\.(\w+)")
@@ -116,16 +131,15 @@ class ConfigForm(QWidget):
         self._error_labels: dict[str, QLabel] = {}
         self._notes: dict[str, QLabel] = {}
         self._hints = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
-        grid = QGridLayout(self)
-        grid.setContentsMargins(0, 0, 0, 0)
-        grid.setSpacing(14)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        self.columns = Columns(2)  # one column where the window is too narrow for two
+        outer.addWidget(self.columns)
         self.cards: dict[str, Card] = {}
-        for i, section in enumerate(SECTION_ORDER):
+        for section in SECTION_ORDER:
             card = self._section_card(section)
             self.cards[section] = card
-            grid.addWidget(card, i // 2, i % 2, Qt.AlignTop)
-        grid.setColumnStretch(0, 1)
-        grid.setColumnStretch(1, 1)
+            self.columns.add(card)
         self.set_config(self._base)
 
     # ---- building ----
@@ -144,7 +158,7 @@ class ConfigForm(QWidget):
             editor = self._editor(key, self._hints[section][f.name], f.metadata)
             if editor is None:
                 continue
-            help_text = f.metadata.get("help", "")
+            help_text = f.metadata.get("help", "").replace("`", "") + f"\n\n{key}"
             editor.setToolTip(help_text)
             editor.setObjectName(key)
             name = QLabel(field_label(key))
@@ -175,6 +189,7 @@ class ConfigForm(QWidget):
             names = CHOICE_LABELS.get(key, {})
             for choice in choices:
                 editor.addItem(names.get(choice, choice), choice)
+                editor.setItemData(editor.count() - 1, f"{key} = {choice}", Qt.ToolTipRole)
             editor.currentIndexChanged.connect(self._edited)
         elif hint is bool:
             editor = QCheckBox()
@@ -263,6 +278,11 @@ class ConfigForm(QWidget):
                     cls(**data[section])
                 except ConfigError as e:
                     found[_field_of(e) or f"{section}."] = _sentence(e)
+        if not found:  # checks across sections live on RunConfig itself
+            try:
+                RunConfig.from_dict(data, source="the form")
+            except ConfigError as e:
+                found[_field_of(e) or "run."] = _sentence(e)
         return found
 
     def is_valid(self) -> bool:
@@ -302,4 +322,20 @@ def _field_of(error: ConfigError) -> str | None:
 
 
 def _sentence(error: ConfigError) -> str:
-    return f"{error.message} — {error.advice}." if error.advice else f"{error.message}."
+    text = f"{error.message} — {error.advice}." if error.advice else f"{error.message}."
+    return in_words(text)
+
+
+_KEY = re.compile(r"`?\b(" + "|".join(SECTIONS) + r")\.(\w+)\b`?")
+
+
+def in_words(text: str) -> str:
+    """`text` with every `section.field` key replaced by the field's label as the form shows it ("train.lr" ->
+    "Learning rate"), and the first letter capitalized; keys stay in the tooltips."""
+    def label_of(match: re.Match) -> str:
+        section, name = match.group(1), match.group(2)
+        known = name in {f.name for f in dataclasses.fields(SECTIONS[section])}
+        return f"“{field_label(f'{section}.{name}')}”" if known else match.group(0)
+
+    text = _KEY.sub(label_of, text)
+    return text[:1].upper() + text[1:]

@@ -33,7 +33,7 @@ def test_every_field_has_an_editor_built_from_its_metadata(qtbot):
     assert sorted(form.editors) == sorted(keys), "the form must cover exactly the fields not chosen elsewhere"
     for key, hint, meta in _fields():
         editor = form.editors[key]
-        assert editor.toolTip() == meta["help"], key
+        assert editor.toolTip() == meta["help"].replace("`", "") + f"\n\n{key}", key  # the key only in tooltips
         if meta.get("choices"):
             assert isinstance(editor, QComboBox), key
             assert [editor.itemData(i) for i in range(editor.count())] == list(meta["choices"]), key

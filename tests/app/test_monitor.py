@@ -72,7 +72,8 @@ def test_events_become_chart_points_and_numbers(window):
     assert list(monitor.expert_chart.values) == list(expected_load)
     assert not monitor.expert_chart.isHidden()
     assert monitor.progress.value() == 1000
-    assert monitor.loss_tile.value() == f"{smooth[-1]:.4f}"
+    assert monitor.loss_tile.value() == f"{steps[-1].loss:.4f}", "the big number is the step's loss"
+    assert f"smoothed {smooth[-1]:.4f}" in monitor.loss_tile.detail()
     assert monitor.speed_tile.value() == f"{steps[-1].tokens_per_s:,.0f}"
     log = monitor.log.toPlainText()
     assert "attention: sdpa (CPU)" in log and "Eval at step 20: loss 1.5000" in log
@@ -165,8 +166,8 @@ def test_a_past_run_replays_from_its_folder(window, tmp_path):
     assert not window.monitor.pause_button.isEnabled() and not window.monitor.stop_button.isEnabled()
 
 
-@pytest.mark.parametrize(("source", "label"), [("gpu", "of 8.0 GB"), ("system", "of 8.0 GB (system)"),
-                                               ("unified", "of 8.0 GB (unified memory)")])
+@pytest.mark.parametrize(("source", "label"), [("gpu", "of 8.0 GiB"), ("system", "of 8.0 GiB (system)"),
+                                               ("unified", "of 8.0 GiB (unified memory)")])
 def test_memory_tile_names_where_memory_comes_from(window, source, label):
     from hone.core.telemetry import TelemetrySample
 

@@ -1,0 +1,132 @@
+"""The Train page's memory estimate: "needs ≈ X GiB of Y GiB on <GPU>", the peak's parts as a bar against the
+memory there is, and when it does not fit, one click to apply what auto-fit found (or the nearest fix)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtGui import QColor, QPainter
+from PySide6.QtWidgets import QHBoxLayout, QPushButton, QVBoxLayout, QWidget
+
+from hone.app.widgets.common import label, set_role
+
+GIB = 1024**3
+# One colour per part of the estimate, in the order MemoryEstimate lists them; the free rest is left unpainted.
+PART_COLOURS = ("#5b8def", "#8e6bd8", "#2eb67d", "#e0a526", "#e8684a", "#9aa4b1")
+
+
+class MemoryBar(QWidget):
+    """Stacked parts of the predicted peak over the width of the available memory (or of the peak, if larger)."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setFixedHeight(12)
+        self.parts: list[tuple[str, float]] = []
+        self.available = 0.0
+
+    def set_parts(self, parts: list[tuple[str, float]], available: float) -> None:
+        self.parts, self.available = parts, available
+        self.setToolTip("\n".join(f"{name}: {size / GIB:.2f} GiB" for name, size in parts))
+        self.update()
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.Antialiasing)
+        width, height = float(self.width()), float(self.height())
+        painter.setPen(Qt.NoPen)
+        painter.setBrush(QColor(128, 128, 128, 50))
+        painter.drawRoundedRect(QRectF(0, 0, width, height), 4, 4)
+        total = max(self.available, sum(size for _, size in self.parts), 1.0)
+        x = 0.0
+        for (_, size), colour in zip(self.parts, PART_COLOURS):
+            span = width * size / total
+            painter.setBrush(QColor(colour))
+            painter.drawRect(QRectF(x, 0, span, height))
+            x += span
+        if self.available and self.available < total:  # where the memory ends, over a bar that runs past it
+            painter.setBrush(QColor("#d64545"))
+            painter.drawRect(QRectF(width * self.available / total - 1, 0, 2, height))
+        painter.end()
+
+
+class MemoryEstimateView(QWidget):
+    """Shows a RunPlan; `fix_requested` carries `section.key=value` assignments that make the run fit."""
+
+    fix_requested = Signal(list)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(6)
+        self.text = label("Memory: estimating…", "muted", wrap=True)
+        self.bar = MemoryBar()
+        row = QHBoxLayout()
+        row.addWidget(self.text, 1)
+        self.fix_button = set_role(QPushButton(""), "preset")
+        self.fix_button.hide()
+        self.fix_button.clicked.connect(lambda: self.fix_requested.emit(list(self._fix)))
+        row.addWidget(self.fix_button)
+        layout.addLayout(row)
+        layout.addWidget(self.bar)
+        self._fix: list[str] = []
+        self.fits: bool | None = None
+
+    def show_waiting(self, message: str) -> None:
+        self.fits = None
+        self._set_text(message, "muted")
+        self.bar.set_parts([], 0.0)
+        self.fix_button.hide()
+
+    def show_failure(self, message: str) -> None:
+        self.fits = None
+        self._set_text(f"Memory: cannot estimate ({message}).", "muted")
+        self.bar.set_parts([], 0.0)
+        self.fix_button.hide()
+
+    def show_plan(self, plan) -> None:
+        estimate, memory, fit = plan.estimate, plan.memory, plan.fit
+        parts = [(part.name, part.bytes) for part in estimate.parts]
+        self.bar.set_parts(parts, memory.available if memory else 0.0)
+        self._fix = []
+        if memory is None:
+            self.fits = None
+            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB on an NVIDIA GPU (none here: this run will use "
+                           "the CPU).", "muted")
+        elif fit.fits and not fit.changes:
+            self.fits = True
+            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB of {memory.available / GIB:.1f} GiB on "
+                           f"{memory.device}.", "muted")
+        elif fit.fits:
+            self.fits = False
+            self._fix = fix_assignments(plan.settings, fit.settings)
+            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB: more than the {memory.available / GIB:.1f} GiB "
+                           f"on {memory.device}. It fits ({fit.estimate.peak_gib:.1f} GiB) with: "
+                           + "; ".join(fit.changes) + ".", "error")
+        else:
+            self.fits = False
+            if fit.largest_max_length:
+                self._fix = [f"data.max_length={fit.largest_max_length}"]
+            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB: does not fit {memory.device}. {fit.reason}.",
+                           "error")
+        self.fix_button.setText("Apply the fix" if fit is None or fit.fits else "Use shorter rows")
+        self.fix_button.setToolTip("\n".join(self._fix))
+        self.fix_button.setVisible(bool(self._fix))
+
+    def _set_text(self, text: str, role: str) -> None:
+        self.text.setText(text)
+        set_role(self.text, role)
+
+
+def fix_assignments(current, chosen) -> list[str]:
+    """The config assignments that turn the run's settings into auto-fit's."""
+    out = []
+    if chosen.batch_tokens != current.batch_tokens:
+        out.append(f"train.batch_tokens={chosen.batch_tokens}")
+    if chosen.checkpoint != current.checkpoint:
+        out.append(f'speed.checkpoint="{chosen.checkpoint}"')
+    if chosen.qlora != current.qlora:
+        out.append(f"lora.qlora={'true' if chosen.qlora else 'false'}")
+    for key in ("host_embeddings", "host_lm_head", "tiled_mlp"):
+        if getattr(chosen, key) != getattr(current, key):
+            out.append(f"speed.{key}={'true' if getattr(chosen, key) else 'false'}")
+    return out

@@ -1,0 +1,93 @@
+"""The Export page: the type picker follows the format, the chosen type reaches the file, the button comes back,
+and the result reads as checks passed or failed, files with sizes and the command to use them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hone.app.pages.export import CheckRow, check_rows
+from hone.core.export.formats import FORMAT_TYPES
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A run folder with a random LoRA on a tiny base (the export tests' own builders)."""
+    from hone.core.models.shapes import build_model
+    from tests.core.export.export_helpers import TINY_SHAPES, TINY_VOCAB, build_tiny_tokenizer, write_run
+
+    root = tmp_path_factory.mktemp("export-page")
+    tokenizer = build_tiny_tokenizer(root / "tokenizer")
+    base = root / "base"
+    build_model(TINY_SHAPES["tiny-dense"], seed=0, vocab_size=TINY_VOCAB).save_pretrained(base)
+    for f in tokenizer.iterdir():
+        shutil.copy(f, base / f.name)
+    return write_run(root / "runs" / "my-run", str(base))
+
+
+def _types(page) -> list[str]:
+    return [page.type_box.itemData(i) for i in range(page.type_box.count())]
+
+
+def test_the_type_picker_follows_the_chosen_format(window):
+    page = window.page("export")
+    for fmt, types in FORMAT_TYPES.items():
+        page.format_buttons[fmt].click()
+        assert page.type_box.isVisibleTo(page) == bool(types), fmt
+        assert _types(page) == list(types), fmt
+        if types:
+            last = list(types)[-1]
+            page.type_box.setCurrentIndex(page.type_box.findData(last))
+            assert page.selected_format() == f"{fmt}:{last}"
+        else:
+            assert page.selected_format() == fmt
+
+
+@pytest.mark.parametrize(("fmt", "kind", "gguf_type"), [("gguf-lora", "f16", "F16"), ("ollama", "q4_0", "Q4_0")])
+def test_the_chosen_type_reaches_the_exported_file(qtbot, window, tiny_run, fmt, kind, gguf_type):
+    from gguf import GGUFReader
+
+    page = window.page("export")
+    page.set_run(str(tiny_run))
+    page.format_buttons[fmt].click()
+    page.type_box.setCurrentIndex(page.type_box.findData(kind))
+    assert page.selected_format() == f"{fmt}:{kind}"
+    page.force_box.setChecked(True)
+    with qtbot.waitSignal(page.exported, timeout=60_000) as done:
+        page.export_button.click()
+    result = done.args[0]
+    assert result.passed, result.failures
+    ggufs = [f for f in result.files if f.suffix == ".gguf"]
+    matrices = [t for t in GGUFReader(ggufs[0]).tensors if len(t.shape) > 1]
+    assert matrices and {t.tensor_type.name for t in matrices} <= {gguf_type, "Q8_0", "F32"}
+    assert gguf_type in {t.tensor_type.name for t in matrices}, "the type picked on the page is the file's type"
+    qtbot.waitUntil(page.export_button.isEnabled, timeout=5000)  # usable again for the next export
+
+    text = page.status.text()
+    rows = check_rows(result.checks, result.failures)
+    assert f"{len(rows)} of {len(rows)} checks passed" in text
+    assert text.count("✓") == len(rows) and "✗" not in text
+    assert "max_rel_diff" not in text and "=" not in text.split("Next:")[0], "checks in words, not a raw dump"
+    for f in result.files:
+        assert f"{f.name} (" in text
+    if fmt == "ollama":
+        assert f'ollama create my-run -f "{Path(result.path) / "Modelfile"}"' in text
+    else:
+        assert "--lora" in text
+
+
+def test_checks_become_pass_and_fail_rows():
+    checks = {"gguf.logits.max_abs_diff": 0.2, "gguf.logits.max_rel_diff": 0.5, "gguf.logits.tolerance": 0.03,
+              "gguf.tokenizer.encoding": "ok", "gguf.metadata": "FAILED: the file has no general.name",
+              "gguf.tensors.q4_0.max_rel_error": 0.09, "gguf.tensors.q4_0.tolerance": 0.14,
+              "gguf.vocab.pre_tokenizer": "gpt-2"}
+    failures = ["logits of the GGUF: 0.5 exceeds the tolerance 0.03 (gguf.logits.max_rel_diff)",
+                "the file has no general.name"]
+    assert check_rows(checks, failures) == [
+        CheckRow(False, "gguf › logits", "max rel diff 0.5 > tolerance 0.03"),
+        CheckRow(True, "gguf › tokenizer › encoding"),
+        CheckRow(False, "gguf › metadata", "the file has no general.name"),
+        CheckRow(True, "gguf › tensors › q4_0", "max rel error 0.09 ≤ tolerance 0.14"),
+    ]
