@@ -207,6 +207,9 @@ class TrainConfig(_Section):
                              min=0.0, max=0.5)
     batch_tokens: int = _f(8192, "Tokens per micro-batch: packed rows are filled up to this budget.", min=16)
     grad_accum: int = _f(1, "Micro-batches per optimizer step (gradient accumulation).", min=1)
+    fit_memory: bool = _f(True, "On a GPU, before the model loads: when the memory planner predicts that a step "
+                          "will not fit the GPU's free memory, use the cheapest memory settings and the largest "
+                          "batch that fit (never QLoRA), and say so on the run's first lines.")
     max_grad_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", min=0.0)
     weight_decay: float = _f(0.0, "AdamW weight decay.", min=0.0)
     optimizer: str = _f("adamw", "adamw (fused on CUDA), adamw-bf16 (one fused kernel over all trainable weights, "

@@ -98,7 +98,7 @@ class MemoryEstimateView(QWidget):
                            f"{memory.device}.", "muted")
         elif fit.fits:
             self.fits = False
-            self._fix = fix_assignments(plan.settings, fit.settings)
+            self._fix = fit.assignments(plan.settings)
             self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB: more than the {memory.available / GIB:.1f} GiB "
                            f"on {memory.device}. It fits ({fit.estimate.peak_gib:.1f} GiB) with: "
                            + "; ".join(fit.changes) + ".", "error")
@@ -115,18 +115,3 @@ class MemoryEstimateView(QWidget):
     def _set_text(self, text: str, role: str) -> None:
         self.text.setText(text)
         set_role(self.text, role)
-
-
-def fix_assignments(current, chosen) -> list[str]:
-    """The config assignments that turn the run's settings into auto-fit's."""
-    out = []
-    if chosen.batch_tokens != current.batch_tokens:
-        out.append(f"train.batch_tokens={chosen.batch_tokens}")
-    if chosen.checkpoint != current.checkpoint:
-        out.append(f'speed.checkpoint="{chosen.checkpoint}"')
-    if chosen.qlora != current.qlora:
-        out.append(f"lora.qlora={'true' if chosen.qlora else 'false'}")
-    for key in ("host_embeddings", "host_lm_head", "tiled_mlp"):
-        if getattr(chosen, key) != getattr(current, key):
-            out.append(f"speed.{key}={'true' if getattr(chosen, key) else 'false'}")
-    return out

@@ -31,6 +31,20 @@ class FitResult:
     reason: str = ""
     largest_max_length: int = 0  # when nothing fits: the longest row that would
 
+    def assignments(self, current: MemorySettings) -> list[str]:
+        """The run-config assignments (`section.key=value`) that turn `current` into the chosen settings."""
+        chosen, out = self.settings, []
+        if chosen.batch_tokens != current.batch_tokens:
+            out.append(f"train.batch_tokens={chosen.batch_tokens}")
+        if chosen.checkpoint != current.checkpoint:
+            out.append(f'speed.checkpoint="{chosen.checkpoint}"')
+        if chosen.qlora != current.qlora:
+            out.append(f"lora.qlora={'true' if chosen.qlora else 'false'}")
+        for key in ("host_embeddings", "host_lm_head", "tiled_mlp"):
+            if getattr(chosen, key) != getattr(current, key):
+                out.append(f"speed.{key}={'true' if getattr(chosen, key) else 'false'}")
+        return out
+
 
 def usable(available_bytes: float) -> float:
     return available_bytes * (1 - HEADROOM)

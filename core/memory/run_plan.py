@@ -5,6 +5,7 @@ What `hone plan` prints and the Train page shows before Start.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -14,7 +15,9 @@ from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estim
 from hone.core.memory.fit import FitResult, auto_fit
 from hone.core.memory.shape import ModelShape, load_model_config
 
-GPU_OPTIMIZERS = ("adamw8bit",)
+# Plan for this much GPU memory instead of the free memory NVML reports (a GPU shared with other work, or a
+# smaller card emulated with torch.cuda.set_per_process_memory_fraction).
+MEMORY_ENV = "HONE_GPU_MEMORY"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,9 @@ def detect_memory() -> Memory | None:
     """Free memory of the first visible NVIDIA GPU (system memory on unified-memory GPUs); None without a GPU."""
     from hone.core.telemetry import GPU, UNIFIED, Telemetry
 
+    if os.environ.get(MEMORY_ENV, "").strip():
+        limit = parse_size(os.environ[MEMORY_ENV])
+        return Memory(limit, f"the GPU ({MEMORY_ENV}={os.environ[MEMORY_ENV].strip()})")
     telemetry = Telemetry()
     try:
         if not telemetry.has_gpu:
@@ -96,3 +102,23 @@ def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = Fa
         fit = auto_fit(shape, settings, memory.available, config.data.max_length, allow_qlora=allow_qlora,
                        unified=memory.unified)
     return RunPlan(shape, settings, estimate, memory, fit, mean_row)
+
+
+def fit_run_config(config: RunConfig, memory: Memory) -> tuple[RunConfig, list]:
+    """The run config auto-fit makes of `config` for `memory` (the same when it fits), and Notice events saying
+    what was predicted and changed. QLoRA is never switched on here: it changes what is trained."""
+    from hone.core.events import Notice
+
+    plan = plan_run(config, memory)
+    fit, available = plan.fit, memory.available / GIB
+    said = f"a step needs ≈ {plan.estimate.peak_gib:.1f} GiB; {available:.1f} GiB free on {memory.device}"
+    if fit.fits and not fit.changes:
+        return config, [Notice(topic="memory", message=f"{said}: it fits")]
+    if fit.fits:
+        fitted = config.with_overrides(fit.assignments(plan.settings))
+        return fitted, [Notice(topic="memory", level="warning", message=(
+            f"{said}: it does not fit as set, so the run uses " + "; ".join(fit.changes)
+            + f" (≈ {fit.estimate.peak_gib:.1f} GiB; train.fit_memory = false keeps the settings as they are)"))]
+    return config, [Notice(topic="memory", level="warning", message=(
+        f"{said}: it may not fit ({fit.reason}). The run starts as set; a step that runs out of memory is run "
+        "again on smaller micro-batches"))]

@@ -96,6 +96,8 @@ class Trainer:
         run_dir = self.resume_dir or new_run_dir(config)
         self.writer = RunWriter(run_dir, config)
         self.writer.log(f"run folder {run_dir}, device {device}")
+        if device.startswith("cuda") and config.train.fit_memory:
+            config = self.config = yield from self._fit_memory(config)
         torch.manual_seed(config.train.seed)
 
         loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
@@ -213,6 +215,23 @@ class Trainer:
         yield self._emit(events.RunFinished(step=self.step, run_dir=str(run_dir), adapter_dir=str(adapter_dir),
                                             final_loss=last_loss, elapsed=time.time() - start_time,
                                             stopped=stopped, eval_loss=eval_loss))
+
+    def _fit_memory(self, config: RunConfig):
+        """Auto-fit against the GPU's free memory before anything loads (hone.core.memory); yields its notices and
+        returns the config to train with. A planner that cannot read the model leaves the config as it is."""
+        from hone.core.memory.run_plan import detect_memory, fit_run_config
+
+        memory = detect_memory()
+        if memory is None:
+            return config
+        try:
+            fitted, notices = fit_run_config(config, memory)
+        except Exception as e:  # the planner is advice: a config it cannot read must not stop the run
+            yield self._emit(events.Notice(topic="memory", message=f"no memory estimate ({type(e).__name__}: {e})"))
+            return config
+        for notice in notices:
+            yield self._emit(notice)
+        return fitted
 
     def _checkpoint(self, run_dir, model, optimizer, scheduler, scaler, position) -> events.CheckpointSaved:
         path = ckpt.save_checkpoint(run_dir, self.step, model, optimizer, scheduler, {"position": position},

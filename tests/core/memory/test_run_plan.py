@@ -1,0 +1,39 @@
+"""Auto-fit of a whole run config, as the trainer applies it before the model loads; the memory override."""
+
+from __future__ import annotations
+
+from hone.core.config import RunConfig
+from hone.core.memory.estimate import GIB
+from hone.core.memory.run_plan import MEMORY_ENV, Memory, detect_memory, fit_run_config, parse_size
+
+
+def qwen3_8b(batch_tokens=16384, max_length=2048) -> RunConfig:
+    return RunConfig().with_overrides(['model.name_or_path="dense-8b"', f"train.batch_tokens={batch_tokens}",
+                                       f"data.max_length={max_length}"])
+
+
+def test_a_run_that_fits_is_kept_and_said_to_fit():
+    config = qwen3_8b()
+    fitted, [notice] = fit_run_config(config, Memory(80 * GIB, "NVIDIA H100"))
+    assert fitted == config and notice.level == "info" and notice.message.endswith("it fits")
+
+
+def test_a_run_too_big_gets_the_cheapest_changes_and_says_them():
+    config = qwen3_8b().with_overrides(['speed.checkpoint="gpu"'])
+    fitted, [notice] = fit_run_config(config, Memory(20 * GIB, "NVIDIA GeForce RTX 4090"))
+    assert fitted.speed.checkpoint == "offload-double" and not fitted.lora.qlora
+    assert notice.level == "warning" and "does not fit as set" in notice.message
+    assert "train.fit_memory = false" in notice.message
+
+
+def test_nothing_fits_starts_as_set_with_a_warning():
+    config = qwen3_8b()
+    fitted, [notice] = fit_run_config(config, Memory(8 * GIB, "NVIDIA GeForce RTX 4060 Laptop GPU"))
+    assert fitted == config and "may not fit" in notice.message and "smaller micro-batches" in notice.message
+
+
+def test_memory_override(monkeypatch):
+    monkeypatch.setenv(MEMORY_ENV, "12GiB")
+    memory = detect_memory()
+    assert memory.available == 12 * GIB and MEMORY_ENV in memory.device
+    assert parse_size("16384MiB") == 16 * GIB and parse_size("24 GB") == 24 * GIB
