@@ -90,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    from hone.core.cli.console import quiet_library_noise
+
+    quiet_library_noise()  # every command: messages from the libraries that a user cannot act on
     try:
         return int(args._run(args) or 0)
     except HoneError as e:

@@ -1,5 +1,7 @@
 """Terminal rendering of run events, shared by `hone train` and `hone demo`: a progress bar for steps, tables
-for dataset reports, one line for notices, checkpoints and evaluations."""
+for dataset reports, one line for notices, checkpoints and evaluations; `Phase` for the work between them that
+prints nothing of its own (a GGUF conversion, scoring, tokenizing), `convert_gguf_once` for the first load of a
+GGUF model, and `quiet_library_noise` for every command that loads torch or transformers."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import warnings
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from hone.core import events
+from hone.core.config import ModelConfig
 from hone.core.train.run_dir import speed_choice, step_line
 
 # Without a terminal (nohup, CI, a log file) there is no progress bar: a plain step line at most this often, plus
@@ -30,6 +33,87 @@ def quiet_library_noise() -> None:
     """
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+class Phase:
+    """A stretch of work that prints nothing of its own, made visible: its text when it starts, how far it got
+    (`update(done)`, e.g. rows scored so far) and "TEXT: done in N s" once when it ends without an error.
+
+    On a terminal the count is a transient spinner line; elsewhere (a pipe, a log file) plain lines: the text, the
+    count at most every PLAIN_STEP_EVERY_S seconds, then the done line with the final count.
+
+    Use it as a context manager: `with Phase(console, "scoring 40 rows", total=40, unit="rows") as p: p.update(20)`.
+    """
+
+    def __init__(self, console: Console, text: str, total: int | None = None, unit: str = ""):
+        self.console = console
+        self.text = text
+        self.total = total
+        self.unit = unit
+        self._progress: Progress | None = None
+        self._task = None
+        self._start = 0.0
+        self._last_plain = 0.0
+        self.done: int | None = None
+
+    def __enter__(self) -> Phase:
+        self._start = self._last_plain = time.monotonic()
+        if self.console.is_terminal:
+            count = "{task.completed:,.0f}" + ("/{task.total:,.0f}" if self.total else "") + f" {self.unit}"
+            columns = [SpinnerColumn(), TextColumn(escape(self.text))]
+            if self.unit:
+                columns.append(TextColumn(count.strip()))
+            self._progress = Progress(*columns, TimeElapsedColumn(), console=self.console, transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task(self.text, total=self.total)
+        else:
+            self.console.print(f"{self.text} ...", highlight=False, soft_wrap=True)
+        return self
+
+    def update(self, done: int) -> None:
+        """`done` units of the work are finished (a running count, not an increment)."""
+        self.done = done
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)
+            return
+        now = time.monotonic()
+        # The last count is on the done line.
+        if now - self._last_plain >= PLAIN_STEP_EVERY_S and not (self.total and done >= self.total):
+            self._last_plain = now
+            of = f"/{self.total:,}" if self.total else ""
+            self.console.print(f"  {done:,}{of} {self.unit}".rstrip(), highlight=False)
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if exc_type is None:
+            count = f"{self.done:,} {self.unit}, " if self.done is not None and self.unit else ""
+            self.console.print(f"{self.text}: {count}done in {time.monotonic() - self._start:.0f} s",
+                               highlight=False, soft_wrap=True)
+
+
+def convert_gguf_once(model: ModelConfig, console: Console) -> None:
+    """Convert a GGUF model (or the bundled one) to the safetensors copy every load reads, under a `Phase` line, if
+    it was never converted; otherwise do nothing. The conversion takes a while and printed nothing before.
+
+    Raises:
+        ModelError: the model cannot be found or read (as loading it would).
+    """
+    from pathlib import Path
+
+    from hone.core.models.load import gguf_conversion_folder, gguf_folder, resolve_source
+
+    source = resolve_source(model.name_or_path, model.gguf_file)
+    if source.kind not in ("bundled", "gguf"):
+        return
+    gguf = Path(source.path)
+    target = gguf_conversion_folder(gguf)
+    if (target / "config.json").is_file():
+        return
+    with Phase(console, f"converting {source.name} from GGUF to safetensors (first use only; later loads read "
+               f"{target})"):
+        gguf_folder(gguf)
 
 
 # Skipped rows a run's data table lists by name; the count covers all, and `hone data check` lists every one.

@@ -7,10 +7,12 @@ answer, stripped of surrounding whitespace, must equal the reference line charac
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from hone.core.config import DEMO_EVAL_DATA, RunConfig
 from hone.core.resources import resolve_bundled, resource_path
@@ -48,9 +50,14 @@ class Score:
         return self.correct / max(self.total, 1)
 
 
-def generate_answers(model, tokenizer, rows: list[dict], *, max_new_tokens: int = 40,
-                     batch_size: int = 20) -> list[str]:
-    """Greedy answers to each row's conversation minus its last (assistant) turn, batched with left padding."""
+# (rows answered so far, rows in all), called after each batch while a model is scored.
+ScoreProgress = Callable[[int, int], None]
+
+
+def generate_answers(model, tokenizer, rows: list[dict], *, max_new_tokens: int = 40, batch_size: int = 20,
+                     progress: ScoreProgress | None = None) -> list[str]:
+    """Greedy answers to each row's conversation minus its last (assistant) turn, batched with left padding;
+    `progress(done, total)` after each batch."""
     import torch
 
     side = tokenizer.padding_side
@@ -66,6 +73,8 @@ def generate_answers(model, tokenizer, rows: list[dict], *, max_new_tokens: int 
                 out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tokenizer.pad_token_id)
             answers += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            if progress is not None:
+                progress(len(answers), len(rows))
     finally:
         tokenizer.padding_side = side
     return answers
@@ -89,21 +98,48 @@ class DemoResult:
     adapter_dir: str
 
 
-def run_demo(config: RunConfig, *, eval_rows: int | None = None,
-             on_stage: Callable[[str], None] | None = None) -> Generator[object, None, DemoResult | None]:
+class ScorePhase(Protocol):
+    """What `run_demo` reports scoring through: `phase(text, total)` is a context manager whose `update(done)`
+    takes the rows scored so far (hone.core.cli.console.Phase is one)."""
+
+    def __call__(self, text: str, total: int) -> contextlib.AbstractContextManager: ...
+
+
+class _SilentPhase:
+    def __init__(self, text: str, total: int):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def update(self, done: int) -> None:
+        pass
+
+
+def run_demo(config: RunConfig, *, eval_rows: int | None = None, on_stage: Callable[[str], None] | None = None,
+             phase: ScorePhase | None = None) -> Generator[object, None, DemoResult | None]:
     """Score the base model, train, score the adapter. Yields the run's events; its return value (the
-    generator's StopIteration value) is the DemoResult, or None when training failed."""
+    generator's StopIteration value) is the DemoResult, or None when training failed. `on_stage(text)` hears each
+    stage; the two scorings run inside `phase(text, rows)`, told the rows scored so far."""
     from hone.core.models.load import load_model
 
     stage = on_stage or (lambda text: None)
+    phase = phase or _SilentPhase
     rows = load_rows(config.data.eval[0] if config.data.eval else DEMO_EVAL_DATA)[:eval_rows]
+
+    def score(model, who: str) -> Score:
+        with phase(f"scoring {who} on {len(rows)} held-out rows", len(rows)) as p:
+            return exact_match(model, loaded.tokenizer, rows, progress=lambda done, total: p.update(done))
+
     stage("loading the base model")
     loaded = load_model(config.model, for_training=False)
-    stage(f"scoring the base model on {len(rows)} held-out rows")
-    before = exact_match(loaded.model, loaded.tokenizer, rows)
+    before = score(loaded.model, "the base model")
     stage(f"base model: {before.correct}/{before.total} exact")
-    trained = yield from train_and_rescore(config, loaded.model, lambda tuned: exact_match(tuned, loaded.tokenizer,
-                                                                                          rows), stage)
+    trained = yield from train_and_rescore(config, loaded.model, lambda tuned: score(tuned, "the fine-tuned model"),
+                                           stage)
     if trained is None:
         return None
     final, after = trained
@@ -125,5 +161,5 @@ def train_and_rescore(config: RunConfig, base_model, score: Callable, stage: Cal
             final = event
     if not isinstance(final, RunFinished):
         return None
-    stage("scoring the fine-tuned model")
+    stage("loading the adapter onto the base model")
     return final, score(PeftModel.from_pretrained(base_model, final.adapter_dir))

@@ -138,9 +138,12 @@ def run_vision_demo(config: RunConfig, *, eval_rows: int | None = None,
     loaded = load_model(config.model, for_training=False)
     stage(f"scoring the base model on {len(questions)} held-out questions")
     before = score(loaded.model, loaded.tokenizer, questions, eval_file.parent, image_max_side=side)
-    trained = yield from train_and_rescore(
-        config, loaded.model, lambda tuned: score(tuned, loaded.tokenizer, questions, eval_file.parent,
-                                                  image_max_side=side), stage)
+
+    def rescore(tuned) -> VisionScore:
+        stage(f"scoring the fine-tuned model on {len(questions)} held-out questions")
+        return score(tuned, loaded.tokenizer, questions, eval_file.parent, image_max_side=side)
+
+    trained = yield from train_and_rescore(config, loaded.model, rescore, stage)
     if trained is None:
         return None
     final, after = trained

@@ -166,7 +166,7 @@ def pick_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _conversion_folder(gguf: Path) -> Path:
+def gguf_conversion_folder(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha1(f"{_CONVERSION_VERSION}|{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
     key = key.hexdigest()[:16]
@@ -179,7 +179,7 @@ def gguf_folder(gguf: Path) -> Path:
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM
 
-    target = _conversion_folder(gguf)
+    target = gguf_conversion_folder(gguf)
     if (target / "config.json").is_file():
         return target
     try:
@@ -401,7 +401,7 @@ def tokenizer_for(model_cfg: ModelConfig):
     source = resolve_source(name, model_cfg.gguf_file)
     if source.kind in ("bundled", "gguf"):
         gguf = Path(source.path)
-        converted = _conversion_folder(gguf)
+        converted = gguf_conversion_folder(gguf)
         if (converted / "config.json").is_file():  # a run converted it already: the very files runs read (and fast)
             return load_tokenizer(str(converted), None, model_cfg)
         try:

@@ -12,7 +12,7 @@ from platformdirs.unix import Unix
 from platformdirs.windows import Windows
 
 from hone.core.data.cache import default_cache_dir
-from hone.core.models.load import _conversion_folder
+from hone.core.models.load import gguf_conversion_folder
 from hone.core.resources import CACHE_ENV, cache_root
 
 
@@ -77,7 +77,7 @@ def test_every_cache_lives_under_the_one_root(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "root"))
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
-    assert _conversion_folder(gguf).parent == tmp_path / "root" / "models"
+    assert gguf_conversion_folder(gguf).parent == tmp_path / "root" / "models"
     assert default_cache_dir() == tmp_path / "root" / "datasets"
 
 

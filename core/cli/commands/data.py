@@ -70,19 +70,55 @@ def load_tokenizer(name: str):
     return tokenizer_for(ModelConfig(name_or_path=name))
 
 
+def check_inputs(files: list[str], model: str | None) -> None:
+    """Every file and the model exist (a Hub id: cached, or the Hub knows it), before anything loads: a mistake is
+    one line, exit 2. A folder given as --model is left to `load_tokenizer`, which also takes tokenizer-only folders
+    and says at once what is missing."""
+    from pathlib import Path
+
+    from hone.core.config import ModelConfig
+    from hone.core.train.input_checks import check_data_files, check_model
+
+    check_data_files(files, "train", "check the file names (a data file, a folder, a bundled: name or a Hugging Face "
+                     "dataset id like org/name)")
+    if model and not Path(model).expanduser().is_dir():
+        check_model(ModelConfig(name_or_path=model), given_as="--model")
+
+
+def _tokenizer(model: str, console):
+    """`load_tokenizer` under a progress line: building a GGUF's tokenizer from its metadata takes a while."""
+    from hone.core.cli.console import Phase
+
+    with Phase(console, f"loading the tokenizer of {model}"):
+        return load_tokenizer(model)
+
+
 def run(args) -> int:
+    from rich.console import Console
+
+
+    files = list(args.files) if args.data_command == "check" else [args.file]
+    check_inputs(files, args.model)
+    console = Console(stderr=True)  # progress on stderr: stdout is the report (or its JSON)
     if args.data_command == "check":
-        return _check(args)
-    return _inspect(args)
+        return _check(args, console)
+    return _inspect(args, console)
 
 
-def _check(args) -> int:
+def _check(args, console) -> int:
+    from hone.core.cli.console import Phase
     from hone.core.data import check_data, format_report
     from hone.core.events import to_dict
 
     cfg = _config(args, list(args.files))
-    tokenizer = load_tokenizer(args.model) if args.model else None
-    report, _ = check_data(cfg, tokenizer)
+    if args.model:
+        tokenizer = _tokenizer(args.model, console)
+        with Phase(console, f"tokenizing every row with the chat template of {args.model}", unit="rows") as phase:
+            report, _ = check_data(cfg, tokenizer, progress=lambda text, done: _rows_read(phase, text))
+            phase.update(report.rows_read)
+    else:
+        tokenizer = None
+        report, _ = check_data(cfg, None)
     if args.json:
         print(json.dumps(to_dict(report), indent=2))
     else:
@@ -95,7 +131,15 @@ def _check(args) -> int:
     return 0
 
 
-def _inspect(args) -> int:
+def _rows_read(phase, text: str) -> None:
+    """check_data says "train: 1,234 rows read" while it reads (and tokenizes); pass the count on."""
+    if text.endswith(" rows read"):
+        count = text.rpartition(": ")[2].split(" ")[0].replace(",", "")
+        if count.isdigit():
+            phase.update(int(count))
+
+
+def _inspect(args, console) -> int:
     from hone.core.data.inspect import format_view, inspect_rows
 
     first, sep, last = args.row.partition("-")
@@ -107,7 +151,7 @@ def _inspect(args) -> int:
     if not rows or min(rows) < 1:
         raise ConfigError(f"--row {args.row!r} has no row numbers of 1 or more", "rows are numbered from 1")
     cfg = _config(args, [args.file])
-    views = inspect_rows(args.file, load_tokenizer(args.model), rows, cfg=cfg)
+    views = inspect_rows(args.file, _tokenizer(args.model, console), rows, cfg=cfg)
     color = sys.stdout.isatty() and not args.no_color
     for n, view in enumerate(views):
         if n:

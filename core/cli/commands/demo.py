@@ -22,16 +22,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from rich.table import Table
 
-    from hone.core.cli.console import EventPrinter
+    from hone.core.cli.console import EventPrinter, Phase, convert_gguf_once
     from hone.core.demo.text import demo_config, run_demo
+    from hone.core.train.input_checks import check_model
 
     if args.vision:
         return run_vision(args)
     config = demo_config(args.runs_dir, args.steps, args.model)
+    # Before torch loads or anything is written: a wrong --model is one line, exit 2.
+    check_model(config.model, given_as="--model")
     with EventPrinter() as printer:
         console = printer.console
-        result = _print_events(printer, run_demo(config, eval_rows=args.eval_rows,
-                                                 on_stage=lambda text: console.print(f"[bold]{text}")))
+        convert_gguf_once(config.model, console)
+        result = _print_events(printer, run_demo(
+            config, eval_rows=args.eval_rows, on_stage=lambda text: console.print(f"[bold]{text}"),
+            phase=lambda text, total: Phase(console, text, total, unit="rows scored")))
     if result is None:
         return 1
     table = Table(title="held-out exact match (answer must equal the reference JSON line)")

@@ -30,10 +30,21 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from hone.core.export import export_run, parse_format
+    from hone.core.cli.console import convert_gguf_once
+    from hone.core.export import parse_format
+    from hone.core.export.source import open_run, output_folder
+    from hone.core.train.input_checks import check_model
 
-    parse_format(args.fmt)  # a wrong format fails before anything loads
+    # A wrong format, a folder that is no run (or has no adapter yet), an output folder in the way or a base model
+    # that is gone: one line, exit 2, before torch loads and before anything is written.
+    spec = parse_format(args.fmt)
+    source = open_run(args.run_dir)
+    output_folder(source, spec, args.out, args.force)
+    check_model(source.config.model, given_as=f"model.name_or_path in {source.run_dir / 'config.toml'}")
+    from hone.core.export import export_run
+
     console = Console(stderr=True)
+    convert_gguf_once(source.config.model, console)  # a run trained elsewhere: the base's first load here
     with Progress(TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("starting", total=1.0)

@@ -40,11 +40,9 @@ def run(args) -> int:
 
     config = load_run_config(args.config, args.resume, args.overrides)
     check_inputs(config)  # before torch loads or a run folder exists: a wrong path is one line, exit 2
-    from hone.core.cli.console import EventPrinter, quiet_library_noise
+    from hone.core.cli.console import EventPrinter
     from hone.core.control import RunControl
     from hone.core.events import RunFailed
-
-    quiet_library_noise()
     from hone.core.train.trainer import Trainer
 
     control = RunControl()

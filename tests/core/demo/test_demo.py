@@ -31,6 +31,9 @@ def test_demo_command_runs_end_to_end(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
     assert "held-out exact match" in err and "+ Hone LoRA" in err
+    for who in ("the base model", "the fine-tuned model"):  # each silent scoring says it starts and ends, once
+        assert err.count(f"scoring {who} on 4 held-out rows ...\n") == 1, err[-3000:]
+        assert err.count(f"scoring {who} on 4 held-out rows: 4 rows scored, done in ") == 1, err[-3000:]
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((run_dir / "run.json").read_text())["step"] == 2
