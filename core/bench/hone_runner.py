@@ -18,7 +18,7 @@ from hone.core.bench.measure import SkipRun, StepOutcome
 from hone.core.bench.scenarios import Scenario
 from hone.core.bench.variants import Variant, speed_config
 from hone.core.bench.weights import active_params, architecture_facts, bench_model_info, build_bench_model
-from hone.core.config import LoraConfig, ModelConfig, RunConfig, TrainConfig
+from hone.core.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
 from hone.core.train.lora import apply_lora
 from hone.core.train.loss import describe as describe_loss
@@ -105,12 +105,14 @@ class HoneRunner:
         model = ModelConfig(dtype=_dtype_name(self.dtype))
         if self.model_folder is not None:
             model = ModelConfig(name_or_path=str(self.model_folder), dtype=_dtype_name(self.dtype))
+        tokens = max(self.batch.tokens, 16)
         return RunConfig(
             model=model,
+            # the packed batch is given; its longest row is at most the batch (RunConfig checks max_length fits it)
+            data=DataConfig(max_length=tokens),
             lora=LoraConfig(r=self.lora_r, alpha=2.0 * self.lora_r, qlora=self.qlora),
             train=TrainConfig(lr=LEARNING_RATE, schedule="constant", warmup_steps=0, warmup_ratio=0.0,
-                              max_grad_norm=MAX_GRAD_NORM, batch_tokens=max(self.batch.tokens, 16),
-                              **self.variant.train),
+                              max_grad_norm=MAX_GRAD_NORM, batch_tokens=tokens, **self.variant.train),
             speed=speed_config(self.variant))
 
     def _load(self, config: RunConfig):
