@@ -43,17 +43,22 @@ class AppState(QObject):
         self.machine_changed.emit(machine)
 
     def set_config(self, config: RunConfig) -> None:
-        """Replace the config (already validated) and tell every page."""
+        """Replace the config (already validated) and tell every page. A different model brings what an earlier
+        inspection found about it (or None), so no page shows the details of the model it replaced."""
+        model_changed = config.model.name_or_path != self.config.model.name_or_path
         self.config = config
         self.settings.set_config(config)
         self.config_changed.emit(config)
+        if model_changed:
+            self.model_info = self._cached_model_info(config.model.name_or_path)
+            self.model_info_changed.emit(self.model_info)
 
     def update(self, *assignments: str) -> None:
         """Apply `section.key=value` assignments (the same syntax as `hone train --set`)."""
         self.set_config(self.config.with_overrides(list(assignments)))
 
     def set_model(self, name_or_path: str, info: Any | None) -> None:
-        """The user chose a model; `info` is its ModelInfo (or None while being read)."""
+        """The user chose a model and it could be read; `info` is its ModelInfo."""
         config = dataclasses.replace(self.config, model=dataclasses.replace(self.config.model,
                                                                             name_or_path=name_or_path))
         self.set_config(config)

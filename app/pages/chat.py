@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
-from PySide6.QtGui import QTextCursor
+from PySide6.QtGui import QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
@@ -87,14 +87,15 @@ class Transcript(QTextBrowser):
             cursor.insertBlock()
         cursor.insertHtml(f"<p style='margin-top:10px'><b style='color:{self.accent}'>You</b></p>")
         cursor.insertBlock()
-        cursor.insertText(text)
+        cursor.insertText(text, QTextCharFormat())
         cursor.insertBlock()
         cursor.insertHtml("<p style='margin-top:8px'><b>Assistant</b></p>")
         cursor.insertBlock()
         self.ensureCursorVisible()
 
     def add_piece(self, text: str) -> None:
-        self._end().insertText(text)
+        # a plain format, not the cursor's: the cursor carries the bold of the heading inserted just before
+        self._end().insertText(text, QTextCharFormat())
         self.ensureCursorVisible()
 
     def _end(self) -> QTextCursor:
@@ -186,11 +187,15 @@ class ChatPage(Page):
         self.temperature.setToolTip("0 = greedy: the most likely token each time, the same reply every time.")
         knobs.addWidget(self.temperature)
         knobs.addStretch(1)
+        self.generating_label = label("Generating…", "muted")
+        self.generating_label.setToolTip("The reply is being written; Stop ends it where it is.")
+        knobs.addWidget(self.generating_label)
         compose.body.addLayout(knobs)
         self.body.addWidget(compose)
 
         self.prompt.installEventFilter(self)
         state.session.running_changed.connect(lambda running: None if running else self.refresh_runs())
+        state.session.running_changed.connect(lambda _running: self._update_buttons())
         self.refresh_runs()
         self._update_buttons()
 
@@ -310,7 +315,12 @@ class ChatPage(Page):
     def _update_buttons(self) -> None:
         self.send_button.setEnabled(self.loaded and not self.generating)
         self.stop_button.setEnabled(self.generating)
-        self.load_button.setEnabled(not self.generating and not self.busy.isVisible())
+        training = self.state.session.is_running
+        # a model loaded next to a training run competes for its memory (and on a GPU, can push it out of it)
+        self.load_button.setEnabled(not self.generating and not self.busy.isVisible() and not training)
+        self.load_button.setToolTip("Wait for the training run to finish (or stop it) to load models here."
+                                    if training else "Load the chosen run's base model and its fine-tune.")
+        self.generating_label.setVisible(self.generating)
 
     def eventFilter(self, watched, event) -> bool:
         from PySide6.QtCore import QEvent

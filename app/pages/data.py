@@ -3,7 +3,6 @@ and the token-length histogram."""
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,6 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QImageReader, QPixmap
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -30,6 +28,16 @@ from PySide6.QtWidgets import (
 )
 
 from hone.app.pages.base import Page
+from hone.app.pages.data_views import (
+    THUMBNAIL,
+    SkippedRow,
+    highlight_html,
+    prompt_and_response,
+    raw_row,
+    report_html,
+    skipped_rows,
+    thumbnail,
+)
 from hone.app.theme import Palette, icon
 from hone.app.threads import Task, TaskError
 from hone.app.widgets.charts import plot_widget
@@ -41,7 +49,9 @@ from hone.core.events import DatasetReport
 PREVIEW_ROWS = 50
 # Histogram bins for the token lengths.
 HISTOGRAM_BINS = 40
-THUMBNAIL = 56  # px
+# Skipped rows listed before the list scrolls: enough to see a pattern, few enough to leave the rest of the report
+# in view (the reasons table above it always shows every reason).
+SKIPPED_ROWS_SHOWN = 8
 
 FORMAT_LABELS = {"auto": "Auto-detect", "messages": "Chat messages", "sharegpt": "ShareGPT conversations",
                  "alpaca": "Alpaca (instruction / input / output)", "prompt-completion": "Prompt / completion",
@@ -51,12 +61,19 @@ DATA_FILTER = "Datasets (*.jsonl *.json *.csv *.tsv *.parquet *.arrow);;All file
 
 @dataclass
 class DataCheck:
-    """What a check found: the report, every kept row's length, the first rows as the inspector sees them."""
+    """What a check found: the report, every kept row's length, the first rows as the inspector sees them, and the
+    evaluation data's report where the run has evaluation files."""
 
     report: DatasetReport
     lengths: np.ndarray  # int64 [rows kept], tokens per row (empty without a tokenizer)
     preview: list[Any]  # RowView of the first kept rows of the first source
     tokenizer: Any  # kept for the inspector (a Python object; the GUI never calls into it on its thread)
+    eval_report: DatasetReport | None = None
+
+    @property
+    def problems(self) -> list[str]:
+        """Files that could not be read at all, of either split."""
+        return self.report.problems + (self.eval_report.problems if self.eval_report else [])
 
 
 def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
@@ -68,7 +85,8 @@ def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
 
 
 def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCheck:
-    """Validate and tokenize the training split on a worker thread; structural checks only without a model."""
+    """Validate and tokenize the training and evaluation splits on a worker thread; structural checks only without a
+    model."""
     from hone.core.data import check_data
 
     tokenizer = None
@@ -83,7 +101,12 @@ def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCh
     if tokenized is not None and len(tokenized):
         preview = preview_rows(data_cfg, tokenizer, tokenized)
     lengths = tokenized.lengths if tokenized is not None else np.zeros(0, np.int64)
-    return DataCheck(report, np.asarray(lengths), preview, tokenizer)
+    eval_report = None
+    if data_cfg.eval:
+        if progress:
+            progress(("Checking the evaluation data…", 1.0))
+        eval_report, _ = check_data(data_cfg, tokenizer, split="eval")
+    return DataCheck(report, np.asarray(lengths), preview, tokenizer, eval_report)
 
 
 def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[Any]:
@@ -102,10 +125,12 @@ def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[A
     return inspect_rows(entry, tokenizer, numbers, cfg=data_cfg)
 
 
-def inspect(entry: str, row: int, data_cfg: DataConfig, tokenizer: Any) -> Any:
+def inspect(entry: str, row: int, data_cfg: DataConfig, tokenizer: Any) -> tuple[Any, str]:
+    """(RowView or None without a tokenizer, the row as the file holds it where it is skipped or not viewed)."""
     from hone.core.data.inspect import inspect_row
 
-    return inspect_row(entry, tokenizer, row, cfg=data_cfg)
+    view = inspect_row(entry, tokenizer, row, cfg=data_cfg) if tokenizer is not None else None
+    return view, (raw_row(entry, row) if view is None or view.problem else "")
 
 
 def _entry_for(source_name: str, entries: list[str]) -> str:
@@ -123,13 +148,15 @@ class DataPage(Page):
     icon_name = "data"
 
     checked = Signal(object)  # DataCheck or TaskError
-    inspected = Signal(object)  # RowView or TaskError
+    inspected = Signal(object)  # (RowView or None, raw row text) or TaskError
 
     def __init__(self, state, parent: QWidget | None = None):
         super().__init__(state, parent)
         self.task: Task | None = None
         self.inspect_task: Task | None = None
         self.result: DataCheck | None = None
+        self.skipped: list[SkippedRow] = []
+        self._inspecting: SkippedRow | None = None
 
         files = Card("Files", "JSONL, JSON, CSV/TSV, Parquet, Arrow, a folder saved by `datasets`, or a hub id.")
         lists = Columns(2, stretches=(3, 2))  # one under the other where the window is too narrow
@@ -168,7 +195,14 @@ class DataPage(Page):
         self.status = label("", "muted", wrap=True, selectable=True)
         files.body.addWidget(self.progress)
         files.body.addWidget(self.status)
-        self.body.addWidget(files)
+        # beside the files (above the report, preview and inspector, which grow with the data) so a check's
+        # lengths are in view without scrolling; under the files where the window is narrow
+        lengths = Card("Token lengths")
+        lengths.body.addWidget(self._histogram())
+        top = Columns(2, stretches=(3, 2))
+        top.add(files)
+        top.add(lengths)
+        self.body.addWidget(top)
 
         tiles = QHBoxLayout()
         tiles.setSpacing(12)
@@ -186,7 +220,6 @@ class DataPage(Page):
         self.tabs.addTab(self._report_tab(), "Report")
         self.tabs.addTab(self._preview_tab(), "Preview")
         self.tabs.addTab(self._inspector_tab(), "Inspector")
-        self.tabs.addTab(self._histogram_tab(), "Token lengths")
         tab_card = Card()
         tab_card.body.addWidget(self.tabs)
         self.body.addWidget(tab_card, 1)
@@ -223,8 +256,14 @@ class DataPage(Page):
         self.skipped_table = QTableWidget(0, 2)
         self.skipped_table.setHorizontalHeaderLabels(["Why rows were skipped", "Rows"])
         self._table_style(self.skipped_table)
-        self.skipped_table.setMaximumHeight(170)
         layout.addWidget(self.skipped_table)
+        self.skipped_rows_table = QTableWidget(0, 2)
+        self.skipped_rows_table.setHorizontalHeaderLabels(["Skipped row", "Why"])
+        self._table_style(self.skipped_rows_table)
+        self.skipped_rows_table.horizontalHeader().setSectionResizeMode(1, QHeaderView.Stretch)
+        self.skipped_rows_table.setToolTip("Click a row to see it in the Inspector as the file holds it.")
+        self.skipped_rows_table.itemSelectionChanged.connect(self._skipped_selected)
+        layout.addWidget(self.skipped_rows_table)
         self.report_text = QTextBrowser()
         self.report_text.setMinimumHeight(140)
         layout.addWidget(self.report_text)
@@ -256,9 +295,12 @@ class DataPage(Page):
         layout.addWidget(self.legend)
         return tab
 
-    def _histogram_tab(self) -> QWidget:
-        tab, layout = _tab()
-        self.histogram = plot_widget(280)
+    def _histogram(self) -> QWidget:
+        holder = QWidget()
+        layout = QVBoxLayout(holder)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.histogram = plot_widget(180)
+        self.histogram.setMaximumHeight(220)  # the files beside it set the row's height
         self.histogram.getPlotItem().getViewBox().setMouseEnabled(x=False, y=False)
         self.histogram.getPlotItem().setLabel("bottom", "tokens per row")
         self.histogram.getPlotItem().setLabel("left", "rows")
@@ -268,7 +310,7 @@ class DataPage(Page):
         layout.addWidget(self.histogram)
         self.histogram_note = label("", "muted")
         layout.addWidget(self.histogram_note)
-        return tab
+        return holder
 
     @staticmethod
     def _table_style(table: QTableWidget) -> None:
@@ -367,7 +409,16 @@ class DataPage(Page):
         self.check_button.setEnabled(True)
         report = result.report
         where = "" if result.tokenizer is not None else " (choose a model to count tokens)"
-        self.status.setText(f"Checked {report.rows_read:,} rows{where}.")
+        held = f" and {result.eval_report.rows_read:,} evaluation rows" if result.eval_report else ""
+        checked = f"Checked {report.rows_read:,} training rows{held}{where}."
+        if result.problems:
+            count = len(result.problems)
+            self.status.setText(f"{count} of the files could not be read: " if count > 1 else "Could not read ")
+            self.status.setText(self.status.text() + "; ".join(result.problems)
+                                + ". Fix the path or remove it from the list. " + checked)
+            set_role(self.status, "error")
+        else:
+            self.status.setText(checked)
         self._show_report(result)
         self.checked.emit(result)
         if result.preview:
@@ -387,12 +438,17 @@ class DataPage(Page):
             for tile in (self.kept_tile, self.skipped_tile, self.truncated_tile, self.tokens_tile, self.lengths_tile):
                 tile.set("—", "")
             self.skipped_table.setRowCount(0)
+            self._show_skipped_rows([])
             self.report_text.setHtml(f"<p style='color:{self._muted()}'>Press Check data to validate every row."
                                      "</p>")
             self.preview_table.setRowCount(0)
             self.inspector.clear()
             self._draw_histogram(np.zeros(0))
             return
+        reasons = dict(report.skipped)
+        if result.eval_report:
+            reasons.update({f"{reason} (evaluation data)": count
+                            for reason, count in result.eval_report.skipped.items()})
         skipped = sum(report.skipped.values())
         self.kept_tile.set(f"{report.rows_kept:,}", f"of {report.rows_read:,} read")
         top = max(report.skipped.items(), key=lambda kv: kv[1])[0] if report.skipped else "none skipped"
@@ -406,21 +462,23 @@ class DataPage(Page):
         else:
             self.tokens_tile.set("—", "needs a model")
             self.lengths_tile.set("—", "needs a model")
-        self.skipped_table.setRowCount(len(report.skipped))
-        for row, (reason, count) in enumerate(sorted(report.skipped.items(), key=lambda kv: -kv[1])):
+        self.skipped_table.setRowCount(len(reasons))
+        for row, (reason, count) in enumerate(sorted(reasons.items(), key=lambda kv: -kv[1])):
             self.skipped_table.setItem(row, 0, QTableWidgetItem(reason))
             count_item = QTableWidgetItem(f"{count:,}")
             count_item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
             self.skipped_table.setItem(row, 1, count_item)
-        self.skipped_table.setVisible(bool(report.skipped))
-        self.report_text.setHtml(_report_html(report))
+        self.skipped_table.setVisible(bool(reasons))
+        _fit_rows(self.skipped_table, len(reasons))  # every reason in view, none cut
+        self._show_skipped_rows(skipped_rows(report, "train") + skipped_rows(result.eval_report, "eval"))
+        self.report_text.setHtml(report_html(report, result.eval_report))
         self._show_preview(result.preview)
         self._draw_histogram(result.lengths)
 
     def _show_preview(self, views: list[Any]) -> None:
         self.preview_table.setRowCount(len(views))
         for row, view in enumerate(views):
-            prompt, response = _prompt_and_response(view.messages or [])
+            prompt, response = prompt_and_response(view.messages or [])
             cells = [view.source.rpartition(":")[2], prompt, response, f"{view.num_tokens:,}",
                      f"{view.num_trained:,}", ""]
             for col, text in enumerate(cells):
@@ -432,9 +490,9 @@ class DataPage(Page):
             if view.images:
                 image_item = self.preview_table.item(row, 5)
                 image_item.setText(f"{len(view.images)}")
-                thumbnail = _thumbnail(view.images[0].source)
-                if thumbnail is not None:
-                    image_item.setIcon(thumbnail)
+                icon_ = thumbnail(view.images[0].source)
+                if icon_ is not None:
+                    image_item.setIcon(icon_)
                     self.preview_table.setRowHeight(row, THUMBNAIL + 8)
                 image_item.setToolTip("\n".join(f"{im.source} ({im.width}×{im.height}, {im.tokens} tokens)"
                                                 for im in view.images))
@@ -445,26 +503,64 @@ class DataPage(Page):
             return
         self.show_view(self.result.preview[rows[0].row()])
 
+    def _show_skipped_rows(self, rows: list[SkippedRow]) -> None:
+        self.skipped = rows
+        table = self.skipped_rows_table
+        table.blockSignals(True)
+        table.setRowCount(len(rows))
+        for row, skipped in enumerate(rows):
+            where = QTableWidgetItem(skipped.where + (" (evaluation)" if skipped.split == "eval" else ""))
+            where.setToolTip(skipped.source)
+            table.setItem(row, 0, where)
+            why = QTableWidgetItem(skipped.why)
+            why.setToolTip(skipped.why)
+            table.setItem(row, 1, why)
+        table.blockSignals(False)
+        table.setVisible(bool(rows))
+        _fit_rows(table, min(len(rows), SKIPPED_ROWS_SHOWN))
+
+    def _skipped_selected(self) -> None:
+        rows = self.skipped_rows_table.selectionModel().selectedRows()
+        if rows:
+            self.inspect_skipped(self.skipped[rows[0].row()])
+
+    def inspect_skipped(self, skipped: SkippedRow) -> None:
+        """Open a skipped row in the inspector: why it was skipped and the row as the file holds it."""
+        entries = self.state.config.data.train if skipped.split == "train" else self.state.config.data.eval
+        self.tabs.setCurrentIndex(self.tabs.indexOf(self.inspector.parentWidget()))
+        self.inspector_title.setText(f"{skipped.where}: skipped — {skipped.why}")
+        self.inspector.clear()
+        self.inspect_row(_entry_for(skipped.source, entries), skipped.row)
+        self._inspecting = skipped
+
     def inspect_row(self, entry: str, row: int) -> None:
-        """Show any row of a file in the inspector (skipped rows show why)."""
-        if not self.result or self.result.tokenizer is None:
+        """Show any row of a file in the inspector (skipped rows show why, and the row as the file holds it)."""
+        if not self.result:
             return
+        self._inspecting = None
         self.inspect_task = Task(inspect, entry, row, self.state.config.data, self.result.tokenizer,
                                  on_result=self._inspected, on_error=self._inspect_failed)
 
-    def _inspected(self, view: Any) -> None:
-        self.show_view(view)
-        self.inspected.emit(view)
+    def _inspected(self, result: tuple[Any, str]) -> None:
+        view, raw = result
+        self.show_view(view, raw)
+        self.inspected.emit(result)
 
     def _inspect_failed(self, error: TaskError) -> None:
         self.inspector_title.setText(error.message)
         self.inspected.emit(error)
 
-    def show_view(self, view: Any) -> None:
-        """Render a RowView: the chat-template text with the trained tokens highlighted."""
-        if view.problem:
-            self.inspector_title.setText(f"{view.source}: skipped — {view.problem}")
-            self.inspector.clear()
+    def show_view(self, view: Any, raw: str = "") -> None:
+        """Render a RowView: the chat-template text with the trained tokens highlighted; a skipped row (or, without
+        a model, a row the view could not be made of) as the file holds it."""
+        if view is None or view.problem:
+            skipped = self._inspecting
+            where = view.source if view is not None else (skipped.where if skipped else "")
+            why = view.problem if view is not None else (skipped.why if skipped else "")
+            why = why.removeprefix(f"{where}: ")  # the problem names its row too; say it once
+            self.inspector_title.setText(f"{Path(where).name}: skipped — {why}")
+            self.inspector.setPlainText(raw or "(the row is empty)")
+            self.legend.setText("The row as the file holds it: fix it there and check again.")
             return
         share = view.num_trained / view.num_tokens if view.num_tokens else 0
         truncated = " · truncated" if view.truncated else ""
@@ -514,74 +610,15 @@ class DataPage(Page):
             self._preview_selected()
 
 
-def highlight_html(pieces: list[Any], palette: Palette | None) -> str:
-    """The rendered row as HTML: trained runs on an accent background, image placeholders as pills."""
-    accent_bg = palette.accent_soft if palette else "#e7e4ff"
-    accent_fg = palette.accent_text if palette else "#4335c9"
-    muted = palette.muted if palette else "#666"
-    parts = []
-    for piece in pieces:
-        text = html.escape(piece.text)
-        if piece.kind == "image":
-            parts.append(f"<span style='background:{muted};color:white'>&nbsp;image · {piece.tokens} tokens&nbsp;"
-                         "</span>")
-        elif piece.trained:
-            parts.append(f"<span style='background:{accent_bg};color:{accent_fg};font-weight:600'>{text}</span>")
-        else:
-            parts.append(f"<span style='color:{muted}'>{text}</span>")
-    body = "".join(parts).replace("\n", "<br>")
-    return f"<div style='font-family:monospace;font-size:10pt;white-space:pre-wrap'>{body}</div>"
-
-
-def _report_html(report: DatasetReport) -> str:
-    lines = [f"<p><b>{report.rows_kept:,}</b> of {report.rows_read:,} rows kept"
-             + (f" ({report.format})" if report.format else "")
-             + (f"; {report.image_rows:,} with images" if report.image_rows else "")
-             + (f"; {report.held_out:,} held out for evaluation" if report.held_out else "") + ".</p>"]
-    for title, items in (("Could not read", report.problems), ("First skipped rows", report.skipped_examples),
-                         ("Notes", report.notes)):
-        if items:
-            lines.append(f"<p><b>{title}</b></p><ul>")
-            lines += [f"<li>{html.escape(item)}</li>" for item in items]
-            lines.append("</ul>")
-    return "".join(lines)
-
-
-def _prompt_and_response(messages: list[dict[str, Any]]) -> tuple[str, str]:
-    """The last user turn and the last assistant turn, as one line each."""
-    def text_of(message):
-        content = message.get("content", "")
-        if isinstance(content, list):
-            content = " ".join(part.get("text", "[image]") if part.get("type") == "text" else "[image]"
-                               for part in content)
-        return " ".join(str(content).split())
-
-    prompt = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
-    response = next((text_of(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
-    if not messages:
-        return "", ""
-    if not prompt and not response:  # plain text rows
-        prompt = text_of(messages[0])
-    return prompt, response
-
-
-def _thumbnail(source: str):
-    from PySide6.QtGui import QIcon
-
-    path = Path(str(source))
-    if not path.is_file():
-        return None
-    reader = QImageReader(str(path))
-    reader.setAutoTransform(True)
-    size = reader.size()
-    if size.isValid():
-        reader.setScaledSize(size.scaled(THUMBNAIL, THUMBNAIL, Qt.KeepAspectRatio))
-    image = reader.read()
-    return None if image.isNull() else QIcon(QPixmap.fromImage(image))
-
-
 def _display(entry: str) -> str:
     return entry.removeprefix("bundled:") if entry.startswith("bundled:") else entry
+
+
+def _fit_rows(table: QTableWidget, rows: int) -> None:
+    """Make `table` exactly as tall as its header and first `rows` rows (the rest scroll)."""
+    height = table.horizontalHeader().sizeHint().height() + 2 * table.frameWidth()
+    height += sum(table.rowHeight(row) for row in range(rows))
+    table.setFixedHeight(height)
 
 
 def _tab() -> tuple[QWidget, QVBoxLayout]:

@@ -12,6 +12,7 @@ from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.threads import Task, TaskError
 from hone.app.widgets.common import Card, InfoGrid, StatTile, human_bytes, human_count, label, set_role
+from hone.app.widgets.config_form import in_words
 from hone.core.config import DEMO_MODEL
 
 DETAILS = ["Architecture", "Model type", "Layers", "Hidden size", "Vocabulary", "Context length", "Source",
@@ -101,33 +102,36 @@ class ModelPage(Page):
         self.choose(self.name_box.currentText().strip())
 
     def choose(self, name_or_path: str) -> None:
-        """Make `name_or_path` the run's model and read its details off the GUI thread."""
+        """Read `name_or_path`'s details off the GUI thread; it becomes the run's model only once it could be read
+        (a model that cannot be read leaves the previous one in place)."""
         if not name_or_path:
             self._say("Type a model id or pick a folder or file first.")
             return
         if self.task and self.task.is_running():
             return
         self.name_box.setEditText(name_or_path)
-        self.state.set_model(name_or_path, None)
-        self._refresh_recents()
         self.busy.show()
         self.use_button.setEnabled(False)
+        set_role(self.status, "muted")
         self._say(f"Reading {name_or_path}…")
         self.task = Task(inspect, name_or_path, on_result=lambda info: self._inspected(name_or_path, info),
-                         on_error=self._failed)
+                         on_error=lambda error: self._failed(name_or_path, error))
 
     def _inspected(self, name_or_path: str, info: Any) -> None:
         self.busy.hide()
         self.use_button.setEnabled(True)
         self._say("")
-        self.state.set_model_info(name_or_path, info)
+        self.state.set_model(name_or_path, info)
+        self._refresh_recents()
         self.inspected.emit(self.state.model_info)
 
-    def _failed(self, error: TaskError) -> None:
+    def _failed(self, name_or_path: str, error: TaskError) -> None:
         self.busy.hide()
         self.use_button.setEnabled(True)
-        advice = f"\n{error.advice[0].upper()}{error.advice[1:]}." if error.advice else ""
-        self._say(f"Could not read this model: {error.message}{advice}")
+        advice = f"\n{in_words(error.advice.rstrip('.'))}." if error.advice else ""
+        current = self.state.config.model.name_or_path
+        kept = f"\nThe run still uses {current}." if current and current != name_or_path else ""
+        self._say(f"Could not read {name_or_path}: {in_words(error.message.rstrip('.'))}.{advice}{kept}")
         set_role(self.status, "error")
         self.inspected.emit(error)
 
@@ -157,10 +161,10 @@ class ModelPage(Page):
     # ---- showing ----
     def _show_info(self, info: dict[str, Any] | None) -> None:
         set_role(self.status, "muted")
-        if info is None:
-            for tile in (self.name_tile, self.params_tile, self.kind_tile, self.vision_tile):
+        if info is None:  # never read on this computer: reading it would load torch, so it waits for Use model
+            for tile in (self.params_tile, self.kind_tile, self.vision_tile):
                 tile.set("—", "")
-            self.name_tile.set(_short(self.state.config.model.name_or_path), "")
+            self.name_tile.set(_short(self.state.config.model.name_or_path), "press Use model for its details")
             self.details.clear()
             return
         params = info.get("params", 0)

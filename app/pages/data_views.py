@@ -1,0 +1,144 @@
+"""What the Data page shows, apart from its widgets: rows as HTML, the report in words, skipped rows as the report
+lists them and as the file holds them."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QImageReader, QPixmap
+
+from hone.app.theme import Palette
+from hone.core.events import DatasetReport
+
+THUMBNAIL = 56  # px
+# A report's skipped example: "file:row: field: why" (a Windows path's drive colon is not followed by digits).
+_SKIPPED = re.compile(r"^(.+?):(\d+): (.*)$", re.S)
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    """A row the check skipped: which split, the file as the report names it, its 1-based row number, and why."""
+
+    split: str
+    source: str
+    row: int
+    why: str
+
+    @property
+    def where(self) -> str:
+        return f"{Path(self.source).name}:{self.row}"
+
+
+def skipped_rows(report: DatasetReport | None, split: str) -> list[SkippedRow]:
+    """Every skipped row a check listed (a check lists them all, a run's report only the first few)."""
+    rows = []
+    for example in report.skipped_examples if report else []:
+        match = _SKIPPED.match(example)
+        if match:
+            rows.append(SkippedRow(split, match.group(1), int(match.group(2)), match.group(3)))
+    return rows
+
+
+def raw_row(entry: str, row: int) -> str:
+    """Row `row` (1-based, as the report numbers it) of one data file as it holds it: a record as indented JSON, a
+    line that is not a JSON object as its text. Runs on a worker thread.
+
+    Raises:
+        SourceError: the file cannot be read.
+    """
+    from hone.core.data.loaders import read_records, resolve_sources
+
+    sources = resolve_sources([entry])
+    if len(sources) != 1:
+        return ""
+    source = sources[0]
+    for number, record in read_records(source):
+        if number == row and isinstance(record, dict):
+            return json.dumps(record, indent=2, ensure_ascii=False, default=str)
+        if number >= row:
+            break
+    if source.kind == "jsonl" and source.path is not None:  # a line the reader could not parse: show its text
+        with open(source.path, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if number == row:
+                    return line.decode("utf-8", errors="replace").rstrip("\r\n")
+    return ""
+
+
+def highlight_html(pieces: list[Any], palette: Palette | None) -> str:
+    """The rendered row as HTML: trained runs on an accent background, image placeholders as pills."""
+    accent_bg = palette.accent_soft if palette else "#e7e4ff"
+    accent_fg = palette.accent_text if palette else "#4335c9"
+    muted = palette.muted if palette else "#666"
+    parts = []
+    for piece in pieces:
+        text = html.escape(piece.text)
+        if piece.kind == "image":
+            parts.append(f"<span style='background:{muted};color:white'>&nbsp;image · {piece.tokens} tokens&nbsp;"
+                         "</span>")
+        elif piece.trained:
+            parts.append(f"<span style='background:{accent_bg};color:{accent_fg};font-weight:600'>{text}</span>")
+        else:
+            parts.append(f"<span style='color:{muted}'>{text}</span>")
+    body = "".join(parts).replace("\n", "<br>")
+    return f"<div style='font-family:monospace;font-size:10pt;white-space:pre-wrap'>{body}</div>"
+
+
+def report_html(report: DatasetReport, eval_report: DatasetReport | None = None) -> str:
+    """The report in words: rows kept, sources that could not be read, notes; the evaluation data's below."""
+    text = _split_html(report, "Training data" if eval_report is not None else "")
+    return text + (_split_html(eval_report, "Evaluation data") if eval_report is not None else "")
+
+
+def _split_html(report: DatasetReport, heading: str) -> str:
+    lines = [f"<p><b>{heading}</b></p>"] if heading else []
+    lines += [f"<p><b>{report.rows_kept:,}</b> of {report.rows_read:,} rows kept"
+             + (f" ({report.format})" if report.format else "")
+             + (f"; {report.image_rows:,} with images" if report.image_rows else "")
+             + (f"; {report.held_out:,} held out for evaluation" if report.held_out else "") + ".</p>"]
+    for title, items in (("Could not read", report.problems), ("Notes", report.notes)):
+        if items:
+            lines.append(f"<p><b>{title}</b></p><ul>")
+            lines += [f"<li>{html.escape(item)}</li>" for item in items]
+            lines.append("</ul>")
+    return "".join(lines)
+
+
+def prompt_and_response(messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """The last user turn and the last assistant turn, as one line each."""
+    def text_of(message):
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = " ".join(part.get("text", "[image]") if part.get("type") == "text" else "[image]"
+                               for part in content)
+        return " ".join(str(content).split())
+
+    prompt = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
+    response = next((text_of(m) for m in reversed(messages) if m.get("role") == "assistant"), "")
+    if not messages:
+        return "", ""
+    if not prompt and not response:  # plain text rows
+        prompt = text_of(messages[0])
+    return prompt, response
+
+
+def thumbnail(source: str):
+    """A small icon of an image file, or None where it cannot be read."""
+    from PySide6.QtGui import QIcon
+
+    path = Path(str(source))
+    if not path.is_file():
+        return None
+    reader = QImageReader(str(path))
+    reader.setAutoTransform(True)
+    size = reader.size()
+    if size.isValid():
+        reader.setScaledSize(size.scaled(THUMBNAIL, THUMBNAIL, Qt.KeepAspectRatio))
+    image = reader.read()
+    return None if image.isNull() else QIcon(QPixmap.fromImage(image))
