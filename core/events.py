@@ -109,6 +109,9 @@ class Notice(Event):
     topic: str
     message: str
     level: str = "info"  # info | warning
+    # The step a change takes effect from (0: before the first step), for notices the charts mark, such as the
+    # memory planner's re-plans; None for notices about the run as a whole.
+    step: int | None = None
 
 
 @dataclass(frozen=True)

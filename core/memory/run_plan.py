@@ -104,21 +104,32 @@ def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = Fa
     return RunPlan(shape, settings, estimate, memory, fit, mean_row)
 
 
-def fit_run_config(config: RunConfig, memory: Memory) -> tuple[RunConfig, list]:
-    """The run config auto-fit makes of `config` for `memory` (the same when it fits), and Notice events saying
-    what was predicted and changed. QLoRA is never switched on here: it changes what is trained."""
+@dataclass(frozen=True)
+class FittedRun:
+    """What auto-fit makes of a run: the config to train with, Notice events saying what was predicted and changed,
+    and the predicted peak of a step of that config in bytes."""
+
+    config: RunConfig
+    notices: list
+    predicted: float
+
+
+def fit_run_config(config: RunConfig, memory: Memory) -> FittedRun:
+    """The run config auto-fit makes of `config` for `memory` (the same when it fits). QLoRA is never switched on
+    here: it changes what is trained."""
     from hone.core.events import Notice
 
     plan = plan_run(config, memory)
     fit, available = plan.fit, memory.available / GIB
     said = f"a step needs ≈ {plan.estimate.peak_gib:.1f} GiB; {available:.1f} GiB free on {memory.device}"
     if fit.fits and not fit.changes:
-        return config, [Notice(topic="memory", message=f"{said}: it fits")]
+        return FittedRun(config, [Notice(topic="memory", message=f"{said}: it fits")], plan.estimate.peak_bytes)
     if fit.fits:
         fitted = config.with_overrides(fit.assignments(plan.settings))
-        return fitted, [Notice(topic="memory", level="warning", message=(
+        return FittedRun(fitted, [Notice(topic="memory", level="warning", step=0, message=(
             f"{said}: it does not fit as set, so the run uses " + "; ".join(fit.changes)
-            + f" (≈ {fit.estimate.peak_gib:.1f} GiB; train.fit_memory = false keeps the settings as they are)"))]
-    return config, [Notice(topic="memory", level="warning", message=(
+            + f" (≈ {fit.estimate.peak_gib:.1f} GiB; train.fit_memory = false keeps the settings as they are)"))],
+            fit.estimate.peak_bytes)
+    return FittedRun(config, [Notice(topic="memory", level="warning", message=(
         f"{said}: it may not fit ({fit.reason}). The run starts as set; a step that runs out of memory is run "
-        "again on smaller micro-batches"))]
+        "again on smaller micro-batches"))], plan.estimate.peak_bytes)

@@ -157,6 +157,25 @@ class StepRunner:
         if self.cuda:
             torch.cuda.empty_cache()
 
+    def trial_backward(self, rows) -> None:
+        """Forward and backward of one micro-batch of `rows` with no optimizer step, leaving no trace: gradients,
+        random state and the speed paths' counters are as before (the measured preflight runs it)."""
+        devices = [torch.cuda.current_device()] if self.cuda else []
+        try:
+            with torch.random.fork_rng(devices=devices), reuse_weight_casts():
+                if not self.model.training:
+                    self.model.train()
+                batch = self.collate(rows).to(self.device)
+                with self._autocast():
+                    summed = loss_sum(self.model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
+                batch = None  # as in step(): the batch's device tensors must not stay allocated through backward
+                summed.backward()  # the scale does not change what backward allocates
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            for meter in (self.setup.expert_meter, self.setup.offload):
+                if meter is not None:
+                    meter.read_and_reset()
+
     def close(self) -> None:
         """Stop the background collation thread and put the vocabulary tables back on the device (a run's end)."""
         self._pending = None

@@ -22,6 +22,7 @@ from hone.core.errors import HoneError
 from hone.core.models.load import load_model, pick_device, resolve_dtype
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
 from hone.core.train import checkpoints as ckpt
+from hone.core.train import preflight
 from hone.core.train.adapter_dir import save_adapter
 from hone.core.train.lora import apply_lora
 from hone.core.train.optim import build_optimizer, build_scheduler
@@ -51,7 +52,10 @@ class Trainer:
         self.resume_dir = Path(resume_dir) if resume_dir else None
         self.device = device or pick_device()
         self.step = 0
-        self.split = 1  # micro-batches each pack runs as; doubled by every out-of-memory step
+        self.split = 1  # micro-batches each pack runs as: set by the preflight, doubled by an out-of-memory step
+        self.memory = None  # the memory the run may use (hone.core.memory.run_plan.Memory), read on a GPU
+        self.predicted: float | None = None  # the planner's peak of a step, bytes
+        self.memory_meter = None  # measures the preflight (preflight.CudaMeter on a GPU)
         self.writer: RunWriter | None = None
         self.step_loop: StepRunner | None = None
         self.model = None  # the peft model once loaded (tests and the demo read it after the run)
@@ -98,6 +102,7 @@ class Trainer:
         self.writer.log(f"run folder {run_dir}, device {device}")
         if device.startswith("cuda") and config.train.fit_memory:
             config = self.config = yield from self._fit_memory(config)
+            self.memory_meter = self.memory_meter or preflight.CudaMeter()
         torch.manual_seed(config.train.seed)
 
         loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
@@ -143,6 +148,7 @@ class Trainer:
             else:
                 state = ckpt.load_checkpoint(latest, model, optimizer, scheduler, scaler=scaler)
                 self.step, position = state["step"], state["position"]
+                self.split = state.get("split", 1)  # a run that ran out of memory goes on as it ended
 
         yield self._emit(events.RunStarted(
             run_dir=str(run_dir), model=info.name, device=device, dtype=str(dtype).replace("torch.", ""),
@@ -152,6 +158,8 @@ class Trainer:
 
         step_loop = self.step_loop = StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config,
                                                 device, dtype, setup)
+        if self.memory is not None and self.memory_meter is not None and config.train.fit_memory and self.step < total:
+            yield self._emit(self._preflight(step_loop, data.train, stream))
         start_time, last_loss, eval_loss, stopped = time.time(), float("nan"), None, False
         while self.step < total:
             if self.control.paused:
@@ -180,7 +188,7 @@ class Trainer:
                         raise HoneError(f"the GPU ran out of memory at step {self.step + 1} even with one row per "
                                         "micro-batch; the run is saved up to the step before", OOM_ADVICE) from None
                     self.split *= 2
-                    yield self._emit(events.Notice(topic="memory", level="warning", message=(
+                    yield self._emit(events.Notice(topic="memory", level="warning", step=self.step + 1, message=(
                         f"out of GPU memory at step {self.step + 1}: running each micro-batch as {self.split} "
                         "smaller ones from now on (the same rows per step, so the loss curve stays comparable)")))
             self.step += 1
@@ -221,19 +229,30 @@ class Trainer:
         returns the config to train with. A planner that cannot read the model leaves the config as it is."""
         from hone.core.memory.run_plan import detect_memory, fit_run_config
 
-        memory = detect_memory()
+        memory = self.memory = detect_memory()
         if memory is None:
             return config
         try:
-            fitted, notices = fit_run_config(config, memory)
+            fitted = fit_run_config(config, memory)
         except Exception as e:  # the planner is advice: a config it cannot read must not stop the run
             yield self._emit(events.Notice(topic="memory", message=f"no memory estimate ({type(e).__name__}: {e})"))
             return config
-        for notice in notices:
+        for notice in fitted.notices:
             yield self._emit(notice)
-        return fitted
+        self.predicted = fitted.predicted
+        return fitted.config
+
+    def _preflight(self, step_loop: StepRunner, dataset, stream: PackStream) -> events.Notice:
+        """Measure the largest micro-batch before step 1 and re-plan the split once if it does not fit."""
+        rows = preflight.largest_micro_batch(dataset, stream.plan(0), self.config.speed.packing)
+        first = self.split
+        result = preflight.run_preflight(step_loop, rows, available=self.memory.available, split=first,
+                                         meter=self.memory_meter)
+        self.split = result.split
+        return preflight.preflight_notice(result, self.predicted, first)
 
     def _checkpoint(self, run_dir, model, optimizer, scheduler, scaler, position) -> events.CheckpointSaved:
-        path = ckpt.save_checkpoint(run_dir, self.step, model, optimizer, scheduler, {"position": position},
+        path = ckpt.save_checkpoint(run_dir, self.step, model, optimizer, scheduler,
+                                    {"position": position, "split": self.split},
                                     scaler=scaler, keep=self.config.output.keep_checkpoints)
         return events.CheckpointSaved(step=self.step, path=str(path))

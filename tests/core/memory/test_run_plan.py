@@ -14,13 +14,17 @@ def qwen3_8b(batch_tokens=16384, max_length=2048) -> RunConfig:
 
 def test_a_run_that_fits_is_kept_and_said_to_fit():
     config = qwen3_8b()
-    fitted, [notice] = fit_run_config(config, Memory(80 * GIB, "NVIDIA H100"))
+    run = fit_run_config(config, Memory(80 * GIB, "NVIDIA H100"))
+    fitted, [notice] = run.config, run.notices
+    assert 16 * GIB < run.predicted < 20 * GIB  # Qwen3-8B LoRA at a 16K batch: ≈ 17 GiB (the calibration table)
     assert fitted == config and notice.level == "info" and notice.message.endswith("it fits")
 
 
 def test_a_run_too_big_gets_the_cheapest_changes_and_says_them():
     config = qwen3_8b().with_overrides(['speed.checkpoint="gpu"'])
-    fitted, [notice] = fit_run_config(config, Memory(22 * GIB, "NVIDIA GeForce RTX 4090"))
+    run = fit_run_config(config, Memory(22 * GIB, "NVIDIA GeForce RTX 4090"))
+    fitted, [notice] = run.config, run.notices
+    assert run.predicted <= 22 * GIB * 0.85 and notice.step == 0  # a changed plan is marked on the memory chart
     assert fitted.speed.checkpoint == "offload-double" and not fitted.lora.qlora
     assert notice.level == "warning" and "does not fit as set" in notice.message
     assert "train.fit_memory = false" in notice.message
@@ -28,7 +32,8 @@ def test_a_run_too_big_gets_the_cheapest_changes_and_says_them():
 
 def test_nothing_fits_starts_as_set_with_a_warning():
     config = qwen3_8b()
-    fitted, [notice] = fit_run_config(config, Memory(8 * GIB, "NVIDIA GeForce RTX 4060 Laptop GPU"))
+    run = fit_run_config(config, Memory(8 * GIB, "NVIDIA GeForce RTX 4060 Laptop GPU"))
+    fitted, [notice] = run.config, run.notices
     assert fitted == config and "may not fit" in notice.message and "smaller micro-batches" in notice.message
 
 
