@@ -22,11 +22,13 @@ IMPLEMENTATIONS = {
     "varlen": "hone_varlen",
     "flash": "hone_fa2",
     "sdpa": "hone_blockmask",
+    "rows": "hone_rows",
 }
 _FUNCTIONS = {
     "hone_varlen": backends.varlen_attention,
     "hone_fa2": backends.fa2_attention,
     "hone_blockmask": backends.blockmask_attention,
+    "hone_rows": backends.rows_attention,
 }
 PER_LAYER_SUFFIX = "_per_layer"
 
@@ -36,7 +38,7 @@ class Choice:
     """The attention backend picked for a run.
 
     Attributes:
-        name: "varlen", "flash", "sdpa" or "hf".
+        name: "varlen", "flash", "rows", "sdpa" or "hf".
         reason: one sentence for the run log / RunStarted: why this backend.
         implementation: the name set as the model's attention implementation.
         previous: the model's attention implementation before `configure` (what `revert` restores).
@@ -259,7 +261,9 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str,
     - varlen: `torch.nn.attention.varlen.varlen_attn` on CUDA in bf16/fp16, when `probe_varlen` passes on the
       device (grouped heads and sliding windows against a dense reference).
     - flash: flash-attn's `flash_attn_varlen_func`, when that package is installed.
-    - sdpa: SDPA with one block-diagonal causal mask per batch, shared across layers (CPU, older GPUs, fp32).
+    - rows: SDPA on each packed row, no mask across the batch (the CPU under `auto`: memory grows with the rows'
+      squared lengths, not the batch's; `sdpa` keeps the block mask there).
+    - sdpa: SDPA with one block-diagonal causal mask per batch, shared across layers (older GPUs, fp32, sinks).
     - hf: transformers' own attention, untouched (it builds its mask from position_ids every forward).
     Models with attention sinks (gpt-oss) take varlen when its probe, gradients included, passes with sinks (see
     `backends.SinkRescale`), else the shared block mask with the sink attention computed densely; never
@@ -303,6 +307,9 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str,
         else:
             return "flash", "flash-attn flash_attn_varlen_func with the batch's cu_seqlens, no mask", None
     detail = "; ".join(why_not.values())
+    if requested == "auto" and not on_cuda and not sinks:
+        return "rows", ("SDPA on each packed row (CPU): attention memory grows with each row's length, not the "
+                        "batch's"), None
     reason = "SDPA with one block-diagonal causal mask per batch, shared by all layers"
     if sinks:
         reason = ("one block-diagonal causal mask per batch, shared by all layers, attention with sinks computed "

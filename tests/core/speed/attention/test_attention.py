@@ -1,6 +1,6 @@
-"""Packed attention through transformers' AttentionInterface on the CPU (the block-mask SDPA backend): same loss
-and gradients as each sequence run alone, no leakage between sequences, one mask per batch, no mask or packed
-detection in transformers, backend choice and revert."""
+"""Packed attention through transformers' AttentionInterface on the CPU (SDPA per packed row, which `auto` takes
+there, and SDPA with one block mask): same loss and gradients as each sequence run alone, no leakage between
+sequences, metadata read once per batch, no mask or packed detection in transformers, backend choice and revert."""
 
 from __future__ import annotations
 
@@ -37,31 +37,38 @@ def test_metadata_from_position_ids_matches_the_collator():
     assert cu.dtype == torch.int32 and cu.tolist() == batch.cu_seqlens.tolist() and longest == batch.max_seqlen
 
 
+# speed.attention -> (backend, implementation, metadata built once per batch: (stats field, count))
+BACKENDS = {"auto": ("rows", "hone_rows", ("length_reads", 1)), "sdpa": ("sdpa", "hone_blockmask", ("mask_builds", 1))}
+
+
+@pytest.mark.parametrize("requested", BACKENDS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_packed_blockmask_loss_and_grads_equal_sequences_run_one_by_one(shape):
+def test_packed_loss_and_grads_equal_sequences_run_one_by_one(shape, requested):
     model = model_of(shape)
-    rows = random_rows([13, 5, 21, 9], seed=7)
+    rows = random_rows([13, 5, 21, 9], seed=7)  # the sliding-window shape's window (8) is shorter than three rows
     want = per_sequence_loss(model, rows)  # transformers' own SDPA, one sequence at a time
     want.backward()
     want_grads = grads(model)
     model.zero_grad()
 
-    choice = attention.configure(model, SpeedConfig(attention="auto"), "cpu")
-    assert choice.name == "sdpa" and choice.implementation == "hone_blockmask"
+    choice = attention.configure(model, SpeedConfig(attention=requested), "cpu")
+    name, implementation, (built, times) = BACKENDS[requested]
+    assert choice.name == name and choice.implementation == implementation
     stats = backends.reset_stats()
     got = loss_sum(model, collate_packed(rows))
     got.backward()
     torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-4)
     assert_grads_close(grads(model), want_grads)
     assert stats.packed_calls == model.config.num_hidden_layers and stats.fallback_calls == 0
-    assert stats.mask_builds == 1, "one block mask per batch, shared by every layer"
+    assert getattr(stats, built) == times, "the batch's mask or row lengths built once, shared by every layer"
 
 
+@pytest.mark.parametrize("requested", BACKENDS)
 @pytest.mark.parametrize("per_layer", [False, True])
-def test_no_leakage_between_packed_sequences(per_layer):
+def test_no_leakage_between_packed_sequences(per_layer, requested):
     """Changing sequence B (before and after A) leaves A's logits unchanged; B's own logits do change."""
     model = model_of("tiny-mistral-swa")
-    attention.configure(model, SpeedConfig(), "cpu", per_layer_metadata=per_layer)
+    attention.configure(model, SpeedConfig(attention=requested), "cpu", per_layer_metadata=per_layer)
     a, b, b2 = random_rows([12], seed=1)[0], random_rows([10], seed=2)[0], random_rows([10], seed=3)[0]
 
     def logits(rows):
@@ -90,7 +97,7 @@ def test_metadata_built_once_per_batch_and_transformers_builds_no_mask(monkeypat
     assert len(calls) == 1
 
     calls.clear()
-    attention.configure(model, SpeedConfig(), "cpu")
+    attention.configure(model, SpeedConfig(attention="sdpa"), "cpu")
     model.gradient_checkpointing_enable()
     model.train()
     stats = backends.reset_stats()
@@ -99,10 +106,15 @@ def test_metadata_built_once_per_batch_and_transformers_builds_no_mask(monkeypat
     assert stats.mask_builds == 1 and stats.metadata_builds == 0
     assert stats.packed_calls == 2 * layers
 
-    attention.configure(model, SpeedConfig(), "cpu", per_layer_metadata=True)
+    attention.configure(model, SpeedConfig(attention="sdpa"), "cpu", per_layer_metadata=True)
     stats = backends.reset_stats()
     loss_sum(model, batch).backward()
     assert stats.mask_builds == 2 * layers, "the benchmark variant rebuilds the mask in every layer call"
+
+    attention.configure(model, SpeedConfig(), "cpu")  # per packed row: lengths read once, then every layer
+    stats = backends.reset_stats()
+    loss_sum(model, batch).backward()
+    assert calls == [] and stats.length_reads == 1 and stats.mask_builds == 0 and stats.packed_calls == 2 * layers
 
 
 def test_configure_reports_and_reverts():
@@ -171,7 +183,7 @@ def test_configure_through_peft_and_unpacked_calls_fall_back():
     rows = random_rows([20, 11], seed=6)
     want = per_sequence_loss(model, rows)
     attention.configure(model, SpeedConfig(), "cpu")
-    assert model.get_base_model().config._attn_implementation == "hone_blockmask"
+    assert model.get_base_model().config._attn_implementation == "hone_rows"
     torch.testing.assert_close(loss_sum(model, collate_packed(rows)), want, rtol=1e-5, atol=1e-4)
     stats = backends.reset_stats()
     # a plain single row longer than the 8-token window, without packed metadata: transformers' SDPA with the
