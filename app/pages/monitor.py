@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QMessageBox, QPlainTextE
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.threads import advice_for
-from hone.app.widgets.charts import BarChart, LiveChart
+from hone.app.widgets.charts import BarChart, LiveChart, mark_label, power_of_ten
 from hone.app.widgets.common import Card, StatTile, human_bytes, human_count, human_duration, label, set_role
 from hone.core.events import (
     CheckpointSaved,
@@ -127,7 +127,7 @@ class MonitorPage(Page):
         self.memory_chart.add_line("allocated", "allocated (peak)", "mem_alloc", width=2.0)
         self.util_chart = LiveChart("GPU utilization", unit="%", y_format="{:.0f}")
         self.util_chart.add_line("util", "utilization", "util")
-        self.lr_chart = LiveChart("Learning rate", y_format="{:.2e}", steps=True)
+        self.lr_chart = LiveChart("Learning rate", y_format=power_of_ten, steps=True, power_of_ten_axis=True)
         self.lr_chart.add_line("lr", "learning rate", "lr")
         self.expert_chart = BarChart("Expert load (tokens routed per expert)")
         self.expert_chart.hide()
@@ -157,6 +157,9 @@ class MonitorPage(Page):
         log_card.body.addWidget(self.log)
         self.body.addWidget(log_card)
 
+        # Memory re-plans not yet on the memory chart: the planner's fit (step 0) comes before RunStarted, whose
+        # reset must not drop it. Cleared when a new run is followed or opened.
+        self._unplaced_marks: list[Notice] = []
         self._reset()
         self.flush_timer = QTimer(self)
         self.flush_timer.setInterval(FLUSH_INTERVAL_MS)
@@ -184,6 +187,7 @@ class MonitorPage(Page):
         self.last_step: StepMetrics | None = None
         self.ended: RunFinished | RunFailed | None = None
         self.expert_totals: list[float] = []
+        self._step_began: dict[int, float] = {}  # step -> seconds on the memory chart when the step after it began
         self.status = "idle"
         self._log_step_at = 0.0
         self._tiles_dirty = False
@@ -203,6 +207,8 @@ class MonitorPage(Page):
             else:
                 self._reset()
                 self.t0 = event.time
+            self._step_began[event.resumed_from_step] = self._seconds(event)
+            self._place_marks()
             self.started = event
             self.ended = None
             self.status = "running"
@@ -230,6 +236,9 @@ class MonitorPage(Page):
                 self._log(event, f"  skipped {count:,}: {reason}")
         elif isinstance(event, Notice):
             self._log(event, f"{'Warning: ' if event.level == 'warning' else ''}{event.topic}: {event.message}")
+            if event.topic == "memory" and event.step is not None:
+                self._unplaced_marks.append(event)
+                self._place_marks()
         elif isinstance(event, CheckpointSaved):
             self._log(event, f"Checkpoint at step {event.step}: {event.path}")
         elif isinstance(event, RunPaused):
@@ -274,6 +283,9 @@ class MonitorPage(Page):
         if event.mem_allocated or event.mem_reserved:
             self.memory_chart.append("allocated", seconds, event.mem_allocated / GIB)
             self.memory_chart.append("reserved", seconds, event.mem_reserved / GIB)
+        self._step_began[event.step] = seconds
+        if self._unplaced_marks:
+            self._place_marks()
         if event.expert_load:
             if len(self.expert_totals) != len(event.expert_load):
                 self.expert_totals = [0.0] * len(event.expert_load)
@@ -285,6 +297,19 @@ class MonitorPage(Page):
             self._log_step_at = event.time
             self._log(event, f"step {event.step}/{event.total_steps}  loss {event.loss:.4f}  lr {event.lr:.2e}  "
                              f"grad norm {event.grad_norm:.3f}  {event.tokens_per_s:,.0f} tokens/s")
+
+    def _place_marks(self) -> None:
+        """Mark each memory re-plan on the memory chart where its step began, once that time is known: a notice
+        for step N ("from step N on") stands where step N-1 ended; step 0 (before the first step) at the start."""
+        waiting = []
+        for notice in self._unplaced_marks:
+            seconds = self._step_began.get(max(notice.step - 1, 0))
+            if seconds is None:
+                waiting.append(notice)
+                continue
+            when = f"Step {notice.step}" if notice.step else "Before the first step"
+            self.memory_chart.add_mark(seconds, mark_label(notice.message), f"{when}: {notice.message}")
+        self._unplaced_marks = waiting
 
     def telemetry(self, sample) -> None:
         """A TelemetrySample from the poller: device memory and utilization over the run's time axis."""
@@ -347,6 +372,7 @@ class MonitorPage(Page):
     def _running_changed(self, running: bool) -> None:
         if running:
             self.live = True
+            self._unplaced_marks.clear()
             self._reset()
             self.status = "starting"
             self.header.subtitle.setText("Loading the model and data…")
@@ -494,6 +520,7 @@ class MonitorPage(Page):
         if self.state.session.is_running:
             return
         self.live = False
+        self._unplaced_marks.clear()
         self._reset()
         self.log.clear()
         show_dialogs, self.show_dialogs = self.show_dialogs, False

@@ -1,7 +1,9 @@
-"""Runs page: the history read from run folders, two runs' loss curves overlaid, open / resume a run."""
+"""Runs page: the history read from run folders, two runs' loss curves overlaid, open / resume / delete a run."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
+    QMessageBox,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
@@ -23,10 +26,14 @@ from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.widgets.charts import LiveChart
 from hone.app.widgets.common import Card, label, set_role
-from hone.core.events import StepMetrics
+from hone.core.events import Event, RunFailed, RunStarted, StepMetrics, from_dict
 
-COLUMNS = ("Run", "Model", "Status", "Steps", "Final loss", "Started")
+COLUMNS = ("Run", "Model", "Status", "Steps", "Loss", "Started")
 OVERLAY_KEYS = ("first", "second")
+# How much of a failed run's metrics.jsonl is read for its RunFailed event (the last line, or near it): enough for a
+# long traceback in its details, little enough that listing many failed runs stays instant.
+FAILURE_TAIL_BYTES = 256 * 1024
+ENDED = ("finished", "stopped")  # statuses whose loss is the run's final one
 
 
 def loss_curve(run_dir: str | Path) -> tuple[list[int], list[float]]:
@@ -41,6 +48,29 @@ def loss_curve(run_dir: str | Path) -> tuple[list[int], list[float]]:
     return steps, losses
 
 
+def last_failure(run_dir: str | Path) -> RunFailed | None:
+    """The run's last RunFailed event, from the end of its metrics.jsonl (None when it holds none)."""
+    from hone.core.train.run_dir import METRICS_FILE
+
+    try:
+        with open(Path(run_dir) / METRICS_FILE, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - FAILURE_TAIL_BYTES))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        if '"RunFailed"' not in line:
+            continue
+        try:
+            event = from_dict(json.loads(line))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # the first line of the tail may be cut; a killed run's last one too
+        if isinstance(event, RunFailed):
+            return event
+    return None
+
+
 class RunsPage(Page):
     name = "runs"
     title = "Runs"
@@ -52,6 +82,8 @@ class RunsPage(Page):
     def __init__(self, state, parent: QWidget | None = None):
         super().__init__(state, parent)
         self.summaries: list[Any] = []
+        self.failures: dict[str, RunFailed] = {}  # run dir -> why it failed (failed runs only)
+        self._training: Path | None = None  # the folder of the run the session is training, once known
         self.folder_button = QPushButton("Runs folder…")
         self.folder_button.clicked.connect(self._pick_folder)
         self.refresh_button = QPushButton("Refresh")
@@ -87,11 +119,17 @@ class RunsPage(Page):
         self.compare_button.clicked.connect(self.compare_selected)
         self.files_button = QPushButton("Show files")
         self.files_button.clicked.connect(self._open_folder)
+        self.delete_button = set_role(QPushButton("Delete…"), "danger")
+        self.delete_button.clicked.connect(self.delete_selected)
         for button in (self.open_button, self.resume_button, self.compare_button, self.files_button):
             actions.addWidget(button)
         actions.addStretch(1)
+        actions.addWidget(self.delete_button)
+        self.detail = label("", wrap=True, selectable=True)
+        self.detail.setTextFormat(Qt.PlainText)  # reasons quote exceptions, which may hold "<" and "&"
         self.empty = label("", "muted", wrap=True)
         history.body.addLayout(actions)
+        history.body.addWidget(self.detail)
         history.body.addWidget(self.empty)
         self.body.addWidget(history)
 
@@ -102,7 +140,8 @@ class RunsPage(Page):
         self.overlay.set_empty_text("Select two runs and press Compare loss")
         self.body.addWidget(self.overlay)
         self.body.addStretch(1)
-        state.session.running_changed.connect(lambda running: None if running else self.refresh())
+        state.session.running_changed.connect(self._running_changed)
+        state.session.event.connect(self._session_event)
         self.refresh()
         self._selection_changed()
 
@@ -116,6 +155,8 @@ class RunsPage(Page):
 
         self.folder_label.setText(str(self.runs_dir))
         self.summaries = list_runs(self.runs_dir) if self.runs_dir.is_dir() else []
+        self.failures = {s.run_dir: failure for s in self.summaries
+                         if s.status == "failed" and (failure := last_failure(s.run_dir)) is not None}
         self.table.setRowCount(len(self.summaries))
         for row, summary in enumerate(self.summaries):
             for col, text in enumerate(_row_texts(summary)):
@@ -123,6 +164,10 @@ class RunsPage(Page):
                 if col in (3, 4):
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 self.table.setItem(row, col, item)
+            failure = self.failures.get(summary.run_dir)
+            if failure is not None:
+                advice = f"\nWhat to do: {failure.advice}" if failure.advice else ""
+                self.table.item(row, 2).setToolTip(f"{failure.reason}{advice}")
         self.empty.setText("" if self.summaries else "No runs yet. Runs you start appear here.")
         self.empty.setVisible(not self.summaries)
         self._selection_changed()
@@ -145,6 +190,54 @@ class RunsPage(Page):
         self.resume_button.setEnabled(len(chosen) == 1 and not busy)
         self.files_button.setEnabled(len(chosen) == 1)
         self.compare_button.setEnabled(len(chosen) == 2)
+        training = any(self.is_training(run_dir) for run_dir in chosen)
+        self.delete_button.setEnabled(bool(chosen) and not training)
+        self.delete_button.setToolTip("This run is training: stop it on the Monitor page before deleting it."
+                                      if training else "Remove the selected runs' folders from disk.")
+        rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
+        summary = self.summaries[rows[0]] if len(rows) == 1 else None
+        text = self._detail(summary) if summary is not None else ""
+        self.detail.setText(text)
+        self.detail.setVisible(bool(text))
+        set_role(self.detail, "error" if summary is not None and summary.status == "failed" else "")
+
+    def _detail(self, summary: Any) -> str:
+        """One run in words: why it failed and what to do, or its final or latest loss."""
+        failure = self.failures.get(summary.run_dir)
+        if failure is not None:
+            advice = failure.advice.strip().rstrip(".")
+            text = f"Failed at step {failure.step}: {failure.reason.rstrip('.')}."
+            return text + (f"\nWhat to do: {advice[:1].upper()}{advice[1:]}." if advice else "")
+        if summary.status == "failed":  # a folder from before metrics.jsonl kept the advice
+            return f"Failed: {summary.reason}" if summary.reason else "Failed."
+        loss = summary.final_loss
+        if not isinstance(loss, (int, float)):
+            return ""
+        if summary.status in ENDED:
+            return f"Final loss {loss:.4f} after {summary.step:,} steps."
+        going = "it is training now" if self.is_training(Path(summary.run_dir)) else "the run has not ended"
+        return f"Latest loss {loss:.4f} at step {summary.step:,} of {summary.total_steps:,}; {going}."
+
+    def is_training(self, run_dir: Path) -> bool:
+        """Whether `run_dir` is the folder of the run the session is training now (it must not be deleted)."""
+        if not self.state.session.is_running:
+            return False
+        if self._training is None:  # its RunStarted has not come yet: every run still writing is spared
+            summary = next((s for s in self.summaries if Path(s.run_dir) == Path(run_dir)), None)
+            return summary is None or summary.status == "running"
+        return _same_folder(run_dir, self._training)
+
+    def _session_event(self, event: Event) -> None:
+        if isinstance(event, RunStarted):
+            self._training = Path(event.run_dir)
+            self._selection_changed()
+
+    def _running_changed(self, running: bool) -> None:
+        if not running:
+            self._training = None
+            self.refresh()
+        else:
+            self._selection_changed()
 
     # ---- actions ----
     def compare_selected(self) -> None:
@@ -152,10 +245,7 @@ class RunsPage(Page):
         for key, run_dir in zip(OVERLAY_KEYS, chosen):
             steps, losses = loss_curve(run_dir)
             self.overlay.set_points(key, steps, losses)
-            self.overlay.series[key].curve.opts["name"] = run_dir.name
-        self.overlay.legend.clear()
-        for key, run_dir in zip(OVERLAY_KEYS, chosen):
-            self.overlay.legend.addItem(self.overlay.series[key].curve, run_dir.name)
+            self.overlay.set_name(key, run_dir.name)
         self.overlay.set_empty_text("")
         self.overlay.flush()
 
@@ -167,8 +257,46 @@ class RunsPage(Page):
     def resume_selected(self) -> None:
         chosen = self.selected_dirs()
         if len(chosen) == 1 and not self.state.session.is_running:
+            self._training = chosen[0]  # known before its RunStarted comes: it is being loaded already
             self.state.session.resume_run(chosen[0])
             self.state.page_requested.emit("monitor")
+
+    def delete_selected(self) -> None:
+        """Remove the selected runs' folders from disk, after asking (No unless the user says Yes). The run in
+        training is never removed: its trainer is still writing there."""
+        chosen = self.selected_dirs()
+        if not chosen or self._refuse_training(chosen):
+            return
+        if len(chosen) == 1:
+            question = (f"Delete the run “{chosen[0].name}”?\n\nIts folder, with its checkpoints, adapter and logs, "
+                        "is removed from disk:")
+        else:
+            question = (f"Delete {len(chosen)} runs: {', '.join(f'“{d.name}”' for d in chosen)}?\n\nTheir folders, "
+                        "with their checkpoints, adapters and logs, are removed from disk:")
+        where = "\n".join(str(d) for d in chosen)
+        answer = QMessageBox.question(self, "Delete run", f"{question}\n{where}\n\nThis cannot be undone.",
+                                      QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+        if answer != QMessageBox.Yes or self._refuse_training(chosen):  # a run may have started meanwhile
+            return
+        failed = []
+        for run_dir in chosen:
+            try:
+                shutil.rmtree(run_dir)
+            except OSError as e:
+                failed.append(f"{run_dir}: {e.strerror or e}")
+        self.refresh()
+        if failed:
+            QMessageBox.warning(self, "Delete run", "Some folders could not be removed (a file in one may be "
+                                                    "open in another program; close it and delete again):\n"
+                                + "\n".join(failed))
+
+    def _refuse_training(self, chosen: list[Path]) -> bool:
+        """Say so and return True when one of `chosen` is the run in training."""
+        training = [run_dir for run_dir in chosen if self.is_training(run_dir)]
+        if training:
+            QMessageBox.warning(self, "Delete run", f"“{training[0].name}” is training now. Stop it on the Monitor "
+                                                    "page first; then it can be deleted.")
+        return bool(training)
 
     def _open_folder(self) -> None:
         chosen = self.selected_dirs()
@@ -193,16 +321,27 @@ class RunsPage(Page):
 
 def _row_texts(summary: Any) -> list[str]:
     started = getattr(summary, "started", None)
-    final_loss = getattr(summary, "final_loss", None)
+    loss = getattr(summary, "final_loss", None)  # the last recorded step's loss: final only once the run ended
+    status = str(getattr(summary, "status", ""))
     step, total = getattr(summary, "step", 0), getattr(summary, "total_steps", 0)
+    loss_text = "—"
+    if isinstance(loss, (int, float)):
+        loss_text = f"{loss:.4f}" if status in ENDED else f"{loss:.4f} latest"
     return [
         Path(summary.run_dir).name,
         _short(getattr(summary, "model", "")),
-        str(getattr(summary, "status", "")),
+        status,
         f"{step:,} / {total:,}" if total else f"{step:,}",
-        f"{final_loss:.4f}" if isinstance(final_loss, (int, float)) else "—",
+        loss_text,
         time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "—",
     ]
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return Path(a) == Path(b)
 
 
 def _short(name: str) -> str:

@@ -11,7 +11,7 @@ from hone.app.run_checks import run_problems
 from hone.app.theme import Palette, icon
 from hone.app.threads import Task
 from hone.app.widgets.common import Card, label, set_role
-from hone.app.widgets.config_form import ConfigForm
+from hone.app.widgets.config_form import SECTION_TITLES, ConfigForm, field_label
 from hone.app.widgets.memory_estimate import MemoryEstimateView
 from hone.core.config import RunConfig
 from hone.core.errors import ConfigError
@@ -174,22 +174,21 @@ class TrainPage(Page):
             else:
                 self.form.set_note(MOE_KEY, "")
 
-        preset = matching_preset(config)
+        invalid = self.invalid_fields()
+        preset = "" if invalid else matching_preset(config)
         for name, button in self.preset_buttons.items():
             button.setChecked(name == preset)
-        self.preset_note.setText(PRESETS_BY_NAME[preset].description if preset else "Custom settings.")
-
-        data = config.data.train
-        data_text = (f"{len(data)} file{'s' if len(data) != 1 else ''}: {', '.join(_short(d) for d in data[:3])}"
-                     f"{'…' if len(data) > 3 else ''}") if data else "none"
-        steps = (f"{config.train.max_steps} steps" if config.train.max_steps
-                 else f"{config.train.epochs:g} epoch{'s' if config.train.epochs != 1 else ''}")
-        method = "QLoRA" if config.lora.qlora else "LoRA"
-        self.summary_text.setText(
-            f"<b>{_short(config.model.name_or_path)}</b> · data {data_text} · {method} rank {config.lora.r} · "
-            f"{steps} · {config.train.batch_tokens:,} tokens per batch × {config.train.grad_accum}")
-        if self.isVisible():  # estimated for the page in view only: loading a model's config is not free
-            self._estimate_timer.start()
+        if invalid:  # the shared config is the last valid one: neither it nor a preset is what the form says
+            self.preset_note.setText("Fix the invalid value to compare the settings with the presets.")
+            named = f"{', '.join(invalid[:-1])} and {invalid[-1]}" if len(invalid) > 1 else invalid[0]
+            self.summary_text.setText(f"The form has an invalid value in {named}: fix it to see this run."
+                                      if len(invalid) == 1 else
+                                      f"The form has invalid values in {named}: fix them to see this run.")
+            self._estimate_timer.stop()
+            self.memory.show_waiting("Memory: fix the invalid value to see what this run needs.")
+        else:
+            self.preset_note.setText(PRESETS_BY_NAME[preset].description if preset else "Custom settings.")
+            self._show_summary(config)
         problems = self.problem_list()
         self.problems.setText("\n".join(problems))
         self.problems.setVisible(bool(problems))
@@ -201,6 +200,35 @@ class TrainPage(Page):
             widget.setEnabled(not running)
         self.form.setToolTip("The settings of the run in progress; edit them once it has ended." if running else "")
 
+    def invalid_fields(self) -> list[str]:
+        """The form's labels of the fields holding an invalid value, in the form's order (“Learning rate”); a check
+        across a section's fields names the section, one across sections says so."""
+        errors = self.form.errors()
+        keys = [key for key in self.form.editors if key in errors] + [k for k in errors if k not in self.form.editors]
+        names = []
+        for key in keys:
+            section, _, name = key.partition(".")
+            if name:
+                names.append(f"“{field_label(key)}”")
+            elif section in SECTION_TITLES:
+                names.append(f"the “{SECTION_TITLES[section]}” settings")
+            else:
+                names.append("settings across sections")
+        return names
+
+    def _show_summary(self, config: RunConfig) -> None:
+        data = config.data.train
+        data_text = (f"{len(data)} file{'s' if len(data) != 1 else ''}: {', '.join(_short(d) for d in data[:3])}"
+                     f"{'…' if len(data) > 3 else ''}") if data else "none"
+        steps = (f"{config.train.max_steps} steps" if config.train.max_steps
+                 else f"{config.train.epochs:g} epoch{'s' if config.train.epochs != 1 else ''}")
+        method = "QLoRA" if config.lora.qlora else "LoRA"
+        self.summary_text.setText(
+            f"<b>{_short(config.model.name_or_path)}</b> · data {data_text} · {method} rank {config.lora.r} · "
+            f"{steps} · {config.train.batch_tokens:,} tokens per batch × {config.train.grad_accum}")
+        if self.isVisible():  # estimated for the page in view only: loading a model's config is not free
+            self._estimate_timer.start()
+
     def shown(self) -> None:
         super().shown()
         self._estimate_timer.start()
@@ -208,6 +236,8 @@ class TrainPage(Page):
     def _estimate(self) -> None:
         """Predict the run's peak memory in the background; a newer config's estimate replaces an older one."""
         config = self.state.config
+        if not self.form.is_valid():  # the shared config is not what the form says; _refresh shows why
+            return
         if self.state.model_info is None:  # nothing chosen yet: reading a config would load torch for nothing
             self.memory.show_waiting("Memory: choose a model to see what the run needs.")
             return
@@ -218,7 +248,7 @@ class TrainPage(Page):
             return
 
         def show(plan, asked=config):
-            if asked == self.state.config:
+            if asked == self.state.config and self.form.is_valid():
                 self.memory.show_plan(plan)
 
         self.estimate_task = Task(plan_memory, config, self.memory_source, on_result=show,
