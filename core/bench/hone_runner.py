@@ -42,11 +42,19 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _switched_off(path: str, choices: dict[str, str]) -> str | None:
+    """The run's own words when it reports `path` off ("off: Hone's fused kernels need an NVIDIA GPU"), or None."""
+    choice = choices.get(path, "")
+    if not choice.startswith("off"):
+        return None
+    return choice.removeprefix("off").lstrip(" :") or "off"
+
+
 def _path_reported(path: str, choices: dict[str, str], model) -> bool:
-    """Whether the run shows `path` ("kernels" / "compile") switched on: a speed-path entry naming it, or the
-    model itself carrying it (Hone's kernel patches; blocks compiled with `nn.Module.compile`)."""
+    """Whether the run shows `path` ("kernels" / "compile") switched on: a speed-path entry naming it that does not
+    say "off", or the model itself carrying it (Hone's kernel patches; blocks compiled with `nn.Module.compile`)."""
     word = "kernel" if path == "kernels" else "compil"
-    if any(word in key.lower() for key in choices):
+    if any(word in key.lower() and not choice.startswith("off") for key, choice in choices.items()):
         return True
     if model is None:
         return False
@@ -64,7 +72,14 @@ def not_wired(variant: Variant, choices: dict[str, str], model=None) -> str | No
     settings = variant.overrides
     for path in variant.focus:
         if path in ("kernels", "compile") and settings.get(path) and not _path_reported(path, choices, model):
+            off = _switched_off(path, choices)
+            if off:
+                return f"speed.{path} is off in this run: {off}"
             return f"speed.{path} is not wired into hone.core.speed in this build (the run shows no {path} path)"
+        grouped = "groups" in choices.get("checkpoint", "")
+        if path == "checkpoint" and settings.get("layer_group_tokens") and not grouped:
+            return (f"speed.layer_group_tokens = {settings['layer_group_tokens']} is not in effect in this run "
+                    f"(it reports checkpoint: {choices.get('checkpoint', 'nothing')})")
         if (path == "checkpoint" and str(settings.get("checkpoint", "")).startswith("offload")
                 and "offload" not in choices.get("checkpoint", "")):
             return (f"speed.checkpoint = {settings['checkpoint']} is not wired into hone.core.speed in this build "

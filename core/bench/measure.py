@@ -120,7 +120,7 @@ class Settings:
     steps: int
     device: str
     tokens: int
-    peak_flops: float | None  # matmul FLOP/s measured at start
+    peak_flops: float | None  # the FLOP/s MFU is taken against (`mfu_roof`); None: no MFU
     count_syncs: bool = True
     profile_top: int = 0  # > 0: profile one extra step and keep this many rows per table
     memory_trace_top: int = 0  # > 0: trace one extra step's allocations, this many sites at the peak
@@ -173,6 +173,37 @@ def count_syncs(fn, device: str) -> int | None:
             torch.cuda.set_sync_debug_mode(previous)
     torch.cuda.synchronize()
     return sum(1 for w in caught if _SYNC_WARNING in str(w.message))
+
+
+@dataclass(frozen=True)
+class MfuRoof:
+    """The FLOP/s MFU is taken against, where it came from, and one line saying so (or why there is no MFU)."""
+
+    flops: float | None  # None: no MFU in this benchmark
+    source: str  # "measured" (the matmul rate on this GPU at start) | "given" (--peak-flops) | "none"
+    note: str
+
+    def to_dict(self) -> dict:
+        return {"tflops": None if self.flops is None else self.flops / 1e12, "source": self.source,
+                "note": self.note}
+
+
+def mfu_roof(device: str, dtype: torch.dtype, given: float | None = None) -> MfuRoof:
+    """What MFU is measured against on `device`: the peak the user gave, else the matmul rate measured on a GPU.
+
+    A CPU gets no MFU unless a peak is given: its matmul rate moves with the load and the threads other processes
+    take, so a rate probed at start is no roof (on a loaded machine a small probe read low enough that runs showed
+    an "MFU" above 100 %).
+    """
+    name = str(dtype).removeprefix("torch.")
+    if given is not None:
+        return MfuRoof(given, "given", f"MFU against the given peak of {given / 1e12:.4g} TFLOP/s (--peak-flops)")
+    if torch.device(device).type != "cuda":
+        return MfuRoof(None, "none", "no MFU on a CPU: its matmul rate moves with the machine's load, so a rate "
+                                     "measured at start is no roof; give the peak with --peak-flops to get one")
+    rate = matmul_rate(device, dtype)
+    return MfuRoof(rate, "measured", f"MFU against the {name} matmul rate measured on this GPU at start "
+                                     f"({rate / 1e12:.4g} TFLOP/s)")
 
 
 def matmul_rate(device: str, dtype: torch.dtype) -> float:
@@ -313,13 +344,14 @@ def measure_run(runner: Runner, settings: Settings, *, description: str = "",
     anything else "failed" with its traceback.
 
     MFU counts 6 x N x tokens FLOPs per step (N = parameters a token passes through: every parameter, embedding
-    and LM head included, LoRA included, routed experts scaled by top-k / E) against the matmul rate measured on
-    this device at the start. Attention-score FLOPs (which grow with sequence length) and checkpoint recompute are
-    not counted, so the number is comparable across runs and with the usual "6N" figures.
+    and LM head included, LoRA included, routed experts scaled by top-k / E) against `settings.peak_flops` (see
+    `mfu_roof`: the matmul rate measured on a GPU at the start, or a peak the user gave; None: no MFU).
+    Attention-score FLOPs (which grow with sequence length) and checkpoint recompute are not counted, so the
+    number is comparable across runs and with the usual "6N" figures.
 
     Args:
         runner: the run.
-        settings: steps, warm-up, device, tokens per step, the measured matmul rate.
+        settings: steps, warm-up, device, tokens per step, the FLOP/s MFU is taken against.
         description, overrides: copied into the result for the record.
 
     Returns:

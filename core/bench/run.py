@@ -1,4 +1,4 @@
-"""One text-scenario benchmark: build the batch, measure the matmul roof, run every selected run, compare, record.
+"""One text-scenario benchmark: build the batch, find the MFU roof, run every selected run, compare, record.
 
     report = run_bench(BenchOptions(scenario="dense-0.6b"))
     report.runs          # RunResult per run, ratios against the baseline filled in; report.to_dict() for --json
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,7 +22,7 @@ import torch
 from hone.core.bench import attention
 from hone.core.bench.batch import TokenBatch, make_batch
 from hone.core.bench.hone_runner import HoneRunner
-from hone.core.bench.measure import RunResult, Settings, free_memory, matmul_rate, measure_run
+from hone.core.bench.measure import MfuRoof, RunResult, Settings, free_memory, measure_run, mfu_roof
 from hone.core.bench.report import PARITY_TOLERANCE, compare, environment
 from hone.core.bench.scenarios import Scenario, check_sizes, get_scenario
 from hone.core.bench.transformers_peft import ReferenceRunner
@@ -33,7 +34,8 @@ from hone.core.errors import ConfigError
 SECONDARY_BASELINES = ("reference-eager",)
 FLOPS_CONVENTION = ("6 x N x tokens per step; N = parameters one token passes through (all, embedding and LM "
                     "head included, LoRA included, routed experts scaled by top-k / experts); attention scores "
-                    "and checkpoint recompute not counted; against the matmul rate measured at start")
+                    "and checkpoint recompute not counted; against the matmul rate measured on the GPU at start "
+                    "or the peak given with --peak-flops (mfu_roof says which; a CPU has none unless given)")
 
 
 @dataclass
@@ -61,6 +63,7 @@ class BenchOptions:
     profile_top: int = 0  # --profile: one extra step per run under torch.profiler, this many rows per table
     memory_trace_top: int = 0  # --memory-trace: one extra step per run with the allocator history, sites shown
     host_profile_top: int = 0  # --host-profile: one extra step per run under cProfile, functions shown
+    peak_flops: float | None = None  # --peak-flops: the FLOP/s MFU is taken against, instead of a measured rate
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,16 @@ class BenchReport:
     device: str
     dtype: str
     environment: dict
-    matmul_tflops: float | None
+    mfu_roof: MfuRoof
     architecture: dict
     runs: list[RunResult]
     attention_micro: dict | None
     elapsed_s: float = 0.0
+
+    @property
+    def matmul_tflops(self) -> float | None:
+        """The matmul rate measured on the GPU at start (TFLOP/s); None when none was measured."""
+        return self.mfu_roof.flops / 1e12 if self.mfu_roof.source == "measured" else None
 
     def run(self, name: str) -> RunResult:
         return next(r for r in self.runs if r.name == name)
@@ -97,7 +105,8 @@ class BenchReport:
         return {"schema": 1, "scenario": asdict(self.scenario), "options": asdict(self.options), "device": self.device,
                 "dtype": self.dtype, "batch": self.batch, "architecture": self.architecture,
                 "environment": self.environment, "matmul_tflops": self.matmul_tflops,
-                "flops_convention": FLOPS_CONVENTION, "baseline": self.options.baseline,
+                "mfu_roof": self.mfu_roof.to_dict(), "flops_convention": FLOPS_CONVENTION,
+                "baseline": self.options.baseline,
                 "parity_tolerance": {"loss_rel": loss_tol, "grad_norm_rel": grad_tol},
                 "runs": [r.to_dict() for r in self.runs], "attention_micro": self.attention_micro,
                 "elapsed_s": self.elapsed_s}
@@ -198,6 +207,9 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
         raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario",
                           "run it with hone.core.bench.vision.run_vision_bench (`hone bench` picks it)")
     check_sizes(options.steps, options.warmup, options.lora_r, options.layers)
+    if options.peak_flops is not None and not (math.isfinite(options.peak_flops) and options.peak_flops > 0):
+        raise ConfigError(f"--peak-flops {options.peak_flops:g}: a peak rate is a positive number of FLOP/s",
+                          "give the device's peak matmul rate, e.g. --peak-flops 2e12 for 2 TFLOP/s")
     if options.peer not in (None, "unsloth"):
         raise ConfigError(f"--peer {options.peer!r} is not a known peer", "the peer Hone knows is: unsloth")
     device = resolve_device(options.device)
@@ -209,10 +221,10 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
     planned = plan_runs(options, scenario, facts, batch, device, dtype)
 
     free_memory(device)
-    peak_flops = matmul_rate(device, dtype)
+    roof = mfu_roof(device, dtype, options.peak_flops)
     free_memory(device)  # the probe's cached blocks must not count as the first run's reserved memory
     settings = Settings(warmup=options.warmup, steps=options.steps, device=device, tokens=batch.tokens,
-                        peak_flops=peak_flops, count_syncs=options.count_syncs, profile_top=options.profile_top,
+                        peak_flops=roof.flops, count_syncs=options.count_syncs, profile_top=options.profile_top,
                         memory_trace_top=options.memory_trace_top, host_profile_top=options.host_profile_top)
     runs: list[RunResult] = []
     try:
@@ -242,7 +254,7 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
         if on_start:
             on_start("unsloth")
         free_memory(device)
-        result = run_unsloth_peer(_peer_spec(options, scenario, batch, device, dtype, peak_flops))
+        result = run_unsloth_peer(_peer_spec(options, scenario, batch, device, dtype, roof.flops))
         runs.append(result)
         if on_result:
             on_result(result)
@@ -255,5 +267,5 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
             on_start("attention alone")
         micro = attention.run_on_batch(batch, facts, device=device, dtype=dtype)
     return BenchReport(options=options, scenario=scenario, batch=batch.describe(), device=device, dtype=dtype_name,
-                       environment=environment(device), matmul_tflops=peak_flops / 1e12, architecture=facts,
+                       environment=environment(device), mfu_roof=roof, architecture=facts,
                        runs=runs, attention_micro=micro, elapsed_s=time.perf_counter() - started)

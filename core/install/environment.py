@@ -57,13 +57,16 @@ def uv_install_command(plan: InstallPlan, *, uv: Path, venv: Path, wheel: Path, 
                        wheels: Path | None = None) -> list[str]:
     """The `uv pip install` that installs Hone's wheel with the plan's PyTorch.
 
-    With `wheels` (a folder of pre-downloaded wheels, for machines without internet or a closed mirror), uv looks
-    there first and takes torch's build from it instead of PyTorch's index.
+    A CUDA plan installs the wheel with its `gpu` extra (bitsandbytes, which only an NVIDIA GPU can use); a CPU
+    plan installs it without. With `wheels` (a folder of pre-downloaded wheels, for machines
+    without internet or a closed mirror), uv looks there first and takes torch's build from it instead of
+    PyTorch's index.
     """
+    hone = f"hone-studio[gpu] @ {Path(wheel).resolve().as_uri()}" if plan.cuda else str(wheel)
     command = [str(uv), "pip", "install", "--python", str(venv_python(venv)),
                # A rebuilt wheel of the same version replaces the installed one (running the installer again
                # upgrades in place).
-               "--reinstall-package", "hone-studio", str(wheel)]
+               "--reinstall-package", "hone-studio", hone]
     if constraints is not None:
         command += ["--constraints", str(constraints)]
     torch = wheels and torch_in(wheels)

@@ -55,14 +55,16 @@ UV="$WORK/uv-host/uv-$UV_VERSION.data/scripts/uv"
 chmod +x "$UV"
 
 echo "==> locking the dependencies for Windows, Python 3.12 (within installers/constraints.txt)"
-# The wheel's own Requires-Dist lines (without the extras) are what the installer installs, so they are what is locked.
+# The wheel's own Requires-Dist lines are what the installer installs, so they are what is locked: those without an
+# extra, and the `gpu` extra's (bitsandbytes), which a CUDA install adds (hone.core.install.environment).
 python3 - "$WHEEL" >"$WORK/requirements.in" <<'EOF'
-import sys, zipfile
+import re, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel:
     name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
     for line in wheel.read(name).decode().splitlines():
-        if line.startswith("Requires-Dist:") and "extra ==" not in line:
-            print(line.split(":", 1)[1].strip())
+        gpu = r"""(\s+and\s+|\s*;\s*)extra\s*==\s*["']gpu["']"""  # the clause setuptools appends to the marker
+        if line.startswith("Requires-Dist:") and ("extra ==" not in line or re.search(gpu, line)):
+            print(re.sub(gpu, "", line.split(":", 1)[1].strip()))
 EOF
 # torch is pinned per machine by Hone's install plan (one release for the CUDA builds, one for the CPU build), so the
 # lock is resolved with each and keeps the pins both agree on; torch and whatever follows it stay out.

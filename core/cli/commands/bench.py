@@ -13,7 +13,7 @@ TEXT_ONLY_FLAGS = (("--qlora", "qlora", False), ("--seed", "seed", 0), ("--seq-m
                    ("--micro", "micro", "auto"), ("--model-cache", "model_cache", None),
                    ("--no-sync-count", "no_sync_count", False), ("--profile", "profile", False),
                    ("--memory-trace", "memory_trace", False), ("--host-profile", "host_profile", False),
-                   ("--profile-top", "profile_top", PROFILE_TOP))
+                   ("--profile-top", "profile_top", PROFILE_TOP), ("--peak-flops", "peak_flops", None))
 
 
 def _names(text: str) -> list[str]:
@@ -54,6 +54,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="weights and compute (default: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--peak-flops", type=float, metavar="FLOPS",
+                   help="the device's peak matmul FLOP/s to take MFU against, e.g. 2e12 (default: the rate "
+                   "measured on the GPU at start; a CPU shows no MFU without it, its rate moves with the load)")
     p.add_argument("--micro", default="auto", choices=["auto", "on", "off"],
                    help="attention-alone micro-benchmark (default: on CUDA)")
     p.add_argument("--model-cache", metavar="DIR", help="keep the saved random-init model folder (QLoRA and "
@@ -135,7 +138,8 @@ def run(args) -> int:
                            model_cache=args.model_cache, count_syncs=not args.no_sync_count,
                            profile_top=max(args.profile_top, 1) if args.profile else 0,
                            memory_trace_top=max(args.profile_top, 1) if args.memory_trace else 0,
-                           host_profile_top=max(args.profile_top, 1) if args.host_profile else 0)
+                           host_profile_top=max(args.profile_top, 1) if args.host_profile else 0,
+                           peak_flops=args.peak_flops)
 
     started, measured = _progress(console)
     report = run_bench(options, on_result=measured, on_start=started)
@@ -145,9 +149,8 @@ def run(args) -> int:
              f"{report.dtype} on {report.environment.get('gpu', report.device)}; median of {options.steps} steps; "
              f"ratios vs {options.baseline}")
     console.print(ratio_table(report.runs, options.baseline, title))
-    mfu_roof = f"{report.matmul_tflops:.3g} TFLOP/s" if report.matmul_tflops else "n/a"
-    console.print(f"MFU against the measured {report.dtype} matmul rate ({mfu_roof}), counting 6 x N FLOPs per token. "
-                  "syncs = host syncs in one forward + backward (CUDA only).")
+    counted = ", counting 6 x N FLOPs per token" if report.mfu_roof.flops else ""
+    console.print(f"{report.mfu_roof.note}{counted}. syncs = host syncs in one forward + backward (CUDA only).")
     for line in notes(report.runs):
         console.print(f"[yellow]{line}[/yellow]")
     if report.attention_micro is not None:

@@ -21,8 +21,8 @@ from hone.core.models.shapes import build_model
 
 FAST = ["--tokens", "96", "--steps", "1", "--warmup", "1"]
 TOP_LEVEL = {"schema", "scenario", "options", "device", "dtype", "batch", "architecture", "environment",
-             "matmul_tflops", "flops_convention", "baseline", "parity_tolerance", "runs", "attention_micro",
-             "elapsed_s"}
+             "matmul_tflops", "mfu_roof", "flops_convention", "baseline", "parity_tolerance", "runs",
+             "attention_micro", "elapsed_s"}
 
 
 def expected_first_loss(shape: str, batch_info: dict) -> float:
@@ -68,7 +68,7 @@ def test_tiny_dense_runs_and_the_json_has_every_field(dense_record):
         assert set(run) == fields, run["name"]
     assert data["batch"]["tokens"] == 96 and data["dtype"] == "float32" and data["device"] == "cpu"
     assert data["environment"]["packages"]["torch"].startswith(torch.__version__.split("+")[0])
-    assert data["matmul_tflops"] > 0 and data["architecture"]["layers"] == 2
+    assert data["architecture"]["layers"] == 2
 
 
 
@@ -90,7 +90,7 @@ def test_tiny_dense_runs_measure_and_agree_with_the_reference(dense_record):
     expected = expected_first_loss("tiny-dense", data["batch"])
     for name, run in runs.items():
         assert run["status"] == "ok", f"{name}: {run['reason']}\n{run['details']}"
-        assert run["tokens_per_s"] > 0 and run["mfu"] > 0 and len(run["step_times_s"]) == 1
+        assert run["tokens_per_s"] > 0 and len(run["step_times_s"]) == 1
         assert run["first_loss"] == pytest.approx(expected, rel=1e-5), (
             f"{name}: first-step loss {run['first_loss']:.6f}, computed sequence by sequence {expected:.6f}")
         assert run["parity"] is True, f"{name}: loss diff {run['loss_diff']}, grad norm {run['grad_norm_rel_diff']}"
@@ -100,6 +100,50 @@ def test_tiny_dense_runs_measure_and_agree_with_the_reference(dense_record):
     assert runs["hone-base"]["speed_paths"]["loss"].startswith("plain")
     per_layer = runs["attn-sdpa-per-layer"]["speed_paths"]["attention"]
     assert per_layer.startswith("sdpa") and "metadata rebuilt in every layer (hone_blockmask_per_layer" in per_layer
+
+
+def test_on_a_cpu_there_is_no_mfu_and_gpu_only_runs_are_skipped(tmp_path, capsys):
+    """A CPU's matmul rate is no roof (it moves with the load): no run gets an MFU and the report says why. Runs
+    whose path exists only on a GPU are skipped with the reason; the baseline is still measured."""
+    code, data = bench(tmp_path, "tiny-dense", *FAST, "--micro", "off", "--no-sync-count",
+                       "--only", "kernels,all-untiled,all-groups-4k,ckpt-offload,all-embed-gpu")
+    out = capsys.readouterr().out
+    assert code == 0
+    assert data["matmul_tflops"] is None
+    assert data["mfu_roof"]["tflops"] is None and data["mfu_roof"]["source"] == "none"
+    assert data["mfu_roof"]["note"].startswith("no MFU on a CPU")
+    assert "no MFU on a CPU" in out and "--peak-flops" in out
+    runs = {r["name"]: r for r in data["runs"]}
+    assert all(r["mfu"] is None for r in runs.values())
+    reference = runs.pop("reference")
+    assert reference["status"] == "ok" and reference["tokens_per_s"] > 0 and reference["first_loss"] > 0
+    assert {name: (r["status"], r["reason"]) for name, r in runs.items() if name != "all-groups-4k"} == {
+        name: ("skipped", "needs a CUDA GPU") for name in ("kernels", "all-untiled", "ckpt-offload", "all-embed-gpu")}
+    groups = runs["all-groups-4k"]
+    assert groups["status"] == "skipped" and groups["tokens_per_s"] is None
+    assert groups["reason"].startswith("speed.layer_group_tokens = 4096 is not in effect in this run (it reports "
+                                       "checkpoint: off")
+
+
+def test_a_given_peak_gives_mfu_on_a_cpu(tmp_path, capsys):
+    code, data = bench(tmp_path, "tiny-dense", *FAST, "--micro", "off", "--no-sync-count", "--only", "reference",
+                       "--peak-flops", "2e12")
+    assert code == 0
+    assert data["mfu_roof"] == {"tflops": 2.0, "source": "given",
+                                "note": "MFU against the given peak of 2 TFLOP/s (--peak-flops)"}
+    assert data["matmul_tflops"] is None  # nothing was measured
+    [run] = data["runs"]
+    # 6 FLOPs per parameter a token passes through, per token, over the median step, against the given peak
+    expected = 6 * run["active_params"] * data["batch"]["tokens"] / run["median_step_s"] / 2e12
+    assert run["active_params"] > 0 and run["mfu"] == pytest.approx(expected, rel=1e-12)
+    assert "MFU against the given peak of 2 TFLOP/s (--peak-flops), counting 6 x N FLOPs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("peak", ["0", "-1e12", "nan"])
+def test_a_peak_that_is_no_rate_is_an_error(tmp_path, capsys, peak):
+    code, data = bench(tmp_path, "tiny-dense", *FAST, f"--peak-flops={peak}")
+    assert code == 2 and data is None
+    assert "a peak rate is a positive number of FLOP/s" in capsys.readouterr().err
 
 
 def test_out_of_memory_in_one_run_is_recorded_and_the_others_finish(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from hone.core.bench.measure import (
     is_out_of_memory,
     matmul_rate,
     measure_run,
+    mfu_roof,
 )
 from hone.core.errors import ConfigError
 
@@ -81,3 +82,26 @@ def test_syncs_are_not_counted_off_cuda_and_the_matmul_rate_is_measured():
     assert count_syncs(lambda: None, "cpu") is None
     rate = matmul_rate("cpu", torch.float32)
     assert 1e6 < rate < 1e14, f"{rate:.3g} FLOP/s is not a CPU's float32 matmul rate"
+
+
+def test_a_cpu_gets_no_mfu_roof_unless_one_is_given(monkeypatch):
+    import hone.core.bench.measure as measure
+
+    def probe(*_):
+        raise AssertionError("a CPU's matmul rate must not be probed")
+
+    monkeypatch.setattr(measure, "matmul_rate", probe)
+    roof = mfu_roof("cpu", torch.float32)
+    assert (roof.flops, roof.source) == (None, "none")
+    assert roof.note.startswith("no MFU on a CPU") and "--peak-flops" in roof.note
+    assert roof.to_dict() == {"tflops": None, "source": "none", "note": roof.note}
+    given = mfu_roof("cpu", torch.float32, given=2e12)
+    assert (given.flops, given.source, given.to_dict()["tflops"]) == (2e12, "given", 2.0)
+    assert "2 TFLOP/s (--peak-flops)" in given.note
+
+
+def test_without_a_roof_a_run_has_no_mfu(double_runner):
+    result = measure_run(double_runner(), settings(peak_flops=None))
+    assert result.status == "ok" and result.tokens_per_s > 0
+    assert result.mfu is None
+

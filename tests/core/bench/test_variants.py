@@ -58,3 +58,39 @@ def test_a_single_path_variant_whose_path_is_not_wired_is_recognized():
     assert "speed.checkpoint = offload is not wired" in reason
     assert not_wired(variant("ckpt-offload"), {"checkpoint": "offload: one pinned buffer"}) is None
     assert not_wired(variant("all"), {}) is None  # "all" runs with whatever paths exist
+
+
+def test_a_variant_whose_path_is_gpu_only_needs_cuda():
+    """Fused kernels (and the MLP tiling they do), offloaded checkpoints, compilation and the host vocabulary
+    tables exist only on a GPU: a variant that exists to measure one of them is skipped on a CPU, never run as
+    a copy of `all` and reported ok."""
+    gpu_only = []
+    for v in VARIANTS:
+        o = v.overrides
+        if (("kernels" in v.focus and o.get("kernels")) or str(o.get("checkpoint", "")).startswith("offload")
+                or o.get("compile") or o.get("host_embeddings") is False or o.get("host_lm_head") is False
+                or "tiled_mlp" in o):
+            gpu_only.append(v.name)
+            assert unavailable(v, "cpu") == "needs a CUDA GPU", v.name
+    assert {"kernels", "all-untiled", "ckpt-offload", "compile", "all-embed-gpu", "all-head-gpu"} <= set(gpu_only)
+    assert unavailable(variant("all"), "cpu") is None and unavailable(variant("hone-base"), "cpu") is None
+
+
+def test_a_path_the_run_reports_off_is_not_taken_for_wired():
+    """The kernels entry of a CPU run says "off: ..." (its key names the path): the run measures nothing new."""
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    off = {"kernels": "off: Hone's fused kernels need an NVIDIA GPU", "attention": "sdpa: one mask"}
+    assert not_wired(variant("kernels"), off, plain) == (
+        "speed.kernels is off in this run: Hone's fused kernels need an NVIDIA GPU")
+    assert not_wired(variant("kernels"), {"kernels": "off"}, plain) == "speed.kernels is off in this run: off"
+
+
+def test_layer_groups_the_run_does_not_apply_are_recognized():
+    cpu = {"checkpoint": "off: on the CPU memory is plentiful and recompute costs a third more time"}
+    reason = not_wired(variant("all-groups-4k"), cpu)
+    assert reason == ("speed.layer_group_tokens = 4096 is not in effect in this run (it reports checkpoint: off: on "
+                      "the CPU memory is plentiful and recompute costs a third more time)")
+    grouped = {"checkpoint": "gpu: recompute each decoder layer; packed layers back-propagated in groups of whole "
+                             "sequences (at most 4096 tokens)"}
+    assert not_wired(variant("all-groups-4k"), grouped) is None
+

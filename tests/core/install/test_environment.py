@@ -33,7 +33,9 @@ def test_uv_command_for_a_cuda_machine(tmp_path):
                                  wheel=Path("hone.whl"), constraints=Path("constraints.txt"))
     assert command[:5] == ["uv", "pip", "install", "--python", str(tmp_path / "venv" / "bin" / "python")]
     assert command[command.index("--torch-backend") + 1] == "cu130"
-    assert "torch==2.11.0" in command and "hone.whl" in command
+    assert "torch==2.11.0" in command and "hone.whl" not in command
+    # the GPU extra (Triton, bitsandbytes) comes with a CUDA build, the wheel named by a PEP 508 direct reference
+    assert f"hone-studio[gpu] @ {(Path.cwd() / 'hone.whl').as_uri()}" in command
     assert command[command.index("--constraints") + 1] == "constraints.txt"
     assert command[command.index("--reinstall-package") + 1] == "hone-studio"
 
@@ -46,6 +48,7 @@ def test_a_folder_of_wheels_supplies_torch(tmp_path):
     assert "--torch-backend" not in command and "--constraints" not in command
     assert "torch==2.13.0+cpu" in command
     assert command[command.index("--find-links") + 1] == str(tmp_path)
+    assert "h.whl" in command and not any("[gpu]" in part for part in command)  # a CPU install leaves them out
 
 
 def fake_uv(tmp_path: Path, exit_code: int) -> Path:
