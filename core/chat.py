@@ -200,19 +200,28 @@ class ChatModels:
         return cls(model, loaded.tokenizer, has_adapter=bool(adapter_dir))
 
     @classmethod
-    def for_run(cls, run_dir: str | Path, *, device: str | None = None) -> ChatModels:
-        """The base model a run trained on (from its config.toml) with the run's adapter."""
+    def for_run(cls, run_dir: str | Path, *, device: str | None = None, adapter: bool = True) -> ChatModels:
+        """The base model a run trained on (from its config.toml) with the run's adapter (`adapter=False`: the base
+        alone), and the tokenizer saved with the adapter where there is one: it carries the chat template the run
+        trained with, which may not be the base's own."""
         from hone.core.config import RunConfig
         from hone.core.errors import ModelError
 
         run_dir = Path(run_dir)
         config = RunConfig.load(run_dir / "config.toml")
-        adapter = run_dir / "adapter"
-        if not adapter.is_dir():
-            raise ModelError(f"run {run_dir.name} has no adapter yet (no {adapter})",
+        adapter_dir = run_dir / "adapter"
+        if adapter and not adapter_dir.is_dir():
+            raise ModelError(f"run {run_dir.name} has no adapter yet (no {adapter_dir})",
                              "wait for the run to finish or stop it (stopping saves the adapter)")
         overrides = {k: v for k, v in dataclasses.asdict(config.model).items() if k != "name_or_path"}
-        return cls.load(config.model.name_or_path, adapter, device=device, model_overrides=overrides)
+        chat = cls.load(config.model.name_or_path, adapter_dir if adapter else None, device=device,
+                        model_overrides=overrides)
+        # Text models only: a vision model's processor (which has a `.tokenizer`) stays the base's.
+        if (adapter_dir / "tokenizer_config.json").is_file() and not hasattr(chat.tokenizer, "tokenizer"):
+            from hone.core.models.load import load_tokenizer
+
+            chat.tokenizer = load_tokenizer(str(adapter_dir), None, config.model)
+        return chat
 
     def stream(self, messages: list[dict[str, Any]], settings: GenerationSettings = GenerationSettings(), *,
                use_adapter: bool = True, stop: StopFlag | None = None) -> Iterator[str]:

@@ -26,6 +26,9 @@ COMMANDS = {
     "bench": "hone.core.cli.commands.bench",
     "data": "hone.core.cli.commands.data",
     "export": "hone.core.cli.commands.export",
+    "chat": "hone.core.cli.commands.chat",
+    "generate": "hone.core.cli.commands.generate",
+    "init": "hone.core.cli.commands.init",
     "plan": "hone.core.cli.commands.plan",
 }
 ENTRY_POINT_GROUP = "hone.commands"

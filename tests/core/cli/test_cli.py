@@ -56,7 +56,8 @@ def _command_names(help_text: str) -> list[str]:
 def test_help_lists_built_in_commands_then_studio(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export", "plan", "studio"]
+    assert _command_names(capsys.readouterr().out) == [
+        "train", "demo", "bench", "data", "export", "chat", "generate", "init", "plan", "studio"]
 
 
 def test_studio_help_comes_from_the_entry_point_without_qt_or_torch():
@@ -100,8 +101,7 @@ def test_a_broken_entry_point_leaves_the_other_commands_working(capsys, monkeypa
     monkeypatch.setattr(cli, "distributions", lambda: [plugin, *installed])
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export", "plan", "broken",
-                                                       "studio"]
+    assert _command_names(capsys.readouterr().out) == [*cli.COMMANDS, "broken", "studio"]
 
     assert main(["broken", "--any", "options"]) == 2
     err = capsys.readouterr().err
@@ -120,4 +120,4 @@ def test_without_entry_points_the_built_in_commands_remain(capsys, monkeypatch):
     monkeypatch.setattr(cli, "distributions", lambda: [])
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert _command_names(capsys.readouterr().out) == ["train", "demo", "bench", "data", "export", "plan"]
+    assert _command_names(capsys.readouterr().out) == list(cli.COMMANDS)
