@@ -53,6 +53,9 @@ def usable(available_bytes: float) -> float:
 
 def _levers(settings: MemorySettings, allow_qlora: bool, unified: bool) -> list[tuple[MemorySettings, list[str]]]:
     """Settings to try, cheapest first, each with what it changed."""
+    if settings.cpu:  # the vocabulary tables, tiles and offloading are GPU paths; QLoRA needs a GPU
+        recompute = ({"checkpoint": "gpu"}, "activation checkpointing (recompute)")
+        return _tried(settings, [recompute] if settings.checkpoint == "off" else [])
     steps: list[tuple[dict, str]] = [
         ({"host_embeddings": True, "host_lm_head": True}, "vocabulary tables in host memory"),
         ({"tiled_mlp": True}, "MLP back-propagated in tiles"),
@@ -64,6 +67,10 @@ def _levers(settings: MemorySettings, allow_qlora: bool, unified: bool) -> list[
         steps.append(({"checkpoint": "gpu"}, "activation checkpointing (recompute)"))
     if allow_qlora:
         steps.append(({"qlora": True}, "base weights in 4-bit (QLoRA)"))
+    return _tried(settings, steps)
+
+
+def _tried(settings: MemorySettings, steps: list[tuple[dict, str]]) -> list[tuple[MemorySettings, list[str]]]:
     tried, changed, current = [(settings, [])], [], settings
     for change, words in steps:
         updated = dataclasses.replace(current, **change)
@@ -100,7 +107,7 @@ def auto_fit(shape: ModelShape, settings: MemorySettings, available_bytes: float
     # batch first.
     order = [(c, w, False) for c, w in levers if not c.qlora or settings.qlora]
     order.append((order[-1][0], order[-1][1], True))
-    if allow_qlora and not settings.qlora:
+    if allow_qlora and not settings.qlora and not settings.cpu:
         order += [(levers[-1][0], levers[-1][1], False), (levers[-1][0], levers[-1][1], True)]
     for candidate, changed, shrink in order:
         batch = largest_batch(shape, candidate, budget, ceiling) if shrink else (
@@ -118,7 +125,8 @@ def auto_fit(shape: ModelShape, settings: MemorySettings, available_bytes: float
     if floor.peak_bytes > budget:
         reason = (f"even a {BATCH_MULTIPLE}-token batch with every memory lever needs {floor.peak_gib:.1f} GiB, more "
                   f"than the {budget / GIB:.1f} GiB usable of {available_bytes / GIB:.1f} GiB"
-                  + ("" if allow_qlora or cheapest.qlora else "; QLoRA (lora.qlora = true) would shrink the weights"))
+                  + ("" if allow_qlora or cheapest.qlora or cheapest.cpu
+                     else "; QLoRA (lora.qlora = true) would shrink the weights"))
     else:
         reason = (f"a batch holding the longest row ({longest_row:,} tokens) needs "
                   f"{estimate_peak(shape, at_row).peak_gib:.1f} GiB with every memory lever, more than the "

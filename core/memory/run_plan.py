@@ -69,6 +69,15 @@ def detect_memory() -> Memory | None:
         telemetry.close()
 
 
+def detect_system_memory() -> Memory:
+    """System memory available now, for a run on the CPU (what the kernel could hand out without swapping)."""
+    from hone.core.telemetry import system_memory
+
+    used, total = system_memory()
+    available = float(total - used)
+    return Memory(available, f"system memory ({available / GIB:.1f} GiB available)", gpu=False)
+
+
 def settings_from_config(config: RunConfig, hf_config, *, cuda: bool = True, unified: bool = False,
                          mean_row_tokens: float | None = None) -> tuple[MemorySettings, float]:
     """The planner's settings for a run config, with `auto` resolved the way the trainer resolves it; and the mean
@@ -85,7 +94,7 @@ def settings_from_config(config: RunConfig, hf_config, *, cuda: bool = True, uni
         qlora=config.lora.qlora, optimizer=train.optimizer, weight_bytes=weight_bytes, checkpoint=checkpoint,
         host_embeddings=speed.host_embeddings and cuda, host_lm_head=speed.host_lm_head and cuda,
         tiled_mlp=speed.tiled_mlp and speed.kernels and cuda, chunked_loss=speed.loss == "chunked",
-        kernels=speed.kernels and cuda), mean_row
+        kernels=speed.kernels and cuda, cpu=not cuda), mean_row
 
 
 def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = False) -> RunPlan:

@@ -3,6 +3,8 @@ never offload on unified memory, and say what the longest row could be when noth
 
 from __future__ import annotations
 
+import dataclasses
+
 from hone.core.memory.estimate import GIB, MemorySettings, estimate_peak
 from hone.core.memory.fit import HEADROOM, auto_fit, largest_batch
 from hone.core.memory.shape import ModelShape
@@ -54,3 +56,29 @@ def test_a_row_too_long_names_the_longest_that_fits():
     assert not fit.fits and "rows up to" in fit.reason
     assert 0 < fit.largest_max_length < 65536
     assert largest_batch(QWEN3_06B, fit.settings, 3 * GIB * (1 - HEADROOM), 65536) == fit.largest_max_length
+
+
+# The default config on the CPU: float32, no GPU paths, checkpointing off.
+CPU_DEFAULT = MemorySettings(batch_tokens=8192, weight_bytes=4, checkpoint="off", host_embeddings=False,
+                             host_lm_head=False, tiled_mlp=False, kernels=False, cpu=True)
+
+
+def test_a_cpu_run_counts_its_resident_memory_beyond_its_tensors():
+    from hone.core.memory.estimate import CPU_RESIDENT_FACTOR
+
+    estimate = estimate_peak(QWEN3_06B, CPU_DEFAULT)
+    tensors = sum(p.bytes for p in estimate.parts if p.name != "process and allocator")
+    assert estimate.part("process and allocator") == (CPU_RESIDENT_FACTOR - 1) * tensors
+    assert estimate.part("allocator slack") == 0
+
+
+def test_on_the_cpu_recompute_comes_first_then_a_smaller_batch_and_never_a_gpu_lever():
+    recompute = dataclasses.replace(CPU_DEFAULT, checkpoint="gpu")
+    need_off, need_on = (estimate_peak(QWEN3_06B, s).peak_bytes for s in (CPU_DEFAULT, recompute))
+    fit = auto_fit(QWEN3_06B, CPU_DEFAULT, (need_on + need_off) / 2 / (1 - HEADROOM), 2048)  # 16 GB laptop-like
+    assert fit.fits and fit.settings == recompute and fit.changes == ("activation checkpointing (recompute)",)
+    small = auto_fit(QWEN3_06B, CPU_DEFAULT, need_on * 0.8 / (1 - HEADROOM), 2048)
+    assert small.fits and small.settings.checkpoint == "gpu" and 2048 <= small.settings.batch_tokens < 8192
+    assert not (small.settings.host_embeddings or small.settings.tiled_mlp or small.settings.qlora)
+    none = auto_fit(QWEN3_06B, CPU_DEFAULT, 1 * GIB, 2048, allow_qlora=True)
+    assert not none.fits and not none.settings.qlora and "QLoRA" not in none.reason
