@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +36,47 @@ DATA_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt-completion", "
 COLUMN_NAMES = ("messages", "conversations", "instruction", "input", "output", "prompt", "completion", "text",
                 "system", "images", "role", "content")
 
+# Upper bounds of the numeric fields. Each is far above any useful value and low enough that a typo (an extra
+# zero, 1e23, inf) stops here, naming the field, instead of failing deep inside a run. Integer bounds stay below
+# 2**31: the Studio's number boxes hold 32-bit integers.
+# Optimizer steps (max_steps, warmup_steps, eval_every, checkpoint_every): ten million steps is months of training
+# at any step time Hone reaches; a fine-tune takes hundreds to tens of thousands.
+MAX_STEPS = 10_000_000
+# Passes over the data: a thousand epochs only memorizes the data; overfitting tests use tens.
+MAX_EPOCHS = 1000.0
+# Tokens in one row (data.max_length): the longest contexts of today's open models are about 1M tokens.
+MAX_ROW_TOKENS = 2**20
+# Tokens in one micro-batch (train.batch_tokens, speed.layer_group_tokens): even SmolLM2-135M with activation
+# checkpointing keeps about 35 KB per token (30 layer inputs of 576 bfloat16 values), so 4M tokens need ~145 GB,
+# more than any single GPU has.
+MAX_BATCH_TOKENS = 2**22
+# Micro-batches per optimizer step: 65,536 makes each step longer than most whole fine-tunes.
+MAX_GRAD_ACCUM = 65_536
+# Image side after resizing: vision encoders take at most a few thousand pixels a side (Qwen2-VL about 3,600).
+MAX_IMAGE_SIDE = 8192
+# LoRA alpha: alpha = 2 r at the largest rank (1024) is 2048; twice that scales the first updates by thousands.
+MAX_LORA_ALPHA = 4096.0
+# Gradient-norm clipping: norms above a million mean no clipping, which 0 says plainly.
+MAX_GRAD_NORM = 1e6
+# AdamW weight decay shrinks each weight by the fraction lr * weight_decay a step; useful values are 0 to 0.1.
+MAX_WEIGHT_DECAY = 1.0
+# Seeds: the data order uses seed * 1000 + epoch and the optimizer seed * 1,000,003 + step, which must stay inside
+# the 64-bit seeds of numpy and torch; 2**31 - 1 also fits the Studio's number box.
+MAX_SEED = 2**31 - 1
+# Checkpoints kept: each holds the adapter and the optimizer state; a thousand fills any disk long before.
+MAX_KEEP_CHECKPOINTS = 1000
+# output.name: run folders hold files named after the run (a GGUF export adds "-q8_0.gguf"), and file names stop at
+# 255 bytes on most file systems; 100 bytes leave room and keep Windows paths under their 260 characters.
+MAX_NAME_BYTES = 100
+# Characters Windows does not allow in a folder name (besides the path separators and control characters).
+_WINDOWS_RESERVED = '<>:"|?*'
+
 
 def _f(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
-       max: float | None = None) -> Any:
-    """A dataclass field with its help text, choices and bounds in the metadata."""
-    meta = {"help": help, "choices": choices, "min": min, "max": max}
+       max: float | None = None, above_min: bool = False) -> Any:
+    """A dataclass field with its help text, choices and bounds in the metadata (`above_min`: the value must be
+    larger than `min`, not equal to it)."""
+    meta = {"help": help, "choices": choices, "min": min, "max": max, "above_min": above_min}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -61,16 +98,50 @@ class _Section:
             if meta.get("choices") and value not in meta["choices"]:
                 raise ConfigError(f"{where} is {value!r}, which is not one of {', '.join(meta['choices'])}",
                                   f"set {where} to one of those")
-            if meta.get("min") is not None and value < meta["min"]:
-                raise ConfigError(f"{where} is {value}, below its minimum {meta['min']}",
-                                  f"set {where} to at least {meta['min']}")
-            if meta.get("max") is not None and value > meta["max"]:
-                raise ConfigError(f"{where} is {value}, above its maximum {meta['max']}",
-                                  f"set {where} to at most {meta['max']}")
+            _check_bounds(value, meta, where)
         self.check()
 
     def check(self) -> None:
         """Cross-field checks of one section; overridden where a section has any."""
+
+
+def _check_bounds(value: Any, meta: dict, where: str) -> None:
+    """A number is finite (NaN passes every comparison) and inside the field's bounds."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    low, high = meta.get("min"), meta.get("max")
+    span = (f"between {low} and {high}" if low is not None and high is not None
+            else f"at least {low}" if low is not None else f"at most {high}" if high is not None else "a number")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where} is {value}, which is not a finite number", f"set {where} to a number {span}")
+    shown = f"{value:.3g}" if abs(value) >= 1e15 else value  # 1e23 read as an int: not 99999999999999991611392
+    if low is not None and meta.get("above_min") and value <= low:
+        raise ConfigError(f"{where} is {shown}, not above its minimum {low}", f"set {where} to a value above {low}")
+    if low is not None and value < low:
+        raise ConfigError(f"{where} is {shown}, below its minimum {low}", f"set {where} to at least {low}")
+    if high is not None and value > high:
+        raise ConfigError(f"{where} is {shown}, above its maximum {high}", f"set {where} to at most {high}")
+
+
+def check_name(name: str, where: str = "output.name") -> None:
+    """Raise ConfigError unless `name` can be one folder's name inside another folder on every system Hone runs on:
+    no path separator, no `..` or other dots-only name, no leading dot (hidden; Hone's temporary folders start with
+    one), no control character (a newline would end a Modelfile line), none of Windows' reserved characters, no
+    trailing space, at most MAX_NAME_BYTES bytes."""
+    advice = (f"give {where} a plain name such as my-run-1 (letters, digits, '-', '_', '.'; at most "
+              f"{MAX_NAME_BYTES} bytes), or leave it empty for date, time and model name")
+    if not name.strip():
+        raise ConfigError(f"{where} is {name!r}, only white space", advice)
+    bad = sorted({c for c in name if c in "/\\" or c in _WINDOWS_RESERVED or not c.isprintable()})
+    if bad:
+        raise ConfigError(f"{where} is {name!r}: {', '.join(map(repr, bad))} cannot be in a folder name (a run "
+                          "folder is one folder inside output.runs_dir)", advice)
+    if name.startswith(".") or name.endswith((" ", ".")):
+        raise ConfigError(f"{where} is {name!r}: a run folder name cannot start with '.' (a hidden folder, or a "
+                          "path out of output.runs_dir) nor end with '.' or a space", advice)
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise ConfigError(f"{where} is {size} bytes long (UTF-8), more than {MAX_NAME_BYTES}", advice)
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
@@ -113,8 +184,9 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             return dict(value)
     except (TypeError, ValueError):
         name = getattr(hint, "__name__", str(hint))
+        article = "an" if name[0] in "aeiou" else "a"
         raise ConfigError(f"{where} is {value!r}, which is not a valid {name}",
-                          f"give {where} a {name} value") from None
+                          f"give {where} {article} {name} value") from None
     return value
 
 
@@ -148,13 +220,15 @@ class DataConfig(_Section):
                                  "\"answer\"} reads a question/answer file as prompt-completion. Keys: "
                                  + ", ".join(COLUMN_NAMES) + ".")
     max_length: int = _f(2048, "Longest row in tokens; longer rows are truncated or dropped (see overlong).",
-                         min=16)
+                         min=16, max=MAX_ROW_TOKENS)
     overlong: str = _f("truncate", "What to do with rows longer than max_length (always counted and reported).",
                        choices=("truncate", "drop"))
     train_on: str = _f("assistant", "Which tokens carry loss: assistant turns only, or every token.",
                        choices=("assistant", "all"))
     image_max_side: int = _f(768, "Longest image side in pixels after resizing (vision models); bounds memory.",
-                             min=28)
+                             min=28, max=MAX_IMAGE_SIDE)
+    allow_private_urls: bool = _f(False, "Also fetch image URLs from this machine and private networks (localhost, "
+                                  "10.x, 192.168.x, link-local); when false such rows are skipped and reported.")
 
     def check(self) -> None:
         unknown = [k for k in self.columns if k not in COLUMN_NAMES]
@@ -178,7 +252,7 @@ class LoraConfig(_Section):
     _name: typing.ClassVar[str] = "lora"
     r: int = _f(16, "LoRA rank: the adapter's width. Higher learns more and costs more memory.", min=1, max=1024)
     alpha: float = _f(32.0, "LoRA alpha; the update is scaled by alpha / r (alpha / sqrt(r) with rslora).",
-                      min=0.0)
+                      min=0.0, above_min=True, max=MAX_LORA_ALPHA)  # 0 would scale every update to nothing
     dropout: float = _f(0.0, "Dropout on the LoRA input during training.", min=0.0, max=0.9)
     targets: list[str] = _f(["all-linear"], "Module names to adapt; 'all-linear' = every linear layer of the "
                             "decoder (the LM head excluded).")
@@ -198,26 +272,27 @@ class TrainConfig(_Section):
     """The optimization loop."""
 
     _name: typing.ClassVar[str] = "train"
-    max_steps: int = _f(0, "Optimizer steps to run; 0 = run `epochs` epochs instead.", min=0)
-    epochs: float = _f(1.0, "Passes over the training data (used when max_steps is 0).", min=0.0)
-    lr: float = _f(2e-4, "Peak learning rate.", min=0.0, max=1.0)
+    max_steps: int = _f(0, "Optimizer steps to run; 0 = run `epochs` epochs instead.", min=0, max=MAX_STEPS)
+    epochs: float = _f(1.0, "Passes over the training data (used when max_steps is 0).", min=0.0, max=MAX_EPOCHS)
+    lr: float = _f(2e-4, "Peak learning rate.", min=0.0, above_min=True, max=1.0)  # 0 would train nothing
     schedule: str = _f("cosine", "Learning-rate schedule after warmup.", choices=("cosine", "linear", "constant"))
-    warmup_steps: int = _f(0, "Linear warmup steps; 0 = use warmup_ratio.", min=0)
+    warmup_steps: int = _f(0, "Linear warmup steps; 0 = use warmup_ratio.", min=0, max=MAX_STEPS)
     warmup_ratio: float = _f(0.03, "Warmup as a fraction of all steps (used when warmup_steps is 0).",
                              min=0.0, max=0.5)
-    batch_tokens: int = _f(8192, "Tokens per micro-batch: packed rows are filled up to this budget.", min=16)
-    grad_accum: int = _f(1, "Micro-batches per optimizer step (gradient accumulation).", min=1)
+    batch_tokens: int = _f(8192, "Tokens per micro-batch: packed rows are filled up to this budget.", min=16,
+                           max=MAX_BATCH_TOKENS)
+    grad_accum: int = _f(1, "Micro-batches per optimizer step (gradient accumulation).", min=1, max=MAX_GRAD_ACCUM)
     fit_memory: bool = _f(True, "On a GPU, before the model loads: when the memory planner predicts that a step "
                           "will not fit the GPU's free memory, use the cheapest memory settings and the largest "
                           "batch that fit (never QLoRA), and say so on the run's first lines.")
-    max_grad_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", min=0.0)
-    weight_decay: float = _f(0.0, "AdamW weight decay.", min=0.0)
+    max_grad_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", min=0.0, max=MAX_GRAD_NORM)
+    weight_decay: float = _f(0.0, "AdamW weight decay.", min=0.0, max=MAX_WEIGHT_DECAY)
     optimizer: str = _f("adamw", "adamw (fused on CUDA), adamw-bf16 (one fused kernel over all trainable weights, "
                         "bf16 gradients and moments: 10 instead of 16 bytes per trainable value) or adamw8bit "
                         "(bitsandbytes, NVIDIA GPUs).", choices=("adamw", "adamw-bf16", "adamw8bit"))
-    seed: int = _f(0, "Seed for weights of the adapter, data order and dropout.", min=0)
+    seed: int = _f(0, "Seed for weights of the adapter, data order and dropout.", min=0, max=MAX_SEED)
     eval_every: int = _f(0, "Evaluate every N optimizer steps; 0 = only at the end (if there is eval data).",
-                         min=0)
+                         min=0, max=MAX_STEPS)
 
     def check(self) -> None:
         if self.max_steps == 0 and self.epochs == 0:
@@ -261,7 +336,8 @@ class SpeedConfig(_Section):
                                  "layer a group of whole sequences of at most this many tokens at a time, so its "
                                  "activations and gradients never exist for the whole batch. Same FLOPs and less "
                                  "memory, but more kernel launches: slower where the step is bound by the CPU "
-                                 "launching them. 0 = whole layers, -1 = sized from the hidden size.", min=-1)
+                                 "launching them. 0 = whole layers, -1 = sized from the hidden size.", min=-1,
+                                 max=MAX_BATCH_TOKENS)
 
 
 @dataclass
@@ -272,8 +348,12 @@ class OutputConfig(_Section):
     runs_dir: str = _f("runs", "Folder that holds one folder per run.")
     name: str = _f("", "Run folder name; empty = date, time and model name.")
     checkpoint_every: int = _f(0, "Save a resumable checkpoint every N optimizer steps (and always on stop); "
-                               "0 = only at the end and on stop.", min=0)
-    keep_checkpoints: int = _f(2, "How many recent checkpoints to keep.", min=1)
+                               "0 = only at the end and on stop.", min=0, max=MAX_STEPS)
+    keep_checkpoints: int = _f(2, "How many recent checkpoints to keep.", min=1, max=MAX_KEEP_CHECKPOINTS)
+
+    def check(self) -> None:
+        if self.name:
+            check_name(self.name)
 
 
 SECTIONS: dict[str, type[_Section]] = {
@@ -336,9 +416,20 @@ class RunConfig:
     def load(cls, path: str | Path) -> RunConfig:
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            raw = path.read_bytes()
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist", "check the path") from None
+        except OSError as e:  # a folder, no permission
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}", "give a readable TOML file") \
+                from None
+        try:
+            text = raw.decode("utf-8-sig")  # a byte-order mark (Notepad writes one) is not part of the TOML
+        except UnicodeDecodeError as e:
+            line = raw[:e.start].count(b"\n") + 1
+            raise ConfigError(f"{path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}) "
+                              "is not valid UTF-8", "save the file as UTF-8 (TOML files are UTF-8)") from None
+        try:
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path} is not valid TOML: {e}", "fix the line it names") from None
         return cls.from_dict(data, source=str(path))

@@ -4,6 +4,10 @@ Written from the GGUF specification (header, key/values, tensor infos, aligned d
 package's writer that produced the file, so a check that reads back what was written compares two
 implementations. It is also fast: the package's reader builds an object per array element, which takes seconds
 for a 50k-token vocabulary; this one decodes only the keys asked for.
+
+`gguf_damage` says whether a file is cut short (a download that stopped, a copy onto a full disk): its header must
+read to the end and the file must hold every tensor the header lists. Model loading calls it before anything else
+reads the file, so a damaged file is reported as damaged rather than as a model transformers cannot read.
 """
 
 from __future__ import annotations
@@ -18,6 +22,26 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _STRING, _ARRAY = 8, 9
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+# Magic, version, tensor count and key/value count: the bytes every GGUF file starts with.
+_HEADER_BYTES = 24
+# GGML type id -> (values per block, bytes per block), ggml's type traits as the GGUF specification lists them; a
+# test keeps this equal to the gguf package's GGML_QUANT_SIZES. Written out so that checking a file's size does not
+# import the gguf package (a few tenths of a second at every `hone train`).
+TYPE_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292), 16: (256, 66),
+    17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82), 23: (256, 136),
+    24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54),
+    35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+}
+
+
+class GgufDamaged(ValueError):
+    """The file is not a GGUF file, or it ends inside its header. `reason` says which, and where, in words."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -38,6 +62,7 @@ class GgufFile:
     value_types: dict[str, int]  # every key -> its GGUF value type (arrays: 9)
     tensors: dict[str, TensorInfo]
     data_start: int
+    header_end: int = 0  # where the tensor infos end; data_start is the next multiple of the alignment
 
     def array(self, name: str):
         """The tensor's values as float32 numpy, shape in numpy order (outermost first)."""
@@ -63,12 +88,35 @@ class GgufFile:
 
 
 def read_gguf(path: str | Path, keys: set[str] | None = None) -> GgufFile:
-    """Read a GGUF file's header. `keys`: the metadata values to decode (None = all; big arrays cost time)."""
+    """Read a GGUF file's header. `keys`: the metadata values to decode (None = all; big arrays cost time).
+
+    Raises:
+        GgufDamaged: the file does not start with the GGUF magic, or it ends before its header does.
+    """
     path = Path(path)
+    try:
+        return _read_header(path, keys)
+    except (struct.error, UnicodeDecodeError, OverflowError, MemoryError) as e:
+        size = path.stat().st_size
+        raise GgufDamaged(path, f"it ends inside its GGUF header (the file has {size:,} bytes; {e})") from None
+
+
+def _read_header(path: Path, keys: set[str] | None) -> GgufFile:
+    size = path.stat().st_size
+    if size < _HEADER_BYTES:
+        raise GgufDamaged(path, f"it has {size:,} bytes, fewer than a GGUF header's first {_HEADER_BYTES}")
 
     def string(data, pos):
         (length,) = struct.unpack_from("<Q", data, pos)
+        if pos + 8 + length > size:
+            raise struct.error(f"a string of {length:,} bytes at offset {pos:,} runs past the end")
         return bytes(data[pos + 8:pos + 8 + length]).decode("utf-8"), pos + 8 + length
+
+    def skip_strings(data, pos, count):
+        for _ in range(count):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            pos += 8 + length
+        return pos
 
     def value(data, pos, vtype, keep):
         if vtype == _STRING:
@@ -78,6 +126,8 @@ def read_gguf(path: str | Path, keys: set[str] | None = None) -> GgufFile:
             pos += 12
             if etype in _SCALARS and not keep:
                 return None, pos + count * struct.calcsize(_SCALARS[etype])
+            if etype == _STRING and not keep:  # a vocabulary: step over the strings without decoding them
+                return None, skip_strings(data, pos, count)
             items = []
             for _ in range(count):
                 item, pos = value(data, pos, etype, keep)
@@ -89,7 +139,7 @@ def read_gguf(path: str | Path, keys: set[str] | None = None) -> GgufFile:
     metadata, types, tensors = {}, {}, {}
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != GGUF_MAGIC:
-            raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
+            raise GgufDamaged(path, "it is not a GGUF file (it does not start with the GGUF magic bytes)")
         version, tensor_count, kv_count = struct.unpack_from("<IQQ", data, 4)
         pos = 24
         for _ in range(kv_count):
@@ -110,4 +160,36 @@ def read_gguf(path: str | Path, keys: set[str] | None = None) -> GgufFile:
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         data_start = (pos + alignment - 1) // alignment * alignment
     return GgufFile(path=path, version=version, metadata=metadata, value_types=types, tensors=tensors,
-                    data_start=data_start)
+                    data_start=data_start, header_end=pos)
+
+
+def tensor_bytes(info: TensorInfo) -> int | None:
+    """Bytes of one tensor's data, or None for a type this reader does not know."""
+    if info.type not in TYPE_SIZES:
+        return None
+    block, size = TYPE_SIZES[info.type]
+    count = 1
+    for n in info.shape:
+        count *= n
+    return count // block * size
+
+
+def gguf_damage(path: str | Path) -> str | None:
+    """Why `path` cannot be a whole GGUF file, as a sentence about "it", or None when it can.
+
+    Damaged: not GGUF at all, the file ends inside its header, or it is shorter than the data of the tensors the
+    header lists (expected and actual size given). Tensors of a type this reader does not know are left out of
+    the expected size, so a newer type never makes a good file look damaged.
+    """
+    path = Path(path)
+    try:
+        file = read_gguf(path, keys=set())
+    except GgufDamaged as e:
+        return e.reason
+    ends = [file.data_start + info.offset + n for info in file.tensors.values()
+            if (n := tensor_bytes(info)) is not None]
+    expected, actual = max(ends, default=file.header_end), path.stat().st_size
+    if actual < expected:
+        return (f"it is cut short: it should have {expected:,} bytes (to the end of the last of the "
+                f"{len(file.tensors)} tensors its header lists) but has {actual:,} ({expected - actual:,} missing)")
+    return None

@@ -3,11 +3,14 @@
 The Modelfile's TEMPLATE is the run's chat template rewritten in Ollama's Go template syntax, from the per-role
 wrappers Hone learns by rendering the template (chat_layout.py). Templates that are not fixed per-message wrappers
 (ChatML, Llama 3, Zephyr and most others are) get a clear error rather than a guess; a written TEMPLATE is rendered
-back the way Ollama does and must produce exactly the original template's text.
+back the way Ollama does and must produce exactly the original template's text. The Modelfile is written and read
+back through modelfile.py (Ollama's quoting rules): every command read back must be the one meant, so nothing in a
+run name, template or system prompt can add a command.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from hone.core.export.formats import DEFAULT_GGUF_TYPE, ExportError, ExportResul
 from hone.core.export.gguf_model import gguf_steps, prepare, write_checked_gguf
 from hone.core.export.go_template import GoTemplateError
 from hone.core.export.go_template import render as render_go
+from hone.core.export.modelfile import Command, ModelfileSyntaxError, differences, parse, render
 from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
 
 MODELFILE = "Modelfile"
@@ -59,17 +63,6 @@ def stop_strings(layout: ChatLayout, tokenizer) -> list[str]:
     return list(dict.fromkeys(s for s in stops if s.strip()))
 
 
-def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _block(text: str) -> str:
-    if '"""' in text:
-        raise ExportError('the chat template contains """, which a Modelfile block cannot hold',
-                          "export gguf and write the Modelfile by hand")
-    return f'"""{text}"""'
-
-
 def sampling_parameters(folder) -> dict[str, float]:
     """Sampling settings the base model ships in generation_config.json (only those it sets)."""
     from transformers import GenerationConfig
@@ -79,66 +72,62 @@ def sampling_parameters(folder) -> dict[str, float]:
     except OSError:
         return {}
     diff = config.to_diff_dict()
-    return {ollama: diff[hf] for hf, ollama in _SAMPLING.items() if isinstance(diff.get(hf), (int, float))}
+    return {ollama: diff[hf] for hf, ollama in _SAMPLING.items()
+            if isinstance(diff.get(hf), (int, float)) and not isinstance(diff[hf], bool) and math.isfinite(diff[hf])}
 
 
-def write_modelfile(path: Path, gguf_name: str, layout: ChatLayout, stops: list[str], parameters: dict,
-                    run_name: str) -> None:
-    """Write the Modelfile: FROM the GGUF beside it, TEMPLATE (`go_template`), the template's default system
-    prompt as SYSTEM (Ollama inserts it when a conversation has none), one stop PARAMETER per stop string (the
-    text that ends an assistant turn, the special tokens that open a turn, EOS), then `parameters` (the context
-    length and the base model's sampling defaults from generation_config.json)."""
-    lines = [f"# Modelfile written by Hone Studio for run {run_name}.",
-             f"# Create the model: ollama create {re.sub(r'[^a-z0-9._-]+', '-', run_name.lower())} -f {MODELFILE}",
-             f"FROM ./{gguf_name}", f"TEMPLATE {_block(go_template(layout))}"]
+def modelfile_commands(gguf_name: str, layout: ChatLayout, stops: list[str], parameters: dict) -> list[Command]:
+    """The commands the Modelfile is meant to hold: FROM the GGUF beside it, TEMPLATE (`go_template`), the
+    template's default system prompt as SYSTEM (Ollama inserts it when a conversation has none), one stop PARAMETER
+    per stop string (the text that ends an assistant turn, the special tokens that open a turn, EOS), then
+    `parameters` (the context length and the base model's sampling defaults from generation_config.json)."""
+    commands = [Command("model", f"./{gguf_name}"), Command("template", go_template(layout))]
     if layout.default_system is not None:
-        lines.append(f"SYSTEM {_block(layout.default_system)}")
-    lines += [f"PARAMETER stop {_quoted(stop)}" for stop in stops]
-    lines += [f"PARAMETER {name} {value}" for name, value in parameters.items()]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        commands.append(Command("system", layout.default_system))
+    commands += [Command("stop", stop) for stop in stops]
+    commands += [Command(name, repr(value) if isinstance(value, float) else str(value))
+                 for name, value in parameters.items()]
+    return commands
 
 
-def _unquote(text: str) -> str:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        return re.sub(r'\\(.)', r"\1", text[1:-1])
-    return text
+def ollama_model_name(run_name: str) -> str:
+    """A name `ollama create` takes for the run: lower-case letters, digits, '.', '_' and '-'."""
+    return re.sub(r"[^a-z0-9._-]+", "-", run_name.lower()).strip("-._") or "hone-model"
 
 
-def parse_modelfile(text: str) -> dict[str, list[str]]:
-    """Instruction -> its arguments in order, reading \"\"\"-blocks across lines as Ollama does."""
-    parsed: dict[str, list[str]] = {}
-    lines, i = text.split("\n"), 0
-    while i < len(lines):
-        raw = lines[i].lstrip()
-        i += 1
-        if not raw.strip() or raw.startswith("#"):
-            continue
-        word, _, arg = raw.partition(" ")
-        arg = arg.lstrip()
-        if arg.startswith('"""'):
-            body = arg[3:]
-            while '"""' not in body:
-                if i >= len(lines):
-                    raise ValueError(f'{word}: a """ block is not closed')
-                body, i = body + "\n" + lines[i], i + 1
-            arg = body[:body.index('"""')]
-        else:
-            arg = arg.strip()
-        parsed.setdefault(word.upper(), []).append(arg)
-    return parsed
+def write_modelfile(path: Path, commands: list[Command], run_name: str) -> None:
+    """Write `commands` with Ollama's quoting rules (modelfile.render) under two comment lines naming the run.
+
+    Raises:
+        ExportError: a value Ollama could not read back unchanged (one holding \"\"\", a character it drops).
+    """
+    comments = [f"Modelfile written by Hone Studio for run {run_name}.",
+                f"Create the model: ollama create {ollama_model_name(run_name)} -f {MODELFILE}"]
+    path.write_text(render(commands, comments), encoding="utf-8")
 
 
-def check_modelfile(folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer, log: CheckLog) -> None:
-    """Parse the Modelfile back and check it: FROM names the GGUF beside it; the TEMPLATE, rendered the way Ollama
+def check_modelfile(folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer, log: CheckLog,
+                    meant: list[Command]) -> None:
+    """Read the Modelfile back as Ollama does (modelfile.parse) and check it: the commands are exactly `meant`, in
+    order (nothing added, dropped or changed); FROM names the GGUF beside it; the TEMPLATE, rendered the way Ollama
     does (Go text/template semantics, default system inserted, BOS added by llama.cpp), produces exactly the text
     the original template produces for several conversations; every stop string is one token of the vocabulary."""
-    parsed = parse_modelfile((folder / MODELFILE).read_text(encoding="utf-8"))
-    source = parsed.get("FROM", [""])[0]
+    try:
+        commands = parse((folder / MODELFILE).read_text(encoding="utf-8"))
+        mismatches = differences(commands, meant)
+    except ModelfileSyntaxError as e:
+        commands, mismatches = [], [f"Ollama's parser refuses it {e}"]
+    log.require("ollama.commands", not mismatches, f"the Modelfile does not read back as written: "
+                f"{'; '.join(mismatches[:3])}")
+
+    def first(name: str, default=None):
+        return next((c.args for c in commands if c.name == name), default)
+
+    source = first("model", "")
     log.require("ollama.from", (folder / source).resolve() == gguf_path.resolve() and gguf_path.is_file(),
                 f"the Modelfile's FROM {source!r} does not name the GGUF beside it")
-    template = parsed.get("TEMPLATE", [""])[0]
-    system = parsed.get("SYSTEM", [None])[0]
+    template = first("template", "")
+    system = first("system")
 
     def ollama_render(messages):
         if system is not None and messages[0]["role"] != "system":  # what Ollama does with SYSTEM
@@ -152,7 +141,7 @@ def check_modelfile(folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer
         mismatches = [f"the template does not render: {e}"]
     log.require("ollama.template", not mismatches, f"the Ollama TEMPLATE renders differently from the chat "
                 f"template: {mismatches[:1]}")
-    stops = [_unquote(p.partition(" ")[2]) for p in parsed.get("PARAMETER", []) if p.startswith("stop ")]
+    stops = [c.args for c in commands if c.name == "stop"]
     vocab = tokenizer.get_vocab()
     log.require("ollama.stop_tokens", bool(stops) and all(s in vocab for s in stops),
                 f"stop strings that are not single tokens of the vocabulary: {[s for s in stops if s not in vocab]}")
@@ -175,8 +164,9 @@ def export_ollama(run_dir, out=None, *, qtype: str | None = None, force: bool = 
     out = output_folder(run, spec, out, force)
     prepared = prepare(run)
     tokenizer = prepared.tokenizer
-    layout = infer_layout(tokenizer)  # raises for templates that cannot be rewritten, before anything loads
-    go_template(layout)
+    # Before anything loads: templates that cannot be rewritten, and texts a Modelfile cannot hold unchanged, raise.
+    layout = infer_layout(tokenizer)
+    render(modelfile_commands("model.gguf", layout, stop_strings(layout, tokenizer), {}))
     steps = Steps(progress, gguf_steps(run, spec.type, {"writing the Modelfile": 1}))
     log = CheckLog()
     with staged(out) as folder, quiet_transformers():
@@ -185,10 +175,11 @@ def export_ollama(run_dir, out=None, *, qtype: str | None = None, force: bool = 
         parameters = sampling_parameters(merged.loaded.folder)
         context = int(getattr(merged.model.config, "max_position_embeddings", NUM_CTX) or NUM_CTX)
         parameters["num_ctx"] = min(NUM_CTX, context)
-        write_modelfile(folder / MODELFILE, path.name, layout, stop_strings(layout, tokenizer), parameters, run.name)
+        commands = modelfile_commands(path.name, layout, stop_strings(layout, tokenizer), parameters)
+        write_modelfile(folder / MODELFILE, commands, run.name)
         log.require("ollama.bos", prepared.vocab.add_bos or not layout.bos,
                     "the template writes BOS but the GGUF does not ask llama.cpp to add it")
-        check_modelfile(folder, path, layout, tokenizer, log)
+        check_modelfile(folder, path, layout, tokenizer, log, commands)
         result = finish(folder, out, run, spec, log)
     steps.done()
     return result

@@ -3,15 +3,21 @@
 An export writes into a hidden sibling folder and renames it into place only when everything was written, so an
 interrupted export leaves no half-written output. An existing output folder is replaced only with `force`, and
 only when an earlier export wrote it (it holds export.json): `--force` never deletes a folder of the user's.
+
+Before anything loads, the run's adapter files are checked (adapter_config.json is a JSON object; the safetensors
+header reads and the file holds every tensor it lists) and the output folder's parent must be writable; a damaged
+file, a read-only folder or a full disk is an ExportError naming the file or folder, never a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import shutil
+import struct
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +34,10 @@ Progress = Callable[[str, float], None]
 EXPORTS_DIR = "exports"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+# safetensors refuses headers above 100 MB; a length above it is a damaged file, not a header to read.
+_SAFETENSORS_HEADER_MAX = 100 * 1024 * 1024
+# Errors that mean the output cannot be written where it was asked, whatever file was being written.
+_NO_WRITE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -61,7 +71,11 @@ class RunSource:
         from transformers import AutoTokenizer
 
         if (self.adapter_dir / "tokenizer_config.json").is_file():
-            return AutoTokenizer.from_pretrained(self.adapter_dir)
+            try:
+                return AutoTokenizer.from_pretrained(self.adapter_dir)
+            except (OSError, ValueError, KeyError) as e:  # json.JSONDecodeError is a ValueError
+                raise ExportError(f"the tokenizer files in {self.adapter_dir} cannot be read ({type(e).__name__}: "
+                                  f"{e})", _damaged_advice(self.run_dir)) from None
         if fallback is None:
             raise ExportError(f"{self.adapter_dir} holds no tokenizer files", "re-save the adapter with its tokenizer")
         return fallback
@@ -94,7 +108,53 @@ def open_run(run_dir: str | Path) -> RunSource:
             advice = f"finish or resume the run first: `hone train --resume {run_dir}`"
         raise ExportError(f"run {run_dir.name} has no adapter to export ({adapter_dir / missing[0]} is missing)",
                           advice)
+    for path, damage in ((adapter_dir / ADAPTER_CONFIG, _json_object_damage),
+                         (adapter_dir / ADAPTER_WEIGHTS, safetensors_damage)):
+        reason = damage(path)
+        if reason:
+            raise ExportError(f"{path} is damaged: {reason}", _damaged_advice(run_dir))
     return RunSource(run_dir=run_dir, config=config, adapter_dir=adapter_dir)
+
+
+def _damaged_advice(run_dir: Path) -> str:
+    return ("the adapter was not written completely (a run killed while saving, a full disk, a copy that stopped): "
+            "copy the run folder again if it came from elsewhere, or write the adapter again with "
+            f"`hone train --resume {run_dir}` (from the run's last checkpoint)")
+
+
+def _json_object_damage(path: Path) -> str | None:
+    """Why `path` is not a JSON object, in words, or None."""
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return f"byte {e.start} is not UTF-8 text"
+    except json.JSONDecodeError as e:
+        return f"it is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+    return None if isinstance(value, dict) else f"it holds a JSON {type(value).__name__}, not an object"
+
+
+def safetensors_damage(path: Path) -> str | None:
+    """Why `path` is not a whole safetensors file, in words, or None: the 8-byte header length, the JSON header
+    and the data of every tensor it lists must all be in the file (expected and actual size given)."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"it has {size} bytes, fewer than the 8 that give a safetensors header's length"
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > _SAFETENSORS_HEADER_MAX or 8 + length > size:
+            return (f"its first 8 bytes announce a {length:,}-byte header, but the file has {size:,} bytes in all "
+                    "(cut short, or not a safetensors file)")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "its header is not the JSON table of tensors a safetensors file starts with"
+    expected = 8 + length + max(ends, default=0)
+    if size < expected:
+        return (f"it is cut short: it should have {expected:,} bytes (to the end of the last of its {len(ends)} "
+                f"tensors) but has {size:,} ({expected - size:,} missing)")
+    return None
 
 
 def output_folder(run: RunSource, spec: ExportSpec, out: str | Path | None, force: bool) -> Path:
@@ -102,6 +162,12 @@ def output_folder(run: RunSource, spec: ExportSpec, out: str | Path | None, forc
     out = Path(out).expanduser() if out is not None else run.run_dir / EXPORTS_DIR / spec.folder_name
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is a file", "choose another --out folder")
+    parent = out.parent  # where the export is staged and then renamed into place
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ExportError(f"cannot write the export to {out}: {parent} is read-only for you",
+                          "choose an --out folder you can write to (or make that folder writable)")
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ExportError(f"{out} already exists", "pass --force to replace it, or choose another --out")
@@ -113,18 +179,52 @@ def output_folder(run: RunSource, spec: ExportSpec, out: str | Path | None, forc
 
 @contextlib.contextmanager
 def staged(out: Path) -> Iterator[Path]:
-    """A temporary folder next to `out` that replaces `out` when the block ends without an exception."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    """A temporary folder next to `out` that replaces `out` when the block ends without an exception.
+
+    Raises:
+        ExportError: the folder cannot be written (read-only, no permission, disk full); nothing is left behind.
+    """
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as e:
+        raise _write_error(out, e) from None
     try:
         yield tmp
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        writing = e.errno in _NO_WRITE or (e.errno in (errno.EACCES, errno.EPERM) and e.filename is not None
+                                           and Path(e.filename).is_relative_to(tmp))
+        if writing:
+            raise _write_error(out, e) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _apply_umask(tmp)
-    if out.exists():
-        shutil.rmtree(out)  # output_folder() allowed this: forced, and an earlier export wrote it
-    os.replace(tmp, out)
+    try:
+        _apply_umask(tmp)
+        if out.exists():
+            shutil.rmtree(out)  # output_folder() allowed this: forced, and an earlier export wrote it
+        os.replace(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_error(out, e) from None
+
+
+def _write_error(out: Path, e: OSError) -> ExportError:
+    """The ExportError for an OSError met while writing the export to `out`."""
+    where = e.filename or out.parent
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ExportError(f"the disk is full (or over quota) while writing the export to {out} ({where})",
+                           "free some space, or choose an --out folder on another disk; nothing was left behind")
+    if e.errno == errno.EROFS:
+        return ExportError(f"cannot write the export to {out}: {where} is on a read-only file system",
+                           "choose an --out folder on a writable disk")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return ExportError(f"cannot write the export to {out}: no permission to write {where}",
+                           "choose an --out folder you can write to (or make that folder writable)")
+    return ExportError(f"cannot write the export to {out}: {e.strerror or e} ({where})",
+                       "choose another --out folder")
 
 
 def _apply_umask(root: Path) -> None:

@@ -64,24 +64,24 @@ def resolve_source(name_or_path: str, gguf_file: str = "") -> ModelSource:
         if name[len(BUNDLED_PREFIX):] not in BUNDLED_MODELS:
             raise ModelError(f"{name} is not a bundled model",
                              f"bundled models: {', '.join(BUNDLED_PREFIX + m for m in BUNDLED_MODELS)}")
-        return ModelSource("bundled", str(resolve_bundled(name)), name)
+        return ModelSource("bundled", str(check_gguf_whole(resolve_bundled(name))), name)
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelError(f"{path} is a file but not a .gguf model",
                              "pick a .gguf file or the folder that holds config.json and the weights")
-        return ModelSource("gguf", str(path.resolve()), name)
+        return ModelSource("gguf", str(check_gguf_whole(path).resolve()), name)
     if path.is_dir():
         if gguf_file:
             file = path / gguf_file
             if not file.is_file():
                 raise ModelError(f"{file} does not exist", "check model.gguf_file")
-            return ModelSource("gguf", str(file.resolve()), name)
+            return ModelSource("gguf", str(check_gguf_whole(file).resolve()), name)
         if (path / "config.json").is_file():
             return ModelSource("folder", str(path.resolve()), name)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
-            return ModelSource("gguf", str(ggufs[0].resolve()), name)
+            return ModelSource("gguf", str(check_gguf_whole(ggufs[0]).resolve()), name)
         if ggufs:
             raise ModelError(f"{path} holds several .gguf files ({', '.join(g.name for g in ggufs[:4])})",
                              "set model.gguf_file to the one to use")
@@ -93,6 +93,24 @@ def resolve_source(name_or_path: str, gguf_file: str = "") -> ModelSource:
         raise ModelError(f"{name} does not exist", "check the path, or set model.name_or_path to a local model "
                          "folder, a .gguf file, or a Hugging Face id like Qwen/Qwen3-0.6B")
     return ModelSource("hub", name, name)
+
+
+def check_gguf_whole(path: Path) -> Path:
+    """`path`, after making sure it is a whole GGUF file: a download that stopped early or a copy onto a full disk
+    is reported as damaged here (reading the header takes milliseconds), not later as a model transformers cannot
+    read.
+
+    Raises:
+        ModelError: the file is not GGUF, or shorter than its header says (expected and actual size given).
+    """
+    from hone.core.export.gguf_read import gguf_damage
+
+    reason = gguf_damage(path)
+    if reason:
+        raise ModelError(f"{path} is damaged: {reason}",
+                         "download or copy the file again (a transfer that stopped early leaves a short file); "
+                         "it cannot be used as it is")
+    return path
 
 
 def check_hub_model(name: str, revision: str = "", filename: str = "config.json") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -29,14 +30,14 @@ def _row(question: str, answer: str) -> str:
 
 
 def _run_folder(tmp_path, model: str, adapter: bool):
-    """A run folder as `hone train` leaves it: config.toml, and adapter/ once the run saved one (the files' contents
-    are never read: the checks stop first)."""
+    """A run folder as `hone train` leaves it: config.toml, and adapter/ once the run saved one (whole files holding
+    no tensors: the checks read only their headers)."""
     run = tmp_path / "runs" / "r1"
     (run / "adapter").mkdir(parents=True)
     (run / "config.toml").write_text(f'[model]\nname_or_path = "{model}"\n', encoding="utf-8")
     if adapter:
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
-            (run / "adapter" / name).write_text("{}", encoding="utf-8")
+        (run / "adapter" / "adapter_config.json").write_text("{}", encoding="utf-8")
+        (run / "adapter" / "adapter_model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
     return run
 
 

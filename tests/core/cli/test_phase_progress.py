@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -58,7 +59,7 @@ def test_terminal_phase_draws_no_plain_lines_and_says_done_once():
 
 def test_gguf_conversion_is_announced_only_the_first_time(tmp_path, monkeypatch):
     gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
+    gguf.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))  # a whole GGUF v3 file: no tensors, no metadata
     converted = tmp_path / "converted"
     calls = []
 

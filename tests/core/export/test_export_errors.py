@@ -84,3 +84,59 @@ def test_progress_reports_stages_in_order_up_to_one(make_run, tmp_path):
     fractions = [f for _, f in seen]
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and seen[-1] == ("done", 1.0)
     assert next(s for s, _ in seen if s != "done") == "loading the base model"
+
+
+def _damaged_copy(make_run, tmp_path, file: str, damage) -> object:
+    import shutil
+
+    run = shutil.copytree(make_run("tiny-dense"), tmp_path / "run")
+    path = run / "adapter" / file
+    path.write_bytes(damage(path.read_bytes()))
+    return run
+
+
+@pytest.mark.parametrize("file, damage, words", [
+    ("adapter_model.safetensors", lambda b: b[: len(b) // 2], "it is cut short: it should have"),
+    ("adapter_model.safetensors", lambda b: b[:5], "it has 5 bytes, fewer than the 8"),
+    ("adapter_model.safetensors", lambda b: b[:8] + b"{not json" + b[17:], "not the JSON table of tensors"),
+    ("adapter_model.safetensors", lambda b: (10**12).to_bytes(8, "little") + b[8:], "announce a 1,000,000,000,000"),
+    ("adapter_config.json", lambda b: b[: len(b) // 2], "it is not valid JSON"),
+    ("adapter_config.json", lambda b: b"[1, 2]", "it holds a JSON list, not an object"),
+    ("adapter_config.json", lambda b: b"\xff\xfe" + b, "byte 0 is not UTF-8 text"),
+], ids=["safetensors-cut", "safetensors-5-bytes", "safetensors-header", "safetensors-length", "json-cut",
+        "json-list", "json-not-utf8"])
+def test_a_damaged_adapter_file_is_named_before_anything_loads(make_run, tmp_path, file, damage, words):
+    run = _damaged_copy(make_run, tmp_path, file, damage)
+    with pytest.raises(ExportError) as e:
+        export_run(run, "adapter", tmp_path / "out")
+    assert e.value.message.startswith(f"{run / 'adapter' / file} is damaged: ") and words in e.value.message
+    assert f"hone train --resume {run}" in e.value.advice
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cut_adapter_says_how_long_it_should_be(make_run, tmp_path):
+    whole = (make_run("tiny-dense") / "adapter" / "adapter_model.safetensors").stat().st_size
+    run = _damaged_copy(make_run, tmp_path, "adapter_model.safetensors", lambda b: b[:-1])
+    with pytest.raises(ExportError, match=f"it should have {whole:,} bytes .* but has {whole - 1:,} "
+                                          r"\(1 missing\)"):
+        export_run(run, "gguf-lora", tmp_path / "out")
+
+
+def test_whole_adapter_files_are_not_damaged(make_run):
+    from hone.core.export.source import safetensors_damage
+
+    assert safetensors_damage(make_run("tiny-dense") / "adapter" / "adapter_model.safetensors") is None
+
+
+def test_a_full_disk_while_writing_is_an_export_error_and_leaves_nothing(tmp_path):
+    import errno
+
+    from hone.core.export.source import staged
+
+    out = tmp_path / "exports" / "gguf"
+    with pytest.raises(ExportError) as e, staged(out) as folder:
+        (folder / "model.gguf").write_bytes(b"GGUF")
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "model.gguf"))
+    assert e.value.message.startswith(f"the disk is full (or over quota) while writing the export to {out}")
+    assert "another disk" in e.value.advice
+    assert list((tmp_path / "exports").iterdir()) == []

@@ -3,12 +3,14 @@ template, stop tokens, parameters, and templates it cannot express."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from export_helpers import LLAMA2, ZEPHYR, write_run
 
 from hone.core.export import ExportError, export_run
 from hone.core.export.go_template import render
-from hone.core.export.ollama import parse_modelfile
+from hone.core.export.modelfile import Command, parse
 
 CHATML_MODELFILE = '''# Modelfile written by Hone Studio for run run.
 # Create the model: ollama create run -f Modelfile
@@ -38,13 +40,14 @@ def test_chatml_modelfile(make_run, tmp_path):
     assert {p.name for p in result.files} == {"Modelfile", "run-q8_0.gguf", "export.json"}
     text = (result.path / "Modelfile").read_text()
     assert text == CHATML_MODELFILE
-    parsed = parse_modelfile(text)
+    template = next(c.args for c in parse(text) if c.name == "template")
     tokenizer = AutoTokenizer.from_pretrained(run / "adapter")
     talk = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
-    go = render(parsed["TEMPLATE"][0], {"Messages": [{"Role": m["role"], "Content": m["content"]} for m in talk]})
+    go = render(template, {"Messages": [{"Role": m["role"], "Content": m["content"]} for m in talk]})
     assert go == tokenizer.apply_chat_template(talk, tokenize=False, add_generation_prompt=True)
-    for check in ("ollama.template", "ollama.stop_tokens", "ollama.from", "gguf.tokenizer.encoding"):
+    for check in ("ollama.commands", "ollama.template", "ollama.stop_tokens", "ollama.from",
+                  "gguf.tokenizer.encoding"):
         assert result.checks[check] == "ok"
 
 
@@ -63,10 +66,10 @@ def test_a_non_chatml_template_is_rewritten_too(base_model_dir, tmp_path):
     write_run(run, str(folder), model=model, tokenizer=tokenizer)
     result = export_run(run, "ollama:f16", tmp_path / "ollama")
     assert result.passed, result.failures
-    parsed = parse_modelfile((result.path / "Modelfile").read_text())
-    assert "SYSTEM" not in parsed
-    assert '{{ else if eq .Role "user" }}<|user|>\n{{ .Content }}<|im_end|>\n' in parsed["TEMPLATE"][0]
-    assert parsed["PARAMETER"] == ['stop "<|im_end|>"', "num_ctx 4096"]
+    commands = parse((result.path / "Modelfile").read_text())
+    assert [c.name for c in commands] == ["model", "template", "stop", "num_ctx"]  # no SYSTEM
+    assert '{{ else if eq .Role "user" }}<|user|>\n{{ .Content }}<|im_end|>\n' in commands[1].args
+    assert commands[2:] == [Command("stop", "<|im_end|>"), Command("num_ctx", "4096")]
 
 
 def test_a_template_ollama_cannot_express_is_refused_before_any_work(base_model_dir, tmp_path):
@@ -82,3 +85,20 @@ def test_a_template_ollama_cannot_express_is_refused_before_any_work(base_model_
         export_run(run, "ollama", tmp_path / "ollama")
     assert "message" in e.value.message and "fixed text" in e.value.advice
     assert not (tmp_path / "ollama").exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Windows folder names cannot hold line ends")
+def test_a_run_name_with_line_ends_adds_no_command_to_the_modelfile(make_run, tmp_path):
+    """A run folder named "run\\nPARAMETER temperature 99\\nMESSAGE user hi" (one written before names were checked,
+    or renamed by hand): the name stays inside its comment, and the Modelfile reads back as the plain run's does."""
+    import shutil
+
+    evil = shutil.copytree(make_run("tiny-dense"), tmp_path / "run\nPARAMETER temperature 99\nMESSAGE user hi")
+    result = export_run(evil, "ollama", tmp_path / "ollama")
+    assert result.passed, result.failures
+    assert result.checks["ollama.commands"] == "ok"
+    text = (result.path / "Modelfile").read_text()
+    assert text.splitlines()[0] == ("# Modelfile written by Hone Studio for run run\\nPARAMETER temperature 99\\n"
+                                    "MESSAGE user hi.")
+    gguf = "run-PARAMETER-temperature-99-MESSAGE-user-hi-q8_0.gguf"
+    assert parse(text) == parse(CHATML_MODELFILE.replace("run-q8_0.gguf", gguf))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import struct
 import time
 
 import pytest
@@ -14,11 +15,12 @@ def test_resolve_source_kinds(tmp_path, tiny_model_dir):
     assert resolve_source(DEMO_MODEL).kind == "bundled"
     assert resolve_source(str(tiny_model_dir("tiny-dense"))).kind == "folder"
     assert resolve_source("Qwen/Qwen3-0.6B").kind == "hub"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)  # a whole GGUF v3 file: no tensors, no metadata
     gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
+    gguf.write_bytes(header)
     assert resolve_source(str(gguf)).kind == "gguf"
     assert resolve_source(str(tmp_path)).kind == "gguf"  # a folder with exactly one .gguf
-    (tmp_path / "n.gguf").write_bytes(b"GGUF")
+    (tmp_path / "n.gguf").write_bytes(header)
     with pytest.raises(ModelError, match=r"several \.gguf"):
         resolve_source(str(tmp_path))
     assert resolve_source(str(tmp_path), gguf_file="n.gguf").path.endswith("n.gguf")
