@@ -9,6 +9,9 @@ Public API (what the trainer, the CLI and the GUI use):
     inspect.inspect_row(entry, tokenizer, row, ...) -> RowView  (rendered text + per-token trained flags)
     format_report(report) -> str                      the terminal table of a DatasetReport
 
+Image URLs are fetched once, during the data check, into the data cache (hone.core.data.fetch: a size cap, a total
+time limit, http(s) only, no private or loopback hosts unless data.allow_private_urls).
+
 Importing this package is light (numpy only); transformers, datasets, pyarrow and Pillow load on use.
 """
 

@@ -23,7 +23,7 @@ from hone.core.data.tokenized import TokenizedSet
 from hone.core.resources import cache_root
 
 # Bump when the stored layout or the tokenization rules change, so old entries are not reused.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 _ARRAYS = ("ids", "trained", "offsets", "trained_counts", "row_numbers", "source_index", "truncated")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hone.core.data.images import parse_image_ref
+from hone.core.data.loaders import JsonTooDeep, loads_json
 from hone.core.data.rows import (
     EMPTY_CONTENT,
     EMPTY_CONVERSATION,
@@ -23,6 +24,7 @@ from hone.core.data.rows import (
     NO_ASSISTANT,
     ROLE_ALIASES,
     ROLES,
+    TOO_DEEP,
     UNKNOWN_FORMAT,
     UNKNOWN_ROLE,
     WRONG_TYPE,
@@ -248,11 +250,13 @@ def _json_list(text: str, where: str) -> list:
     """A list written as JSON text (how CSV/TSV cells hold conversations)."""
     if text.lstrip().startswith("["):
         try:
-            value = json.loads(text)
+            value = loads_json(text)
         except json.JSONDecodeError as e:
             at = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno}, column {e.colno}"
             raise RowError(WRONG_TYPE, where, f"is text that starts like a JSON list but does not parse ({e.msg} "
                            f"at {at})") from None
+        except JsonTooDeep as e:
+            raise RowError(TOO_DEEP, where, f"is a JSON list that cannot be used: {e}") from None
         if isinstance(value, list):
             return value
     raise RowError(WRONG_TYPE, where, "is a string, expected a list of {role, content} turns")

@@ -26,6 +26,15 @@ from hone.core.data.rows import (
 from hone.core.data.template import ChatTemplate, TemplateFailure
 from hone.core.vision.expansion import ImageExpansion, image_expansion_for
 
+# A row's text is cut (data.overlong = "truncate") or the row dropped ("drop") before tokenizing when it has more than
+# max_length x this many characters. Tokens average 3-5 characters of prose or code and rarely exceed 16; at 32 the
+# kept prefix still yields well over max_length tokens, so the tokens kept are the ones a full tokenization would
+# keep, while a 50 MB string costs a 64k-character tokenization instead of minutes and gigabytes.
+MAX_CHARS_PER_TOKEN = 32
+# Note key for rows cut before tokenizing (the report prints "N rows <key> (kept): file:row, ...").
+PRECUT = (f"had more than data.max_length x {MAX_CHARS_PER_TOKEN} characters; only that many were tokenized, then "
+          "truncated")
+
 
 @dataclass
 class Encoded:
@@ -37,6 +46,7 @@ class Encoded:
         offsets: int64 [L], character where each token starts in `text` (kept with `text`).
         text_end: where the kept tokens' text ends (before the first token cut by truncation).
         image_runs: (start, count) of each image's placeholder tokens in `ids`.
+        precut: the text was cut to max_length x MAX_CHARS_PER_TOKEN characters before tokenizing.
     """
 
     source: str
@@ -48,6 +58,7 @@ class Encoded:
     offsets: np.ndarray | None = None
     text_end: int = 0
     image_runs: list[tuple[int, int]] = field(default_factory=list)
+    precut: bool = False
 
 
 class RowEncoder:
@@ -78,14 +89,23 @@ class RowEncoder:
         self.backend = getattr(self.tokenizer, "backend_tokenizer", None) if self.has_offsets else None
 
     def encode(self, rows: list[Row], keep_text: bool = False) -> list[Encoded | RowProblem]:
-        """Encode a batch of rows; each comes back as an Encoded or the RowProblem that skipped it."""
+        """Encode a batch of rows; each comes back as an Encoded or the RowProblem that skipped it.
+
+        A text far longer than max_length could use (over max_length x MAX_CHARS_PER_TOKEN characters) is never
+        tokenized whole: with overlong = "drop" the row is skipped, with "truncate" only that many leading characters
+        are tokenized (then cut to max_length tokens as usual).
+        """
         out: list[Encoded | RowProblem | None] = [None] * len(rows)
         texts: list[str] = []
         plans: list[tuple[int, list[tuple[int, int]], bool]] = []  # (row position, spans, add_special_tokens)
+        precut: set[int] = set()
+        limit = self.max_length * MAX_CHARS_PER_TOKEN
         for k, row in enumerate(rows):
             if row.text is not None:
-                texts.append(row.text)
-                plans.append((k, [(0, len(row.text))], True))
+                if len(row.text) > limit and self._overlong(row, row.text, k, out, precut):
+                    continue
+                texts.append(row.text[:limit])
+                plans.append((k, [(0, len(texts[-1]))], True))
                 continue
             if row.images and self.image_tokens is None:
                 out[k] = RowProblem(row.source, TEXT_ONLY_MODEL, "", f"has {len(row.images)} image(s) but the "
@@ -97,12 +117,29 @@ class RowEncoder:
             except TemplateFailure as e:
                 out[k] = RowProblem(row.source, TEMPLATE_ERROR, "", f"the chat template failed on this row: {e}")
                 continue
+            if len(text) > limit:
+                if self._overlong(row, text, k, out, precut):
+                    continue
+                text = text[:limit]
+                spans = [(s, min(e, limit)) for s, e in spans if s < limit]
             texts.append(text)
             plans.append((k, [(0, len(text))] if self.train_on == "all" else spans, False))
         encoded = self._tokenize(texts, [p[2] for p in plans], [p[1] for p in plans])
         for j, ((k, spans, is_text_row), (ids, starts)) in enumerate(zip(plans, encoded, strict=True)):
-            out[k] = self._finish(rows[k], ids, starts, spans, texts[j] if keep_text else "", is_text_row)
+            out[k] = self._finish(rows[k], ids, starts, spans, texts[j] if keep_text else "", is_text_row,
+                                  k in precut)
         return out  # type: ignore[return-value]
+
+    def _overlong(self, row: Row, text: str, k: int, out: list, precut: set[int]) -> bool:
+        """For a text over the character limit: skip the row (drop; returns True) or mark it to be cut."""
+        if self.overlong == "drop":
+            out[k] = RowProblem(row.source, TOO_LONG, "", f"has {len(text):,} characters, far more than "
+                                f"data.max_length = {self.max_length} tokens can hold (it would need over "
+                                f"{MAX_CHARS_PER_TOKEN} characters per token), so it was not tokenized; shorten the "
+                                "row or set data.overlong = \"truncate\"")
+            return True
+        precut.add(k)
+        return False
 
     def _tokenize(self, texts: list[str], special: list[bool], spans: list[list[tuple[int, int]]]):
         """(ids int64 [L], character start of each token int64 [L]) per text, batched per add_special_tokens."""
@@ -135,24 +172,25 @@ class RowEncoder:
         return results
 
     def _finish(self, row: Row, ids: np.ndarray, starts: np.ndarray, spans: list[tuple[int, int]], text: str,
-                is_text_row: bool) -> Encoded | RowProblem:
+                is_text_row: bool, precut: bool = False) -> Encoded | RowProblem:
         trained = np.zeros(len(ids), dtype=bool)
         for s, e in spans:
             trained |= (starts >= s) & (starts < e)
-        if is_text_row and self.eos_id is not None and (len(ids) == 0 or ids[-1] != self.eos_id):
+        if is_text_row and not precut and self.eos_id is not None and (len(ids) == 0 or ids[-1] != self.eos_id):
             ids = np.append(ids, self.eos_id)
             trained = np.append(trained, True)
             starts = np.append(starts, len(text))
             if text:  # the inspector shows the appended end-of-text token too
                 text += self.tokenizer.convert_ids_to_tokens(int(self.eos_id))
         image_runs: list[tuple[int, int]] = []
+        images = list(row.images)
         if row.images:
-            ids, trained, starts, image_runs, problem = self._expand_images(row, ids, trained, starts)
+            ids, trained, starts, image_runs, problem = self._expand_images(row, ids, trained, starts, precut)
             if problem is not None:
                 return problem
-        truncated = False
+            images = images[: len(image_runs)]  # a cut text may have lost the placeholders of the last images
+        truncated = precut
         text_end = len(text)
-        images = list(row.images)
         if len(ids) > self.max_length:
             if self.overlong == "drop":
                 return RowProblem(row.source, TOO_LONG, "", f"has {len(ids)} tokens, more than data.max_length = "
@@ -171,20 +209,21 @@ class RowEncoder:
             return RowProblem(row.source, NO_TRAINED_TOKENS, "", why)
         return Encoded(source=row.source, ids=ids.astype(np.int32), trained=trained, truncated=truncated,
                        images=images, text=text, offsets=starts if text else None, text_end=text_end,
-                       image_runs=image_runs)
+                       image_runs=image_runs, precut=precut)
 
-    def _expand_images(self, row: Row, ids, trained, starts):
+    def _expand_images(self, row: Row, ids, trained, starts, precut: bool = False):
         """Replace each image placeholder by the tokens the processor gives that image (hone.core.vision.expansion:
-        a run of image tokens, possibly with the family's markers, tiles and tags); none of them is trained."""
+        a run of image tokens, possibly with the family's markers, tiles and tags); none of them is trained. A text
+        cut before tokenizing (`precut`) may hold the placeholders of only the first images."""
         assert self.image_tokens is not None
         where = np.flatnonzero(ids == self.image_tokens.token_id)
-        if len(where) != len(row.images):
+        if len(where) != len(row.images) and not (precut and len(where) < len(row.images)):
             problem = RowProblem(row.source, TEMPLATE_ERROR, "", f"the chat template wrote {len(where)} image "
                                  f"token(s) for {len(row.images)} image(s)")
             return ids, trained, starts, [], problem
         pieces_ids, pieces_trained, pieces_starts, runs = [], [], [], []
         cursor = length = 0
-        for position, ref in zip(where, row.images, strict=True):
+        for position, ref in zip(where, row.images[: len(where)], strict=True):
             expansion = self.image_tokens.expand(ref.width, ref.height)
             pieces_ids += [ids[cursor:position], expansion]
             pieces_trained += [trained[cursor:position], np.zeros(len(expansion), dtype=bool)]

@@ -22,6 +22,7 @@ from hone.core.data.rows import (
     INVALID_JSON,
     INVALID_UTF8,
     NOT_AN_OBJECT,
+    TOO_DEEP,
     UNREADABLE_FILE,
     RowProblem,
 )
@@ -34,12 +35,55 @@ SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv
 _BATCH_ROWS = 1024
 # Hashing reads files in chunks of this many bytes.
 _HASH_CHUNK = 1 << 20
+# Deepest nesting of objects and lists a JSON row may have. Real rows need 3-6 levels (row, messages, turn, content
+# parts, tool-call arguments); 64 leaves room for any of them, while a row nested hundreds deep would exceed Python's
+# recursion limit in the parser or in a later step (format detection, the chat template) and is hostile or broken.
+MAX_JSON_DEPTH = 64
 _SURROGATE_RE = re.compile("[\udc80-\udcff]")
 _SPLIT_RE = re.compile(r"^(?P<name>.+?):(?P<split>[A-Za-z_][\w.\-]*)$")
 _TRAIN_SPLITS = ("train",)
 # Key of a record's {column: message} for same-named columns (a NUL can start no real column name).
 DUPLICATES_KEY = "\0duplicate columns"
 _EVAL_SPLITS = ("validation", "valid", "val", "test", "eval", "dev")
+
+
+class JsonTooDeep(ValueError):
+    """A JSON text nests objects and lists more than MAX_JSON_DEPTH levels deep."""
+
+    def __init__(self):
+        super().__init__(f"it nests objects and lists more than {MAX_JSON_DEPTH} levels deep (a row needs a few)")
+
+
+def loads_json(text: str):
+    """json.loads, refusing nesting deeper than MAX_JSON_DEPTH (instead of a RecursionError, or a value that breaks
+    later steps).
+
+    Raises:
+        json.JSONDecodeError: not valid JSON.
+        JsonTooDeep: valid or not, nested too deeply.
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JsonTooDeep() from None
+    # Nesting needs an opening bracket per level, and counting them runs at C speed: most rows need no walk.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and nesting_exceeds(value, MAX_JSON_DEPTH):
+        raise JsonTooDeep()
+    return value
+
+
+def nesting_exceeds(value, limit: int) -> bool:
+    """Whether dicts and lists nest more than `limit` levels deep in `value` (iteratively, so depth costs no stack)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack += [(child, depth + 1) for child in children if isinstance(child, (dict, list))]
+    return False
 
 
 class SourceError(Exception):
@@ -184,10 +228,14 @@ def _read_jsonl(source: Source) -> Iterator[tuple[int, Any]]:
                                        "UTF-8; save the file as UTF-8")
                 continue
             try:
-                record = json.loads(line)
+                record = loads_json(line)
             except json.JSONDecodeError as e:
                 yield number, _problem(source, number, INVALID_JSON, f"the line is not valid JSON ({e.msg} at "
                                        f"column {e.colno}); fix or remove it")
+                continue
+            except JsonTooDeep as e:
+                yield number, _problem(source, number, TOO_DEEP, f"the line is not a usable row: {e}; fix or "
+                                       "remove it")
                 continue
             if not isinstance(record, dict):
                 yield number, _problem(source, number, NOT_AN_OBJECT, f"the line is a JSON {_json_kind(record)}, "
@@ -213,10 +261,15 @@ def _read_json(source: Source) -> Iterator[tuple[int, Any]]:
         raise SourceError(UNREADABLE_FILE, f"{source.name} is not valid JSON ({e.msg} at line {e.lineno}, column "
                           f"{e.colno}); fix the file or convert it to JSONL, where one bad row skips only "
                           "that row") from None
+    except RecursionError:
+        raise SourceError(UNREADABLE_FILE, f"{source.name} cannot be read: somewhere it nests objects and lists "
+                          f"hundreds of levels deep (a row needs a few); convert it to JSONL, where such a row skips "
+                          "only itself") from None
     if isinstance(value, dict):
         rows = _rows_of_dict(value)
         if rows is None:
-            yield 1, value
+            yield 1, (_problem(source, 1, TOO_DEEP, f"the object is not a usable row: {JsonTooDeep()}")
+                      if nesting_exceeds(value, MAX_JSON_DEPTH) else value)
             return
         value = rows
     if not isinstance(value, list):
@@ -226,6 +279,9 @@ def _read_json(source: Source) -> Iterator[tuple[int, Any]]:
         if not isinstance(record, dict):
             yield number, _problem(source, number, NOT_AN_OBJECT, f"element is a JSON {_json_kind(record)}, "
                                    "expected an object")
+            continue
+        if nesting_exceeds(record, MAX_JSON_DEPTH):
+            yield number, _problem(source, number, TOO_DEEP, f"element is not a usable row: {JsonTooDeep()}")
             continue
         yield number, record
 

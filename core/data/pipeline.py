@@ -1,8 +1,8 @@
 """Config -> tokenized training and evaluation sets, with one report per split. The trainer's entry point.
 
-Per split: resolve the sources, read records (streamed), detect the format per source, normalize, check images,
-encode in batches, collect into a TokenizedSet, and account for every row in a ReportBuilder. A finished split is
-cached; a second run with the same inputs memory-maps it back.
+Per split: resolve the sources, read records (streamed), detect the format per source, normalize, check images
+(fetching URLs into the data cache, once), encode in batches, collect into a TokenizedSet, and account for every row
+in a ReportBuilder. A finished split is cached; a second run with the same inputs memory-maps it back.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 
 from hone.core.data import cache as cache_store
 from hone.core.data.formats import ColumnNames, detect_format, normalize, used_columns
-from hone.core.data.images import check_image
-from hone.core.data.labels import Encoded, RowEncoder
+from hone.core.data.images import OUTSIDE_DATA_FOLDER, ImageStore, reads_outside
+from hone.core.data.labels import PRECUT, Encoded, RowEncoder
 from hone.core.data.loaders import (
     DUPLICATES_KEY,
     Source,
@@ -28,7 +28,7 @@ from hone.core.data.loaders import (
 )
 from hone.core.data.parallel import default_workers, encode_stream
 from hone.core.data.report import ReportBuilder
-from hone.core.data.rows import DUPLICATE_COLUMN, Row, RowError, RowProblem
+from hone.core.data.rows import DUPLICATE_COLUMN, IMAGE_NOT_FETCHED, Row, RowError, RowProblem
 from hone.core.data.tokenized import TokenizedSet, TokenizedSetBuilder
 from hone.core.errors import DataError
 from hone.core.events import DatasetReport
@@ -73,14 +73,16 @@ def load_training_data(cfg, tokenizer, *, seed: int = 0, cache_dir: Path | None 
                          image_max_side=cfg.image_max_side)
     cache_dir = cache_store.default_cache_dir() if cache_dir is None else Path(cache_dir)
     has_eval = bool(cfg.eval)
-    train, train_truncated, train_report = _tokenized_split(
-        "train", cfg.train, cfg, encoder, cache_dir, _scaled(progress, 0.0, 0.8 if has_eval else 1.0))
+    train, train_truncated, train_report = _tokenized_split("train", cfg.train, cfg, encoder,
+                                                            _image_store(cfg, cache_dir),
+                                                            _scaled(progress, 0.0, 0.8 if has_eval else 1.0))
     if len(train) == 0:
         raise DataError(_nothing_usable("training", cfg.train, train_report), _advice(train_report))
     reports: list[DatasetReport]
     eval_set: TokenizedSet | None = None
     if has_eval:
-        eval_set, eval_truncated, eval_report = _tokenized_split("eval", cfg.eval, cfg, encoder, cache_dir,
+        eval_set, eval_truncated, eval_report = _tokenized_split("eval", cfg.eval, cfg, encoder,
+                                                                 _image_store(cfg, cache_dir),
                                                                  _scaled(progress, 0.8, 1.0))
         if len(eval_set) == 0:
             raise DataError(_nothing_usable("evaluation", cfg.eval, eval_report), _advice(eval_report))
@@ -107,15 +109,16 @@ def load_training_data(cfg, tokenizer, *, seed: int = 0, cache_dir: Path | None 
 
 def check_data(cfg, tokenizer=None, *, split: str = "train",
                progress: Progress | None = None) -> tuple[DatasetReport, TokenizedSet | None]:
-    """Validate the data of one split without caching; tokenize only when a tokenizer is given.
+    """Validate the data of one split without caching tokens; tokenize only when a tokenizer is given.
 
     Without a tokenizer every structural check still runs (files, JSON, fields, roles, images) and the report
-    has no token statistics. Every skipped row is listed (a run's report lists the first few). Used by
-    `hone data check` and the GUI's dataset page.
+    has no token statistics. Every skipped row is listed (a run's report lists the first few). Image URLs are
+    fetched into the data cache (`cache_root("datasets")`), where the run finds them. Used by `hone data check` and
+    the GUI's dataset page.
     """
     entries = cfg.train if split == "train" else cfg.eval
     report = ReportBuilder(split, [str(e) for e in entries], max_examples=None)
-    rows = _row_batches(entries, split, cfg, report, progress)
+    rows = _row_batches(entries, split, cfg, report, progress, _image_store(cfg, cache_store.default_cache_dir()))
     if tokenizer is None:
         kept = image_rows = 0
         for batch in rows:
@@ -135,9 +138,15 @@ def check_data(cfg, tokenizer=None, *, split: str = "train",
     return _report(report, data, np.array(truncated, bool)), data
 
 
-def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, cache_dir: Path,
+def _image_store(cfg, cache_dir: Path) -> ImageStore:
+    return ImageStore(cache_dir, cfg.image_max_side, allow_private_urls=cfg.allow_private_urls)
+
+
+def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, images: ImageStore,
                      progress: Progress | None) -> tuple[TokenizedSet, np.ndarray, ReportBuilder]:
-    """One split: from the cache when its key matches, else read, encode and store."""
+    """One split: from the cache when its key matches (and the image copies it names are still there), else read,
+    encode and store."""
+    cache_dir = images.folder
     files = [str(e) for e in entries]
     key = None
     sources: list[Source] = []
@@ -146,13 +155,14 @@ def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, c
         key = cache_store.cache_key({
             "sources": [(s.name, s.kind, s.split, content_hash(s)) for s in sources],
             "tokenizer": cache_store.tokenizer_fingerprint(encoder.tokenizer), "encoder": encoder.fingerprint(),
-            "format": cfg.format, "columns": cfg.columns, "side": split})
+            "format": cfg.format, "columns": cfg.columns, "side": split,
+            "allow_private_urls": cfg.allow_private_urls})
     except (SourceError, OSError):
         pass  # reading reports the problem properly below
     folder = cache_dir / key if key else None
     if folder is not None:
         cached = cache_store.load(folder)
-        if cached is not None:
+        if cached is not None and _image_copies_present(cached[0]):
             data, truncated, state = cached
             if progress is not None:
                 progress(f"{split} data from cache", 1.0)
@@ -161,13 +171,17 @@ def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, c
     builder = TokenizedSetBuilder()
     truncated_list: list[bool] = []
     workers = default_workers(sources) if sources else 0
-    for batch, results in encode_stream(encoder, _row_batches(entries, split, cfg, report, progress), workers):
+    for batch, results in encode_stream(encoder, _row_batches(entries, split, cfg, report, progress, images),
+                                        workers):
         _collect(batch, results, report, builder, truncated_list)
     data = builder.build()
     truncated = np.array(truncated_list, dtype=bool)
     if encoder.template.is_fallback:
         report.note("the tokenizer has no chat template, so conversations are rendered as plain ChatML text")
-    if folder is not None and len(data):
+    if report.skipped[IMAGE_NOT_FETCHED]:
+        report.note(f"{report.skipped[IMAGE_NOT_FETCHED]:,} rows skipped because an image URL was not fetched; the "
+                    "tokenized data is not cached, so the next run tries those URLs again")
+    elif folder is not None and len(data):
         try:
             cache_store.save(folder, data, truncated, report.to_state())
         except OSError as e:
@@ -184,13 +198,20 @@ def _collect(batch: list[Row], results: list[Encoded | RowProblem], report: Repo
             continue
         assert isinstance(result, Encoded)
         builder.add(result.ids, result.trained, result.source, result.images)
+        if result.precut:
+            report.kept_with_note(result.source, PRECUT)
         truncated.append(result.truncated)
         report.truncated += int(result.truncated)
         report.formats[row.format] += 1
 
 
-def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder,
-                 progress: Progress | None) -> Iterator[list[Row]]:
+def _image_copies_present(data: TokenizedSet) -> bool:
+    """Whether every fetched URL and reduced image a cached split names is still in the data cache."""
+    return all(Path(ref.cached).is_file() for refs in data.images.values() for ref in refs if ref.cached)
+
+
+def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder, progress: Progress | None,
+                 images: ImageStore) -> Iterator[list[Row]]:
     """Every usable Row of the split's sources, in batches; every other row is counted as skipped."""
     try:
         sources = resolve_sources(entries, side=split)
@@ -201,7 +222,7 @@ def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder,
     last_progress = 0.0
     for n, source in enumerate(sources):
         try:
-            for _, item in iter_rows(source, cfg, on_detect=report.detected):
+            for _, item in iter_rows(source, cfg, on_detect=report.detected, images=images):
                 report.read()
                 if isinstance(item, RowProblem):
                     report.skip(item)
@@ -225,11 +246,12 @@ def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder,
 
 
 def iter_rows(source: Source, cfg, on_detect: Callable[[str, str], None] | None = None,
-              ) -> Iterator[tuple[int, Row | RowProblem]]:
+              images: ImageStore | None = None) -> Iterator[tuple[int, Row | RowProblem]]:
     """(row number, Row or the RowProblem that skips it) for every row of one source, images checked.
 
     The format is `cfg.format`, or (auto) detected from the first row whose columns match one; then
-    on_detect(source name, format) is called.
+    on_detect(source name, format) is called. Images are made ready by `images` (default: a store in the user's
+    data cache); a row whose image paths lead outside the source's folder is kept with the OUTSIDE_DATA_FOLDER note.
 
     Raises:
         SourceError: the source as a whole cannot be read (rows yielded before stay valid).
@@ -237,6 +259,8 @@ def iter_rows(source: Source, cfg, on_detect: Callable[[str, str], None] | None 
     columns = ColumnNames(cfg.columns)
     require_assistant = cfg.train_on == "assistant"
     fmt = None if cfg.format == "auto" else cfg.format
+    if images is None:
+        images = _image_store(cfg, cache_store.default_cache_dir())
     for number, record in read_records(source):
         if isinstance(record, RowProblem):
             yield number, record
@@ -254,7 +278,9 @@ def iter_rows(source: Source, cfg, on_detect: Callable[[str, str], None] | None 
                     raise RowError(DUPLICATE_COLUMN, used, duplicates[used])
             row = normalize(record, fmt, columns, row_source, source.base_dir, require_assistant)
             if row.images:
-                row.images = [check_image(ref, f"image {k + 1}") for k, ref in enumerate(row.images)]
+                row.images = [images.check(ref, f"image {k + 1}") for k, ref in enumerate(row.images)]
+                if source.base_dir is not None and any(reads_outside(ref, source.base_dir) for ref in row.images):
+                    row.notes.append(OUTSIDE_DATA_FOLDER)
         except RowError as e:
             yield number, RowProblem(row_source, e.reason, e.field, e.detail)
             continue

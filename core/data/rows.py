@@ -12,6 +12,7 @@ from typing import Any
 
 # Skip reasons: short, stable keys for DatasetReport.skipped (the GUI groups by them).
 INVALID_JSON = "invalid JSON"
+TOO_DEEP = "nested too deeply"
 INVALID_UTF8 = "invalid UTF-8"
 NOT_AN_OBJECT = "not an object"
 BAD_RECORD = "malformed record"
@@ -26,6 +27,7 @@ UNKNOWN_FORMAT = "unknown format"
 DUPLICATE_COLUMN = "duplicate column"
 IMAGE_MISSING = "image missing"
 IMAGE_UNREADABLE = "image unreadable"
+IMAGE_NOT_FETCHED = "image URL not fetched"
 IMAGE_MISMATCH = "image placeholder mismatch"
 TEXT_ONLY_MODEL = "image row for a text-only model"
 TEMPLATE_ERROR = "chat template error"
@@ -46,13 +48,15 @@ ROLE_ALIASES = {
 
 @dataclass(frozen=True)
 class ImageRef:
-    """Where one image of a row comes from; nothing is decoded until `load` (see hone.core.data.images).
+    """Where one image of a row comes from; nothing is decoded until it is checked (see hone.core.data.images).
 
     Attributes:
-        kind: "path" (a local file), "url" (http(s), fetched only by the vision loader), or "bytes".
+        kind: "path" (a local file), "url" (http(s), fetched once by the data check), or "bytes".
         value: the absolute path or URL for "path"/"url"; "" for "bytes".
         data: the encoded image (PNG, JPEG, ...) for "bytes", decoded from base64 or taken from a bytes column.
         width, height: pixel size once known (read from the file header during validation), else 0.
+        cached: a file in the data cache that loading reads instead: a URL's fetched bytes, or a very large image
+            already scaled to data.image_max_side; "" = read the image itself.
     """
 
     kind: str
@@ -60,6 +64,7 @@ class ImageRef:
     data: bytes = b""
     width: int = 0
     height: int = 0
+    cached: str = ""
 
     def describe(self) -> str:
         """A short human name for messages: the path or URL, or "<N bytes>"."""
@@ -67,12 +72,12 @@ class ImageRef:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "value": self.value, "data": self.data.hex(), "width": self.width,
-                "height": self.height}
+                "height": self.height, "cached": self.cached}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ImageRef:
         return cls(kind=d["kind"], value=d["value"], data=bytes.fromhex(d["data"]), width=d["width"],
-                   height=d["height"])
+                   height=d["height"], cached=d.get("cached", ""))
 
 
 @dataclass

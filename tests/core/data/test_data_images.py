@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,14 @@ from data_helpers import chat, write_jsonl
 
 from hone.core.config import DataConfig
 from hone.core.data import IGNORE_INDEX, load_training_data
-from hone.core.data.images import check_image, load_image, parse_image_ref
+from hone.core.data.images import (
+    KEEP_REDUCED_PIXELS,
+    ImageStore,
+    check_image,
+    fitted_size,
+    load_image,
+    parse_image_ref,
+)
 from hone.core.data.rows import RowError
 
 
@@ -134,3 +142,69 @@ def test_image_refs_survive_the_cache(tmp_path, llava_processor):
     assert [r.images for r in first.train] == [r.images for r in second.train]
     assert second.train[0].images[0].width == 120
     assert json.dumps([r.input_ids for r in first.train]) == json.dumps([r.input_ids for r in second.train])
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """Every decode Pillow does from here on, as (file name, decoded size): the size of the pixels it produced."""
+    from PIL import ImageFile
+
+    seen = []
+    original = ImageFile.ImageFile.load
+
+    def load(self):
+        if self.tile:  # pixels still to decode (a loaded image has none)
+            seen.append((Path(getattr(self, "filename", "") or "").name, self.size))
+        return original(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    return seen
+
+
+def test_a_large_jpeg_is_decoded_once_at_reduced_scale_and_kept_at_the_model_size(tmp_path, decodes):
+    from PIL import Image
+
+    Image.new("RGB", (6000, 4000), "red").save(tmp_path / "big.jpg", quality=90)
+    assert KEEP_REDUCED_PIXELS < 6000 * 4000
+    ref = ImageStore(tmp_path / "cache", max_side=768).check(parse_image_ref("big.jpg", tmp_path, "f"), "f")
+    assert (ref.kind, ref.width, ref.height) == ("path", 6000, 4000)
+    # JPEG draft mode at 1/4 scale, the smallest that still covers 768 x 512 (1/8 gives 750 x 500): 1/16 of the pixels.
+    assert decodes == [("big.jpg", (1500, 1000))]
+    with Image.open(ref.cached) as copy:
+        assert (copy.format, copy.size) == ("PNG", (768, 512)) == ("PNG", fitted_size(6000, 4000, 768))
+    for _ in range(3):  # training steps read the small copy
+        assert load_image(ref, 768).size == (768, 512)
+    assert decodes[1:] == [(Path(ref.cached).name, (768, 512))] * 3
+    again = ImageStore(tmp_path / "cache", max_side=768).check(parse_image_ref("big.jpg", tmp_path, "f"), "f")
+    assert again == ref and len(decodes) == 4  # the next run's check finds the copy and decodes nothing
+
+
+def test_a_large_png_is_decoded_in_full_once_then_never_again(tmp_path, decodes):
+    from PIL import Image
+
+    Image.new("RGB", (5000, 4000), "blue").save(tmp_path / "big.png")
+    ref = ImageStore(tmp_path / "cache", max_side=500).check(parse_image_ref("big.png", tmp_path, "f"), "f")
+    assert decodes == [("big.png", (5000, 4000))]  # PNG has no reduced-scale decoding
+    assert [load_image(ref, 500).getpixel((0, 0)) for _ in range(3)] == [(0, 0, 255)] * 3
+    assert [name for name, _ in decodes] == ["big.png"] + [Path(ref.cached).name] * 3
+
+
+def test_a_mid_size_jpeg_is_read_directly_at_reduced_scale(tmp_path, decodes):
+    from PIL import Image
+
+    Image.new("RGB", (3000, 2000), "green").save(tmp_path / "mid.jpg")
+    ref = ImageStore(tmp_path / "cache", max_side=256).check(parse_image_ref("mid.jpg", tmp_path, "f"), "f")
+    assert ref.cached == "" and not (tmp_path / "cache" / "images").exists()  # below the threshold: no copy
+    assert load_image(ref, 256).size == (256, 171)
+    assert decodes[-1] == ("mid.jpg", (375, 250))  # draft at 1/8, not the 3000 x 2000 a full decode makes
+
+
+def test_decompression_bombs_are_still_refused(tmp_path, decodes, monkeypatch):
+    from PIL import Image
+
+    _png(tmp_path / "bomb.png", (200, 200))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10_000)  # Pillow refuses over twice this: 40,000 > 20,000
+    with pytest.raises(RowError) as info:
+        ImageStore(tmp_path / "cache", max_side=64).check(parse_image_ref("bomb.png", tmp_path, "f"), "f")
+    assert info.value.reason == "image unreadable" and "decompression bomb" in info.value.detail
+    assert decodes == []
