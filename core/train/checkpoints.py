@@ -1,28 +1,63 @@
-"""Resumable checkpoints, written atomically: a kill at any moment leaves either the old set or the new one.
+"""Resumable checkpoints: at every instant a run folder holds its newest checkpoint, complete.
 
     checkpoints/step-000050/trainable.safetensors   every trainable tensor (LoRA weights, anything unfrozen)
-                            training_state.pt        optimizer, scheduler, grad scaler, RNG states
-                            state.json               step and data position; written last, so its presence
-                                                     marks a complete checkpoint
+                            training_state.pt        optimizer, scheduler, grad scaler, RNG states: tensors and
+                                                     plain values only, read with torch.load(weights_only=True)
+                            state.json               step, data position, micro-batch split
+                            manifest.json            size and sha256 of each file above; written last: a
+                                                     checkpoint is complete only when its manifest verifies
 
-The folder is written under a temporary name, flushed to disk, then renamed into place.
+A save writes `.tmp-step-N/`, flushes it to disk and renames it to `step-N/`. Saving a step that exists already (a
+stop right after a periodic save, resuming a finished run) renames the old folder aside to `.old-step-N/` first,
+then renames the new one in, then deletes the aside: a kill between the two renames leaves the aside, which
+`checkpoint_report` reads as step N and the next save puts back or deletes. Pruning renames a folder to
+`.del-step-N/` before deleting it, so a kill never leaves a half-deleted `step-N/`.
+
+Checkpoints written before manifests are not resumed: their training_state.pt is a full Python pickle (numpy's RNG
+state was an ndarray), and loading one can run any code put in it. `resumable_checkpoint` names them and says so.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+import pickle
 import random
+import re
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_tensors
 
-from hone.core.train.run_dir import CHECKPOINTS_DIR
+from hone.core.errors import HoneError
+from hone.core.train.run_dir import CHECKPOINTS_DIR, disk_full_error, is_disk_full
 
+WEIGHTS_FILE = "trainable.safetensors"
+TRAINING_STATE_FILE = "training_state.pt"
 STATE_FILE = "state.json"
+MANIFEST_FILE = "manifest.json"
+_PAYLOAD_FILES = (WEIGHTS_FILE, TRAINING_STATE_FILE, STATE_FILE)
+_FORMAT = 2  # manifest.json's "hone_checkpoint": 1 was the pickle format without a manifest
+_TMP, _OLD, _DEL = ".tmp-", ".old-", ".del-"  # prefixes of a folder being written, set aside, being deleted
+
+
+def _fault_point() -> None:
+    """Test hook for tests/reliability: with HONE_FAULT_AT=k in the environment, the process kills itself (SIGKILL,
+    no cleanup) just before the k-th file-system change of checkpoint saving, counted over the process. Changes are
+    mkdir, each file written, each rename and each tree removal (fsyncs change nothing a kill could observe). Unset,
+    this is one dictionary lookup per change."""
+    at = os.environ.get("HONE_FAULT_AT")
+    if not at:
+        return
+    _fault_point.count = getattr(_fault_point, "count", 0) + 1
+    if _fault_point.count == int(at):
+        os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -34,21 +69,33 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
+# ---- RNG states as tensors and plain values ----
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG's state, in types torch.load(weights_only=True) reads: python's (version, 625 ints, gauss), numpy's
+    MT19937 keys as an int64 tensor (624,) beside its position and cached gaussian, torch's as uint8 tensors."""
+    version, keys, gauss = random.getstate()
+    kind, np_keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(keys), gauss],
+             "numpy": [kind, torch.from_numpy(np_keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    kind, np_keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np_keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -61,60 +108,224 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
             if p.requires_grad}
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, *, scaler=None,
-                    keep: int = 2) -> Path:
-    """Write checkpoints/step-{step:06d} atomically and prune to the `keep` newest. Returns its path."""
+# ---- what is complete ----
+def verify(folder: Path, *, hashes: bool = True) -> str:
+    """Why `folder` is not a complete checkpoint ("" when it is): its manifest must list every file with the size
+    (and, with `hashes`, the sha256) the file has now."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except FileNotFoundError:
+        if (folder / STATE_FILE).is_file() and (folder / TRAINING_STATE_FILE).is_file():
+            return (f"written by an earlier Hone without {MANIFEST_FILE}: it cannot be resumed safely (its "
+                    f"{TRAINING_STATE_FILE} is a Python pickle, and loading one can run any code in it)")
+        return f"incomplete (no {MANIFEST_FILE}: the save did not finish)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"damaged ({MANIFEST_FILE} cannot be read)"
+    for name in _PAYLOAD_FILES:
+        entry = files.get(name) if isinstance(files, dict) else None
+        if not isinstance(entry, dict):
+            return f"damaged ({MANIFEST_FILE} does not list {name})"
+        path = folder / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"incomplete ({name} is missing)"
+        if size != entry.get("size"):
+            return f"damaged ({name} is {size:,} bytes, the manifest says {entry.get('size')})"
+        if hashes and _sha256(path) != entry.get("sha256"):
+            return f"damaged ({name} does not match its sha256 in the manifest)"
+    return ""
+
+
+def _step_of(name: str) -> int | None:
+    for prefix in ("", _OLD):
+        if name.startswith(prefix + "step-") and name[len(prefix) + 5:].isdigit():
+            return int(name[len(prefix) + 5:])
+    return None
+
+
+def checkpoint_report(run_dir: Path, *, hashes: bool = True) -> tuple[list[Path], dict[int, str]]:
+    """(complete checkpoints oldest first, {step: why not} for step folders that are not).
+
+    For each step, `step-N/` is read, or the `.old-step-N/` a same-step save left aside when it was killed between
+    its two renames."""
     root = Path(run_dir) / CHECKPOINTS_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-step-{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(trainable_state(model), tmp / "trainable.safetensors")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state()},
-               tmp / "training_state.pt")
-    (tmp / STATE_FILE).write_text(json.dumps(dict(state, step=step), indent=2), encoding="utf-8")
-    for f in tmp.iterdir():
-        _fsync_file(f)
-    _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    for old in complete_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    candidates: dict[int, list[Path]] = {}
+    if root.is_dir():
+        for d in sorted(root.iterdir(), key=lambda d: d.name.startswith(_OLD)):  # step-N before .old-step-N
+            step = _step_of(d.name)
+            if step is not None and d.is_dir():
+                candidates.setdefault(step, []).append(d)
+    complete, broken = [], {}
+    for step in sorted(candidates):
+        reasons = []
+        for folder in candidates[step]:
+            why = verify(folder, hashes=hashes)
+            if not why:
+                complete.append(folder)
+                break
+            reasons.append(why)
+        else:
+            broken[step] = reasons[0]
+    return complete, broken
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first (half-written temporary folders are ignored)."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    done = [d for d in root.iterdir() if d.name.startswith("step-") and (d / STATE_FILE).is_file()]
-    return sorted(done, key=lambda d: int(d.name.split("-")[1]))
+    """Complete checkpoints of a run, oldest first, by their manifests' sizes (`checkpoint_report` for hashes)."""
+    return checkpoint_report(run_dir, hashes=False)[0]
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    done = complete_checkpoints(run_dir)
-    return done[-1] if done else None
+    """The newest checkpoint whose manifest verifies (sizes and sha256), or None."""
+    complete = checkpoint_report(run_dir)[0]
+    return complete[-1] if complete else None
 
 
+def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The checkpoint a resume continues from, and a sentence for each newer step folder passed over.
+
+    Returns (None, []) when the run saved no checkpoint yet.
+
+    Raises:
+        HoneError: the run has step folders but none of them can be resumed.
+    """
+    complete, broken = checkpoint_report(run_dir)
+    newest = int(complete[-1].name.rsplit("-", 1)[1]) if complete else -1
+    skipped = [f"checkpoint step-{step:06d} is {why}; resuming from "
+               f"{f'step {newest}' if complete else 'the start'} instead"
+               for step, why in broken.items() if step > newest]
+    if not complete and broken:
+        root = Path(run_dir) / CHECKPOINTS_DIR
+        raise HoneError(f"no checkpoint in {root} can be resumed: "
+                        + "; ".join(f"step-{step:06d} is {why}" for step, why in broken.items()),
+                        f"start a new run, or move {root} away to train this run again from step 0")
+    return (complete[-1] if complete else None), skipped
+
+
+# ---- saving ----
+def _tidy(root: Path) -> None:
+    """Finish what a killed save left: delete half-written and half-deleted folders, and put back a step folder
+    set aside by a same-step save (or delete the aside once its replacement is complete)."""
+    for d in sorted(root.iterdir()):
+        if d.name.startswith((_TMP, _DEL)):
+            _fault_point()
+            shutil.rmtree(d, ignore_errors=True)
+        elif d.name.startswith(_OLD) and _step_of(d.name) is not None:
+            final = root / d.name[len(_OLD):]
+            if final.is_dir() and not verify(final, hashes=False):
+                _fault_point()
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            if final.exists():  # not complete, which no save leaves behind: out of the way, keep the aside
+                _fault_point()
+                os.replace(final, root / f"{_DEL}{final.name}")
+            _fault_point()
+            os.replace(d, final)
+    _fsync_dir(root)
+
+
+def _write_file(path: Path, data: bytes | memoryview) -> dict:
+    """Write `data` to `path` and flush it to disk; its manifest entry. A full disk raises OSError with its errno
+    (which torch's and safetensors' own file writers turn into errors that do not say so)."""
+    _fault_point()
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _write_folder(folder: Path, step: int, model, optimizer, scheduler, state: dict, scaler) -> None:
+    """The checkpoint's files, serialized in memory first (a moment's copy of the trainable weights and the
+    optimizer state in host memory), then written."""
+    _fault_point()
+    folder.mkdir()
+    files = {WEIGHTS_FILE: _write_file(folder / WEIGHTS_FILE, save_tensors(trainable_state(model)))}
+    buffer = io.BytesIO()
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state()}, buffer)
+    files[TRAINING_STATE_FILE] = _write_file(folder / TRAINING_STATE_FILE, buffer.getbuffer())
+    del buffer
+    text = json.dumps(dict(state, step=step), indent=2, allow_nan=False)
+    files[STATE_FILE] = _write_file(folder / STATE_FILE, text.encode("utf-8"))
+    manifest = json.dumps({"hone_checkpoint": _FORMAT, "files": files}, indent=2)
+    _write_file(folder / MANIFEST_FILE, manifest.encode("utf-8"))
+    _fsync_dir(folder)
+
+
+def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, *, scaler=None,
+                    keep: int = 2) -> Path:
+    """Write checkpoints/step-{step:06d} (replacing one of that step without a moment lacking it) and prune to the
+    `keep` newest complete ones. Returns its path. The caller holds the run folder's lock (run_lock.py).
+
+    Raises:
+        HoneError: the disk is full (the half-written folder is removed again, the older checkpoints stay).
+    """
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    final = root / f"step-{step:06d}"
+    tmp, aside = root / f"{_TMP}{final.name}", root / f"{_OLD}{final.name}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _tidy(root)
+        _write_folder(tmp, step, model, optimizer, scheduler, state, scaler)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # frees the space it took, for run.json and the log
+        if is_disk_full(e):
+            raise disk_full_error(e, f"the checkpoint of step {step}", Path(run_dir)) from e
+        raise
+    if final.exists():
+        _fault_point()
+        os.replace(final, aside)
+    _fault_point()
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    if aside.exists():
+        _fault_point()
+        shutil.rmtree(aside)
+    for old in complete_checkpoints(run_dir)[:-keep]:
+        doomed = root / f"{_DEL}{old.name}"
+        _fault_point()
+        os.replace(old, doomed)
+        _fault_point()
+        shutil.rmtree(doomed, ignore_errors=True)
+    _fsync_dir(root)
+    return final
+
+
+# ---- loading ----
 def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None) -> dict:
-    """Restore model weights, optimizer, scheduler, scaler and RNG from `path`; returns its state.json."""
-    weights = load_file(Path(path) / "trainable.safetensors")
+    """Restore model weights, optimizer, scheduler, scaler and RNG from `path` (one `resumable_checkpoint` chose);
+    returns its state.json.
+
+    Raises:
+        HoneError: training_state.pt holds anything but tensors and plain values (loading it could run code), or
+            cannot be read; a tensor the model lacks.
+    """
+    path = Path(path)
+    weights = load_file(path / WEIGHTS_FILE)
     params = dict(model.named_parameters())
     missing = set(weights) - set(params)
     if missing:
-        raise RuntimeError(f"checkpoint {path} has tensors this model lacks: {sorted(missing)[:3]}")
+        raise HoneError(f"checkpoint {path} has tensors this model lacks: {sorted(missing)[:3]}",
+                        "resume with the model and LoRA settings the run was started with")
+    training_file = path / TRAINING_STATE_FILE
+    try:
+        training = torch.load(training_file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"WeightsUnpickler error: ([^\n]*?)(?:\. |\n|$)", str(e))
+        raise HoneError(f"{training_file} holds Python objects besides tensors and plain values, and loading it "
+                        f"could run code, so Hone does not{f' ({found[1]})' if found else ''}",
+                        "if you did not write this checkpoint, do not trust the folder; start a new run") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise HoneError(f"{training_file} cannot be read: {e}", "start a new run") from None
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor.to(params[name].device))
-    training = torch.load(Path(path) / "training_state.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(training["optimizer"])
     scheduler.load_state_dict(training["scheduler"])
     if scaler is not None and training.get("scaler") is not None:
         scaler.load_state_dict(training["scaler"])
     set_rng_state(training["rng"])
-    return json.loads((Path(path) / STATE_FILE).read_text(encoding="utf-8"))
+    return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))

@@ -1,0 +1,140 @@
+"""One process at a time in a run folder: an operating-system lock on RUN_DIR/run.lock, held for the whole run.
+
+The lock is the OS's own (`fcntl.flock` on POSIX, `msvcrt.locking` on Windows), so it ends with the process that
+holds it: a lock file left behind by a killed run never blocks the next one. While held, the file says who holds it
+(pid, host, since when), which is what a second process tells its user. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from hone.core.errors import HoneError
+
+LOCK_FILE = "run.lock"
+# Windows locks byte ranges, and a locked range cannot be read by others: lock one byte far past the holder's note,
+# so a second process can still read who holds the folder.
+_WINDOWS_LOCK_OFFSET = 1 << 20
+# File systems that cannot lock (some network shares) answer with these: the run goes on unlocked, as before locks.
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+class RunFolderBusy(HoneError):
+    """Another process trains in this run folder."""
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the lock without waiting; False when another process holds it."""
+    if os.name == "nt":
+        import msvcrt
+
+        os.lseek(fd, _WINDOWS_LOCK_OFFSET, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EDEADLK):
+                return False
+            raise
+        return True
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _unlock(fd: int) -> None:
+    if os.name == "nt":
+        import msvcrt
+
+        os.lseek(fd, _WINDOWS_LOCK_OFFSET, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def read_holder(run_dir: str | Path) -> dict:
+    """What run.lock says about the process that took it last: {"pid", "host", "since"}; {} when unreadable."""
+    try:
+        text = (Path(run_dir) / LOCK_FILE).read_text(encoding="utf-8")
+        return json.loads(text.split("\n", 1)[0])
+    except (OSError, ValueError):
+        return {}
+
+
+def describe_holder(holder: dict) -> str:
+    """'pid 123 on host "box" since 2025-01-02 03:04:05' from what read_holder returns."""
+    if not holder:
+        return "another process (it has not said which yet)"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+    return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')!r} since {since}"
+
+
+class RunLock:
+    """The lock on one run folder. `RunLock.acquire(run_dir)` takes it or raises RunFolderBusy; `release()` gives
+    it back (closing the process gives it back too)."""
+
+    def __init__(self, run_dir: Path, fd: int | None):
+        self.run_dir = run_dir
+        self._fd = fd  # None: the file system cannot lock, the run goes on unlocked
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    @classmethod
+    def acquire(cls, run_dir: str | Path) -> RunLock:
+        """Lock `run_dir` (which must exist) for this process, at once or not at all.
+
+        Raises:
+            RunFolderBusy: another process holds it; the message says which (pid, host, since when).
+        """
+        run_dir = Path(run_dir)
+        path = run_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes (PEP 446)
+        try:
+            locked = _try_lock(fd)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in _NO_LOCKS:
+                return cls(run_dir, None)
+            raise
+        if not locked:
+            os.close(fd)
+            raise RunFolderBusy(
+                f"the run folder {run_dir} is in use: {describe_holder(read_holder(run_dir))} is training in it",
+                "wait for that run to end or stop it (Ctrl-C in its terminal, Stop in Hone Studio), then try again; "
+                "to train alongside it, start a new run instead")
+        note = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}) + "\n"
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, note.encode("utf-8"))
+        except OSError:
+            pass  # a full disk: the lock holds all the same, only the note of who holds it is missing
+        return cls(run_dir, fd)
+
+    def release(self) -> None:
+        """Give the lock back (the file stays: a lock file without a lock blocks nobody)."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            _unlock(fd)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
