@@ -6,7 +6,9 @@
     optim.py        AdamW variants and the learning-rate schedule
     lora.py         LoRA adapters through peft, and the trainable-parameter report
     checkpoints.py  resumable checkpoints, written atomically
+    resume_checks.py  what a checkpoint records (config, data hashes), and what a resume may change
     run_dir.py      the run folder: config, metrics, log, status summary
+    run_lock.py     one process at a time in a run folder (an OS lock, with who holds it)
     adapter_dir.py  the final adapter folder with tokenizer and model card
 
 Importing this package is light: `Trainer` and `StepRunner` load torch when first used.

@@ -26,11 +26,19 @@ from hone.core.train import preflight
 from hone.core.train.adapter_dir import save_adapter
 from hone.core.train.lora import apply_lora
 from hone.core.train.optim import build_optimizer, build_scheduler
+from hone.core.train.resume_checks import RunFacts
 from hone.core.train.run_dir import ADAPTER_DIR, RunWriter, new_run_dir
 from hone.core.train.step import PackStream, StepRunner, split_packs
 
 OOM_ADVICE = ("lower train.batch_tokens, set speed.checkpoint = offload, or turn on lora.qlora (`hone plan RUN.toml` "
               "says what fits)")
+
+
+def _host_out_of_memory(error: Exception) -> bool:
+    """torch's CPU allocator failing (Linux, Windows); an out-of-memory kill by the system cannot be caught."""
+    text = str(error)
+    return isinstance(error, MemoryError) or (isinstance(error, RuntimeError)
+                                              and ("DefaultCPUAllocator" in text or "not enough memory" in text))
 
 
 def total_steps_for(config: RunConfig, stream: PackStream) -> int:
@@ -43,11 +51,14 @@ def total_steps_for(config: RunConfig, stream: PackStream) -> int:
 
 
 class Trainer:
-    """Runs one fine-tuning run. `resume_dir` continues a run from its newest complete checkpoint."""
+    """Runs one fine-tuning run. `resume_dir` continues a run from its newest complete checkpoint; `data_changed`
+    (refuse | restart-epoch | continue) says what to do when its training files changed since (resume_checks)."""
 
     def __init__(self, config: RunConfig, control: RunControl | None = None, *, resume_dir: str | Path | None = None,
-                 device: str | None = None):
+                 device: str | None = None, data_changed: str = "refuse"):
         self.config = config
+        self.data_changed = data_changed
+        self.facts: RunFacts | None = None  # what each checkpoint records about the run (config, data hashes)
         self.control = control or RunControl()
         self.resume_dir = Path(resume_dir) if resume_dir else None
         self.device = device or pick_device()
@@ -85,8 +96,13 @@ class Trainer:
                 advice=OOM_ADVICE,
                 step=self.step, details=traceback.format_exc()))
         except Exception as e:  # anything else: keep the traceback in the log, tell the user where it is
-            yield self._emit(events.RunFailed(reason=f"{type(e).__name__}: {e}", step=self.step,
-                                              advice="see train.log in the run folder for the full traceback",
+            if _host_out_of_memory(e):
+                reason, advice = (f"the computer ran out of memory at step {self.step} ({e})",
+                                  "lower train.batch_tokens or set speed.checkpoint = gpu (recompute); "
+                                  "`hone plan RUN.toml` shows what a step needs")
+            else:
+                reason, advice = f"{type(e).__name__}: {e}", "see train.log in the run folder for the full traceback"
+            yield self._emit(events.RunFailed(reason=reason, advice=advice, step=self.step,
                                               details=traceback.format_exc()))
         finally:
             if self.step_loop is not None:
@@ -97,12 +113,21 @@ class Trainer:
     # ---- the run ----
     def _run(self) -> Iterator[events.Event]:
         config, device = self.config, self.device
+        # Hashes the data; a resume that would change what the run trains is refused here, before any write.
+        facts = self.facts = RunFacts(config, self.resume_dir, self.data_changed)
         run_dir = self.resume_dir or new_run_dir(config)
-        self.writer = RunWriter(run_dir, config)
+        self.writer = RunWriter(run_dir, config, created=self.resume_dir is None)  # locks the folder for the run
         self.writer.log(f"run folder {run_dir}, device {device}")
-        if device.startswith("cuda") and config.train.fit_memory:
+        for notice in facts.start(run_dir):  # a resume: what changed from which step; config.toml brought up to date
+            yield self._emit(notice)
+        if config.train.fit_memory:
             config = self.config = yield from self._fit_memory(config)
-            self.memory_meter = self.memory_meter or preflight.CudaMeter()
+            if device.startswith("cuda"):
+                self.memory_meter = self.memory_meter or preflight.CudaMeter()
+        config, notices = facts.keep_pack_order(config)  # a resume packs rows as the run did, whatever the fit picks
+        self.config = config
+        for notice in notices:
+            yield self._emit(notice)
         torch.manual_seed(config.train.seed)
 
         loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
@@ -139,9 +164,12 @@ class Trainer:
             raise HoneError("train.optimizer = adamw-bf16 does not work with float16 weights (the loss scaler "
                             "needs per-parameter gradients)", "use model.dtype = bfloat16, or train.optimizer = adamw")
 
+        facts.attach(stream, data.train, total, tokenizer)
         position = 0
         if self.resume_dir is not None:
-            latest = ckpt.latest_checkpoint(run_dir)
+            latest, passed_over = ckpt.resumable_checkpoint(run_dir)
+            for message in passed_over:  # newer checkpoints that are incomplete or damaged
+                yield self._emit(events.Notice(topic="resume", message=message, level="warning"))
             if latest is None:
                 yield self._emit(events.Notice(topic="resume", message="no complete checkpoint found; "
                                                "starting this run from step 0", level="warning"))
@@ -149,6 +177,11 @@ class Trainer:
                 state = ckpt.load_checkpoint(latest, model, optimizer, scheduler, scaler=scaler)
                 self.step, position = state["step"], state["position"]
                 self.split = state.get("split", 1)  # a run that ran out of memory goes on as it ended
+                resumed = facts.resume(state, stream, optimizer, scheduler, config)  # changed settings, data
+                position, total = resumed.position, resumed.total
+                for notice in resumed.notices:
+                    yield self._emit(notice)
+            self.writer.forget_steps_after(self.step)  # metrics.jsonl: the steps trained again are written again
 
         yield self._emit(events.RunStarted(
             run_dir=str(run_dir), model=info.name, device=device, dtype=str(dtype).replace("torch.", ""),
@@ -160,7 +193,7 @@ class Trainer:
                                                 device, dtype, setup)
         if self.memory is not None and self.memory_meter is not None and config.train.fit_memory and self.step < total:
             yield self._emit(self._preflight(step_loop, data.train, stream))
-        start_time, last_loss, eval_loss, stopped = time.time(), float("nan"), None, False
+        start_time, last_loss, eval_loss, stopped = time.time(), self.writer.last_loss, None, False
         while self.step < total:
             if self.control.paused:
                 yield self._emit(events.RunPaused(step=self.step))
@@ -225,11 +258,13 @@ class Trainer:
                                             stopped=stopped, eval_loss=eval_loss))
 
     def _fit_memory(self, config: RunConfig):
-        """Auto-fit against the GPU's free memory before anything loads (hone.core.memory); yields its notices and
-        returns the config to train with. A planner that cannot read the model leaves the config as it is."""
-        from hone.core.memory.run_plan import detect_memory, fit_run_config
+        """Auto-fit against the GPU's free memory (system memory on the CPU) before anything loads
+        (hone.core.memory); yields its notices and returns the config to train with. A planner that cannot read the
+        model leaves the config as it is."""
+        from hone.core.memory.run_plan import detect_memory, detect_system_memory, fit_run_config
 
-        memory = self.memory = detect_memory()
+        memory = self.memory = self.memory or (detect_memory() if self.device.startswith("cuda")
+                                               else detect_system_memory())
         if memory is None:
             return config
         try:
@@ -253,6 +288,6 @@ class Trainer:
 
     def _checkpoint(self, run_dir, model, optimizer, scheduler, scaler, position) -> events.CheckpointSaved:
         path = ckpt.save_checkpoint(run_dir, self.step, model, optimizer, scheduler,
-                                    {"position": position, "split": self.split},
+                                    {"position": position, "split": self.split, **self.facts.record(position)},
                                     scaler=scaler, keep=self.config.output.keep_checkpoints)
         return events.CheckpointSaved(step=self.step, path=str(path))

@@ -26,7 +26,8 @@ def test_a_short_run_emits_events_and_writes_its_folder(tiny_model_dir, chat_fil
     got = run_all(Trainer(config, device="cpu"))
     kinds = [type(e).__name__ for e in got]
     assert "RunFailed" not in kinds, got[-1]
-    assert kinds[:2] == ["DatasetReport", "DatasetReport"]
+    assert kinds[:3] == ["Notice", "DatasetReport", "DatasetReport"]  # the memory fit (system memory on a CPU)
+    assert got[0].topic == "memory" and got[0].message.endswith("it fits")
     assert kinds.index("RunStarted") < kinds.index("StepMetrics")
     steps = [e for e in got if isinstance(e, events.StepMetrics)]
     assert [s.step for s in steps] == [1, 2, 3] and all(s.total_steps == 3 for s in steps)
