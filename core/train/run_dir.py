@@ -175,20 +175,29 @@ def json_safe(data):
     return data
 
 
+def replace_with(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, flush it to disk and rename it over `path`; on an error the
+    temporary file is removed and `path` is as it was."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, data) -> None:
     """Write `data` as strict JSON to a temporary file, flush it to disk, rename it over `path`. When the disk is too
     full for the temporary file, `path` is overwritten in place instead (a small file keeps its blocks), so run.json
     can still say the run failed."""
     text = json.dumps(json_safe(data), indent=2, allow_nan=False).encode("utf-8")
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_with(path, text)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         if not (is_disk_full(e) and path.is_file()):
             raise
         try:
@@ -379,16 +388,10 @@ class RunWriter:
         text = b"".join(kept) + this_attempt
         if len(text) == self._metrics.size:
             return
-        tmp = path.with_name(f".{path.name}.tmp")
         self._metrics.close()  # Windows renames over no open file
         try:
-            with open(tmp, "wb") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            replace_with(path, text)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             if is_disk_full(e):
                 raise disk_full_error(e, METRICS_FILE, self.run_dir) from e
             raise
