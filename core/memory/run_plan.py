@@ -75,7 +75,7 @@ def detect_system_memory() -> Memory:
 
     used, total = system_memory()
     available = float(total - used)
-    return Memory(available, f"system memory ({available / GIB:.1f} GiB available)", gpu=False)
+    return Memory(available, "this computer (system memory)", gpu=False)
 
 
 def settings_from_config(config: RunConfig, hf_config, *, cuda: bool = True, unified: bool = False,

@@ -17,7 +17,7 @@ def test_a_cpu_run_is_fitted_to_system_memory(tiny_model_dir, chat_files, tiny_c
     got = list(trainer.run())
     assert isinstance(got[-1], events.RunFinished), got[-1]
     [fit] = [e for e in got if isinstance(e, events.Notice) and e.message.startswith("a step needs")]
-    assert "GiB available)" in fit.message and fit.message.endswith("it fits")  # "system memory (N GiB available)"
+    assert "GiB free on this computer (system memory)" in fit.message and fit.message.endswith("it fits")
     assert not trainer.memory.gpu and trainer.memory_meter is None  # no preflight: RSS is no allocator peak
 
 
