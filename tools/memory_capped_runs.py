@@ -6,6 +6,8 @@ pick, how fast did they go.
 The model is a random-init model of a benchmark shape saved as a folder (the benchmark's QLoRA folder, with its
 synthetic word-level tokenizer); the data are text rows of random token words, lengths log-uniform up to
 --max-row tokens. The cap is `torch.cuda.set_per_process_memory_fraction` plus HONE_GPU_MEMORY for the planner.
+The allocator runs as `hone` runs it (hone.core.allocator); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False in
+the environment measures the fixed-size segments instead.
 Needs a CUDA GPU.
 """
 
@@ -43,6 +45,9 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
 
+    from hone.core.allocator import prefer_expandable_segments
+
+    prefer_expandable_segments()  # before torch touches CUDA
     import torch
     from tokenizers.pre_tokenizers import WhitespaceSplit
     from transformers import AutoTokenizer
@@ -94,6 +99,8 @@ def main() -> int:
     record["batch_tokens"] = trainer.config.train.batch_tokens
     record["checkpoint"] = trainer.config.speed.checkpoint
     record["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    record["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30  # what the cap binds
+    record["allocator"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     speeds = sorted(record.get("tokens_per_s", [0.0])[2:] or record.get("tokens_per_s", [0.0]))
     record["median_tokens_per_s"] = speeds[len(speeds) // 2]
     record["seconds"] = time.monotonic() - started

@@ -14,6 +14,8 @@ import statistics
 import time
 import traceback
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
@@ -146,6 +148,38 @@ def free_memory(device: str) -> None:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+
+
+def cap_fraction(device: str, cap_bytes: float) -> float:
+    """The share of `device`'s memory that `cap_bytes` is, for `torch.cuda.set_per_process_memory_fraction`.
+
+    Raises:
+        ConfigError: not a CUDA device, or a cap larger than the GPU.
+    """
+    if torch.device(device).type != "cuda":
+        raise ConfigError(f"--memory-cap works on a CUDA GPU, not on {device}", "leave --memory-cap out here")
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    if not 0 < cap_bytes <= total:
+        raise ConfigError(f"--memory-cap {cap_bytes / GIB:.1f} GiB: this GPU has {total / GIB:.1f} GiB",
+                          "give a cap above 0 and at most the GPU's memory, e.g. --memory-cap 8GiB")
+    return cap_bytes / total
+
+
+@contextmanager
+def capped_memory(device: str, cap_bytes: float | None) -> Iterator[None]:
+    """Let this process allocate at most `cap_bytes` on `device` inside the block, as on a smaller card (the cap
+    binds the allocator's reserved blocks too, as a card's size does); no cap when None."""
+    if cap_bytes is None:
+        yield
+        return
+    fraction, index = cap_fraction(device, cap_bytes), torch.device(device).index
+    before = torch.cuda.get_per_process_memory_fraction(index)
+    free_memory(device)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, index)
 
 
 def allocated_gib(device: str) -> float | None:

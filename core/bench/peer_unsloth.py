@@ -123,11 +123,12 @@ def child_main(spec_path: str, result_path: str) -> int:
     except Exception as e:  # not installed, or it fails to import on this machine
         result = RunResult(name=PEER_NAME, kind="peer", status="skipped", reason=f"import unsloth failed: {e}")
     else:
-        from hone.core.bench.measure import Settings, measure_run
+        from hone.core.bench.measure import Settings, capped_memory, measure_run
 
         settings = Settings(warmup=spec["warmup"], steps=spec["steps"], device=spec["device"],
                             tokens=spec["tokens"], peak_flops=spec.get("peak_flops"))
-        result = measure_run(UnslothRunner(spec), settings, description="Unsloth with its defaults")
+        with capped_memory(spec["device"], spec.get("memory_cap")):
+            result = measure_run(UnslothRunner(spec), settings, description="Unsloth with its defaults")
     Path(result_path).write_text(json.dumps(result.to_dict()), encoding="utf-8")
     return 0
 

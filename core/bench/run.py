@@ -22,7 +22,16 @@ import torch
 from hone.core.bench import attention
 from hone.core.bench.batch import TokenBatch, make_batch
 from hone.core.bench.hone_runner import HoneRunner
-from hone.core.bench.measure import MfuRoof, RunResult, Settings, free_memory, measure_run, mfu_roof
+from hone.core.bench.measure import (
+    MfuRoof,
+    RunResult,
+    Settings,
+    cap_fraction,
+    capped_memory,
+    free_memory,
+    measure_run,
+    mfu_roof,
+)
 from hone.core.bench.report import PARITY_TOLERANCE, compare, environment
 from hone.core.bench.scenarios import Scenario, check_sizes, get_scenario
 from hone.core.bench.transformers_peft import ReferenceRunner
@@ -64,6 +73,7 @@ class BenchOptions:
     memory_trace_top: int = 0  # --memory-trace: one extra step per run with the allocator history, sites shown
     host_profile_top: int = 0  # --host-profile: one extra step per run under cProfile, functions shown
     peak_flops: float | None = None  # --peak-flops: the FLOP/s MFU is taken against, instead of a measured rate
+    memory_cap: float | None = None  # --memory-cap: bytes every run (the peer's too) may allocate, as on a smaller GPU
 
 
 @dataclass(frozen=True)
@@ -186,7 +196,7 @@ def _peer_spec(options: BenchOptions, scenario: Scenario, batch: TokenBatch, dev
             "tokens": batch.tokens, "min_len": batch.min_len, "max_len": batch.max_len, "seed": options.seed,
             "lora_r": options.lora_r, "qlora": options.qlora, "device": device,
             "dtype": str(dtype).removeprefix("torch."), "warmup": options.warmup, "steps": options.steps,
-            "peak_flops": peak_flops, "model_cache": options.model_cache}
+            "peak_flops": peak_flops, "model_cache": options.model_cache, "memory_cap": options.memory_cap}
 
 
 def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] | None = None,
@@ -213,6 +223,8 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
     if options.peer not in (None, "unsloth"):
         raise ConfigError(f"--peer {options.peer!r} is not a known peer", "the peer Hone knows is: unsloth")
     device = resolve_device(options.device)
+    if options.memory_cap is not None:
+        cap_fraction(device, options.memory_cap)  # a cap this device cannot take fails before anything is built
     dtype = resolve_dtype(options.dtype, device)
     facts = architecture_facts(scenario, options.layers)
     batch = make_batch(options.tokens or scenario.tokens, vocab_size(scenario), seed=options.seed,
@@ -241,7 +253,9 @@ def run_bench(options: BenchOptions, *, on_result: Callable[[RunResult], None] |
                                    overrides=plan.overrides, status="skipped", reason=plan.skip_reason,
                                    tokens=batch.tokens)
             else:
-                result = measure_run(plan.make(), settings, description=plan.description, overrides=plan.overrides)
+                with capped_memory(device, options.memory_cap):
+                    result = measure_run(plan.make(), settings, description=plan.description,
+                                         overrides=plan.overrides)
             runs.append(result)
             if on_result:
                 on_result(result)

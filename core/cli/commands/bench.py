@@ -13,7 +13,8 @@ TEXT_ONLY_FLAGS = (("--qlora", "qlora", False), ("--seed", "seed", 0), ("--seq-m
                    ("--micro", "micro", "auto"), ("--model-cache", "model_cache", None),
                    ("--no-sync-count", "no_sync_count", False), ("--profile", "profile", False),
                    ("--memory-trace", "memory_trace", False), ("--host-profile", "host_profile", False),
-                   ("--profile-top", "profile_top", PROFILE_TOP), ("--peak-flops", "peak_flops", None))
+                   ("--profile-top", "profile_top", PROFILE_TOP), ("--peak-flops", "peak_flops", None),
+                   ("--memory-cap", "memory_cap", None))
 
 
 def _names(text: str) -> list[str]:
@@ -21,6 +22,16 @@ def _names(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("give run names separated by commas, e.g. reference,all")
     return names
+
+
+def _size(text: str) -> float:
+    from hone.core.errors import ConfigError
+    from hone.core.memory.run_plan import parse_size
+
+    try:
+        return parse_size(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -50,6 +61,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "always runs. See --list.")
     p.add_argument("--baseline", default="reference", help="the run ratios are taken against (default reference)")
     p.add_argument("--peer", choices=["unsloth"], help="also run Unsloth in a separate process (if installed)")
+    p.add_argument("--memory-cap", type=_size, metavar="SIZE",
+                   help="let every run (the peer's too) allocate at most SIZE of GPU memory, e.g. 8GiB, as on a "
+                   "smaller card; a run that does not fit is reported as out of memory")
     p.add_argument("--json", metavar="OUT", help="write every number, the options and the environment to OUT")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
@@ -139,14 +153,15 @@ def run(args) -> int:
                            profile_top=max(args.profile_top, 1) if args.profile else 0,
                            memory_trace_top=max(args.profile_top, 1) if args.memory_trace else 0,
                            host_profile_top=max(args.profile_top, 1) if args.host_profile else 0,
-                           peak_flops=args.peak_flops)
+                           peak_flops=args.peak_flops, memory_cap=args.memory_cap)
 
     started, measured = _progress(console)
     report = run_bench(options, on_result=measured, on_start=started)
     batch = report.batch
     title = (f"{report.scenario.name} ({report.scenario.description}): {batch['tokens']:,} tokens in "
              f"{batch['sequences']} sequences, LoRA r{options.lora_r}{' QLoRA' if options.qlora else ''}, "
-             f"{report.dtype} on {report.environment.get('gpu', report.device)}; median of {options.steps} steps; "
+             f"{report.dtype} on {report.environment.get('gpu', report.device)}{_capped(options.memory_cap)}; "
+             f"median of {options.steps} steps; "
              f"ratios vs {options.baseline}")
     console.print(ratio_table(report.runs, options.baseline, title))
     counted = ", counting 6 x N FLOPs per token" if report.mfu_roof.flops else ""
@@ -186,6 +201,10 @@ def run(args) -> int:
         path = write_json(report.to_dict(), args.json)
         console.print(f"wrote {path}")
     return 0 if any(r.ok for r in report.runs) else 1
+
+
+def _capped(cap: float | None) -> str:
+    return "" if cap is None else f" capped at {cap / 2**30:g} GiB"
 
 
 def _run_vision(args, console) -> int:

@@ -233,3 +233,16 @@ def test_moving_vocabulary_tables_to_the_host_leaves_the_counted_parameters_alon
     moved = json.loads(out.read_text())["runs"][0]
     assert "pinned host memory" in moved["speed_paths"]["lm_head"], moved["speed_paths"]
     assert moved["active_params"] == kept["active_params"] > 0
+
+
+def test_a_memory_cap_on_a_cpu_is_an_error_before_anything_runs(tmp_path, capsys):
+    code, data = bench(tmp_path, "tiny-dense", *FAST, "--memory-cap", "8GiB")
+    assert code == 2 and data is None
+    assert "--memory-cap works on a CUDA GPU, not on cpu" in capsys.readouterr().err
+
+
+def test_a_memory_cap_that_is_no_size_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "tiny-dense", "--memory-cap", "lots"])
+    assert exit_.value.code == 2
+    assert "cannot read the memory size 'lots'" in capsys.readouterr().err

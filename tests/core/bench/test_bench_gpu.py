@@ -100,3 +100,15 @@ def test_a_small_real_shape_benchmark_measures_every_number():
     micro = report.attention_micro
     assert micro["status"] == "ok", f"attention micro-benchmark: {micro}"
     assert micro["result"]["tokens"] == 4096
+
+
+def test_a_memory_cap_binds_every_run_and_is_lifted_afterwards():
+    """llama-1b with 2 layers under a 2 GiB cap: the reference (HF checkpointing, untiled loss over 8,192 tokens)
+    cannot fit, Hone's `all` can; the process's own limit is back to the whole GPU afterwards."""
+    options = BenchOptions(scenario="llama-1b", layers=2, tokens=8192, steps=1, warmup=1, only=["all"],
+                           micro="off", count_syncs=False, memory_cap=2.0 * GIB)
+    runs = {r.name: r for r in run_bench(options).runs}
+    assert runs["reference"].status == "oom", f"{runs['reference'].status}: peak {runs['reference'].peak_reserved_gib}"
+    assert runs["all"].ok, f"{runs['all'].status}: {runs['all'].reason}"
+    assert runs["all"].peak_reserved_gib <= 2.0
+    assert torch.cuda.get_per_process_memory_fraction() == 1.0
