@@ -48,6 +48,9 @@ def parse_size(text: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     """Open the app (or take the screenshot). A GUI package that does not import is a `HoneError` (one line plus
     advice); any other failure keeps its traceback."""
+    from hone.core.allocator import prefer_expandable_segments
+
+    prefer_expandable_segments()  # training runs in this process: set before anything touches CUDA
     for name in GUI_PACKAGES:
         try:
             importlib.import_module(name)

@@ -93,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    from hone.core.allocator import prefer_expandable_segments
     from hone.core.cli.console import quiet_library_noise
 
+    prefer_expandable_segments()  # before anything touches CUDA (hone.core.allocator says why)
     quiet_library_noise()  # every command: messages from the libraries that a user cannot act on
     try:
         return int(args._run(args) or 0)
