@@ -24,6 +24,7 @@ BENCHMARKS = {
     "dense-0.6b": ["dense-0.6b"],
     "dense-8b": ["dense-8b"],
     "dense-8b-qlora": ["dense-8b", "--qlora"],
+    "dense-8b-long": ["dense-8b-long"],
     "moe-qwen3": ["moe-qwen3"],
     "moe-gptoss": ["moe-gptoss"],
 }

@@ -105,10 +105,12 @@ class HoneRunner:
     kind = "hone"
 
     def __init__(self, variant: Variant, scenario: Scenario, layers: int | None, batch: TokenBatch, *, lora_r: int,
-                 seed: int, dtype: torch.dtype, device: str, qlora: bool = False, model_folder=None):
+                 seed: int, dtype: torch.dtype, device: str, qlora: bool = False, model_folder=None,
+                 lora_experts: bool = True):
         self.name, self.variant, self.scenario, self.layers, self.batch = variant.name, variant, scenario, layers, batch
         self.lora_r, self.seed, self.dtype, self.device, self.qlora = lora_r, seed, dtype, device, qlora
         self.model_folder = model_folder
+        self.lora_experts = lora_experts
         self.model = self.runner = self.setup_state = None
         self.active_params: int | None = None
         self.dataset = self.packs = None
@@ -125,7 +127,7 @@ class HoneRunner:
             model=model,
             # the packed batch is given; its longest row is at most the batch (RunConfig checks max_length fits it)
             data=DataConfig(max_length=tokens),
-            lora=LoraConfig(r=self.lora_r, alpha=2.0 * self.lora_r, qlora=self.qlora),
+            lora=LoraConfig(r=self.lora_r, alpha=2.0 * self.lora_r, qlora=self.qlora, experts=self.lora_experts),
             train=TrainConfig(lr=LEARNING_RATE, schedule="constant", warmup_steps=0, warmup_ratio=0.0,
                               max_grad_norm=MAX_GRAD_NORM, batch_tokens=tokens, **self.variant.train),
             speed=speed_config(self.variant))

@@ -103,6 +103,7 @@ class RunResult:
     loss_rel_diff: float | None = None
     grad_norm_rel_diff: float | None = None
     parity: bool | None = None
+    parity_reason: str = ""  # why parity is no although the losses agree (another trainable set)
     # tokens/s ratio against other reference runs that ran (e.g. {"reference-eager": 9.1}).
     speed_ratios: dict = field(default_factory=dict)
 

@@ -49,7 +49,7 @@ class UnslothRunner:
 
         from hone.core.bench.batch import make_batch
         from hone.core.bench.scenarios import get_scenario
-        from hone.core.bench.weights import saved_model_folder, vocab_size
+        from hone.core.bench.weights import decoder_linear_names, saved_model_folder, vocab_size
 
         spec = self.spec
         scenario = get_scenario(spec["scenario"])
@@ -60,8 +60,7 @@ class UnslothRunner:
                            max_len=spec["max_len"])
         model, _tokenizer = FastLanguageModel.from_pretrained(
             model_name=str(self.folder), max_seq_length=batch.tokens, dtype=dtype, load_in_4bit=spec["qlora"])
-        targets = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                          if isinstance(module, torch.nn.Linear) and ".layers." in name})
+        targets = decoder_linear_names(model)
         model = FastLanguageModel.get_peft_model(
             model, r=spec["lora_r"], lora_alpha=2 * spec["lora_r"], lora_dropout=0, bias="none",
             target_modules=targets, use_gradient_checkpointing="unsloth", random_state=spec["seed"])

@@ -69,6 +69,11 @@ def compare(runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, .
             run.grad_norm_rel_diff = _rel(run.first_grad_norm, base.first_grad_norm)
             same = same and run.grad_norm_rel_diff <= grad_tol
         run.parity = bool(same) and all(math.isfinite(x) for x in (run.first_loss, base.first_loss))
+        if run.trainable_params and base.trainable_params and run.trainable_params != base.trainable_params:
+            # Equal first losses say nothing then: LoRA B starts at zero, so any trainable set gives the same loss.
+            run.parity = False
+            run.parity_reason = (f"trains {run.trainable_params:,} parameters, {baseline} {base.trainable_params:,}: "
+                                 "not the same run (--lora-experts off puts every run on the linear layers only)")
 
 
 # ---- environment --------------------------------------------------------------------------------------------------
@@ -156,6 +161,16 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _count(value: int | None) -> str:
+    """43_646_976 -> "43.6M"."""
+    if value is None:
+        return "-"
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f}{suffix}"
+    return str(value)
+
+
 def ratio_table(runs: list[RunResult], baseline: str, title: str):
     """A rich Table: one row per run, ratios against `baseline`."""
     from rich.table import Table
@@ -164,7 +179,8 @@ def ratio_table(runs: list[RunResult], baseline: str, title: str):
     others = sorted({name for run in runs for name in run.speed_ratios})
     for header, justify in (("run", "left"), ("status", "left"), ("tokens/s", "right"), ("x speed", "right"),
                             *((f"x {name.removeprefix('reference-')}", "right") for name in others),
-                            ("peak GiB", "right"), ("x memory", "right"), ("reserved", "right"), ("MFU", "right"),
+                            ("trainable", "right"), ("peak GiB", "right"), ("x memory", "right"),
+                            ("reserved", "right"), ("MFU", "right"),
                             ("loss", "right"), ("Δ loss", "right"), ("parity", "center"), ("syncs", "right")):
         table.add_column(header, justify=justify)
     for run in runs:
@@ -174,6 +190,7 @@ def ratio_table(runs: list[RunResult], baseline: str, title: str):
         name = f"[bold]{run.name}[/bold]" if run.name == baseline else run.name
         table.add_row(name, status, _num(run.tokens_per_s, ",.0f"), _num(run.speed_ratio, ".2f"),
                       *(_num(run.speed_ratios.get(other), ".2f") for other in others),
+                      _count(run.trainable_params),
                       _num(run.peak_allocated_gib, ".2f"), _num(run.memory_ratio, ".2f"),
                       _num(run.peak_reserved_gib, ".2f"), _num(None if run.mfu is None else 100 * run.mfu, ".1f"),
                       _num(run.first_loss, ".4f"), _num(run.loss_diff, "+.2e"), parity,
@@ -182,5 +199,6 @@ def ratio_table(runs: list[RunResult], baseline: str, title: str):
 
 
 def notes(runs: list[RunResult]) -> list[str]:
-    """One line per run that did not finish, saying why."""
-    return [f"{run.name}: {run.status}: {run.reason}" for run in runs if not run.ok]
+    """One line per run that did not finish, and per run whose parity is no for another reason than its numbers."""
+    return ([f"{run.name}: {run.status}: {run.reason}" for run in runs if not run.ok]
+            + [f"{run.name}: parity no: {run.parity_reason}" for run in runs if run.parity_reason])

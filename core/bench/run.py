@@ -55,6 +55,7 @@ class BenchOptions:
     tokens: int | None = None
     layers: int | None = None
     lora_r: int = 16
+    lora_experts: bool = True  # --lora-experts: LoRA on MoE expert weights too, in Hone and the reference
     qlora: bool = False
     steps: int = 5
     warmup: int = 2
@@ -156,9 +157,10 @@ def plan_runs(options: BenchOptions, scenario: Scenario, facts: dict, batch: Tok
     """Every run this benchmark makes, in order, filtered by --only (the baseline always stays)."""
     is_moe = bool(facts["experts"])
     common = dict(lora_r=options.lora_r, seed=options.seed, dtype=dtype, device=device, qlora=options.qlora,
-                  model_folder=model_folder)
+                  model_folder=model_folder, lora_experts=options.lora_experts)
     references = [("reference", "grouped_mm" if is_moe else None,
-                   "transformers + peft, LoRA on all linear layers" + (" and experts" if is_moe else "")
+                   "transformers + peft, LoRA on all linear layers" + (" and experts" if is_moe and options.lora_experts
+                                                                       else "")
                    + ", HF gradient checkpointing, packed row with position ids, SDPA"
                    + (", experts grouped_mm" if is_moe else ""))]
     if is_moe:
@@ -194,7 +196,7 @@ def _peer_spec(options: BenchOptions, scenario: Scenario, batch: TokenBatch, dev
                peak_flops: float | None) -> dict:
     return {"scenario": scenario.name, "layers": options.layers if options.layers is not None else scenario.layers,
             "tokens": batch.tokens, "min_len": batch.min_len, "max_len": batch.max_len, "seed": options.seed,
-            "lora_r": options.lora_r, "qlora": options.qlora, "device": device,
+            "lora_r": options.lora_r, "lora_experts": options.lora_experts, "qlora": options.qlora, "device": device,
             "dtype": str(dtype).removeprefix("torch."), "warmup": options.warmup, "steps": options.steps,
             "peak_flops": peak_flops, "model_cache": options.model_cache, "memory_cap": options.memory_cap}
 

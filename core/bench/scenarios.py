@@ -16,6 +16,10 @@ from hone.core.errors import ConfigError
 # (tokens x top-k) routing problem, so their batch is half of that.
 DENSE_TOKENS = 16384
 MOE_TOKENS = 8192
+# Long rows (documents, reasoning traces): a few sequences of 16-32K tokens, where attention is about half a step.
+LONG_TOKENS = 65536
+LONG_MIN_SEQ_LEN = 16384
+LONG_MAX_SEQ_LEN = 32768
 # Tiny scenarios: enough tokens for several sequences of a few lengths, still milliseconds per step on a CPU.
 TINY_TOKENS = 512
 # Sequence lengths are drawn log-uniform in this range, like SFT chat data (many short rows, a few long ones).
@@ -70,6 +74,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     _real("dense-0.6b", "dense-0.6b", None, DENSE_TOKENS, "Qwen3-0.6B shape, all 28 layers"),
     _real("dense-4b", "dense-4b", None, DENSE_TOKENS, "Qwen3-4B shape, all 36 layers"),
     _real("dense-8b", "dense-8b", None, DENSE_TOKENS, "Qwen3-8B shape, all 36 layers"),
+    Scenario("dense-0.6b-long", "dense-0.6b", None, LONG_TOKENS, LONG_MIN_SEQ_LEN, LONG_MAX_SEQ_LEN,
+             "Qwen3-0.6B shape, all 28 layers, 64K tokens in rows of 16-32K"),
+    Scenario("dense-8b-long", "dense-8b", None, LONG_TOKENS, LONG_MIN_SEQ_LEN, LONG_MAX_SEQ_LEN,
+             "Qwen3-8B shape, all 36 layers, 64K tokens in rows of 16-32K"),
     _real("llama-1b", "llama-1b", None, DENSE_TOKENS, "Llama-3.2-1B shape, all 16 layers"),
     # 8 of Qwen3-30B-A3B's 48 layers: the per-layer work is what is measured, and 8 layers fit beside the
     # reference's dense-mask attention and W + BA expert weights on one GPU.

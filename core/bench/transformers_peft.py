@@ -19,6 +19,7 @@ from hone.core.bench.weights import (
     active_params,
     architecture_facts,
     build_bench_model,
+    decoder_linear_names,
     default_attention,
     expert_target_parameters,
 )
@@ -58,11 +59,12 @@ class ReferenceRunner:
 
     def __init__(self, name: str, scenario: Scenario, layers: int | None, batch: TokenBatch, *, lora_r: int,
                  seed: int, dtype: torch.dtype, device: str, qlora: bool = False,
-                 experts_implementation: str | None = None, model_folder=None):
+                 experts_implementation: str | None = None, model_folder=None, lora_experts: bool = True):
         self.name, self.scenario, self.layers, self.batch = name, scenario, layers, batch
         self.lora_r, self.seed, self.dtype, self.device, self.qlora = lora_r, seed, dtype, device, qlora
         self.experts_implementation = experts_implementation
         self.model_folder = model_folder
+        self.lora_experts = lora_experts
         self.model = self.optimizer = self.inputs = None
         self.params: list = []
 
@@ -89,8 +91,12 @@ class ReferenceRunner:
         model = self._load()
         enable_checkpointing(model)
         torch.manual_seed(self.seed)  # LoRA init independent of what building consumed, as Hone's trainer does
-        config = LoraConfig(r=self.lora_r, lora_alpha=2 * self.lora_r, lora_dropout=0.0, target_modules="all-linear",
-                            target_parameters=expert_target_parameters(model) or None, task_type="CAUSAL_LM")
+        if self.lora_experts:
+            targets = dict(target_modules="all-linear", target_parameters=expert_target_parameters(model) or None)
+        else:  # peft's "all-linear" also takes MoE routers and experts: name the linear layers instead
+            targets = dict(target_modules=decoder_linear_names(model))
+        config = LoraConfig(r=self.lora_r, lora_alpha=2 * self.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM",
+                            **targets)
         self.model = get_peft_model(model, config)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         cuda = str(self.device).startswith("cuda")
@@ -129,7 +135,8 @@ class ReferenceRunner:
         paths = {"attention": f"{config._attn_implementation} (transformers)",
                  "checkpoint": "transformers gradient_checkpointing_enable, non-reentrant",
                  "loss": "the model's own loss from labels (full logits)",
-                 "lora": "peft, all linear layers" + (" + expert target_parameters" if facts["experts"] else "")}
+                 "lora": "peft, all linear layers" + (" + expert target_parameters"
+                                                      if facts["experts"] and self.lora_experts else "")}
         if facts["experts"]:
             paths["moe"] = f"{getattr(config, '_experts_implementation', None)} (transformers)"
         if self.qlora:

@@ -17,7 +17,7 @@ import torch
 
 from hone.core.bench.scenarios import Scenario
 from hone.core.model_info import ModelInfo
-from hone.core.models.load import count_params, info_from_config
+from hone.core.models.load import count_params, info_from_config, logical_numel
 from hone.core.models.shapes import SHAPES, build_model, make_config
 
 # Written last into a saved model folder: a folder without it is a half-written one and is rebuilt.
@@ -90,9 +90,16 @@ def active_params(model, experts: int, experts_per_token: int) -> int:
     share = experts_per_token / experts if experts else 1.0
     total = 0.0
     for name, p in model.named_parameters():
-        n = p.numel() * (2 if type(p).__name__ == "Params4bit" else 1)
+        n = logical_numel(p)
         total += n * share if experts and is_expert_parameter(name) else n
     return int(total)
+
+
+def decoder_linear_names(model) -> list[str]:
+    """Names (last part) of the decoder layers' linear modules, e.g. ["down_proj", ..., "v_proj"]: LoRA on the
+    linear layers only. On MoE models in transformers 5 neither stacked experts nor routers are nn.Linear."""
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear) and ".layers." in name})
 
 
 def expert_target_parameters(model) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -318,15 +319,18 @@ def _auto_model_class(config):
     return AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
 
 
+def logical_numel(p) -> int:
+    """Values a parameter stands for: a bitsandbytes 4-bit weight counts its unpacked shape, whatever dtype packs
+    it (Hone stores nf4 in bf16 storage, 4 values per element; uint8 storage holds 2)."""
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    if type(p).__name__ == "Params4bit" and shape is not None:
+        return math.prod(shape)
+    return p.numel()
+
+
 def count_params(model) -> int:
     """Parameters as the user thinks of them (4-bit packed weights count their unpacked size)."""
-    total = 0
-    for p in model.parameters():
-        n = p.numel()
-        if type(p).__name__ == "Params4bit":
-            n *= 2
-        total += n
-    return total
+    return sum(logical_numel(p) for p in model.parameters())
 
 
 def inspect_model(name_or_path: str, gguf_file: str = "") -> ModelInfo:

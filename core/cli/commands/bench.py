@@ -14,7 +14,7 @@ TEXT_ONLY_FLAGS = (("--qlora", "qlora", False), ("--seed", "seed", 0), ("--seq-m
                    ("--no-sync-count", "no_sync_count", False), ("--profile", "profile", False),
                    ("--memory-trace", "memory_trace", False), ("--host-profile", "host_profile", False),
                    ("--profile-top", "profile_top", PROFILE_TOP), ("--peak-flops", "peak_flops", None),
-                   ("--memory-cap", "memory_cap", None))
+                   ("--memory-cap", "memory_cap", None), ("--lora-experts", "lora_experts", "on"))
 
 
 def _names(text: str) -> list[str]:
@@ -50,6 +50,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "512 tiny); vision: tokens per micro-batch (default 8192)")
     p.add_argument("--layers", type=int, help="decoder (text) layers to build (default: the scenario's)")
     p.add_argument("--lora-r", type=int, default=16, help="LoRA rank, alpha = 2 x rank (default 16)")
+    p.add_argument("--lora-experts", choices=["on", "off"], default="on",
+                   help="MoE scenarios: LoRA on the expert weights too (default on); off puts Hone and the reference "
+                   "on the linear layers only, as Unsloth trains MoE models")
     p.add_argument("--qlora", action="store_true", help="4-bit nf4 base weights (bitsandbytes) in every run")
     p.add_argument("--steps", type=int, default=5, help="timed steps per run; the median counts (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before them (default 2)")
@@ -146,7 +149,8 @@ def run(args) -> int:
     from hone.core.bench.run import BenchOptions, run_bench
 
     options = BenchOptions(scenario=args.scenario, tokens=args.tokens, layers=args.layers, lora_r=args.lora_r,
-                           qlora=args.qlora, steps=args.steps, warmup=args.warmup, seed=args.seed,
+                           lora_experts=args.lora_experts == "on", qlora=args.qlora, steps=args.steps,
+                           warmup=args.warmup, seed=args.seed,
                            seq_min=args.seq_min, seq_max=args.seq_max, only=args.only, baseline=args.baseline,
                            peer=args.peer, device=args.device, dtype=args.dtype, micro=args.micro,
                            model_cache=args.model_cache, count_syncs=not args.no_sync_count,
@@ -159,7 +163,8 @@ def run(args) -> int:
     report = run_bench(options, on_result=measured, on_start=started)
     batch = report.batch
     title = (f"{report.scenario.name} ({report.scenario.description}): {batch['tokens']:,} tokens in "
-             f"{batch['sequences']} sequences, LoRA r{options.lora_r}{' QLoRA' if options.qlora else ''}, "
+             f"{batch['sequences']} sequences, LoRA r{options.lora_r}{' QLoRA' if options.qlora else ''}"
+             f"{'' if options.lora_experts else ' (none on experts)'}, "
              f"{report.dtype} on {report.environment.get('gpu', report.device)}{_capped(options.memory_cap)}; "
              f"median of {options.steps} steps; "
              f"ratios vs {options.baseline}")

@@ -16,6 +16,7 @@ from hone.core.bench.batch import make_batch
 from hone.core.bench.hone_runner import HoneRunner
 from hone.core.bench.measure import RunResult
 from hone.core.bench.peer_unsloth import run_unsloth_peer
+from hone.core.bench.scenarios import get_scenario
 from hone.core.cli import main
 from hone.core.models.shapes import build_model
 
@@ -197,6 +198,24 @@ def test_tiny_moe_hone_runs_match_the_reference(tmp_path):
         assert runs[name]["parity"] is True, (name, runs[name]["loss_diff"], runs[name]["grad_norm_rel_diff"])
 
 
+@pytest.mark.skipif(importlib.util.find_spec("hone.core.moe") is None,
+                    reason="the MoE speed path (hone.core.moe) is not in this build")
+def test_lora_experts_off_puts_hone_and_the_reference_on_the_same_smaller_set(tmp_path):
+    runs = {}
+    for setting in ("on", "off"):
+        code, data = bench(tmp_path / setting, "tiny-moe-qwen3", *FAST, "--only", "hone-base", "--no-sync-count",
+                           "--lora-experts", setting)
+        assert code == 0 and data["options"]["lora_experts"] is (setting == "on")
+        runs[setting] = {r["name"]: r for r in data["runs"]}
+    on, off = runs["on"], runs["off"]
+    assert off["reference"]["trainable_params"] == off["hone-base"]["trainable_params"]
+    assert 0 < off["reference"]["trainable_params"] < on["reference"]["trainable_params"]
+    assert on["reference"]["trainable_params"] == on["hone-base"]["trainable_params"]
+    assert "expert" not in off["reference"]["speed_paths"]["lora"]
+    for run in (*on.values(), *off.values()):
+        assert run["parity"] is True, (run["name"], run["parity_reason"], run["loss_diff"])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("unsloth") is not None, reason="unsloth is installed here")
 def test_the_unsloth_peer_is_skipped_when_it_is_not_installed():
     result = run_unsloth_peer({})
@@ -213,8 +232,18 @@ def test_qlora_on_a_cpu_is_recorded_as_skipped_for_every_run(tmp_path):
 def test_list_shows_scenarios_and_runs(capsys):
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out
-    for name in ("dense-0.6b", "moe-qwen3", "tiny-dense", "reference-eager", "attn-varlen-per-layer", "all"):
+    for name in ("dense-0.6b", "dense-8b-long", "dense-0.6b-long", "moe-qwen3", "tiny-dense", "reference-eager",
+                 "attn-varlen-per-layer", "all"):
         assert name in out
+
+
+def test_the_long_row_scenarios_train_a_few_rows_of_16_to_32k_tokens():
+    for name, shape in (("dense-8b-long", "dense-8b"), ("dense-0.6b-long", "dense-0.6b")):
+        scenario = get_scenario(name)
+        batch = make_batch(scenario.tokens, 1000, seed=0, min_len=scenario.min_len, max_len=scenario.max_len)
+        assert scenario.shape == shape and batch.tokens == 65536
+        assert 2 <= len(batch.lengths) <= 4 and max(batch.lengths) <= 32768
+        assert all(length >= 16384 for length in batch.lengths[:-1])  # the last one may take what is left
 
 
 def test_moving_vocabulary_tables_to_the_host_leaves_the_counted_parameters_alone(tmp_path, monkeypatch):

@@ -44,6 +44,22 @@ def test_fp32_tolerance_is_tight_and_the_peer_is_judged_on_its_loss_only():
     assert peer.parity is True and peer.grad_norm_rel_diff is None
 
 
+def test_a_run_training_other_parameters_has_no_parity_and_says_why():
+    base = run("reference", "reference", tokens_per_s=10.0, first_loss=10.0, first_grad_norm=1.0,
+               trainable_params=166_000_000)
+    same = run("all", tokens_per_s=30.0, first_loss=10.0, first_grad_norm=1.0, trainable_params=166_000_000)
+    peer = run("unsloth", "peer", tokens_per_s=20.0, first_loss=10.0, trainable_params=2_200_000)
+    compare([base, same, peer], "reference", "bfloat16")
+    assert same.parity is True and same.parity_reason == ""
+    assert peer.parity is False  # its loss agrees: LoRA B starts at zero whatever it is put on
+    assert peer.parity_reason.startswith("trains 2,200,000 parameters, reference 166,000,000")
+    assert notes([base, same, peer]) == [f"unsloth: parity no: {peer.parity_reason}"]
+    console = Console(record=True, width=220)
+    console.print(ratio_table([base, same, peer], "reference", "title"))
+    text = console.export_text()
+    assert "166.0M" in text and "2.2M" in text
+
+
 def test_a_failed_baseline_leaves_every_ratio_empty():
     base = run("reference", "reference", status="oom")
     other = run("all", tokens_per_s=10.0, first_loss=1.0)
