@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -190,10 +191,14 @@ class RunsPage(Page):
         self.resume_button.setEnabled(len(chosen) == 1 and not busy)
         self.files_button.setEnabled(len(chosen) == 1)
         self.compare_button.setEnabled(len(chosen) == 2)
-        training = any(self.is_training(run_dir) for run_dir in chosen)
+        training = [run_dir for run_dir in chosen if self.is_training(run_dir)]
         self.delete_button.setEnabled(bool(chosen) and not training)
-        self.delete_button.setToolTip("This run is training: stop it on the Monitor page before deleting it."
-                                      if training else "Remove the selected runs' folders from disk.")
+        if not training:
+            self.delete_button.setToolTip("Remove the selected runs' folders from disk.")
+        elif self.training_elsewhere(training[0]):
+            self.delete_button.setToolTip("This run is training in another process: stop it there before deleting it.")
+        else:
+            self.delete_button.setToolTip("This run is training: stop it on the Monitor page before deleting it.")
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
         summary = self.summaries[rows[0]] if len(rows) == 1 else None
         text = self._detail(summary) if summary is not None else ""
@@ -215,17 +220,33 @@ class RunsPage(Page):
             return ""
         if summary.status in ENDED:
             return f"Final loss {loss:.4f} after {summary.step:,} steps."
+        if summary.status == "interrupted":
+            return (f"Interrupted at step {summary.step:,} of {summary.total_steps:,} (latest loss {loss:.4f}): "
+                    f"{summary.reason}. Resume goes on from its newest checkpoint.")
         going = "it is training now" if self.is_training(Path(summary.run_dir)) else "the run has not ended"
         return f"Latest loss {loss:.4f} at step {summary.step:,} of {summary.total_steps:,}; {going}."
 
     def is_training(self, run_dir: Path) -> bool:
-        """Whether `run_dir` is the folder of the run the session is training now (it must not be deleted)."""
+        """Whether a run trains in `run_dir` now, the session's or another process's (it must not be deleted)."""
+        if self.training_elsewhere(run_dir):
+            return True
         if not self.state.session.is_running:
             return False
         if self._training is None:  # its RunStarted has not come yet: every run still writing is spared
             summary = next((s for s in self.summaries if Path(s.run_dir) == Path(run_dir)), None)
             return summary is None or summary.status == "running"
         return _same_folder(run_dir, self._training)
+
+    def training_elsewhere(self, run_dir: Path) -> bool:
+        """Whether another process (`hone train` in a terminal, another studio) trains in `run_dir` now."""
+        summary = next((s for s in self.summaries if Path(s.run_dir) == Path(run_dir)), None)
+        if summary is None or summary.status != "running":
+            return False
+        from hone.core.train.run_lock import in_use, read_holder
+
+        if read_holder(run_dir).get("pid") == os.getpid():
+            return False  # this studio's own run
+        return in_use(run_dir) is not False  # a holder this computer cannot check counts as training
 
     def _session_event(self, event: Event) -> None:
         if isinstance(event, RunStarted):
@@ -294,8 +315,10 @@ class RunsPage(Page):
         """Say so and return True when one of `chosen` is the run in training."""
         training = [run_dir for run_dir in chosen if self.is_training(run_dir)]
         if training:
-            QMessageBox.warning(self, "Delete run", f"“{training[0].name}” is training now. Stop it on the Monitor "
-                                                    "page first; then it can be deleted.")
+            where = ("in another process: stop it there (Ctrl-C in its terminal)"
+                     if self.training_elsewhere(training[0]) else "now. Stop it on the Monitor page")
+            QMessageBox.warning(self, "Delete run", f"“{training[0].name}” is training {where} first; then it can be "
+                                                    "deleted.")
         return bool(training)
 
     def _open_folder(self) -> None:

@@ -28,7 +28,7 @@ from hone.core import __version__
 from hone.core.config import RunConfig
 from hone.core.export.checks import CheckLog
 from hone.core.export.formats import MANIFEST_FILE, ExportError, ExportResult, ExportSpec
-from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, read_summary
+from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, INTERRUPTED, live_summary
 
 Progress = Callable[[str, float], None]
 EXPORTS_DIR = "exports"
@@ -97,11 +97,13 @@ def open_run(run_dir: str | Path) -> RunSource:
     adapter_dir = run_dir / ADAPTER_DIR
     missing = [f for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (adapter_dir / f).is_file()]
     if missing:
-        summary = read_summary(run_dir)
+        summary = live_summary(run_dir)
         status = summary.status if summary else "unknown"
         if status == "running":
-            advice = "the run is still training (or was killed): wait for it to finish, or resume it with " \
-                     f"`hone train --resume {run_dir}`"
+            advice = "the run is still training: wait for it to finish, or stop it (stopping saves the adapter)"
+        elif status == INTERRUPTED:
+            advice = (f"the run was interrupted at step {summary.step} ({summary.reason}): resume it with "
+                      f"`hone train --resume {run_dir}`")
         elif status == "failed":
             advice = f"the run failed ({summary.reason}); fix that and train again"
         else:

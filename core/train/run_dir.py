@@ -25,7 +25,7 @@ from pathlib import Path
 from hone.core import events
 from hone.core.config import RunConfig
 from hone.core.errors import HoneError
-from hone.core.train.run_lock import RunLock
+from hone.core.train.run_lock import RunLock, in_use
 
 # What RUN_DIR holds:
 CONFIG_FILE = "config.toml"  # the RunConfig the run used
@@ -38,6 +38,7 @@ SUMMARY_FILE = "run.json"  # summary: status, steps, losses, paths (rewritten at
 ADAPTER_DIR = "adapter"  # the final PEFT adapter folder (adapter_dir.py)
 CHECKPOINTS_DIR = "checkpoints"  # step-NNNNNN/ resumable states (checkpoints.py)
 # run.lock: who trains in the folder now (run_lock.py)
+INTERRUPTED = "interrupted"  # a run that says running, read back while no process trains it
 # train.log gets a step line at most this often (and always for the first and last step): every step of a slow run,
 # a readable trace of a fast one; metrics.jsonl keeps every step.
 LOG_STEP_EVERY_S = 10.0
@@ -50,7 +51,7 @@ class RunSummary:
     run_dir: str
     name: str
     model: str
-    status: str  # running | finished | stopped | failed
+    status: str  # running | finished | stopped | failed; read back, also interrupted (live_summary)
     step: int = 0
     total_steps: int = 0
     final_loss: float | None = None
@@ -420,6 +421,16 @@ def read_summary(run_dir: Path) -> RunSummary | None:
     return summary
 
 
+def live_summary(run_dir: Path) -> RunSummary | None:
+    """`read_summary`, with a run that says "running" while the process training it is gone (killed, crashed, the
+    computer stopped) marked "interrupted"; one whose process this computer cannot check stays "running"."""
+    summary = read_summary(run_dir)
+    if summary is not None and summary.status == "running" and in_use(run_dir) is False:
+        summary.status = INTERRUPTED
+        summary.reason = "the process training it ended before the run did"
+    return summary
+
+
 def _nan_for_null(event: events.Event) -> events.Event:
     """A float field written as null (it was not finite) read back as NaN, so it stays a float."""
     nulls = {f.name: math.nan for f in dataclasses.fields(event)
@@ -443,9 +454,9 @@ def read_events(run_dir: Path) -> list[events.Event]:
 
 
 def list_runs(runs_dir: str | Path) -> list[RunSummary]:
-    """Runs under `runs_dir`, newest first. A run killed while running still shows, as status 'running'."""
+    """Runs under `runs_dir`, newest first; a run whose process was killed shows as "interrupted"."""
     root = Path(runs_dir).expanduser()
     if not root.is_dir():
         return []
-    runs = [s for d in root.iterdir() if d.is_dir() and (s := read_summary(d)) is not None]
+    runs = [s for d in root.iterdir() if d.is_dir() and (s := live_summary(d)) is not None]
     return sorted(runs, key=lambda s: s.started, reverse=True)

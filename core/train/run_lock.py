@@ -79,6 +79,44 @@ def describe_holder(holder: dict) -> str:
     return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')!r} since {since}"
 
 
+def in_use(run_dir: str | Path) -> bool | None:
+    """Whether the process that last took `run_dir`'s lock is still alive; None when this computer cannot say
+    (the holder ran on another host, or wrote no note). Read from the note only: the lock itself is never tried,
+    so a run starting in another process meanwhile is not told the folder is busy. A reused process id reads as
+    alive, which errs on the side of "running"."""
+    holder = read_holder(run_dir)
+    if not (Path(run_dir) / LOCK_FILE).exists():
+        return False  # no run of a version with locks trained here
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or holder.get("host") != socket.gethostname():
+        return None
+    return _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if os.name == "nt":
+        import ctypes
+
+        kernel32 = ctypes.windll.kernel32
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return False
+        try:
+            code = ctypes.c_ulong()
+            return bool(kernel32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259  # STILL_ACTIVE
+        finally:
+            kernel32.CloseHandle(handle)
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    return True
+
+
 class RunLock:
     """The lock on one run folder. `RunLock.acquire(run_dir)` takes it or raises RunFolderBusy; `release()` gives
     it back (closing the process gives it back too)."""

@@ -206,3 +206,53 @@ def test_compare_names_the_curves_after_their_runs_above_the_plot(page, tmp_path
     assert [name for name, _ in page.overlay.legend_entries()] == ["beta", "alpha"]
     legend = page.overlay.legend.mapTo(page.overlay, page.overlay.legend.rect().bottomLeft())
     assert legend.y() < page.overlay.plot.mapTo(page.overlay, page.overlay.plot.rect().topLeft()).y()
+
+
+def _lock_note(run_dir: Path, pid: int) -> None:
+    """run.lock as a process `pid` on this computer leaves it (the lock itself ends with that process)."""
+    import json
+    import socket
+
+    (run_dir / "run.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": time.time()})
+                                      + "\n")
+
+
+def test_a_run_whose_process_was_killed_shows_as_interrupted_and_can_be_deleted(page, tmp_path):
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "runs" / "cut"
+    _write(run_dir, [_started(run_dir, 40, time.time()), *[_step(s, 40, 1.0 / s, time.time()) for s in range(1, 13)]])
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _lock_note(run_dir, int(gone.stdout))  # the killed trainer's note: its process is gone
+    page.refresh()
+    row = _row(page, "cut")
+    assert page.table.item(row, 2).text() == "interrupted"
+    page.select([row])
+    assert page.detail.text() == ("Interrupted at step 10 of 40 (latest loss 0.1000): the process training it ended "
+                                  "before the run did. Resume goes on from its newest checkpoint.")
+    assert page.delete_button.isEnabled()
+
+
+def test_a_run_training_in_another_process_cannot_be_deleted(page, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "runs" / "elsewhere"
+    _write(run_dir, [_started(run_dir, 40, time.time()), _step(1, 40, 1.0, time.time())])
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        _lock_note(run_dir, other.pid)  # `hone train` in a terminal, as its note says
+        page.refresh()
+        page.select([_row(page, "elsewhere")])
+        assert page.table.item(_row(page, "elsewhere"), 2).text() == "running"
+        assert not page.delete_button.isEnabled()
+        assert page.delete_button.toolTip() == ("This run is training in another process: stop it there before "
+                                                "deleting it.")
+        answers = _Answers(monkeypatch, reply=QMessageBox.Yes)
+        page.delete_selected()
+        assert answers.questions == [] and "in another process" in answers.warnings[0]
+        assert run_dir.is_dir()
+    finally:
+        other.kill()
+        other.wait()

@@ -218,3 +218,35 @@ def test_a_pickle_payload_in_a_checkpoint_is_refused_on_resume_and_never_runs(fi
                   "code, so Hone does not (Unsupported global: GLOBAL exec was not an allowed global by default)"), (
         out.stdout[-2000:])
     assert "Traceback" not in out.stdout + out.stderr and not marker.exists()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the holder is killed with SIGKILL")
+def test_a_run_whose_process_was_killed_reads_as_interrupted_and_one_training_elsewhere_as_running(tmp_path):
+    from hone.core.config import RunConfig
+    from hone.core.train.run_dir import INTERRUPTED, RunWriter, list_runs, live_summary
+    from hone.core.train.run_lock import LOCK_FILE, in_use
+
+    run_dir = tmp_path / "runs" / "cut"
+    writer = RunWriter(run_dir, RunConfig())
+    writer.write(events.RunStarted(run_dir=str(run_dir), model="m", device="cpu", dtype="float32", params_total=10,
+                                   params_trainable=1, total_steps=40, tokens_per_epoch=100))
+    writer.close()  # as far as run.json goes, a run that never ended
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        assert in_use(run_dir) is True
+        assert live_summary(run_dir).status == "running"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert in_use(run_dir) is False
+    [summary] = list_runs(tmp_path / "runs")
+    assert summary.status == INTERRUPTED and summary.reason == "the process training it ended before the run did"
+    assert live_summary(run_dir).status == INTERRUPTED
+    note = json.loads((run_dir / LOCK_FILE).read_text())
+    (run_dir / LOCK_FILE).write_text(json.dumps({**note, "host": "another-computer"}) + "\n")
+    assert in_use(run_dir) is None  # a process on another computer cannot be checked from here
+    assert live_summary(run_dir).status == "running"
+    (run_dir / LOCK_FILE).unlink()
+    assert in_use(run_dir) is False

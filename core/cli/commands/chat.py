@@ -65,7 +65,7 @@ def open_chat_run(run_dir: str, base: bool) -> tuple[Path, object]:
     """
     from hone.core.config import RunConfig
     from hone.core.train.input_checks import check_model
-    from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, read_summary
+    from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, INTERRUPTED, live_summary
 
     path = Path(run_dir).expanduser()
     if path.name == ADAPTER_DIR and (path.parent / CONFIG_FILE).is_file():
@@ -77,12 +77,14 @@ def open_chat_run(run_dir: str, base: bool) -> tuple[Path, object]:
                         "give the folder `hone train` wrote for the run (runs/<name>)")
     config = RunConfig.load(path / CONFIG_FILE)
     if not base and not (path / ADAPTER_DIR / "adapter_config.json").is_file():
-        summary = read_summary(path)
+        summary = live_summary(path)
         status = summary.status if summary else "unknown"
         if status == "running":
-            advice = ("the run is still training (or was killed): wait for it to finish, stop it (stopping saves "
-                      f"the adapter) or resume it with `hone train --resume {path}`; --base chats with the base "
-                      "model meanwhile")
+            advice = ("the run is still training: wait for it to finish or stop it (stopping saves the adapter); "
+                      "--base chats with the base model meanwhile")
+        elif status == INTERRUPTED:
+            advice = (f"the run was interrupted at step {summary.step} ({summary.reason}): resume it with "
+                      f"`hone train --resume {path}`, or use --base")
         elif status == "failed":
             advice = f"the run failed ({summary.reason}); fix that and train again, or use --base"
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -159,9 +160,11 @@ def test_generate_base_with_plain_text_prompts(run_dir, reference, tmp_path):
                    {"row": 3, "prompt": Q3, "completion": reference(system + _user(Q3), adapter=False)}]
 
 
-def _fake_run(tmp_path, name: str, *, model_exists: bool = True, adapter: bool = True, status: str = "finished"):
+def _fake_run(tmp_path, name: str, *, model_exists: bool = True, adapter: bool = True, status: str = "finished",
+              live: bool = False):
     """A run folder as `hone train` leaves it, whose files the checks never read past: config.toml naming a model
-    folder (with config.json, or gone), run.json, and adapter/ once the run saved one."""
+    folder (with config.json, or gone), run.json, and adapter/ once the run saved one; `live`: run.lock names a
+    process that is alive (this one), as while `hone train` runs."""
     run, model = tmp_path / name, tmp_path / f"{name}-model"
     (run / "adapter").mkdir(parents=True)
     if model_exists:
@@ -170,6 +173,8 @@ def _fake_run(tmp_path, name: str, *, model_exists: bool = True, adapter: bool =
     (run / "config.toml").write_text(f"[model]\nname_or_path = {json.dumps(str(model))}\n", encoding="utf-8")
     (run / "run.json").write_text(json.dumps({"run_dir": str(run), "name": name, "model": str(model),
                                               "status": status}), encoding="utf-8")
+    if live:
+        (run / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
     if adapter:
         for file in ("adapter_config.json", "adapter_model.safetensors"):
             (run / "adapter" / file).write_text("{}", encoding="utf-8")
@@ -180,8 +185,10 @@ def _fake_run(tmp_path, name: str, *, model_exists: bool = True, adapter: bool =
 @pytest.mark.parametrize("case, make, message, advice", [
     ("not a run", lambda tmp: tmp, "is not a run folder", "give the folder `hone train` wrote"),
     ("missing folder", lambda tmp: tmp / "runs" / "nope", "does not exist", "give the folder of a run"),
-    ("no adapter yet", lambda tmp: _fake_run(tmp, "r", adapter=False, status="running"), "has no adapter yet",
-     "still training"),
+    ("no adapter yet", lambda tmp: _fake_run(tmp, "r", adapter=False, status="running", live=True),
+     "has no adapter yet", "still training"),
+    ("killed before its adapter", lambda tmp: _fake_run(tmp, "r", adapter=False, status="running"),
+     "has no adapter yet", "the run was interrupted at step 0"),
     ("base model gone", lambda tmp: _fake_run(tmp, "r", model_exists=False), "r-model does not exist",
      "model.name_or_path in"),
 ])

@@ -4,6 +4,8 @@ interrupted export leaves nothing behind."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import pytest
 
@@ -18,14 +20,17 @@ def test_missing_folder_and_non_run_folder(tmp_path):
         export_run(tmp_path, "adapter")
 
 
-@pytest.mark.parametrize("status, advice", [("running", "still training"), ("failed", "out of memory"),
-                                            ("stopped", "hone train --resume")])
-def test_run_without_adapter_says_so(tmp_path, status, advice):
+@pytest.mark.parametrize("status, live, advice", [
+    ("running", True, "still training"), ("running", False, "the run was interrupted at step 0"),
+    ("failed", False, "out of memory"), ("stopped", False, "hone train --resume")])
+def test_run_without_adapter_says_so(tmp_path, status, live, advice):
     run = tmp_path / "run"
     run.mkdir()
     RunConfig(model=ModelConfig(name_or_path="some/model")).save(run / "config.toml")
     (run / "run.json").write_text(json.dumps({"run_dir": str(run), "name": "run", "model": "some/model",
                                               "status": status, "reason": "out of memory"}))
+    if live:  # the lock note of a process that is alive: this one
+        (run / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
     with pytest.raises(ExportError, match="has no adapter to export") as e:
         export_run(run, "gguf")
     assert advice in e.value.advice
