@@ -11,6 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from hone.core.config import RunConfig
+from hone.core.errors import INSTALL_BITSANDBYTES
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def machine_problems(config: RunConfig, machine: Machine | None) -> list[str]:
         for what, asked in NEEDS_BITSANDBYTES:
             if asked(config):
                 problems.append(f"{what} needs the bitsandbytes package, which is not installed: install it "
-                                "(pip install bitsandbytes) or choose otherwise.")
+                                f"({INSTALL_BITSANDBYTES}) or choose otherwise.")
     return problems
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# How to add bitsandbytes (QLoRA, the 8-bit optimizer): Hone's `gpu` extra, which pins the versions Hone supports.
+INSTALL_BITSANDBYTES = 'pip install "hone-studio[gpu]" (bitsandbytes, NVIDIA GPUs only)'
+
 
 class HoneError(Exception):
     """A problem the user can fix. `message` says what is wrong, `advice` what to do about it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hone.core.errors import INSTALL_BITSANDBYTES
 from hone.core.export.checks import CheckLog, compare_logits, logits_of, probe_ids
 from hone.core.export.formats import ExportError
 from hone.core.export.source import RunSource
@@ -54,7 +55,7 @@ def qlora_round_trip(model, dtype_name: str) -> int:
         import bitsandbytes.functional as bnbf
     except ImportError:
         raise ExportError("this run trained with QLoRA; merging it needs bitsandbytes to reproduce the 4-bit base",
-                          "pip install bitsandbytes") from None
+                          INSTALL_BITSANDBYTES) from None
     from hone.kernels.reference import nf4_quantize_reference
 
     dtype = torch.float16 if dtype_name == "float16" else torch.bfloat16

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hone.core.config import ModelConfig
-from hone.core.errors import ModelError
+from hone.core.errors import INSTALL_BITSANDBYTES, ModelError
 from hone.core.model_info import ModelInfo
 from hone.core.resources import BUNDLED_MODELS, BUNDLED_PREFIX, cache_root, resolve_bundled
 
@@ -352,7 +352,7 @@ def _qlora_config(dtype, device: str):
         from transformers import BitsAndBytesConfig
     except ImportError:
         raise ModelError("QLoRA needs the bitsandbytes package, which is not installed",
-                         "pip install bitsandbytes, or turn lora.qlora off") from None
+                         f"{INSTALL_BITSANDBYTES}, or turn lora.qlora off") from None
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
 

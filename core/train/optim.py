@@ -13,7 +13,7 @@ import weakref
 import torch
 
 from hone.core.config import TrainConfig
-from hone.core.errors import ConfigError
+from hone.core.errors import INSTALL_BITSANDBYTES, ConfigError
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig, device: str) -> torch.optim.Optimizer:
@@ -40,7 +40,7 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig, device: 
             import bitsandbytes as bnb
         except ImportError:
             raise ConfigError("train.optimizer = adamw8bit needs the bitsandbytes package",
-                              "pip install bitsandbytes, or use train.optimizer = adamw") from None
+                              f"{INSTALL_BITSANDBYTES}, or use train.optimizer = adamw") from None
         return bnb.optim.AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     fused = str(device).startswith("cuda")
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)

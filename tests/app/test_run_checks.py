@@ -53,7 +53,7 @@ def test_the_same_preset_starts_on_a_gpu_machine_and_asks_for_bitsandbytes_witho
     assert page.start_button.isEnabled(), _problems(page)
     window.state.set_machine(Machine(gpu="NVIDIA H200", bitsandbytes=False))
     assert not page.start_button.isEnabled()
-    assert "bitsandbytes" in _problems(page)
+    assert "bitsandbytes" in _problems(page) and 'pip install "hone-studio[gpu]"' in _problems(page)
 
 
 def test_a_data_file_that_does_not_exist_blocks_start(make_window, tmp_path):
