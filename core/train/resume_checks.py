@@ -46,6 +46,7 @@ from hone.core.config import SECTIONS, RunConfig, to_toml
 from hone.core.errors import HoneError
 from hone.core.events import Notice
 from hone.core.train.run_dir import CONFIG_FILE
+from hone.core.train.run_lock import refuse_if_in_use
 
 TOPIC = "resume"
 DATA_CHANGED = ("refuse", "restart-epoch", "continue")
@@ -393,6 +394,7 @@ def check_resume(run_dir: str | Path, config: RunConfig, data_changed: str = "re
     if data_changed not in DATA_CHANGED:
         raise ValueError(f"data_changed must be one of {DATA_CHANGED}, not {data_changed!r}")
     run_dir = Path(run_dir)
+    refuse_if_in_use(run_dir)  # a run training there now: say so rather than judge a checkpoint it is writing
     if checkpoint is None:
         from hone.core.train.checkpoints import resumable_checkpoint  # the one the trainer will load
 
@@ -421,6 +423,7 @@ def check_resume(run_dir: str | Path, config: RunConfig, data_changed: str = "re
     else:
         check.data_diff = data_differences(state["data"], fingerprint)
     _check_data(check)
+    _refuse_a_finished_run(check)
     for change in check.changes:
         if change.rule.kind in ("safe", "eval"):
             check.notices.append(Notice(topic=TOPIC, level="info" if change.rule.kind == "safe" else "warning",
@@ -449,6 +452,18 @@ def _refuse_changes(check: ResumeCheck) -> None:
     if max_steps and max_steps < check.step:
         advice.append(f"set train.max_steps to {check.step} or more")
     raise HoneError(message, "; ".join(advice))
+
+
+def _refuse_a_finished_run(check: ResumeCheck) -> None:
+    """A run whose newest checkpoint is its last step, resumed at the same length, would train nothing and only
+    write its final eval, checkpoint and adapter a second time: refuse it before anything is written."""
+    total = check.state.get("total_steps")
+    lengthened = any(c.key in ("train.max_steps", "train.epochs") for c in check.changes) or check.train_changed
+    if not isinstance(total, int) or total <= 0 or check.step < total or lengthened:
+        return
+    raise HoneError(f"{check.run_dir} has already finished: its newest checkpoint is step {check.step} of {total}",
+                    f"to train it further, resume with a longer run (--set train.max_steps={2 * total}, or more "
+                    f"train.epochs); its adapter is in {check.run_dir / 'adapter'}")
 
 
 def _check_data(check: ResumeCheck) -> None:

@@ -7,6 +7,7 @@ holds it: a lock file left behind by a killed run never blocks the next one. Whi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -63,7 +64,8 @@ def _unlock(fd: int) -> None:
 
 
 def read_holder(run_dir: str | Path) -> dict:
-    """What run.lock says about the process that took it last: {"pid", "host", "since"}; {} when unreadable."""
+    """What run.lock says about the process holding it: {"pid", "host", "since"}; {} when there is no note (never
+    locked, or released) or it cannot be read. A killed holder's note stays."""
     try:
         text = (Path(run_dir) / LOCK_FILE).read_text(encoding="utf-8")
         return json.loads(text.split("\n", 1)[0])
@@ -80,13 +82,13 @@ def describe_holder(holder: dict) -> str:
 
 
 def in_use(run_dir: str | Path) -> bool | None:
-    """Whether the process that last took `run_dir`'s lock is still alive; None when this computer cannot say
-    (the holder ran on another host, or wrote no note). Read from the note only: the lock itself is never tried,
-    so a run starting in another process meanwhile is not told the folder is busy. A reused process id reads as
-    alive, which errs on the side of "running"."""
+    """Whether the process holding `run_dir`'s lock is alive: its note is there (a release clears it) and names a
+    live process; None when this computer cannot say (the holder ran on another host). Read from the note only: the
+    lock itself is never tried, so a run starting in another process meanwhile is not told the folder is busy. A
+    reused process id reads as alive, which errs on the side of "running"."""
     holder = read_holder(run_dir)
-    if not (Path(run_dir) / LOCK_FILE).exists():
-        return False  # no run of a version with locks trained here
+    if not holder:
+        return False  # no lock file (no run of a version with locks), or one its last holder cleared on release
     pid = holder.get("pid")
     if not isinstance(pid, int) or holder.get("host") != socket.gethostname():
         return None
@@ -115,6 +117,20 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # it exists, under another user
     return True
+
+
+def _busy(run_dir: Path) -> RunFolderBusy:
+    return RunFolderBusy(
+        f"the run folder {run_dir} is in use: {describe_holder(read_holder(run_dir))} is training in it",
+        "wait for that run to end or stop it (Ctrl-C in its terminal, Stop in Hone Studio), then try again; "
+        "to train alongside it, start a new run instead")
+
+
+def refuse_if_in_use(run_dir: str | Path) -> None:
+    """Raise RunFolderBusy when another process on this computer trains in `run_dir`, before a resume reads the
+    folder's checkpoints; `RunLock.acquire` still decides once the run opens the folder."""
+    if in_use(run_dir) is True and read_holder(run_dir).get("pid") != os.getpid():
+        raise _busy(Path(run_dir))
 
 
 class RunLock:
@@ -148,10 +164,7 @@ class RunLock:
             raise
         if not locked:
             os.close(fd)
-            raise RunFolderBusy(
-                f"the run folder {run_dir} is in use: {describe_holder(read_holder(run_dir))} is training in it",
-                "wait for that run to end or stop it (Ctrl-C in its terminal, Stop in Hone Studio), then try again; "
-                "to train alongside it, start a new run instead")
+            raise _busy(run_dir)
         note = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}) + "\n"
         try:
             os.lseek(fd, 0, os.SEEK_SET)
@@ -162,11 +175,14 @@ class RunLock:
         return cls(run_dir, fd)
 
     def release(self) -> None:
-        """Give the lock back (the file stays: a lock file without a lock blocks nobody)."""
+        """Give the lock back and clear the holder's note (the file stays: a lock file without a lock blocks nobody;
+        a note left by a killed holder names a process that is gone, which `in_use` checks)."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
         try:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
             _unlock(fd)
         finally:
             os.close(fd)

@@ -3,6 +3,7 @@ the latest, not the final one. Run folders are written by core's RunWriter, as a
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -49,6 +50,15 @@ def _failed(run_dir: Path, t: float) -> Path:
                             RunFailed(reason=REASON, advice=ADVICE, step=3, details="Traceback ...", time=t + 1)])
 
 
+def _lock_note(run_dir: Path, pid: int) -> None:
+    """run.lock as a process `pid` on this computer leaves it (the lock itself ends with that process)."""
+    import json
+    import socket
+
+    (run_dir / "run.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": time.time()})
+                                      + "\n")
+
+
 def _row(page, name: str) -> int:
     rows = [page.table.item(row, 0).text() for row in range(page.table.rowCount())]
     return rows.index(name)
@@ -87,6 +97,7 @@ def test_a_running_run_shows_its_latest_loss_never_a_final_one(page, tmp_path):
     # 12 of 40 steps and no end yet: run.json was last written at step 10
     _write(runs / "going", [_started(runs / "going", 40, t + 10),
                             *[_step(s, 40, 1.0 / s, t + 10) for s in range(1, 13)]])
+    _lock_note(runs / "going", os.getpid())  # its trainer is alive (here: this process)
     page.refresh()
     assert page.table.horizontalHeaderItem(4).text() == "Loss"
     going, done = _row(page, "going"), _row(page, "done")
@@ -206,15 +217,6 @@ def test_compare_names_the_curves_after_their_runs_above_the_plot(page, tmp_path
     assert [name for name, _ in page.overlay.legend_entries()] == ["beta", "alpha"]
     legend = page.overlay.legend.mapTo(page.overlay, page.overlay.legend.rect().bottomLeft())
     assert legend.y() < page.overlay.plot.mapTo(page.overlay, page.overlay.plot.rect().topLeft()).y()
-
-
-def _lock_note(run_dir: Path, pid: int) -> None:
-    """run.lock as a process `pid` on this computer leaves it (the lock itself ends with that process)."""
-    import json
-    import socket
-
-    (run_dir / "run.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": time.time()})
-                                      + "\n")
 
 
 def test_a_run_whose_process_was_killed_shows_as_interrupted_and_can_be_deleted(page, tmp_path):

@@ -75,7 +75,7 @@ def test_a_second_process_on_a_run_folder_stops_at_once_saying_who_holds_it(fini
         assert holder.stdout.readline() == "locked\n"
         before = _snapshot(run_dir)
         out = _hone("train", "--resume", str(run_dir))
-        assert out.returncode == 1, out.stderr[-2000:]
+        assert out.returncode == 2, out.stderr[-2000:]  # refused before the resume reads a checkpoint
         assert _shows(out, f"the run folder {run_dir} is in use: pid {holder.pid} on host {socket.gethostname()!r} "
                       "since "), out.stdout[-2000:]
         assert _shows(out, "wait for that run to end or stop it") and "Traceback" not in out.stdout + out.stderr
@@ -212,7 +212,7 @@ def test_a_pickle_payload_in_a_checkpoint_is_refused_on_resume_and_never_runs(fi
     assert marker.read_text() == "ran", done.stderr[-2000:]  # the payload is live: a loader that unpickles runs it
     marker.unlink()
 
-    out = _hone("train", "--resume", str(run_dir))
+    out = _hone("train", "--resume", str(run_dir), "--set", "train.max_steps=4")  # longer: it has finished
     assert out.returncode == 1, out.stderr[-2000:]
     assert _shows(out, f"{state} holds Python objects besides tensors and plain values, and loading it could run "
                   "code, so Hone does not (Unsupported global: GLOBAL exec was not an allowed global by default)"), (

@@ -111,6 +111,18 @@ def test_max_steps_below_the_checkpoint_is_refused(tmp_path):
         _check(run, trained.with_overrides(["train.max_steps=5"]))
 
 
+def test_a_finished_run_resumed_at_the_same_length_is_refused_before_anything_is_written(tmp_path):
+    trained = _config(tmp_path)
+    run = _run_folder(tmp_path, trained, step=10)  # total_steps 10: the final checkpoint
+    before = _snapshot(run)
+    with pytest.raises(HoneError, match=r"has already finished: its newest checkpoint is step 10 of 10") as e:
+        _check(run, trained)
+    assert "--set train.max_steps=20" in e.value.advice and str(run / "adapter") in e.value.advice
+    assert _snapshot(run) == before
+    longer = _check(run, trained.with_overrides(["train.max_steps=15"]))  # a longer run goes on
+    assert [c.key for c in longer.changes] == ["train.max_steps"]
+
+
 def test_a_checkpoint_without_a_record_is_compared_with_config_toml_and_said_unverified(tmp_path):
     trained = _config(tmp_path)
     run = _run_folder(tmp_path, trained)
