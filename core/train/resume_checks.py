@@ -45,7 +45,7 @@ from typing import Any
 from hone.core.config import SECTIONS, RunConfig, to_toml
 from hone.core.errors import HoneError
 from hone.core.events import Notice
-from hone.core.train.run_dir import CONFIG_FILE
+from hone.core.train.run_dir import CONFIG_FILE, read_summary
 from hone.core.train.run_lock import refuse_if_in_use
 
 TOPIC = "resume"
@@ -455,11 +455,15 @@ def _refuse_changes(check: ResumeCheck) -> None:
 
 
 def _refuse_a_finished_run(check: ResumeCheck) -> None:
-    """A run whose newest checkpoint is its last step, resumed at the same length, would train nothing and only
-    write its final eval, checkpoint and adapter a second time: refuse it before anything is written."""
+    """A finished run whose newest checkpoint is its last step, resumed at the same length, would train nothing and
+    only write its final eval, checkpoint and adapter a second time: refuse it before anything is written. A run
+    killed after its last checkpoint but before it finished goes on: the resume saves its adapter."""
     total = check.state.get("total_steps")
     lengthened = any(c.key in ("train.max_steps", "train.epochs") for c in check.changes) or check.train_changed
     if not isinstance(total, int) or total <= 0 or check.step < total or lengthened:
+        return
+    summary = read_summary(check.run_dir)
+    if summary is None or summary.status != "finished":
         return
     raise HoneError(f"{check.run_dir} has already finished: its newest checkpoint is step {check.step} of {total}",
                     f"to train it further, resume with a longer run (--set train.max_steps={2 * total}, or more "

@@ -9,10 +9,11 @@ set, waits for the kill, records what the run folder then holds (the newest comp
 that is not), and forks a fresh child that resumes without the fault. Chains run two at a time. Every run uses one
 CPU thread, so all runs compute alike, bit for bit.
 
-In WORK_DIR: `reference/` (an uninterrupted run), `reference-again/` (it resumed once finished: a same-step save),
-then for each k up to the number of file-system changes the hook counted in them (`NAME.ops`): `save-k/` (a new
-run killed at change k, then resumed) and `rewrite-k/` (a copy of the finished reference resumed, killed at change
-k, resumed again), each with `save-k.json`: how the kill ended, what the folder held then, how the resume ended.
+In WORK_DIR: `reference/` (an uninterrupted run), `stopped/` (the same run stopped after its step-1 checkpoint),
+`stopped-again/` (a copy of it resumed and stopped at once: the stop saves step 1 again, a same-step save), then for
+each k up to the number of file-system changes the hook counted in them (`NAME.ops`): `save-k/` (a new run killed
+at change k, then resumed) and `rewrite-k/` (a copy of `stopped/` resumed and stopped at once, killed at change k,
+resumed again), each with `save-k.json`: how the kill ended, what the folder held then, how the resume ended.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from pathlib import Path
 NO_FAULT = str(10**9)  # a fault point never reached: the hook counts, nothing is killed
 
 
-def _train(config_path: str, run_dir: Path, resume: bool, fault_at: str | None) -> int:
-    """In a forked child: one run to its end; exit 0 when it finished, 3 when it failed (the hook may kill it)."""
+def _train(config_path: str, run_dir: Path, resume: bool, fault_at: str | None, stop: str = "") -> int:
+    """In a forked child: one run to its end, or stopped ("after-checkpoint": once its first checkpoint is saved;
+    "at-once": before its first step); exit 0 when it finished, 3 when it failed (the hook may kill it)."""
     from hone.core import events
     from hone.core.config import RunConfig
+    from hone.core.control import RunControl
     from hone.core.train import checkpoints
     from hone.core.train.trainer import Trainer
 
@@ -43,7 +46,14 @@ def _train(config_path: str, run_dir: Path, resume: bool, fault_at: str | None) 
     else:
         config = RunConfig.load(config_path).with_overrides([f"output.name={json.dumps(run_dir.name)}",
                                                              f"output.runs_dir={json.dumps(str(run_dir.parent))}"])
-    got = list(Trainer(config, device="cpu", resume_dir=run_dir if resume else None).run())
+    control = RunControl()
+    if stop == "at-once":
+        control.stop()
+    got = []
+    for event in Trainer(config, control, device="cpu", resume_dir=run_dir if resume else None).run():
+        got.append(event)
+        if stop == "after-checkpoint" and isinstance(event, events.CheckpointSaved):
+            control.stop()
     last = got[-1] if got else None
     (run_dir.parent / f"{run_dir.name}.ops").write_text(str(getattr(checkpoints._fault_point, "count", 0)))
     if not isinstance(last, events.RunFinished):
@@ -74,7 +84,7 @@ def _chain(config_path: str, chain: dict) -> int:
     run_dir = Path(chain["run_dir"])
     if chain.get("copy_from"):
         shutil.copytree(chain["copy_from"], run_dir)
-    killed = _fork(_train, config_path, run_dir, chain["resume"], str(chain["fault_at"]))
+    killed = _fork(_train, config_path, run_dir, chain["resume"], str(chain["fault_at"]), chain.get("stop", ""))
     complete, broken = checkpoint_report(run_dir)
     root = run_dir / "checkpoints"
     result = {"killed": killed, "newest": complete[-1].name if complete else None,
@@ -106,12 +116,14 @@ def main(config_path: str, work: str, scenarios: str) -> None:
     work = Path(work)
     # The two uninterrupted runs run here, not in children: what they import and load lazily is then loaded once,
     # for every child (a child of a cold process spends seconds on it).
-    reference, again = work / "reference", work / "reference-again"
+    reference, stopped, again = work / "reference", work / "stopped", work / "stopped-again"
     if _train(config_path, reference, False, NO_FAULT) != 0:
         raise SystemExit("the reference run failed")
-    shutil.copytree(reference, again)
-    if _train(config_path, again, True, NO_FAULT) != 0:  # a finished run resumed: a same-step save
-        raise SystemExit("resuming the finished reference run failed")
+    if _train(config_path, stopped, False, NO_FAULT, "after-checkpoint") != 0:
+        raise SystemExit("the run stopped after its first checkpoint failed")
+    shutil.copytree(stopped, again)
+    if _train(config_path, again, True, NO_FAULT, "at-once") != 0:  # resumed and stopped: a same-step save
+        raise SystemExit("resuming and stopping the stopped run failed")
     os.environ.pop("HONE_FAULT_AT", None)
     chains = []
     if "save" in scenarios:
@@ -119,9 +131,9 @@ def main(config_path: str, work: str, scenarios: str) -> None:
         chains += [{"run_dir": str(work / f"save-{k}"), "copy_from": None, "resume": False, "fault_at": k}
                    for k in range(1, ops + 1)]
     if "rewrite" in scenarios:
-        ops = int((work / "reference-again.ops").read_text())
-        chains += [{"run_dir": str(work / f"rewrite-{k}"), "copy_from": str(reference), "resume": True,
-                    "fault_at": k} for k in range(1, ops + 1)]
+        ops = int((work / "stopped-again.ops").read_text())
+        chains += [{"run_dir": str(work / f"rewrite-{k}"), "copy_from": str(stopped), "resume": True,
+                    "fault_at": k, "stop": "at-once"} for k in range(1, ops + 1)]
     _run_chains(config_path, chains)
 
 

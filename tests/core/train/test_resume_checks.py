@@ -114,6 +114,9 @@ def test_max_steps_below_the_checkpoint_is_refused(tmp_path):
 def test_a_finished_run_resumed_at_the_same_length_is_refused_before_anything_is_written(tmp_path):
     trained = _config(tmp_path)
     run = _run_folder(tmp_path, trained, step=10)  # total_steps 10: the final checkpoint
+    _check(run, trained)  # killed after its last checkpoint, before it finished: the resume saves the adapter
+    (run / "run.json").write_text(json.dumps({"run_dir": str(run), "name": "run", "model": "m", "status": "finished",
+                                              "step": 10, "total_steps": 10}), encoding="utf-8")
     before = _snapshot(run)
     with pytest.raises(HoneError, match=r"has already finished: its newest checkpoint is step 10 of 10") as e:
         _check(run, trained)
