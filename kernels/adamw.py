@@ -10,10 +10,9 @@ computed on the host in double and passed in; `adamw_step_` says why, and why bf
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from hone.kernels._runtime import cdiv, launcher, sum_combine, use_triton
+from hone.kernels._triton import tl, triton
 
 # Streaming kernels: 2048 elements per program over 4 warps (16 per thread) keep HBM busy on Hopper without a long
 # tail; the optimizer buffers hold 1e7-1e9 values.

@@ -8,10 +8,9 @@ Function: the chunked loss (`hone.core.train.loss`) asks for each chunk's loss a
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from hone.kernels._runtime import launcher, sum_combine, use_triton
+from hone.kernels._triton import tl, triton
 
 try:  # the combine function tl.max reduces with (a plain function the interpreter can call, as sum_combine)
     from triton.language.standard import _elementwise_max as max_combine

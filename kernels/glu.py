@@ -11,10 +11,9 @@ activation is rounded to the activation dtype before the product, as the eager `
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from hone.kernels._runtime import cdiv, launcher, use_triton
+from hone.kernels._triton import tl, triton
 from hone.kernels.reference import GLU_ACTIVATIONS, glu_reference
 
 # Elementwise and memory bound: 1024 elements per program over 4 warps is 8 per thread, one 16-byte vector of

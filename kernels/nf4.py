@@ -12,10 +12,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 from hone.kernels._runtime import cdiv, compile_options, launcher, use_triton
+from hone.kernels._triton import tl, triton
 from hone.kernels.reference import nf4_absmax_reference, nf4_dequantize_reference
 
 # Bytes per program: 2048 outputs (4 KB of bf16) over 4 warps is 16 values per thread, wide enough for full

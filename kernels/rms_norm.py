@@ -11,10 +11,9 @@ Both weight styles of the supported families are computed with transformers' int
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from hone.kernels._runtime import cdiv, launcher, next_power_of_2, num_programs, sum_combine, use_triton
+from hone.kernels._triton import tl, triton
 from hone.kernels.reference import add_rms_norm_reference, rms_norm_reference
 
 # Whole rows live in registers; past this width they would spill, so wider rows use the reference.

@@ -10,10 +10,9 @@ restarting at 0 inside a row) and any RoPE scaling the model computes need nothi
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from hone.kernels._runtime import cdiv, launcher, next_power_of_2, use_triton
+from hone.kernels._triton import tl, triton
 from hone.kernels.reference import rope_reference
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

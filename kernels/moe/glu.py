@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from hone.kernels._runtime import launcher, sum_combine, use_triton
+from hone.kernels._triton import tl, triton
 
 # One program per row; Qwen3-30B-A3B's experts are 768 wide (1,536-wide gate_up rows). A 1024-column block covers
 # them in one step with 8 bf16 values (one 16-byte load) per thread of 4 warps; wider experts loop.

@@ -11,11 +11,10 @@ to the torch reference `router_top_k_reference`).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from hone.kernels._runtime import cdiv, launcher, next_power_of_2, sum_combine, use_triton
+from hone.kernels._triton import tl, triton
 
 try:  # the combine functions tl.max / tl.min reduce with (plain functions the interpreter can call)
     from triton.language.standard import _elementwise_max as max_combine

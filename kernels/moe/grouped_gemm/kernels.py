@@ -9,8 +9,7 @@ sizes, the per-group tile prefix, the naming chain): `hone.kernels.moe.grouped_g
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+from hone.kernels._triton import tl, triton
 
 
 @triton.jit
