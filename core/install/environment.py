@@ -57,7 +57,7 @@ def uv_install_command(plan: InstallPlan, *, uv: Path, venv: Path, wheel: Path, 
                        wheels: Path | None = None) -> list[str]:
     """The `uv pip install` that installs Hone's wheel with the plan's PyTorch.
 
-    A CUDA plan installs the wheel with its `gpu` extra (bitsandbytes, which only an NVIDIA GPU can use); a CPU
+    A CUDA plan installs the wheel with its `gpu` extra (bitsandbytes and Triton, which only an NVIDIA GPU uses); a CPU
     plan installs it without. With `wheels` (a folder of pre-downloaded wheels, for machines
     without internet or a closed mirror), uv looks there first and takes torch's build from it instead of
     PyTorch's index.

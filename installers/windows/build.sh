@@ -56,7 +56,7 @@ chmod +x "$UV"
 
 echo "==> locking the dependencies for Windows, Python 3.12 (within installers/constraints.txt)"
 # The wheel's own Requires-Dist lines are what the installer installs, so they are what is locked: those without an
-# extra, and the `gpu` extra's (bitsandbytes), which a CUDA install adds (hone.core.install.environment).
+# extra, and the `gpu` extra's (bitsandbytes, Triton), which a CUDA install adds (hone.core.install.environment).
 python3 - "$WHEEL" >"$WORK/requirements.in" <<'EOF'
 import re, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as wheel:
