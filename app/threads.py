@@ -157,9 +157,10 @@ def _accepts(fn: Callable, name: str) -> bool:
 TrainerFactory = Callable[[RunConfig, RunControl, "Path | None"], Iterable[Event]]
 
 
-def core_trainer(config: RunConfig, control: RunControl, resume: Path | None = None) -> Iterable[Event]:
-    """Events of a core Trainer run, continuing the run in `resume` when given (torch is imported here, on the
-    worker thread, when a run starts)."""
+def core_trainer(config: RunConfig, control: RunControl, resume: Path | None = None,
+                 data_changed: str = "refuse") -> Iterable[Event]:
+    """Events of a core Trainer run, continuing the run in `resume` when given, on training data that changed since
+    its checkpoint as `data_changed` says (torch is imported here, on the worker thread, when a run starts)."""
     import torch
 
     from hone.core.train.trainer import Trainer
@@ -170,7 +171,7 @@ def core_trainer(config: RunConfig, control: RunControl, resume: Path | None = N
 
     if resume is None:
         return Trainer(config, control).run()
-    return Trainer(config, control, resume_dir=resume).run()
+    return Trainer(config, control, resume_dir=resume, data_changed=data_changed).run()
 
 
 class TrainWorker(QObject):
@@ -180,15 +181,19 @@ class TrainWorker(QObject):
     finished = Signal()
 
     def __init__(self, config: RunConfig, control: RunControl, trainer: TrainerFactory = core_trainer,
-                 resume: Path | None = None):
+                 resume: Path | None = None, data_changed: str = "refuse"):
         super().__init__()
         self._config, self._control, self._trainer, self._resume = config, control, trainer, resume
+        # only a factory that takes the choice is given it (test doubles take config, control, resume)
+        self._extra = {"data_changed": data_changed} if data_changed != "refuse" else {}
+        if self._extra and not _accepts(trainer, "data_changed"):
+            raise TypeError(f"{trainer} takes no data_changed")
 
     @Slot()
     def run(self) -> None:
         ended = False
         try:
-            for event in self._trainer(self._config, self._control, self._resume):
+            for event in self._trainer(self._config, self._control, self._resume, **self._extra):
                 ended = ended or isinstance(event, (RunFinished, RunFailed))
                 self.event.emit(event)
         except Exception as e:
@@ -216,20 +221,22 @@ class TrainSession(QObject):
         self._worker: TrainWorker | None = None
         self.control: RunControl | None = None
         self.config: RunConfig | None = None
+        self.resume_dir: Path | None = None  # the run folder the last start continued, if it was a resume
 
     @property
     def is_running(self) -> bool:
         return self._thread is not None
 
-    def start(self, config: RunConfig, resume: Path | None = None) -> None:
-        """Start a run (or continue the one in `resume`) on a new thread."""
+    def start(self, config: RunConfig, resume: Path | None = None, data_changed: str = "refuse") -> None:
+        """Start a run (or continue the one in `resume`, on changed training data as `data_changed` says) on a new
+        thread."""
         if self.is_running:
             raise RuntimeError("a run is already going; stop it first")
-        self.config = config
+        self.config, self.resume_dir = config, resume
         self.control = RunControl()
         self._thread = QThread()
         self._thread.setObjectName("trainer")
-        self._worker = TrainWorker(config, self.control, self._trainer, resume)
+        self._worker = TrainWorker(config, self.control, self._trainer, resume, data_changed)
         self._worker.moveToThread(self._thread)
         self._thread.started.connect(self._worker.run)
         self._worker.event.connect(self._relay)
@@ -238,10 +245,11 @@ class TrainSession(QObject):
         self._thread.start()
         self.running_changed.emit(True)
 
-    def resume_run(self, run_dir: Path) -> None:
-        """Continue a stopped or crashed run from its last checkpoint, with the config it was started with."""
+    def resume_run(self, run_dir: Path, data_changed: str = "refuse") -> None:
+        """Continue a stopped or crashed run from its last checkpoint, with the config it was started with;
+        `data_changed` (restart-epoch | continue) when its training data changed and the user chose how to go on."""
         run_dir = Path(run_dir)
-        self.start(RunConfig.load(run_dir / "config.toml"), resume=run_dir)
+        self.start(RunConfig.load(run_dir / "config.toml"), resume=run_dir, data_changed=data_changed)
 
     def pause(self) -> None:
         if self.control:

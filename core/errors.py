@@ -7,7 +7,10 @@ INSTALL_BITSANDBYTES = 'pip install "hone-studio[gpu]" (bitsandbytes, NVIDIA GPU
 
 
 class HoneError(Exception):
-    """A problem the user can fix. `message` says what is wrong, `advice` what to do about it."""
+    """A problem the user can fix. `message` says what is wrong, `advice` what to do about it; `code` names the kind
+    of problem for a front end that offers the fix itself (RunFailed carries it), "" for most."""
+
+    code = ""
 
     def __init__(self, message: str, advice: str = ""):
         super().__init__(message)

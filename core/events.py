@@ -145,6 +145,7 @@ class RunFailed(Event):
     advice: str = ""
     step: int = 0
     details: str = ""  # traceback for the log, never shown as the message
+    code: str = ""  # the HoneError's code: a kind of failure a front end can offer to fix ("data-changed")
 
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in (

@@ -398,6 +398,10 @@ class MonitorPage(Page):
             self.pause_button.setIcon(icon("play" if self.status == "paused" else "pause", self.palette_.text, 14))
 
     def _show_failure(self, event: RunFailed) -> None:
+        resumed = self.state.session.resume_dir
+        if event.code == "data-changed" and resumed is not None:
+            self._ask_how_to_go_on(event, resumed)
+            return
         advice = event.advice or advice_for(event.reason)
         box = QMessageBox(QMessageBox.Warning, "Training failed", event.reason, QMessageBox.Ok, self)
         box.setInformativeText(advice[0].upper() + advice[1:] if advice else "See the log on the Monitor page.")
@@ -407,6 +411,39 @@ class MonitorPage(Page):
         box.open()
         self.failure_dialog = box
         self.failure_shown.emit(event)
+
+    def _ask_how_to_go_on(self, event: RunFailed, run_dir: Path) -> None:
+        """A resume found other training data than its checkpoint was trained on: offer the two ways on (the CLI's
+        --data-changed), or leave the run as it is."""
+        box = QMessageBox(QMessageBox.Question, "The training data changed", event.reason, QMessageBox.Cancel, self)
+        box.setInformativeText(
+            "Go on with this run on the data as it is now? Restarting the epoch begins it again on the new rows. "
+            "Going on keeps the run's place in the data order, so some rows may come twice in this epoch, or not "
+            "before the next. To train on the new data from the start, start a new run from the Train page.")
+        restart = box.addButton("Restart the epoch", QMessageBox.AcceptRole)
+        go_on = box.addButton("Go on where it stopped", QMessageBox.AcceptRole)
+        choices = {restart: "restart-epoch", go_on: "continue"}
+        box.buttonClicked.connect(lambda button: self._resume_with(run_dir, choices.get(button)))
+        box.setModal(False)
+        box.open()
+        self.failure_dialog = box
+        self.failure_shown.emit(event)
+
+    def _resume_with(self, run_dir: Path, data_changed: str | None) -> None:
+        """Resume `run_dir` on its changed data as chosen, once the failed attempt's thread has ended."""
+        if data_changed is None:
+            return
+        session = self.state.session
+        if not session.is_running:
+            session.resume_run(run_dir, data_changed=data_changed)
+            return
+
+        def when_ended(running: bool) -> None:
+            if not running:
+                session.running_changed.disconnect(when_ended)
+                session.resume_run(run_dir, data_changed=data_changed)
+
+        session.running_changed.connect(when_ended)
 
     # ---- numbers ----
     def _update_tiles(self) -> None:

@@ -359,7 +359,7 @@ class ResumeCheck:
         message = (f"the training files are the ones step {self.step} was trained on, but they tokenize into other "
                    f"rows ({what}), so the packs and the place in the data would not be the ones trained")
         if self.data_changed == "refuse":
-            raise HoneError(message, self._data_advice("the data as it tokenizes now"))
+            raise TrainingDataChanged(message, self._data_advice("the data as it tokenizes now"))
         self.data_diff.setdefault("train", []).append("tokenized rows")
         return [Notice(topic=TOPIC, level="warning", step=self.step + 1,
                        message=f"{message}; going on as --data-changed {self.data_changed} says")]
@@ -377,6 +377,13 @@ class ResumeCheck:
             f"up to step {self.step} (the memory fit picks it from the memory free at each start); it keeps "
             f"{trained} so the data order stays the one trained (a step that runs out of memory runs again as "
             "smaller micro-batches of the same rows)"))]
+
+
+class TrainingDataChanged(HoneError):
+    """A resume found other training data than the checkpoint was trained on, and was not told what to do: go on
+    with `data_changed` restart-epoch or continue (the Studio asks)."""
+
+    code = "data-changed"
 
 
 def check_resume(run_dir: str | Path, config: RunConfig, data_changed: str = "refuse", *,
@@ -475,8 +482,8 @@ def _check_data(check: ResumeCheck) -> None:
     if check.train_changed:
         what = "; ".join(check.data_diff["train"])
         if mode == "refuse":
-            raise HoneError(f"the training data changed since checkpoint {check.checkpoint.name} (step {step}) was "
-                            f"saved: {what}", check._data_advice("the data as it is now"))
+            raise TrainingDataChanged(f"the training data changed since checkpoint {check.checkpoint.name} (step "
+                                      f"{step}) was saved: {what}", check._data_advice("the data as it is now"))
         how = (f"epoch {int(check.state.get('epoch', 0)) + 1} starts over on the new data" if mode == "restart-epoch"
                else "the run goes on at the same place in the data order, now the new data's: rows may come twice "
                "in this epoch, or not before the next")

@@ -88,7 +88,7 @@ class Trainer:
         try:
             yield from self._run()
         except HoneError as e:
-            yield self._emit(events.RunFailed(reason=e.message, advice=e.advice, step=self.step))
+            yield self._emit(events.RunFailed(reason=e.message, advice=e.advice, step=self.step, code=e.code))
         except torch.OutOfMemoryError:
             used = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
             yield self._emit(events.RunFailed(
