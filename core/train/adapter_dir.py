@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,40 @@ def base_model(model_cfg) -> BaseModel:
 
 
 def save_adapter(peft_model, tokenizer, folder: Path, config, *, steps: int, final_loss: float | None) -> Path:
-    """Write adapter_model.safetensors + adapter_config.json (peft), tokenizer files and README.md."""
+    """Write adapter_model.safetensors + adapter_config.json (peft), tokenizer files and README.md into a folder
+    beside `folder`, then put it in place of `folder`: an adapter saved before (a stopped run resumed) stays whole
+    until the new one is.
+
+    Raises:
+        HoneError: the disk is full (nothing of the new adapter is left, the old one is as it was).
+    """
+    from hone.core.train.run_dir import disk_full_error, is_disk_full
+
     folder = Path(folder)
+    staging = folder.with_name(f".tmp-{folder.name}")
+    shutil.rmtree(staging, ignore_errors=True)  # a save a kill cut short
+    try:
+        _write_adapter(peft_model, tokenizer, staging, config, steps=steps, final_loss=final_loss)
+        _put_in_place(staging, folder)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(e):
+            raise disk_full_error(e, "the adapter", folder.parent) from e
+        raise
+    return folder
+
+
+def _put_in_place(staging: Path, folder: Path) -> None:
+    """Rename `staging` to `folder`; an existing `folder` is set aside first and removed once the new one is in."""
+    aside = folder.with_name(f".old-{folder.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    if folder.exists():
+        folder.rename(aside)
+    staging.rename(folder)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _write_adapter(peft_model, tokenizer, folder: Path, config, *, steps: int, final_loss: float | None) -> None:
     peft_model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     # peft records the path it loaded from (for a GGUF that is Hone's conversion cache); record the base as
@@ -90,4 +123,3 @@ def save_adapter(peft_model, tokenizer, folder: Path, config, *, steps: int, fin
         steps=steps, loss="n/a" if final_loss is None else f"{final_loss:.4f}", r=lora.r, alpha=lora.alpha,
         dropout=lora.dropout, targets=", ".join(lora.targets), rslora=", rsLoRA" if lora.rslora else ""),
         encoding="utf-8")
-    return folder
