@@ -65,6 +65,7 @@ MAX_WEIGHT_DECAY = 1.0
 MAX_SEED = 2**31 - 1
 # Checkpoints kept: each holds the adapter and the optimizer state; a thousand fills any disk long before.
 MAX_KEEP_CHECKPOINTS = 1000
+REPORTERS = ("tensorboard", "wandb")  # what output.report_to may name (hone.core.train.reporting)
 # output.name: run folders hold files named after the run (a GGUF export adds "-q8_0.gguf"), and file names stop at
 # 255 bytes on most file systems; 100 bytes leave room and keep Windows paths under their 260 characters.
 MAX_NAME_BYTES = 100
@@ -350,10 +351,17 @@ class OutputConfig(_Section):
     checkpoint_every: int = _f(0, "Save a resumable checkpoint every N optimizer steps (and always on stop); "
                                "0 = only at the end and on stop.", min=0, max=MAX_STEPS)
     keep_checkpoints: int = _f(2, "How many recent checkpoints to keep.", min=1, max=MAX_KEEP_CHECKPOINTS)
+    report_to: list[str] = _f([], "Also send step and eval metrics to: tensorboard (a tensorboard/ folder in the "
+                              "run folder; needs the tensorboard package), wandb (Weights & Biases; needs wandb and "
+                              "its login, and sends them over the network). Empty = the run folder only.")
 
     def check(self) -> None:
         if self.name:
             check_name(self.name)
+        unknown = [name for name in self.report_to if name not in REPORTERS]
+        if unknown or len(set(self.report_to)) < len(self.report_to):
+            raise ConfigError(f"output.report_to is {self.report_to}: each of {', '.join(REPORTERS)} at most once",
+                              'e.g. output.report_to = ["tensorboard"]')
 
 
 SECTIONS: dict[str, type[_Section]] = {

@@ -98,7 +98,7 @@ ON_RESUME: dict[str, Rule] = {
     **{f"speed.{f.name}": _HOW for f in dataclasses.fields(SECTIONS["speed"])},
     "speed.packing": _ORDER,
     "output.runs_dir": _FOLDER, "output.name": _FOLDER,
-    "output.checkpoint_every": _SAVING, "output.keep_checkpoints": _SAVING,
+    "output.checkpoint_every": _SAVING, "output.keep_checkpoints": _SAVING, "output.report_to": _SAVING,
 }
 # A setting added to the config later is refused until it gets its own rule (a test asks for one per setting).
 _UNKNOWN = Rule("refused", "it is not known to be safe to change in a resumed run")

@@ -26,6 +26,7 @@ from hone.core.train import preflight
 from hone.core.train.adapter_dir import save_adapter
 from hone.core.train.lora import apply_lora
 from hone.core.train.optim import build_optimizer, build_scheduler
+from hone.core.train.reporting import check_reporters, close_reporters, open_reporters
 from hone.core.train.resume_checks import RunFacts
 from hone.core.train.run_dir import ADAPTER_DIR, RunWriter, new_run_dir
 from hone.core.train.step import PackStream, StepRunner, split_packs
@@ -67,6 +68,7 @@ class Trainer:
         self.memory = None  # the memory the run may use (hone.core.memory.run_plan.Memory), read on a GPU
         self.predicted: float | None = None  # the planner's peak of a step, bytes
         self.memory_meter = None  # measures the preflight (preflight.CudaMeter on a GPU)
+        self.reporters: list = []  # output.report_to, opened once the run knows the step it starts from
         self.writer: RunWriter | None = None
         self.step_loop: StepRunner | None = None
         self.model = None  # the peft model once loaded (tests and the demo read it after the run)
@@ -76,6 +78,8 @@ class Trainer:
     def _emit(self, event: events.Event) -> events.Event:
         if self.writer is not None:
             self.writer.write(event)  # metrics.jsonl, and train.log in words
+        for reporter in self.reporters:  # output.report_to: TensorBoard, W&B
+            reporter.report(event)
         return event
 
     def run(self) -> Iterator[events.Event]:
@@ -107,6 +111,8 @@ class Trainer:
         finally:
             if self.step_loop is not None:
                 self.step_loop.close()
+            close_reporters(self.reporters)
+            self.reporters = []
             if self.writer is not None:
                 self.writer.close()
 
@@ -115,6 +121,7 @@ class Trainer:
         config, device = self.config, self.device
         # Hashes the data; a resume that would change what the run trains is refused here, before any write.
         facts = self.facts = RunFacts(config, self.resume_dir, self.data_changed)
+        check_reporters(config)  # a reporter that is not installed: said before anything is written
         run_dir = self.resume_dir or new_run_dir(config)
         self.writer = RunWriter(run_dir, config, created=self.resume_dir is None)  # locks the folder for the run
         self.writer.log(f"run folder {run_dir}, device {device}")
@@ -183,6 +190,7 @@ class Trainer:
                     yield self._emit(notice)
             self.writer.forget_steps_after(self.step)  # metrics.jsonl: the steps trained again are written again
 
+        self.reporters = open_reporters(config, run_dir, resumed_from=self.step)
         yield self._emit(events.RunStarted(
             run_dir=str(run_dir), model=info.name, device=device, dtype=str(dtype).replace("torch.", ""),
             params_total=lora_report.total, params_trainable=lora_report.trainable, total_steps=total,
