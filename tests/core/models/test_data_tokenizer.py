@@ -3,6 +3,7 @@ every kind of model name, without reading (or converting) any weights."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -57,10 +58,12 @@ def test_data_page_and_data_check_tokenize_rows_alike(tmp_path, monkeypatch):
 def test_a_gguf_s_tokenizer_is_the_one_its_conversion_saves(tmp_path, monkeypatch):
     """Before a run converted the GGUF the tokenizer is built from its metadata; after, it is read from the converted
     folder a run trains from. Both are the same tokenizer (definition, special tokens, ids)."""
+    shared = os.environ["HONE_CACHE"]  # the test session's cache, where the bundled model is converted once
     monkeypatch.setenv("HONE_CACHE", str(tmp_path / "cache"))
     model_cfg = ModelConfig(name_or_path=DEMO_MODEL)
-    from_metadata = tokenizer_for(model_cfg)
-    folder = gguf_folder(smollm2_gguf())  # what load_model trains from (reads every weight: slow)
+    from_metadata = tokenizer_for(model_cfg)  # a cache with no conversion in it
+    monkeypatch.setenv("HONE_CACHE", shared)
+    folder = gguf_folder(smollm2_gguf())  # what load_model trains from (reads every weight: slow the first time)
     from_conversion = tokenizer_for(model_cfg)
     assert Path(from_conversion.name_or_path) == folder
     assert tokenizer_fingerprint(from_conversion) == tokenizer_fingerprint(from_metadata)
