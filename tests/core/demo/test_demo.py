@@ -23,17 +23,17 @@ def test_held_out_people_never_appear_in_training():
 
 
 def test_demo_command_runs_end_to_end(tmp_path, capsys):
-    """A short `hone demo` (2 steps, 4 held-out rows) on the real bundled SmolLM2: it loads, scores, trains,
+    """A short `hone demo` (1 step, 2 held-out rows) on the real bundled SmolLM2: it loads, scores, trains,
     writes the adapter and prints the before/after table."""
     from hone.core.cli import main
 
-    code = main(["demo", "--runs-dir", str(tmp_path), "--steps", "2", "--eval-rows", "4"])
+    code = main(["demo", "--runs-dir", str(tmp_path), "--steps", "1", "--eval-rows", "2"])
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
     assert "held-out exact match" in err and "+ Hone LoRA" in err
     for who in ("the base model", "the fine-tuned model"):  # each silent scoring says it starts and ends, once
-        assert err.count(f"scoring {who} on 4 held-out rows ...\n") == 1, err[-3000:]
-        assert err.count(f"scoring {who} on 4 held-out rows: 4 rows scored, done in ") == 1, err[-3000:]
+        assert err.count(f"scoring {who} on 2 held-out rows ...\n") == 1, err[-3000:]
+        assert err.count(f"scoring {who} on 2 held-out rows: 2 rows scored, done in ") == 1, err[-3000:]
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
-    assert json.loads((run_dir / "run.json").read_text())["step"] == 2
+    assert json.loads((run_dir / "run.json").read_text())["step"] == 1
