@@ -119,6 +119,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _clear_note(fd: int) -> None:
+    """Empty the holder's note; where the system refuses to shorten a file with a locked range, blank it instead
+    (read_holder reads blanks as no note)."""
+    try:
+        os.ftruncate(fd, 0)
+    except OSError:
+        size = min(os.fstat(fd).st_size, _WINDOWS_LOCK_OFFSET)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, b" " * size)
+
+
 def _busy(run_dir: Path) -> RunFolderBusy:
     return RunFolderBusy(
         f"the run folder {run_dir} is in use: {describe_holder(read_holder(run_dir))} is training in it",
@@ -182,7 +193,7 @@ class RunLock:
         fd, self._fd = self._fd, None
         try:
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
+                _clear_note(fd)
             _unlock(fd)
         finally:
             os.close(fd)

@@ -250,3 +250,20 @@ def test_a_run_whose_process_was_killed_reads_as_interrupted_and_one_training_el
     assert live_summary(run_dir).status == "running"
     (run_dir / LOCK_FILE).unlink()
     assert in_use(run_dir) is False
+
+
+def test_a_released_lock_leaves_no_holder_even_where_the_note_cannot_be_shortened(tmp_path, monkeypatch):
+    from hone.core.train import run_lock
+
+    for refuse_truncate in (False, True):
+        run_dir = tmp_path / f"run-{refuse_truncate}"
+        run_dir.mkdir()
+        lock = run_lock.RunLock.acquire(run_dir)
+        assert run_lock.read_holder(run_dir)["pid"] == os.getpid()
+        if refuse_truncate:  # as Windows may for a file with a locked range
+            def refuse(fd, length):
+                raise PermissionError(13, "the file has a locked range")
+
+            monkeypatch.setattr(run_lock.os, "ftruncate", refuse)
+        lock.release()
+        assert run_lock.read_holder(run_dir) == {} and run_lock.in_use(run_dir) is False
