@@ -309,6 +309,16 @@ class SpeedConfig(_Section):
     packing: bool = _f(True, "Pack several rows into one (no padding); sequence boundaries are respected.")
     attention: str = _f("auto", "Attention for packed rows: varlen (torch), flash (flash-attn), sdpa (block "
                         "mask built once per batch), hf (transformers' own).", choices=ATTENTION_BACKENDS)
+    long_row_attention: str = _f("auto", "With varlen attention: each long sequence (thousands of tokens) through "
+                                 "cuDNN attention in a call of its own, the shorter ones together in one varlen call. "
+                                 "auto = on Hopper GPUs, where it was measured faster; on = on any NVIDIA GPU where "
+                                 "its check passes; off = one varlen call for every sequence.",
+                                 choices=("auto", "on", "off"))
+    keep_long_row_attention: bool = _f(True, "With long rows through cuDNN and activation checkpointing: a layer "
+                                       "keeps its long-row attention (inputs, output and what its backward reads) "
+                                       "from the forward instead of computing it again in backward, while the "
+                                       "GPU's allocated memory stays under half of its total. Faster; uses "
+                                       "memory the step would otherwise leave free.")
     loss: str = _f("chunked", "chunked = cross-entropy over the LM head in chunks, never all logits at once; "
                    "plain = full logits.", choices=("chunked", "plain"))
     checkpoint: str = _f("auto", "Activation checkpointing: off, gpu (recompute), offload (to pinned CPU "

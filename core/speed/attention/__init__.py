@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from hone.core.speed.attention import backends
+from hone.core.speed.attention.long_rows import LongRows
 
 # Names registered with transformers' AttentionInterface. They avoid "flash" and "sdpa" on purpose: transformers
 # switches on those substrings in a few places (e.g. `is_flash_attention_requested`).
@@ -81,7 +82,9 @@ def register_varlen(options: backends.VarlenOptions, per_layer_metadata: bool = 
     name = IMPLEMENTATIONS["varlen"]
     for field in fields(options):
         value = getattr(options, field.name)
-        if value != getattr(plain, field.name):
+        if isinstance(value, LongRows):
+            name += f"_{value.tag()}"
+        elif value != getattr(plain, field.name):
             name += f"_{field.name}" if value else f"_no_{field.name}"
     fn = backends.varlen_attention
     if per_layer_metadata:
@@ -251,6 +254,80 @@ def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool
     return None
 
 
+# ---- long rows through cuDNN -------------------------------------------------------------------------------------
+
+# The probe's own threshold and lengths: one long sequence whose bucket reaches into the next sequence's tokens, one
+# whose bucket runs past the batch's end (zero rows), and short runs around them.
+_PROBE_THRESHOLD = 200
+_PROBE_LENGTHS = [37, 300, 5, 260, 9]
+
+
+def probe_long_rows(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
+                    varlen: backends.VarlenOptions, threshold: int) -> LongRows | str:
+    """Run the long-row path once on the device (through `backends._varlen`, as a layer calls it) against a dense
+    reference, output and the q, k, v gradients; returns the way of calling cuDNN that passed (grouped heads as
+    they are or expanded, views or contiguous copies), else why the path cannot be used."""
+    from hone.core.speed.checkpointing.layer_groups import register_batch
+
+    candidates = [LongRows(threshold, gqa_flag, contiguous) for contiguous in (False, True)
+                  for gqa_flag in ((True, False) if heads != kv_heads else (True,))]
+    failures = []
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    total = sum(_PROBE_LENGTHS)
+    cu = torch.tensor([0, *torch.tensor(_PROBE_LENGTHS).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    register_batch(cu, _PROBE_LENGTHS)
+    q, k, v = (torch.randn(1, h, total, head_dim, generator=generator).to(device, dtype)
+               for h in (heads, kv_heads, kv_heads))
+    grad_out = torch.randn(total, heads, head_dim, generator=generator).to(device)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = sink_attention_reference(*leaves, backends.block_causal_mask(cu, total), None)
+    (ref * grad_out).sum().backward()
+    for candidate in candidates:
+        options = replace(varlen, long_rows=replace(candidate, threshold=_PROBE_THRESHOLD), grouped_backward=False)
+        inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+        try:
+            out = backends._varlen(*inputs, cu, max(_PROBE_LENGTHS), None, None, options=options)
+            (out.float() * grad_out).sum().backward()
+        except Exception as exc:  # a kernel that cannot run this way here: try the next way, then report
+            failures.append(f"{candidate.tag()}: {type(exc).__name__}: {exc}")
+            continue
+        errors = {"output": _relative_error(out.detach(), ref.detach())}
+        errors |= {name: _relative_error(t.grad, leaf.grad)
+                   for name, t, leaf in zip(("dq", "dk", "dv"), inputs, leaves, strict=True)}
+        bad = {name: f"{err:.3g}" for name, err in errors.items() if not err <= _PROBE_TOLERANCE}
+        if not bad:
+            return candidate
+        failures.append(f"{candidate.tag()}: relative errors {bad} against the dense reference")
+    return "cuDNN attention failed its check on this device (" + "; ".join(failures) + ")"
+
+
+def _long_rows(model, speed_cfg, device: torch.device, varlen: backends.VarlenOptions) -> tuple[LongRows | None, str]:
+    """The long-row path for a varlen run (`speed.long_row_attention`), and a few words on the choice."""
+    from hone.core.speed.attention.long_rows import KEEP_MEMORY_FRACTION, LONG_ROW_TOKENS
+
+    setting = getattr(speed_cfg, "long_row_attention", "off")
+    if setting == "off":
+        return None, "long rows in the same varlen call (speed.long_row_attention = off)"
+    if varlen.grouped_backward or _has_sinks(model):
+        return None, ""
+    if not torch.backends.cudnn.is_available():
+        return None, "long rows in the same varlen call (cuDNN is not available)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if setting == "auto" and major != 9:
+        return None, (f"long rows in the same varlen call: auto sends them to cuDNN attention on Hopper GPUs, where "
+                      f"it was measured faster; this one is sm_{major}{minor} (speed.long_row_attention = on tries "
+                      "it)")
+    probed = probe_long_rows(device, _model_dtype(model), *_attention_shape(model)[:3], varlen, LONG_ROW_TOKENS)
+    if isinstance(probed, str):
+        return None, f"long rows in the same varlen call: {probed}"
+    said = f"sequences of {probed.threshold:,} tokens or more through cuDNN attention, one call each"
+    if getattr(speed_cfg, "keep_long_row_attention", False):
+        probed = replace(probed, keep=True)
+        said += (" (with checkpointing, kept from the forward for the backward while allocated memory stays under "
+                 f"{KEEP_MEMORY_FRACTION:.0%} of the GPU's)")
+    return probed, said
+
+
 # ---- the choice --------------------------------------------------------------------------------------------------
 
 def choose(model, requested: str, device: torch.device | str) -> tuple[str, str, backends.VarlenOptions | None]:
@@ -343,6 +420,10 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
             else:
                 varlen = replace(varlen, grouped_backward=True)
                 reason += "; backward a group of whole sequences at a time"
+        long, said = _long_rows(model, speed_cfg, torch.device(device), varlen)
+        if long is not None:
+            varlen = replace(varlen, long_rows=long)
+        reason += f"; {said}" if said else ""
         implementation = register_varlen(varlen)
     else:
         implementation = IMPLEMENTATIONS[name]

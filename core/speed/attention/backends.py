@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hone.core.speed.attention.long_rows import LongRows
+
 
 @dataclass
 class AttentionStats:
@@ -266,6 +268,7 @@ class VarlenOptions:
     repeat_kv: bool = False
     lse: bool = False  # returns the log-sum-exp on request (`return_aux`): what attention sinks need
     grouped_backward: bool = False  # back-propagate a group of whole sequences at a time (grouped_backward.py)
+    long_rows: LongRows | None = None  # long sequences through a dense kernel (long_rows.py)
 
 
 @functools.cache
@@ -314,7 +317,8 @@ def _rows_by_heads(lse: torch.Tensor, tokens: int, heads: int) -> torch.Tensor:
     return lse if lse.shape == (tokens, heads) else lse.transpose(0, 1)
 
 
-def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options: VarlenOptions | None = None):
+def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options: VarlenOptions | None = None,
+            module=None):
     from torch.nn.attention.varlen import varlen_attn
 
     options = options or varlen_signature()
@@ -337,6 +341,15 @@ def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options
 
     def attend(q, k, v, cu, max_len):
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+    long = options.long_rows
+    if (long is not None and sinks is None and window is None and not options.grouped_backward
+            and max_len >= long.threshold):
+        from hone.core.speed.attention import long_rows
+
+        span_list = long_rows.spans(cu, long.threshold)
+        if span_list is not None and span_list[-1].end == q.shape[0]:
+            return long_rows.attention(q, k, v, cu, span_list, scaling, attend, long, module)
 
     if sinks is not None:
         if not options.lse or options.grouped_backward:
@@ -367,7 +380,7 @@ def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, opt
         cu, max_len = _packed_metadata(kwargs)
     _count("packed_calls")
     out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window), sinks=kwargs.get("s_aux"),
-                  options=options)
+                  options=options, module=module)
     return out.view(query.shape[0], query.shape[2], query.shape[1], -1), None
 
 

@@ -44,6 +44,25 @@ def is_recomputing() -> bool:
     return _RECOMPUTING > 0
 
 
+_FIRST_FORWARD = 0  # > 0 while a checkpointed layer runs its (no-grad) forward, the one its backward recomputes
+
+
+def is_checkpointed_forward() -> bool:
+    """True in the forward of a checkpointed layer: what is computed here is computed again in its backward, unless
+    kept (long-row attention keeps its graph, `hone.core.speed.attention.long_rows`)."""
+    return _FIRST_FORWARD > 0
+
+
+@contextlib.contextmanager
+def _first_forward():
+    global _FIRST_FORWARD
+    _FIRST_FORWARD += 1
+    try:
+        yield
+    finally:
+        _FIRST_FORWARD -= 1
+
+
 # > 0 while a checkpointer that back-propagates layers in sequence groups runs a layer's (no-grad) forward
 _PIECEWISE_FORWARD = 0
 
@@ -154,7 +173,7 @@ class _CheckpointedLayer(torch.autograd.Function):
         ctx.state = _capture_state(hidden.device)
         ctx.layer_input = checkpointer.save(hidden, layer)
         version = hidden._version
-        with _pieces(checkpointer.group_tokens != 0):
+        with _pieces(checkpointer.group_tokens != 0), _first_forward():
             out = run(hidden)
         if hidden._version != version:
             # The copy saved for backward (queued on another stream, or this very tensor) would not be the input

@@ -66,7 +66,7 @@ class SequenceGroup:
 class _Batch:
     cu: weakref.ref
     seq_lens: tuple[int, ...]
-    groups: dict  # max_tokens -> list[SequenceGroup]
+    groups: dict  # max_tokens -> list[SequenceGroup]; other keys: see `registered`
 
 
 # Packed batches in flight, keyed by the identity of their device `cu_seqlens` (what every layer call carries).
@@ -80,6 +80,14 @@ def register_batch(cu_seqlens: torch.Tensor, seq_lens: list[int] | tuple[int, ..
     _BATCHES[:] = [b for b in _BATCHES if b.cu() is not None and b.cu() is not cu_seqlens]
     _BATCHES.insert(0, _Batch(weakref.ref(cu_seqlens), tuple(int(n) for n in seq_lens), {}))
     del _BATCHES[_KEEP:]
+
+
+def registered(cu_seqlens: torch.Tensor) -> tuple[tuple[int, ...], dict] | None:
+    """(host-side sequence lengths, a dict that lives as long as the batch) of a registered batch, else None.
+
+    The dict is where what is derived from the lengths once per batch is kept (keyed by its maker)."""
+    batch = next((b for b in _BATCHES if b.cu() is cu_seqlens), None)
+    return None if batch is None else (batch.seq_lens, batch.groups)
 
 
 def groups_for(cu_seqlens: torch.Tensor, max_tokens: int) -> list[SequenceGroup] | None:

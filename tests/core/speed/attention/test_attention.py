@@ -284,7 +284,7 @@ def test_sink_models_on_a_gpu_take_varlen_through_its_sink_probe_else_the_block_
 
 def _cpu_varlen(seen: list):
     """Stand-in for the CUDA varlen kernel on the CPU: packed causal SDPA, recording the options of each call."""
-    def attend(query, key, value, cu, max_len, scaling, window, sinks=None, options=None):
+    def attend(query, key, value, cu, max_len, scaling, window, sinks=None, options=None, module=None):
         seen.append(options)
         total = query.shape[2]
         groups = query.shape[1] // key.shape[1]

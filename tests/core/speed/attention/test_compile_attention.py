@@ -15,7 +15,7 @@ from torch._dynamo.testing import CompileCounter
 from hone.core.speed.attention import backends
 
 
-def _sdpa_varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options=None):
+def _sdpa_varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options=None, module=None):
     """(B, H, T, D) query/key/value -> (B * T, H, D), like torch's varlen_attn, for the CPU (no sinks here)."""
     assert sinks is None
     total = query.shape[2]
