@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The config keys MoE families use for their number of routed experts, and for experts per token (first set wins).
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "moe_k")
+
+
+def config_value(config, keys: tuple[str, ...]) -> int:
+    """The first of `keys` set on `config` (an object or a dict), as an int; 0 when none is."""
+    get = config.get if isinstance(config, dict) else (lambda key: getattr(config, key, None))
+    return next((int(value) for key in keys if (value := get(key))), 0)
+
 
 @dataclass(frozen=True)
 class ModelInfo:

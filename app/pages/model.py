@@ -14,6 +14,7 @@ from hone.app.threads import Task, TaskError
 from hone.app.widgets.common import Card, InfoGrid, StatTile, human_bytes, human_count, label, set_role
 from hone.app.widgets.config_form import in_words
 from hone.core.config import DEMO_MODEL
+from hone.core.moe_families import family_of
 
 DETAILS = ["Architecture", "Model type", "Layers", "Hidden size", "Vocabulary", "Context length", "Source",
            "Experts"]
@@ -88,6 +89,12 @@ class ModelPage(Page):
         self.details = InfoGrid(DETAILS)
         details.body.addWidget(self.details)
         self.body.addWidget(details)
+        self.family_card = Card("Mixture of experts", "What Hone runs for this model's family, and what stays on "
+                                "transformers' path (the run's first lines say what was checked on the weights).")
+        self.family_text = label("", wrap=True, selectable=True)
+        self.family_card.body.addWidget(self.family_text)
+        self.family_card.hide()
+        self.body.addWidget(self.family_card)
         self.body.addStretch(1)
 
         self._refresh_recents()
@@ -186,6 +193,26 @@ class ModelPage(Page):
         self.details.set("Source", str(info.get("source_kind", "—")))
         self.details.set("Experts", f"{info.get('num_experts')} (top-{info.get('experts_per_token')})"
                          if info.get("is_moe") else "none (dense)")
+        self._show_family(info)
+
+    def _show_family(self, info: dict[str, Any]) -> None:
+        """The MoE family's row of the family table; hidden for dense models."""
+        if not info.get("is_moe"):
+            self.family_card.hide()
+            return
+        model_type = str(info.get("model_type", ""))
+        family = family_of(model_type)
+        experts = ("experts: Hone's grouped GEMMs with LoRA per expert, where transformers stores them as 3-D "
+                   "weights (checked when the model loads)")
+        if family is None:
+            lines = [f"{model_type}: a family without a row in Hone's table", experts]
+        else:
+            lines = [family.name, f"router: {family.router}", experts, f"attention: {family.attention}"]
+            if family.plain:
+                lines.append(f"on transformers' path: {family.plain}")
+        lines.append("GGUF export: not for MoE models yet (export merged, then convert with llama.cpp)")
+        self.family_text.setText("\n".join(lines))
+        self.family_card.show()
 
     def apply_palette(self, palette: Palette) -> None:
         super().apply_palette(palette)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, config_value
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -41,7 +43,7 @@ class ModelShape:
         if text is not None:
             return cls.from_config(text, name)
         hidden, heads = int(get("hidden_size")), int(get("num_attention_heads"))
-        experts = int(get("num_experts") or get("num_local_experts") or get("n_routed_experts") or 0)
+        experts = config_value(config, EXPERT_COUNT_KEYS)
         layers = int(get("num_hidden_layers"))
         dense_layers = 0
         if experts:
@@ -53,7 +55,7 @@ class ModelShape:
                    heads=heads, kv_heads=int(get("num_key_value_heads") or heads),
                    head_dim=int(get("head_dim") or hidden // heads), vocab=int(get("vocab_size")),
                    tied_embeddings=bool(get("tie_word_embeddings", False)), experts=experts,
-                   top_k=int(get("num_experts_per_tok") or 0) if experts else 0,
+                   top_k=config_value(config, EXPERTS_PER_TOKEN_KEYS) if experts else 0,
                    expert_intermediate=int(get("moe_intermediate_size") or get("intermediate_size") or 0)
                    if experts else 0,
                    shared_intermediate=shared, dense_layers=dense_layers, name=name)

@@ -22,7 +22,7 @@ from typing import Any
 
 from hone.core.config import ModelConfig
 from hone.core.errors import INSTALL_BITSANDBYTES, ModelError
-from hone.core.model_info import ModelInfo
+from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, ModelInfo, config_value
 from hone.core.resources import BUNDLED_MODELS, BUNDLED_PREFIX, cache_root, resolve_bundled
 
 # A Hugging Face repo id: "name" or "owner/name" with letters, digits, '-', '_', '.'.
@@ -300,10 +300,8 @@ def is_vision_config(config) -> bool:
 
 def info_from_config(config, name: str, source_kind: str, params: int) -> ModelInfo:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    experts = next((getattr(text, k) for k in ("num_experts", "num_local_experts", "n_routed_experts")
-                    if getattr(text, k, None)), 0)
-    top_k = next((getattr(text, k) for k in ("num_experts_per_tok", "experts_per_token", "moe_topk")
-                  if getattr(text, k, None)), 0)
+    experts = config_value(text, EXPERT_COUNT_KEYS)
+    top_k = config_value(text, EXPERTS_PER_TOKEN_KEYS)
     architectures = getattr(config, "architectures", None) or [type(config).__name__.replace("Config", "")]
     return ModelInfo(name=name, source_kind=source_kind, architecture=architectures[0],
                      model_type=config.model_type, params=int(params), layers=int(text.num_hidden_layers),

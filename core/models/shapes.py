@@ -21,11 +21,20 @@ class Shape:
 
     @property
     def is_moe(self) -> bool:
-        return any(k in self.kwargs for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+        return any(k in self.kwargs for k in ("num_experts", "num_local_experts", "n_routed_experts",
+                                              "moe_num_experts"))
 
 
 _QWEN3_COMMON = dict(vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1_000_000.0, max_position_embeddings=40960,
                      hidden_act="silu", attention_bias=False, head_dim=128)
+
+# What the tiny MoE family shapes share; routing and attention variants on top.
+_TINY_MOE = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, moe_intermediate_size=24,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts_per_tok=2,
+                 max_position_embeddings=4096, tie_word_embeddings=False)
+_GROUPED_ROUTING = dict(n_routed_experts=6, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1)
+_MLA = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16,
+            v_head_dim=16)
 
 SHAPES: dict[str, Shape] = {
     # Qwen/Qwen3-0.6B
@@ -100,6 +109,28 @@ SHAPES: dict[str, Shape] = {
                                               num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
                                               decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False),
                             "tiny Qwen2-MoE (shared expert)"),
+    # ---- tiny versions of the other MoE families transformers ships (hone.core.moe.families): every expert
+    # dimension distinct (intermediate 24, 5 or 6 experts), two or three layers.
+    **{f"tiny-moe-{name}": Shape(model_type, dict(_TINY_MOE, **kwargs), f"tiny {description}")
+       for name, model_type, description, kwargs in (
+           ("mixtral", "mixtral", "Mixtral", dict(num_local_experts=5)),
+           ("olmoe", "olmoe", "OLMoE", dict(num_experts=5)),
+           ("granite", "granitemoe", "Granite-MoE", dict(num_local_experts=5)),
+           ("minimax-m2", "minimax_m2", "MiniMax-M2", dict(num_local_experts=5)),
+           ("ernie", "ernie4_5_moe", "ERNIE-4.5-MoE (shared expert, first layer dense)",
+            dict(moe_num_experts=5, moe_num_shared_experts=1, moe_layer_start_index=1, moe_k=2, num_hidden_layers=3)),
+           ("glm4", "glm4_moe", "GLM-4.5 (sigmoid group-limited routing, shared expert, first layer dense)",
+            dict(_GROUPED_ROUTING, num_hidden_layers=3)),
+           ("glm4-lite", "glm4_moe_lite", "GLM-4.7-Flash (MLA)", dict(_GROUPED_ROUTING, **_MLA, num_hidden_layers=3)),
+           ("deepseek-v3", "deepseek_v3", "DeepSeek-V3 (MLA)",
+            dict(_GROUPED_ROUTING, **{**_MLA, "head_dim": 8}, num_hidden_layers=3)),
+           ("lfm2", "lfm2_moe", "LFM2-MoE (short convolutions, first layer dense)",
+            dict(num_experts=5, num_dense_layers=1, num_hidden_layers=3,
+                 layer_types=["conv", "full_attention", "conv"])),
+           ("qwen3-next", "qwen3_next", "Qwen3-Next (Gated DeltaNet layers, shared expert)",
+            dict(num_experts=5, shared_expert_intermediate_size=32, num_hidden_layers=4, linear_num_value_heads=4,
+                 linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)),
+       )},
 }
 
 

@@ -40,10 +40,14 @@ def install_attention_and_experts(model, cfg: SpeedConfig, info: ModelInfo, devi
     setup.choices["attention"] = f"{choice.name}: {choice.reason}"
     if info.is_moe:
         from hone.core import moe
+        from hone.core.moe.family_report import describe as describe_family
 
         choice = moe.configure(model, cfg.moe_backend, device, fused_gate=cfg.kernels)
         setup.choices["moe"] = f"{choice.name}: {choice.reason}"
         setup.expert_meter = moe.ExpertLoadMeter(model)
+        family = describe_family(model)
+        if family is not None:
+            setup.choices["moe family"] = "; ".join(family.lines())
     return setup
 
 

@@ -6,6 +6,7 @@ run folder's metrics.jsonl. Failures become a RunFailed event with advice, never
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import traceback
@@ -21,6 +22,7 @@ from hone.core.data import load_training_data, packing_efficiency
 from hone.core.errors import HoneError
 from hone.core.models.load import load_model, pick_device, resolve_dtype
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
+from hone.core.speed.attention import packing_blocker
 from hone.core.train import checkpoints as ckpt
 from hone.core.train import preflight
 from hone.core.train.adapter_dir import save_adapter
@@ -139,6 +141,11 @@ class Trainer:
 
         loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
         model, tokenizer, info = loaded.model, loaded.tokenizer, loaded.info
+        unpackable = packing_blocker(model) if config.speed.packing else None
+        if unpackable:
+            config = self.config = dataclasses.replace(config, speed=dataclasses.replace(config.speed, packing=False))
+            yield self._emit(events.Notice(topic="packing", level="warning", message=(
+                f"rows are padded instead of packed: {unpackable}")))
         data = load_training_data(config.data, tokenizer, seed=config.train.seed)
         for report in data.reports:
             yield self._emit(report)

@@ -47,3 +47,21 @@ def test_changing_the_model_elsewhere_brings_its_own_details(make_window, settin
     window.state.update('model.name_or_path="Org/Never-Read"')
     assert window.state.model_info is None, "no details of the model it replaced"
     assert window.page("model").params_tile.value() == "—"
+
+
+def test_an_moe_model_shows_its_family_row_and_a_dense_one_hides_it(make_window, settings):
+    """The family table's row (router, attention, what stays on transformers' path) for GLM-4.7-Flash; an MoE
+    family without a row says so; a dense model shows no family card."""
+    info = {"name": "zai-org/GLM-4.7-Flash", "params": 30_000_000_000, "source_kind": "hub", "is_moe": True,
+            "num_experts": 64, "experts_per_token": 4, "model_type": "glm4_moe_lite"}
+    window = make_window()
+    page = window.page("model")
+    page._show_info(info)
+    assert not page.family_card.isHidden()
+    text = page.family_text.text()
+    assert text.startswith("GLM-4.7-Flash") and "MLA" in text and "correction bias" in text
+    assert "GGUF export: not for MoE models yet" in text
+    page._show_info(dict(info, model_type="some_new_moe"))
+    assert "some_new_moe: a family without a row" in page.family_text.text()
+    page._show_info(dict(info, is_moe=False, model_type="qwen3"))
+    assert page.family_card.isHidden()

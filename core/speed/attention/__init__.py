@@ -173,17 +173,48 @@ def _attention_shape(model) -> tuple[int, int, int, list[int | None]]:
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    if getattr(text, "qk_nope_head_dim", None) and getattr(text, "qk_rope_head_dim", None):  # MLA
+        head_dim = text.qk_nope_head_dim + text.qk_rope_head_dim
     window = getattr(text, "sliding_window", None)
     windows = [None] + ([int(window)] if window else [])
     return heads, kv_heads, head_dim, windows
 
 
+def _value_dim(model) -> int | None:
+    """v's head dim where it differs from q/k's (multi-head latent attention), else None."""
+    config = _hf_model(model).config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "v_head_dim", None)
+    return int(value) if value and value != _attention_shape(model)[2] else None
+
+
+def linear_attention_layers(model) -> list[str]:
+    """Names of the Gated DeltaNet (linear attention) modules of a hybrid model (Qwen3-Next)."""
+    return [name for name, m in _hf_model(model).named_modules() if type(m).__name__.endswith("GatedDeltaNet")]
+
+
+def packing_blocker(model) -> str | None:
+    """Why packed rows would not stay apart in some layer of this model, else None.
+
+    transformers' Gated DeltaNet keeps packed sequences apart only through the flash-linear-attention package
+    (without it, it refuses packed rows); Hone's attention backends cover the other layers.
+    """
+    import importlib.util
+
+    if linear_attention_layers(model) and importlib.util.find_spec("fla") is None:
+        return ("its Gated DeltaNet (linear attention) layers keep packed sequences apart only with the "
+                "flash-linear-attention package (pip install flash-linear-attention), which is not installed")
+    return None
+
+
 # ---- the varlen probe --------------------------------------------------------------------------------------------
 
 def probe_varlen(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
-                 windows: list[int | None], sinks: bool = False) -> backends.VarlenOptions | str:
+                 windows: list[int | None], sinks: bool = False,
+                 value_dim: int | None = None) -> backends.VarlenOptions | str:
     """Run varlen attention once on the device (grouped heads, windows, backward) against a dense reference;
-    with `sinks`, sink logits too, and every gradient (q, k, v, sinks) compared as well.
+    with `sinks`, sink logits too, and every gradient (q, k, v, sinks) compared as well; with `value_dim`, values
+    of that head dim (MLA).
 
     This syncs, but runs once per run, before training. Returns the options that passed (key/value heads
     expanded first if grouped heads fail), else the reason varlen cannot be used.
@@ -196,7 +227,7 @@ def probe_varlen(device: torch.device, dtype: torch.dtype, heads: int, kv_heads:
     failures = []
     for candidate in (options, replace(options, repeat_kv=True)):
         try:
-            error = _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks, candidate)
+            error = _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks, candidate, value_dim)
         except Exception as exc:  # a kernel that cannot run here: try the next way, then report
             error = f"{type(exc).__name__}: {exc}"
         if error is None:
@@ -225,14 +256,14 @@ def _relative_error(got: torch.Tensor | None, want: torch.Tensor) -> float:
 
 
 def _varlen_error(device, dtype, heads, kv_heads, head_dim, windows, sinks: bool,
-                  options: backends.VarlenOptions) -> str | None:
+                  options: backends.VarlenOptions, value_dim: int | None = None) -> str | None:
     generator = torch.Generator(device="cpu").manual_seed(0)
     lengths = [5, 11, 1, 8]
     total = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     for window in windows:
-        q, k, v = (torch.randn(1, h, total, head_dim, generator=generator).to(device, dtype).requires_grad_()
-                   for h in (heads, kv_heads, kv_heads))
+        q, k, v = (torch.randn(1, h, total, dim, generator=generator).to(device, dtype).requires_grad_()
+                   for h, dim in ((heads, head_dim), (kv_heads, head_dim), (kv_heads, value_dim or head_dim)))
         sink = (torch.randn(heads, generator=generator) + 1.0).to(device, dtype).requires_grad_() if sinks else None
         out = backends._varlen(q, k, v, cu, max(lengths), None, window, sink, options=options)
         grad_out = torch.randn(out.shape, generator=generator).to(device)
@@ -369,7 +400,8 @@ def choose(model, requested: str, device: torch.device | str) -> tuple[str, str,
         elif not backends.varlen_available():
             why_not["varlen"] = f"torch {torch.__version__} has no torch.nn.attention.varlen"
         else:
-            probed = probe_varlen(device, _model_dtype(model), *_attention_shape(model), sinks=sinks)
+            probed = probe_varlen(device, _model_dtype(model), *_attention_shape(model), sinks=sinks,
+                                  value_dim=_value_dim(model))
             if isinstance(probed, backends.VarlenOptions):
                 return "varlen", ("torch varlen_attn (flash kernel) with the batch's cu_seqlens, no mask"
                                   + ("; sink logits applied from its log-sum-exp" if sinks else "")), probed

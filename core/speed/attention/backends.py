@@ -321,6 +321,15 @@ def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options
             module=None):
     from torch.nn.attention.varlen import varlen_attn
 
+    value_dim = value.shape[-1]
+    if value_dim != query.shape[-1]:
+        # MLA (DeepSeek-V3, GLM-4.7-Flash): v's head dim is smaller than q/k's, which the flash kernels do not take.
+        # Zero columns added to v give zero output columns, cut off again.
+        if value_dim > query.shape[-1]:
+            raise ValueError(f"value head dim {value_dim} is larger than the query's {query.shape[-1]}")
+        out = _varlen(query, key, F.pad(value, (0, query.shape[-1] - value_dim)), cu, max_len, scaling, window,
+                      sinks, options, module)
+        return out[..., :value_dim]
     options = options or varlen_signature()
     q, k, v = _to_varlen(query), _to_varlen(key), _to_varlen(value)
     kwargs = {"scale": scaling}

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, config_value
+
 # What pinned host-to-device copies sustain over a PCIe 5 link, below its nominal rate (docs/performance/memory.md).
 # `auto` uses it only through the copy / recompute ratio: a slower link, or a faster GPU than `LAYER_FLOPS_PER_S`
 # describes, makes offloading cost more than estimated.
@@ -76,9 +78,8 @@ def layer_cost(config) -> LayerCost:
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(text, "head_dim", None) or h // heads)
     attention = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2
-    experts = next((int(v) for k in ("num_experts", "num_local_experts", "n_routed_experts")
-                    if (v := getattr(text, k, None))), 0)
-    top_k = int(getattr(text, "num_experts_per_tok", 0) or getattr(text, "experts_per_token", 0) or 0)
+    experts = config_value(text, EXPERT_COUNT_KEYS)
+    top_k = config_value(text, EXPERTS_PER_TOKEN_KEYS)
     if experts and top_k:
         expert_size = int(getattr(text, "moe_intermediate_size", None) or text.intermediate_size)
         mlp = top_k * 3 * h * expert_size + h * experts

@@ -265,7 +265,7 @@ def test_sink_models_on_a_gpu_take_varlen_through_its_sink_probe_else_the_block_
     model = model_of("tiny-moe-gptoss")
     seen = {}
 
-    def probe(device, dtype, heads, kv_heads, head_dim, windows, sinks=False):
+    def probe(device, dtype, heads, kv_heads, head_dim, windows, sinks=False, value_dim=None):
         seen["sinks"] = sinks
         return "probe says no"
 
@@ -304,7 +304,7 @@ def test_two_models_in_one_process_keep_their_own_varlen_options(monkeypatch):
     monkeypatch.setattr(attention, "_model_dtype", lambda model: torch.bfloat16)
     probed = {}
 
-    def probe(device, dtype, heads, kv_heads, head_dim, windows, sinks=False):
+    def probe(device, dtype, heads, kv_heads, head_dim, windows, sinks=False, value_dim=None):
         return probed["next"]
 
     monkeypatch.setattr(attention, "probe_varlen", probe)
