@@ -15,6 +15,15 @@ def config_value(config, keys: tuple[str, ...]) -> int:
     return next((int(value) for key in keys if (value := get(key))), 0)
 
 
+def attention_head_dim(config) -> int:
+    """The query/key head dim: qk_nope + qk_rope for multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash), whose
+    `head_dim` is only the rotary part; else `head_dim`, or hidden size / heads."""
+    get = config.get if isinstance(config, dict) else (lambda key: getattr(config, key, None))
+    if get("qk_nope_head_dim") and get("qk_rope_head_dim"):
+        return int(get("qk_nope_head_dim")) + int(get("qk_rope_head_dim"))
+    return int(get("head_dim") or int(get("hidden_size")) // int(get("num_attention_heads")))
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """Facts about a model, read from its config (no weights needed)."""

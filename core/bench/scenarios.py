@@ -84,6 +84,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     _real("moe-qwen3", "moe-qwen3", 8, MOE_TOKENS, "Qwen3-30B-A3B shape, 8 of 48 layers"),
     # 4 of gpt-oss-20b's 24 layers: two sliding-window and two full-attention layers.
     _real("moe-gptoss", "moe-gptoss", 4, MOE_TOKENS, "gpt-oss-20b shape, 4 of 24 layers"),
+    # 8 of GLM-4.7-Flash's 47 layers (its dense first layer and 7 MoE layers, MLA attention in each).
+    _real("moe-glm47-flash", "moe-glm47-flash", 8, MOE_TOKENS, "GLM-4.7-Flash shape, 8 of 47 layers"),
+    # 5 of DeepSeek-V3's 61 layers: its 3 dense layers and 2 MoE layers (22.5 GiB of bf16 experts each).
+    _real("moe-deepseek-v3", "moe-deepseek-v3", 5, MOE_TOKENS, "DeepSeek-V3 shape, 5 of 61 layers"),
     _tiny("tiny-dense", "tiny-dense", "tiny Qwen3 (CPU smoke run)"),
     _tiny("tiny-llama", "tiny-llama", "tiny Llama (CPU smoke run)"),
     _tiny("tiny-moe-qwen3", "tiny-moe-qwen3", "tiny Qwen3-MoE (CPU smoke run)"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, config_value
+from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, attention_head_dim, config_value
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class ModelShape:
             shared = int(get("n_shared_experts")) * int(get("moe_intermediate_size") or 0)
         return cls(layers=layers, hidden=hidden, intermediate=int(get("intermediate_size") or 4 * hidden),
                    heads=heads, kv_heads=int(get("num_key_value_heads") or heads),
-                   head_dim=int(get("head_dim") or hidden // heads), vocab=int(get("vocab_size")),
+                   head_dim=attention_head_dim(config), vocab=int(get("vocab_size")),
                    tied_embeddings=bool(get("tie_word_embeddings", False)), experts=experts,
                    top_k=config_value(config, EXPERTS_PER_TOKEN_KEYS) if experts else 0,
                    expert_intermediate=int(get("moe_intermediate_size") or get("intermediate_size") or 0)

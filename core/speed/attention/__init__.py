@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from hone.core.model_info import attention_head_dim
 from hone.core.speed.attention import backends
 from hone.core.speed.attention.long_rows import LongRows
 
@@ -172,9 +173,7 @@ def _attention_shape(model) -> tuple[int, int, int, list[int | None]]:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    if getattr(text, "qk_nope_head_dim", None) and getattr(text, "qk_rope_head_dim", None):  # MLA
-        head_dim = text.qk_nope_head_dim + text.qk_rope_head_dim
+    head_dim = attention_head_dim(text)
     window = getattr(text, "sliding_window", None)
     windows = [None] + ([int(window)] if window else [])
     return heads, kv_heads, head_dim, windows

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, config_value
+from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, attention_head_dim, config_value
 
 # What pinned host-to-device copies sustain over a PCIe 5 link, below its nominal rate (docs/performance/memory.md).
 # `auto` uses it only through the copy / recompute ratio: a slower link, or a faster GPU than `LAYER_FLOPS_PER_S`
@@ -76,7 +76,7 @@ def layer_cost(config) -> LayerCost:
     h = int(text.hidden_size)
     heads = int(getattr(text, "num_attention_heads", 0) or 1)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(text, "head_dim", None) or h // heads)
+    head_dim = attention_head_dim(text)
     attention = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2
     experts = config_value(text, EXPERT_COUNT_KEYS)
     top_k = config_value(text, EXPERTS_PER_TOKEN_KEYS)

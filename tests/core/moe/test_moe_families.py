@@ -145,3 +145,16 @@ def test_qwen3_next_trains_padded_and_its_family_is_on_the_first_lines(tiny_mode
     assert notices and "padded instead of packed" in notices[0] and "flash-linear-attention" in notices[0]
     started = next(e for e in seen if isinstance(e, events.RunStarted))
     assert started.speed_paths["moe family"].startswith("Qwen3-Next (qwen3_next)"), started.speed_paths
+
+
+def test_latent_attention_is_planned_and_probed_at_its_query_key_head_dim():
+    """MLA's `head_dim` is only its rotary part: the planner, the checkpoint policy and the varlen probe use
+    qk_nope + qk_rope (24 here), and the probe gets v's own head dim (16)."""
+    from hone.core.memory.shape import ModelShape
+    from hone.core.models.shapes import make_config
+
+    config = make_config("tiny-moe-deepseek-v3")
+    assert config.head_dim == 8 and ModelShape.from_config(config).head_dim == 24
+    model = _build("tiny-moe-deepseek-v3")
+    assert attention._attention_shape(model)[2] == 24 and attention._value_dim(model) == 16
+    assert attention._value_dim(_build("tiny-moe-glm4")) is None
