@@ -228,6 +228,9 @@ class DataConfig(_Section):
                        choices=("assistant", "all"))
     image_max_side: int = _f(768, "Longest image side in pixels after resizing (vision models); bounds memory.",
                              min=28, max=MAX_IMAGE_SIDE)
+    chat_template: str = _f("", "How conversations become text: empty = the model's own chat template (ChatML when "
+                            "it has none, as base models often do), chatml, or a Jinja template file. The adapter "
+                            "keeps the template it was trained with.")
     allow_private_urls: bool = _f(False, "Also fetch image URLs from this machine and private networks (localhost, "
                                   "10.x, 192.168.x, link-local); when false such rows are skipped and reported.")
 

@@ -51,6 +51,7 @@ LABELS = {
     "speed.host_lm_head": "LM head in host memory", "speed.layer_group_tokens": "Layer groups (tokens)",
     "data.train_on": "Train on", "data.max_length": "Max length (tokens)",
     "data.image_max_side": "Image max side (px)", "data.eval_fraction": "Eval fraction",
+    "data.chat_template": "Chat template",
     "model.trust_remote_code": "Trust remote code", "output.runs_dir": "Runs folder", "output.name": "Run name",
     "model.name_or_path": "Model", "data.train": "Training data", "data.eval": "Evaluation data",
     "speed.tiled_mlp": "Tiled MLP backward", "speed.loss": "Loss", "speed.attention": "Attention",

@@ -22,6 +22,58 @@ FALLBACK_TEMPLATE = (
 )
 
 
+# `data.chat_template` names Hone knows (besides a file path; "" = the tokenizer's own).
+NAMED_TEMPLATES = {"chatml": FALLBACK_TEMPLATE}
+
+
+def template_setting_source(setting: str) -> str | None:
+    """The Jinja text `data.chat_template` asks for: None for "" (the tokenizer's own), a named template, or a
+    file's text.
+
+    Raises:
+        DataError: a file that cannot be read or is not UTF-8 text, naming the setting.
+    """
+    from hone.core.errors import DataError
+
+    if not setting:
+        return None
+    if setting in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[setting]
+    try:
+        with open(setting, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"data.chat_template: cannot read {setting!r} ({getattr(e, 'strerror', None) or e})",
+                        f"give a Jinja template file, {', '.join(NAMED_TEMPLATES)}, or leave it empty for the "
+                        "model's own") from None
+
+
+def apply_template_setting(tokenizer, setting: str) -> str | None:
+    """Give `tokenizer` (or a processor) the chat template the run trains with, so the data, the chat page and the
+    saved adapter all use it; returns a line for the run's first lines, or None when the model's own is used.
+
+    A tokenizer without a template of its own gets ChatML (FALLBACK_TEMPLATE) and the line says so."""
+    source = template_setting_source(setting)
+    targets = [tokenizer] + ([tokenizer.tokenizer] if hasattr(tokenizer, "tokenizer") else [])
+    if source is None:
+        if any(getattr(t, "chat_template", None) for t in targets):
+            return None
+        source, said = FALLBACK_TEMPLATE, "ChatML (the model has no chat template of its own; data.chat_template " \
+                                          "sets another)"
+    else:
+        said = "chatml" if setting in NAMED_TEMPLATES else f"from {setting}"
+    try:
+        compile_template(source)  # a template that does not parse fails here, before any row is read
+    except Exception as e:
+        from hone.core.errors import DataError
+
+        raise DataError(f"data.chat_template {setting or '(ChatML)'}: not a valid Jinja template ({e})",
+                        "fix the template, or leave data.chat_template empty for the model's own") from None
+    for target in targets:
+        target.chat_template = source
+    return f"chat template: {said}"
+
+
 class TemplateFailure(Exception):
     """The template raised or produced something the assistant turns cannot be located in."""
 

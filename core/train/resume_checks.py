@@ -82,7 +82,7 @@ ON_RESUME: dict[str, Rule] = {
     "data.eval": Rule("eval", "evaluation losses from here on are over other rows than before"),
     "data.eval_fraction": Rule("refused", "it moves rows between the training and the evaluation data"),
     "data.format": _ROWS, "data.columns": _ROWS, "data.max_length": _ROWS, "data.overlong": _ROWS,
-    "data.train_on": _ROWS, "data.image_max_side": _ROWS,
+    "data.train_on": _ROWS, "data.image_max_side": _ROWS, "data.chat_template": _ROWS,
     "data.allow_private_urls": Rule("refused", "it decides which image rows are read, so the packs and the place in "
                                     "the data would no longer be the ones trained"),
     **{f"lora.{f.name}": _ADAPTER for f in dataclasses.fields(SECTIONS["lora"])},

@@ -19,6 +19,7 @@ from hone.core import events
 from hone.core.config import RunConfig
 from hone.core.control import RunControl
 from hone.core.data import load_training_data, packing_efficiency
+from hone.core.data.template import apply_template_setting
 from hone.core.errors import HoneError
 from hone.core.models.load import load_model, pick_device, resolve_dtype
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
@@ -141,6 +142,9 @@ class Trainer:
 
         loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
         model, tokenizer, info = loaded.model, loaded.tokenizer, loaded.info
+        template = apply_template_setting(tokenizer, config.data.chat_template)
+        if template:
+            yield self._emit(events.Notice(topic="template", message=template))
         unpackable = packing_blocker(model) if config.speed.packing else None
         if unpackable:
             config = self.config = dataclasses.replace(config, speed=dataclasses.replace(config.speed, packing=False))

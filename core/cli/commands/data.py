@@ -46,6 +46,9 @@ def _data_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=DataConfig().max_length, help="longest row in tokens")
     parser.add_argument("--overlong", choices=("truncate", "drop"), default="truncate")
     parser.add_argument("--train-on", choices=("assistant", "all"), default="assistant")
+    parser.add_argument("--chat-template", default="", metavar="NAME_OR_FILE",
+                        help="chat template as data.chat_template takes it: chatml or a Jinja file (default: the "
+                        "model's own)")
 
 
 def _config(args, files: list[str]) -> DataConfig:
@@ -57,7 +60,7 @@ def _config(args, files: list[str]) -> DataConfig:
                               "messages=dialog")
         columns[name.strip()] = yours.strip()
     return DataConfig(train=files, format=args.format, columns=columns, max_length=args.max_length,
-                      overlong=args.overlong, train_on=args.train_on)
+                      overlong=args.overlong, train_on=args.train_on, chat_template=args.chat_template)
 
 
 def load_tokenizer(name: str):
@@ -85,12 +88,18 @@ def check_inputs(files: list[str], model: str | None) -> None:
         check_model(ModelConfig(name_or_path=model), given_as="--model")
 
 
-def _tokenizer(model: str, console):
-    """`load_tokenizer` under a progress line: building a GGUF's tokenizer from its metadata takes a while."""
+def _tokenizer(model: str, console, template: str = ""):
+    """`load_tokenizer` under a progress line (building a GGUF's tokenizer from its metadata takes a while), with
+    the chat template `--chat-template` asks for."""
     from hone.core.cli.console import Phase
+    from hone.core.data.template import apply_template_setting
 
     with Phase(console, f"loading the tokenizer of {model}"):
-        return load_tokenizer(model)
+        tokenizer = load_tokenizer(model)
+    said = apply_template_setting(tokenizer, template)
+    if said:
+        console.print(said)
+    return tokenizer
 
 
 def run(args) -> int:
@@ -112,7 +121,7 @@ def _check(args, console) -> int:
 
     cfg = _config(args, list(args.files))
     if args.model:
-        tokenizer = _tokenizer(args.model, console)
+        tokenizer = _tokenizer(args.model, console, cfg.chat_template)
         with Phase(console, f"tokenizing every row with the chat template of {args.model}", unit="rows") as phase:
             report, _ = check_data(cfg, tokenizer, progress=lambda text, done: _rows_read(phase, text))
             phase.update(report.rows_read)
@@ -151,7 +160,7 @@ def _inspect(args, console) -> int:
     if not rows or min(rows) < 1:
         raise ConfigError(f"--row {args.row!r} has no row numbers of 1 or more", "rows are numbered from 1")
     cfg = _config(args, [args.file])
-    views = inspect_rows(args.file, _tokenizer(args.model, console), rows, cfg=cfg)
+    views = inspect_rows(args.file, _tokenizer(args.model, console, cfg.chat_template), rows, cfg=cfg)
     color = sys.stdout.isatty() and not args.no_color
     for n, view in enumerate(views):
         if n:
