@@ -275,6 +275,18 @@ def _special_tokens_from_gguf(tokenizer, gguf: Path) -> None:
             setattr(tokenizer, attr, token)
 
 
+def pending_conversion(model_cfg: ModelConfig) -> Path | None:
+    """The .gguf file that loading this model will convert first (a slow, one-time step), or None."""
+    try:
+        source = resolve_source(model_cfg.name_or_path, model_cfg.gguf_file)
+    except ModelError:
+        return None  # loading reports it
+    if source.kind not in ("bundled", "gguf"):
+        return None
+    gguf = Path(source.path)
+    return None if (gguf_conversion_folder(gguf) / "config.json").is_file() else gguf
+
+
 def source_folder(source: ModelSource) -> str:
     """What `from_pretrained` should read for this source."""
     if source.kind in ("bundled", "gguf"):

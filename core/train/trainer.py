@@ -21,7 +21,7 @@ from hone.core.control import RunControl
 from hone.core.data import load_training_data, packing_efficiency
 from hone.core.data.template import apply_template_setting
 from hone.core.errors import HoneError
-from hone.core.models.load import load_model, pick_device, resolve_dtype
+from hone.core.models.load import load_model, pending_conversion, pick_device, resolve_dtype
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
 from hone.core.speed.attention import packing_blocker
 from hone.core.train import checkpoints as ckpt
@@ -140,6 +140,10 @@ class Trainer:
             yield self._emit(notice)
         torch.manual_seed(config.train.seed)
 
+        converting = pending_conversion(config.model)
+        if converting is not None:  # a minute or more of silence otherwise, on a first run with a GGUF model
+            yield self._emit(events.Notice(topic="model", message=(
+                f"converting {converting.name} to a safetensors folder, once (later runs read the cached copy)")))
         loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
         model, tokenizer, info = loaded.model, loaded.tokenizer, loaded.info
         template = apply_template_setting(tokenizer, config.data.chat_template)

@@ -97,3 +97,23 @@ def test_bundled_gguf_is_converted_once_and_answers(smollm2_tokenizer):
     enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = second.model.generate(**enc, max_new_tokens=12, do_sample=False)
     assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
+
+
+def test_a_gguf_not_yet_converted_is_announced_once(tmp_path, monkeypatch):
+    """`pending_conversion` names the .gguf a load will convert first (the trainer says so before the minute it
+    takes), and nothing once its converted folder exists, nor for other sources."""
+    from hone.core.config import ModelConfig
+    from hone.core.models import load
+    from hone.core.models.load import gguf_conversion_folder, pending_conversion
+
+    monkeypatch.setenv("HONE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(load, "check_gguf_whole", lambda path: path)  # a stand-in file: only its name matters here
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert pending_conversion(ModelConfig(name_or_path=str(gguf))) == gguf
+    converted = gguf_conversion_folder(gguf)
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text("{}")
+    assert pending_conversion(ModelConfig(name_or_path=str(gguf))) is None
+    assert pending_conversion(ModelConfig(name_or_path=str(tmp_path))) is None  # a folder converts nothing
+    assert pending_conversion(ModelConfig(name_or_path=str(tmp_path / "missing.gguf"))) is None  # load reports it
