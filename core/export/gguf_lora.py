@@ -15,6 +15,7 @@ from hone.core.export.formats import ExportError, ExportResult, ExportSpec
 from hone.core.export.gguf_arch import check_supported, gguf_tensor_name, to_gguf_layout
 from hone.core.export.gguf_model import file_stem
 from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
+from hone.core.train.adapter_dir import base_model
 
 # Relative error of scale * B @ A read back vs peft's delta: float32 sums in another order (~1e-6); f16 / bf16
 # round both factors (2^-11, 2^-8 each, so twice that on the product) plus margin.
@@ -106,7 +107,7 @@ def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool
         writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
         writer.add_name(f"{run.name} (LoRA)")
         writer.add_base_model_count(1)
-        writer.add_base_model_name(0, run.config.model.name_or_path)
+        writer.add_base_model_name(0, base_model(run.config.model).name)
         folded = 0
         for name, module in modules.items():
             target = gguf_tensor_name(f"{name}.weight")

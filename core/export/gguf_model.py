@@ -27,6 +27,7 @@ from hone.core.export.gguf_arch import (
 from hone.core.export.gguf_vocab import Vocab, build_vocab
 from hone.core.export.merge import Merged, merge_run
 from hone.core.export.source import Progress, RunSource, Steps, finish, open_run, output_folder, staged
+from hone.core.train.adapter_dir import base_model
 
 # Worst-case |dequantized - original| / max |original| of one tensor, from each type's rounding: f16 and bf16 round
 # to 11 and 8 significant bits (2^-11, 2^-8); q8_0 rounds to 1/254 of its 32-weight block's max plus the f16 scale's
@@ -294,7 +295,8 @@ def write_checked_gguf(run: RunSource, prepared: Prepared, folder: Path, qtype: 
     merged = merge_run(run, log, steps)
     for key, value in prepared.vocab.notes.items():
         log.note(f"gguf.vocab.{key}", value)
-    plan = plan_gguf(merged.model, prepared.arch, qtype, prepared.vocab, run.name, run.config.model.name_or_path)
+    plan = plan_gguf(merged.model, prepared.arch, qtype, prepared.vocab, run.name,
+                     base_model(run.config.model).name)
     path = folder / f"{file_stem(run)}-{qtype}.gguf"
     steps.start(f"writing {path.name}")
     write_gguf(path, merged.model, plan, steps)

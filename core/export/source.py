@@ -28,6 +28,7 @@ from hone.core import __version__
 from hone.core.config import RunConfig
 from hone.core.export.checks import CheckLog
 from hone.core.export.formats import MANIFEST_FILE, ExportError, ExportResult, ExportSpec
+from hone.core.train.adapter_dir import base_model
 from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, INTERRUPTED, live_summary
 
 Progress = Callable[[str, float], None]
@@ -245,7 +246,7 @@ def finish(folder: Path, out: Path, run: RunSource, spec: ExportSpec, log: Check
     File paths in the result point at `out`, where `folder` is about to be moved.
     """
     manifest = {
-        "format": spec.label, "run": str(run.run_dir.resolve()), "base_model": run.config.model.name_or_path,
+        "format": spec.label, "run": str(run.run_dir.resolve()), "base_model": base_model(run.config.model).name,
         "hone_version": __version__, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
         "passed": log.passed, "failures": log.failures, "checks": log.checks,
     }

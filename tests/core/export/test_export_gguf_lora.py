@@ -3,12 +3,16 @@ file's LoRA applied the way llama.cpp applies it (alpha / r * B @ A) reproduces 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 from export_helpers import ARCH, read, rel_diff, undo_llama_permutation, values
 
+from hone.core.config import RunConfig
 from hone.core.export import ExportError, export_run
+from hone.core.train.adapter_dir import base_model
 
 
 def apply_like_llama_cpp(model, fields, tensors, arch):
@@ -45,6 +49,10 @@ def test_gguf_lora(make_run, reference, tmp_path, shape, kwargs, fmt):
     fields, tensors = read(path)
     arch = ARCH[shape]
     assert (fields["general.type"], fields["general.architecture"], fields["adapter.type"]) == ("adapter", arch, "lora")
+    # the base as transformers + peft would load it (a bundled model's Hub id), in the file and in export.json
+    want_base = base_model(RunConfig.load(run / "config.toml").model).name
+    assert fields["general.base_model.0.name"] == want_base
+    assert json.loads((result.path / "export.json").read_text())["base_model"] == want_base
     r = kwargs.get("r", 8)
     # rsLoRA scales by alpha / sqrt(r); llama.cpp by alpha / r: the file's alpha is 16 * sqrt(r) then
     assert fields["adapter.lora.alpha"] == pytest.approx(16.0 * (np.sqrt(r) if kwargs.get("rslora") else 1.0))
