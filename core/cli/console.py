@@ -100,19 +100,14 @@ def convert_gguf_once(model: ModelConfig, console: Console) -> None:
     Raises:
         ModelError: the model cannot be found or read (as loading it would).
     """
-    from pathlib import Path
+    from hone.core.models.load import gguf_conversion_folder, gguf_folder, pending_conversion, resolve_source
 
-    from hone.core.models.load import gguf_conversion_folder, gguf_folder, resolve_source
-
-    source = resolve_source(model.name_or_path, model.gguf_file)
-    if source.kind not in ("bundled", "gguf"):
-        return
-    gguf = Path(source.path)
-    target = gguf_conversion_folder(gguf)
-    if (target / "config.json").is_file():
+    source = resolve_source(model.name_or_path, model.gguf_file)  # a model that cannot be found raises here
+    gguf = pending_conversion(model)
+    if gguf is None:
         return
     with Phase(console, f"converting {source.name} from GGUF to safetensors (first use only; later loads read "
-               f"{target})"):
+               f"{gguf_conversion_folder(gguf)})"):
         gguf_folder(gguf)
 
 
