@@ -49,11 +49,10 @@ class FamilyReport:
         return out
 
 
-def _text_config(model: nn.Module):
-    config = getattr(model, "config", None)
-    if hasattr(model, "get_base_model"):
-        config = model.get_base_model().config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
+def _configs(model: nn.Module):
+    """(the model's config, its language model's config): a vision-language model's text config is its own type."""
+    config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
+    return config, (config.get_text_config() if hasattr(config, "get_text_config") else config)
 
 
 def _router_words(model: nn.Module) -> str:
@@ -86,8 +85,8 @@ def _shared_words(model: nn.Module, config) -> str:
 def describe(model: nn.Module) -> FamilyReport | None:
     """The family report of an MoE model (None for a dense model)."""
     experts = find_experts(model)
-    config = _text_config(model)
-    model_type = getattr(config, "model_type", type(model).__name__)
+    outer, config = _configs(model)
+    model_type = getattr(outer, "model_type", type(model).__name__)
     if not experts and not any(type(m).__name__.endswith(("Experts", "MoE", "SparseMoeBlock"))
                                for m in model.modules()):
         return None

@@ -13,11 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 KINDS = ("qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "idefics3")
+# Families built here for their own tests only (vision and MoE at once), not in every vision test's KINDS.
+MOE_KINDS = ("qwen3_vl_moe",)
 
 # Special tokens each family's tokenizer has (added to SmolLM2's vocabulary).
 SPECIAL_TOKENS = {
     "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
     "qwen3_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+    "qwen3_vl_moe": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
     "gemma3": ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
     "llava": ["<image>"],
     "idefics3": ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"],
@@ -43,6 +46,7 @@ _GEMMA_TEMPLATE = (
 TEMPLATES = {
     "qwen2_5_vl": _chatml("<|vision_start|><|image_pad|><|vision_end|>"),
     "qwen3_vl": _chatml("<|vision_start|><|image_pad|><|vision_end|>"),
+    "qwen3_vl_moe": _chatml("<|vision_start|><|image_pad|><|vision_end|>"),
     "gemma3": _GEMMA_TEMPLATE,
     "llava": _chatml("<image>"),
     "idefics3": _chatml("<image>"),
@@ -87,7 +91,7 @@ def vision_tokenizer(kind: str, tokenizer_dir: str | Path):
 def _image_processor(kind: str, shape: str):
     import transformers
 
-    if kind in ("qwen2_5_vl", "qwen3_vl"):
+    if kind in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
         patch = 14 if kind == "qwen2_5_vl" else 16
         unit = patch * 2  # one merged token covers 2 x 2 patches
         # tiny: 2 x 2 to 4 x 4 merged tokens per image; real: up to 768 x 768 pixels
@@ -109,7 +113,7 @@ def build_processor(kind: str, tokenizer, shape: str = "tiny"):
 
     images = _image_processor(kind, shape)
     template = TEMPLATES[kind]
-    if kind in ("qwen2_5_vl", "qwen3_vl"):
+    if kind in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
         from hone.core.vision.processor import ImageTextProcessor
 
         return ImageTextProcessor(tokenizer, images, kind, chat_template=template)
@@ -163,13 +167,18 @@ def model_config(kind: str, tokenizer, shape: str = "tiny", layers: int | None =
                                              video_token_id=ids["<|video_pad|>"],
                                              vision_start_token_id=ids["<|vision_start|>"],
                                              vision_end_token_id=ids["<|vision_end|>"])
-    if kind == "qwen3_vl":
+    if kind in ("qwen3_vl", "qwen3_vl_moe"):
         text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _TINY_MROPE,
                                    "mrope_interleaved": True}
         vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                       spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
                       deepstack_visual_indexes=[0])
-        return transformers.Qwen3VLConfig(text_config=dict(text, pad_token_id=pad), vision_config=vision,
+        config_class = transformers.Qwen3VLConfig
+        if kind == "qwen3_vl_moe":  # 5 experts of width 24, top-2, every layer sparse
+            text.update(num_experts=5, num_experts_per_tok=2, moe_intermediate_size=24, decoder_sparse_step=1,
+                        mlp_only_layers=[])
+            config_class = transformers.Qwen3VLMoeConfig
+        return config_class(text_config=dict(text, pad_token_id=pad), vision_config=vision,
                                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                                           vision_start_token_id=ids["<|vision_start|>"],
                                           vision_end_token_id=ids["<|vision_end|>"])
