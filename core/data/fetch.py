@@ -241,6 +241,27 @@ class _Watchdog:
         return f"{text or type(error).__name__} ({type(error).__name__})"
 
 
+def _resolve(host: str, port: int, seconds: float) -> list:
+    """socket.getaddrinfo with a time limit: the system resolver has none of its own (a dead DNS server can hold
+    it for minutes), so it runs on a daemon thread that is left behind if it does not answer in time."""
+    answer: dict = {}
+
+    def lookup() -> None:
+        try:
+            answer["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            answer["error"] = e
+
+    thread = threading.Thread(target=lookup, name=f"resolve {host}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise FetchError(f"the host {host} could not be resolved within {seconds:g} s (DNS did not answer)")
+    if "error" in answer:
+        raise answer["error"]
+    return answer["infos"]
+
+
 def _checked_connection(fetcher: UrlFetcher, watch: _Watchdog, address: tuple[str, int], timeout=None,
                         source_address=None) -> socket.socket:
     """socket.create_connection, but to an address of the host that `fetcher.refusal` accepts."""
@@ -248,7 +269,7 @@ def _checked_connection(fetcher: UrlFetcher, watch: _Watchdog, address: tuple[st
     if watch.remaining() <= 0:
         raise FetchError(watch.too_slow())
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _resolve(host, port, min(READ_TIMEOUT_S, max(0.01, watch.remaining())))
     except socket.gaierror as e:
         raise FetchError(f"the host {host} cannot be resolved ({e.strerror})") from None
     addresses = list(dict.fromkeys(info[4][0] for info in infos))

@@ -324,3 +324,24 @@ def test_allowed_private_url_is_fetched_once_and_every_later_use_reads_the_cache
     report, _ = check_data(cfg)  # `hone data check` (its data cache is the same folder)
     assert [r.images for r in again.train] == [r.images for r in first.train] and report.rows_kept == 3
     assert a.requests["/img.png"] == 1
+
+
+def test_a_dns_server_that_never_answers_is_bounded_by_the_time_limit(tmp_path, monkeypatch):
+    """The system resolver has no timeout of its own: a lookup that hangs costs the URL its time limit, no more."""
+    import socket
+
+    release = threading.Event()
+
+    def hanging_lookup(*args, **kwargs):
+        release.wait(30)
+        raise socket.gaierror(-3, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging_lookup)
+    fetcher = UrlFetcher(tmp_path / "urls", total_timeout_s=1.0)
+    start = time.monotonic()
+    try:
+        with pytest.raises(FetchError, match="could not be resolved within"):
+            fetcher.fetch("http://images.example.org/cat.png")
+    finally:
+        release.set()
+    assert time.monotonic() - start < 5
