@@ -33,6 +33,8 @@ from hone.core.events import (
 # repainting all of them at once would stall the window; in turn, each of the five redraws about four times a
 # second (the page as a whole twenty), and the longest pause the window sees is one chart's repaint.
 FLUSH_INTERVAL_MS = 50
+# How often a run trained by another process is read for new lines (a step line is a few hundred bytes).
+FOLLOW_INTERVAL_MS = 1000
 # The numbers (tiles, progress, ETA) refresh at most this often.
 TILES_INTERVAL_S = 0.2
 # Weight of history in the smoothed loss (debiased for the first steps): 0.8 follows a short run's trend within
@@ -167,6 +169,13 @@ class MonitorPage(Page):
         self._next_chart = 0
         self._tiles_at = 0.0
         self.flush_timer.start()
+        # A run opened from Runs that another process (hone train, another window) is still training: its
+        # metrics.jsonl is read as it grows.
+        self.following: Path | None = None
+        self._tail = None
+        self.follow_timer = QTimer(self)
+        self.follow_timer.setInterval(FOLLOW_INTERVAL_MS)
+        self.follow_timer.timeout.connect(self._follow_tick)
         state.session.event.connect(self._live_event)
         state.session.running_changed.connect(self._running_changed)
         self._update_buttons()
@@ -371,6 +380,7 @@ class MonitorPage(Page):
 
     def _running_changed(self, running: bool) -> None:
         if running:
+            self._stop_following()
             self.live = True
             self._unplaced_marks.clear()
             self._reset()
@@ -551,22 +561,58 @@ class MonitorPage(Page):
 
     # ---- past runs ----
     def show_run(self, run_dir: str | Path) -> None:
-        """Replay a finished run's metrics.jsonl into the charts (no dialogs, no live updates)."""
-        from hone.core.train.run_dir import read_events
+        """Replay a run's metrics.jsonl into the charts (no dialogs). A run another process is still training is
+        then followed: what it appends shows as it comes, until it finishes or its process ends."""
+        from hone.core.train.run_dir import EventTail
+        from hone.core.train.run_lock import in_use
 
         if self.state.session.is_running:
             return
+        self._stop_following()
         self.live = False
         self._unplaced_marks.clear()
         self._reset()
         self.log.clear()
+        self._tail = EventTail(run_dir)
+        self._replay(self._tail.read())
+        if self.started is not None and self.ended is None and in_use(run_dir):
+            self.following = Path(run_dir)
+            self.follow_timer.start()
+            self.header.subtitle.setText(self.header.subtitle.text() + " · following live (training in another "
+                                         "process)")
+            self.log.appendPlainText("Following this run live: another process is training it.")
+
+    def _replay(self, events: list[Event]) -> None:
         show_dialogs, self.show_dialogs = self.show_dialogs, False
         try:
-            for event in read_events(run_dir):
+            for event in events:
                 self.handle(event)
         finally:
             self.show_dialogs = show_dialogs
         self.flush()
+
+    def _follow_tick(self) -> None:
+        from hone.core.train.run_lock import in_use
+
+        if self.following is None:
+            return
+        new = self._tail.read()
+        if new:
+            self._replay(new)
+        if self.ended is not None:
+            self._stop_following()
+        elif in_use(self.following) is False:  # the process ended without a final event (killed)
+            self._replay(self._tail.read())
+            if self.ended is None:
+                self.status = "stopped"
+                self.log.appendPlainText("The process training this run ended without finishing it; resume it "
+                                         "from Runs.")
+                self._tiles_dirty = True
+            self._stop_following()
+
+    def _stop_following(self) -> None:
+        self.follow_timer.stop()
+        self.following = None
 
     def shown(self) -> None:
         self.flush()

@@ -440,17 +440,34 @@ def _nan_for_null(event: events.Event) -> events.Event:
 
 def read_events(run_dir: Path) -> list[events.Event]:
     """Every event of a run in order; a partial last line (the run was killed mid-write) is skipped."""
-    out = []
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return out
-    with open(path, encoding="utf-8") as f:
-        for line in f:
+    return EventTail(run_dir).read()
+
+
+class EventTail:
+    """A run's metrics.jsonl read as another process appends to it: each `read()` returns the events of the complete
+    lines added since the last one; a line still being written waits for its end."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[events.Event]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []  # not written yet, or gone
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        out = []
+        for line in lines:
             try:
                 out.append(_nan_for_null(events.from_dict(json.loads(line))))
-            except (json.JSONDecodeError, KeyError, TypeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
                 continue
-    return out
+        return out
 
 
 def list_runs(runs_dir: str | Path) -> list[RunSummary]:
