@@ -65,3 +65,17 @@ def assert_grads_close(got, want, rtol=1e-4, rel_atol=1e-4):
     for name in want:
         atol = rel_atol * float(want[name].abs().max()) + 1e-8
         torch.testing.assert_close(got[name], want[name], rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def rows_attention(q, k, v, cu, scale=None):
+    """Causal attention of each packed row alone, in varlen layout: (T, Hq, D) query, (T, Hkv, D) key / value and
+    int32 offsets `cu` -> (T, Hq, Dv). A reference for the packed kernels (reads the offsets: CPU tests)."""
+    import torch.nn.functional as F
+
+    groups = q.shape[1] // k.shape[1]
+    outs = []
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
+        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1))
+    return torch.cat(outs)

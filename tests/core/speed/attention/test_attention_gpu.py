@@ -182,22 +182,26 @@ def _step(model, cpu_batch):
     return loss
 
 
+def step_without_sync(model, cpu_batch):
+    """One warm-up step (lazy CUDA/cuBLAS initialisation may sync once), then a step under
+    `set_sync_debug_mode("error")`: any host sync inside its forward + backward raises. Returns that step's loss."""
+    _step(model, cpu_batch)
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return _step(model, cpu_batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @needs_cuda
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_packed_training_step_makes_no_host_sync(checkpointing):
     model = _lora_model(checkpointing)
     choice = attention.configure(model, SpeedConfig(), DEVICE)
     assert choice.name in ("varlen", "flash"), f"expected a varlen kernel on CUDA: {choice.reason}"
-    cpu_batch = collate_packed(random_rows([200, 37, 511, 90, 3], seed=12), pin_memory=True)
-    _step(model, cpu_batch)  # warm-up: lazy CUDA/cuBLAS initialisation may sync once
-    model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        loss = _step(model, cpu_batch)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    loss = step_without_sync(model, collate_packed(random_rows([200, 37, 511, 90, 3], seed=12), pin_memory=True))
     value = loss.item()  # the deferred read-out, after the step
     assert math.isfinite(value) and value > 0
     lora_grads = [p.grad for n, p in model.named_parameters() if "lora_" in n]

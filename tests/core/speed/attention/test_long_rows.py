@@ -9,11 +9,11 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from hone.core.speed.attention import backends, long_rows
 from hone.core.speed.attention.long_rows import LongRows, bucket, build_spans
 from hone.core.speed.checkpointing.layer_groups import register_batch
+from tests.helpers.packed import rows_attention
 
 
 def _cu(lengths):
@@ -21,14 +21,8 @@ def _cu(lengths):
 
 
 def _rows_attend(q, k, v, cu, max_len, scale=None):
-    """Short runs on the CPU: each row alone, causal (reads the offsets: fine off a GPU)."""
-    groups = q.shape[1] // k.shape[1]
-    outs = []
-    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
-        ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1))
-    return torch.cat(outs)
+    """Short runs on the CPU: each row alone (reads the offsets: fine off a GPU)."""
+    return rows_attention(q, k, v, cu, scale)
 
 
 def _reference(q, k, v, lengths):

@@ -19,7 +19,7 @@ from hone.core.config import SpeedConfig
 from hone.core.data.collate import collate_packed
 from hone.core.speed import attention
 from hone.core.speed.attention import backends, long_rows
-from tests.core.speed.attention.test_attention_gpu import _check_backend, _lora_model, _step
+from tests.core.speed.attention.test_attention_gpu import _check_backend, _lora_model, _step, step_without_sync
 from tests.helpers.packed import model_of, random_rows
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -67,15 +67,7 @@ def test_a_step_with_long_rows_makes_no_host_sync(monkeypatch):
     original = long_rows._SpanAttention.forward
     monkeypatch.setattr(long_rows._SpanAttention, "forward",
                         staticmethod(lambda ctx, *a: calls.append(len(a[3])) or original(ctx, *a)))
-    cpu_batch = collate_packed(random_rows([600, 37, 511, 90, 3], seed=12), pin_memory=True)
-    _step(model, cpu_batch)
-    model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        loss = _step(model, cpu_batch)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    loss = step_without_sync(model, collate_packed(random_rows([600, 37, 511, 90, 3], seed=12), pin_memory=True))
     assert math.isfinite(loss.item())
     assert calls and set(calls) == {4}  # [600] [37] [511] [90, 3]
 

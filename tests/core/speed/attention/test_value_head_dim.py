@@ -7,21 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.attention.varlen
-import torch.nn.functional as F
 
 from hone.core.speed.attention import backends
+from tests.helpers.packed import rows_attention
 
 
 def _flash_like(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=None, enable_gqa=False, **_):
     assert q.shape[-1] == k.shape[-1] == v.shape[-1], "the flash kernel takes one head dim for q, k and v"
     assert window_size == (-1, 0)
-    groups = q.shape[1] // k.shape[1]
-    outs = []
-    for start, end in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
-        ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1))
-    return torch.cat(outs)
+    return rows_attention(q, k, v, cu_q, scale)
 
 
 def test_values_narrower_than_queries_are_padded_for_the_kernel_and_cut_back(monkeypatch):
