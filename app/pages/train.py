@@ -28,6 +28,13 @@ def plan_memory(config: RunConfig, memory_source):
     return plan_run(config, memory_source(), allow_qlora=True)
 
 
+def measure_backends(model_cfg, progress=None):
+    """Hone's MoE experts backends timed on the model's own shapes, on the GPU (on a worker thread)."""
+    from hone.core.bench.moe_backends import measure_model_backends
+
+    return measure_model_backends(model_cfg, "cuda", progress=progress)
+
+
 def detect_memory():
     from hone.core.memory.run_plan import detect_memory as detect
 
@@ -89,6 +96,26 @@ class TrainPage(Page):
         self._estimate_timer.setSingleShot(True)
         self._estimate_timer.setInterval(ESTIMATE_DELAY_MS)
         self._estimate_timer.timeout.connect(self._estimate)
+
+        self.moe_card = Card("Mixture-of-experts backends", "Time grouped_mm, Triton and PyTorch on this model's own "
+                             "expert shapes (two random-init layers of its configuration) on this GPU, then keep "
+                             "the fastest.")
+        moe_row = QHBoxLayout()
+        self.measure_button = QPushButton("Measure on this GPU")
+        self.measure_button.clicked.connect(self.measure_moe_backends)
+        self.use_fastest_button = QPushButton("Use the fastest")
+        self.use_fastest_button.clicked.connect(self._use_fastest)
+        self.use_fastest_button.hide()
+        moe_row.addWidget(self.measure_button)
+        moe_row.addWidget(self.use_fastest_button)
+        moe_row.addStretch(1)
+        self.moe_card.body.addLayout(moe_row)
+        self.moe_results = label("", wrap=True, selectable=True)
+        self.moe_card.body.addWidget(self.moe_results)
+        self.moe_card.hide()
+        self.moe_task: Task | None = None
+        self.fastest_backend = ""
+        self.body.addWidget(self.moe_card)
 
         self.form = ConfigForm()
         self.form.changed.connect(self._form_changed)
@@ -155,9 +182,50 @@ class TrainPage(Page):
             self._auto_pick = event.speed_paths["moe"]
             self._refresh()
 
+    # ---- MoE backends measured ----
+    def measure_moe_backends(self) -> None:
+        """Time each experts backend on the chosen model's shapes, on a worker thread; the table shows here."""
+        if self.moe_task is not None and self.moe_task.is_running():
+            return
+        self.measure_button.setEnabled(False)
+        self.use_fastest_button.hide()
+        self.moe_results.setText("Measuring… (builds two random-init layers per backend; a minute or two)")
+        self.moe_task = Task(measure_backends, self.state.config.model, on_result=self._show_backends,
+                             on_error=self._backends_failed,
+                             on_progress=lambda backend: self.moe_results.setText(f"Measuring {backend}…"))
+
+    def _show_backends(self, results: list) -> None:
+        self.measure_button.setEnabled(True)
+        timed = [r for r in results if not isinstance(r, str)]
+        lines = [f"{r.backend}: {r.tokens_per_s:,.0f} tokens/s" + (f", {r.peak_bytes / 2**30:.1f} GiB peak"
+                                                                   if r.peak_bytes else "") for r in timed]
+        lines += [f"{r} (not measured)" for r in results if isinstance(r, str)]
+        if timed:
+            best = max(timed, key=lambda r: r.tokens_per_s)
+            self.fastest_backend = best.backend
+            lines.append(f"Fastest here: {best.backend}.")
+            self.use_fastest_button.setText(f"Use {best.backend}")
+            self.use_fastest_button.show()
+        self.moe_results.setText("\n".join(lines))
+
+    def _backends_failed(self, error) -> None:
+        self.measure_button.setEnabled(True)
+        self.moe_results.setText(f"Could not measure: {error.message}" + (f" {error.advice}" if error.advice else ""))
+
+    def _use_fastest(self) -> None:
+        if self.fastest_backend:
+            self.state.update(f'{MOE_KEY}="{self.fastest_backend}"')
+
     def _refresh(self) -> None:
         config = self.state.config
         is_moe = self.state.is_moe
+        machine = self.state.machine
+        self.moe_card.setVisible(bool(is_moe))
+        running = self.state.session.is_running
+        measuring = self.moe_task is not None and self.moe_task.is_running()
+        self.measure_button.setEnabled(bool(machine and machine.has_gpu) and not running and not measuring)
+        self.measure_button.setToolTip("" if machine and machine.has_gpu else
+                                       "Measures on an NVIDIA GPU; this computer has none.")
         if is_moe is None:
             self.form.set_enabled(MOE_KEY, False)
             self.form.set_note(MOE_KEY, "Choose a model to see whether it has experts.")

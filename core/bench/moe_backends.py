@@ -82,6 +82,13 @@ def run_moe_benchmark(shape: str = "moe-qwen3", backend: str = "grouped_mm", *, 
     from hone.core.models.shapes import build_model
 
     model = build_model(shape, layers or None, seed=seed, dtype=dtype, device=device)
+    return _timed_steps(model, shape, backend, layers=layers, tokens=tokens, steps=steps, warmup=warmup, rank=rank,
+                        device=device, checkpointing=checkpointing, seed=seed)
+
+
+def _timed_steps(model: nn.Module, shape: str, backend: str, *, layers: int, tokens: int, steps: int, warmup: int,
+                 rank: int, device: str, checkpointing: bool, seed: int) -> MoeBenchResult:
+    """LoRA on `model` with `backend`, then `warmup + steps` steps on one row of random tokens; the last timed."""
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -109,6 +116,54 @@ def run_moe_benchmark(shape: str = "moe-qwen3", backend: str = "grouped_mm", *, 
     return MoeBenchResult(shape=shape, backend=backend, reason=choice.reason, layers=layers, tokens=tokens,
                           steps=steps, tokens_per_s=tokens * len(times) / sum(times), peak_bytes=peak,
                           step_times=times, losses=losses)
+
+
+def measure_model_backends(model_cfg, device: str, *, layers: int = 2, tokens: int = 4096, steps: int = 3,
+                           warmup: int = 1, progress=None) -> list[MoeBenchResult | str]:
+    """Hone's experts backends timed on the chosen model's own expert shapes: a random-init copy of its first
+    `layers` decoder layers (its config, not its weights), LoRA on attention and experts. What the Train page's
+    "Measure MoE backends" shows. Returns per backend its result, or why it could not run (a string).
+
+    Args:
+        model_cfg: the run's ModelConfig (a Hub id, folder or GGUF: only its config is read).
+        progress: called with the backend about to run.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from hone.core.models.load import load_config
+
+    _, _, config = load_config(model_cfg)
+    if getattr(config, "vision_config", None) is not None:
+        raise ValueError("measuring the MoE backends of vision-language models is not supported yet")
+    config.num_hidden_layers = min(layers, config.num_hidden_layers)
+    if isinstance(getattr(config, "layer_types", None), list):  # per-layer kinds follow the layer count
+        config.layer_types = config.layer_types[:config.num_hidden_layers]
+    for key in ("first_k_dense_replace", "moe_layer_start_index", "num_dense_layers"):  # every measured layer MoE
+        if getattr(config, key, None):
+            setattr(config, key, 0)
+    if getattr(config, "mlp_only_layers", None):
+        config.mlp_only_layers = []
+    cuda = torch.device(device).type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    names = HONE_BACKENDS if cuda else tuple(b for b in HONE_BACKENDS if b != "triton")
+    out: list[MoeBenchResult | str] = []
+    for backend in names:
+        if progress is not None:
+            progress(backend)
+        try:
+            torch.manual_seed(0)
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            out.append(_timed_steps(model, getattr(config, "model_type", "model"), backend,
+                                    layers=config.num_hidden_layers, tokens=tokens, steps=steps, warmup=warmup,
+                                    rank=16, device=device, checkpointing=False, seed=0))
+        except Exception as exc:  # one backend failing (e.g. out of memory) leaves the others to compare
+            out.append(f"{backend}: {type(exc).__name__}: {exc}")
+        finally:
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
