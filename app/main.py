@@ -76,9 +76,7 @@ def apply_choices(window, args: argparse.Namespace) -> None:
             window.state.update(f'output.runs_dir="{Path(args.run).resolve().parent.as_posix()}"')
             for name in ("runs", "chat", "export"):
                 window.page(name).shown()
-        window.monitor.show_run(args.run)
-        window.page("chat").select_run(args.run)
-        window.page("export").set_run(args.run)
+        window.open_run(args.run)  # Monitor, the sidebar's badge, Chat and Export, as opening it from Runs does
 
 
 def screenshot(window, path: str | Path) -> Path:
@@ -90,7 +88,7 @@ def screenshot(window, path: str | Path) -> Path:
     window.show()
     app = QApplication.instance()
     deadline = time.monotonic() + SCREENSHOT_WAIT_S
-    while Task.running() and time.monotonic() < deadline:
+    while (Task.running() or window.page("train").is_busy()) and time.monotonic() < deadline:
         app.processEvents()
         time.sleep(0.02)
     for _ in range(5):  # let queued results, layouts and the charts' next redraw land

@@ -182,6 +182,10 @@ class TrainPage(Page):
             self._auto_pick = event.speed_paths["moe"]
             self._refresh()
 
+    def is_busy(self) -> bool:
+        """A memory estimate is waiting to start (edits settle first) or running."""
+        return self._estimate_timer.isActive() or bool(self.estimate_task and self.estimate_task.is_running())
+
     # ---- MoE backends measured ----
     def measure_moe_backends(self) -> None:
         """Time each experts backend on the chosen model's shapes, on a worker thread; the table shows here."""
