@@ -188,7 +188,7 @@ class _SpanAttention(torch.autograd.Function):
     Slicing the inputs under autograd would give every span a zero-filled gradient of the whole batch to add up;
     here each span's gradient is written into its rows of one tensor per input. Each span's graph (what its kernel
     saves for backward) is kept from the forward, so nothing is recomputed. `kept` is (output, graphs) a
-    checkpointed layer's first forward made (`_keep`): the recompute then runs no attention at all, and the
+    checkpointed layer's first forward made (see `attention`): the recompute then runs no attention at all, and the
     backward reads the graphs of the first forward, whose inputs are the same values.
     """
 
