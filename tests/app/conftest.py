@@ -3,6 +3,8 @@ tmp_path, and a main window built the way `hone studio` builds it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 # Machines without the desktop stack (a headless GPU box) skip the Studio's tests instead of failing to collect them.
@@ -20,6 +22,21 @@ def settings(tmp_path):
     config.output.runs_dir = str(tmp_path / "runs")
     s.set_config(config)
     return s
+
+
+def settle_tasks(qtbot, timeout_ms: int = 10_000) -> None:
+    """Run the event loop until the window's background Tasks (machine detection, data checks, exports) have ended,
+    at most `timeout_ms`.
+
+    Call it before closing a window. A Task's thread quits through a call queued to this (the GUI) thread, and
+    MainWindow.closeEvent blocks this thread in Task.wait(10 s): a window closed right after a Task's work ended
+    would sit out those 10 s with nothing left to do.
+    """
+    from hone.app.threads import Task
+
+    deadline = time.monotonic() + timeout_ms / 1000
+    while Task.running() and time.monotonic() < deadline:
+        qtbot.wait(10)
 
 
 @pytest.fixture
@@ -43,10 +60,13 @@ def make_window(qtbot, settings):
     for window in made:
         if not isValid(window):  # closed (and so deleted) by the test itself
             continue
-        if window.state.session.is_running:
-            window.state.session.stop()
-            window.state.session.wait(30_000)
-            qtbot.waitUntil(lambda w=window: not w.state.session.is_running, timeout=30_000)
+        session = window.state.session
+        if session.is_running:
+            session.stop()
+            # Not session.wait(): like a Task's (settle_tasks), the run's thread quits through a call queued to this
+            # thread, so a blocking wait here sat out its whole timeout after every run that had just finished.
+            qtbot.waitUntil(lambda s=session: not s.is_running, timeout=60_000)
+        settle_tasks(qtbot)
         window.close()
 
 

@@ -12,6 +12,7 @@ from shiboken6 import isValid
 
 from hone.core.config import RunConfig
 from hone.core.events import RunFailed, RunFinished, RunStarted, StepMetrics
+from tests.app.conftest import settle_tasks
 
 
 def _write_run(folder, losses):
@@ -59,6 +60,7 @@ def test_settings_persist_page_geometry_recents_and_theme(qtbot, make_window, se
     window.resize(1111, 777)
     window._cycle_theme()
     mode = window.theme.mode
+    settle_tasks(qtbot)  # the machine detection the window started has ended (conftest.settle_tasks says why)
     window.close()
     assert settings.page() == "train"
     assert settings.recent_models()[0] == "Qwen/Qwen3-0.6B"

@@ -3,7 +3,7 @@ every kind of model name, without reading (or converting) any weights."""
 
 from __future__ import annotations
 
-import os
+import functools
 import shutil
 from pathlib import Path
 
@@ -22,10 +22,27 @@ from hone.core.resources import smollm2_gguf
 ROWS = ["bundled:samples/chat.jsonl", "bundled:samples/pretrain.jsonl"]
 
 
+@functools.cache
+def _gguf_fields() -> dict:
+    """The bundled GGUF's metadata fields, read once (each read parses the whole 49k-token vocabulary: seconds)."""
+    return GGUFReader(smollm2_gguf()).fields
+
+
 def _gguf_token_id(key: str) -> int:
     """A special token's id as the GGUF file itself states it (the reference, read without transformers)."""
-    field = GGUFReader(smollm2_gguf()).fields[f"tokenizer.ggml.{key}_token_id"]
+    field = _gguf_fields()[f"tokenizer.ggml.{key}_token_id"]
     return int(field.parts[field.data[0]][0])
+
+
+@pytest.fixture(scope="module")
+def unconverted(tmp_path_factory):
+    """(tokenizer, cache): what `hone data check --model bundled:...` loads while the bundled GGUF was never
+    converted (built from the GGUF's metadata; seconds, so built once for this module), and the empty cache it
+    loaded with."""
+    cache = tmp_path_factory.mktemp("unconverted") / "cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HONE_CACHE", str(cache))
+        return data_check_tokenizer(DEMO_MODEL), cache
 
 
 def _token_ids(tokenizer, files: list[str]) -> list[list[int]]:
@@ -33,16 +50,15 @@ def _token_ids(tokenizer, files: list[str]) -> list[list[int]]:
     return [row.input_ids for row in data]
 
 
-def test_data_page_and_data_check_tokenize_rows_alike(tmp_path, monkeypatch):
+def test_data_page_and_data_check_tokenize_rows_alike(unconverted, monkeypatch):
     """Same ids for the same rows from both entry points, special tokens as the GGUF states them (transformers 5.17
     reads SmolLM2's EOS as <|im_start|>), and no GGUF conversion (that reads every weight)."""
     pytest.importorskip("PySide6")
     from hone.app.pages.data import load_tokenizer_for
 
-    cache = tmp_path / "cache"
+    command, cache = unconverted
     monkeypatch.setenv("HONE_CACHE", str(cache))
     page = load_tokenizer_for(ModelConfig(name_or_path=DEMO_MODEL))
-    command = data_check_tokenizer(DEMO_MODEL)
     chat, text = _token_ids(command, ROWS[:1]), _token_ids(command, ROWS[1:])
     assert len(chat) == 12 and len(text) == 6  # every sample row kept
     assert _token_ids(page, ROWS[:1]) == chat
@@ -55,15 +71,14 @@ def test_data_page_and_data_check_tokenize_rows_alike(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_gguf_s_tokenizer_is_the_one_its_conversion_saves(tmp_path, monkeypatch):
+def test_a_gguf_s_tokenizer_is_the_one_its_conversion_saves(unconverted):
     """Before a run converted the GGUF the tokenizer is built from its metadata; after, it is read from the converted
     folder a run trains from. Both are the same tokenizer (definition, special tokens, ids)."""
-    shared = os.environ["HONE_CACHE"]  # the test session's cache, where the bundled model is converted once
-    monkeypatch.setenv("HONE_CACHE", str(tmp_path / "cache"))
+    from_metadata, _cache = unconverted  # tokenizer_for in a cache with no conversion in it
     model_cfg = ModelConfig(name_or_path=DEMO_MODEL)
-    from_metadata = tokenizer_for(model_cfg)  # a cache with no conversion in it
-    monkeypatch.setenv("HONE_CACHE", shared)
-    folder = gguf_folder(smollm2_gguf())  # what load_model trains from (reads every weight: slow the first time)
+    # What load_model trains from, in the test session's cache, where the bundled model is converted once (reads
+    # every weight: slow the first time).
+    folder = gguf_folder(smollm2_gguf())
     from_conversion = tokenizer_for(model_cfg)
     assert Path(from_conversion.name_or_path) == folder
     assert tokenizer_fingerprint(from_conversion) == tokenizer_fingerprint(from_metadata)
