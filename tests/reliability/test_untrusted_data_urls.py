@@ -64,7 +64,9 @@ class LocalServer:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # shutdown() returns once serve_forever next checks for it, every poll_interval (0.5 s by default: a second
+        # of teardown per test for the two servers).
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
 
     def route(self, h: BaseHTTPRequestHandler) -> None:

@@ -1,5 +1,5 @@
 """The vision demo: the shipped shapes dataset is its generator's output, the demo model carries SmolLM2's real
-weights, and `hone demo --vision` runs end to end (two steps)."""
+weights, and `hone demo --vision` runs end to end (one step)."""
 
 from __future__ import annotations
 
@@ -82,12 +82,16 @@ def test_demo_model_has_smollm2_weights_and_a_random_vision_encoder():
 
 
 def test_vision_demo_command_runs_end_to_end(tmp_path, capsys):
+    """A short `hone demo --vision` (1 step; 3 held-out questions, one of each kind) on SmolLM2 with its vision
+    encoder: it scores, trains, writes the adapter and prints the table of every kind before and after."""
     from hone.core.cli import main
 
-    code = main(["demo", "--vision", "--runs-dir", str(tmp_path), "--steps", "2", "--eval-rows", "6"])
+    code = main(["demo", "--vision", "--runs-dir", str(tmp_path), "--steps", "1", "--eval-rows", "3"])
     err = capsys.readouterr().err
     assert code == 0, err[-3000:]
     assert "held-out answers" in err and "+ Hone" in err and "chance" in err
+    for kind in ("color", "shape", "text"):  # --eval-rows keeps the mix: one question of each kind, scored twice
+        assert err.count(f"{kind:>5}: expected ") == 1, err[-3000:]
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
-    assert json.loads((run_dir / "run.json").read_text())["step"] == 2
+    assert json.loads((run_dir / "run.json").read_text())["step"] == 1
