@@ -37,6 +37,7 @@ class RunStarted(Event):
     # Chosen speed paths and why, e.g. {"attention": "varlen (CUDA, torch 2.11)"}.
     speed_paths: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    processes: int = 1  # processes training the run together (one per GPU under torchrun)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class StepMetrics(Event):
     copy_stall_s: float = 0.0  # time compute waited for checkpoint reloads
     buffer_bytes: int = 0  # device memory held by offload reload buffers
     expert_load: list[int] = field(default_factory=list)  # tokens per expert (MoE), summed over layers
+    mem_by_gpu: list[int] = field(default_factory=list)  # bytes, each process's peak, when several train the run
 
 
 @dataclass(frozen=True)

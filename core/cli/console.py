@@ -171,9 +171,11 @@ class EventPrinter:
             c.print(dataset_table(event))
         elif isinstance(event, events.Notice):
             style = "yellow" if event.level == "warning" else "dim"
-            c.print(f"[{style}]{event.topic}: {event.message}[/{style}]")
+            c.print(f"[{style}]{escape(event.topic)}: {escape(event.message)}[/{style}]")
         elif isinstance(event, events.RunStarted):
-            c.print(f"[bold]{event.model}[/bold] on {event.device} ({event.dtype}), run folder {event.run_dir}")
+            where = f"{event.processes} processes ({event.device} each)" if event.processes > 1 else event.device
+            c.print(f"[bold]{escape(event.model)}[/bold] on {escape(where)} ({event.dtype}), run folder "
+                    f"{escape(event.run_dir)}")
             for path, choice in event.speed_paths.items():
                 c.print(f"  {path}: {escape(speed_choice(event.device, choice))}")
             self.first_step = event.resumed_from_step
@@ -195,22 +197,24 @@ class EventPrinter:
                 c.print(step_line(event, self.first_step), highlight=False)
         elif isinstance(event, events.StepMetrics):
             info = f"loss {event.loss:.4f}  {event.tokens_per_s:,.0f} tok/s"
-            if event.mem_allocated:
+            if len(event.mem_by_gpu) > 1:
+                info += "  " + " / ".join(f"{b / 2**30:.1f}" for b in event.mem_by_gpu) + " GiB"
+            elif event.mem_allocated:
                 info += f"  {event.mem_allocated / 2**30:.1f} GiB"
             self.progress.update(self.task, completed=event.step, info=info)
         elif isinstance(event, events.EvalMetrics):
             c.print(f"eval at step {event.step}: loss {event.loss:.4f}")
         elif isinstance(event, events.CheckpointSaved):
-            c.print(f"[dim]checkpoint: {event.path}[/dim]")
+            c.print(f"[dim]checkpoint: {escape(event.path)}[/dim]")
         elif isinstance(event, events.RunFinished):
             self._stop_progress()
             word = "stopped" if event.stopped else "finished"
             c.print(f"[green]{word}[/green] after {event.step} steps in {event.elapsed:.0f} s, final loss "
-                    f"{event.final_loss:.4f}; adapter: {event.adapter_dir}")
+                    f"{event.final_loss:.4f}; adapter: {escape(event.adapter_dir)}")
         elif isinstance(event, events.RunFailed):
             self._stop_progress()
-            c.print(f"[red]failed:[/red] {event.reason}")
+            c.print(f"[red]failed:[/red] {escape(event.reason)}")
             if event.advice:
-                c.print(f"advice: {event.advice}")
+                c.print(f"advice: {escape(event.advice)}")
         if isinstance(event, (events.RunFinished, events.RunFailed)):
             self.last = event

@@ -237,7 +237,8 @@ def _write_file(path: Path, data: bytes | memoryview) -> dict:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _write_folder(folder: Path, step: int, model, optimizer, scheduler, state: dict, scaler) -> None:
+def _write_folder(folder: Path, step: int, model, optimizer, scheduler, state: dict, scaler,
+                  rng_by_rank: list | None = None) -> None:
     """The checkpoint's files, serialized in memory first (a moment's copy of the trainable weights and the
     optimizer state in host memory), then written."""
     _fault_point()
@@ -245,7 +246,8 @@ def _write_folder(folder: Path, step: int, model, optimizer, scheduler, state: d
     files = {WEIGHTS_FILE: _write_file(folder / WEIGHTS_FILE, save_tensors(trainable_state(model)))}
     buffer = io.BytesIO()
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state()}, buffer)
+                "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
+                **({"rng_by_rank": rng_by_rank} if rng_by_rank else {})}, buffer)
     files[TRAINING_STATE_FILE] = _write_file(folder / TRAINING_STATE_FILE, buffer.getbuffer())
     del buffer
     text = json.dumps(dict(state, step=step), indent=2, allow_nan=False)
@@ -256,9 +258,10 @@ def _write_folder(folder: Path, step: int, model, optimizer, scheduler, state: d
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, *, scaler=None,
-                    keep: int = 2) -> Path:
+                    keep: int = 2, rng_by_rank: list | None = None) -> Path:
     """Write checkpoints/step-{step:06d} (replacing one of that step without a moment lacking it) and prune to the
     `keep` newest complete ones. Returns its path. The caller holds the run folder's lock (run_lock.py).
+    `rng_by_rank`: the random state of each process of a run trained by several (hone.core.train.distributed).
 
     Raises:
         HoneError: the disk is full (the half-written folder is removed again, the older checkpoints stay).
@@ -269,7 +272,7 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
     try:
         root.mkdir(parents=True, exist_ok=True)
         _tidy(root)
-        _write_folder(tmp, step, model, optimizer, scheduler, state, scaler)
+        _write_folder(tmp, step, model, optimizer, scheduler, state, scaler, rng_by_rank)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)  # frees the space it took, for run.json and the log
         if is_disk_full(e):
@@ -295,9 +298,9 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state
 
 
 # ---- loading ----
-def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None) -> dict:
+def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None, rank: int = 0) -> dict:
     """Restore model weights, optimizer, scheduler, scaler and RNG from `path` (one `resumable_checkpoint` chose);
-    returns its state.json.
+    returns its state.json. `rank`: which process's random state to take, when several trained the run.
 
     Raises:
         HoneError: training_state.pt holds anything but tensors and plain values (loading it could run code), or
@@ -327,5 +330,6 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None) -> 
     scheduler.load_state_dict(training["scheduler"])
     if scaler is not None and training.get("scaler") is not None:
         scaler.load_state_dict(training["scaler"])
-    set_rng_state(training["rng"])
+    by_rank = training.get("rng_by_rank") or []
+    set_rng_state(by_rank[rank] if rank < len(by_rank) else training["rng"])
     return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))

@@ -455,6 +455,8 @@ class EventTail:
     def read(self) -> list[events.Event]:
         try:
             with open(self.path, "rb") as f:
+                if f.seek(0, os.SEEK_END) < self.offset:  # rewritten shorter (a resume drops later steps): reread
+                    self.offset, self.partial = 0, b""
                 f.seek(self.offset)
                 data = f.read()
         except OSError:

@@ -17,6 +17,7 @@ from hone.core import vision
 from hone.core.config import RunConfig
 from hone.core.data import TokenizedSet, plan_packs
 from hone.core.data.collate import collate_packed, collate_padded
+from hone.core.train import distributed
 from hone.core.train.loss import loss_sum
 from hone.kernels.weight_casts import reuse_weight_casts
 
@@ -90,7 +91,8 @@ class StepRunner:
     PREFETCH_ON_CPU = False  # tests switch background collation on without a GPU
 
     def __init__(self, model, tokenizer, optimizer, scheduler, scaler, params, config: RunConfig, device: str,
-                 dtype, setup):
+                 dtype, setup, world: distributed.World = distributed.SINGLE):
+        self.world = world  # several processes: each runs its share of the packs; gradients summed over them
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.params, self.config, self.device, self.setup = params, config, device, setup
         self.cuda = str(device).startswith("cuda")
@@ -186,9 +188,10 @@ class StepRunner:
             self.setup.host_tables.restore(self.model)
 
     def step(self, dataset: TokenizedSet, packs: list[list[int]], step: int, total: int,
-             next_packs: list[list[int]] | None = None) -> dict:
+             next_packs: list[list[int]] | None = None, counts: tuple[int, int] | None = None) -> dict:
         """Run one optimizer step over `packs` (one micro-batch each); returns StepMetrics fields. `next_packs`,
-        the packs of the step after, are collated in the background meanwhile (on a GPU)."""
+        the packs of the step after, are collated in the background meanwhile (on a GPU). `counts`: the tokens and
+        trained tokens of the whole step when several processes share it (`packs` is this process's share)."""
         model, cfg = self.model, self.config.train
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -196,6 +199,8 @@ class StepRunner:
         batches = self._batches(dataset, packs, next_packs)
         trained = sum(b.num_trained for b in batches)  # known on the CPU: no sync to normalize the loss
         tokens = sum(b.num_tokens for b in batches)
+        if counts is not None:
+            tokens, trained = counts
         loss_total = torch.zeros((), device=self.device, dtype=torch.float32)
         if not model.training:  # model.train() visits every module: thousands of calls on each step otherwise
             model.train()
@@ -210,6 +215,8 @@ class StepRunner:
                 scaled = summed / max(trained, 1)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
                 loss_total += summed.detach()
+        distributed.sum_gradients(self.params, self.optimizer, self.world)
+        distributed.sum_tensor_(loss_total, self.world)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
@@ -235,6 +242,8 @@ class StepRunner:
                    tokens_per_s=tokens / step_time, step_time=step_time)
         if self.cuda:
             out.update(mem_allocated=torch.cuda.max_memory_allocated(), mem_reserved=torch.cuda.memory_reserved())
+        if self.world.launched:
+            out["mem_by_gpu"] = distributed.gather_counts(out.get("mem_allocated", 0), self.world)
         if self.setup.expert_meter is not None:
             out["expert_load"] = self.setup.expert_meter.read_and_reset()
         if self.setup.offload is not None:
@@ -250,10 +259,11 @@ class StepRunner:
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         trained = 0
         with reuse_weight_casts():
-            for pack in stream.plan(0):
+            for pack in self.world.share(stream.plan(0)):  # each process its share of the rows
                 batch = self.collate([dataset[i] for i in pack])
                 trained += batch.num_trained
                 with self._autocast():
                     total += loss_sum(model, batch.to(self.device), mode=self.config.speed.loss).float()
         model.train()
-        return total.item() / max(trained, 1)
+        total_sum, trained = distributed.sum_values([total.item(), trained], self.world)
+        return total_sum / max(trained, 1)

@@ -6,6 +6,7 @@ run folder's metrics.jsonl. Failures become a RunFailed event with advice, never
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -25,7 +26,7 @@ from hone.core.models.load import load_model, pending_conversion, pick_device, r
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
 from hone.core.speed.attention import packing_blocker
 from hone.core.train import checkpoints as ckpt
-from hone.core.train import preflight
+from hone.core.train import distributed, preflight
 from hone.core.train.adapter_dir import save_adapter
 from hone.core.train.lora import apply_lora
 from hone.core.train.optim import build_optimizer, build_scheduler
@@ -59,8 +60,10 @@ class Trainer:
     (refuse | restart-epoch | continue) says what to do when its training files changed since (resume_checks)."""
 
     def __init__(self, config: RunConfig, control: RunControl | None = None, *, resume_dir: str | Path | None = None,
-                 device: str | None = None, data_changed: str = "refuse"):
+                 device: str | None = None, data_changed: str = "refuse", world: distributed.World | None = None):
         self.config = config
+        # the processes training this run together (torchrun); one plain process otherwise
+        self.world = world if world is not None else distributed.from_environment()
         self.data_changed = data_changed
         self.facts: RunFacts | None = None  # what each checkpoint records about the run (config, data hashes)
         self.control = control or RunControl()
@@ -118,18 +121,32 @@ class Trainer:
             self.reporters = []
             if self.writer is not None:
                 self.writer.close()
+            if self.world.launched:
+                distributed.leave()
 
     # ---- the run ----
     def _run(self) -> Iterator[events.Event]:
+        world = self.world
+        if world.launched:
+            self.device = distributed.join(world)
         config, device = self.config, self.device
+        shared = None
+        if self.resume_dir is None:  # a resume goes on with the micro-batches its config.toml records
+            config, shared = distributed.share_step(config, world)
+            self.config = config
         # Hashes the data; a resume that would change what the run trains is refused here, before any write.
         facts = self.facts = RunFacts(config, self.resume_dir, self.data_changed)
         check_reporters(config)  # a reporter that is not installed: said before anything is written
-        run_dir = self.resume_dir or new_run_dir(config)
-        self.writer = RunWriter(run_dir, config, created=self.resume_dir is None)  # locks the folder for the run
-        self.writer.log(f"run folder {run_dir}, device {device}")
-        for notice in facts.start(run_dir):  # a resume: what changed from which step; config.toml brought up to date
-            yield self._emit(notice)
+        if world.main:
+            run_dir = self.resume_dir or new_run_dir(config)
+            self.writer = RunWriter(run_dir, config, created=self.resume_dir is None)  # locks the folder for the run
+            self.writer.log(f"run folder {run_dir}, device {device}")
+        run_dir = Path(distributed.from_main(str(run_dir) if world.main else None, world))
+        if shared is not None:
+            yield self._emit(shared)
+        if world.main:
+            for notice in facts.start(run_dir):  # a resume: what changed from which step; config.toml up to date
+                yield self._emit(notice)
         if config.train.fit_memory:
             config = self.config = yield from self._fit_memory(config)
             if device.startswith("cuda"):
@@ -144,7 +161,8 @@ class Trainer:
         if converting is not None:  # a minute or more of silence otherwise, on a first run with a GGUF model
             yield self._emit(events.Notice(topic="model", message=(
                 f"converting {converting.name} to a safetensors folder, once (later runs read the cached copy)")))
-        loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
+        with distributed.main_first(world) if converting is not None else contextlib.nullcontext():
+            loaded = load_model(config.model, device=device, qlora=config.lora.qlora)
         model, tokenizer, info = loaded.model, loaded.tokenizer, loaded.info
         template = apply_template_setting(tokenizer, config.data.chat_template)
         if template:
@@ -154,7 +172,8 @@ class Trainer:
             config = self.config = dataclasses.replace(config, speed=dataclasses.replace(config.speed, packing=False))
             yield self._emit(events.Notice(topic="packing", level="warning", message=(
                 f"rows are padded instead of packed: {unpackable}")))
-        data = load_training_data(config.data, tokenizer, seed=config.train.seed)
+        with distributed.main_first(world):  # process 0 tokenizes and caches; the others read the cache
+            data = load_training_data(config.data, tokenizer, seed=config.train.seed)
         for report in data.reports:
             yield self._emit(report)
         if len(data.train) == 0:
@@ -176,6 +195,7 @@ class Trainer:
         emitted = len(setup.notices)
 
         params = [p for p in model.parameters() if p.requires_grad]
+        distributed.same_start(params, world)
         stream = PackStream(data.train.lengths, config.train.batch_tokens, config.train.seed, config.speed.packing)
         total = total_steps_for(config, stream)
         optimizer = build_optimizer(params, config.train, device)
@@ -196,51 +216,63 @@ class Trainer:
                 yield self._emit(events.Notice(topic="resume", message="no complete checkpoint found; "
                                                "starting this run from step 0", level="warning"))
             else:
-                state = ckpt.load_checkpoint(latest, model, optimizer, scheduler, scaler=scaler)
+                state = ckpt.load_checkpoint(latest, model, optimizer, scheduler, scaler=scaler, rank=world.rank)
                 self.step, position = state["step"], state["position"]
+                trained_by = int(state.get("processes", 1))
+                if trained_by != world.size:
+                    yield self._emit(events.Notice(topic="resume", step=self.step + 1, message=(
+                        f"the run trained on {trained_by} process{'es' if trained_by > 1 else ''} and goes on with "
+                        f"{world.size}: each step trains the same rows, but the sums run in another order, so the "
+                        "result is close to, not bit for bit, the run without the change")))
                 self.split = state.get("split", 1)  # a run that ran out of memory goes on as it ended
                 resumed = facts.resume(state, stream, optimizer, scheduler, config)  # changed settings, data
                 position, total = resumed.position, resumed.total
                 for notice in resumed.notices:
                     yield self._emit(notice)
-            self.writer.forget_steps_after(self.step)  # metrics.jsonl: the steps trained again are written again
+            if self.writer is not None:  # metrics.jsonl: the steps trained again are written again
+                self.writer.forget_steps_after(self.step)
 
-        self.reporters = open_reporters(config, run_dir, resumed_from=self.step)
+        self.reporters = open_reporters(config, run_dir, resumed_from=self.step) if world.main else []
         yield self._emit(events.RunStarted(
             run_dir=str(run_dir), model=info.name, device=device, dtype=str(dtype).replace("torch.", ""),
             params_total=lora_report.total, params_trainable=lora_report.trainable, total_steps=total,
             tokens_per_epoch=int(data.train.num_tokens), resumed_from_step=self.step, is_moe=info.is_moe,
-            is_vision=info.is_vision, speed_paths=setup.choices, config=config.to_dict()))
+            is_vision=info.is_vision, speed_paths=setup.choices, config=config.to_dict(), processes=world.size))
 
         step_loop = self.step_loop = StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config,
-                                                device, dtype, setup)
+                                                device, dtype, setup, world=world)
         if self.memory is not None and self.memory_meter is not None and config.train.fit_memory and self.step < total:
             yield self._emit(self._preflight(step_loop, data.train, stream))
-        start_time, last_loss, eval_loss, stopped = time.time(), self.writer.last_loss, None, False
+        last_loss = self.writer.last_loss if self.writer is not None else math.nan
+        start_time, eval_loss, stopped = time.time(), None, False
         while self.step < total:
             if self.control.paused:
                 yield self._emit(events.RunPaused(step=self.step))
                 self.control.wait_while_paused()
                 if not self.control.stop_requested:
                     yield self._emit(events.RunResumed(step=self.step))
-            if self.control.stop_requested:
+            if distributed.any_process(self.control.stop_requested, world):  # every process stops at one step
                 stopped = True
                 break
             packs = [stream.take(position + i) for i in range(config.train.grad_accum)]
             position += len(packs)
             upcoming = ([stream.take(position + i) for i in range(config.train.grad_accum)]
                         if self.step + 1 < total else None)
+            mine, lengths = world.share(packs), data.train.lengths
+            counts = (int(sum(lengths[i] for p in packs for i in p)),
+                      int(sum(data.train.trained_lengths[i] for p in packs for i in p)))
             while True:  # an out-of-memory step runs again on smaller micro-batches of the same rows
-                lengths = data.train.lengths
                 try:
-                    metrics = step_loop.step(data.train, split_packs(packs, lengths, self.split), self.step, total,
-                                             next_packs=upcoming and split_packs(upcoming, lengths, self.split))
+                    metrics = step_loop.step(data.train, split_packs(mine, lengths, self.split), self.step, total,
+                                             next_packs=upcoming and split_packs(world.share(upcoming), lengths,
+                                                                                 self.split), counts=counts)
                     break
                 except torch.OutOfMemoryError:
                     step_loop.forget_step()
-                    if max(len(p) for p in split_packs(packs, lengths, self.split)) == 1:
-                        yield self._emit(self._checkpoint(run_dir, model, optimizer, scheduler, scaler,
-                                                          position - len(packs)))
+                    if max(len(p) for p in split_packs(mine, lengths, self.split)) == 1:
+                        if not world.launched:  # (a save needs every process, and the others are mid-step)
+                            yield self._emit(self._checkpoint(run_dir, model, optimizer, scheduler, scaler,
+                                                              position - len(packs)))
                         raise HoneError(f"the GPU ran out of memory at step {self.step + 1} even with one row per "
                                         "micro-batch; the run is saved up to the step before", OOM_ADVICE) from None
                     self.split *= 2
@@ -274,8 +306,10 @@ class Trainer:
             yield self._emit(events.EvalMetrics(step=self.step, loss=eval_loss, tokens=int(data.eval.num_trained)))
         step_loop.close()  # the model as it was loaded again (embedding table back on the device) for the saves
         yield self._emit(self._checkpoint(run_dir, model, optimizer, scheduler, scaler, position))
-        adapter_dir = save_adapter(model, tokenizer, run_dir / ADAPTER_DIR, config, steps=self.step,
-                                   final_loss=None if math.isnan(last_loss) else last_loss)
+        adapter_dir = run_dir / ADAPTER_DIR
+        if world.main:
+            save_adapter(model, tokenizer, adapter_dir, config, steps=self.step,
+                         final_loss=None if math.isnan(last_loss) else last_loss)
         yield self._emit(events.RunFinished(step=self.step, run_dir=str(run_dir), adapter_dir=str(adapter_dir),
                                             final_loss=last_loss, elapsed=time.time() - start_time,
                                             stopped=stopped, eval_loss=eval_loss))
@@ -290,6 +324,8 @@ class Trainer:
                                                else detect_system_memory())
         if memory is None:
             return config
+        if self.world.launched:  # every process plans the same batch: the one that fits the tightest of them
+            memory = self.memory = distributed.shared_memory(memory, self.device, self.world)
         try:
             fitted = fit_run_config(config, memory)
         except Exception as e:  # the planner is advice: a config it cannot read must not stop the run
@@ -310,7 +346,13 @@ class Trainer:
         return preflight.preflight_notice(result, self.predicted, first)
 
     def _checkpoint(self, run_dir, model, optimizer, scheduler, scaler, position) -> events.CheckpointSaved:
+        """Process 0 saves; with several processes the checkpoint holds each one's random state."""
+        world = self.world
+        rng_by_rank = distributed.gather(ckpt.rng_state(), world) if world.launched else None
+        if not world.main:
+            return events.CheckpointSaved(step=self.step, path="")
         path = ckpt.save_checkpoint(run_dir, self.step, model, optimizer, scheduler,
-                                    {"position": position, "split": self.split, **self.facts.record(position)},
-                                    scaler=scaler, keep=self.config.output.keep_checkpoints)
+                                    {"position": position, "split": self.split, "processes": world.size,
+                                     **self.facts.record(position)},
+                                    scaler=scaler, keep=self.config.output.keep_checkpoints, rng_by_rank=rng_by_rank)
         return events.CheckpointSaved(step=self.step, path=str(path))

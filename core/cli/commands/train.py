@@ -1,11 +1,16 @@
-"""`hone train CONFIG [--set k=v ...] [--resume RUN_DIR [--data-changed MODE]]`."""
+"""`hone train CONFIG [--set k=v ...] [--resume RUN_DIR [--data-changed MODE]] [--gpus N]`.
+
+With `--gpus N` (N > 1, or several machines) it starts torchrun, which runs this command once per GPU; each of
+those processes finds its place in the environment torchrun sets (hone.core.train.distributed)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 from pathlib import Path
 
+from hone.core.cli import launch as launcher
 from hone.core.config import RunConfig
 from hone.core.errors import HoneError
 from hone.core.train.resume_checks import DATA_CHANGED, check_resume
@@ -29,6 +34,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="with --resume, when the training files differ from those the checkpoint was trained on "
                    "(size and sha256 of each): refuse (the default) stops and names them; restart-epoch trains on "
                    "the new data from the start of the current epoch; continue keeps the place in the data order")
+    several = p.add_argument_group("several GPUs", "one process per GPU through torchrun; each step's rows are "
+                                   "shared out, so a step trains the same tokens as on one GPU")
+    several.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs of this machine to train on")
+    several.add_argument("--nnodes", type=int, default=1, metavar="M", help="machines taking part (the same "
+                         "command on each, with its --node-rank; the run folder on storage they share)")
+    several.add_argument("--node-rank", type=int, default=0, metavar="K", help="this machine's number, 0 to M-1")
+    several.add_argument("--master-addr", metavar="HOST", help="address of machine 0 (with --nnodes > 1)")
+    several.add_argument("--master-port", type=int, default=29500, metavar="PORT", help="its port (default 29500)")
     return p
 
 
@@ -50,28 +63,33 @@ def run(args) -> int:
 
     if args.data_changed and not args.resume:
         raise HoneError("--data-changed only applies with --resume", "drop it, or add --resume RUN_DIR")
+    launch = launcher.wanted(args)
     config = load_run_config(args.config, args.resume, args.overrides)
     check_inputs(config)  # before torch loads or a run folder exists: a wrong path is one line, exit 2
     data_changed = args.data_changed or "refuse"
     if args.resume:
         check_resume(args.resume, config, data_changed)  # a change it refuses: one message, exit 2, nothing written
+    if launch:
+        return launcher.run_torchrun(args)
     from hone.core.cli.console import EventPrinter
     from hone.core.control import RunControl
     from hone.core.events import RunFailed
+    from hone.core.train import distributed
     from hone.core.train.trainer import Trainer
 
     control = RunControl()
+    world = distributed.from_environment()
 
-    def on_interrupt(signum, frame):
-        if control.stop_requested:
-            raise KeyboardInterrupt
-        control.stop()
-
-    previous = signal.signal(signal.SIGINT, on_interrupt)
+    previous = signal.signal(signal.SIGINT, launcher.StopOnInterrupt(control, merge_repeats=world.launched))
+    launcher.watch_stop_file(control, os.environ.get(launcher.STOP_FILE_ENV))  # set by `hone train --gpus N`
+    if world.launched:  # torchrun ends the others this way when one process fails: say so in the run's log
+        signal.signal(signal.SIGTERM, launcher.stopped_by_torchrun)
+    trainer = Trainer(config, control, resume_dir=args.resume, data_changed=data_changed, world=world)
     try:
-        with EventPrinter() as printer:
-            for event in Trainer(config, control, resume_dir=args.resume, data_changed=data_changed).run():
-                printer.handle(event)
+        with EventPrinter() if world.main else launcher.FailurePrinter(world.rank) as printer:
+            launcher.print_run(trainer.run(), printer)
     finally:
         signal.signal(signal.SIGINT, previous)
+        if world.launched:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return 1 if isinstance(printer.last, RunFailed) else 0
