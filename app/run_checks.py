@@ -22,11 +22,13 @@ class Machine:
         gpu: the first NVIDIA GPU's name; "" when there is none (or no driver, or no nvidia-ml-py).
         bitsandbytes: whether the bitsandbytes package is installed (QLoRA and the 8-bit optimizer need it).
         reason: why no GPU was found, in words ("" when one was).
+        gpus: every NVIDIA GPU (hone.core.telemetry.GpuListing); a run may train on several.
     """
 
     gpu: str = ""
     bitsandbytes: bool = False
     reason: str = ""
+    gpus: tuple = ()
 
     @property
     def has_gpu(self) -> bool:
@@ -35,7 +37,7 @@ class Machine:
 
 def detect_machine() -> Machine:
     """Read this machine (NVML and the package index; no torch). Meant for a background Task."""
-    from hone.core.telemetry import Telemetry
+    from hone.core.telemetry import Telemetry, list_gpus
 
     telemetry = Telemetry()
     try:
@@ -44,7 +46,7 @@ def detect_machine() -> Machine:
     finally:
         telemetry.close()
     return Machine(gpu=gpu, bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
-                   reason=telemetry.unavailable_reason)
+                   reason=telemetry.unavailable_reason, gpus=tuple(list_gpus()) if gpu else ())
 
 
 # Choices that only an NVIDIA GPU runs: (what it is, whether the config asks for it, what to choose instead).

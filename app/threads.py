@@ -174,6 +174,19 @@ def core_trainer(config: RunConfig, control: RunControl, resume: Path | None = N
     return Trainer(config, control, resume_dir=resume, data_changed=data_changed).run()
 
 
+def gpus_trainer(gpus: list[int]) -> TrainerFactory:
+    """A factory training on the GPUs `gpus` (NVML indices): `hone train --gpus N` in a child process, its events
+    read back from the run folder (hone.core.train.multi_gpu; no torch in this process)."""
+
+    def train(config: RunConfig, control: RunControl, resume: Path | None = None,
+              data_changed: str = "refuse") -> Iterable[Event]:
+        from hone.core.train.multi_gpu import train_on_gpus
+
+        return train_on_gpus(config, control, resume, gpus=list(gpus), data_changed=data_changed)
+
+    return train
+
+
 class TrainWorker(QObject):
     """Runs the core trainer and re-emits each of its events. Any exception becomes a RunFailed event."""
 
@@ -222,21 +235,32 @@ class TrainSession(QObject):
         self.control: RunControl | None = None
         self.config: RunConfig | None = None
         self.resume_dir: Path | None = None  # the run folder the last start continued, if it was a resume
+        self.gpus: list[int] = []  # the GPUs the run was given (NVML indices); empty: the first, in this process
+        self._in_child = False
 
     @property
     def is_running(self) -> bool:
         return self._thread is not None
 
-    def start(self, config: RunConfig, resume: Path | None = None, data_changed: str = "refuse") -> None:
+    @property
+    def can_pause(self) -> bool:
+        """A run on several GPUs cannot pause: its processes would wait for each other in the gradient exchange."""
+        return not self._in_child
+
+    def start(self, config: RunConfig, resume: Path | None = None, data_changed: str = "refuse",
+              gpus: list[int] | None = None) -> None:
         """Start a run (or continue the one in `resume`, on changed training data as `data_changed` says) on a new
-        thread."""
+        thread; on several GPUs (`gpus`, NVML indices) through `hone train --gpus N` in a child process."""
         if self.is_running:
             raise RuntimeError("a run is already going; stop it first")
-        self.config, self.resume_dir = config, resume
+        self.config, self.resume_dir, self.gpus = config, resume, list(gpus or [])
+        # GPU 0 alone trains in this process; any other choice in a child that sees only the chosen GPUs
+        self._in_child = bool(self.gpus) and self.gpus != [0]
+        trainer = gpus_trainer(self.gpus) if self._in_child else self._trainer
         self.control = RunControl()
         self._thread = QThread()
         self._thread.setObjectName("trainer")
-        self._worker = TrainWorker(config, self.control, self._trainer, resume, data_changed)
+        self._worker = TrainWorker(config, self.control, trainer, resume, data_changed)
         self._worker.moveToThread(self._thread)
         self._thread.started.connect(self._worker.run)
         self._worker.event.connect(self._relay)

@@ -147,6 +147,37 @@ def _windows_memory() -> tuple[int, int]:
     return status.ullTotalPhys - status.ullAvailPhys, status.ullTotalPhys
 
 
+@dataclass(frozen=True)
+class GpuListing:
+    """One NVIDIA GPU of this machine, by NVML index (the index CUDA_VISIBLE_DEVICES takes)."""
+
+    index: int
+    name: str
+    memory_total: int  # bytes; 0 where NVML cannot tell (unified memory)
+
+
+def list_gpus(nvml: Any = None) -> list[GpuListing]:
+    """Every NVIDIA GPU NVML sees, in index order; empty without a GPU, a driver or nvidia-ml-py."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        found = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            memory = _quietly(lambda h=handle: nvml.nvmlDeviceGetMemoryInfo(h))
+            found.append(GpuListing(index, _text(nvml.nvmlDeviceGetName(handle)),
+                                    int(memory.total) if memory is not None else 0))
+        return found
+    except Exception:
+        return []
+    finally:
+        _quietly(nvml.nvmlShutdown)
+
+
 def _visible_device_handle(nvml: Any, device_index: int | None) -> Any:
     """The NVML handle of the GPU torch calls cuda:0 (CUDA_VISIBLE_DEVICES may name an index or a UUID)."""
     if device_index is not None:

@@ -45,6 +45,8 @@ ETA_WINDOW = 20
 # Step lines in the log at most this often (the charts carry every step).
 LOG_STEP_EVERY_S = 2.0
 GIB = 2**30
+# Palette colours of the per-GPU memory lines, in GPU order (dashed once they run out).
+GPU_COLOURS = ("mem_alloc", "mem_device", "speed", "smooth", "eval", "util", "lr", "loss")
 # Plot height: two rows of charts, the numbers and the progress fit a 900-pixel-high window.
 CHART_HEIGHT = 210
 
@@ -182,6 +184,8 @@ class MonitorPage(Page):
 
     # ---- feeding ----
     def _reset(self) -> None:
+        for key in [k for k in self.memory_chart.series if k.startswith("gpu")]:
+            self.memory_chart.remove_line(key)
         for chart in self.charts:
             chart.clear()
         self.expert_chart.clear()
@@ -289,7 +293,15 @@ class MonitorPage(Page):
         self.speed_chart.append("tps", event.step, event.tokens_per_s)
         self.lr_chart.append("lr", event.step, event.lr)
         seconds = self._seconds(event)
-        if event.mem_allocated or event.mem_reserved:
+        if len(event.mem_by_gpu) > 1:  # a run on several GPUs: one line per GPU (each process's peak)
+            for index, peak in enumerate(event.mem_by_gpu):
+                key = f"gpu{index}"
+                if key not in self.memory_chart.series:
+                    self.memory_chart.add_line(key, f"GPU {index} (peak)", GPU_COLOURS[index % len(GPU_COLOURS)],
+                                               width=2.0, dashed=index >= len(GPU_COLOURS))
+                self.memory_chart.append(key, seconds, peak / GIB)
+            self.memory_chart.append("reserved", seconds, event.mem_reserved / GIB)
+        elif event.mem_allocated or event.mem_reserved:
             self.memory_chart.append("allocated", seconds, event.mem_allocated / GIB)
             self.memory_chart.append("reserved", seconds, event.mem_reserved / GIB)
         self._step_began[event.step] = seconds
@@ -400,8 +412,11 @@ class MonitorPage(Page):
         stopping = session.control is not None and session.control.stop_requested
         active = session.is_running and self.live
         self.pause_button.setEnabled(active and self.status in ("running", "paused") and not stopping
+                                     and self.state.session.can_pause
                                      and not self._pending)
         self.pause_button.setText(self._pending or ("Resume" if self.status == "paused" else "Pause"))
+        self.pause_button.setToolTip("" if session.can_pause else "A run on several GPUs cannot pause (its processes "
+                                     "exchange gradients every step); Stop saves a checkpoint to resume from")
         self.stop_button.setEnabled(active and not stopping)
         self.stop_button.setText("Stopping…" if active and stopping else "Stop")
         if self.palette_:

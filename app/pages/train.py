@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QButtonGroup, QFileDialog, QHBoxLayout, QPushButton, QWidget
+from PySide6.QtWidgets import QButtonGroup, QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
 from hone.app.pages.base import Page
 from hone.app.presets import PRESETS, PRESETS_BY_NAME, matching_preset
@@ -117,6 +117,15 @@ class TrainPage(Page):
         self.fastest_backend = ""
         self.body.addWidget(self.moe_card)
 
+        self.gpu_card = Card("GPUs", "Tick the GPUs this run trains on. Several train it together: one process per "
+                             "GPU, each step's rows shared out among them, the same tokens per step as on one.")
+        self.gpu_row = QHBoxLayout()
+        self.gpu_row.setSpacing(16)
+        self.gpu_card.body.addLayout(self.gpu_row)
+        self.gpu_boxes: list[QCheckBox] = []
+        self.gpu_card.hide()
+        self.body.addWidget(self.gpu_card)
+
         self.form = ConfigForm()
         self.form.changed.connect(self._form_changed)
         self.body.addWidget(self.form)
@@ -126,7 +135,7 @@ class TrainPage(Page):
         state.config_changed.connect(self._config_changed)
         state.model_info_changed.connect(lambda _info: self._refresh())
         state.session.running_changed.connect(lambda _running: self._refresh())
-        state.machine_changed.connect(lambda _machine: self._refresh())
+        state.machine_changed.connect(self._list_gpus)
         state.session.event.connect(self._event)
         self.form.set_config(state.config)
         self._refresh()
@@ -148,7 +157,7 @@ class TrainPage(Page):
             return
         config = self.form.config()
         self.state.set_config(config)
-        self.state.session.start(config)
+        self.state.session.start(config, gpus=self.selected_gpus() or None)
         self.started.emit(config)
         self.state.page_requested.emit("monitor")
 
@@ -163,7 +172,31 @@ class TrainPage(Page):
             problems.append("Choose training data on the Data page.")
         if not errors:
             problems += run_problems(self.form.config(), self.state.machine)
+        if self.gpu_boxes and not self.selected_gpus():
+            problems.append("Tick at least one GPU to train on.")
         return problems
+
+    # ---- GPUs ----
+    def _list_gpus(self, machine) -> None:
+        """One box per NVIDIA GPU when the machine has several; the first is ticked."""
+        for box in self.gpu_boxes:
+            box.deleteLater()
+        self.gpu_boxes = []
+        gpus = list(getattr(machine, "gpus", ()) or ())
+        for gpu in gpus if len(gpus) > 1 else []:
+            memory = f" · {gpu.memory_total / 2**30:.0f} GiB" if gpu.memory_total else ""
+            box = QCheckBox(f"GPU {gpu.index} · {gpu.name}{memory}")
+            box.setChecked(gpu.index == gpus[0].index)
+            box.setProperty("gpu_index", gpu.index)
+            box.toggled.connect(lambda _checked: self._refresh())
+            self.gpu_row.addWidget(box)
+            self.gpu_boxes.append(box)
+        self.gpu_card.setVisible(bool(self.gpu_boxes))
+        self._refresh()
+
+    def selected_gpus(self) -> list[int]:
+        """The ticked GPUs' indices; empty when the machine has at most one GPU (the run takes it)."""
+        return [box.property("gpu_index") for box in self.gpu_boxes if box.isChecked()]
 
     # ---- syncing with the state ----
     def _form_changed(self) -> None:
@@ -268,7 +301,7 @@ class TrainPage(Page):
         self.start_button.setEnabled(not problems and not running)
         self.start_button.setText("Training…" if running else "Start training")
         # a running trainer has already read its config: editing it now would change nothing and mislead
-        for widget in (self.form, self.load_button, *self.preset_buttons.values()):
+        for widget in (self.form, self.load_button, *self.preset_buttons.values(), *self.gpu_boxes):
             widget.setEnabled(not running)
         self.form.setToolTip("The settings of the run in progress; edit them once it has ended." if running else "")
 
@@ -295,9 +328,11 @@ class TrainPage(Page):
         steps = (f"{config.train.max_steps} steps" if config.train.max_steps
                  else f"{config.train.epochs:g} epoch{'s' if config.train.epochs != 1 else ''}")
         method = "QLoRA" if config.lora.qlora else "LoRA"
+        gpus = self.selected_gpus()
+        where = f" · on {len(gpus)} GPUs" if len(gpus) > 1 else ""
         self.summary_text.setText(
             f"<b>{_short(config.model.name_or_path)}</b> · data {data_text} · {method} rank {config.lora.r} · "
-            f"{steps} · {config.train.batch_tokens:,} tokens per batch × {config.train.grad_accum}")
+            f"{steps} · {config.train.batch_tokens:,} tokens per batch × {config.train.grad_accum}{where}")
         if self.isVisible():  # estimated for the page in view only: loading a model's config is not free
             self._estimate_timer.start()
 

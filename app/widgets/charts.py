@@ -210,6 +210,13 @@ class LiveChart(Card):
             self._style(self.series[key])
         self._update_legend()
 
+    def remove_line(self, key: str) -> None:
+        """Drop a curve made with `add_line` (the Monitor's per-GPU lines end with their run)."""
+        series = self.series.pop(key)
+        self.names.pop(key, None)
+        self.plot.removeItem(series.curve)
+        self._update_legend()
+
     def set_name(self, key: str, name: str) -> None:
         """Rename a series in the legend (the Runs page names the compared curves after their runs)."""
         self.names[key] = name

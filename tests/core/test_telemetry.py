@@ -42,7 +42,10 @@ class FakeNvml:
         return ("handle", uuid)
 
     def nvmlDeviceGetName(self, handle):
-        return self.devices[0].encode()
+        return self.devices[handle[1] if isinstance(handle[1], int) else 0].encode()
+
+    def nvmlDeviceGetCount(self):
+        return len(self.devices)
 
     def nvmlDeviceGetUtilizationRates(self, handle):
         return SimpleNamespace(gpu=87, memory=40)
@@ -100,6 +103,16 @@ def test_cuda_visible_devices_picks_the_nvml_device(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
     Telemetry(nvml=nvml)
     assert nvml.asked_index == 3
+
+
+def test_list_gpus_names_every_device_in_index_order():
+    from hone.core.telemetry import GpuListing, list_gpus
+
+    nvml = FakeNvml(memory=SimpleNamespace(used=1, total=80 * 2**30), devices=("GPU A", "GPU B"))
+    assert list_gpus(nvml) == [GpuListing(0, "GPU A", 80 * 2**30), GpuListing(1, "GPU B", 80 * 2**30)]
+    assert nvml.shut_down
+    assert list_gpus(FakeNvml(devices=("Spark",))) == [GpuListing(0, "Spark", 0)]  # unified: no memory of its own
+    assert list_gpus(FakeNvml(fail_init=RuntimeError("no driver"))) == []
 
 
 def test_close_shuts_nvml_down():
