@@ -25,10 +25,11 @@ from hone.core.vision.mrope import mrope_positions
 # Image processor outputs the models' forward methods take; anything else (row/column counts, crop counts) is
 # bookkeeping the processor needed for the text side, which the data layer already expanded.
 PIXEL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes")
-# Keyword arguments of Hone's packed attention backends; VLMs run transformers' attention (their image encoders
-# need its masks), which finds sequence starts from the position ids instead, and these would only reach the
-# vision tower's attention.
+# Keyword arguments of Hone's packed attention backends. They go into the model call only when its language model
+# runs one of them: transformers' own attention finds sequence starts from the position ids, and these would only
+# reach the vision tower's attention. (The image encoder keeps transformers' attention either way.)
 _TEXT_ATTENTION_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+_HONE_ATTENTION_PREFIX = "hone_"  # the names hone.core.speed.attention registers its backends under
 
 
 def _move(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -55,6 +56,7 @@ class VisionBatch:
     position_ids: torch.Tensor | None = None
     token_type_ids: torch.Tensor | None = None
     num_images: int = 0
+    attention_kwargs: bool = False  # the packed-attention metadata goes into the model call (Hone's attention)
 
     @property
     def num_tokens(self) -> int:
@@ -85,7 +87,8 @@ class VisionBatch:
 
     def model_inputs(self) -> dict:
         """Keyword arguments for `model(**...)`: ids, positions, mask (padded), pixels and the family's extras."""
-        inputs = {k: v for k, v in self.text.model_inputs().items() if k not in _TEXT_ATTENTION_KWARGS}
+        inputs = {k: v for k, v in self.text.model_inputs().items()
+                  if self.attention_kwargs or k not in _TEXT_ATTENTION_KWARGS}
         inputs.update(self.pixels)
         if self.position_ids is not None:
             inputs["position_ids"] = self.position_ids
@@ -115,6 +118,13 @@ class VisionCollator:
         self.image_token_id = image_token_id(model_config)
         self.expansion = image_expansion_for(processor, image_max_side)
 
+    @property
+    def text_attention_kwargs(self) -> bool:
+        """Whether the language model runs Hone's packed attention now (read per batch: the speed paths install
+        it after the collator may have been made)."""
+        text = getattr(self.config, "text_config", None) or self.config
+        return self.packed and str(getattr(text, "_attn_implementation", "")).startswith(_HONE_ATTENTION_PREFIX)
+
     def describe(self) -> str:
         how = "packed rows" if self.packed else "padded rows"
         return f"{self.family.name}: {how}, images up to {self.image_max_side} px; {self.family.why}"
@@ -140,7 +150,8 @@ class VisionCollator:
             text = collate_padded(rows, pad_id=self.pad_id, pin_memory=pin_memory)
         images, per_row = self._load_images(rows)
         pixels = self._pixels(images) if images else {}
-        batch = VisionBatch(text=text, pixels=pixels, num_images=len(images))
+        batch = VisionBatch(text=text, pixels=pixels, num_images=len(images),
+                            attention_kwargs=self.text_attention_kwargs)
         if self.family.mrope:
             batch.position_ids = self._mrope(rows, per_row, pixels.get("image_grid_thw"), text)
         if self.family.token_types:

@@ -95,7 +95,24 @@ def register_varlen(options: backends.VarlenOptions, per_layer_metadata: bool = 
 
 
 def current_implementation(model) -> str:
-    return _hf_model(model).config._attn_implementation
+    """The attention of the model's language part (its text config's, on a vision-language model)."""
+    text, _ = language_and_vision_configs(model)
+    return text._attn_implementation
+
+
+def language_and_vision_configs(model):
+    """(the config whose attention Hone sets, the image encoder's config or None). A vision-language model's
+    language model is its `text_config`; a text model is its own config."""
+    config = _hf_model(model).config
+    vision = getattr(config, "vision_config", None)
+    text = getattr(config, "text_config", None) if vision is not None else None
+    return (text, vision) if text is not None else (config, vision)
+
+
+def is_packed_implementation(name: str | None) -> bool:
+    """Whether an attention implementation name is one of Hone's packed backends (it reads the batch's cu_seqlens
+    from the model call's keyword arguments)."""
+    return bool(name) and name.startswith(tuple(IMPLEMENTATIONS.values()))
 
 
 def _hf_model(model):
@@ -107,16 +124,24 @@ def apply_attention(model, implementation: str) -> str:
     returns the previous one."""
     register()
     hf = _hf_model(model)
-    previous = hf.config._attn_implementation
-    hf.set_attn_implementation(implementation)
-    if hf.config._attn_implementation != implementation:
+    previous = current_implementation(model)
+    _set_language_attention(hf, implementation)
+    if current_implementation(model) != implementation:
         raise RuntimeError(f"{type(hf).__name__} did not accept attention implementation {implementation!r}")
     return previous
 
 
+def _set_language_attention(hf, implementation: str) -> None:
+    """On a vision-language model only the language model's attention changes: the image encoder builds its own
+    masks and sequence starts for transformers' attention."""
+    text, vision = language_and_vision_configs(hf)
+    hf.set_attn_implementation({"text_config": implementation} if vision is not None and text is not hf.config
+                               else implementation)
+
+
 def revert_attention(model, previous: str) -> None:
     """Put back the attention implementation `apply_attention` replaced."""
-    _hf_model(model).set_attn_implementation(previous)
+    _set_language_attention(_hf_model(model), previous)
 
 
 def revert(model, choice: Choice) -> None:
@@ -146,7 +171,13 @@ def _unsupported_reason(model) -> str | None:
     hf = _hf_model(model)
     config = hf.config
     if getattr(config, "vision_config", None) is not None:
-        return "vision-language model: its image encoder needs transformers' attention masks"
+        from hone.core.vision.families import PACKED, family_of
+
+        family = family_of(hf)
+        if family is None or family.batching != PACKED:
+            return "vision-language model whose rows are padded, not packed (its attention masks are transformers')"
+        if getattr(config, "text_config", None) is None:
+            return "vision-language model without a separate language-model config"
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(text, "attn_logit_softcapping", None):
         return "attention logit soft-capping (e.g. Gemma 2) is not supported by the packed kernels"
@@ -458,6 +489,8 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
         implementation = register_varlen(varlen)
     else:
         implementation = IMPLEMENTATIONS[name]
+    if language_and_vision_configs(model)[1] is not None:
+        reason += "; on the language model (the image encoder keeps transformers' attention)"
     apply_attention(model, implementation)
     choice = Choice(name, reason, implementation, previous, varlen=varlen)
     return use_per_layer_metadata(model, choice) if per_layer_metadata else choice

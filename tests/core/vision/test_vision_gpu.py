@@ -36,3 +36,40 @@ def test_vision_bench_runs_both_paths(tmp_path):
     assert abs(hone["first_loss"] - ref["first_loss"]) / ref["first_loss"] < 0.15, data["losses"]
     assert hone["peak_allocated_gib"] <= ref["peak_allocated_gib"] * 1.2, (
         f"Hone peak {hone['peak_allocated_gib']:.1f} GiB vs {ref['peak_allocated_gib']:.1f}")
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "llava"])
+def test_varlen_on_the_language_model_equals_rows_one_by_one(kind, vision_kit, mixed_rows):
+    """On the GPU in bf16 the language model takes torch's varlen attention; packed mixed rows give each row's
+    loss and gradients run alone, to bf16 rounding."""
+    import copy
+
+    import torch
+    from test_vision_batches import _grads, collator, encode
+
+    from hone.core.config import SpeedConfig
+    from hone.core.speed import attention
+    from hone.core.train.loss import loss_sum
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    processor, cpu_model = vision_kit(kind)
+    model = copy.deepcopy(cpu_model).to("cuda", torch.bfloat16)
+    folder, rows = mixed_rows
+    tokenized = encode(processor, folder, rows)
+    choice = attention.configure(model, SpeedConfig(attention="auto"), "cuda")
+    assert choice.name == "varlen", choice.reason
+    make = collator(processor, model, packing=True)
+    make.dtype = torch.bfloat16
+    batch = make.collate(tokenized).to("cuda")
+    together = loss_sum(model, batch, mode="plain")
+    together.backward()
+    grads_together = _grads(model)
+    model.zero_grad()
+    alone = sum(loss_sum(model, make.collate([row]).to("cuda"), mode="plain") for row in tokenized)
+    alone.backward()
+    grads_alone = _grads(model)
+    assert torch.allclose(together.float(), alone.float(), rtol=2e-2), (float(together), float(alone))
+    worst = max(((grads_together[n].float() - grads_alone[n].float()).norm()
+                 / (grads_alone[n].float().norm() + 1e-6)).item() for n in grads_alone)
+    assert worst < 5e-2, f"{kind}: gradients differ by {worst:.2e} (relative norm)"

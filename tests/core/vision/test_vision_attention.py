@@ -1,0 +1,58 @@
+"""The language model of a packed vision family runs Hone's packed attention (the batch's cu_seqlens, no dense
+mask per layer) while the vision encoder keeps transformers' own; packed mixed rows then give the loss and
+gradients of each row run alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_vision_batches import _grads, collator, encode
+from vision_helpers import PACKED_KINDS
+
+from hone.core.config import SpeedConfig
+from hone.core.speed import attention
+from hone.core.train.loss import loss_sum
+
+
+@pytest.mark.parametrize("backend", ["rows", "sdpa"])
+@pytest.mark.parametrize("kind", PACKED_KINDS)
+def test_packed_attention_on_the_language_model_equals_rows_one_by_one(kind, backend, vision_kit, mixed_rows):
+    processor, model = vision_kit(kind)
+    folder, rows = mixed_rows
+    tokenized = encode(processor, folder, rows)
+    choice = attention.configure(model, SpeedConfig(attention="auto" if backend == "rows" else backend), "cpu")
+    try:
+        assert choice.name == backend, choice.reason
+        assert "language model" in choice.reason
+        text, vision = attention.language_and_vision_configs(model)
+        assert text._attn_implementation == choice.implementation
+        assert vision._attn_implementation == choice.previous  # the image encoder keeps its own attention
+        make = collator(processor, model, packing=True)
+        batch = make.collate(tokenized)
+        assert "cu_seq_lens_q" in batch.model_inputs()
+        model.zero_grad()
+        together = loss_sum(model, batch, mode="plain")
+        together.backward()
+        grads_together = _grads(model)
+        model.zero_grad()
+        alone = sum(loss_sum(model, make.collate([row]), mode="plain") for row in tokenized)
+        alone.backward()
+        grads_alone = _grads(model)
+    finally:
+        attention.revert(model, choice)
+    assert torch.allclose(together, alone, rtol=1e-5), (float(together), float(alone))
+    scale = max(g.abs().max().item() for g in grads_alone.values())
+    worst = max((grads_together[n] - grads_alone[n]).abs().max().item()
+                / (grads_alone[n].abs().max().item() + 1e-4 * scale) for n in grads_alone)
+    assert worst < 1e-3, f"{kind}: gradients differ by {worst:.2e} (relative)"
+
+
+@pytest.mark.parametrize("kind", PACKED_KINDS)
+def test_without_hone_attention_the_batch_carries_no_text_attention_kwargs(kind, vision_kit):
+    """transformers' own attention (speed.attention = hf) finds sequence starts from the position ids; the packed
+    metadata would only reach the image encoder."""
+    processor, model = vision_kit(kind)
+    choice = attention.configure(model, SpeedConfig(attention="hf"), "cpu")
+    assert choice.name == "hf"
+    make = collator(processor, model, packing=True)
+    assert make.text_attention_kwargs is False
