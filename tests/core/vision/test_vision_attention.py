@@ -5,13 +5,11 @@ gradients of each row run alone."""
 from __future__ import annotations
 
 import pytest
-import torch
-from test_vision_batches import _grads, collator, encode
+from test_vision_batches import assert_batched_equals_rows_alone, collator, encode
 from vision_helpers import PACKED_KINDS
 
 from hone.core.config import SpeedConfig
 from hone.core.speed import attention
-from hone.core.train.loss import loss_sum
 
 
 @pytest.mark.parametrize("backend", ["rows", "sdpa"])
@@ -28,23 +26,10 @@ def test_packed_attention_on_the_language_model_equals_rows_one_by_one(kind, bac
         assert text._attn_implementation == choice.implementation
         assert vision._attn_implementation == choice.previous  # the image encoder keeps its own attention
         make = collator(processor, model, packing=True)
-        batch = make.collate(tokenized)
-        assert "cu_seq_lens_q" in batch.model_inputs()
-        model.zero_grad()
-        together = loss_sum(model, batch, mode="plain")
-        together.backward()
-        grads_together = _grads(model)
-        model.zero_grad()
-        alone = sum(loss_sum(model, make.collate([row]), mode="plain") for row in tokenized)
-        alone.backward()
-        grads_alone = _grads(model)
+        assert "cu_seq_lens_q" in make.collate(tokenized).model_inputs()
+        assert_batched_equals_rows_alone(kind, model, make, tokenized)
     finally:
         attention.revert(model, choice)
-    assert torch.allclose(together, alone, rtol=1e-5), (float(together), float(alone))
-    scale = max(g.abs().max().item() for g in grads_alone.values())
-    worst = max((grads_together[n] - grads_alone[n]).abs().max().item()
-                / (grads_alone[n].abs().max().item() + 1e-4 * scale) for n in grads_alone)
-    assert worst < 1e-3, f"{kind}: gradients differ by {worst:.2e} (relative)"
 
 
 @pytest.mark.parametrize("kind", PACKED_KINDS)

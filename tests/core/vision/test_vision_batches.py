@@ -125,16 +125,21 @@ def test_batched_loss_and_gradients_equal_the_rows_one_by_one(kind, vision_kit, 
     folder, rows = mixed_rows
     tokenized = encode(processor, folder, rows)
     make = collator(processor, model, packing=True)
+    assert make.collate(tokenized).packed == (kind in PACKED_KINDS)
+    assert_batched_equals_rows_alone(kind, model, make, tokenized)
+
+
+def assert_batched_equals_rows_alone(kind, model, make, tokenized) -> None:
+    """The rows in one batch give the summed loss and the gradients of each row run alone."""
     model.zero_grad()
-    batch = make.collate(tokenized)
-    assert batch.packed == (kind in PACKED_KINDS)
-    together = loss_sum(model, batch, mode="plain")
+    together = loss_sum(model, make.collate(tokenized), mode="plain")
     together.backward()
     grads_together = _grads(model)
     model.zero_grad()
     alone = sum(loss_sum(model, make.collate([row]), mode="plain") for row in tokenized)
     alone.backward()
     grads_alone = _grads(model)
+    model.zero_grad()
     assert torch.allclose(together, alone, rtol=1e-5), (float(together), float(alone))
     assert grads_together.keys() == grads_alone.keys()
     # relative to each parameter's own gradient, with a floor for gradients that are zero in exact arithmetic (a
