@@ -37,6 +37,9 @@ FAMILIES = {
     "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
     "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma",
     "qwen2_moe": "qwen2-moe", "qwen3_moe": "qwen3-moe", "mixtral": "mixtral",
+    # Qwen-VL: the language model's (and the image encoder's) norms and gated MLPs, the decoder adds; rope where
+    # the attention calls the plain `apply_rotary_pos_emb` (the 3-D positions are folded into cos/sin before it)
+    "qwen2_5_vl_text": "qwen2.5-vl", "qwen3_vl_text": "qwen3-vl", "qwen3_vl_moe_text": "qwen3-vl-moe",
 }
 _ROPE_PARAMETERS = ["q", "k", "cos", "sin", "unsqueeze_dim"]
 _GLU_MLP_NAMES = {"down_proj", "act_fn", "gate_proj", "up_proj"}

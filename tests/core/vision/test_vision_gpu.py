@@ -73,3 +73,38 @@ def test_varlen_on_the_language_model_equals_rows_one_by_one(kind, vision_kit, m
     worst = max(((grads_together[n].float() - grads_alone[n].float()).norm()
                  / (grads_alone[n].float().norm() + 1e-6)).item() for n in grads_alone)
     assert worst < 5e-2, f"{kind}: gradients differ by {worst:.2e} (relative norm)"
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_triton_kernels_on_qwen_vl_train_like_the_plain_model(kind, vision_kit, mixed_rows):
+    """The fused Triton norms, gated MLPs, rope and decoder adds on Qwen-VL in bf16: the loss and gradients of
+    the unfused model, to bf16 rounding."""
+    import copy
+
+    import torch
+    from test_vision_batches import _grads, collator, encode
+
+    from hone.core.speed.fused.apply import apply_kernels
+    from hone.core.train.loss import loss_sum
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    processor, cpu_model = vision_kit(kind)
+    plain = copy.deepcopy(cpu_model).to("cuda", torch.bfloat16)
+    fused = copy.deepcopy(plain)
+    report = apply_kernels(fused)
+    assert report.backend == "triton" and report.patched.get("add_rms_norm"), report.summary()
+    folder, rows = mixed_rows
+    make = collator(processor, plain, packing=True)
+    make.dtype = torch.bfloat16
+    batch = make.collate(encode(processor, folder, rows)).to("cuda")
+    results = []
+    for model in (plain, fused):
+        loss = loss_sum(model, batch, mode="plain")
+        loss.backward()
+        results.append((loss.detach().float(), _grads(model)))
+    (loss_plain, grads_plain), (loss_fused, grads_fused) = results
+    assert torch.allclose(loss_fused, loss_plain, rtol=1e-2), (float(loss_fused), float(loss_plain))
+    worst = max(((grads_fused[n].float() - g.float()).norm() / (g.float().norm() + 1e-6)).item()
+                for n, g in grads_plain.items())
+    assert worst < 5e-2, f"{kind}: gradients differ by {worst:.2e} (relative norm): {report.summary()}"
