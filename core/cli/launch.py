@@ -62,7 +62,7 @@ def torchrun_command(args, python: str = sys.executable) -> list[str]:
     else:
         command += ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
                     "--master-addr", args.master_addr, "--master-port", str(args.master_port)]
-    command += ["-m", "hone.core.cli", "train"]
+    command += ["-m", __package__, "train"]  # this package, run as `hone`
     if args.config:
         command.append(args.config)
     for override in args.overrides:
