@@ -174,15 +174,16 @@ def core_trainer(config: RunConfig, control: RunControl, resume: Path | None = N
     return Trainer(config, control, resume_dir=resume, data_changed=data_changed).run()
 
 
-def gpus_trainer(gpus: list[int]) -> TrainerFactory:
-    """A factory training on the GPUs `gpus` (NVML indices): `hone train --gpus N` in a child process, its events
-    read back from the run folder (hone.core.train.multi_gpu; no torch in this process)."""
+def child_trainer(gpus: list[int]) -> TrainerFactory:
+    """A factory training in a child process (`hone train`, with `--gpus N` on several of `gpus`, NVML indices; all
+    the child sees when empty), its events read back from the run folder (hone.core.train.child_run; no torch in
+    this process). The child keeps training when the window closes."""
 
     def train(config: RunConfig, control: RunControl, resume: Path | None = None,
               data_changed: str = "refuse") -> Iterable[Event]:
-        from hone.core.train.multi_gpu import train_on_gpus
+        from hone.core.train.child_run import train_in_child
 
-        return train_on_gpus(config, control, resume, gpus=list(gpus), data_changed=data_changed)
+        return train_in_child(config, control, resume, gpus=list(gpus), data_changed=data_changed)
 
     return train
 
@@ -209,6 +210,7 @@ class TrainWorker(QObject):
             for event in self._trainer(self._config, self._control, self._resume, **self._extra):
                 ended = ended or isinstance(event, (RunFinished, RunFailed))
                 self.event.emit(event)
+            ended = ended or self._control.detached  # a run in its own process goes on without this window
         except Exception as e:
             error = describe_exception(e)
             self.event.emit(RunFailed(reason=error.message, advice=error.advice, details=error.details))
@@ -244,19 +246,26 @@ class TrainSession(QObject):
 
     @property
     def can_pause(self) -> bool:
-        """A run on several GPUs cannot pause: its processes would wait for each other in the gradient exchange."""
-        return not self._in_child
+        """A run in a child process cannot pause (and several GPUs would wait for each other in the exchange)."""
+        return not self.in_child
+
+    @property
+    def in_child(self) -> bool:
+        """The run trains in a process of its own (several GPUs, a GPU other than the first, or in the
+        background): it keeps training when the window closes."""
+        return self._in_child
 
     def start(self, config: RunConfig, resume: Path | None = None, data_changed: str = "refuse",
-              gpus: list[int] | None = None) -> None:
+              gpus: list[int] | None = None, background: bool = False) -> None:
         """Start a run (or continue the one in `resume`, on changed training data as `data_changed` says) on a new
-        thread; on several GPUs (`gpus`, NVML indices) through `hone train --gpus N` in a child process."""
+        thread. On several GPUs (`gpus`, NVML indices), on one other than GPU 0, or with `background`, the run
+        trains in a child process (`hone train`) that outlives the window."""
         if self.is_running:
             raise RuntimeError("a run is already going; stop it first")
         self.config, self.resume_dir, self.gpus = config, resume, list(gpus or [])
         # GPU 0 alone trains in this process; any other choice in a child that sees only the chosen GPUs
-        self._in_child = bool(self.gpus) and self.gpus != [0]
-        trainer = gpus_trainer(self.gpus) if self._in_child else self._trainer
+        self._in_child = background or (bool(self.gpus) and self.gpus != [0])
+        trainer = child_trainer(self.gpus) if self._in_child else self._trainer
         self.control = RunControl()
         self._thread = QThread()
         self._thread.setObjectName("trainer")
@@ -287,6 +296,11 @@ class TrainSession(QObject):
         """Ask the run to stop after its current step; it saves a checkpoint and the adapter first."""
         if self.control:
             self.control.stop()
+
+    def detach(self) -> None:
+        """Stop following a run that trains in a child process; it goes on (the Runs page follows it again)."""
+        if self.control and self.in_child:
+            self.control.detach()
 
     def wait(self, ms: int = 60_000) -> bool:
         return self._thread.wait(ms) if self._thread else True

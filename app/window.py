@@ -265,7 +265,16 @@ class MainWindow(QMainWindow):
     # ---- closing ----
     def closeEvent(self, event) -> None:
         session = self.state.session
-        if session.is_running:
+        if session.is_running and session.in_child and not self._closing:
+            choice = self.ask_keep_on_close()
+            if choice == "keep":  # the run's own process goes on; the Runs page follows it again
+                self._closing = True
+                session.detach()
+                self.statusBar().showMessage("The run goes on in its own process; closing…")
+            # the window closes once the run's thread has ended (stopped and saved, or no longer followed)
+            event.ignore()
+            return
+        elif session.is_running:
             if not self._closing and self.ask_stop_on_close() == QMessageBox.Yes:
                 # stopping saves the adapter and a checkpoint; the window closes once the run's thread has ended
                 self._closing = True
@@ -283,6 +292,25 @@ class MainWindow(QMainWindow):
         for task in Task.running():
             task.wait(10_000)
         super().closeEvent(event)
+
+    def ask_keep_on_close(self) -> str:
+        """A run training in its own process: keep it training after the window closes ("keep"), stop it first
+        ("stop": it saves, then the window closes) or stay ("cancel")."""
+        box = QMessageBox(QMessageBox.Question, "A run is still training",
+                          "It trains in a process of its own and can go on after Hone Studio closes; open it from "
+                          "Runs to follow it again. Or stop it now: it saves its adapter and a checkpoint first.",
+                          QMessageBox.Cancel, self)
+        keep = box.addButton("Keep training", QMessageBox.AcceptRole)
+        stop = box.addButton("Stop and close", QMessageBox.DestructiveRole)
+        box.setDefaultButton(keep)
+        box.exec()
+        clicked = box.clickedButton()
+        if clicked is stop:
+            self._closing = True
+            self.monitor.stop()
+            self.statusBar().showMessage("Saving the run before closing…")
+            return "stop"
+        return "keep" if clicked is keep else "cancel"
 
     def ask_stop_on_close(self) -> QMessageBox.StandardButton:
         """Ask whether to stop and save the running training before closing (Yes) or keep training (Cancel)."""

@@ -15,6 +15,7 @@ class RunControl:
         self._running = threading.Event()
         self._running.set()
         self._stop = threading.Event()
+        self._detached = threading.Event()
 
     def pause(self) -> None:
         self._running.clear()
@@ -26,6 +27,14 @@ class RunControl:
         """Ask the run to stop after the current step; it saves a checkpoint and the adapter first."""
         self._stop.set()
         self._running.set()  # a paused run must wake up to stop
+
+    def detach(self) -> None:
+        """Stop reading a run that trains in another process (hone.core.train.child_run); the run goes on."""
+        self._detached.set()
+
+    @property
+    def detached(self) -> bool:
+        return self._detached.is_set()
 
     @property
     def paused(self) -> bool:

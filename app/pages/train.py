@@ -88,6 +88,11 @@ class TrainPage(Page):
         self.memory.fix_requested.connect(lambda assignments: self.state.update(*assignments))
         self.summary.body.addWidget(self.memory)
         self.summary.body.addWidget(self.problems)
+        self.background_box = QCheckBox("Keep training when Hone Studio closes")
+        self.background_box.setToolTip("The run trains in a process of its own: closing the window leaves it "
+                                       "training, and Runs follows it again when you reopen Hone Studio. Such a "
+                                       "run can stop but not pause.")
+        self.summary.body.addWidget(self.background_box)
         self.body.addWidget(self.summary)
         # What memory the estimate is held against: the first GPU's free memory (tests give their own).
         self.memory_source = detect_memory
@@ -157,7 +162,8 @@ class TrainPage(Page):
             return
         config = self.form.config()
         self.state.set_config(config)
-        self.state.session.start(config, gpus=self.selected_gpus() or None)
+        self.state.session.start(config, gpus=self.selected_gpus() or None,
+                                 background=self.background_box.isChecked())
         self.started.emit(config)
         self.state.page_requested.emit("monitor")
 
@@ -301,7 +307,8 @@ class TrainPage(Page):
         self.start_button.setEnabled(not problems and not running)
         self.start_button.setText("Training…" if running else "Start training")
         # a running trainer has already read its config: editing it now would change nothing and mislead
-        for widget in (self.form, self.load_button, *self.preset_buttons.values(), *self.gpu_boxes):
+        for widget in (self.form, self.load_button, *self.preset_buttons.values(), *self.gpu_boxes,
+                       self.background_box):
             widget.setEnabled(not running)
         self.form.setToolTip("The settings of the run in progress; edit them once it has ended." if running else "")
 

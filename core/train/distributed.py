@@ -53,13 +53,14 @@ def _exchange(what: str):
 
 @dataclass(frozen=True)
 class World:
-    """This process's place among the run's processes. `launched` is true under torchrun, even with one process
-    (the collectives then run, with nothing to exchange)."""
+    """This process's place among the run's processes (`local_*`: on this machine). `launched` is true under
+    torchrun, even with one process (the collectives then run, with nothing to exchange)."""
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     launched: bool = False
+    local_size: int = 1  # processes on this machine
 
     @property
     def main(self) -> bool:
@@ -79,12 +80,13 @@ def from_environment(env=os.environ) -> World:
         return SINGLE
     try:
         rank, size, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"]))
+        local_size = int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
     except ValueError:
         raise HoneError(f"RANK={env['RANK']!r} / WORLD_SIZE={env['WORLD_SIZE']!r} in the environment are not "
                         "numbers", "start several processes with `hone train --gpus N` or torchrun") from None
     if not 0 <= rank < size:
         raise HoneError(f"RANK={rank} is outside WORLD_SIZE={size}", "start the processes with torchrun")
-    return World(rank, size, local, launched=True)
+    return World(rank, size, local, launched=True, local_size=local_size)
 
 
 def join(world: World) -> str:
@@ -160,16 +162,15 @@ def shared_memory(memory, device: str, world: World):
     memory, or its share of the system's on the CPU; the least of them on every process, so all plan alike."""
     from hone.core.memory.run_plan import MEMORY_ENV
 
-    given = bool(os.environ.get(MEMORY_ENV, "").strip())  # a cap the user set holds for each process
-    if given:
-        pass
+    if os.environ.get(MEMORY_ENV, "").strip():
+        pass  # a cap the user set holds for each process
     elif device.startswith("cuda") and memory.gpu and not memory.unified:
         free = torch.cuda.mem_get_info()[0]
         memory = dataclasses.replace(memory, available=float(free),
                                      device=f"{torch.cuda.get_device_name()} ({free / 2**30:.1f} GiB free)")
-    elif not device.startswith("cuda") or memory.unified:  # the processes draw on one pool
-        memory = dataclasses.replace(memory, available=memory.available / world.size,
-                                     device=f"{memory.device}, shared by {world.size} processes")
+    else:  # the processes of this machine draw on one pool (system memory, or a unified-memory GPU's)
+        memory = dataclasses.replace(memory, available=memory.available / world.local_size,
+                                     device=f"{memory.device}, shared by {world.local_size} processes")
     t = torch.tensor([memory.available], dtype=torch.float64, device=_reduce_device(world))
     with _exchange("comparing free memory"):
         dist.all_reduce(t, op=dist.ReduceOp.MIN)

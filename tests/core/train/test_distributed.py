@@ -196,3 +196,17 @@ def test_torchrun_command_passes_the_run_on():
     assert launch.torchrun_command(two_machines, python="python")[3:] == [
         "--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port",
         "29500", "-m", "hone.core.cli", "train", "--resume", "runs/a", "--data-changed", "continue"]
+
+
+def test_the_world_comes_from_torchrun_s_environment():
+    from hone.core.errors import HoneError
+    from hone.core.train import distributed
+
+    assert distributed.from_environment({}) == distributed.SINGLE and not distributed.SINGLE.launched
+    world = distributed.from_environment({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert world == distributed.World(3, 4, 1, launched=True, local_size=2) and not world.main
+    assert world.share([[0], [1], [2], [3], [4], [5], [6], [7]]) == [[3], [7]]
+    with pytest.raises(HoneError, match="RANK=4 is outside WORLD_SIZE=4"):
+        distributed.from_environment({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(HoneError, match="are not numbers"):
+        distributed.from_environment({"RANK": "a", "WORLD_SIZE": "4"})

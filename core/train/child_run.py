@@ -1,0 +1,122 @@
+"""A run in a child process for a caller that reads events (the studio): `hone train` (with `--gpus N` on several
+GPUs) started as a process of its own, its events read back from the run folder as it writes them.
+
+The child outlives its caller: a run started this way keeps training when the studio closes (`RunControl.detach`
+ends the reading, not the run), and the studio follows it again from the Runs page. Stdlib only: the caller never
+imports torch for it. Stop asks the child to stop after the current step (SIGINT; with several GPUs the launcher
+passes it on through the processes' stop file). Pausing is not offered: the caller cannot reach the child's loop
+(and several processes would hold each other in the gradient exchange).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from hone.core import events
+from hone.core.config import RunConfig
+from hone.core.control import RunControl
+from hone.core.errors import HoneError
+from hone.core.train.run_dir import METRICS_FILE, EventTail, new_run_dir
+
+POLL_S = 0.5
+STDERR_TAIL = 4000  # characters of the child's messages kept for a failure it did not write to the run folder
+
+
+def command_for(config_path: Path | None, resume: Path | None, gpus: list[int], data_changed: str) -> list[str]:
+    """The `hone train` command line of the run (on `gpus`, whose indices are made the only visible ones)."""
+    command = [sys.executable, "-m", "hone.core.cli", "train"]
+    if config_path is not None:
+        command.append(str(config_path))
+    if resume is not None:
+        command += ["--resume", str(resume)]
+        if data_changed != "refuse":
+            command += ["--data-changed", data_changed]
+    return [*command, "--gpus", str(len(gpus))] if len(gpus) > 1 else command
+
+
+def train_in_child(config: RunConfig, control: RunControl, resume: Path | None = None, *,
+                   gpus: list[int] | None = None, data_changed: str = "refuse") -> Iterator[events.Event]:
+    """Train `config` (or go on with the run in `resume`, as its config.toml says) in a child process, on the GPUs
+    `gpus` (None: what the child sees), yielding the run's events as they are written. Ends with RunFinished or
+    RunFailed, as Trainer.run does, or with nothing more once `control` is detached."""
+    gpus = list(gpus or [])
+    if os.name != "posix" and len(gpus) > 1:
+        raise HoneError("training on several GPUs at once runs on Linux", "tick one GPU")
+    if resume is not None:
+        run_dir, config_path = Path(resume), None
+    else:  # a new run's folder is made here, so its events can be read; the child takes it as it is (empty)
+        run_dir = new_run_dir(config)
+        config = config.with_overrides([f"output.name={json.dumps(run_dir.name)}",
+                                        f"output.runs_dir={json.dumps(str(run_dir.parent))}"])
+        # beside the run folder, not in it (the child takes only an empty folder); kept if the caller detaches
+        # before the child has read it
+        handle, name = tempfile.mkstemp(prefix=f".{run_dir.name}-", suffix=".toml", dir=run_dir.parent)
+        os.close(handle)
+        config_path = Path(name)
+        config.save(config_path)
+    env = dict(os.environ)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
+    with tempfile.TemporaryFile() as stderr:
+        child = subprocess.Popen(command_for(config_path, resume, gpus, data_changed), env=env,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                                 start_new_session=True)
+        follower = _Follower(child, run_dir, control, started=time.time())
+        try:
+            yield from follower.events()
+        finally:
+            # the child has read its config once it writes the run's events (or has ended)
+            if config_path is not None and (child.poll() is not None or (run_dir / METRICS_FILE).exists()):
+                config_path.unlink(missing_ok=True)
+        if follower.detached:
+            return
+        stderr.seek(0)
+        said = stderr.read().decode("utf-8", errors="replace")
+    if not follower.ended:
+        yield events.RunFailed(
+            reason=_last_message(said) or f"the training process ended without finishing (exit code "
+                                          f"{child.returncode})",
+            advice="see the messages below; the run folder keeps its checkpoints (Resume on the Runs page)",
+            details=said[-STDERR_TAIL:])
+
+
+class _Follower:
+    """The run's events from this start on, until the child exits or `control` is detached; asks the child to
+    stop once when `control` says so. `ended`: whether the run wrote its own RunFinished or RunFailed."""
+
+    def __init__(self, child: subprocess.Popen, run_dir: Path, control: RunControl, started: float):
+        self.child, self.control, self.started = child, control, started
+        self.tail = EventTail(run_dir)
+        self.ended = self.detached = False
+
+    def events(self) -> Iterator[events.Event]:
+        asked = False
+        while True:
+            running = self.child.poll() is None
+            for event in self.tail.read():
+                if event.time >= self.started:  # a resumed run's folder holds the earlier starts' events too
+                    self.ended = self.ended or isinstance(event, (events.RunFinished, events.RunFailed))
+                    yield event
+            if not running:
+                return
+            if self.control.detached:
+                self.detached = True
+                return
+            if self.control.stop_requested and not asked:
+                self.child.send_signal(signal.SIGINT)
+                asked = True
+            time.sleep(POLL_S)
+
+
+def _last_message(said: str) -> str:
+    """The child's own one-line error (`hone: error: ...`), if it ended with one."""
+    lines = [line for line in said.splitlines() if line.startswith("hone: error: ")]
+    return lines[-1].removeprefix("hone: error: ") if lines else ""
