@@ -109,12 +109,6 @@ def language_and_vision_configs(model):
     return (text, vision) if text is not None else (config, vision)
 
 
-def is_packed_implementation(name: str | None) -> bool:
-    """Whether an attention implementation name is one of Hone's packed backends (it reads the batch's cu_seqlens
-    from the model call's keyword arguments)."""
-    return bool(name) and name.startswith(tuple(IMPLEMENTATIONS.values()))
-
-
 def _hf_model(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
