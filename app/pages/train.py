@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QButtonGroup, QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
@@ -92,6 +94,9 @@ class TrainPage(Page):
         self.background_box.setToolTip("The run trains in a process of its own: closing the window leaves it "
                                        "training, and Runs follows it again when you reopen Hone Studio. Such a "
                                        "run can stop but not pause.")
+        if os.name != "posix":  # the child is stopped with SIGINT (hone.core.train.child_run)
+            self.background_box.setEnabled(False)
+            self.background_box.setToolTip("Runs train inside Hone Studio on Windows.")
         self.summary.body.addWidget(self.background_box)
         self.body.addWidget(self.summary)
         # What memory the estimate is held against: the first GPU's free memory (tests give their own).
@@ -307,9 +312,9 @@ class TrainPage(Page):
         self.start_button.setEnabled(not problems and not running)
         self.start_button.setText("Training…" if running else "Start training")
         # a running trainer has already read its config: editing it now would change nothing and mislead
-        for widget in (self.form, self.load_button, *self.preset_buttons.values(), *self.gpu_boxes,
-                       self.background_box):
+        for widget in (self.form, self.load_button, *self.preset_buttons.values(), *self.gpu_boxes):
             widget.setEnabled(not running)
+        self.background_box.setEnabled(not running and os.name == "posix")
         self.form.setToolTip("The settings of the run in progress; edit them once it has ended." if running else "")
 
     def invalid_fields(self) -> list[str]:

@@ -48,8 +48,9 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
     `gpus` (None: what the child sees), yielding the run's events as they are written. Ends with RunFinished or
     RunFailed, as Trainer.run does, or with nothing more once `control` is detached."""
     gpus = list(gpus or [])
-    if os.name != "posix" and len(gpus) > 1:
-        raise HoneError("training on several GPUs at once runs on Linux", "tick one GPU")
+    if os.name != "posix":  # stopping it needs SIGINT, and several GPUs need NCCL
+        raise HoneError("a run in a process of its own (several GPUs, or training on after the window closes) "
+                        "needs Linux", "tick one GPU, and leave “Keep training when Hone Studio closes” off")
     if resume is not None:
         run_dir, config_path = Path(resume), None
     else:  # a new run's folder is made here, so its events can be read; the child takes it as it is (empty)
