@@ -28,6 +28,7 @@ COMMANDS = {
     "export": "hone.core.cli.commands.export",
     "chat": "hone.core.cli.commands.chat",
     "generate": "hone.core.cli.commands.generate",
+    "eval": "hone.core.cli.commands.eval",
     "init": "hone.core.cli.commands.init",
     "plan": "hone.core.cli.commands.plan",
 }

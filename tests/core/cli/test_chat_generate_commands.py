@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hone.core.cli.commands.generate import read_prompts
+from hone.core.prompts import read_prompts
 
 # As in test_command_input_checks: a mistake found before torch loads answers in well under this.
 FAST_S = 6.0
@@ -261,3 +261,58 @@ def test_help_says_how_to_use_it(command, words, tmp_path):
     out, _ = _hone(tmp_path, command, "--help")
     text = out.stdout.decode()
     assert out.returncode == 0 and all(w in text for w in words), text
+
+
+def test_eval_answers_with_both_models_and_scores_them(run_dir, reference, tmp_path, capsys):
+    """`hone eval` on the run's own eval file: each answer is plain transformers + peft's greedy reply (which, at
+    MAX_NEW tokens, begins it), and the scores are the answers' against the references."""
+    from hone.core.cli import main
+    from hone.core.evaluate import word_f1
+
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", str(run_dir), "--rows", "2", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "exact match" in table and "word F1" in table and "fine-tuned" in table
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["row"] for r in rows] == [1, 2]
+    from pathlib import Path
+
+    from hone.core.config import RunConfig
+
+    prompts, _ = read_prompts(Path(RunConfig.load(run_dir / "config.toml").data.eval[0]))
+    for row, prompt in zip(rows, prompts, strict=False):
+        assert row["reference"] == prompt.reference and row["question"] == prompt.messages[-1]["content"]
+        assert row["tuned"].startswith(reference(prompt.messages, adapter=True))
+        assert row["base"].startswith(reference(prompt.messages, adapter=False))
+        assert row["tuned_f1"] == pytest.approx(word_f1(row["tuned"], row["reference"]), abs=1e-4)
+        assert row["tuned_exact"] == (row["tuned"].strip() == row["reference"].strip())
+
+
+def test_eval_stops_between_prompts_and_needs_references(run_dir, tmp_path, capsys):
+    import threading
+
+    from hone.core.chat import ChatModels
+    from hone.core.cli import main
+    from hone.core.evaluate import compare, with_references
+
+    no_references = tmp_path / "questions.txt"
+    no_references.write_text("What is 2 + 2?\nName a colour.\n")
+    assert main(["eval", str(run_dir), "--data", str(no_references)]) == 2
+    assert "no row of the file holds a reference reply" in capsys.readouterr().err
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": q, "completion": "4"}) + "\n" for q in (Q1, Q2, Q3)))
+    prompts = with_references(read_prompts(rows)[0])
+    stop = threading.Event()
+    result = compare(ChatModels.for_run(run_dir, device="cpu"), prompts, progress=lambda done, total: stop.set(),
+                     stop=stop)
+    assert not result.complete and len(result.answered) == 1 and result.asked == 3
+    assert "stopped after 1 of 3" in result.summary()
+
+
+def test_word_f1_counts_shared_words():
+    from hone.core.evaluate import word_f1
+
+    assert word_f1("The cat sat", "the cat sat") == 1.0
+    assert word_f1("a b c", "a b d") == pytest.approx(2 / 3)
+    assert word_f1("yes", "no") == 0.0 and word_f1("", "") == 1.0 and word_f1("", "x") == 0.0

@@ -1,0 +1,80 @@
+"""`hone eval RUN_DIR [--data FILE] [--rows N] [--out FILE]`: held-out prompts answered by the base model and the
+fine-tune, scored against their references (hone.core.evaluate)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hone.core.errors import HoneError
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("eval", help="score the base model and the fine-tune on held-out prompts",
+                       description="Answer held-out prompts with the run's base model and with its fine-tune "
+                       "(greedy, up to the longest reference and a few tokens more) and score each answer against "
+                       "the row's reference reply: exact match and word F1 (the overlap of the answer's words with "
+                       "the reference's). Rows: JSONL with a final assistant turn ({\"messages\": [...]}) or "
+                       "{\"prompt\", \"completion\"}; rows without a reference are left out.\n\n"
+                       "exit codes: 0 done, 2 bad input (no run, no adapter, no rows with a reference)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder `hone train` wrote")
+    p.add_argument("--data", metavar="FILE", help="the held-out rows (default: the run's first data.eval file)")
+    p.add_argument("--rows", type=int, default=20, metavar="N", help="score the first N rows with a reference "
+                   "(default 20; 0 = all)")
+    p.add_argument("--out", metavar="FILE", help="also write one JSONL row per prompt: question, reference, both "
+                   "answers and their scores")
+    return p
+
+
+def held_out_file(config, given: str | None) -> Path:
+    """The file to evaluate on: --data, else the run's first evaluation file."""
+    from hone.core.resources import BUNDLED_PREFIX, resolve_bundled
+
+    if given:
+        return Path(given).expanduser()
+    if not config.data.eval:
+        raise HoneError("the run has no evaluation data (data.eval)", "give a file of held-out rows with --data")
+    first = str(config.data.eval[0])
+    return resolve_bundled(first) if first.startswith(BUNDLED_PREFIX) else Path(first).expanduser()
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hone.core.chat import BASE, TUNED
+    from hone.core.cli.commands.chat import load_chat_models, open_chat_run
+    from hone.core.cli.console import Phase
+    from hone.core.evaluate import compare, with_references
+    from hone.core.prompts import read_prompts
+
+    if args.rows < 0:
+        raise HoneError(f"--rows is {args.rows}", "give a number of rows, or 0 for all")
+    run_dir, config = open_chat_run(args.run_dir, base=False)
+    data = held_out_file(config, args.data)
+    prompts, skipped = read_prompts(data)
+    prompts = with_references(prompts, args.rows or None)
+    console = Console(stderr=True)
+    for line in skipped:
+        console.print(f"hone: skipped {line}", highlight=False, markup=False)
+    models = load_chat_models(run_dir, config, False, console)
+    with Phase(console, f"answering {len(prompts)} held-out prompts with the base and the fine-tune",
+               total=len(prompts), unit="prompts") as phase:
+        result = compare(models, prompts, progress=lambda done, _total: phase.update(done))
+    table = Table(title=f"{run_dir.name} on {len(result.answered)} rows of {data.name}")
+    table.add_column("model")
+    table.add_column("exact match", justify="right")
+    table.add_column("word F1", justify="right")
+    for name, side in (("base", BASE), ("fine-tuned", TUNED)):
+        table.add_row(name, f"{result.exact_matches(side)}/{len(result.answered)}", f"{result.mean_f1(side):.2f}")
+    Console().print(table)
+    if args.out:
+        with Path(args.out).expanduser().open("w", encoding="utf-8") as f:
+            for a in result.answered:
+                f.write(json.dumps({"row": a.row, "question": a.question, "reference": a.reference,
+                                    "base": a.base, "tuned": a.tuned, "base_exact": a.exact(BASE),
+                                    "tuned_exact": a.exact(TUNED), "base_f1": round(a.f1(BASE), 4),
+                                    "tuned_f1": round(a.f1(TUNED), 4)}, ensure_ascii=False) + "\n")
+        console.print(f"wrote {len(result.answered)} rows to {args.out}", highlight=False)
+    return 0
