@@ -12,6 +12,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from hone.core.chat import BASE, TUNED, ChatModels, GenerationSettings, StopFlag
 from hone.core.errors import HoneError
@@ -70,6 +71,22 @@ class Comparison:
                  for name, side in (("base", BASE), ("fine-tuned", TUNED))]
         done = "" if self.complete else f" (stopped after {n} of {self.asked})"
         return "; ".join(parts) + done
+
+
+def held_out_file(config, given: str | Path | None = None) -> Path:
+    """The file to evaluate a run on: `given`, else the run's first evaluation file (`data.eval`).
+
+    Raises:
+        HoneError: neither.
+    """
+    from hone.core.resources import BUNDLED_PREFIX, resolve_bundled
+
+    if given:
+        return Path(given).expanduser()
+    if not config.data.eval:
+        raise HoneError("the run has no evaluation data (data.eval)", "give a file of held-out rows")
+    first = str(config.data.eval[0])
+    return resolve_bundled(first) if first.startswith(BUNDLED_PREFIX) else Path(first).expanduser()
 
 
 def with_references(prompts: list[Prompt], limit: int | None = None) -> list[Prompt]:

@@ -10,12 +10,17 @@ from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 from PySide6.QtGui import QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QComboBox,
+    QDialog,
+    QFileDialog,
     QHBoxLayout,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
     QTextBrowser,
+    QVBoxLayout,
     QWidget,
 )
 
@@ -35,6 +40,8 @@ class ChatEngine(QObject):
     piece = Signal(object)  # (side, text)
     reply_done = Signal()
     failed = Signal(object)  # TaskError
+    eval_progress = Signal(object)  # (prompts done, prompts in all)
+    evaluated = Signal(object)  # (hone.core.evaluate.Comparison, rows skipped) or None after a failure
 
     def __init__(self):
         super().__init__()
@@ -70,6 +77,61 @@ class ChatEngine(QObject):
             self.failed.emit(describe_exception(e))
         finally:
             self.reply_done.emit()
+
+
+    @Slot(object)
+    def evaluate(self, request: dict[str, Any]) -> None:
+        """Answer the held-out rows of request["path"] (the first request["rows"]) with both models and score them."""
+        result = None
+        try:
+            from hone.core.evaluate import compare, with_references
+            from hone.core.prompts import read_prompts
+
+            prompts, skipped = read_prompts(Path(request["path"]))
+            prompts = with_references(prompts, request["rows"] or None)
+            comparison = compare(self.models, prompts, stop=request["stop"],
+                                 progress=lambda done, total: self.eval_progress.emit((done, total)))
+            result = (comparison, skipped)
+        except Exception as e:
+            self.failed.emit(describe_exception(e))
+        finally:
+            self.evaluated.emit(result)
+
+
+class EvaluationDialog(QDialog):
+    """The scores of an evaluation and every prompt's answers, base beside fine-tune (✓ = the reference exactly)."""
+
+    COLUMNS = ("Row", "Question", "Reference", "Base", "Fine-tuned")
+
+    def __init__(self, title: str, comparison, skipped: list[str], parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        self.resize(1100, 560)
+        layout = QVBoxLayout(self)
+        summary = comparison.summary() + (f"; {len(skipped)} rows of the file could not be read" if skipped else "")
+        self.summary = label(summary[0].upper() + summary[1:] + ".", wrap=True, selectable=True)
+        layout.addWidget(self.summary)
+        self.table = QTableWidget(len(comparison.answered), len(self.COLUMNS))
+        self.table.setHorizontalHeaderLabels(self.COLUMNS)
+        self.table.verticalHeader().hide()
+        self.table.setWordWrap(True)
+        for r, answered in enumerate(comparison.answered):
+            cells = (str(answered.row), answered.question, answered.reference,
+                     _scored(answered.base, answered.exact(BASE), answered.f1(BASE)),
+                     _scored(answered.tuned, answered.exact(TUNED), answered.f1(TUNED)))
+            for c, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setFlags(item.flags() & ~Qt.ItemIsEditable)
+                self.table.setItem(r, c, item)
+        self.table.resizeColumnToContents(0)
+        for c in range(1, len(self.COLUMNS)):
+            self.table.setColumnWidth(c, 250)
+        self.table.resizeRowsToContents()
+        layout.addWidget(self.table, 1)
+
+
+def _scored(answer: str, exact: bool, f1: float) -> str:
+    return f"{'✓' if exact else '✗'} F1 {f1:.2f}\n{answer}"
 
 
 class Transcript(QTextBrowser):
@@ -114,7 +176,9 @@ class ChatPage(Page):
 
     _load_requested = Signal(object)
     _generate_requested = Signal(object)
+    _evaluate_requested = Signal(object)
     reply_finished = Signal()
+    evaluation_finished = Signal()
 
     def __init__(self, state, parent: QWidget | None = None):
         super().__init__(state, parent)
@@ -136,6 +200,13 @@ class ChatPage(Page):
         self.load_button = set_role(QPushButton("Load models"), "primary")
         self.load_button.clicked.connect(self.load_selected)
         row.addWidget(self.load_button)
+        self.evaluate_button = QPushButton("Evaluate…")
+        self.evaluate_button.setToolTip("Answer held-out rows (the run's evaluation file, or one you choose) with "
+                                        "both models and score them against the rows' references.")
+        self.evaluate_button.clicked.connect(lambda: self.evaluate())
+        row.addWidget(self.evaluate_button)
+        self.evaluation_dialog: EvaluationDialog | None = None
+        self.source: dict[str, Any] = {}
         source.body.addLayout(row)
         self.busy = QProgressBar()
         self.busy.setRange(0, 0)  # loading weights reports no progress of its own
@@ -231,6 +302,7 @@ class ChatPage(Page):
     def load(self, source: dict[str, Any]) -> None:
         """Load the chosen run's base + adapter (or a base alone) on the chat thread."""
         self._ensure_engine()
+        self.source = dict(source)
         self.loaded = False
         self.busy.show()
         self.status.setText("Loading the models…")
@@ -247,6 +319,9 @@ class ChatPage(Page):
         self.engine.moveToThread(self.thread)
         self._load_requested.connect(self.engine.load)
         self._generate_requested.connect(self.engine.generate)
+        self._evaluate_requested.connect(self.engine.evaluate)
+        self.engine.eval_progress.connect(self._eval_progress)
+        self.engine.evaluated.connect(self._evaluated)
         self.engine.loaded.connect(self._loaded)
         self.engine.piece.connect(self._piece)
         self.engine.reply_done.connect(self._reply_done)
@@ -303,6 +378,54 @@ class ChatPage(Page):
         self._update_buttons()
         self.reply_finished.emit()
 
+    # ---- evaluating ----
+    def evaluate(self, path: str | Path | None = None, rows: int = 20) -> None:
+        """Score both models on held-out rows: `path`, else the loaded run's evaluation file, else one the user
+        picks; the first `rows` rows with a reference (0 = all)."""
+        if not self.loaded or not self.has_adapter or self.generating:
+            return
+        if path is None:
+            path = self._held_out_file()
+        if path is None:
+            return
+        self.generating = True
+        self.stop_flag.clear()
+        self.status.setText(f"Evaluating on {Path(path).name}…")
+        set_role(self.status, "muted")
+        self._update_buttons()
+        self._evaluate_requested.emit({"path": str(path), "rows": rows, "stop": self.stop_flag})
+
+    def _held_out_file(self) -> str | None:
+        from hone.core.config import RunConfig
+        from hone.core.errors import HoneError
+        from hone.core.evaluate import held_out_file
+
+        if self.source.get("run_dir"):
+            try:
+                return str(held_out_file(RunConfig.load(Path(self.source["run_dir"]) / "config.toml")))
+            except HoneError:
+                pass  # no evaluation file: ask for one
+        chosen, _ = QFileDialog.getOpenFileName(self, "Held-out rows", "", "Rows (*.jsonl *.json *.txt);;All (*)")
+        return chosen or None
+
+    @Slot(object)
+    def _eval_progress(self, progress: tuple[int, int]) -> None:
+        done, total = progress
+        self.status.setText(f"Evaluating: {done} of {total} prompts answered by both models…")
+
+    @Slot(object)
+    def _evaluated(self, result) -> None:
+        self.generating = False
+        self._update_buttons()
+        if result is not None:
+            comparison, skipped = result
+            self.status.setText(comparison.summary()[0].upper() + comparison.summary()[1:] + ".")
+            set_role(self.status, "muted")
+            name = Path(self.source.get("run_dir") or self.source.get("model", "")).name
+            self.evaluation_dialog = EvaluationDialog(f"Evaluation of {name}", comparison, skipped, self)
+            self.evaluation_dialog.show()
+        self.evaluation_finished.emit()
+
     def clear(self) -> None:
         if self.generating:
             return
@@ -314,6 +437,7 @@ class ChatPage(Page):
 
     def _update_buttons(self) -> None:
         self.send_button.setEnabled(self.loaded and not self.generating)
+        self.evaluate_button.setEnabled(self.loaded and self.has_adapter and not self.generating)
         self.stop_button.setEnabled(self.generating)
         training = self.state.session.is_running
         # a model loaded next to a training run competes for its memory (and on a GPU, can push it out of it)

@@ -27,18 +27,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def held_out_file(config, given: str | None) -> Path:
-    """The file to evaluate on: --data, else the run's first evaluation file."""
-    from hone.core.resources import BUNDLED_PREFIX, resolve_bundled
-
-    if given:
-        return Path(given).expanduser()
-    if not config.data.eval:
-        raise HoneError("the run has no evaluation data (data.eval)", "give a file of held-out rows with --data")
-    first = str(config.data.eval[0])
-    return resolve_bundled(first) if first.startswith(BUNDLED_PREFIX) else Path(first).expanduser()
-
-
 def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -46,7 +34,7 @@ def run(args) -> int:
     from hone.core.chat import BASE, TUNED
     from hone.core.cli.commands.chat import load_chat_models, open_chat_run
     from hone.core.cli.console import Phase
-    from hone.core.evaluate import compare, with_references
+    from hone.core.evaluate import compare, held_out_file, with_references
     from hone.core.prompts import read_prompts
 
     if args.rows < 0:
