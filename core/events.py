@@ -85,8 +85,18 @@ class StepMetrics(Event):
     offload_bytes: int = 0  # bytes moved to host for checkpoints during the step
     copy_stall_s: float = 0.0  # time compute waited for checkpoint reloads
     buffer_bytes: int = 0  # device memory held by offload reload buffers
+    data_wait_s: float = 0.0  # time the step waited for its batches (collated in the background, or here)
     expert_load: list[int] = field(default_factory=list)  # tokens per expert (MoE), summed over layers
     mem_by_gpu: list[int] = field(default_factory=list)  # bytes, each process's peak, when several train the run
+
+    @property
+    def waiting_for_data(self) -> float:
+        """The share of the step spent waiting for its batches, when worth saying (the background collation, e.g.
+        image decoding, fell behind the GPU); 0.0 below 5% (the hand-over itself) and at step 1, which always
+        collates its own batches."""
+        if self.step <= 1 or self.step_time <= 0 or self.data_wait_s < 0.05 * self.step_time:
+            return 0.0
+        return self.data_wait_s / self.step_time
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,11 @@ class SmoothedLoss:
         return self._ema / (1 - self.beta**self._n)
 
 
+def waiting_text(step: StepMetrics) -> str:
+    share = step.waiting_for_data
+    return f" · waiting for data {share:.0%} of the step" if share else ""
+
+
 def eta_seconds(step_times: list[float] | deque, steps_left: int) -> float:
     """Seconds until the last step, from the mean of recent step times."""
     if not step_times or steps_left <= 0:
@@ -491,8 +496,8 @@ class MonitorPage(Page):
                                                                     f"grad norm {step.grad_norm:.2f}")
             else:
                 self.loss_tile.set(f"{step.loss:.4f}", f"{smooth_text}grad norm {step.grad_norm:.2f}")
-            self.speed_tile.set(f"{step.tokens_per_s:,.0f}",
-                                f"{step.step_time:.2f} s/step · packing {step.packing_efficiency:.0%}")
+            self.speed_tile.set(f"{step.tokens_per_s:,.0f}", f"{step.step_time:.2f} s/step · packing "
+                                f"{step.packing_efficiency:.0%}{waiting_text(step)}")
         elif self.status in ("idle", "starting"):
             self.progress.setValue(0)
             self.progress_text.setText("")

@@ -201,6 +201,8 @@ class EventPrinter:
                 info += "  " + " / ".join(f"{b / 2**30:.1f}" for b in event.mem_by_gpu) + " GiB"
             elif event.mem_allocated:
                 info += f"  {event.mem_allocated / 2**30:.1f} GiB"
+            if event.waiting_for_data:
+                info += f"  waiting for data {event.waiting_for_data:.0%}"
             self.progress.update(self.task, completed=event.step, info=info)
         elif isinstance(event, events.EvalMetrics):
             c.print(f"eval at step {event.step}: loss {event.loss:.4f}")

@@ -92,6 +92,8 @@ def step_line(event: events.StepMetrics, first_step: int = 0) -> str:
             f"{event.tokens_per_s:,.0f} tok/s")
     if event.mem_allocated:
         line += f"  {event.mem_allocated / 2**30:.1f} GiB"
+    if event.waiting_for_data:
+        line += f"  waiting for data {event.waiting_for_data:.0%}"
     done = event.step - first_step
     if done > 0 and event.step < event.total_steps:
         line += f"  ETA {_eta(event.elapsed / done * (event.total_steps - event.step))}"

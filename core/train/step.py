@@ -197,6 +197,7 @@ class StepRunner:
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         batches = self._batches(dataset, packs, next_packs)
+        data_wait = time.perf_counter() - started  # ~0 when the background collation kept up with the last step
         trained = sum(b.num_trained for b in batches)  # known on the CPU: no sync to normalize the loss
         tokens = sum(b.num_tokens for b in batches)
         if counts is not None:
@@ -239,7 +240,7 @@ class StepRunner:
             step_time = max(step_time - compiling, 1e-6)
             self.setup.note("compile", f"compiled decoder blocks in {compiling:.1f} s (not counted in step times)")
         out = dict(loss=loss, lr=lr, grad_norm=float(grad_norm), tokens=tokens, trained_tokens=trained,
-                   tokens_per_s=tokens / step_time, step_time=step_time)
+                   tokens_per_s=tokens / step_time, step_time=step_time, data_wait_s=data_wait)
         if self.cuda:
             out.update(mem_allocated=torch.cuda.max_memory_allocated(), mem_reserved=torch.cuda.memory_reserved())
         if self.world.launched:

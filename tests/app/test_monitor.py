@@ -91,6 +91,26 @@ def test_eta_comes_from_recent_step_times(window):
     assert monitor.expert_chart.isHidden(), "dense runs have no expert chart"
 
 
+def test_speed_tile_says_when_steps_wait_for_data(window):
+    """A step that spent a noticeable share of its time waiting for its batches (image decoding falling behind) says
+    so under the tokens/s; one that did not, or the first step (always collated in place), does not."""
+    from dataclasses import replace
+
+    monitor = window.monitor
+    t0 = time.time()
+    monitor.handle(_started(t0))
+    steps = _steps(t0)
+    monitor.handle(replace(steps[0], data_wait_s=0.4))  # step 1 collates its own batches: nothing to flag
+    monitor.flush()
+    assert "waiting" not in monitor.speed_tile.detail()
+    monitor.handle(replace(steps[1], data_wait_s=0.2))  # 0.2 of a 0.5 s step
+    monitor.flush()
+    assert "waiting for data 40% of the step" in monitor.speed_tile.detail()
+    monitor.handle(replace(steps[2], data_wait_s=0.001))
+    monitor.flush()
+    assert "waiting" not in monitor.speed_tile.detail()
+
+
 def test_charts_redraw_at_most_ten_times_a_second(qtbot, window):
     monitor = window.monitor
     monitor.handle(_started(time.time()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -178,3 +179,26 @@ def test_background_collation_gives_the_same_run(tiny_model_dir, chat_files, tin
         assert len(background) == (3 if prefetch else 0), threads
     assert losses[True] == losses[False]
     assert not any(t.name.startswith("hone-collate") for t in threading.enumerate())
+
+
+def test_steps_report_the_time_they_waited_for_data(tiny_model_dir, chat_files, tiny_config, tmp_path, monkeypatch):
+    """A background collation slower than the step shows as data_wait_s (and the step's "waiting for data" share);
+    step 1, which collates its own batches, waits for all of its collation."""
+    from hone.core.train.step import StepRunner
+
+    delay = 0.4  # far longer than a tiny model's step on the CPU
+    collate = StepRunner._collate_packs
+
+    def slow(self, dataset, packs):
+        time.sleep(delay)
+        return collate(self, dataset, packs)
+
+    monkeypatch.setattr(StepRunner, "_collate_packs", slow)
+    monkeypatch.setattr(StepRunner, "PREFETCH_ON_CPU", True)
+    config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=3")
+    steps = [e for e in run_all(Trainer(config, device="cpu")) if isinstance(e, events.StepMetrics)]
+    assert len(steps) == 3
+    for s in steps:
+        assert delay * 0.5 < s.data_wait_s <= s.step_time, s
+    assert steps[0].waiting_for_data == 0.0  # the first step always collates in place: nothing to flag
+    assert all(s.waiting_for_data == s.data_wait_s / s.step_time for s in steps[1:])
