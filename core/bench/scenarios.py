@@ -94,6 +94,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     _tiny("tiny-moe-gptoss", "tiny-moe-gptoss", "tiny gpt-oss (CPU smoke run)"),
     Scenario("vision-qwen2.5-vl", "qwen2_5_vl", 36, VISION_TOKENS, 0, 0, "Qwen2.5-VL-3B shape, all 36 text layers; "
              "text-only and 448 px image rows, Hone's Trainer vs padded batches (CUDA only)", kind="vision"),
+    Scenario("vision-smolvlm", "idefics3", 24, VISION_TOKENS, 0, 0, "SmolVLM-Instruct (2.2B) shape, all 24 text "
+             "layers; text-only and 384 px image rows, Hone's Trainer vs padded batches (CUDA only)", kind="vision"),
 )}
 
 

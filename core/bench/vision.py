@@ -3,8 +3,10 @@
 `hone bench vision-qwen2.5-vl` builds a Qwen2.5-VL-3B-shaped model (random init, bf16) and mixed rows (text-only,
 and a 448 px image with text), then trains LoRA on its language model twice: through Hone's Trainer (packed rows,
 chunked loss, its own speed choices) and as a plain transformers + peft script does (the same batches of rows,
-padded; the model's own loss; transformers' gradient checkpointing). Each run becomes a `RunResult` that
-`report.compare` and `report.ratio_table` treat like a text scenario's. Needs a CUDA GPU.
+padded; the model's own loss; transformers' gradient checkpointing); `--peer unsloth` adds Unsloth's vision path on
+those padded batches (`peer_unsloth_vision`). `hone bench vision-smolvlm` does the same with a SmolVLM-shaped
+model. Each run becomes a `RunResult` that `report.compare` and `report.ratio_table` treat like a text scenario's.
+Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import torch
 
 from hone.core.bench.measure import GIB, RunResult, allocated_gib, free_memory, record_failure
+from hone.core.bench.peer_unsloth import PEER_NAME
 from hone.core.bench.report import compare, environment
 from hone.core.bench.scenarios import Scenario, check_sizes, get_scenario
 from hone.core.errors import ConfigError, HoneError
@@ -60,6 +63,7 @@ class VisionOptions:
     steps: int = 5
     warmup: int = 2
     tokenizer: str | None = None
+    peer: str | None = None  # "unsloth": also train the same padded batches through Unsloth, in a child process
 
 
 @dataclass
@@ -75,6 +79,7 @@ class VisionReport:
     runs: list[RunResult]
     losses: dict[str, list[float]] = field(default_factory=dict)  # every step's loss per run, warm-up included
     notices: dict[str, list[str]] = field(default_factory=dict)  # what Hone's Trainer said while it ran
+    data_wait: dict[str, list[float]] = field(default_factory=dict)  # seconds each step waited for its batches
     elapsed_s: float = 0.0
 
     def run(self, name: str) -> RunResult:
@@ -84,7 +89,7 @@ class VisionReport:
         return {"schema": 1, "scenario": asdict(self.scenario), "options": asdict(self.options), "device": self.device,
                 "dtype": self.dtype, "batch": self.batch, "environment": self.environment, "baseline": BASELINE,
                 "runs": [r.to_dict() for r in self.runs], "losses": self.losses, "notices": self.notices,
-                "elapsed_s": self.elapsed_s}
+                "data_wait_s": self.data_wait, "elapsed_s": self.elapsed_s}
 
 
 @dataclass
@@ -94,6 +99,7 @@ class RunSteps:
     times: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    data_wait: list[float] = field(default_factory=list)  # seconds (Hone's Trainer: background collation fell behind)
     peak_allocated: int = 0  # bytes, over the timed steps
     peak_reserved: int = 0
     first_grad_norm: float | None = None
@@ -138,9 +144,13 @@ def model_folder(folder: Path, family: str, layers: int, tokenizer_dir: Path | N
         tokenizer_dir = folder / "tokenizer"
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tokenizer_dir)
     tokenizer = tiny.vision_tokenizer(family, tokenizer_dir)
-    model = tiny.build_vision_model(family, tokenizer, shape="real", layers=layers, dtype=torch.bfloat16)
+    # random init of billions of weights takes minutes on the CPU and seconds on the GPU
+    model = tiny.build_vision_model(family, tokenizer, shape="real", layers=layers, dtype=torch.bfloat16,
+                                    device="cuda" if torch.cuda.is_available() else "cpu")
     out = folder / "model"
     model.save_pretrained(out)
+    del model
+    free_memory("cuda")
     tiny.build_processor(family, tokenizer, shape="real").save_pretrained(out)
     return out
 
@@ -172,6 +182,7 @@ def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmu
     out.times = [m.step_time for m in metrics]
     out.tokens = [m.tokens for m in metrics]
     out.losses = [m.loss for m in metrics]
+    out.data_wait = [round(m.data_wait_s, 4) for m in metrics]
     out.first_grad_norm = metrics[0].grad_norm if metrics else None
     timed = metrics[warmup:]
     if timed:
@@ -180,43 +191,51 @@ def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmu
     return out
 
 
-def reference_steps(model_dir: Path, data: Path, family: str, *, steps: int, warmup: int, batch_tokens: int,
-                    lora_r: int) -> RunSteps:
-    """Plain transformers + peft: padded batches, the model's own loss, transformers' gradient checkpointing."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForImageTextToText
+@dataclass
+class PaddedBatches:
+    """The batches a plain script trains on: Hone's planner's batches of rows, padded, with labels shifted the way
+    transformers' own loss expects (the label at t + 1 is what position t predicts)."""
 
+    collator: object
+    rows: object
+    plan: list[list[int]]
+
+    def batch(self, step: int):
+        batch = self.collator.collate([self.rows[i] for i in self.plan[step % len(self.plan)]]).to("cuda")
+        labels = torch.where(torch.roll(batch.text.targets, 1, dims=1) != -100, batch.text.input_ids, -100)
+        return batch, dict(batch.model_inputs(), labels=labels)
+
+
+def padded_batches(model_dir: Path, data: Path, family: str, model_config, *, batch_tokens: int) -> PaddedBatches:
+    """The same rows as Hone's Trainer reads, in the batches its planner makes, for a padded run."""
     from hone.core.config import DataConfig
     from hone.core.data import load_training_data, plan_packs
     from hone.core.models.load import load_tokenizer
     from hone.core.vision import family_for
     from hone.core.vision.collate import VisionCollator
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16).cuda()
-    processor = load_tokenizer(str(model_dir), model.config)
+    processor = load_tokenizer(str(model_dir), model_config)
     cfg = DataConfig(train=[str(data)], max_length=batch_tokens, image_max_side=IMAGE_SIDE)
     rows = load_training_data(cfg, processor, cache_dir=data.parent / "cache").train
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.enable_input_require_grads()
-    peft_model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=REFERENCE_TARGETS))
-    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-4)
-    # the same batches of rows as Hone's planner makes, padded (what a plain script does)
-    padded = VisionCollator(family_for(family), processor, model.config, image_max_side=IMAGE_SIDE,
-                            packing=False, pad_id=processor.tokenizer.pad_token_id, dtype=torch.bfloat16)
-    plan = plan_packs(rows.lengths, batch_tokens, seed=0, epoch=0)
+    collator = VisionCollator(family_for(family), processor, model_config, image_max_side=IMAGE_SIDE,
+                              packing=False, pad_id=processor.tokenizer.pad_token_id, dtype=torch.bfloat16)
+    return PaddedBatches(collator, rows, plan_packs(rows.lengths, batch_tokens, seed=0, epoch=0))
+
+
+def padded_steps(model, batches: PaddedBatches, out: RunSteps, *, steps: int, warmup: int) -> RunSteps:
+    """Train `model` (LoRA already on it) for `steps` steps of `batches` with the model's own loss, clipping at 1.0
+    and fused AdamW (as Hone's Trainer and transformers' Trainer do by default); fills `out` with each step's time,
+    real tokens and loss, and the peak memory over the steps after `warmup`."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
     torch.cuda.reset_peak_memory_stats()
-    attention = str(getattr(model.config, "_attn_implementation", None) or "transformers' default")
-    out = RunSteps(speed_paths={"attention": attention, "loss": "the model's own (full logits)",
-                              "checkpoint": "transformers' gradient checkpointing", "batch": "padded"})
     for step in range(steps):
-        batch = padded.collate([rows[i] for i in plan[step % len(plan)]]).to("cuda")
-        inputs = batch.model_inputs()
-        # transformers shifts labels itself: the label at t + 1 is what position t predicts
-        labels = torch.where(torch.roll(batch.text.targets, 1, dims=1) != -100, batch.text.input_ids, -100)
+        batch, inputs = batches.batch(step)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        loss = peft_model(**inputs, labels=labels).loss
+        loss = model(**inputs).loss
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
@@ -228,6 +247,23 @@ def reference_steps(model_dir: Path, data: Path, family: str, *, steps: int, war
     out.peak_allocated = torch.cuda.max_memory_allocated()
     out.peak_reserved = torch.cuda.max_memory_reserved()
     return out
+
+
+def reference_steps(model_dir: Path, data: Path, family: str, *, steps: int, warmup: int, batch_tokens: int,
+                    lora_r: int) -> RunSteps:
+    """Plain transformers + peft: padded batches, the model's own loss, transformers' gradient checkpointing."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16).cuda()
+    batches = padded_batches(model_dir, data, family, model.config, batch_tokens=batch_tokens)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    peft_model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=REFERENCE_TARGETS))
+    attention = str(getattr(model.config, "_attn_implementation", None) or "transformers' default")
+    out = RunSteps(speed_paths={"attention": attention, "loss": "the model's own (full logits)",
+                              "checkpoint": "transformers' gradient checkpointing", "batch": "padded"})
+    return padded_steps(peft_model, batches, out, steps=steps, warmup=warmup)
 
 
 def _fill(result: RunResult, steps: RunSteps, warmup: int) -> None:
@@ -260,6 +296,8 @@ def _measure(name: str, kind: str, description: str, run: Callable[[], RunSteps]
         report.losses[name] = [round(loss, 4) for loss in steps.losses]
         if steps.notices:
             report.notices[name] = steps.notices
+        if steps.data_wait:
+            report.data_wait[name] = steps.data_wait
     except Exception as e:
         record_failure(result, e, "cuda")
         # the traceback's frames hold the failed step's tensors: drop them before the next run (see measure_run)
@@ -284,9 +322,9 @@ def _check(options: VisionOptions, scenario: Scenario) -> None:
 
 def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult], None] | None = None,
                      on_start: Callable[[str], None] | None = None) -> VisionReport:
-    """Run the vision benchmark `options` describes: Hone's Trainer, then the transformers + peft reference (the order
-    this benchmark has always run in; `free_memory` between them, and each run's `memory_before_gib` shows what the
-    one before left allocated).
+    """Run the vision benchmark `options` describes: Hone's Trainer, then the transformers + peft reference, then
+    the peer if asked (in a process of its own); `free_memory` between them, and each run's `memory_before_gib` shows
+    what the one before left allocated.
 
     Args:
         options: the command's options.
@@ -296,6 +334,8 @@ def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult],
     Raises:
         ConfigError: not a vision scenario, a bad size, no CUDA GPU here, no tokenizer to build the model with.
     """
+    from hone.core.bench.peer_unsloth_vision import unsloth_vision_steps
+
     started = time.perf_counter()
     scenario = get_scenario(options.scenario)
     _check(options, scenario)
@@ -333,6 +373,11 @@ def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult],
                                                       warmup=options.warmup, batch_tokens=batch_tokens,
                                                       lora_r=options.lora_r)),
         )
+        if options.peer == PEER_NAME:
+            runs += ((PEER_NAME, "peer", "Unsloth's FastVisionModel: the reference's padded batches, its own "
+                      "gradient checkpointing and loss", lambda: unsloth_vision_steps(
+                          model_dir, data, scenario.shape, steps=steps, warmup=options.warmup,
+                          batch_tokens=batch_tokens, lora_r=options.lora_r)),)
         for name, kind, description, run in runs:
             if on_start:
                 on_start(name)

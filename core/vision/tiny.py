@@ -16,6 +16,8 @@ KINDS = ("qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "idefics3")
 # Families built here for their own tests only (vision and MoE at once), not in every vision test's KINDS.
 MOE_KINDS = ("qwen3_vl_moe",)
 
+SMOLVLM_IMAGE_SIDE = 384  # pixels: SmolVLM's SigLIP tile
+
 # Special tokens each family's tokenizer has (added to SmolLM2's vocabulary).
 SPECIAL_TOKENS = {
     "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
@@ -102,8 +104,9 @@ def _image_processor(kind: str, shape: str):
         return transformers.Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
     if kind == "llava":
         return transformers.CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
-    return transformers.Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 56},
-                                                  max_image_size={"longest_edge": 56})
+    side = 56 if shape == "tiny" else SMOLVLM_IMAGE_SIDE  # real: one 384 px tile per image, no splitting
+    return transformers.Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": side},
+                                                  max_image_size={"longest_edge": side})
 
 
 def build_processor(kind: str, tokenizer, shape: str = "tiny"):
@@ -124,8 +127,9 @@ def build_processor(kind: str, tokenizer, shape: str = "tiny"):
         return transformers.LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=14,
                                            vision_feature_select_strategy="default", num_additional_image_tokens=1,
                                            image_token="<image>", chat_template=template)
-    return transformers.Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
-                                          chat_template=template)
+    # image tokens per tile: (side / patch)^2 / scale_factor^2 (real: (384 / 14)^2 / 9 = 81)
+    return transformers.Idefics3Processor(image_processor=images, tokenizer=tokenizer,
+                                          image_seq_len=4 if shape == "tiny" else 81, chat_template=template)
 
 
 def _vocab(tokenizer) -> int:
@@ -136,7 +140,8 @@ def model_config(kind: str, tokenizer, shape: str = "tiny", layers: int | None =
     """A transformers config of the family with the tokenizer's special token ids.
 
     Args:
-        shape: "tiny" (CPU tests) or "real" (Qwen2.5-VL-3B's sizes; only for qwen2_5_vl).
+        shape: "tiny" (CPU tests) or "real" (Qwen2.5-VL-3B's sizes for qwen2_5_vl, SmolVLM-Instruct's for
+            idefics3; the other families have only "tiny").
         layers: text layers (None = the shape's own).
     """
     import transformers
@@ -197,6 +202,14 @@ def model_config(kind: str, tokenizer, shape: str = "tiny", layers: int | None =
         return transformers.LlavaConfig(text_config=dict(text, model_type="llama", pad_token_id=pad),
                                         vision_config=vision, image_token_id=ids["<image>"],
                                         vision_feature_select_strategy="default", vision_feature_layer=-1)
+    if shape == "real":  # SmolVLM-Instruct (2.2B): SmolLM2-1.7B text, SigLIP so400m vision
+        text = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=layers or 24, num_attention_heads=32,
+                    num_key_value_heads=32, max_position_embeddings=16384, vocab_size=vocab,
+                    rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 273768.0})
+        vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                      image_size=SMOLVLM_IMAGE_SIDE, patch_size=14)
+        return transformers.Idefics3Config(text_config=dict(text, model_type="llama", pad_token_id=pad),
+                                           vision_config=vision, scale_factor=3, image_token_id=ids["<image>"])
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=56,
                   patch_size=14)
     return transformers.Idefics3Config(text_config=dict(text, model_type="llama", pad_token_id=pad),

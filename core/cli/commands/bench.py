@@ -9,7 +9,7 @@ PROFILE_TOP = 25  # default rows per --profile, --memory-trace and --host-profil
 # Flags only the text scenarios read, with their defaults: a vision scenario refuses them rather than ignore them.
 TEXT_ONLY_FLAGS = (("--qlora", "qlora", False), ("--seed", "seed", 0), ("--seq-min", "seq_min", None),
                    ("--seq-max", "seq_max", None), ("--only", "only", None), ("--baseline", "baseline", "reference"),
-                   ("--peer", "peer", None), ("--device", "device", None), ("--dtype", "dtype", "auto"),
+                   ("--device", "device", None), ("--dtype", "dtype", "auto"),
                    ("--micro", "micro", "auto"), ("--model-cache", "model_cache", None),
                    ("--no-sync-count", "no_sync_count", False), ("--profile", "profile", False),
                    ("--memory-trace", "memory_trace", False), ("--host-profile", "host_profile", False),
@@ -121,7 +121,8 @@ def _print_list(console) -> None:
         runs.add_row(v.name, settings, ", ".join(v.needs), v.description)
     console.print(runs)
     console.print("vision scenarios make two runs: hone (Hone's Trainer, packed rows) and reference (transformers "
-                  "+ peft, the same rows in padded batches)")
+                  "+ peft, the same rows in padded batches); --peer unsloth adds Unsloth's vision path on those padded "
+                  "batches")
 
 
 def run(args) -> int:
@@ -221,9 +222,10 @@ def _run_vision(args, console) -> int:
     given = [flag for flag, name, default in TEXT_ONLY_FLAGS if getattr(args, name) != default]
     if given:
         raise ConfigError(f"{', '.join(given)}: not used by the vision scenario {args.scenario}",
-                          "it takes --tokens, --layers, --lora-r, --steps, --warmup, --tokenizer, --json and --verbose")
+                          "it takes --tokens, --layers, --lora-r, --steps, --warmup, --tokenizer, --peer, --json and "
+                          "--verbose")
     options = VisionOptions(scenario=args.scenario, tokens=args.tokens, layers=args.layers, lora_r=args.lora_r,
-                            steps=args.steps, warmup=args.warmup, tokenizer=args.tokenizer)
+                            steps=args.steps, warmup=args.warmup, tokenizer=args.tokenizer, peer=args.peer)
     started, measured = _progress(console)
     report = run_vision_bench(options, on_result=measured, on_start=started)
     batch = report.batch

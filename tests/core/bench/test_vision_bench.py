@@ -28,10 +28,31 @@ def nothing_built(monkeypatch):
     monkeypatch.setattr(vision, "model_folder", refuse)
 
 
-def test_the_vision_scenario_is_listed(capsys):
+def test_the_vision_scenarios_are_listed(capsys):
     assert main(["bench", "--list"]) == 0
     out = capsys.readouterr().out
     assert SCENARIO in out and "Qwen2.5-VL-3B" in out
+    assert "vision-smolvlm" in out and "SmolVLM-Instruct" in out
+
+
+def test_the_smolvlm_scenario_builds_smolvlm_instruct_sizes(smollm2_tokenizer_dir):
+    """SmolVLM-Instruct: 2.25B parameters (SmolLM2-1.7B text, SigLIP so400m vision), 81 image tokens per 384 px
+    tile ((384 / 14)^2 patches merged 3 x 3). Built on the meta device: no weights."""
+    from transformers import AutoModelForImageTextToText
+
+    from hone.core.bench.scenarios import get_scenario
+    from hone.core.vision import tiny
+
+    scenario = get_scenario("vision-smolvlm")
+    tokenizer = tiny.vision_tokenizer(scenario.shape, smollm2_tokenizer_dir)
+    config = tiny.model_config(scenario.shape, tokenizer, shape="real")
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
+    assert type(model).__name__ == "Idefics3ForConditionalGeneration"
+    assert 2.24e9 < sum(p.numel() for p in model.parameters()) < 2.26e9
+    assert config.text_config.num_hidden_layers == scenario.layers == 24
+    vision_config = config.vision_config
+    assert (vision_config.image_size // vision_config.patch_size) ** 2 // config.scale_factor**2 == 81
 
 
 def test_without_a_gpu_it_refuses_before_building_anything(monkeypatch, nothing_built, capsys):
@@ -97,6 +118,60 @@ def test_the_two_runs_become_ratios_and_a_json_record(monkeypatch, tmp_path):
     assert runs["hone"]["loss_diff"] == pytest.approx(-0.2) and runs["hone"]["parity"] is None
     assert data["losses"] == {"hone": [2.0, 1.9, 1.8, 1.7, 1.6], "reference": [2.2, 2.1, 2.0, 1.9, 1.8]}
     assert data["batch"]["layers"] == 4 and data["batch"]["tokens_per_batch"] == 4096
+
+
+def _doubles(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name in ("free_memory", "allocated_gib"):
+        monkeypatch.setattr(vision, name, lambda device: None)
+    monkeypatch.setattr(vision, "environment", lambda device: {})
+    monkeypatch.setattr(vision, "make_data", lambda folder: folder / "train.jsonl")
+    monkeypatch.setattr(vision, "model_folder", lambda folder, family, layers, tokenizer: folder / "model")
+
+
+def test_the_unsloth_peer_is_a_third_run_against_the_same_reference(monkeypatch, tmp_path):
+    """--peer unsloth: the peer's steps (a double here; Unsloth needs a GPU) become a third run with ratios against
+    the reference, and each step's wait for data is recorded for Hone's run."""
+    from hone.core.bench import peer_unsloth_vision
+
+    _doubles(monkeypatch)
+    hone = _steps([9.0, 1.0, 1.0], [100, 400, 400], [2.0, 1.9, 1.8], peak_gib=2.0)
+    hone.data_wait = [0.5, 0.0, 0.25]
+    monkeypatch.setattr(vision, "hone_steps", lambda *a, **k: hone)
+    monkeypatch.setattr(vision, "reference_steps",
+                        lambda *a, **k: _steps([9.0, 4.0, 4.0], [100, 400, 400], [2.0, 2.0, 2.0], peak_gib=8.0))
+    asked = {}
+
+    def peer(model_dir, data, family, **kwargs):
+        asked.update(kwargs, family=family)
+        return _steps([9.0, 2.0, 2.0], [100, 400, 400], [2.0, 2.0, 2.0], peak_gib=4.0)
+
+    monkeypatch.setattr(peer_unsloth_vision, "unsloth_vision_steps", peer)
+    out = tmp_path / "vision.json"
+    assert main(["bench", SCENARIO, "--steps", "2", "--warmup", "1", "--peer", "unsloth", "--tokenizer",
+                 str(tmp_path), "--json", str(out)]) == 0
+    assert asked == {"steps": 3, "warmup": 1, "batch_tokens": 8192, "lora_r": 16, "family": "qwen2_5_vl"}
+    data = json.loads(out.read_text())
+    runs = {r["name"]: r for r in data["runs"]}
+    assert list(runs) == ["hone", "reference", "unsloth"] and runs["unsloth"]["kind"] == "peer"
+    assert runs["unsloth"]["speed_ratio"] == pytest.approx(2.0) and runs["hone"]["speed_ratio"] == pytest.approx(4.0)
+    assert runs["unsloth"]["memory_ratio"] == pytest.approx(0.5)
+    assert data["data_wait_s"] == {"hone": [0.5, 0.0, 0.25]}
+
+
+def test_without_unsloth_the_peer_run_says_so_and_the_others_are_measured(monkeypatch, tmp_path):
+    from hone.core.bench import peer_unsloth
+
+    _doubles(monkeypatch)
+    monkeypatch.setattr(peer_unsloth, "unsloth_available", lambda: False)
+    monkeypatch.setattr(vision, "hone_steps", lambda *a, **k: _steps([1.0, 1.0], [10, 10], [2.0, 2.0], peak_gib=1.0))
+    monkeypatch.setattr(vision, "reference_steps",
+                        lambda *a, **k: _steps([1.0, 2.0], [10, 10], [2.0, 2.0], peak_gib=2.0))
+    report = vision.run_vision_bench(vision.VisionOptions(SCENARIO, steps=1, warmup=1, tokenizer=str(tmp_path),
+                                                          peer="unsloth"))
+    peer = report.run("unsloth")
+    assert peer.status == "failed" and "unsloth is not installed" in peer.reason
+    assert report.run("hone").speed_ratio == pytest.approx(2.0)
 
 
 def test_a_failed_run_is_recorded_and_the_other_still_measured(monkeypatch, tmp_path):
