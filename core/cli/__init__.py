@@ -31,6 +31,7 @@ COMMANDS = {
     "eval": "hone.core.cli.commands.eval",
     "init": "hone.core.cli.commands.init",
     "plan": "hone.core.cli.commands.plan",
+    "models": "hone.core.cli.commands.models",
 }
 ENTRY_POINT_GROUP = "hone.commands"
 

@@ -57,7 +57,8 @@ def test_help_lists_built_in_commands_then_studio(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert _command_names(capsys.readouterr().out) == [
-        "train", "demo", "bench", "data", "export", "chat", "generate", "eval", "init", "plan", "studio"]
+        "train", "demo", "bench", "data", "export", "chat", "generate", "eval", "init", "plan", "models",
+        "studio"]
 
 
 def test_studio_help_comes_from_the_entry_point_without_qt_or_torch():

@@ -199,3 +199,25 @@ def test_unknown_model_and_revision(hub):
     assert caught.value.code == "hub-not-found"
     with pytest.raises(HubError, match="no revision 'v9'"):
         download_model("org/tiny-chat", revision="v9")
+
+
+def test_the_fit_verdict_comes_from_the_memory_planner_on_the_models_config(hub, tmp_path):
+    """The planner's own prediction for the model's config decides; a gated model's config cannot be read."""
+    from hone.core.config import RunConfig
+    from hone.core.hub.fit import fits_this_machine
+    from hone.core.memory.estimate import GIB
+    from hone.core.memory.run_plan import Memory, plan_run
+    from hone.core.models.shapes import make_config
+
+    config_json = make_config("tiny-dense").to_json_string().encode()
+    hub.add_model("org/tiny-planned", {"config.json": config_json})
+    run = RunConfig()
+    roomy = fits_this_machine("org/tiny-planned", run, Memory(64 * GIB, "a test GPU"))
+    assert roomy.fits is True and roomy.text.startswith("fits: a step needs") and "a test GPU" in roomy.text
+    make_config("tiny-dense").save_pretrained(tmp_path / "local")
+    expected = plan_run(run.with_overrides([f'model.name_or_path="{tmp_path / "local"}"']), Memory(64 * GIB, "x"))
+    assert roomy.peak_bytes == pytest.approx(expected.estimate.peak_bytes)
+    tight = fits_this_machine("org/tiny-planned", run, Memory(roomy.peak_bytes / 100, "a tiny GPU"))
+    assert tight.fits is False and tight.text.startswith("does not fit")
+    gated = fits_this_machine("org/tiny-gated", run, Memory(64 * GIB, "a test GPU"))
+    assert gated.fits is None and "is gated" in gated.text
