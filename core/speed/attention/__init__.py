@@ -172,12 +172,20 @@ def _unsupported_reason(model) -> str | None:
             return "vision-language model whose rows are padded, not packed (its attention masks are transformers')"
         if getattr(config, "text_config", None) is None:
             return "vision-language model without a separate language-model config"
+    if _has_indexer(model):
+        return ("its sparse-attention indexer (DeepSeek-V3.2) picks the keys each query sees through transformers' "
+                "attention mask, which Hone's packed kernels do not build")
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if getattr(text, "attn_logit_softcapping", None):
         return "attention logit soft-capping (e.g. Gemma 2) is not supported by the packed kernels"
     if getattr(text, "attention_dropout", 0.0):
         return f"attention dropout {text.attention_dropout} is not supported by the packed kernels"
     return None
+
+
+def _has_indexer(model) -> bool:
+    """Attention whose sparse-attention indexer reads the 4-D mask transformers builds (DeepSeek-V3.2)."""
+    return any(isinstance(getattr(module, "indexer", None), torch.nn.Module) for module in _hf_model(model).modules())
 
 
 def _has_sinks(model) -> bool:

@@ -28,7 +28,7 @@ FAMILY_SHAPES = {
     "tiny-moe-mixtral": "mixtral", "tiny-moe-olmoe": "olmoe", "tiny-moe-granite": "granitemoe",
     "tiny-moe-minimax-m2": "minimax_m2", "tiny-moe-ernie": "ernie4_5_moe", "tiny-moe-glm4": "glm4_moe",
     "tiny-moe-glm4-lite": "glm4_moe_lite", "tiny-moe-deepseek-v3": "deepseek_v3", "tiny-moe-lfm2": "lfm2_moe",
-    "tiny-moe-qwen3-next": "qwen3_next",
+    "tiny-moe-qwen3-next": "qwen3_next", "tiny-moe-deepseek-v32": "deepseek_v32",
 }
 # A small vocabulary: the embedding and head of the shapes' 49,152 tokens would be most of each step's work here.
 VOCAB = 2048
@@ -38,7 +38,8 @@ def _build(shape: str):
     return build_model(shape, vocab_size=VOCAB)
 
 
-SIGMOID_ROUTED = {"tiny-moe-glm4", "tiny-moe-glm4-lite", "tiny-moe-deepseek-v3", "tiny-moe-minimax-m2", "tiny-moe-lfm2"}
+SIGMOID_ROUTED = {"tiny-moe-glm4", "tiny-moe-glm4-lite", "tiny-moe-deepseek-v3", "tiny-moe-deepseek-v32",
+                  "tiny-moe-minimax-m2", "tiny-moe-lfm2"}
 
 
 def _peft_model(shape: str, backend: str):
@@ -122,9 +123,9 @@ def test_the_family_report_says_what_runs_where(shape):
     assert "Hone's grouped GEMMs" in report.experts
     if shape in SIGMOID_ROUTED:
         assert report.router.startswith("transformers'"), report.router  # not the softmax the fused router runs
-    if shape in ("tiny-moe-glm4-lite", "tiny-moe-deepseek-v3"):
+    if shape in ("tiny-moe-glm4-lite", "tiny-moe-deepseek-v3", "tiny-moe-deepseek-v32"):
         assert "MLA" in report.attention
-    if shape in ("tiny-moe-glm4", "tiny-moe-deepseek-v3", "tiny-moe-ernie", "tiny-moe-lfm2"):
+    if shape in ("tiny-moe-glm4", "tiny-moe-deepseek-v3", "tiny-moe-deepseek-v32", "tiny-moe-ernie", "tiny-moe-lfm2"):
         assert "first 1 layer dense" in report.shared, report.shared
     assert any(line.startswith("GGUF export: not for MoE models yet") for line in lines)
 
@@ -149,6 +150,21 @@ def test_qwen3_next_trains_padded_and_its_family_is_on_the_first_lines(tiny_mode
     assert notices and "padded instead of packed" in notices[0] and "flash-linear-attention" in notices[0]
     started = next(e for e in seen if isinstance(e, events.RunStarted))
     assert started.speed_paths["moe family"].startswith("Qwen3-Next (qwen3_next)"), started.speed_paths
+
+
+def test_deepseek_v32_trains_packed_on_transformers_attention(tiny_model_dir, chat_files, tiny_config, tmp_path):
+    """DeepSeek-V3.2's indexer reads the 4-D mask transformers builds: the run keeps transformers' attention (which
+    keeps packed rows apart, test above), says why, and finishes instead of failing in the first forward."""
+    from hone.core import events
+    from hone.core.train.trainer import Trainer
+
+    config = tiny_config(tiny_model_dir("tiny-moe-deepseek-v32"), chat_files, tmp_path, "train.max_steps=2",
+                         "speed.moe_backend=torch")
+    seen = list(Trainer(config, device="cpu").run())
+    assert isinstance(seen[-1], events.RunFinished), seen[-1]
+    started = next(e for e in seen if isinstance(e, events.RunStarted))
+    assert started.speed_paths["attention"].startswith("hf: transformers' attention: its sparse-attention indexer")
+    assert started.speed_paths["moe family"].startswith("DeepSeek-V3.2 (deepseek_v32)"), started.speed_paths
 
 
 def test_latent_attention_is_planned_and_probed_at_its_query_key_head_dim():
