@@ -13,11 +13,19 @@ from hone.app.theme import Palette, icon
 from hone.app.threads import Task, TaskError
 from hone.app.widgets.common import Card, InfoGrid, StatTile, human_bytes, human_count, label, set_role
 from hone.app.widgets.config_form import in_words
+from hone.app.widgets.hub_dialog import HubDialog
 from hone.core.config import DEMO_MODEL
 from hone.core.moe_families import family_of
 
 DETAILS = ["Architecture", "Model type", "Layers", "Hidden size", "Vocabulary", "Context length", "Source",
            "Experts"]
+
+
+def fits_here(repo_id: str, config) -> Any:
+    """The memory planner's verdict for training `repo_id` with `config`'s settings here (on a worker thread)."""
+    from hone.core.hub.fit import fits_this_machine
+
+    return fits_this_machine(repo_id, config)
 
 
 def inspect(name_or_path: str) -> Any:
@@ -38,6 +46,12 @@ class ModelPage(Page):
     def __init__(self, state, parent: QWidget | None = None):
         super().__init__(state, parent)
         self.task: Task | None = None
+        self.hub_dialog: HubDialog | None = None
+        self.hub_button = QPushButton("Search the Hub…")
+        self.hub_button.setToolTip("Find a model on the Hugging Face Hub by name, see whether it fits this machine, "
+                                   "and download it.")
+        self.hub_button.clicked.connect(self.open_hub)
+        self.header.actions.addWidget(self.hub_button)
 
         source = Card("Source", "Type a Hugging Face id such as Qwen/Qwen3-0.6B, or pick a folder or a .gguf file.")
         row = QHBoxLayout()
@@ -146,6 +160,15 @@ class ModelPage(Page):
         self.status.setText(text)
         self.status.setVisible(bool(text))
 
+    def open_hub(self) -> HubDialog:
+        """The Search the Hub dialog (one at a time); Use model there chooses the model here."""
+        if self.hub_dialog is None:
+            self.hub_dialog = HubDialog(lambda repo_id: fits_here(repo_id, self.state.config), self)
+            self.hub_dialog.model_chosen.connect(self.choose)
+        self.hub_dialog.show()
+        self.hub_dialog.raise_()
+        return self.hub_dialog
+
     def _pick_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Model folder")
         if folder:
@@ -221,7 +244,8 @@ class ModelPage(Page):
         self.demo_button.setIcon(icon("sparkle", palette.accent, 16))
 
     def is_busy(self) -> bool:
-        return bool(self.task and self.task.is_running())
+        return bool(self.task and self.task.is_running()) or bool(self.hub_dialog and
+                                                                  self.hub_dialog.is_downloading())
 
 
 def _short(name: str) -> str:

@@ -248,16 +248,32 @@ class MemoryKeyring:
 
 
 def use_fake_hub(monkeypatch, tmp_path, store: MemoryKeyring | None = None) -> FakeHub:
-    """Start a FakeHub and point this test's Hub settings at it: HF_ENDPOINT, an empty cache and HF_HOME under
-    `tmp_path`, offline mode off (tests/conftest.py turns it on for the session), no HF_TOKEN, no saved login, and an
-    in-memory keyring (`store`, or an empty one). The caller stops the hub (`request.addfinalizer(hub.stop)`)."""
+    """Start a FakeHub and point this test's Hub settings at it: HF_ENDPOINT and huggingface_hub's own defaults (read
+    when it was imported; transformers' loader uses them), an empty cache and HF_HOME under `tmp_path`, offline mode
+    off (tests/conftest.py turns it on for the session), no HF_TOKEN, no saved login, and an in-memory keyring
+    (`store`, or an empty one). Looking up any host but 127.0.0.1 fails, so nothing reaches the network.
+    The caller stops the hub (`request.addfinalizer(hub.stop)`)."""
+    import socket
+
     import keyring.core
     from huggingface_hub import constants
 
     hub = FakeHub().start()
+    cache = tmp_path / "hf-home" / "hub"
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    resolve = socket.getaddrinfo
+
+    def loopback_only(host, *args, **kwargs):
+        if host not in ("127.0.0.1", "localhost"):
+            raise socket.gaierror(f"tests reach no host but 127.0.0.1 (asked for {host})")
+        return resolve(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", loopback_only)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
