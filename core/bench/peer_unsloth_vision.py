@@ -4,7 +4,7 @@ unsloth patches transformers globally (`python -m hone.core.bench.peer_unsloth_v
 The child loads the benchmark's saved model with `FastVisionModel.from_pretrained`, puts LoRA on the language
 model's attention and MLP layers only (`finetune_vision_layers=False`, as the reference does), with Unsloth's own
 gradient checkpointing, and trains the reference's padded batches (text-only rows included: Unsloth's vision collator
-takes them too) through `vision.padded_steps`. Unsloth needs a CUDA GPU: no CPU test covers the child itself.
+takes them too) through `vision_steps.padded_steps`. Unsloth needs a CUDA GPU: no CPU test covers the child itself.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def child_main(spec_path: str, result_path: str) -> int:
         import unsloth  # before anything imports transformers, so it can patch it
         from unsloth import FastVisionModel
 
-        from hone.core.bench.vision import RunSteps, padded_batches, padded_steps
+        from hone.core.bench.vision_steps import RunSteps, padded_batches, padded_steps
 
         model, _processor = FastVisionModel.from_pretrained(
             spec["model_dir"], dtype=torch.bfloat16, load_in_4bit=False, max_seq_length=spec["batch_tokens"],
@@ -65,7 +65,7 @@ def unsloth_vision_steps(model_dir: Path, data: Path, family: str, *, steps: int
     Raises:
         PeerFailed: unsloth is not installed, the child crashed or ran too long, or the run inside it failed.
     """
-    from hone.core.bench.vision import RunSteps
+    from hone.core.bench.vision_steps import RunSteps
 
     if not unsloth_available():
         raise PeerFailed("unsloth is not installed")
