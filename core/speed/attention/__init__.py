@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from hone.core.model_info import attention_head_dim
-from hone.core.speed.attention import backends
+from hone.core.speed.attention import backends, vision_encoder
 from hone.core.speed.attention.long_rows import LongRows
 
 # Names registered with transformers' AttentionInterface. They avoid "flash" and "sdpa" on purpose: transformers
@@ -46,6 +46,7 @@ class Choice:
         previous: the model's attention implementation before `configure` (what `revert` restores).
         per_layer_metadata: True in the benchmark-only mode that rebuilds metadata in every layer.
         varlen: how the varlen kernel is called for this model (probed), None for the other backends.
+        encoder_previous: a Qwen-VL image encoder's attention implementation before it was put on varlen too.
     """
 
     name: str
@@ -54,6 +55,7 @@ class Choice:
     previous: str
     per_layer_metadata: bool = False
     varlen: backends.VarlenOptions | None = None
+    encoder_previous: str | None = None  # the image encoder's attention before (None: left as it was)
 
 
 def register() -> None:
@@ -142,6 +144,7 @@ def revert(model, choice: Choice) -> None:
     """Undo `configure`: the model gets back the attention it had before."""
     if choice.implementation != choice.previous:
         revert_attention(model, choice.previous)
+    vision_encoder.revert_encoder_attention(_hf_model(model), choice.encoder_previous)
 
 
 def use_per_layer_metadata(model, choice: Choice) -> Choice:
@@ -491,8 +494,13 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
         implementation = register_varlen(varlen)
     else:
         implementation = IMPLEMENTATIONS[name]
+    encoder_previous = None
     if language_and_vision_configs(model)[1] is not None:
-        reason += "; on the language model (the image encoder keeps transformers' attention)"
+        if varlen is not None:
+            encoder_previous = vision_encoder.apply_encoder_attention(_hf_model(model))
+        reason += ("; on the language model, and on the image encoder with all images and windows in one call"
+                   if encoder_previous is not None else
+                   "; on the language model (the image encoder keeps transformers' attention)")
     apply_attention(model, implementation)
-    choice = Choice(name, reason, implementation, previous, varlen=varlen)
+    choice = Choice(name, reason, implementation, previous, varlen=varlen, encoder_previous=encoder_previous)
     return use_per_layer_metadata(model, choice) if per_layer_metadata else choice

@@ -1,0 +1,83 @@
+"""The image encoder of Qwen-VL models in one varlen call per layer for all of a batch's images and windows.
+
+transformers' Qwen2.5-VL and Qwen3-VL encoders attend within each image (and, in most Qwen2.5-VL layers, within
+each window of an image). With SDPA they split the batch's patches by `cu_seqlens` on the host and call attention
+once per window in a Python loop: a 448 px image is 16 windows, so ten images are 160 calls per layer. Their flash
+branch instead hands the whole batch and its `cu_seqlens` to the attention function, and transformers takes that
+branch for any implementation whose name contains "flash". `VISION_IMPLEMENTATION` is such a name, bound to torch's
+`varlen_attn` (bidirectional); a call without `cu_seqlens` (a transformers that still loops) gets SDPA.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hone.core.speed.attention import backends
+
+# "flash" in the name on purpose (unlike Hone's language-model names): it is what makes the encoder pass cu_seqlens.
+VISION_IMPLEMENTATION = "hone_flash_varlen_encoder"
+# Encoders that take cu_seqlens (module class names of transformers' vision attention).
+VARLEN_ENCODERS = ("Qwen2_5_VLVisionAttention", "Qwen3VLVisionAttention", "Qwen3VLMoeVisionAttention",
+                   "VisionAttention")
+
+
+def encoder_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, cu_seq_lens_q=None,
+                      max_length_q=None, **kwargs):
+    """Bidirectional attention over every image of the batch at once.
+
+    Args:
+        query, key, value: (1, heads, patches, head_dim), all images' patches in a row.
+        cu_seq_lens_q: (segments + 1,) where each image (or window) starts; None: one segment (SDPA).
+        max_length_q: the longest segment (int or 0-d tensor; read from cu_seq_lens_q when None).
+
+    Returns:
+        ((1, patches, heads, head_dim), None), as transformers' attention functions return.
+    """
+    if dropout and module.training:
+        raise ValueError("the image encoder's varlen attention has no dropout")
+    if cu_seq_lens_q is None:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
+        return out.transpose(1, 2), None
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu = cu_seq_lens_q.to(torch.int32)
+    if max_length_q is None:
+        max_length_q = (cu[1:] - cu[:-1]).max()
+    max_len = int(max_length_q)  # a host read once per layer when transformers hands a tensor
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (patches, heads, head_dim)
+    options = backends.varlen_signature()
+    full = {"window_size": (-1, -1)} if options.window else {"is_causal": False}
+    out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, **full)
+    return out.unsqueeze(0), None
+
+
+def varlen_encoder_modules(model) -> list[str]:
+    """Names of the image encoder's attention modules that take the batch's cu_seqlens (Qwen-VL)."""
+    return [name for name, module in model.named_modules() if type(module).__name__ in VARLEN_ENCODERS
+            and ".visual." in f".{name}."]
+
+
+def register_encoder() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VISION_IMPLEMENTATION, encoder_attention)
+
+
+def apply_encoder_attention(hf_model) -> str | None:
+    """Put the image encoder of a Qwen-VL model on `encoder_attention`; returns its previous implementation (None:
+    this model's encoder does not take cu_seqlens, nothing changed)."""
+    vision = getattr(hf_model.config, "vision_config", None)
+    if vision is None or not varlen_encoder_modules(hf_model):
+        return None
+    register_encoder()
+    previous = vision._attn_implementation
+    hf_model.set_attn_implementation({"vision_config": VISION_IMPLEMENTATION})
+    if vision._attn_implementation != VISION_IMPLEMENTATION:
+        raise RuntimeError(f"{type(hf_model).__name__} did not accept {VISION_IMPLEMENTATION!r} for its image encoder")
+    return previous
+
+
+def revert_encoder_attention(hf_model, previous: str | None) -> None:
+    if previous is not None:
+        hf_model.set_attn_implementation({"vision_config": previous})
