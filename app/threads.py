@@ -246,8 +246,8 @@ class TrainSession(QObject):
 
     @property
     def can_pause(self) -> bool:
-        """A run in a child process cannot pause (and several GPUs would wait for each other in the exchange)."""
-        return not self.in_child
+        """A run on several GPUs cannot pause: its processes would wait for each other in the gradient exchange."""
+        return len(self.gpus) <= 1
 
     @property
     def in_child(self) -> bool:

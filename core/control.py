@@ -5,7 +5,13 @@ The trainer checks it between optimizer steps, so a step is never cut in half.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
+
+# A run in a process of its own (hone.core.train.child_run) pauses while this file exists (`follow_pause_file`).
+PAUSE_FILE_ENV = "HONE_PAUSE_FILE"
+PAUSE_POLL_S = 0.5
 
 
 class RunControl:
@@ -47,3 +53,23 @@ class RunControl:
     def wait_while_paused(self, timeout: float | None = None) -> bool:
         """Block while paused; True once running (or stopping), False if `timeout` passed first."""
         return self._running.wait(timeout)
+
+
+def follow_pause_file(control: RunControl, path: str | None) -> threading.Thread | None:
+    """Pause `control` while `path` exists and resume it once the file is gone (checked every PAUSE_POLL_S
+    seconds, until the run is asked to stop): how the studio pauses a run that trains in another process."""
+    if not path:
+        return None
+
+    def follow() -> None:
+        while not control.stop_requested:
+            exists = os.path.exists(path)
+            if exists and not control.paused:
+                control.pause()
+            elif not exists and control.paused:
+                control.resume()
+            time.sleep(PAUSE_POLL_S)
+
+    thread = threading.Thread(target=follow, name="hone-pause-file", daemon=True)
+    thread.start()
+    return thread

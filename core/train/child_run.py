@@ -4,8 +4,9 @@ GPUs) started as a process of its own, its events read back from the run folder 
 The child outlives its caller: a run started this way keeps training when the studio closes (`RunControl.detach`
 ends the reading, not the run), and the studio follows it again from the Runs page. Stdlib only: the caller never
 imports torch for it. Stop asks the child to stop after the current step (SIGINT; with several GPUs the launcher
-passes it on through the processes' stop file). Pausing is not offered: the caller cannot reach the child's loop
-(and several processes would hold each other in the gradient exchange).
+passes it on through the processes' stop file). Pause creates a file the child watches (`control.PAUSE_FILE_ENV`)
+and Resume removes it; a run on several GPUs does not pause (its processes would wait for each other in the
+gradient exchange).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from hone.core import events
 from hone.core.config import RunConfig
-from hone.core.control import RunControl
+from hone.core.control import PAUSE_FILE_ENV, RunControl
 from hone.core.errors import HoneError
 from hone.core.train.run_dir import METRICS_FILE, EventTail, new_run_dir
 
@@ -66,14 +67,21 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
     env = dict(os.environ)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
+    pause_file = None
+    if len(gpus) <= 1:  # one process: it pauses while this file exists
+        pause_file = Path(tempfile.mkdtemp(prefix="hone-pause-")) / "pause"
+        env[PAUSE_FILE_ENV] = str(pause_file)
     with tempfile.TemporaryFile() as stderr:
         child = subprocess.Popen(command_for(config_path, resume, gpus, data_changed), env=env,
                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                                  start_new_session=True)
-        follower = _Follower(child, run_dir, control, started=time.time())
+        follower = _Follower(child, run_dir, control, started=time.time(), pause_file=pause_file)
         try:
             yield from follower.events()
         finally:
+            if pause_file is not None:  # a run left behind (detached) trains on
+                pause_file.unlink(missing_ok=True)
+                pause_file.parent.rmdir()
             # the child has read its config once it writes the run's events (or has ended)
             if config_path is not None and (child.poll() is not None or (run_dir / METRICS_FILE).exists()):
                 config_path.unlink(missing_ok=True)
@@ -91,10 +99,12 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
 
 class _Follower:
     """The run's events from this start on, until the child exits or `control` is detached; asks the child to
-    stop once when `control` says so. `ended`: whether the run wrote its own RunFinished or RunFailed."""
+    stop once when `control` says so, and to pause while it says so (through `pause_file`, when the child has one).
+    `ended`: whether the run wrote its own RunFinished or RunFailed."""
 
-    def __init__(self, child: subprocess.Popen, run_dir: Path, control: RunControl, started: float):
-        self.child, self.control, self.started = child, control, started
+    def __init__(self, child: subprocess.Popen, run_dir: Path, control: RunControl, started: float,
+                 pause_file: Path | None = None):
+        self.child, self.control, self.started, self.pause_file = child, control, started, pause_file
         self.tail = EventTail(run_dir)
         self.ended = self.detached = False
 
@@ -114,6 +124,11 @@ class _Follower:
             if self.control.stop_requested and not asked:
                 self.child.send_signal(signal.SIGINT)
                 asked = True
+            if self.pause_file is not None and self.control.paused != self.pause_file.exists():
+                if self.control.paused:
+                    self.pause_file.touch()
+                else:
+                    self.pause_file.unlink(missing_ok=True)
             time.sleep(POLL_S)
 
 

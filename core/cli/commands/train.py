@@ -72,7 +72,7 @@ def run(args) -> int:
     if launch:
         return launcher.run_torchrun(args)
     from hone.core.cli.console import EventPrinter
-    from hone.core.control import RunControl
+    from hone.core.control import PAUSE_FILE_ENV, RunControl, follow_pause_file
     from hone.core.events import RunFailed
     from hone.core.train import distributed
     from hone.core.train.trainer import Trainer
@@ -82,6 +82,7 @@ def run(args) -> int:
 
     previous = signal.signal(signal.SIGINT, launcher.StopOnInterrupt(control, merge_repeats=world.launched))
     launcher.watch_stop_file(control, os.environ.get(launcher.STOP_FILE_ENV))  # set by `hone train --gpus N`
+    follow_pause_file(control, os.environ.get(PAUSE_FILE_ENV))  # set by the studio for a run in its own process
     if world.launched:  # torchrun ends the others this way when one process fails: say so in the run's log
         signal.signal(signal.SIGTERM, launcher.stopped_by_torchrun)
     trainer = Trainer(config, control, resume_dir=args.resume, data_changed=data_changed, world=world)
