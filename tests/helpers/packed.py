@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -78,4 +79,17 @@ def rows_attention(q, k, v, cu, scale=None):
         qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
         ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
         outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(0, 1))
+    return torch.cat(outs)
+
+
+def bidirectional_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), is_causal=False,
+                         **kwargs):
+    """A stand-in for torch's `varlen_attn` (CUDA only) as an image encoder calls it: attention both ways within
+    each segment of (T, H, D) tensors, one SDPA call per segment; checks the call is bidirectional and that max_q is
+    the longest segment."""
+    assert window_size == (-1, -1) and not is_causal, "the encoder attends both ways"
+    assert int((cu_q[1:] - cu_q[:-1]).max()) == max_q, "max_q is the longest segment"
+    bounds = cu_q.tolist()
+    outs = [F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (q, k, v)), scale=scale).transpose(0, 1)
+            for a, b in itertools.pairwise(bounds)]
     return torch.cat(outs)

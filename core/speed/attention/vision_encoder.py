@@ -5,7 +5,9 @@ each window of an image). With SDPA they split the batch's patches by `cu_seqlen
 once per window in a Python loop: a 448 px image is 16 windows, so ten images are 160 calls per layer. Their flash
 branch instead hands the whole batch and its `cu_seqlens` to the attention function, and transformers takes that
 branch for any implementation whose name contains "flash". `VISION_IMPLEMENTATION` is such a name, bound to torch's
-`varlen_attn` (bidirectional); a call without `cu_seqlens` (a transformers that still loops) gets SDPA.
+`varlen_attn` (bidirectional); a call without `cu_seqlens` (a transformers that still loops) gets SDPA. Some
+transformers releases hand the model call's keyword arguments on to the encoder, so the language model's packed
+metadata (`cu_seq_lens_q` ...) would collide with the encoder's own: a hook on the encoder drops them.
 """
 
 from __future__ import annotations
@@ -58,6 +60,21 @@ def varlen_encoder_modules(model) -> list[str]:
             and ".visual." in f".{name}."]
 
 
+# The language model's packed metadata, in the model call's keyword arguments: not the encoder's.
+TEXT_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+_HOOK = "_hone_text_kwargs_hook"  # the encoder module's attribute holding the hook's handle (for the revert)
+
+
+def _drop_text_kwargs(module, args, kwargs):
+    return args, {k: v for k, v in kwargs.items() if k not in TEXT_KWARGS}
+
+
+def _encoder(hf_model) -> torch.nn.Module:
+    """The image encoder itself (`visual`)."""
+    name = next(n for n, _ in hf_model.named_modules() if n.split(".")[-1] == "visual")
+    return hf_model.get_submodule(name)
+
+
 def register_encoder() -> None:
     from transformers import AttentionInterface
 
@@ -75,9 +92,18 @@ def apply_encoder_attention(hf_model) -> str | None:
     hf_model.set_attn_implementation({"vision_config": VISION_IMPLEMENTATION})
     if vision._attn_implementation != VISION_IMPLEMENTATION:
         raise RuntimeError(f"{type(hf_model).__name__} did not accept {VISION_IMPLEMENTATION!r} for its image encoder")
+    encoder = _encoder(hf_model)
+    if getattr(encoder, _HOOK, None) is None:
+        setattr(encoder, _HOOK, encoder.register_forward_pre_hook(_drop_text_kwargs, with_kwargs=True))
     return previous
 
 
 def revert_encoder_attention(hf_model, previous: str | None) -> None:
-    if previous is not None:
-        hf_model.set_attn_implementation({"vision_config": previous})
+    if previous is None:
+        return
+    hf_model.set_attn_implementation({"vision_config": previous})
+    encoder = _encoder(hf_model)
+    hook = getattr(encoder, _HOOK, None)
+    if hook is not None:
+        hook.remove()
+        delattr(encoder, _HOOK)

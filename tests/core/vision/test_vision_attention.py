@@ -41,3 +41,29 @@ def test_without_hone_attention_the_batch_carries_no_text_attention_kwargs(kind,
     assert choice.name == "hf"
     make = collator(processor, model, packing=True)
     assert make.text_attention_kwargs is False
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_the_image_encoder_on_varlen_with_the_language_model_packed(kind, vision_kit, mixed_rows, monkeypatch):
+    """Both at once, as on a GPU: the language model's packed kwargs (cu_seq_lens_q ...) do not reach the image
+    encoder, which takes its own cu_seqlens (torch's varlen kernel replaced by a per-segment reference here); packed
+    mixed rows still give each row's loss and gradients run alone."""
+    from torch.nn.attention import varlen
+
+    from hone.core.speed.attention import vision_encoder
+    from tests.helpers.packed import bidirectional_varlen
+
+    monkeypatch.setattr(varlen, "varlen_attn", bidirectional_varlen)
+    processor, model = vision_kit(kind)
+    folder, rows = mixed_rows
+    tokenized = encode(processor, folder, rows)
+    choice = attention.configure(model, SpeedConfig(attention="auto"), "cpu")
+    previous = vision_encoder.apply_encoder_attention(model)
+    try:
+        assert choice.name == "rows" and previous is not None
+        make = collator(processor, model, packing=True)
+        assert "cu_seq_lens_q" in make.collate(tokenized).model_inputs()
+        assert_batched_equals_rows_alone(kind, model, make, tokenized)
+    finally:
+        vision_encoder.revert_encoder_attention(model, previous)
+        attention.revert(model, choice)

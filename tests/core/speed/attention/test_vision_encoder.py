@@ -5,27 +5,15 @@ the CPU, torch's varlen kernel (CUDA only) is replaced by a per-segment SDPA ref
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hone.core.speed.attention import vision_encoder
 from hone.core.vision import tiny
+from tests.helpers.packed import bidirectional_varlen
 
 QWEN_KINDS = ("qwen2_5_vl", "qwen3_vl")
-
-
-def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), is_causal=False,
-                     **kwargs):
-    """Bidirectional attention within each segment of (tokens, heads, dim) tensors, one SDPA call per segment."""
-    assert window_size == (-1, -1) and not is_causal, "the encoder attends both ways"
-    assert int((cu_q[1:] - cu_q[:-1]).max()) == max_q, "max_q is the longest segment"
-    bounds = cu_q.tolist()
-    outs = [F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (q, k, v)), scale=scale).transpose(0, 1)
-            for a, b in itertools.pairwise(bounds)]
-    return torch.cat(outs)
 
 
 def encoder_inputs(model, grid: list[list[int]], seed: int = 0):
@@ -45,23 +33,29 @@ def test_one_varlen_call_per_layer_equals_transformers_loop(kind, smollm2_tokeni
 
     def counted(*args, **kwargs):
         calls.append(int(args[3].numel()) - 1)  # segments in the call
-        return reference_varlen(*args, **kwargs)
+        return bidirectional_varlen(*args, **kwargs)
 
     monkeypatch.setattr(varlen, "varlen_attn", counted)
     model = tiny.build_vision_model(kind, tiny.vision_tokenizer(kind, smollm2_tokenizer_dir)).eval()
     visual = model.model.visual
     pixels, grid = encoder_inputs(model, [[1, 4, 8], [1, 8, 4], [1, 4, 4]])
+    # the language model's packed metadata, which some transformers releases pass on to the encoder
+    text_kwargs = dict(cu_seq_lens_q=torch.tensor([0, 9], dtype=torch.int32), max_length_q=9)
+    text_kwargs.update(cu_seq_lens_k=text_kwargs["cu_seq_lens_q"], max_length_k=9)
     with torch.no_grad():
         want = visual(pixels, grid_thw=grid).pooler_output
         previous = vision_encoder.apply_encoder_attention(model)
         got = visual(pixels, grid_thw=grid).pooler_output
+        with_text_kwargs = visual(pixels, grid_thw=grid, **text_kwargs).pooler_output
     assert previous == "sdpa" and model.config.vision_config._attn_implementation == "hone_flash_varlen_encoder"
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(with_text_kwargs, want, rtol=1e-5, atol=1e-5)
     layers = len(visual.blocks)
-    assert len(calls) == layers, "one call per layer for all the images"
+    assert len(calls) == 2 * layers, "one call per layer for all the images"
     assert max(calls) >= 3, calls  # every image (or window) of the batch in the same call
     vision_encoder.revert_encoder_attention(model, previous)
     assert model.config.vision_config._attn_implementation == "sdpa"
+    assert not visual._forward_pre_hooks, "the revert removes the hook"
 
 
 def test_without_cu_seqlens_it_is_plain_bidirectional_attention():
@@ -94,7 +88,8 @@ def test_on_the_gpu_the_encoder_takes_torch_varlen_and_configure_installs_it(kin
     pixels, grid = pixels.to("cuda", torch.bfloat16), grid.to("cuda")
     with torch.no_grad():
         want = model.model.visual(pixels, grid_thw=grid).pooler_output.float()
-        choice = attention.configure(model, SpeedConfig(attention="auto"), "cuda")
+    choice = attention.configure(model, SpeedConfig(attention="auto"), "cuda")  # (its varlen probe runs backward)
+    with torch.no_grad():
         got = model.model.visual(pixels, grid_thw=grid).pooler_output.float()
     assert choice.name == "varlen" and "image encoder with all images and windows in one call" in choice.reason
     assert model.config.vision_config._attn_implementation == vision_encoder.VISION_IMPLEMENTATION
