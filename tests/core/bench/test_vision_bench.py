@@ -175,12 +175,7 @@ def test_without_unsloth_the_peer_run_says_so_and_the_others_are_measured(monkey
 
 
 def test_a_failed_run_is_recorded_and_the_other_still_measured(monkeypatch, tmp_path):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for name in ("free_memory", "allocated_gib"):
-        monkeypatch.setattr(vision, name, lambda device: None)
-    monkeypatch.setattr(vision, "environment", lambda device: {})
-    monkeypatch.setattr(vision, "make_data", lambda folder: folder / "train.jsonl")
-    monkeypatch.setattr(vision, "model_folder", lambda folder, family, layers, tokenizer: folder / "model")
+    _doubles(monkeypatch)
 
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
