@@ -7,6 +7,7 @@ Public API (stable; the GUI's Export page and `hone export` call it):
     FORMAT_TYPES: dict[str, dict]          format -> the types it accepts after a colon
     export_run(run_dir, fmt, out=None, *, force=False, progress=None) -> ExportResult
     export_adapter / export_merged / export_gguf / export_gguf_lora / export_ollama   one per format
+    model_card(fmt, base, name) / write_model_card(folder, fmt, base, name)          the README.md beside an export
 
 Importing this package is cheap (no torch); the exporters load torch when called.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 
+from hone.core.export.card import model_card, write_model_card
 from hone.core.export.formats import (
     DEFAULT_GGUF_TYPE,
     FORMAT_TYPES,
@@ -38,7 +40,7 @@ _LAZY = {
 }
 
 __all__ = ["DEFAULT_GGUF_TYPE", "FORMAT_TYPES", "GGUF_LORA_TYPES", "GGUF_TYPES", "MERGED_TYPES", "SUPPORTED_FORMATS",
-           "ExportError", "ExportResult", "ExportSpec", "parse_format", *_LAZY]
+           "ExportError", "ExportResult", "ExportSpec", "model_card", "parse_format", "write_model_card", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from hone.core.export.card import CARD_FILE, write_model_card
 from hone.core.export.checks import CheckLog, compare_logits, logits_of, probe_ids, quiet_transformers
 from hone.core.export.formats import ExportResult, ExportSpec
 from hone.core.export.source import (
@@ -25,24 +26,6 @@ from hone.core.export.source import (
 )
 from hone.core.train.adapter_dir import base_model
 
-MODEL_CARD = """---
-library_name: peft
-base_model: {base}
-tags: [lora, hone-studio]
----
-# {name}
-
-A LoRA adapter trained with Hone Studio on `{base}`. Load it with peft:
-
-```python
-from peft import PeftModel
-from transformers import AutoModelForCausalLM
-
-base = AutoModelForCausalLM.from_pretrained("{base}")
-model = PeftModel.from_pretrained(base, "path/to/this/folder")
-```
-"""
-
 
 def copy_adapter(run: RunSource, folder: Path, tokenizer) -> None:
     """Copy the adapter folder's files into `folder`; add tokenizer files and a model card where missing."""
@@ -51,9 +34,8 @@ def copy_adapter(run: RunSource, folder: Path, tokenizer) -> None:
             shutil.copy2(path, folder / path.name)
     if not (folder / "tokenizer_config.json").is_file():
         tokenizer.save_pretrained(folder)
-    if not (folder / "README.md").is_file():
-        (folder / "README.md").write_text(MODEL_CARD.format(base=base_model(run.config.model).name, name=run.name),
-                                          encoding="utf-8")
+    if not (folder / CARD_FILE).is_file():
+        write_model_card(folder, "adapter", base_model(run.config.model).name, run.name)
 
 
 def check_tokenizer_copy(log: CheckLog, name: str, original, folder: Path, **kwargs) -> None:

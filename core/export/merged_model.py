@@ -11,6 +11,7 @@ Checks, each against an independent reference:
 from __future__ import annotations
 
 from hone.core.export.adapter import check_tokenizer_copy
+from hone.core.export.card import write_model_card
 from hone.core.export.checks import CheckLog, compare_logits, logits_of, quiet_transformers
 from hone.core.export.formats import ExportResult, ExportSpec
 from hone.core.export.merge import merge_run
@@ -22,22 +23,6 @@ MAX_SHARD_SIZE = "5GB"
 # Relative logit change from rounding float32 weights to 16 bits: bf16 keeps 8 mantissa bits (relative step
 # 2^-8), f16 11 bits (2^-11); measured on tiny models and SmolLM2-135M well inside these.
 ROUNDING_TOLERANCE = {"bf16": 5e-2, "f16": 1e-2}
-MERGED_CARD = """---
-base_model: {base}
-tags: [hone-studio, merged-lora]
----
-# {name}
-
-{base} with a LoRA adapter trained in Hone Studio merged into its weights ({dtype} safetensors). Load it like
-any transformers model:
-
-```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")
-tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
-```
-"""
 
 
 def default_merged_type(run) -> str:
@@ -85,8 +70,7 @@ def export_merged(run_dir, out=None, *, dtype: str | None = None, force: bool = 
         model.config.dtype = torch_dtype
         model.save_pretrained(folder, max_shard_size=MAX_SHARD_SIZE)
         merged.tokenizer.save_pretrained(folder)
-        (folder / "README.md").write_text(MERGED_CARD.format(base=base_model(run.config.model).name, name=run.name,
-                                                             dtype=dtype), encoding="utf-8")
+        write_model_card(folder, spec.label, base_model(run.config.model).name, run.name)
         steps.start("checking the saved model")
         del model, merged.model
         reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
