@@ -22,7 +22,8 @@ _TRUE = {"1", "on", "yes", "true"}
 
 class HubError(ModelError):
     """A Hub request failed for a reason the user can act on. `code` names it for a front end that offers the fix:
-    hub-offline, hub-gated, hub-not-found, hub-revision, hub-file, hub-server."""
+    hub-offline, hub-gated, hub-not-found, hub-revision, hub-file, hub-server; a push adds hub-token (none, or one
+    the Hub refuses), hub-write (the token may not write there), hub-repo-id and hub-folder (not an export)."""
 
     def __init__(self, message: str, advice: str = "", code: str = ""):
         super().__init__(message, advice)

@@ -4,6 +4,16 @@
     GET  /api/models/ORG/NAME[/revision/REV][?blobs=true]     one model's card and files (model_info)
     HEAD /ORG/NAME/resolve/REV/FILE                           a file's metadata: ETag, X-Repo-Commit, Content-Length
     GET  /ORG/NAME/resolve/REV/FILE                           its bytes, a `Range: bytes=N-` request answered with 206
+    GET  /api/whoami-v2                                       the account a token belongs to (`add_user`)
+    POST /api/repos/create                                    a new model repository (409 when it exists)
+    POST /api/validate-yaml                                   a README's metadata: always valid here
+    POST /api/models/ORG/NAME/preupload/REV                   "regular" for every file (and the oid of one there)
+    POST /api/models/ORG/NAME/commit/REV                      the NDJSON commit: base64 files stored byte for byte
+
+Pushing needs a token `add_user` made with write=True whose user (or one of its orgs) owns the namespace: an unknown
+token is answered 401, a read token or another namespace 403. The fake answers every preupload with "regular", so
+huggingface_hub sends every file's bytes base64 inside the commit and no LFS or Xet upload happens; an `lfsFile`
+line in a commit is refused (400). Pushed files land in `models[repo].files` and each commit in `commits`.
 
 Errors carry the headers `huggingface_hub.utils.hf_raise_for_status` reads, as the real Hub sends them: 404 with
 `X-Error-Code: RepoNotFound`, `RevisionNotFound` or `EntryNotFound`; a gated model's files answer 401 without a token
@@ -16,6 +26,7 @@ and 403 with one that was not granted access, with `X-Error-Code: GatedRepo`.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -25,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 _API_MODEL = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+?)(?:/revision/(?P<rev>[^/]+))?/?$")
+_WRITE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/(?P<action>preupload|commit)/(?P<rev>[^/]+)$")
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 BYTES_PER_DTYPE = {"F32": 4, "BF16": 2, "F16": 2, "I8": 1}
 
@@ -43,6 +55,7 @@ class FakeModel:
     parameters: dict[str, int] = field(default_factory=dict)  # safetensors dtype -> parameter count
     last_modified: str = "2025-01-02T03:04:05.000Z"
     sha: str = ""
+    private: bool = False
 
     def __post_init__(self):
         if not self.sha:
@@ -55,7 +68,7 @@ class FakeModel:
     def summary(self) -> dict:
         data = {"id": self.repo_id, "_id": self.sha[:24], "modelId": self.repo_id, "downloads": self.downloads,
                 "likes": self.likes, "gated": self.gated, "pipeline_tag": self.pipeline_tag,
-                "lastModified": self.last_modified, "library_name": "transformers", "private": False,
+                "lastModified": self.last_modified, "library_name": "transformers", "private": self.private,
                 "tags": ["transformers", "safetensors"] + ([f"license:{self.license}"] if self.license else [])}
         if self.parameters:
             data["safetensors"] = {"parameters": dict(self.parameters), "total": sum(self.parameters.values())}
@@ -74,12 +87,33 @@ class FakeModel:
                 "cardData": {"license": self.license} if self.license else {}}
 
 
+@dataclass(frozen=True)
+class FakeUser:
+    """An account a token belongs to: its name, the organizations it writes to, whether the token can write."""
+
+    name: str
+    write: bool = True
+    orgs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FakeCommit:
+    """One commit pushed to the fake: repository, summary, id, and the paths it added."""
+
+    repo_id: str
+    summary: str
+    oid: str
+    paths: tuple[str, ...]
+
+
 class FakeHub:
-    """The server: `add_model` repositories, read `url`, and see what was asked in `requests` (method, path,
-    headers). `token` is the one token the gated models accept."""
+    """The server: `add_model` repositories, `add_user` tokens, read `url`, and see what was asked in `requests`
+    (method, path, headers) and pushed in `commits`. `token` is the one token the gated models accept."""
 
     def __init__(self, token: str = "hf_granted_token"):
         self.models: dict[str, FakeModel] = {}
+        self.users: dict[str, FakeUser] = {}
+        self.commits: list[FakeCommit] = []
         self.token = token
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._server: ThreadingHTTPServer | None = None
@@ -89,6 +123,10 @@ class FakeHub:
         model = FakeModel(repo_id, files, **kwargs)
         self.models[repo_id] = model
         return model
+
+    def add_user(self, token: str, name: str, *, write: bool = True, orgs: tuple[str, ...] = ()) -> FakeUser:
+        self.users[token] = FakeUser(name, write, tuple(orgs))
+        return self.users[token]
 
     @property
     def url(self) -> str:
@@ -141,12 +179,31 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self._route(body=False)
 
+    def do_POST(self) -> None:
+        path = unquote(urlsplit(self.path).path)
+        self.hub.requests.append((self.command, path, {k.lower(): v for k, v in self.headers.items()}))
+        data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if path == "/api/validate-yaml":
+            return self._json({"errors": [], "warnings": []})
+        if path == "/api/repos/create":
+            return self._create(json.loads(data))
+        if found := _WRITE.match(path):
+            model = self._writable(found["repo"])
+            if model is None:
+                return None
+            if found["action"] == "preupload":
+                return self._preupload(model, json.loads(data))
+            return self._commit(model, data)
+        return self._error(404, "", "Not Found")
+
     def _route(self, body: bool) -> None:
         parts = urlsplit(self.path)
         path, query = unquote(parts.path), parse_qs(parts.query)
         self.hub.requests.append((self.command, path, {k.lower(): v for k, v in self.headers.items()}))
         if path == "/api/models":
             return self._search(query)
+        if path == "/api/whoami-v2":
+            return self._whoami()
         if found := _API_MODEL.match(path):
             return self._model_info(found["repo"], found["rev"], query)
         if found := _RESOLVE.match(path):
@@ -196,6 +253,70 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             self.wfile.write(content[start:])
 
+    # ---- pushing ----
+    def _user(self) -> FakeUser | None:
+        """The account of the request's token; answers 401 and returns None for none or an unknown one."""
+        given = self.headers.get("Authorization", "")
+        user = self.hub.users.get(given.removeprefix("Bearer "))
+        if user is None:
+            self._error(401, "", "Invalid credentials in Authorization header")
+        return user
+
+    def _may_write(self, user: FakeUser, namespace: str) -> bool:
+        if user.write and namespace in (user.name, *user.orgs):
+            return True
+        self._error(403, "", f"You don't have the rights to create a model under the namespace \"{namespace}\"")
+        return False
+
+    def _whoami(self) -> None:
+        user = self._user()
+        if user is not None:
+            self._json({"type": "user", "name": user.name, "orgs": [{"name": org} for org in user.orgs],
+                        "auth": {"type": "access_token",
+                                 "accessToken": {"displayName": "test", "role": "write" if user.write else "read"}}})
+
+    def _create(self, asked: dict) -> None:
+        user = self._user()
+        namespace = asked.get("organization") or (user.name if user else "")
+        if user is None or not self._may_write(user, namespace):
+            return
+        repo_id = f"{namespace}/{asked['name']}"
+        if repo_id in self.hub.models:
+            # the Hub names the existing repo's page in the 409 body: create_repo(exist_ok=True) returns it
+            return self._error(409, "", "You already created this model repo", url=f"{self.hub.url}/{repo_id}")
+        private = asked.get("private", asked.get("visibility") == "private")
+        self.hub.add_model(repo_id, {}, private=bool(private))
+        self._json({"url": f"{self.hub.url}/{repo_id}", "name": repo_id})
+
+    def _writable(self, repo: str) -> FakeModel | None:
+        user = self._user()
+        if user is None or not self._may_write(user, repo.partition("/")[0]):
+            return None
+        return self._repo(repo, None)
+
+    def _preupload(self, model: FakeModel, asked: dict) -> None:
+        files = []
+        for entry in asked["files"]:
+            found = model.files.get(entry["path"])
+            files.append({"path": entry["path"], "uploadMode": "regular", "shouldIgnore": False,
+                          "oid": _git_oid(found) if found is not None else None})
+        self._json({"files": files, "commitOid": model.sha})
+
+    def _commit(self, model: FakeModel, data: bytes) -> None:
+        lines = [json.loads(line) for line in data.splitlines() if line.strip()]
+        summary = next((line["value"].get("summary", "") for line in lines if line["key"] == "header"), "")
+        added = {}
+        for line in lines:
+            if line["key"] == "lfsFile":
+                return self._error(400, "", "the fake Hub takes no LFS files: it answers every preupload 'regular'")
+            if line["key"] == "file":
+                added[line["value"]["path"]] = base64.b64decode(line["value"]["content"])
+        model.files.update(added)
+        model.sha = hashlib.sha1(model.sha.encode() + data).hexdigest()
+        self.hub.commits.append(FakeCommit(model.repo_id, summary, model.sha, tuple(added)))
+        self._json({"commitUrl": f"{self.hub.url}/{model.repo_id}/commit/{model.sha}", "commitOid": model.sha,
+                    "pullRequestUrl": None})
+
     def _repo(self, repo: str, revision: str | None) -> FakeModel | None:
         model = self.hub.models.get(repo)
         if model is None:
@@ -214,8 +335,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def _error(self, status: int, code: str, message: str, body: bool = True, sha: str = "") -> None:
-        payload = json.dumps({"error": message}).encode()
+    def _error(self, status: int, code: str, message: str, body: bool = True, sha: str = "", **extra: str) -> None:
+        payload = json.dumps({"error": message, **extra}).encode()
         self.send_response(status)
         if code:
             self.send_header("X-Error-Code", code)
@@ -227,6 +348,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if body:
             self.wfile.write(payload)
+
+
+def _git_oid(content: bytes) -> str:
+    """A regular file's id as git (and the Hub's preupload) gives it: sha1 of "blob SIZE\\0" + content."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
 
 
 class MemoryKeyring:
