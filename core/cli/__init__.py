@@ -26,6 +26,7 @@ COMMANDS = {
     "bench": "hone.core.cli.commands.bench",
     "data": "hone.core.cli.commands.data",
     "export": "hone.core.cli.commands.export",
+    "push": "hone.core.cli.commands.push",
     "chat": "hone.core.cli.commands.chat",
     "generate": "hone.core.cli.commands.generate",
     "eval": "hone.core.cli.commands.eval",

@@ -65,4 +65,6 @@ def run(args) -> int:
         console.print(f"[red]export written to {result.path} but it did not pass its checks[/red]", soft_wrap=True)
         return 1
     console.print(f"[green]exported[/green] {result.format} to {result.path} (all checks passed)", soft_wrap=True)
+    console.print(f"share it on the Hugging Face Hub with `hone push {result.path} OWNER/NAME`", style="dim",
+                  soft_wrap=True, highlight=False)
     return 0

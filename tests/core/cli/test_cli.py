@@ -57,7 +57,7 @@ def test_help_lists_built_in_commands_then_studio(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert _command_names(capsys.readouterr().out) == [
-        "train", "demo", "bench", "data", "export", "chat", "generate", "eval", "init", "plan", "models",
+        "train", "demo", "bench", "data", "export", "push", "chat", "generate", "eval", "init", "plan", "models",
         "studio"]
 
 

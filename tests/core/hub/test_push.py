@@ -195,3 +195,19 @@ def test_hub_user_is_the_tokens_account_or_empty(hub, monkeypatch):
     assert hub_user() == "alice"
     monkeypatch.setenv("HF_TOKEN", "hf_unknown")
     assert hub_user() == ""
+
+
+def test_hone_push_prints_the_url_and_refuses_in_one_line(hub, adapter_export, monkeypatch, capsys):
+    from hone.core.cli import main
+
+    assert main(["push", str(adapter_export), "alice/cli-adapter"]) == 2, "no token yet"
+    err = capsys.readouterr().err
+    assert "hone: error: Hone has no Hugging Face token" in err and "hone models login" in err
+    monkeypatch.setenv("HF_TOKEN", WRITE_TOKEN)
+    assert main(["push", str(adapter_export), "alice/cli-adapter", "--private"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == f"{hub.url}/alice/cli-adapter", "stdout holds the URL alone"
+    assert f"in commit {hub.models['alice/cli-adapter'].sha[:12]}" in err
+    assert hub.models["alice/cli-adapter"].private
+    assert hub.models["alice/cli-adapter"].files["adapter_config.json"] == \
+        (adapter_export / "adapter_config.json").read_bytes()
