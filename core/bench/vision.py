@@ -39,8 +39,9 @@ WORDS = (
     "about", "colors", "shapes", "and", "places", "people", "like", "to", "train", "small", "models", "on", "their",
     "own", "data", "because", "it", "is", "fast", "and", "cheap",
 )
-# The reference's LoRA targets: every linear layer of the language model, none in the vision encoder.
-REFERENCE_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# The reference's LoRA targets: every linear layer of the language model (`language_model` in Qwen-VL, `text_model`
+# in Idefics3), none in the vision encoder.
+REFERENCE_TARGETS = r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 
 
 @dataclass

@@ -188,3 +188,23 @@ def test_a_failed_run_is_recorded_and_the_other_still_measured(monkeypatch, tmp_
     assert (hone.status, hone.reason) == ("oom", "CUDA out of memory. Tried to allocate 3.00 GiB")
     assert hone.tokens_per_s is None and hone.speed_ratio is None
     assert reference.status == "ok" and reference.tokens_per_s == pytest.approx(15.0)
+
+
+@pytest.mark.parametrize("scenario", ["vision-qwen2.5-vl", "vision-smolvlm"])
+def test_the_reference_targets_every_language_model_linear_and_no_vision_one(scenario, smollm2_tokenizer_dir):
+    """The reference's LoRA regex on the scenario's model (2 text layers, meta device): the seven linears of each
+    text layer, nothing in the image encoder."""
+    import re
+
+    from transformers import AutoModelForImageTextToText
+
+    from hone.core.bench.scenarios import get_scenario
+    from hone.core.vision import tiny
+
+    family = get_scenario(scenario).shape
+    config = tiny.model_config(family, tiny.vision_tokenizer(family, smollm2_tokenizer_dir), shape="real", layers=2)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    targeted = [name for name, _ in model.named_modules() if re.fullmatch(vision.REFERENCE_TARGETS, name)]
+    assert len(targeted) == 2 * 7, targeted
+    assert not [name for name in targeted if "vision" in name or "visual" in name]
