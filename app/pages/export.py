@@ -1,4 +1,5 @@
-"""Export page: write a run's adapter, merged model or GGUF — whichever formats core offers — with progress."""
+"""Export page: write a run's adapter, merged model or GGUF — whichever formats core offers — with progress, then
+push it to the Hugging Face Hub."""
 
 from __future__ import annotations
 
@@ -42,6 +43,20 @@ def default_out(run_dir: str, fmt: str) -> str:
     from hone.core.export import parse_format
 
     return str(Path(run_dir) / "exports" / parse_format(fmt).folder_name)
+
+
+def run_push(folder: str, repo_id: str, private: bool, progress) -> Any:
+    """Push an export on a worker thread (hone.core.hub.push); PushProgress reports come back to the page."""
+    from hone.core.hub.push import push_folder
+
+    return push_folder(folder, repo_id, private=private, progress=progress)
+
+
+def is_export(folder: str) -> bool:
+    """`folder` holds an export Hone wrote (its export.json)."""
+    from hone.core.export.formats import MANIFEST_FILE
+
+    return bool(folder) and (Path(folder) / MANIFEST_FILE).is_file()
 
 
 def run_export(run_dir: str, fmt: str, out: str, force: bool, progress) -> Any:
@@ -139,10 +154,13 @@ class ExportPage(Page):
     icon_name = "export"
 
     exported = Signal(object)  # ExportResult or TaskError
+    pushed = Signal(object)  # PushResult or TaskError
 
     def __init__(self, state, parent: QWidget | None = None):
         super().__init__(state, parent)
         self.task: Task | None = None
+        self.push_task: Task | None = None
+        self.push_dialog = None
         self.result: Any = None
 
         source = Card("Run", "The run whose adapter to export.")
@@ -171,6 +189,7 @@ class ExportPage(Page):
         out_row = QHBoxLayout()
         self.out_edit = QLineEdit()
         self.out_edit.setPlaceholderText("RUN_DIR/exports/FORMAT")
+        self.out_edit.textChanged.connect(self._update_buttons)
         out_row.addWidget(self.out_edit, 1)
         self.out_button = QPushButton("Choose…")
         self.out_button.clicked.connect(self._pick_out)
@@ -184,8 +203,13 @@ class ExportPage(Page):
         self.open_button = QPushButton("Open folder")
         self.open_button.setEnabled(False)
         self.open_button.clicked.connect(self._open_out)
+        self.push_button = QPushButton("Push to the Hub…")
+        self.push_button.setToolTip("Upload the export in that folder, with its model card, to a model repository on "
+                                    "the Hugging Face Hub.")
+        self.push_button.clicked.connect(self.open_push)
         buttons.addWidget(self.export_button)
         buttons.addWidget(self.open_button)
+        buttons.addWidget(self.push_button)
         buttons.addStretch(1)
         target.body.addLayout(buttons)
         self.progress = QProgressBar()
@@ -305,7 +329,7 @@ class ExportPage(Page):
     # ---- exporting ----
     def export(self) -> None:
         run_dir, fmt, out = self.run_dir(), self.selected_format(), self.out_edit.text().strip()
-        if not (run_dir and fmt and out) or (self.task and self.task.is_running()):
+        if not (run_dir and fmt and out) or self.is_busy():
             return
         self.progress.setValue(0)
         self.progress.show()
@@ -313,6 +337,7 @@ class ExportPage(Page):
         set_role(self.status, "muted")
         self.export_button.setEnabled(False)
         self.open_button.setEnabled(False)
+        self.push_button.setEnabled(False)
         self.task = Task(run_export, run_dir, fmt, out, self.force_box.isChecked(),
                          on_result=self._done, on_error=self._failed, on_progress=self._progress)
         self.task.finished.connect(self._update_buttons)  # the task counts as running until its thread ends
@@ -342,9 +367,60 @@ class ExportPage(Page):
         self._update_buttons()
         self.exported.emit(error)
 
+    # ---- pushing ----
+    def open_push(self):
+        """The Push to the Hub dialog for the export in the destination folder (a PushDialog), or None when that
+        folder holds no export yet."""
+        from hone.app.widgets.push_dialog import PushDialog
+
+        folder = self.out_edit.text().strip()
+        if not is_export(folder) or self.is_busy():
+            return None
+        name = f"{Path(self.run_dir()).name}-{Path(folder).name}" if self.run_dir() else Path(folder).name
+        self.push_dialog = PushDialog(folder, name, self)
+        self.push_dialog.push_asked.connect(lambda repo_id, private: self.push(folder, repo_id, private))
+        self.push_dialog.open()
+        return self.push_dialog
+
+    def push(self, folder: str, repo_id: str, private: bool) -> None:
+        if self.is_busy():
+            return
+        self.progress.setValue(0)
+        self.progress.show()
+        self.status.setText(f"Pushing {folder} to {repo_id} on the Hugging Face Hub…")
+        set_role(self.status, "muted")
+        self.push_task = Task(run_push, folder, repo_id, private, on_result=self._pushed,
+                              on_error=self._push_failed, on_progress=self._push_progress)
+        self.push_task.finished.connect(self._update_buttons)
+        self._update_buttons()
+
+    def _push_progress(self, p: Any) -> None:
+        self.progress.setValue(int(1000 * p.fraction))
+        self.status.setText(f"{p.stage[0].upper()}{p.stage[1:]} ({human_bytes(p.done)} of {human_bytes(p.total)})")
+
+    def _pushed(self, result: Any) -> None:
+        self.progress.setValue(1000)
+        card = " Hone wrote its model card (README.md) into the folder first." if result.card_written else ""
+        self.status.setText(f"Pushed {len(result.files)} files ({human_bytes(result.total_bytes)}) to "
+                            f"{result.url} in commit {result.commit[:12]}.{card}")
+        set_role(self.status, "ok")
+        self._update_buttons()
+        self.pushed.emit(result)
+
+    def _push_failed(self, error: TaskError) -> None:
+        self.progress.hide()
+        self.status.setText(f"Push failed: {error.message}" + (f"\n{error.advice}" if error.advice else ""))
+        set_role(self.status, "error")
+        self._update_buttons()
+        self.pushed.emit(error)
+
+    def is_busy(self) -> bool:
+        return any(task is not None and task.is_running() for task in (self.task, self.push_task))
+
     def _update_buttons(self) -> None:
-        busy = bool(self.task and self.task.is_running())
+        busy = self.is_busy()
         self.export_button.setEnabled(bool(self.run_dir() and self.selected_format()) and not busy)
+        self.push_button.setEnabled(is_export(self.out_edit.text().strip()) and not busy)
 
     def _pick_run(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Run folder", self.state.config.output.runs_dir)
