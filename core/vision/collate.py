@@ -127,7 +127,11 @@ class VisionCollator:
 
     def describe(self) -> str:
         how = "packed rows" if self.packed else "padded rows"
-        return f"{self.family.name}: {how}, images up to {self.image_max_side} px; {self.family.why}"
+        why = self.family.why  # how transformers' own attention keeps the rows apart
+        if self.text_attention_kwargs:
+            why = "each sequence's start goes to Hone's packed attention, no mask" + (
+                "; 3-D rope positions built per sequence" if self.family.mrope else "")
+        return f"{self.family.name}: {how}, images up to {self.image_max_side} px; {why}"
 
     def collate(self, rows: Sequence, *, pin_memory: bool = False) -> VisionBatch:
         """One batch from tokenized rows (TokenizedRow: input_ids, labels, source, images), built on the CPU:

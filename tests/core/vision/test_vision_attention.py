@@ -27,6 +27,7 @@ def test_packed_attention_on_the_language_model_equals_rows_one_by_one(kind, bac
         assert vision._attn_implementation == choice.previous  # the image encoder keeps its own attention
         make = collator(processor, model, packing=True)
         assert "cu_seq_lens_q" in make.collate(tokenized).model_inputs()
+        assert "Hone's packed attention, no mask" in make.describe() and "block-diagonal" not in make.describe()
         assert_batched_equals_rows_alone(kind, model, make, tokenized)
     finally:
         attention.revert(model, choice)
@@ -41,6 +42,7 @@ def test_without_hone_attention_the_batch_carries_no_text_attention_kwargs(kind,
     assert choice.name == "hf"
     make = collator(processor, model, packing=True)
     assert make.text_attention_kwargs is False
+    assert "block-diagonal mask" in make.describe()
 
 
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
