@@ -11,6 +11,7 @@ import argparse
 import importlib
 import re
 import sys
+from pathlib import Path
 
 from hone.core.errors import HoneError
 
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     advice); any other failure keeps its traceback."""
     from hone.core.allocator import prefer_expandable_segments
 
+    if args.run and not (Path(args.run) / "config.toml").is_file():
+        raise HoneError(f"{args.run} is not a run folder (it has no config.toml)",
+                        "give a folder from the runs directory, e.g. runs/20261201-120000-my-model")
     prefer_expandable_segments()  # training runs in this process: set before anything touches CUDA
     for name in GUI_PACKAGES:
         try:

@@ -69,3 +69,12 @@ def test_bad_sizes_are_refused():
     for text in ("big", "10x10", "1440"):
         with pytest.raises(argparse.ArgumentTypeError, match="window size"):
             parse_size(text)
+
+
+def test_a_run_folder_that_is_not_one_is_refused_before_the_window_opens(capsys, tmp_path):
+    from hone.app.studio_command import main
+
+    shot = tmp_path / "shot.png"
+    assert main(["--screenshot", str(shot), "--page", "export", "--run", str(tmp_path / "no-such-run")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'no-such-run'} is not a run folder (it has no config.toml)" in err and not shot.exists()
