@@ -137,8 +137,9 @@ def test_train_pause_resume_stop_then_chat_and_export(qtbot, make_window, tiny_m
     assert len(monitor.speed_chart.points("tps")[0]) == len(steps())
     assert monitor.status_pill.text() == "Stopped"
     assert monitor.memory_tile.value() != "—", "telemetry reports memory (system memory on this machine)"
-    # Loading (tokenizer, model) and the final save run code that holds the GIL for hundreds of milliseconds
-    # (the Rust tokenizer's load and serialization); the bound is asserted over the training steps themselves.
+    # Loading holds the GIL in single calls of a few hundred milliseconds (transformers' json.load of
+    # tokenizer.json, the Rust tokenizer's from_file, the first import of torch._dynamo), which no thread
+    # arrangement avoids: the bound is asserted over the training steps and the final save, not the loading.
     last_step = arrived["last step"]
     loading = heartbeat.longest(before=arrived["RunStarted"])
     training = heartbeat.longest(after=arrived["RunStarted"], before=last_step)
@@ -146,6 +147,7 @@ def test_train_pause_resume_stop_then_chat_and_export(qtbot, make_window, tiny_m
     print(f"GUI thread: longest stall {loading * 1000:.0f} ms while the model and data loaded, "
           f"{training * 1000:.0f} ms while training, {saving * 1000:.0f} ms while saving")
     assert training < MAX_STALL_S, f"the GUI thread stalled {training * 1000:.0f} ms during training steps"
+    assert saving < MAX_STALL_S, f"the GUI thread stalled {saving * 1000:.0f} ms while the run saved"
 
     # the run folder agrees with what the Monitor showed
     run_dir = Path(finished.run_dir)
