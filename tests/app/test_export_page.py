@@ -3,7 +3,6 @@ and the result reads as checks passed or failed, files with sizes and the comman
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,9 @@ from hone.core.export.formats import FORMAT_TYPES
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A run folder with a random LoRA on a tiny base (the export tests' own builders)."""
-    from hone.core.models.shapes import build_model
-    from tests.core.export.export_helpers import TINY_SHAPES, TINY_VOCAB, build_tiny_tokenizer, write_run
+    from tests.core.export.export_helpers import tiny_dense_run
 
-    root = tmp_path_factory.mktemp("export-page")
-    tokenizer = build_tiny_tokenizer(root / "tokenizer")
-    base = root / "base"
-    build_model(TINY_SHAPES["tiny-dense"], seed=0, vocab_size=TINY_VOCAB).save_pretrained(base)
-    for f in tokenizer.iterdir():
-        shutil.copy(f, base / f.name)
-    return write_run(root / "runs" / "my-run", str(base))
+    return tiny_dense_run(tmp_path_factory.mktemp("export-page"))
 
 
 def _types(page) -> list[str]:

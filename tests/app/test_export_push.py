@@ -4,8 +4,6 @@ cannot write shows the Hub's refusal and what to do."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from hone.app.threads import TaskError
@@ -17,16 +15,9 @@ WRITE_TOKEN = "hf_write_token_alice"
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A run folder with a random LoRA on a tiny base (the export tests' own builders)."""
-    from hone.core.models.shapes import build_model
-    from tests.core.export.export_helpers import TINY_SHAPES, TINY_VOCAB, build_tiny_tokenizer, write_run
+    from tests.core.export.export_helpers import tiny_dense_run
 
-    root = tmp_path_factory.mktemp("export-push")
-    tokenizer = build_tiny_tokenizer(root / "tokenizer")
-    base = root / "base"
-    build_model(TINY_SHAPES["tiny-dense"], seed=0, vocab_size=TINY_VOCAB).save_pretrained(base)
-    for f in tokenizer.iterdir():
-        shutil.copy(f, base / f.name)
-    return write_run(root / "runs" / "my-run", str(base))
+    return tiny_dense_run(tmp_path_factory.mktemp("export-push"))
 
 
 @pytest.fixture

@@ -66,6 +66,21 @@ def build_tiny_tokenizer(folder):
     return folder
 
 
+def tiny_dense_run(root):
+    """A run folder under `root` (runs/my-run) with a random LoRA on a tiny dense base saved beside it (root/base,
+    with the tiny tokenizer)."""
+    import shutil
+
+    from hone.core.models.shapes import build_model
+
+    tokenizer = build_tiny_tokenizer(root / "tokenizer")
+    base = root / "base"
+    build_model(TINY_SHAPES["tiny-dense"], seed=0, vocab_size=TINY_VOCAB).save_pretrained(base)
+    for f in tokenizer.iterdir():
+        shutil.copy(f, base / f.name)
+    return write_run(root / "runs" / "my-run", str(base))
+
+
 def write_run(run_dir, model_name: str, *, r: int = 8, alpha: float = 16.0, rslora: bool = False,
               qlora: bool = False, targets: tuple[str, ...] = ("all-linear",), seed: int = 1, model=None,
               tokenizer=None):

@@ -19,16 +19,9 @@ READ_TOKEN = "hf_read_token_alice"
 def adapter_export(tmp_path_factory):
     """A tiny run's adapter exported by `export_run` (the export tests' own run builder)."""
     from hone.core.export import export_run
-    from hone.core.models.shapes import build_model
-    from tests.core.export.export_helpers import TINY_SHAPES, TINY_VOCAB, build_tiny_tokenizer, write_run
+    from tests.core.export.export_helpers import tiny_dense_run
 
-    root = tmp_path_factory.mktemp("push")
-    tokenizer = build_tiny_tokenizer(root / "tokenizer")
-    base = root / "base"
-    build_model(TINY_SHAPES["tiny-dense"], seed=0, vocab_size=TINY_VOCAB).save_pretrained(base)
-    for f in tokenizer.iterdir():
-        shutil.copy(f, base / f.name)
-    run = write_run(root / "runs" / "my-run", str(base))
+    run = tiny_dense_run(tmp_path_factory.mktemp("push"))
     result = export_run(run, "adapter")
     assert result.passed, result.failures
     return result.path
