@@ -106,8 +106,8 @@ class MemoryEstimateView(QWidget):
             self.fits = False
             if fit.largest_max_length:
                 self._fix = [f"data.max_length={fit.largest_max_length}"]
-            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB: does not fit {memory.device}. {fit.reason}.",
-                           "error")
+            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB: does not fit the {memory.available / GIB:.1f} GiB "
+                           f"free on {memory.device}. {fit.reason}.", "error")
         self.fix_button.setText("Apply the fix" if fit is None or fit.fits else "Use shorter rows")
         self.fix_button.setToolTip("\n".join(self._fix))
         self.fix_button.setVisible(bool(self._fix))

@@ -63,7 +63,7 @@ def detect_memory() -> Memory | None:
             return None
         sample = telemetry.sample()
         free = sample.memory_total - sample.memory_used
-        return Memory(float(free), f"{sample.device} ({free / GIB:.1f} GiB free)",
+        return Memory(float(free), sample.device,  # every message about it says how much is free
                       unified=sample.memory_source == UNIFIED, gpu=sample.memory_source in (GPU, UNIFIED))
     finally:
         telemetry.close()

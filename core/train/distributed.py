@@ -167,7 +167,7 @@ def shared_memory(memory, device: str, world: World):
     elif device.startswith("cuda") and memory.gpu and not memory.unified:
         free = torch.cuda.mem_get_info()[0]
         memory = dataclasses.replace(memory, available=float(free),
-                                     device=f"{torch.cuda.get_device_name()} ({free / 2**30:.1f} GiB free)")
+                                     device=torch.cuda.get_device_name())
     else:  # the processes of this machine draw on one pool (system memory, or a unified-memory GPU's)
         memory = dataclasses.replace(memory, available=memory.available / world.local_size,
                                      device=f"{memory.device}, shared by {world.local_size} processes")

@@ -46,6 +46,15 @@ def test_too_big_for_the_card_turns_red_and_one_click_makes_it_fit(qtbot, make_w
     assert train.memory.fits is True and not train.memory.fix_button.isVisible()
 
 
+def test_nothing_fits_says_how_much_is_free_and_why(qtbot, make_window):
+    window = make_window()
+    window.state.set_model("dense-8b", {"name": "Qwen3-8B shape", "is_moe": False})
+    window.state.update("train.batch_tokens=16384", "data.max_length=2048")
+    train = estimate_on(qtbot, window, Memory(2 * GIB, "NVIDIA GeForce GTX 1050"))
+    assert train.memory.fits is False
+    assert "does not fit the 2.0 GiB free on NVIDIA GeForce GTX 1050. " in train.memory.text.text()
+
+
 def test_without_a_gpu_it_says_what_a_gpu_would_need(qtbot, make_window, tiny_model_dir):
     window = make_window()
     window.state.set_model(tiny_model_dir("tiny-dense").as_posix(), {"name": "tiny", "is_moe": False})

@@ -42,3 +42,27 @@ def test_memory_override(monkeypatch):
     memory = detect_memory()
     assert memory.available == 12 * GIB and MEMORY_ENV in memory.device
     assert parse_size("16384MiB") == 16 * GIB and parse_size("24 GB") == 24 * GIB
+
+
+def test_the_gpu_is_named_once_with_its_free_memory(monkeypatch):
+    """The fit line reads "… 139.2 GiB free on NVIDIA H200: it fits", not "… free on NVIDIA H200 (139.2 GiB free)"."""
+    from types import SimpleNamespace
+
+    from hone.core import telemetry
+
+    class OneGpu:
+        has_gpu = True
+
+        def sample(self):
+            return SimpleNamespace(device="NVIDIA H200", memory_total=140 * GIB, memory_used=0.8 * GIB,
+                                   memory_source=telemetry.GPU)
+
+        def close(self):
+            pass
+
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    monkeypatch.setattr(telemetry, "Telemetry", OneGpu)
+    memory = detect_memory()
+    assert memory.device == "NVIDIA H200" and memory.available == 139.2 * GIB and memory.gpu
+    [notice] = fit_run_config(qwen3_8b(), memory).notices
+    assert notice.message.endswith("GiB; 139.2 GiB free on NVIDIA H200: it fits"), notice.message
