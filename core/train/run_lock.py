@@ -116,7 +116,18 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # it exists, under another user
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that has ended but not been reaped yet (Linux): a killed run whose parent died with it can stay
+    one for a while, and signal 0 still finds it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False  # no /proc (macOS), or the process is gone since
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")  # the state follows the command name in parentheses
 
 
 def _clear_note(fd: int) -> None:
