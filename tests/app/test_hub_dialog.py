@@ -85,6 +85,9 @@ def test_pause_keeps_what_arrived_and_resume_finishes_it(qtbot, make_window, hub
         if p.done > 1024 * 1024 and not paused:
             paused.append(p.done)
             dialog.pause_button.click()
+            hub.release.set()  # the rest of the file comes only once Pause is pressed
+
+    hub.hold_at = 3 * 1024 * 1024 // 2
 
     dialog._progressed = pause_after_a_megabyte
     dialog.download_button.click()

@@ -116,6 +116,9 @@ class FakeHub:
         self.commits: list[FakeCommit] = []
         self.token = token
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        # A download's bytes stop at `hold_at` until `release` is set (a test presses Pause mid-file meanwhile).
+        self.hold_at: int | None = None
+        self.release = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -250,8 +253,15 @@ class _Handler(BaseHTTPRequestHandler):
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
         self.end_headers()
-        if body:
-            self.wfile.write(content[start:])
+        if not body:
+            return
+        hold = self.hub.hold_at
+        if hold is not None and start < hold < len(content):
+            self.wfile.write(content[start:hold])
+            self.wfile.flush()
+            self.hub.release.wait(20)
+            start = hold
+        self.wfile.write(content[start:])
 
     # ---- pushing ----
     def _user(self) -> FakeUser | None:
