@@ -106,6 +106,15 @@ def join(world: World) -> str:
     return device
 
 
+def finish_together(world: World) -> None:
+    """Wait until every process has finished the run (process 0 saves the adapter meanwhile), so none tears down
+    the process group while another still uses it: under gloo a process that did so sometimes aborted at exit
+    ("terminate called without an active exception")."""
+    if world.launched:
+        with _exchange("finishing the run"):
+            dist.barrier()
+
+
 def leave() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

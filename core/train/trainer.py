@@ -310,6 +310,7 @@ class Trainer:
         if world.main:
             save_adapter(model, tokenizer, adapter_dir, config, steps=self.step,
                          final_loss=None if math.isnan(last_loss) else last_loss)
+        distributed.finish_together(world)
         yield self._emit(events.RunFinished(step=self.step, run_dir=str(run_dir), adapter_dir=str(adapter_dir),
                                             final_loss=last_loss, elapsed=time.time() - start_time,
                                             stopped=stopped, eval_loss=eval_loss))
