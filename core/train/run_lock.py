@@ -150,7 +150,10 @@ def _busy(run_dir: Path) -> RunFolderBusy:
 
 def refuse_if_in_use(run_dir: str | Path) -> None:
     """Raise RunFolderBusy when another process on this computer trains in `run_dir`, before a resume reads the
-    folder's checkpoints; `RunLock.acquire` still decides once the run opens the folder."""
+    folder's checkpoints; `RunLock.acquire` still decides once the run opens the folder. Among a run's processes
+    under torchrun, process 0 alone checks (and locks): the others would find it holding the folder already."""
+    if "WORLD_SIZE" in os.environ and os.environ.get("RANK", "0") != "0":
+        return
     if in_use(run_dir) is True and read_holder(run_dir).get("pid") != os.getpid():
         raise _busy(Path(run_dir))
 

@@ -255,6 +255,28 @@ def test_a_run_whose_process_was_killed_reads_as_interrupted_and_one_training_el
     assert in_use(run_dir) is False
 
 
+def test_only_process_0_of_a_torchrun_refuses_a_folder_in_use(tmp_path, monkeypatch):
+    """Process 0 of a resumed run may lock the folder before process 1 checks it: process 1 leaves the check to it."""
+    from hone.core.errors import HoneError
+    from hone.core.train.run_lock import refuse_if_in_use
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", "1")
+        refuse_if_in_use(run_dir)  # process 1: process 0 checks
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(HoneError, match="is in use"):
+            refuse_if_in_use(run_dir)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_released_lock_leaves_no_holder_even_where_the_note_cannot_be_shortened(tmp_path, monkeypatch):
     from hone.core.train import run_lock
 
