@@ -16,7 +16,7 @@ import sys
 from importlib.metadata import EntryPoint, distributions
 
 from hone.core import __version__
-from hone.core.errors import HoneError
+from hone.core.errors import HoneError, record_failure
 
 # Built-in commands: name -> module implementing it. Order is the order of `hone --help`; entry point commands
 # follow, sorted by name.
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except HoneError as e:
+        record_failure(e)
         print(f"hone: error: {e.message}", file=sys.stderr)
         if e.advice:
             print(f"hone: advice: {e.advice}", file=sys.stderr)

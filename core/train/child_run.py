@@ -24,7 +24,7 @@ from pathlib import Path
 from hone.core import events
 from hone.core.config import RunConfig
 from hone.core.control import PAUSE_FILE_ENV, RunControl
-from hone.core.errors import HoneError
+from hone.core.errors import FAILURE_FILE_ENV, HoneError, recorded_failure
 from hone.core.train.run_dir import METRICS_FILE, EventTail, new_run_dir
 
 POLL_S = 0.5
@@ -67,9 +67,12 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
     env = dict(os.environ)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
+    talk = Path(tempfile.mkdtemp(prefix="hone-child-"))  # files the child and this process share
+    failure_file = talk / "failure.json"  # a refusal before the run folder is written: its code survives
+    env[FAILURE_FILE_ENV] = str(failure_file)
     pause_file = None
     if len(gpus) <= 1:  # one process: it pauses while this file exists
-        pause_file = Path(tempfile.mkdtemp(prefix="hone-pause-")) / "pause"
+        pause_file = talk / "pause"
         env[PAUSE_FILE_ENV] = str(pause_file)
     with tempfile.TemporaryFile() as stderr:
         child = subprocess.Popen(command_for(config_path, resume, gpus, data_changed), env=env,
@@ -79,9 +82,11 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
         try:
             yield from follower.events()
         finally:
+            failure = recorded_failure(failure_file) or {}
             if pause_file is not None:  # a run left behind (detached) trains on
                 pause_file.unlink(missing_ok=True)
-                pause_file.parent.rmdir()
+            failure_file.unlink(missing_ok=True)
+            talk.rmdir()
             # the child has read its config once it writes the run's events (or has ended)
             if config_path is not None and (child.poll() is not None or (run_dir / METRICS_FILE).exists()):
                 config_path.unlink(missing_ok=True)
@@ -91,10 +96,10 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
         said = stderr.read().decode("utf-8", errors="replace")
     if not follower.ended:
         yield events.RunFailed(
-            reason=_last_message(said) or f"the training process ended without finishing (exit code "
-                                          f"{child.returncode})",
+            reason=failure.get("message") or _last_message(said)
+            or f"the training process ended without finishing (exit code {child.returncode})",
             advice="see the messages below; the run folder keeps its checkpoints (Resume on the Runs page)",
-            details=said[-STDERR_TAIL:])
+            details=said[-STDERR_TAIL:], code=str(failure.get("code") or ""))
 
 
 class _Follower:
