@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Signal
 
 from hone.app.run_checks import Machine
 from hone.app.settings import Settings
-from hone.app.threads import TrainerFactory, TrainSession, core_trainer
+from hone.app.threads import TrainerFactory, TrainSession
 from hone.core.config import RunConfig
 
 
@@ -30,7 +30,7 @@ class AppState(QObject):
     page_requested = Signal(str)
     machine_changed = Signal(object)
 
-    def __init__(self, settings: Settings, trainer: TrainerFactory = core_trainer, parent: QObject | None = None):
+    def __init__(self, settings: Settings, trainer: TrainerFactory | None = None, parent: QObject | None = None):
         super().__init__(parent)
         self.settings = settings
         self.config: RunConfig = settings.config()

@@ -229,16 +229,20 @@ class TrainSession(QObject):
     event = Signal(object)
     running_changed = Signal(bool)
 
-    def __init__(self, trainer: TrainerFactory = core_trainer, parent: QObject | None = None):
+    def __init__(self, trainer: TrainerFactory | None = None, parent: QObject | None = None):
         super().__init__(parent)
-        self._trainer = trainer
+        # No trainer given: the core trainer, in a process of its own where one can be stopped with SIGINT. Loading
+        # a model and its tokenizer holds the GIL in single calls of a hundred milliseconds and more, so a run on
+        # a thread of the window's process froze the window for 250-630 ms while it loaded (2 CPU cores).
+        self._trainer = trainer or core_trainer
+        self._child_by_default = trainer is None and os.name == "posix"
         self._thread: QThread | None = None
         self._worker: TrainWorker | None = None
         self.control: RunControl | None = None
         self.config: RunConfig | None = None
         self.resume_dir: Path | None = None  # the run folder the last start continued, if it was a resume
-        self.gpus: list[int] = []  # the GPUs the run was given (NVML indices); empty: the first, in this process
-        self._in_child = False
+        self.gpus: list[int] = []  # the GPUs the run was given (NVML indices); empty: the first
+        self._in_child = self._outlives_window = False
 
     @property
     def is_running(self) -> bool:
@@ -251,20 +255,26 @@ class TrainSession(QObject):
 
     @property
     def in_child(self) -> bool:
-        """The run trains in a process of its own (several GPUs, a GPU other than the first, or in the
-        background): it keeps training when the window closes."""
+        """The run trains in a process of its own (`hone train`), which this window follows."""
         return self._in_child
+
+    @property
+    def outlives_window(self) -> bool:
+        """The run may go on training after the window closes: it was started to (`background`), or it trains on
+        GPUs the window's process does not use."""
+        return self._outlives_window
 
     def start(self, config: RunConfig, resume: Path | None = None, data_changed: str = "refuse",
               gpus: list[int] | None = None, background: bool = False) -> None:
-        """Start a run (or continue the one in `resume`, on changed training data as `data_changed` says) on a new
-        thread. On several GPUs (`gpus`, NVML indices), on one other than GPU 0, or with `background`, the run
-        trains in a child process (`hone train`) that outlives the window."""
+        """Start a run (or continue the one in `resume`, on changed training data as `data_changed` says). On Linux
+        the core trainer runs in a child process (`hone train`) followed from a thread; elsewhere, and for a
+        trainer given to the session, on the thread itself. On several GPUs (`gpus`, NVML indices), on one other
+        than GPU 0, or with `background`, the run trains in a child process that may outlive the window."""
         if self.is_running:
             raise RuntimeError("a run is already going; stop it first")
         self.config, self.resume_dir, self.gpus = config, resume, list(gpus or [])
-        # GPU 0 alone trains in this process; any other choice in a child that sees only the chosen GPUs
-        self._in_child = background or (bool(self.gpus) and self.gpus != [0])
+        self._outlives_window = background or (bool(self.gpus) and self.gpus != [0])
+        self._in_child = self._outlives_window or self._child_by_default
         trainer = child_trainer(self.gpus) if self._in_child else self._trainer
         self.control = RunControl()
         self._thread = QThread()
@@ -298,8 +308,8 @@ class TrainSession(QObject):
             self.control.stop()
 
     def detach(self) -> None:
-        """Stop following a run that trains in a child process; it goes on (the Runs page follows it again)."""
-        if self.control and self.in_child:
+        """Stop following a run that may outlive the window; it goes on (the Runs page follows it again)."""
+        if self.control and self.outlives_window:
             self.control.detach()
 
     def wait(self, ms: int = 60_000) -> bool:

@@ -35,7 +35,7 @@ from hone.app.run_checks import Machine, detect_machine
 from hone.app.settings import Settings
 from hone.app.state import AppState
 from hone.app.theme import DARK, LIGHT, SYSTEM, Palette, Theme, icon, logo_pixmap
-from hone.app.threads import Task, TelemetryPoller, TrainerFactory, core_trainer
+from hone.app.threads import Task, TelemetryPoller, TrainerFactory
 from hone.core import __version__
 from hone.core.events import Event, RunFailed, RunFinished, RunStarted, StepMetrics
 
@@ -113,7 +113,7 @@ class MainWindow(QMainWindow):
         machine: what this computer can run (tests pass one); None reads it on a background thread.
     """
 
-    def __init__(self, settings: Settings | None = None, trainer: TrainerFactory = core_trainer,
+    def __init__(self, settings: Settings | None = None, trainer: TrainerFactory | None = None,
                  theme: Theme | None = None, telemetry: bool = True, machine: Machine | None = None):
         super().__init__()
         install_guards(QApplication.instance())
@@ -265,7 +265,7 @@ class MainWindow(QMainWindow):
     # ---- closing ----
     def closeEvent(self, event) -> None:
         session = self.state.session
-        if session.is_running and session.in_child and not self._closing:
+        if session.is_running and session.outlives_window and not self._closing:
             choice = self.ask_keep_on_close()
             if choice == "keep":  # the run's own process goes on; the Runs page follows it again
                 self._closing = True

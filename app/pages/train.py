@@ -91,9 +91,9 @@ class TrainPage(Page):
         self.summary.body.addWidget(self.memory)
         self.summary.body.addWidget(self.problems)
         self.background_box = QCheckBox("Keep training when Hone Studio closes")
-        self.background_box.setToolTip("The run trains in a process of its own: closing the window leaves it "
-                                       "training, and Runs follows it again when you reopen Hone Studio. Such a "
-                                       "run can stop but not pause.")
+        self.background_box.setToolTip("Closing the window leaves the run training in its own process, and Runs "
+                                       "follows it again when you reopen Hone Studio. Left off, closing the window "
+                                       "asks to stop the run (it saves first).")
         if os.name != "posix":  # the child is stopped with SIGINT (hone.core.train.child_run)
             self.background_box.setEnabled(False)
             self.background_box.setToolTip("Runs train inside Hone Studio on Windows.")

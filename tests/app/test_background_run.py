@@ -1,11 +1,17 @@
-"""A run started with "Keep training when Hone Studio closes" trains in a process of its own: the Monitor shows
-its steps, it pauses and resumes (through a file the child watches), and closing the window with "Keep training"
-leaves it training to the end."""
+"""On Linux every run trains in a process of its own. Started with "Keep training when Hone Studio closes", the
+Monitor shows its steps, it pauses and resumes (through a file the child watches), and closing the window with
+"Keep training" leaves it training to the end; started without, closing the window asks to stop it, and it stops
+and saves before the window closes."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
+import pytest
+from PySide6.QtWidgets import QMessageBox
 from shiboken6 import isValid
 from test_train_gpus import ready_to_start
 
@@ -51,3 +57,29 @@ def test_a_background_run_outlives_the_window(qtbot, make_window, tiny_model_dir
         time.sleep(0.2)
     finished = read_events(run_dir)[-1]
     assert isinstance(finished, events.RunFinished) and finished.step == steps and not finished.stopped, finished
+
+
+@pytest.mark.skipif(os.name != "posix", reason="runs train in a child process on Linux only")
+def test_a_run_without_the_box_trains_in_a_child_and_stops_when_the_window_closes(qtbot, make_window,
+                                                                                 tiny_model_dir, monkeypatch):
+    window = make_window()
+    ready_to_start(window, tiny_model_dir)
+    window.state.update("train.max_steps=500", "output.checkpoint_every=0")
+    seen = []
+    window.state.session.event.connect(seen.append)
+    window.page("train").start()
+    session = window.state.session
+    assert session.in_child and not session.outlives_window and session.can_pause
+    qtbot.waitUntil(lambda: any(isinstance(e, events.StepMetrics) for e in seen), timeout=120_000)
+    run_dir = next(e.run_dir for e in seen if isinstance(e, events.RunStarted))
+
+    asked = []
+    monkeypatch.setattr(window, "ask_keep_on_close", lambda: asked.append("keep") or "keep")
+    monkeypatch.setattr(window, "ask_stop_on_close", lambda: asked.append("stop") or QMessageBox.Yes)
+    window.close()  # asks, stops the run (it saves), then closes
+    qtbot.waitUntil(lambda: not isValid(window) or not window.isVisible(), timeout=120_000)
+    assert asked == ["stop"]
+    finished = [e for e in seen if isinstance(e, events.RunFinished)]
+    assert len(finished) == 1 and finished[0].stopped and finished[0].step < 500
+    assert json.loads((Path(run_dir) / "run.json").read_text())["status"] == "stopped"
+    assert (Path(run_dir) / "adapter").is_dir()

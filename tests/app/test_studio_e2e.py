@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -137,15 +138,17 @@ def test_train_pause_resume_stop_then_chat_and_export(qtbot, make_window, tiny_m
     assert len(monitor.speed_chart.points("tps")[0]) == len(steps())
     assert monitor.status_pill.text() == "Stopped"
     assert monitor.memory_tile.value() != "—", "telemetry reports memory (system memory on this machine)"
-    # Loading holds the GIL in single calls of a few hundred milliseconds (transformers' json.load of
-    # tokenizer.json, the Rust tokenizer's from_file, the first import of torch._dynamo), which no thread
-    # arrangement avoids: the bound is asserted over the training steps and the final save, not the loading.
+    # On Linux the run trains in a process of its own: loading the model holds the GIL in single calls of 100 ms
+    # and more, which froze the window by 250-630 ms while the run was a thread of the window's process
+    assert window.state.session.in_child == (os.name == "posix")
     last_step = arrived["last step"]
     loading = heartbeat.longest(before=arrived["RunStarted"])
     training = heartbeat.longest(after=arrived["RunStarted"], before=last_step)
     saving = heartbeat.longest(after=last_step)
     print(f"GUI thread: longest stall {loading * 1000:.0f} ms while the model and data loaded, "
           f"{training * 1000:.0f} ms while training, {saving * 1000:.0f} ms while saving")
+    if window.state.session.in_child:
+        assert loading < MAX_STALL_S, f"the GUI thread stalled {loading * 1000:.0f} ms while the run loaded"
     assert training < MAX_STALL_S, f"the GUI thread stalled {training * 1000:.0f} ms during training steps"
     assert saving < MAX_STALL_S, f"the GUI thread stalled {saving * 1000:.0f} ms while the run saved"
 
