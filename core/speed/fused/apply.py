@@ -40,6 +40,10 @@ FAMILIES = {
     # Qwen-VL: the language model's (and the image encoder's) norms and gated MLPs, the decoder adds; rope where
     # the attention calls the plain `apply_rotary_pos_emb` (the 3-D positions are folded into cos/sin before it)
     "qwen2_5_vl_text": "qwen2.5-vl", "qwen3_vl_text": "qwen3-vl", "qwen3_vl_moe_text": "qwen3-vl-moe",
+    # MoE families with pre-norm decoder layers: norms (MLA's q/kv norms too), the middle add, first dense layers
+    # and shared experts. Multi-head latent attention (no k_proj) keeps transformers' rope.
+    "glm4_moe": "glm-4.5", "glm4_moe_lite": "glm-4.7-flash", "deepseek_v3": "deepseek-v3",
+    "olmoe": "olmoe", "ernie4_5_moe": "ernie-4.5-moe", "minimax_m2": "minimax-m2",
 }
 _ROPE_PARAMETERS = ["q", "k", "cos", "sin", "unsqueeze_dim"]
 _GLU_MLP_NAMES = {"down_proj", "act_fn", "gate_proj", "up_proj"}
@@ -257,6 +261,7 @@ def _patch_attention(name: str, module: torch.nn.Module, report: KernelReport, u
             raise UnsupportedForward("forward does not call apply_rotary_pos_emb")
         if list(inspect.signature(original).parameters) != _ROPE_PARAMETERS:
             raise UnsupportedForward("apply_rotary_pos_emb takes other arguments than (q, k, cos, sin, unsqueeze_dim)")
+        _probe_rope(original)
         forward = _shared_forward(("rope", cls), lambda: replace_innermost(
             cls.forward, lambda fn: with_globals(fn, {"apply_rotary_pos_emb": apply_rotary})))
     except UnsupportedForward as exc:
@@ -267,6 +272,31 @@ def _patch_attention(name: str, module: torch.nn.Module, report: KernelReport, u
         return
     undos.append(swap_forward(module, forward, name))
     report._add("rope")
+
+
+@torch.no_grad()
+def _probe_rope(original) -> None:
+    """Raise UnsupportedForward unless `original` rotates like the rope kernel: half-split pairs over the whole head.
+    Same signature is not enough: ERNIE's rotates interleaved pairs, GLM-4.5's only the first part of each head."""
+    from hone.kernels.reference import rope_reference
+
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 8, generator=generator), torch.randn(1, 1, 3, 8, generator=generator)
+    angles = torch.randn(1, 3, 4, generator=generator)
+    cos, sin = angles.cos().repeat(1, 1, 2), angles.sin().repeat(1, 1, 2)
+    try:
+        got = original(q.clone(), k.clone(), cos, sin, 1)
+    except Exception as exc:
+        raise UnsupportedForward(f"apply_rotary_pos_emb failed on a probe ({type(exc).__name__})") from exc
+    expected = rope_reference(q, k, cos, sin)
+    if not all(torch.allclose(g, e, atol=1e-5) for g, e in zip(got, expected, strict=True)):
+        raise UnsupportedForward("apply_rotary_pos_emb rotates other pairs than the rope kernel (half-split)")
+    try:
+        original(q.clone(), k.clone(), cos[..., :2].repeat(1, 1, 2), sin[..., :2].repeat(1, 1, 2), 1)
+    except Exception:
+        return  # like the kernel, it takes cos/sin as wide as the head only
+    raise UnsupportedForward("apply_rotary_pos_emb rotates part of each head (partial rotary); the rope kernel "
+                             "rotates all of it")
 
 
 def _patch_mlp(name: str, module: torch.nn.Module, report: KernelReport, undos: list[Undo]) -> None:

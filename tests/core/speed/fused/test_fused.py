@@ -225,3 +225,49 @@ def test_revert_leaves_a_later_swap_by_someone_else_alone():
     assert restored == sum(report.patched.values()) - 1
     assert mlp.forward is other
     assert any("replaced again" in str(w.message) for w in caught)
+
+
+# MoE families whose decoder layers are pre-norm like Llama's: their norms (MLA's q/kv norms too), residual adds,
+# first dense layers and shared experts take the fused kernels; experts stay with the MoE backends, MLA attention
+# (no k_proj) keeps transformers' rope.
+_MOE_FAMILY_SHAPES = ["tiny-moe-glm4", "tiny-moe-glm4-lite", "tiny-moe-deepseek-v3", "tiny-moe-olmoe",
+                      "tiny-moe-ernie", "tiny-moe-minimax-m2"]
+_MLA_TARGETS = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"]
+
+
+@pytest.mark.parametrize("shape", _MOE_FAMILY_SHAPES)
+def test_moe_families_take_the_dense_kernels_and_train_the_same(shape):
+    from hone.core.models.shapes import SHAPES, build_model
+
+    ids, pos = _packed_batches(1, length=12)[0]
+    results, glu_mlps = [], 0
+    for fused in (False, True):
+        model = build_model(shape, seed=0)
+        with torch.no_grad():  # norms away from their init values so both weight styles matter
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.add_(0.2 * torch.randn(param.shape, generator=torch.Generator().manual_seed(1)))
+        glu_mlps = sum(all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+                       for m in model.modules())
+        targets = [t for t in [*TARGETS, *_MLA_TARGETS] if any(n.endswith(f".{t}") for n, _ in model.named_modules())]
+        torch.manual_seed(0)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.05)
+        if fused:
+            report = apply_kernels(model)
+        loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
+        loss.backward()
+        results.append((loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+
+    layers = SHAPES[shape].kwargs["num_hidden_layers"]
+    assert report.family == FAMILIES[SHAPES[shape].model_type], report.summary()
+    assert report.count("rms_norm") >= 2 * layers + 1, report.summary()
+    assert report.count("add_rms_norm") == layers, report.summary()
+    assert report.count("glu:silu") == glu_mlps, report.summary()  # first dense layers and shared experts
+    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
+    assert abs(fused_loss - plain_loss) < 1e-5, (shape, fused_loss, plain_loss)
+    assert fused_grads.keys() == plain_grads.keys()
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
