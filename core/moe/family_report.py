@@ -74,7 +74,8 @@ def _router_words(model: nn.Module) -> str:
 def _shared_words(model: nn.Module, config) -> str:
     parts = []
     if any(n.rsplit(".", 1)[-1] in ("shared_expert", "shared_experts", "shared_mlp") for n, _ in model.named_modules()):
-        parts.append("shared experts train with LoRA like any dense MLP (fused LoRA linears)")
+        parts.append("shared experts run as dense MLPs (fused LoRA linears where they have LoRA; the run's LoRA "
+                     "line says where peft left them without)")
     dense = next((int(v) for v in (getattr(config, a, None) for a in ("first_k_dense_replace", "num_dense_layers",
                                                                         "moe_layer_start_index")) if v), 0)
     if dense:

@@ -3,7 +3,7 @@ per-expert LoRA on MoE experts (peft `target_parameters`), and the trainable / t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hone.core.config import LoraConfig
 from hone.core.errors import ConfigError
@@ -16,6 +16,7 @@ class LoraReport:
     total: int
     targets: list[str]  # module names adapted (suffixes), e.g. ["q_proj", "k_proj", ...]
     target_parameters: list[str]  # MoE expert parameters adapted, peft format
+    notes: list[str] = field(default_factory=list)  # where peft adapted other than asked (a run's warnings)
 
     def summary(self) -> str:
         share = 100 * self.trainable / max(self.total, 1)
@@ -125,6 +126,7 @@ def apply_lora(model, lora_cfg: LoraConfig, info: ModelInfo):
     from peft import get_peft_model
 
     config = build_peft_config(model, lora_cfg, info)
+    asked = _linear_modules(model, config.target_modules)
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as e:
@@ -137,6 +139,49 @@ def apply_lora(model, lora_cfg: LoraConfig, info: ModelInfo):
     trainable, total = peft_model.get_nb_trainable_parameters()
     adapted = sorted({name.rsplit(".", 1)[-1] for name, module in peft_model.named_modules()
                       if hasattr(module, "lora_A") and not name.endswith(("lora_A", "lora_B"))})
+    adapted_parameters = list(peft_model.peft_config["default"].target_parameters or [])
     report = LoraReport(trainable=int(trainable), total=int(total), targets=adapted,
-                        target_parameters=list(config.target_parameters or []))
+                        target_parameters=adapted_parameters,
+                        notes=_remap_notes(peft_model, asked, lora_cfg, info, adapted_parameters))
     return peft_model, report
+
+
+def _linear_modules(model, targets) -> list[str]:
+    """Full names of the linear layers `targets` (peft's target_modules: "all-linear" or names) asks to adapt."""
+    if isinstance(targets, str):  # "all-linear", or a pattern Hone does not spell out
+        names = set(_linear_layer_names(model)) if targets == "all-linear" else set()
+    else:
+        names = set(targets or ())
+    return [full for full in _module_names(model, names) if full.rsplit(".", 1)[-1] in names
+            and type(model.get_submodule(full)).__name__ in ("Linear", "Linear4bit", "Linear8bitLt")]
+
+
+def _remap_notes(peft_model, asked: list[str], lora_cfg: LoraConfig, info: ModelInfo,
+                 adapted_parameters: list[str]) -> list[str]:
+    """What peft adapted other than asked. peft on transformers 5 reads transformers 4's expert names (gate_proj,
+    up_proj, down_proj) as the fused experts of some MoE families (DeepSeek-V3, GLM-4.x): the linear layers of
+    those names (shared experts, first dense layers) are left without LoRA, and the experts get it. An adapter
+    that plain peft loads back can only be made that way, so Hone says so rather than working around it."""
+    import peft
+
+    wrapped = {name.removeprefix("base_model.model.") for name, module in peft_model.named_modules()
+               if hasattr(module, "lora_A")}
+    left = [name for name in asked if name not in wrapped]
+    notes = []
+    if left:
+        kinds = sorted({_without_layer_index(name) for name in left})
+        notes.append(f"{len(left)} linear layers train without LoRA ({', '.join(kinds)}): peft {peft.__version__} "
+                     "reads their names as this model's experts (transformers 4's names for them) and adapts the "
+                     "experts instead")
+    if info.is_moe and not lora_cfg.experts and adapted_parameters:
+        notes.append(f"the experts ({', '.join(adapted_parameters)}) train with LoRA although lora.experts = false: "
+                     f"peft {peft.__version__} maps the names gate_proj / up_proj / down_proj onto them on this "
+                     "model family")
+    return notes
+
+
+def _without_layer_index(name: str) -> str:
+    """"model.layers.3.mlp.shared_experts.up_proj" -> "mlp.shared_experts.up_proj"."""
+    import re
+
+    return re.split(r"(?:^|\.)\d+\.", name)[-1]

@@ -190,6 +190,8 @@ class Trainer:
         install_memory_and_kernels(model, config.speed, info, device, setup,
                                    mean_row_tokens=float(data.train.lengths.mean()))
         setup.choices["lora"] = lora_report.summary()
+        for note in lora_report.notes:
+            yield self._emit(events.Notice(topic="lora", level="warning", message=note))
         for notice in setup.notices:
             yield self._emit(notice)
         emitted = len(setup.notices)

@@ -105,3 +105,41 @@ def test_lora_experts_false_leaves_every_expert_weight_alone(shape):
     assert any(".experts." in n for n in trained[True])
     assert not any(".experts." in n for n in trained[False]), sorted(trained[False])
     assert {n for n in trained[True] if ".experts." not in n and ".gate." not in n} <= trained[False]
+
+
+@pytest.mark.parametrize("shape", ["tiny-moe-deepseek-v3", "tiny-moe-glm4-lite", "tiny-moe-glm4"])
+def test_what_peft_remaps_on_deepseek_and_glm_is_said(shape):
+    """peft 0.21 on transformers 5 reads the names gate_proj / up_proj / down_proj as these families' experts: the
+    shared experts and the first dense layers (nn.Linear modules of those names) are left without LoRA, and the
+    experts get LoRA even with `lora.experts = false`. The LoRA report says both, naming the layers."""
+    from hone.core.config import LoraConfig
+    from hone.core.models.load import count_params, info_from_config
+    from hone.core.models.shapes import build_model
+    from hone.core.train.lora import apply_lora
+
+    for experts in (True, False):
+        model = build_model(shape)
+        info = info_from_config(model.config, shape, "shape", count_params(model))
+        peft_model, report = apply_lora(model, LoraConfig(r=4, experts=experts), info)
+        wrapped = {n for n, m in peft_model.named_modules() if hasattr(m, "lora_A")}
+        unadapted = [n for n, m in peft_model.named_modules() if isinstance(m, nn.Linear) and ".layers." in n
+                     and n.endswith(("gate_proj", "up_proj", "down_proj")) and n not in wrapped
+                     and ".lora_" not in n and ".base_layer" not in n]
+        assert unadapted, "peft leaves the shared experts and dense MLPs alone on this family"
+        notes = " ".join(report.notes)
+        assert "without LoRA" in notes and "shared_experts" in notes, report.notes
+        expert_lora = any(".experts." in n and p.requires_grad for n, p in peft_model.named_parameters())
+        assert expert_lora  # with either setting
+        assert ("although lora.experts = false" in notes) == (not experts), report.notes
+
+
+def test_nothing_is_said_where_peft_adapts_what_was_asked():
+    from hone.core.config import LoraConfig
+    from hone.core.models.load import count_params, info_from_config
+    from hone.core.models.shapes import build_model
+    from hone.core.train.lora import apply_lora
+
+    model = build_model("tiny-moe-qwen2")
+    info = info_from_config(model.config, "tiny-moe-qwen2", "shape", count_params(model))
+    _, report = apply_lora(model, LoraConfig(r=4, experts=True), info)
+    assert report.notes == []
