@@ -305,6 +305,10 @@ class TrainConfig(_Section):
     seed: int = _f(0, "Seed for weights of the adapter, data order and dropout.", min=0, max=MAX_SEED)
     eval_every: int = _f(0, "Evaluate every N optimizer steps; 0 = only at the end (if there is eval data).",
                          min=0, max=MAX_STEPS)
+    parallel: str = _f("auto", "Several processes (hone train --gpus N): ddp keeps the whole model on every GPU; "
+                       "fsdp splits the decoder layers' frozen weights across the GPUs and gathers each layer's "
+                       "for its forward and backward (for a base model one GPU cannot hold); auto takes fsdp only "
+                       "when the step fits no other way.", choices=("auto", "ddp", "fsdp"))
 
     def check(self) -> None:
         if self.max_steps == 0 and self.epochs == 0:

@@ -121,6 +121,7 @@ class FittedRun:
     config: RunConfig
     notices: list
     predicted: float
+    fits: bool = True  # whether a step is predicted to fit (with the whole model on the device)
 
 
 def fit_run_config(config: RunConfig, memory: Memory) -> FittedRun:
@@ -141,4 +142,4 @@ def fit_run_config(config: RunConfig, memory: Memory) -> FittedRun:
             fit.estimate.peak_bytes)
     return FittedRun(config, [Notice(topic="memory", level="warning", message=(
         f"{said}: it may not fit ({fit.reason}). The run starts as set; a step that runs out of memory is run "
-        "again on smaller micro-batches"))], plan.estimate.peak_bytes)
+        "again on smaller micro-batches"))], plan.estimate.peak_bytes, fits=False)

@@ -146,6 +146,16 @@ def any_process(flag: bool, world: World) -> bool:
     return bool(t.item())
 
 
+def most(value: int, world: World) -> int:
+    """The largest of every process's `value` (how many passes a sharded step must run on each)."""
+    if not world.launched:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_reduce_device(world))
+    with _exchange("agreeing on the passes of a step"):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def gather(value, world: World) -> list:
     """Every process's `value` (any picklable object), in rank order, on every process."""
     if not world.launched:

@@ -91,7 +91,7 @@ ON_RESUME: dict[str, Rule] = {
     "train.batch_tokens": _ORDER, "train.grad_accum": _ORDER,
     "train.seed": Rule("refused", "it decides the data order (and the adapter's initialization)"),
     "train.optimizer": Rule("refused", "the checkpoint's optimizer state is the old optimizer's"),
-    "train.fit_memory": _HOW,
+    "train.fit_memory": _HOW, "train.parallel": _HOW,
     "train.max_grad_norm": Rule("update", "gradient clipping"),
     "train.weight_decay": Rule("update", "AdamW weight decay"),
     "train.eval_every": _SAVING,

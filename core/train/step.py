@@ -91,8 +91,10 @@ class StepRunner:
     PREFETCH_ON_CPU = False  # tests switch background collation on without a GPU
 
     def __init__(self, model, tokenizer, optimizer, scheduler, scaler, params, config: RunConfig, device: str,
-                 dtype, setup, world: distributed.World = distributed.SINGLE):
+                 dtype, setup, world: distributed.World = distributed.SINGLE, sharded: bool = False):
         self.world = world  # several processes: each runs its share of the packs; gradients summed over them
+        # frozen weights split across the processes (hone.core.train.sharding): every process runs as many passes
+        self.sharded = sharded
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.params, self.config, self.device, self.setup = params, config, device, setup
         self.cuda = str(device).startswith("cuda")
@@ -205,17 +207,22 @@ class StepRunner:
         loss_total = torch.zeros((), device=self.device, dtype=torch.float32)
         if not model.training:  # model.train() visits every module: thousands of calls on each step otherwise
             model.train()
+        weights = [1.0] * len(batches)
+        if self.sharded:  # a process with fewer micro-batches runs its first again, with zero weight
+            extra = distributed.most(len(batches), self.world) - len(batches)
+            batches, weights = batches + batches[:1] * extra, weights + [0.0] * extra
         with reuse_weight_casts():  # the adapters change only at the optimizer step below
-            for batch in batches:
+            for batch, weight in zip(batches, weights, strict=True):
                 batch = batch.to(self.device)
                 with self._autocast():
                     summed = loss_sum(model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
                 # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding
                 # rows a host table supplies (T x H) must not stay allocated through it.
                 batch = None
-                scaled = summed / max(trained, 1)
+                scaled = summed / max(trained, 1) if weight else summed * 0.0
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-                loss_total += summed.detach()
+                if weight:
+                    loss_total += summed.detach()
         distributed.sum_gradients(self.params, self.optimizer, self.world)
         distributed.sum_tensor_(loss_total, self.world)
         if self.scaler:
@@ -259,12 +266,17 @@ class StepRunner:
         stream = PackStream(dataset.lengths, self.config.train.batch_tokens, 0, self.config.speed.packing)
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         trained = 0
+        plan = stream.plan(0)
+        mine = self.world.share(plan)  # each process its share of the rows
+        passes = distributed.most(len(mine), self.world) if self.sharded else len(mine)
         with reuse_weight_casts():
-            for pack in self.world.share(stream.plan(0)):  # each process its share of the rows
-                batch = self.collate([dataset[i] for i in pack])
-                trained += batch.num_trained
+            for i in range(passes):  # past its own packs, a sharded process runs the first one, uncounted
+                batch = self.collate([dataset[r] for r in (mine[i] if i < len(mine) else plan[0])])
                 with self._autocast():
-                    total += loss_sum(model, batch.to(self.device), mode=self.config.speed.loss).float()
+                    summed = loss_sum(model, batch.to(self.device), mode=self.config.speed.loss).float()
+                if i < len(mine):
+                    trained += batch.num_trained
+                    total += summed
         model.train()
         total_sum, trained = distributed.sum_values([total.item(), trained], self.world)
         return total_sum / max(trained, 1)

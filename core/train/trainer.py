@@ -26,7 +26,7 @@ from hone.core.models.load import load_model, pending_conversion, pick_device, r
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
 from hone.core.speed.attention import packing_blocker
 from hone.core.train import checkpoints as ckpt
-from hone.core.train import distributed, preflight
+from hone.core.train import distributed, preflight, sharding
 from hone.core.train.adapter_dir import save_adapter
 from hone.core.train.lora import apply_lora
 from hone.core.train.optim import build_optimizer, build_scheduler
@@ -73,6 +73,8 @@ class Trainer:
         self.split = 1  # micro-batches each pack runs as: set by the preflight, doubled by an out-of-memory step
         self.memory = None  # the memory the run may use (hone.core.memory.run_plan.Memory), read on a GPU
         self.predicted: float | None = None  # the planner's peak of a step, bytes
+        self.fits_whole: bool | None = None  # whether the planner found a step fits with the whole model
+        self.sharded = False  # train.parallel chose fsdp (hone.core.train.sharding)
         self.memory_meter = None  # measures the preflight (preflight.CudaMeter on a GPU)
         self.reporters: list = []  # output.report_to, opened once the run knows the step it starts from
         self.writer: RunWriter | None = None
@@ -198,6 +200,12 @@ class Trainer:
 
         params = [p for p in model.parameters() if p.requires_grad]
         distributed.same_start(params, world)
+        parallel, why = sharding.choose(config, world, is_vision=info.is_vision, fits_whole=self.fits_whole)
+        self.sharded = parallel == "fsdp"
+        if self.sharded:  # after the trainable weights are the same everywhere: they stay whole (not split)
+            setup.choices["parallel"] = f"{sharding.shard_frozen_weights(model, world, device)} ({why})"
+        elif world.launched and world.size > 1:
+            setup.choices["parallel"] = f"data parallel over {world.size} processes, the whole model on each ({why})"
         stream = PackStream(data.train.lengths, config.train.batch_tokens, config.train.seed, config.speed.packing)
         total = total_steps_for(config, stream)
         optimizer = build_optimizer(params, config.train, device)
@@ -242,7 +250,7 @@ class Trainer:
             is_vision=info.is_vision, speed_paths=setup.choices, config=config.to_dict(), processes=world.size))
 
         step_loop = self.step_loop = StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config,
-                                                device, dtype, setup, world=world)
+                                                device, dtype, setup, world=world, sharded=self.sharded)
         if self.memory is not None and self.memory_meter is not None and config.train.fit_memory and self.step < total:
             yield self._emit(self._preflight(step_loop, data.train, stream))
         last_loss = self.writer.last_loss if self.writer is not None else math.nan
@@ -336,7 +344,7 @@ class Trainer:
             return config
         for notice in fitted.notices:
             yield self._emit(notice)
-        self.predicted = fitted.predicted
+        self.predicted, self.fits_whole = fitted.predicted, fitted.fits
         return fitted.config
 
     def _preflight(self, step_loop: StepRunner, dataset, stream: PackStream) -> events.Notice:
