@@ -35,13 +35,15 @@ def choose(config: RunConfig, world: World, *, is_vision: bool, fits_whole: bool
     """("ddp" | "fsdp", why) for a run on `world`. `fits_whole`: whether the memory planner found the step fits
     with the whole model on each process (None: it could not tell)."""
     asked = config.train.parallel
-    if not world.launched or world.size == 1:
+    if not world.launched:
         return "ddp", "one process"
     why_not = refusal(config, is_vision=is_vision)
-    if asked == "fsdp":
+    if asked == "fsdp":  # also one process under torchrun, asked explicitly: the path runs, with nothing to split
         if why_not:
             raise ConfigError(f"train.parallel = fsdp: {why_not}", "use train.parallel = ddp (or auto)")
         return "fsdp", "train.parallel = fsdp"
+    if world.size == 1:
+        return "ddp", "one process"
     if asked == "ddp":
         return "ddp", "train.parallel = ddp"
     if fits_whole is False and not why_not:
@@ -68,7 +70,8 @@ def shard_frozen_weights(model: torch.nn.Module, world: World, device: str) -> s
         trainable = {p for p in layer.parameters() if p.requires_grad}
         split += sum(p.numel() for p in layer.parameters() if not p.requires_grad)
         fully_shard(layer, mesh=mesh, ignored_params=trainable)
-    return (f"FSDP2 over {world.size} processes: the frozen weights of {len(layers)} decoder layers "
+    processes = f"{world.size} process{'es' if world.size > 1 else ''}"
+    return (f"FSDP2 over {processes}: the frozen weights of {len(layers)} decoder layers "
             f"({split / 1e9:.2f} B values) split {world.size} ways, each layer's gathered for its forward and "
             "backward; LoRA weights whole on every process, their gradients summed; embeddings and LM head whole")
 

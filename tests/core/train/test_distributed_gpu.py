@@ -56,3 +56,28 @@ def test_two_gpus_train_what_one_gpu_trains(tiny_model_dir, chat_files, tiny_con
     logged = read_events(tmp_path / "runs" / "two")
     assert next(e for e in logged if isinstance(e, events.RunStarted)).processes == 2
     assert losses(logged) == pytest.approx(losses(single), rel=1e-4)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_fsdp_trains_what_one_plain_process_trains(processes, tiny_model_dir, chat_files, tiny_config, tmp_path):
+    """train.parallel = fsdp with every speed path on (bf16, kernels, offloaded checkpoints, vocabulary tables in
+    host memory): the decoder layers' frozen weights split over `processes` GPUs, gathered per layer."""
+    if torch.cuda.device_count() < processes:
+        pytest.skip(f"needs {processes} GPUs")
+    common = ["train.max_steps=4", "data.max_length=128", "lora.dropout=0", "train.fit_memory=false",
+              "speed.checkpoint=offload-double"]
+    sharded = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", *common,
+                          "train.batch_tokens=256", "train.parallel=fsdp", "output.name=fsdp")
+    sharded.save(tmp_path / "fsdp.toml")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(processes), "-m", "hone.core.cli", "train", str(tmp_path / "fsdp.toml")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    logged = read_events(tmp_path / "runs" / "fsdp")
+    started = next(e for e in logged if isinstance(e, events.RunStarted))
+    assert started.speed_paths["parallel"].startswith(f"FSDP2 over {processes} process"), started.speed_paths
+    plain = sharded.with_overrides(["output.name=plain", "train.parallel=auto",
+                                    f"train.batch_tokens={256 // processes}", f"train.grad_accum={processes}"])
+    single = list(Trainer(plain, device="cuda").run())
+    assert isinstance(single[-1], events.RunFinished), single[-1]
+    assert losses(logged) == pytest.approx(losses(single), rel=1e-3)
