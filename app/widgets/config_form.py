@@ -58,7 +58,7 @@ LABELS = {
     "speed.long_row_attention": "Long rows through cuDNN", "speed.keep_long_row_attention": "Keep long-row attention",
     "speed.grouped_attention_backward": "Grouped attention backward", "output.checkpoint_every": "Checkpoint every",
     "output.keep_checkpoints": "Checkpoints kept", "train.eval_every": "Evaluate every (steps)",
-    "model.dtype": "Weight type",
+    "model.dtype": "Weight type", "train.parallel": "Several GPUs",
 }
 # Choices in words; the value the config stores is each item's data (and in its tooltip).
 CHOICE_LABELS = {
@@ -72,6 +72,7 @@ CHOICE_LABELS = {
     "speed.loss": {"chunked": "Chunked (less memory)", "plain": "Plain (all logits at once)"},
     "train.schedule": {"cosine": "Cosine decay", "linear": "Linear decay", "constant": "Constant"},
     "train.optimizer": {"adamw": "AdamW", "adamw-bf16": "AdamW, 16-bit state", "adamw8bit": "AdamW 8-bit"},
+    "train.parallel": {"auto": "Auto", "ddp": "Whole model on each GPU", "fsdp": "Split the model across GPUs"},
     "model.dtype": {"auto": "Auto", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"},
     "data.overlong": {"truncate": "Truncate", "drop": "Drop the row"},
     "data.train_on": {"assistant": "Assistant replies", "all": "Every token"},
