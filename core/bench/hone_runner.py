@@ -20,6 +20,8 @@ from hone.core.bench.variants import Variant, speed_config
 from hone.core.bench.weights import active_params, architecture_facts, bench_model_info, build_bench_model
 from hone.core.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
+from hone.core.train import distributed
+from hone.core.train.distributed import SINGLE, World
 from hone.core.train.lora import apply_lora
 from hone.core.train.loss import describe as describe_loss
 from hone.core.train.loss import loss_sum
@@ -106,11 +108,13 @@ class HoneRunner:
 
     def __init__(self, variant: Variant, scenario: Scenario, layers: int | None, batch: TokenBatch, *, lora_r: int,
                  seed: int, dtype: torch.dtype, device: str, qlora: bool = False, model_folder=None,
-                 lora_experts: bool = True):
+                 lora_experts: bool = True, world: World = SINGLE):
         self.name, self.variant, self.scenario, self.layers, self.batch = variant.name, variant, scenario, layers, batch
         self.lora_r, self.seed, self.dtype, self.device, self.qlora = lora_r, seed, dtype, device, qlora
         self.model_folder = model_folder
         self.lora_experts = lora_experts
+        self.world = world  # several processes (hone bench --gpus N): gradients summed over them
+        self.counts: tuple[int, int] | None = None  # the step's tokens and trained tokens over every process
         self.model = self.runner = self.setup_state = None
         self.active_params: int | None = None
         self.dataset = self.packs = None
@@ -167,13 +171,17 @@ class HoneRunner:
         scheduler = build_scheduler(optimizer, config.train, self.total_steps)
         scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
         self.runner = StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config, device, self.dtype,
-                                 setup)
+                                 setup, world=self.world)
         self.dataset, self.packs = self.batch.tokenized_set(), self.batch.packs()
+        if self.world.launched:  # each process its own batch: the loss is normalized by the tokens of them all
+            mine = [float(self.dataset.lengths.sum()), float(self.dataset.trained_lengths.sum())]
+            self.counts = tuple(int(v) for v in distributed.sum_values(mine, self.world))
 
     def step(self) -> StepOutcome:
         # The next step's batches are the same packs: collated on the trainer's background thread while this step
         # computes, as `Trainer` does for every step but the last.
-        metrics = self.runner.step(self.dataset, self.packs, self.step_index, self.total_steps, next_packs=self.packs)
+        metrics = self.runner.step(self.dataset, self.packs, self.step_index, self.total_steps, next_packs=self.packs,
+                                   counts=self.counts)
         self.step_index += 1
         return StepOutcome(loss=metrics["loss"], grad_norm=metrics["grad_norm"])
 

@@ -4,6 +4,8 @@ in one process, as ratios. Text scenarios go to `hone.core.bench.run`, vision on
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 PROFILE_TOP = 25  # default rows per --profile, --memory-trace and --host-profile table
 # Flags only the text scenarios read, with their defaults: a vision scenario refuses them rather than ignore them.
@@ -94,8 +96,52 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", metavar="DIR", help="vision scenarios: a folder with SmolLM2's tokenizer (default: "
                    "read from the bundled GGUF)")
     p.add_argument("--verbose", action="store_true", help="also print each run's speed paths and failures")
+    p.add_argument("--gpus", type=int, metavar="N",
+                   help="scaling instead: Hone's `all` run on N processes, one per GPU (gloo processes without a "
+                   "GPU), each on its own batch, against one process; prints the scaling efficiency")
     p.add_argument("--list", action="store_true", help="list scenarios and runs, then exit")
     return p
+
+
+# What the scaling measurement (--gpus) reads; anything else it refuses rather than ignore.
+SCALING_FLAGS = ("scenario", "tokens", "layers", "lora_r", "lora_experts", "seed", "seq_min", "seq_max", "warmup",
+                 "steps", "dtype", "json", "gpus", "verbose", "list", "profile_top", "micro", "no_sync_count")
+
+
+def _run_scaling(args, console) -> int:
+    from rich.table import Table
+
+    from hone.core.bench.scaling import check_processes, efficiency, run_scaling
+    from hone.core.errors import ConfigError
+
+    defaults = vars(add_parser(argparse.ArgumentParser().add_subparsers()).parse_args([]))
+    extra = sorted(k for k, v in vars(args).items() if k in defaults and k not in SCALING_FLAGS and v != defaults[k])
+    if extra:
+        raise ConfigError(f"--gpus measures Hone's `all` run alone; it does not take --{extra[0].replace('_', '-')}",
+                          "leave that out, or run the one-GPU benchmark without --gpus")
+    spec = {"scenario": args.scenario, "tokens": args.tokens, "layers": args.layers, "lora_r": args.lora_r,
+            "lora_experts": args.lora_experts == "on", "seed": args.seed, "seq_min": args.seq_min,
+            "seq_max": args.seq_max, "warmup": args.warmup, "steps": args.steps, "dtype": args.dtype}
+    check_processes(args.gpus)
+    console.print(f"{args.scenario}: Hone `all` on 1 and on {args.gpus} processes, each on its own batch ...")
+    one, many = run_scaling(spec, args.gpus)
+    table = Table(title=f"{args.scenario}: scaling over processes, median of {args.steps} steps", title_justify="left")
+    for column in ("processes", "tokens/step", "step s", "tokens/s", "per process", "peak GiB (most)", "efficiency"):
+        table.add_column(column, justify="right")
+    for run in (one, many):
+        peak = f"{max(run.peak_gib_by_process):.2f}" if run.peak_gib_by_process else "-"
+        table.add_row(str(run.processes), f"{run.tokens_per_step:,}", f"{run.median_step_s:.3f}",
+                      f"{run.tokens_per_s:,.0f}", f"{run.tokens_per_s / run.processes:,.0f}", peak,
+                      "1.00" if run is one else f"{efficiency(one, many):.2f}")
+    console.print(table)
+    console.print("efficiency = tokens/s of N processes ÷ (N × tokens/s of one); both launched by torchrun")
+    if args.json:
+        from dataclasses import asdict
+
+        Path(args.json).write_text(json.dumps({"scenario": args.scenario, "options": spec, "gpus": args.gpus,
+                                               "runs": [asdict(one), asdict(many)],
+                                               "efficiency": efficiency(one, many)}, indent=2), encoding="utf-8")
+    return 0
 
 
 def _print_list(console) -> None:
@@ -140,6 +186,11 @@ def run(args) -> int:
         raise ConfigError("no scenario given", "run `hone bench --list` to see them, e.g. `hone bench dense-0.6b`")
     from hone.core.bench.scenarios import get_scenario
 
+    if args.gpus is not None:
+        if get_scenario(args.scenario).kind != "text":
+            raise ConfigError(f"--gpus measures text scenarios; {args.scenario} is a vision scenario",
+                              "give a text scenario, e.g. dense-8b")
+        return _run_scaling(args, console)
     if get_scenario(args.scenario).kind == "vision":
         return _run_vision(args, console)
     if args.tokenizer:

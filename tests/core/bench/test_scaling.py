@@ -1,0 +1,49 @@
+"""`hone bench SCENARIO --gpus N`: Hone's `all` run on one and on N processes (gloo processes on the CPU here),
+each process on its own batch, with the scaling efficiency computed from what both launches measured."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from hone.core.bench.scaling import ScalingRun, efficiency
+from hone.core.cli import main
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name != "posix",
+                                reason="torch.distributed with gloo")
+
+
+def test_two_processes_against_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "scaling.json"
+    assert main(["bench", "tiny-dense", "--gpus", "2", "--steps", "2", "--warmup", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    one, two = (ScalingRun(**run) for run in data["runs"])
+    assert (one.processes, two.processes) == (1, 2)
+    assert two.tokens_per_step > one.tokens_per_step  # each process trains a batch of its own
+    assert len(one.step_times_s) == len(two.step_times_s) == 2
+    assert one.tokens_per_s > 0 and two.tokens_per_s > 0
+    assert data["efficiency"] == pytest.approx(efficiency(one, two))
+    assert one.first_loss == one.first_loss and two.first_loss == two.first_loss  # finite
+    assert "lora" in two.speed_paths
+    printed = capsys.readouterr().out
+    assert "efficiency" in printed and "processes" in printed
+
+
+def test_efficiency_is_tokens_per_second_per_process_against_one():
+    one = ScalingRun(1, 100, [1.0], 100.0, [], 1.0, {})
+    two = ScalingRun(2, 200, [1.1], 181.8, [], 1.0, {})
+    assert efficiency(one, two) == pytest.approx(0.909)
+
+
+def test_what_scaling_does_not_measure_is_refused(capsys):
+    for argv, said in ((["--gpus", "1"], "scaling is measured from 2 processes on"),
+                       (["--gpus", "2", "--peer", "unsloth"], "it does not take --peer"),
+                       (["--gpus", "2", "--qlora"], "it does not take --qlora")):
+        assert main(["bench", "tiny-dense", *argv]) == 2
+        assert said in capsys.readouterr().err
+    assert main(["bench", "vision-smolvlm", "--gpus", "2"]) == 2
+    assert "vision scenario" in capsys.readouterr().err
