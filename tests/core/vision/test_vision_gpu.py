@@ -112,3 +112,45 @@ def test_triton_kernels_on_qwen_vl_train_like_the_plain_model(kind, vision_kit, 
     worst = max(((grads_fused[n].float() - g.float()).norm() / (g.float().norm() + 1e-6)).item()
                 for n, g in grads_plain.items())
     assert worst < 5e-2, f"{kind}: gradients differ by {worst:.2e} (relative norm): {report.summary()}"
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl", "llava", "idefics3"])  # every packed family
+def test_packed_vision_step_makes_no_host_sync(kind, vision_kit, mixed_rows):
+    """A packed mixed batch's forward + backward (varlen on the language model, the encoder on its own path) with
+    the batch already on the GPU: no host sync. Counted under CUDA's sync debug mode; the first call that syncs is
+    named in the failure."""
+    import copy
+    import warnings
+
+    import torch
+    from test_vision_batches import collator, encode
+
+    from hone.core.config import SpeedConfig
+    from hone.core.speed import attention
+    from hone.core.train.loss import loss_sum
+    from hone.core.vision import tiny
+
+    if tiny.available(kind):
+        pytest.skip(tiny.available(kind))
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    processor, cpu_model = vision_kit(kind)
+    model = copy.deepcopy(cpu_model).to("cuda", torch.bfloat16)
+    folder, rows = mixed_rows
+    attention.configure(model, SpeedConfig(attention="auto"), "cuda")
+    make = collator(processor, model, packing=True)
+    make.dtype = torch.bfloat16
+    batch = make.collate(encode(processor, folder, rows)).to("cuda")
+    loss_sum(model, batch, mode="plain").backward()  # warm-up: lazy initialisation may sync once
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            loss_sum(model, batch, mode="plain").backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchronizing CUDA operation" in str(w.message)]
+    where = [f"{w.filename}:{w.lineno}" for w in syncs[:5]]
+    assert not syncs, f"{kind}: {len(syncs)} host syncs in forward + backward, first at {where}"
