@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,10 +84,8 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
             yield from follower.events()
         finally:
             failure = recorded_failure(failure_file) or {}
-            if pause_file is not None:  # a run left behind (detached) trains on
-                pause_file.unlink(missing_ok=True)
-            failure_file.unlink(missing_ok=True)
-            talk.rmdir()
+            # a run left behind (detached) trains on: without its pause file, and a failure it writes is lost
+            shutil.rmtree(talk, ignore_errors=True)
             # the child has read its config once it writes the run's events (or has ended)
             if config_path is not None and (child.poll() is not None or (run_dir / METRICS_FILE).exists()):
                 config_path.unlink(missing_ok=True)

