@@ -17,7 +17,13 @@ from hone.core.bench.batch import TokenBatch
 from hone.core.bench.measure import SkipRun, StepOutcome
 from hone.core.bench.scenarios import Scenario
 from hone.core.bench.variants import Variant, speed_config
-from hone.core.bench.weights import active_params, architecture_facts, bench_model_info, build_bench_model
+from hone.core.bench.weights import (
+    active_params,
+    adapted_names,
+    architecture_facts,
+    bench_model_info,
+    build_bench_model,
+)
 from hone.core.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
 from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
 from hone.core.train import distributed
@@ -209,5 +215,6 @@ class HoneRunner:
 
     def describe(self) -> dict:
         params = self.runner.params
-        return {"speed_paths": dict(self.setup_state.choices), "trainable_params": sum(p.numel() for p in params),
+        paths = dict(self.setup_state.choices, adapted=", ".join(adapted_names(self.model)))
+        return {"speed_paths": paths, "trainable_params": sum(p.numel() for p in params),
                 "active_params": self.active_params}

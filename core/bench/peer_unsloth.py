@@ -106,10 +106,11 @@ class UnslothRunner:
         import unsloth
 
         from hone.core.bench.scenarios import get_scenario
-        from hone.core.bench.weights import active_params, architecture_facts
+        from hone.core.bench.weights import active_params, adapted_names, architecture_facts
 
         facts = architecture_facts(get_scenario(self.spec["scenario"]), self.spec["layers"])
-        return {"speed_paths": {"peer": f"unsloth {getattr(unsloth, '__version__', '?')}, its defaults"},
+        return {"speed_paths": {"peer": f"unsloth {getattr(unsloth, '__version__', '?')}, its defaults",
+                                "adapted": ", ".join(adapted_names(self.model))},
                 "trainable_params": sum(p.numel() for p in self.params),
                 "active_params": active_params(self.model, facts["experts"], facts["experts_per_token"])}
 

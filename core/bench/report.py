@@ -73,7 +73,18 @@ def compare(runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, .
             # Equal first losses say nothing then: LoRA B starts at zero, so any trainable set gives the same loss.
             run.parity = False
             run.parity_reason = (f"trains {run.trainable_params:,} parameters, {baseline} {base.trainable_params:,}: "
-                                 "not the same run (--lora-experts off puts every run on the linear layers only)")
+                                 f"not the same run{_adapted_difference(run, base, baseline)}")
+
+
+def _adapted_difference(run, base, baseline: str) -> str:
+    """"; LoRA only in reference on: q_a_proj, …" from the runs' `adapted` speed paths, when both have one."""
+    mine, theirs = ((r.speed_paths or {}).get("adapted") for r in (run, base))
+    if mine is None or theirs is None:
+        return ""
+    mine, theirs = set(filter(None, mine.split(", "))), set(filter(None, theirs.split(", ")))
+    parts = [f"LoRA only in {who} on: {', '.join(sorted(names))}"
+             for who, names in ((baseline, theirs - mine), (run.name, mine - theirs)) if names]
+    return "; " + "; ".join(parts) if parts else ""
 
 
 # ---- environment --------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from hone.core.bench.measure import StepOutcome
 from hone.core.bench.scenarios import Scenario
 from hone.core.bench.weights import (
     active_params,
+    adapted_names,
     architecture_facts,
     build_bench_model,
     decoder_linear_names,
@@ -137,6 +138,7 @@ class ReferenceRunner:
                  "loss": "the model's own loss from labels (full logits)",
                  "lora": "peft, all linear layers" + (" + expert target_parameters"
                                                       if facts["experts"] and self.lora_experts else "")}
+        paths["adapted"] = ", ".join(adapted_names(self.model))
         if facts["experts"]:
             paths["moe"] = f"{getattr(config, '_experts_implementation', None)} (transformers)"
         if self.qlora:

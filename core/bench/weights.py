@@ -102,6 +102,19 @@ def decoder_linear_names(model) -> list[str]:
                    if isinstance(module, torch.nn.Linear) and ".layers." in name})
 
 
+def adapted_names(model) -> list[str]:
+    """What a peft model has LoRA on, by last name part: modules ("q_proj") and 3-D expert parameters
+    ("experts.gate_up_proj"), sorted. Two runs that adapt different sets are not the same run."""
+    names = set()
+    for name, module in model.named_modules():
+        if not hasattr(module, "lora_A") or name.endswith(("lora_A", "lora_B")):
+            continue
+        parameter = getattr(module, "parameter_name", None)  # peft's wrapper of a 3-D expert weight
+        inner = name.removesuffix(".base_layer").rsplit(".", 1)[-1]
+        names.add(f"{inner}.{parameter}" if parameter else inner)
+    return sorted(names)
+
+
 def expert_target_parameters(model) -> list[str]:
     """peft `target_parameters` entries for every stacked (3-D) expert weight, e.g. "mlp.experts.gate_up_proj".
 

@@ -96,6 +96,7 @@ def test_tiny_dense_runs_measure_and_agree_with_the_reference(dense_record):
             f"{name}: first-step loss {run['first_loss']:.6f}, computed sequence by sequence {expected:.6f}")
         assert run["parity"] is True, f"{name}: loss diff {run['loss_diff']}, grad norm {run['grad_norm_rel_diff']}"
         assert run["trainable_params"] == runs["reference"]["trainable_params"] > 0
+        assert run["speed_paths"]["adapted"] == "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"
     assert runs["reference"]["speed_ratio"] == 1.0
     assert runs["loss-chunked"]["speed_paths"]["loss"].startswith("chunked")
     assert runs["hone-base"]["speed_paths"]["loss"].startswith("plain")

@@ -85,3 +85,14 @@ def test_json_turns_non_finite_numbers_into_null(tmp_path):
     data = json.loads(path.read_text())
     assert data["runs"][0]["first_loss"] is None and data["runs"][0]["tokens_per_s"] is None
     assert not list(path.parent.glob("*.tmp"))
+
+
+def test_the_reason_names_what_only_one_of_the_runs_adapts():
+    base = run("reference", "reference", tokens_per_s=10.0, first_loss=10.0, trainable_params=102_670_336,
+               speed_paths={"adapted": "experts.down_proj, experts.gate_up_proj, kv_b_proj, o_proj, q_a_proj"})
+    peer = run("unsloth", "peer", tokens_per_s=20.0, first_loss=10.0, trainable_params=67_764_224,
+               speed_paths={"adapted": "experts.down_proj, experts.gate_up_proj, o_proj, shared_experts"})
+    compare([base, peer], "reference", "bfloat16")
+    assert peer.parity is False
+    assert peer.parity_reason.endswith("not the same run; LoRA only in reference on: kv_b_proj, q_a_proj; "
+                                       "LoRA only in unsloth on: shared_experts"), peer.parity_reason
