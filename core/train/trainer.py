@@ -206,6 +206,10 @@ class Trainer:
             setup.choices["parallel"] = f"{sharding.shard_frozen_weights(model, world, device)} ({why})"
         elif world.launched and world.size > 1:
             setup.choices["parallel"] = f"data parallel over {world.size} processes, the whole model on each ({why})"
+        elif config.train.parallel == "fsdp":
+            yield self._emit(events.Notice(topic="parallel", message=(
+                "train.parallel = fsdp splits a model across several processes; this run has one, so the whole "
+                "model stays on it (start several with hone train --gpus N)")))
         stream = PackStream(data.train.lengths, config.train.batch_tokens, config.train.seed, config.speed.packing)
         total = total_steps_for(config, stream)
         optimizer = build_optimizer(params, config.train, device)

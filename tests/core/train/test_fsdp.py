@@ -57,6 +57,8 @@ def test_two_sharded_processes_train_what_one_process_trains(fsdp_run, tiny_conf
     single = list(Trainer(one, device="cpu").run())
     assert isinstance(single[-1], events.RunFinished), single[-1]
     assert "parallel" not in next(e for e in single if isinstance(e, events.RunStarted)).speed_paths
+    said = [e.message for e in single if isinstance(e, events.Notice) and e.topic == "parallel"]
+    assert len(said) == 1 and "this run has one" in said[0]  # fsdp asked for, one plain process
     one_losses = {e.step: e.loss for e in single if isinstance(e, events.StepMetrics)}
     assert step_losses(run_dir) == pytest.approx(one_losses, rel=1e-5)
     evals = [[e.loss for e in evts if isinstance(e, events.EvalMetrics)] for evts in (single, logged)]
