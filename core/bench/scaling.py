@@ -82,7 +82,9 @@ def _launch(spec: dict, processes: int, timeout_s: float) -> ScalingRun:
                             "measure fewer steps, or a smaller scenario") from None
         if done.returncode != 0 or not out_path.is_file():
             raise HoneError(f"the {processes}-process run failed (exit code {done.returncode}): "
-                            f"{done.stderr.strip()[-1500:]}", "run it again with --verbose for the whole output")
+                            f"{done.stderr.strip()[-1500:]}",
+                            f"the one-GPU benchmark (`hone bench {spec['scenario']}`) shows whether the scenario runs "
+                            "on this machine at all")
         return ScalingRun(**json.loads(out_path.read_text(encoding="utf-8")))
 
 

@@ -105,7 +105,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 # What the scaling measurement (--gpus) reads; anything else it refuses rather than ignore.
 SCALING_FLAGS = ("scenario", "tokens", "layers", "lora_r", "lora_experts", "seed", "seq_min", "seq_max", "warmup",
-                 "steps", "dtype", "json", "gpus", "verbose", "list", "profile_top", "micro", "no_sync_count")
+                 "steps", "dtype", "json", "gpus", "verbose", "list", "profile_top")
 
 
 def _run_scaling(args, console) -> int:

@@ -42,7 +42,8 @@ def test_efficiency_is_tokens_per_second_per_process_against_one():
 def test_what_scaling_does_not_measure_is_refused(capsys):
     for argv, said in ((["--gpus", "1"], "scaling is measured from 2 processes on"),
                        (["--gpus", "2", "--peer", "unsloth"], "it does not take --peer"),
-                       (["--gpus", "2", "--qlora"], "it does not take --qlora")):
+                       (["--gpus", "2", "--qlora"], "it does not take --qlora"),
+                       (["--gpus", "2", "--no-sync-count"], "it does not take --no-sync-count")):
         assert main(["bench", "tiny-dense", *argv]) == 2
         assert said in capsys.readouterr().err
     assert main(["bench", "vision-smolvlm", "--gpus", "2"]) == 2
