@@ -18,6 +18,7 @@ from hone.app.widgets.memory_estimate import MemoryEstimateView
 from hone.core.config import RunConfig
 from hone.core.errors import ConfigError
 from hone.core.events import RunStarted
+from hone.core.train.sharding import refusal
 
 MOE_KEY = "speed.moe_backend"
 ESTIMATE_DELAY_MS = 400  # edits in a row (typing a number) start one estimate, not one per keystroke
@@ -185,6 +186,10 @@ class TrainPage(Page):
             problems += run_problems(self.form.config(), self.state.machine)
         if self.gpu_boxes and not self.selected_gpus():
             problems.append("Tick at least one GPU to train on.")
+        if len(self.selected_gpus()) > 1 and not errors and self.form.config().train.parallel == "fsdp":
+            why, _setting = refusal(self.form.config(), is_vision=bool((self.state.model_info or {}).get("is_vision")))
+            if why:  # what the trainer would refuse at the start of the run
+                problems.append(f"Split the model across GPUs: {why}. Choose another \u201cSeveral GPUs\u201d setting.")
         return problems
 
     # ---- GPUs ----

@@ -13,22 +13,28 @@ the others: a process with fewer micro-batches in a step (or evaluation) runs on
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from hone.core.config import RunConfig
 from hone.core.errors import ConfigError
-from hone.core.train.distributed import World
+
+if TYPE_CHECKING:  # torch stays unimported: the studio's Train page asks `refusal` on its GUI thread
+    import torch
+
+    from hone.core.train.distributed import World
 
 
-def refusal(config: RunConfig, *, is_vision: bool) -> str:
-    """Why this run cannot be sharded ("" when it can)."""
+def refusal(config: RunConfig, *, is_vision: bool) -> tuple[str, str]:
+    """(why this run's model cannot be split, in words; the setting behind it), or ("", "") when it can."""
     if config.lora.qlora:
-        return "4-bit base weights (lora.qlora) are not split by FSDP here: their quantization state stays whole"
+        return ("4-bit base weights are not split across GPUs yet (their quantization state would stay whole)",
+                "lora.qlora")
     if config.lora.modules_to_save or is_vision:
-        return "modules trained in full (lora.modules_to_save, a vision model's projector) are not split yet"
+        return ("modules trained in full, such as a vision model's projector, are not split across GPUs yet",
+                "lora.modules_to_save" if config.lora.modules_to_save else "the model")
     if config.speed.compile:
-        return "compiled decoder blocks (speed.compile) are not combined with FSDP yet"
-    return ""
+        return "compiled decoder blocks are not combined with splitting yet", "speed.compile"
+    return "", ""
 
 
 def choose(config: RunConfig, world: World, *, is_vision: bool, fits_whole: bool | None) -> tuple[str, str]:
@@ -37,10 +43,10 @@ def choose(config: RunConfig, world: World, *, is_vision: bool, fits_whole: bool
     asked = config.train.parallel
     if not world.launched:
         return "ddp", "one process"
-    why_not = refusal(config, is_vision=is_vision)
+    why_not, setting = refusal(config, is_vision=is_vision)
     if asked == "fsdp":  # also one process under torchrun, asked explicitly: the path runs, with nothing to split
         if why_not:
-            raise ConfigError(f"train.parallel = fsdp: {why_not}", "use train.parallel = ddp (or auto)")
+            raise ConfigError(f"train.parallel = fsdp ({setting}): {why_not}", "use train.parallel = ddp (or auto)")
         return "fsdp", "train.parallel = fsdp"
     if world.size == 1:
         return "ddp", "one process"

@@ -80,3 +80,17 @@ def test_per_gpu_memory_is_one_line_per_gpu(make_window):
     assert list(chart.points("gpu1")[1]) == [5.0] and len(chart.points("allocated")[1]) == 0
     monitor._reset()  # the next run: its own lines
     assert not [key for key in chart.series if key.startswith("gpu")]
+
+
+def test_splitting_the_model_across_gpus_says_what_it_cannot_split(make_window, tiny_model_dir):
+    """train.parallel = fsdp on several ticked GPUs with 4-bit base weights: the trainer would refuse it, so the
+    form says why before Start (and says nothing on one GPU, where nothing is split)."""
+    window = make_window(machine=TWO_GPUS)
+    ready_to_start(window, tiny_model_dir)
+    page = window.page("train")
+    window.state.update('train.parallel="fsdp"', "lora.qlora=true")
+    assert not any("Split the model" in p for p in page.problem_list())  # one GPU ticked
+    page.gpu_boxes[1].setChecked(True)
+    problems = [p for p in page.problem_list() if p.startswith("Split the model across GPUs")]
+    assert len(problems) == 1 and "4-bit" in problems[0], page.problem_list()
+    assert "lora.qlora" not in problems[0] and not page.start_button.isEnabled()
