@@ -47,7 +47,8 @@ def efficiency(one: ScalingRun, many: ScalingRun) -> float:
 def run_scaling(spec: dict, processes: int, *, timeout_s: float = 3600) -> list[ScalingRun]:
     """Launch the worker on one process, then on `processes`, and return both runs.
 
-    `spec`: scenario, tokens, layers, lora_r, lora_experts, seed, seq_min, seq_max, warmup, steps, dtype.
+    `spec`: scenario, tokens, layers, lora_r, lora_experts, seed, seq_min, seq_max, warmup, steps, dtype and
+    parallel ("ddp" or "fsdp": the frozen weights split across the processes, as `train.parallel = fsdp`).
 
     Raises:
         ConfigError: fewer than two processes, or more than the GPUs this machine has.
@@ -111,6 +112,11 @@ def _worker(spec: dict, out: Path) -> None:
         runner = HoneRunner(variant, scenario, spec["layers"], batch, lora_r=spec["lora_r"], seed=spec["seed"],
                             dtype=dtype, device=device, lora_experts=spec["lora_experts"], world=world)
         runner.setup()
+        if spec.get("parallel") == "fsdp":  # as the trainer does with train.parallel = fsdp
+            from hone.core.train import sharding
+
+            runner.setup_state.choices["parallel"] = sharding.shard_frozen_weights(runner.model, world, device)
+            runner.runner.sharded = True
         cuda = device.startswith("cuda")
         first_loss, times = None, []
         for index in range(spec["warmup"] + spec["steps"]):

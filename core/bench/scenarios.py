@@ -78,6 +78,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "Qwen3-0.6B shape, all 28 layers, 64K tokens in rows of 16-32K"),
     Scenario("dense-8b-long", "dense-8b", None, LONG_TOKENS, LONG_MIN_SEQ_LEN, LONG_MAX_SEQ_LEN,
              "Qwen3-8B shape, all 36 layers, 64K tokens in rows of 16-32K"),
+    _real("dense-32b", "dense-32b", None, DENSE_TOKENS, "Qwen3-32B shape, all 64 layers (several GPUs: --gpus N "
+          "--parallel fsdp; one GPU: --qlora)"),
     _real("llama-1b", "llama-1b", None, DENSE_TOKENS, "Llama-3.2-1B shape, all 16 layers"),
     # 8 of Qwen3-30B-A3B's 48 layers: the per-layer work is what is measured, and 8 layers fit beside the
     # reference's dense-mask attention and W + BA expert weights on one GPU.

@@ -49,6 +49,10 @@ SHAPES: dict[str, Shape] = {
     "dense-8b": Shape("qwen3", dict(_QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
                       "Qwen3-8B shape"),
+    # Qwen/Qwen3-32B: 61 GiB of bf16 weights, for runs that split the model across GPUs (train.parallel = fsdp)
+    "dense-32b": Shape("qwen3", dict(_QWEN3_COMMON, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                                     num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
+                       "Qwen3-32B shape"),
     # meta-llama/Llama-3.2-1B
     "llama-1b": Shape("llama", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                                     num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,

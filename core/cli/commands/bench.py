@@ -99,13 +99,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, metavar="N",
                    help="scaling instead: Hone's `all` run on N processes, one per GPU (gloo processes without a "
                    "GPU), each on its own batch, against one process; prints the scaling efficiency")
+    p.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp",
+                   help="with --gpus: the whole model on each process (ddp, default) or the decoder layers' frozen "
+                   "weights split across them (fsdp, as train.parallel = fsdp)")
     p.add_argument("--list", action="store_true", help="list scenarios and runs, then exit")
     return p
 
 
 # What the scaling measurement (--gpus) reads; anything else it refuses rather than ignore.
 SCALING_FLAGS = ("scenario", "tokens", "layers", "lora_r", "lora_experts", "seed", "seq_min", "seq_max", "warmup",
-                 "steps", "dtype", "json", "gpus", "verbose", "list", "profile_top")
+                 "steps", "dtype", "json", "gpus", "verbose", "list", "profile_top", "parallel")
 
 
 def _run_scaling(args, console) -> int:
@@ -121,11 +124,14 @@ def _run_scaling(args, console) -> int:
                           "leave that out, or run the one-GPU benchmark without --gpus")
     spec = {"scenario": args.scenario, "tokens": args.tokens, "layers": args.layers, "lora_r": args.lora_r,
             "lora_experts": args.lora_experts == "on", "seed": args.seed, "seq_min": args.seq_min,
-            "seq_max": args.seq_max, "warmup": args.warmup, "steps": args.steps, "dtype": args.dtype}
+            "seq_max": args.seq_max, "warmup": args.warmup, "steps": args.steps, "dtype": args.dtype,
+            "parallel": args.parallel}
     check_processes(args.gpus)
-    console.print(f"{args.scenario}: Hone `all` on 1 and on {args.gpus} processes, each on its own batch ...")
+    console.print(f"{args.scenario}: Hone `all` on 1 and on {args.gpus} processes ({args.parallel}), each on its own "
+                  "batch ...")
     one, many = run_scaling(spec, args.gpus)
-    table = Table(title=f"{args.scenario}: scaling over processes, median of {args.steps} steps", title_justify="left")
+    table = Table(title=f"{args.scenario}: scaling over processes ({args.parallel}), median of {args.steps} steps",
+                  title_justify="left")
     for column in ("processes", "tokens/step", "step s", "tokens/s", "per process", "peak GiB (most)", "efficiency"):
         table.add_column(column, justify="right")
     for run in (one, many):
@@ -186,6 +192,8 @@ def run(args) -> int:
         raise ConfigError("no scenario given", "run `hone bench --list` to see them, e.g. `hone bench dense-0.6b`")
     from hone.core.bench.scenarios import get_scenario
 
+    if args.gpus is None and args.parallel != "ddp":
+        raise ConfigError("--parallel is for the scaling measurement", "add --gpus N, e.g. --gpus 2 --parallel fsdp")
     if args.gpus is not None:
         if get_scenario(args.scenario).kind != "text":
             raise ConfigError(f"--gpus measures text scenarios; {args.scenario} is a vision scenario",

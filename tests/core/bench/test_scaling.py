@@ -17,9 +17,11 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name 
 
 
 def test_two_processes_against_one(tmp_path, capsys, monkeypatch):
+    """With --parallel fsdp (the data-parallel step is the same code without the split)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "scaling.json"
-    assert main(["bench", "tiny-dense", "--gpus", "2", "--steps", "2", "--warmup", "1", "--json", str(out)]) == 0
+    assert main(["bench", "tiny-dense", "--gpus", "2", "--parallel", "fsdp", "--steps", "2", "--warmup", "1",
+                 "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     one, two = (ScalingRun(**run) for run in data["runs"])
     assert (one.processes, two.processes) == (1, 2)
@@ -29,6 +31,8 @@ def test_two_processes_against_one(tmp_path, capsys, monkeypatch):
     assert data["efficiency"] == pytest.approx(efficiency(one, two))
     assert one.first_loss == one.first_loss and two.first_loss == two.first_loss  # finite
     assert "lora" in two.speed_paths
+    assert two.speed_paths["parallel"].startswith("FSDP2 over 2 processes"), two.speed_paths
+    assert data["options"]["parallel"] == "fsdp"
     printed = capsys.readouterr().out
     assert "efficiency" in printed and "processes" in printed
 
@@ -48,3 +52,5 @@ def test_what_scaling_does_not_measure_is_refused(capsys):
         assert said in capsys.readouterr().err
     assert main(["bench", "vision-smolvlm", "--gpus", "2"]) == 2
     assert "vision scenario" in capsys.readouterr().err
+    assert main(["bench", "tiny-dense", "--parallel", "fsdp"]) == 2
+    assert "--parallel is for the scaling measurement" in capsys.readouterr().err
