@@ -166,9 +166,10 @@ def _remap_notes(peft_model, asked: list[str], lora_cfg: LoraConfig, info: Model
 
     wrapped = {name.removeprefix("base_model.model.") for name, module in peft_model.named_modules()
                if hasattr(module, "lora_A")}
-    left = [name for name in asked if name not in wrapped]
+    excluded = peft_model.peft_config["default"].exclude_modules  # a vision model's encoder, modules_to_save
+    left = [name for name in asked if name not in wrapped and not _excluded(name, excluded)]
     notes = []
-    if left:
+    if left and info.is_moe:
         kinds = sorted({_without_layer_index(name) for name in left})
         notes.append(f"{len(left)} linear layers train without LoRA ({', '.join(kinds)}): peft {peft.__version__} "
                      "reads their names as this model's experts (transformers 4's names for them) and adapts the "
@@ -178,6 +179,17 @@ def _remap_notes(peft_model, asked: list[str], lora_cfg: LoraConfig, info: Model
                      f"peft {peft.__version__} maps the names gate_proj / up_proj / down_proj onto them on this "
                      "model family")
     return notes
+
+
+def _excluded(name: str, exclude) -> bool:
+    """Whether peft's `exclude_modules` (a regex matched whole, or names matched as suffixes) leaves `name` out."""
+    import re
+
+    if not exclude:
+        return False
+    if isinstance(exclude, str):
+        return re.fullmatch(exclude, name) is not None
+    return any(name == key or name.endswith("." + key) for key in exclude)
 
 
 def _without_layer_index(name: str) -> str:

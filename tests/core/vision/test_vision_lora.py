@@ -38,6 +38,7 @@ def test_default_lora_is_on_the_language_model_only(kind, smollm2_tokenizer_dir)
     trainable = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     assert all("lora_" in n for n in trainable)
     assert report.trainable == sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert report.notes == []  # the encoder is left out on purpose: no warning that peft adapted something else
     # every linear layer of the language model is adapted (q, k, v, o, gate, up, down per layer)
     assert len(adapted) == 7 * model.config.get_text_config().num_hidden_layers
 
