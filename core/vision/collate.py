@@ -18,6 +18,7 @@ from hone.core.data.collate import PackedBatch, PaddedBatch, collate_packed, col
 from hone.core.data.images import load_image
 from hone.core.errors import DataError
 from hone.core.resources import cache_root
+from hone.core.vision import host_merge
 from hone.core.vision.expansion import image_expansion_for
 from hone.core.vision.families import PACKED, VisionFamily
 from hone.core.vision.mrope import mrope_positions
@@ -49,6 +50,8 @@ class VisionBatch:
         position_ids: Qwen-VL only: int64 [4, B, T], the text positions then the 3-D rope positions.
         token_type_ids: Gemma 3 only: int64 [B, T], 1 on image tokens.
         num_images: images in the batch.
+        image_positions: with the host-side merge (hone.core.vision.host_merge): int64, each image token's flat
+            index in the batch; None otherwise.
     """
 
     text: PackedBatch | PaddedBatch
@@ -57,6 +60,7 @@ class VisionBatch:
     token_type_ids: torch.Tensor | None = None
     num_images: int = 0
     attention_kwargs: bool = False  # the packed-attention metadata goes into the model call (Hone's attention)
+    image_positions: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -80,8 +84,11 @@ class VisionBatch:
 
     def to(self, device: torch.device | str) -> VisionBatch:
         device = torch.device(device)
+        # with the host-side merge the image grid stays on the host: the encoder's metadata is built from it there
+        stays = ("image_grid_thw",) if self.image_positions is not None else ()
         return replace(self, text=self.text.to(device),
-                       pixels={k: _move(v, device) for k, v in self.pixels.items()},
+                       pixels={k: v if k in stays else _move(v, device) for k, v in self.pixels.items()},
+                       image_positions=None if self.image_positions is None else _move(self.image_positions, device),
                        position_ids=None if self.position_ids is None else _move(self.position_ids, device),
                        token_type_ids=None if self.token_type_ids is None else _move(self.token_type_ids, device))
 
@@ -89,7 +96,12 @@ class VisionBatch:
         """Keyword arguments for `model(**...)`: ids, positions, mask (padded), pixels and the family's extras."""
         inputs = {k: v for k, v in self.text.model_inputs().items()
                   if self.attention_kwargs or k not in _TEXT_ATTENTION_KWARGS}
-        inputs.update(self.pixels)
+        if self.image_positions is not None:
+            inputs[host_merge.KWARG] = host_merge.HostImages(self.pixels["pixel_values"], self.image_positions,
+                                                            self.pixels.get("image_grid_thw"),
+                                                            self.pixels.get("pixel_attention_mask"))
+        else:
+            inputs.update(self.pixels)
         if self.position_ids is not None:
             inputs["position_ids"] = self.position_ids
         if self.token_type_ids is not None:
@@ -131,6 +143,8 @@ class VisionCollator:
         if self.text_attention_kwargs:
             why = "each sequence's start goes to Hone's packed attention, no mask" + (
                 "; 3-D rope positions built per sequence" if self.family.mrope else "")
+            if host_merge.installed(self.config):
+                why += "; image features merged at positions known on the host (no host sync)"
         return f"{self.family.name}: {how}, images up to {self.image_max_side} px; {why}"
 
     def collate(self, rows: Sequence, *, pin_memory: bool = False) -> VisionBatch:
@@ -156,6 +170,12 @@ class VisionCollator:
         pixels = self._pixels(images) if images else {}
         batch = VisionBatch(text=text, pixels=pixels, num_images=len(images),
                             attention_kwargs=self.text_attention_kwargs)
+        if images and self.text_attention_kwargs and host_merge.installed(self.config):
+            positions = host_merge.image_positions(text.input_ids, self.image_token_id)
+            batch.image_positions = positions.pin_memory() if pin_memory else positions
+            mask = pixels.get("pixel_attention_mask")
+            if mask is not None and bool(mask.all()):  # every pixel real: the encoder needs no mask
+                del pixels["pixel_attention_mask"]
         if self.family.mrope:
             batch.position_ids = self._mrope(rows, per_row, pixels.get("image_grid_thw"), text)
         if self.family.token_types:

@@ -17,6 +17,7 @@ import torch
 from hone.core.model_info import attention_head_dim
 from hone.core.speed.attention import backends, vision_encoder
 from hone.core.speed.attention.long_rows import LongRows
+from hone.core.vision import host_merge
 
 # Names registered with transformers' AttentionInterface. They avoid "flash" and "sdpa" on purpose: transformers
 # switches on those substrings in a few places (e.g. `is_flash_attention_requested`).
@@ -47,6 +48,7 @@ class Choice:
         per_layer_metadata: True in the benchmark-only mode that rebuilds metadata in every layer.
         varlen: how the varlen kernel is called for this model (probed), None for the other backends.
         encoder_previous: a Qwen-VL image encoder's attention implementation before it was put on varlen too.
+        host_merge: the vision model merges its images with hone.core.vision.host_merge (`revert` removes it).
     """
 
     name: str
@@ -56,6 +58,7 @@ class Choice:
     per_layer_metadata: bool = False
     varlen: backends.VarlenOptions | None = None
     encoder_previous: str | None = None  # the image encoder's attention before (None: left as it was)
+    host_merge: bool = False
 
 
 def register() -> None:
@@ -145,6 +148,8 @@ def revert(model, choice: Choice) -> None:
     if choice.implementation != choice.previous:
         revert_attention(model, choice.previous)
     vision_encoder.revert_encoder_attention(_hf_model(model), choice.encoder_previous)
+    if choice.host_merge:
+        host_merge.uninstall(_hf_model(model))
 
 
 def use_per_layer_metadata(model, choice: Choice) -> Choice:
@@ -494,13 +499,15 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
         implementation = register_varlen(varlen)
     else:
         implementation = IMPLEMENTATIONS[name]
-    encoder_previous = None
+    encoder_previous, merged = None, False
     if language_and_vision_configs(model)[1] is not None:
         if varlen is not None:
             encoder_previous = vision_encoder.apply_encoder_attention(_hf_model(model))
         reason += ("; on the language model, and on the image encoder with all images and windows in one call"
                    if encoder_previous is not None else
                    "; on the language model (the image encoder keeps transformers' attention)")
+        merged = host_merge.install(_hf_model(model))
     apply_attention(model, implementation)
-    choice = Choice(name, reason, implementation, previous, varlen=varlen, encoder_previous=encoder_previous)
+    choice = Choice(name, reason, implementation, previous, varlen=varlen, encoder_previous=encoder_previous,
+                    host_merge=merged)
     return use_per_layer_metadata(model, choice) if per_layer_metadata else choice

@@ -123,20 +123,11 @@ def test_triton_kernels_on_qwen_vl_train_like_the_plain_model(kind, vision_kit, 
     assert worst < 5e-2, f"{kind}: gradients differ by {worst:.2e} (relative norm): {report.summary()}"
 
 
-# Measured on an H200 with transformers 5.17: 20 / 22 / 3 / 6 syncs. The Qwen-VL encoders read image_grid_thw
-# on the host in a loop (transformers' vision_utils: rotary positions, window index); Idefics3 merges image
-# features with boolean masks; LLaVA's 3 were not traced. Strict: the test says when a change removes them.
-_SYNCS_TODAY = pytest.mark.xfail(strict=True, reason="transformers' vision code syncs (measured: qwen2_5_vl 20, "
-                                 "qwen3_vl 22, llava 3, idefics3 6); the encoder metadata is not built on the "
-                                 "host yet")
-
-
-@_SYNCS_TODAY
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl", "llava", "idefics3"])  # every packed family
 def test_packed_vision_step_makes_no_host_sync(kind, vision_kit, mixed_rows):
-    """A packed mixed batch's forward + backward (varlen on the language model, the encoder on its own path) with
-    the batch already on the GPU: no host sync. Counted under CUDA's sync debug mode; the first call that syncs is
-    named in the failure."""
+    """A packed mixed batch's forward + backward (varlen on the language model and the Qwen-VL encoders, images
+    merged at positions found on the host) with the batch already on the GPU: no host sync. Counted under CUDA's
+    sync debug mode; the first calls that sync are named in the failure. The image grid stays on the host."""
     import warnings
 
     import torch
@@ -144,7 +135,9 @@ def test_packed_vision_step_makes_no_host_sync(kind, vision_kit, mixed_rows):
     from hone.core.train.loss import loss_sum
 
     model, make, tokenized = _packed_on_gpu(kind, vision_kit, mixed_rows)
-    batch = make.collate(tokenized).to("cuda")
+    batch = make.collate(tokenized, pin_memory=True).to("cuda")
+    assert batch.image_positions is not None and batch.image_positions.is_cuda
+    assert all(v.device.type == "cpu" if k == "image_grid_thw" else v.is_cuda for k, v in batch.pixels.items())
     loss_sum(model, batch, mode="plain").backward()  # warm-up: lazy initialisation may sync once
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
