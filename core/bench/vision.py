@@ -11,6 +11,7 @@ Needs a CUDA GPU.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import random
 import statistics
@@ -42,6 +43,18 @@ WORDS = (
 # The reference's LoRA targets: every linear layer of the language model (`language_model` in Qwen-VL, `text_model`
 # in Idefics3), none in the vision encoder.
 REFERENCE_TARGETS = r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# Hone's Trainer runs: its own choices, and with the memory-saving paths its `auto` takes turned off one at a time
+# and all together (`--only`), to see what each costs a vision step when the GPU has memory to spare.
+HONE_RUNS = {
+    "hone": ("Hone's Trainer: packed rows, chunked loss, its own speed choices", ()),
+    "hone-ckpt-gpu": ("Hone's Trainer, checkpoints recomputed from layer inputs kept on the GPU (not offloaded)",
+                      ('speed.checkpoint="gpu"',)),
+    "hone-untiled": ("Hone's Trainer, each MLP back-propagated whole (not in tiles)", ("speed.tiled_mlp=false",)),
+    "hone-head-gpu": ("Hone's Trainer, the LM head kept in GPU memory (not copied from the host)",
+                      ("speed.host_lm_head=false",)),
+    "hone-spare": ("Hone's Trainer with none of the three above: checkpoints on the GPU, whole MLPs, the LM head on "
+                   "the GPU", ('speed.checkpoint="gpu"', "speed.tiled_mlp=false", "speed.host_lm_head=false")),
+}
 
 
 @dataclass
@@ -55,6 +68,8 @@ class VisionOptions:
         lora_r: LoRA rank, alpha = 2 x rank, in both runs.
         steps, warmup: timed optimizer steps per run, and untimed ones before them.
         tokenizer: a folder with SmolLM2's tokenizer (None: read it from the bundled GGUF).
+        only: Hone runs to make (names of HONE_RUNS, shell patterns allowed; None: "hone"); the reference always
+            runs.
     """
 
     scenario: str
@@ -65,6 +80,7 @@ class VisionOptions:
     warmup: int = 2
     tokenizer: str | None = None
     peer: str | None = None  # "unsloth": also train the same padded batches through Unsloth, in a child process
+    only: list[str] | None = None
 
 
 @dataclass
@@ -142,8 +158,9 @@ def model_folder(folder: Path, family: str, layers: int, tokenizer_dir: Path | N
 
 
 def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmup: int, batch_tokens: int,
-               lora_r: int) -> RunSteps:
-    """Hone's Trainer for `steps` optimizer steps (`warmup` of them untimed), as `hone train` runs it."""
+               lora_r: int, overrides: tuple[str, ...] = ()) -> RunSteps:
+    """Hone's Trainer for `steps` optimizer steps (`warmup` of them untimed), as `hone train` runs it, with
+    `overrides` (config settings, "speed.checkpoint=\"gpu\"") on top."""
     from hone.core import events
     from hone.core.config import RunConfig
     from hone.core.train.trainer import Trainer
@@ -152,7 +169,7 @@ def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmu
         f"model.name_or_path={json.dumps(str(model_dir))}", f"data.train=[{json.dumps(str(data))}]",
         f"output.runs_dir={json.dumps(str(runs_dir))}", "model.dtype=bfloat16", f"data.max_length={batch_tokens}",
         f"data.image_max_side={IMAGE_SIDE}", f"train.batch_tokens={batch_tokens}", f"train.max_steps={steps}",
-        "train.lr=1e-4", f"lora.r={lora_r}", f"lora.alpha={2 * lora_r}", "output.checkpoint_every=0"])
+        "train.lr=1e-4", f"lora.r={lora_r}", f"lora.alpha={2 * lora_r}", "output.checkpoint_every=0", *overrides])
     torch.cuda.reset_peak_memory_stats()
     out = RunSteps()
     metrics = []
@@ -235,11 +252,24 @@ def _measure(name: str, kind: str, description: str, run: Callable[[], RunSteps]
     return result
 
 
+def hone_runs(only: list[str] | None) -> list[str]:
+    """The HONE_RUNS names `--only` picks (shell patterns allowed); "hone" alone without it."""
+    if not only:
+        return ["hone"]
+    picked = [name for name in HONE_RUNS if any(fnmatch.fnmatchcase(name, pattern) for pattern in only)]
+    unknown = [p for p in only if p != BASELINE and not any(fnmatch.fnmatchcase(n, p) for n in HONE_RUNS)]
+    if unknown or not picked:
+        raise ConfigError(f"--only {','.join(only)}: {', '.join(unknown) or 'no run'} is not a run of the vision "
+                          "scenarios", f"pick from {', '.join(HONE_RUNS)} (the reference always runs)")
+    return picked
+
+
 def _check(options: VisionOptions, scenario: Scenario) -> None:
     if scenario.kind != "vision":
         raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario, not a vision one",
                           "run it with hone.core.bench.run.run_bench")
     check_sizes(options.steps, options.warmup, options.lora_r, options.layers)
+    hone_runs(options.only)
     if options.tokens is not None and options.tokens < 1:
         raise ConfigError(f"--tokens is {options.tokens}", f"give the tokens per batch, e.g. {scenario.tokens}")
     if options.tokenizer is not None and not Path(options.tokenizer).is_dir():
@@ -292,10 +322,13 @@ def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult],
         data = make_data(tmp)
         model_dir = model_folder(tmp, scenario.shape, layers, tokenizer)
         free_memory("cuda")
-        runs = (
-            ("hone", "hone", "Hone's Trainer: packed rows, chunked loss, its own speed choices",
-             lambda: hone_steps(model_dir, data, tmp / "runs", steps=steps, warmup=options.warmup,
-                                batch_tokens=batch_tokens, lora_r=options.lora_r)),
+        runs = tuple(
+            (name, "hone", description,
+             lambda overrides=overrides: hone_steps(model_dir, data, tmp / "runs", steps=steps, warmup=options.warmup,
+                                                    batch_tokens=batch_tokens, lora_r=options.lora_r,
+                                                    overrides=overrides))
+            for name, (description, overrides) in HONE_RUNS.items() if name in hone_runs(options.only))
+        runs += (
             (BASELINE, "reference", "transformers + peft: the same batches padded, the model's own loss, HF gradient "
              "checkpointing", lambda: reference_steps(model_dir, data, scenario.shape, steps=steps,
                                                       warmup=options.warmup, batch_tokens=batch_tokens,

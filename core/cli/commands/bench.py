@@ -10,7 +10,7 @@ from pathlib import Path
 PROFILE_TOP = 25  # default rows per --profile, --memory-trace and --host-profile table
 # Flags only the text scenarios read, with their defaults: a vision scenario refuses them rather than ignore them.
 TEXT_ONLY_FLAGS = (("--qlora", "qlora", False), ("--seed", "seed", 0), ("--seq-min", "seq_min", None),
-                   ("--seq-max", "seq_max", None), ("--only", "only", None), ("--baseline", "baseline", "reference"),
+                   ("--seq-max", "seq_max", None), ("--baseline", "baseline", "reference"),
                    ("--device", "device", None), ("--dtype", "dtype", "auto"),
                    ("--micro", "micro", "auto"), ("--model-cache", "model_cache", None),
                    ("--no-sync-count", "no_sync_count", False), ("--profile", "profile", False),
@@ -281,10 +281,11 @@ def _run_vision(args, console) -> int:
     given = [flag for flag, name, default in TEXT_ONLY_FLAGS if getattr(args, name) != default]
     if given:
         raise ConfigError(f"{', '.join(given)}: not used by the vision scenario {args.scenario}",
-                          "it takes --tokens, --layers, --lora-r, --steps, --warmup, --tokenizer, --peer, --json and "
-                          "--verbose")
+                          "it takes --tokens, --layers, --lora-r, --steps, --warmup, --only, --tokenizer, --peer, "
+                          "--json and --verbose")
     options = VisionOptions(scenario=args.scenario, tokens=args.tokens, layers=args.layers, lora_r=args.lora_r,
-                            steps=args.steps, warmup=args.warmup, tokenizer=args.tokenizer, peer=args.peer)
+                            steps=args.steps, warmup=args.warmup, tokenizer=args.tokenizer, peer=args.peer,
+                            only=args.only)
     started, measured = _progress(console)
     report = run_vision_bench(options, on_result=measured, on_start=started)
     batch = report.batch

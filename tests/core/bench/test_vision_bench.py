@@ -102,7 +102,7 @@ def test_the_two_runs_become_ratios_and_a_json_record(monkeypatch, tmp_path):
     assert main(["bench", SCENARIO, "--layers", "4", "--steps", "3", "--warmup", "2", "--tokens", "4096",
                  "--tokenizer", str(tmp_path), "--json", str(out)]) == 0
 
-    assert calls["hone"] == {"steps": 5, "warmup": 2, "batch_tokens": 4096, "lora_r": 16}
+    assert calls["hone"] == {"steps": 5, "warmup": 2, "batch_tokens": 4096, "lora_r": 16, "overrides": ()}
     assert calls["reference"] == {"steps": 5, "warmup": 2, "batch_tokens": 4096, "lora_r": 16}
     data = json.loads(out.read_text())
     runs = {r["name"]: r for r in data["runs"]}
@@ -127,6 +127,34 @@ def _doubles(monkeypatch):
     monkeypatch.setattr(vision, "environment", lambda device: {})
     monkeypatch.setattr(vision, "make_data", lambda folder: folder / "train.jsonl")
     monkeypatch.setattr(vision, "model_folder", lambda folder, family, layers, tokenizer: folder / "model")
+
+
+def test_only_picks_hone_runs_with_memory_paths_turned_off(monkeypatch, tmp_path, capsys):
+    """--only: Hone's Trainer with the settings of each named run (the reference always runs); a name that is no
+    vision run is refused before anything is built."""
+    _doubles(monkeypatch)
+    asked = {}
+
+    def hone(*args, overrides=(), **kwargs):
+        asked[overrides] = kwargs
+        return _steps([9.0, 1.0], [100, 400], [2.0, 1.9], peak_gib=2.0)
+
+    monkeypatch.setattr(vision, "hone_steps", hone)
+    monkeypatch.setattr(vision, "reference_steps",
+                        lambda *a, **k: _steps([9.0, 4.0], [100, 400], [2.0, 2.0], peak_gib=8.0))
+    out = tmp_path / "vision.json"
+    assert main(["bench", SCENARIO, "--steps", "1", "--warmup", "1", "--only", "hone,hone-spare", "--tokenizer",
+                 str(tmp_path), "--json", str(out)]) == 0
+    runs = [r["name"] for r in json.loads(out.read_text())["runs"]]
+    assert runs == ["hone", "hone-spare", "reference"]
+    assert set(asked) == {(), ('speed.checkpoint="gpu"', "speed.tiled_mlp=false", "speed.host_lm_head=false")}
+    # every override is a setting the config takes
+    from hone.core.config import RunConfig
+
+    for _, overrides in vision.HONE_RUNS.values():
+        RunConfig().with_overrides(list(overrides))
+    assert main(["bench", SCENARIO, "--only", "all", "--tokenizer", str(tmp_path)]) == 2
+    assert "--only all: all is not a run of the vision scenarios" in capsys.readouterr().err
 
 
 def test_the_unsloth_peer_is_a_third_run_against_the_same_reference(monkeypatch, tmp_path):
