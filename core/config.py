@@ -345,7 +345,8 @@ class SpeedConfig(_Section):
     compile: bool = _f(False, "Compile each decoder block with torch.compile (slower start, faster steps).")
     tiled_mlp: bool = _f(True, "With kernels and checkpointing: back-propagate each decoder layer's MLP a tile of "
                          "tokens at a time, so its (tokens x intermediate) activations never exist for the whole "
-                         "batch. Less memory, same work.")
+                         "batch. Less memory, same work, some time; a run whose step takes under half the free GPU "
+                         "memory with whole MLPs does not tile them. false: never tile.")
     host_embeddings: bool = _f(True, "On a GPU, keep the frozen input-embedding table in host memory and look up each "
                                "batch's rows on the CPU while the previous step runs (text models; a table tied "
                                "to the LM head moves only with it). Frees the table's GPU memory.")

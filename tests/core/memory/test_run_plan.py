@@ -14,10 +14,23 @@ def qwen3_8b(batch_tokens=16384, max_length=2048) -> RunConfig:
 
 def test_a_run_that_fits_is_kept_and_said_to_fit():
     config = qwen3_8b()
-    run = fit_run_config(config, Memory(80 * GIB, "NVIDIA H100"))
+    run = fit_run_config(config, Memory(32 * GIB, "NVIDIA GeForce RTX 5090"))
     fitted, [notice] = run.config, run.notices
     assert 16 * GIB < run.predicted < 20 * GIB  # Qwen3-8B LoRA at a 16K batch: ≈ 17 GiB (the calibration table)
     assert fitted == config and notice.level == "info" and notice.message.endswith("it fits")
+
+
+def test_with_memory_to_spare_the_mlps_are_not_tiled():
+    """Whole MLPs are faster; a step that takes under half the free memory with them does not tile."""
+    config = qwen3_8b()
+    tiled = fit_run_config(config, Memory(32 * GIB, "NVIDIA GeForce RTX 5090"))
+    run = fit_run_config(config, Memory(80 * GIB, "NVIDIA H100"))
+    [notice] = run.notices
+    assert config.speed.tiled_mlp and run.config == config.with_overrides(["speed.tiled_mlp=false"])
+    assert tiled.predicted < run.predicted <= 40 * GIB  # the whole MLP's activations are in the prediction
+    assert notice.level == "info" and "the MLPs are not tiled" in notice.message
+    never = config.with_overrides(["speed.tiled_mlp=false"])  # false stays false, and is nothing to say
+    assert fit_run_config(never, Memory(80 * GIB, "NVIDIA H100")).notices[0].message.endswith("it fits")
 
 
 def test_a_run_too_big_gets_the_cheapest_changes_and_says_them():
@@ -65,4 +78,4 @@ def test_the_gpu_is_named_once_with_its_free_memory(monkeypatch):
     memory = detect_memory()
     assert memory.device == "NVIDIA H200" and memory.available == 139.2 * GIB and memory.gpu
     [notice] = fit_run_config(qwen3_8b(), memory).notices
-    assert notice.message.endswith("GiB; 139.2 GiB free on NVIDIA H200: it fits"), notice.message
+    assert "GiB; 139.2 GiB free on NVIDIA H200: it fits." in notice.message, notice.message
