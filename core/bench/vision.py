@@ -70,6 +70,7 @@ class VisionOptions:
         tokenizer: a folder with SmolLM2's tokenizer (None: read it from the bundled GGUF).
         only: Hone runs to make (names of HONE_RUNS, shell patterns allowed; None: "hone"); the reference always
             runs.
+        profile_top: > 0: each Hone run trains one more step under torch.profiler (`--profile`).
     """
 
     scenario: str
@@ -81,6 +82,7 @@ class VisionOptions:
     tokenizer: str | None = None
     peer: str | None = None  # "unsloth": also train the same padded batches through Unsloth, in a child process
     only: list[str] | None = None
+    profile_top: int = 0  # > 0: Hone's runs profile one more step, this many rows per table (`--profile`)
 
 
 @dataclass
@@ -158,24 +160,37 @@ def model_folder(folder: Path, family: str, layers: int, tokenizer_dir: Path | N
 
 
 def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmup: int, batch_tokens: int,
-               lora_r: int, overrides: tuple[str, ...] = ()) -> RunSteps:
+               lora_r: int, overrides: tuple[str, ...] = (), profile_top: int = 0) -> RunSteps:
     """Hone's Trainer for `steps` optimizer steps (`warmup` of them untimed), as `hone train` runs it, with
-    `overrides` (config settings, "speed.checkpoint=\"gpu\"") on top."""
+    `overrides` (config settings, "speed.checkpoint=\"gpu\"") on top. `profile_top` > 0: one more step under
+    torch.profiler (hone.core.bench.diagnostics.profile), left out of the step times."""
     from hone.core import events
+    from hone.core.bench.diagnostics.profile import StepProfile
     from hone.core.config import RunConfig
     from hone.core.train.trainer import Trainer
 
     config = RunConfig().with_overrides([
         f"model.name_or_path={json.dumps(str(model_dir))}", f"data.train=[{json.dumps(str(data))}]",
         f"output.runs_dir={json.dumps(str(runs_dir))}", "model.dtype=bfloat16", f"data.max_length={batch_tokens}",
-        f"data.image_max_side={IMAGE_SIDE}", f"train.batch_tokens={batch_tokens}", f"train.max_steps={steps}",
+        f"data.image_max_side={IMAGE_SIDE}", f"train.batch_tokens={batch_tokens}",
+        f"train.max_steps={steps + (1 if profile_top else 0)}",
         "train.lr=1e-4", f"lora.r={lora_r}", f"lora.alpha={2 * lora_r}", "output.checkpoint_every=0", *overrides])
-    torch.cuda.reset_peak_memory_stats()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     out = RunSteps()
     metrics = []
-    for event in Trainer(config).run():
+    trainer = Trainer(config)
+    profile = None
+    for event in trainer.run():
         if isinstance(event, events.StepMetrics):
+            if profile is not None:  # the extra step ran under the profiler
+                profile.stop()
+                out.profile = profile.summary
+                continue
             metrics.append(event)
+            if profile_top and event.step == steps:
+                profile = StepProfile(trainer.model, trainer.device, top=profile_top)
+                profile.start()
         elif isinstance(event, events.RunStarted):
             out.speed_paths = dict(event.speed_paths)
         elif isinstance(event, events.Notice):
@@ -225,6 +240,7 @@ def _fill(result: RunResult, steps: RunSteps, warmup: int) -> None:
     result.first_loss, result.last_loss = steps.losses[0], steps.losses[-1]
     result.first_grad_norm = steps.first_grad_norm
     result.speed_paths = steps.speed_paths
+    result.profile = steps.profile
     if steps.peak_allocated:
         result.peak_allocated_gib = steps.peak_allocated / GIB
         result.peak_reserved_gib = steps.peak_reserved / GIB
@@ -326,7 +342,7 @@ def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult],
             (name, "hone", description,
              lambda overrides=overrides: hone_steps(model_dir, data, tmp / "runs", steps=steps, warmup=options.warmup,
                                                     batch_tokens=batch_tokens, lora_r=options.lora_r,
-                                                    overrides=overrides))
+                                                    overrides=overrides, profile_top=options.profile_top))
             for name, (description, overrides) in HONE_RUNS.items() if name in hone_runs(options.only))
         runs += (
             (BASELINE, "reference", "transformers + peft: the same batches padded, the model's own loss, HF gradient "

@@ -27,6 +27,7 @@ class RunSteps:
     first_grad_norm: float | None = None
     speed_paths: dict = field(default_factory=dict)
     notices: list[str] = field(default_factory=list)
+    profile: dict | None = None  # one extra step under torch.profiler (`--profile`), not among the steps above
 
 
 @dataclass

@@ -193,37 +193,54 @@ _HOST_WAITS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cuda
                          "cudaFree", "cudaMalloc"})
 
 
+class StepProfile:
+    """The profiler around one step that something else runs (Hone's Trainer in the vision benchmark): `start()`
+    just before the step, `stop()` right after it, then `summary` (see `summarize`)."""
+
+    def __init__(self, model: torch.nn.Module | None, device: str, *, top: int = 25):
+        self.cuda = torch.device(device).type == "cuda"
+        self.model, self.top = model, top
+        self.summary: dict | None = None
+        self._ranges = self._profiler = None
+        self._started = 0.0
+
+    def start(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+            torch.cuda.synchronize()
+        compiled = self.model is not None and _compiled(self.model)
+        self._ranges = ModuleRanges(self.model) if self.model is not None and not compiled else None
+        self._profiler = torch.profiler.profile(activities=activities)
+        self._profiler.__enter__()
+        self._started = time.perf_counter()
+
+    def stop(self) -> None:
+        try:
+            if self.cuda:
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - self._started
+            self._profiler.__exit__(None, None, None)
+        finally:
+            if self._ranges is not None:
+                self._ranges.remove()
+        self.summary = summarize(self._profiler.events(), cuda=self.cuda, wall_s=wall, top=self.top)
+        self.summary["note"] = "" if self._ranges is not None or self.model is None else (
+            "compiled blocks: no module ranges (grouped by autograd node and range only)")
+
+
 def profile_step(runner, device: str, *, top: int = 25) -> dict:
     """Run one more optimizer step of a set-up runner under the profiler and summarize it (see `summarize`).
 
     The module ranges are installed for this step only and removed afterwards, even when the step fails.
     """
-    cuda = torch.device(device).type == "cuda"
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    model = getattr(runner, "model", None)
-    note = ""
-    ranges = None
-    if model is not None and _compiled(model):
-        note = "compiled blocks: no module ranges (grouped by autograd node and range only)"
-    elif model is not None:
-        ranges = ModuleRanges(model)
+    profile = StepProfile(getattr(runner, "model", None), device, top=top)
+    profile.start()
     try:
-        if cuda:
-            torch.cuda.synchronize()
-        with torch.profiler.profile(activities=activities) as prof:
-            started = time.perf_counter()
-            runner.step()
-            if cuda:
-                torch.cuda.synchronize()
-            wall = time.perf_counter() - started
+        runner.step()
     finally:
-        if ranges is not None:
-            ranges.remove()
-    summary = summarize(prof.events(), cuda=cuda, wall_s=wall, top=top)
-    summary["note"] = note
-    return summary
+        profile.stop()
+    return profile.summary
 
 
 def profile_tables(name: str, summary: dict):

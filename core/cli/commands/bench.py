@@ -13,9 +13,9 @@ TEXT_ONLY_FLAGS = (("--qlora", "qlora", False), ("--seed", "seed", 0), ("--seq-m
                    ("--seq-max", "seq_max", None), ("--baseline", "baseline", "reference"),
                    ("--device", "device", None), ("--dtype", "dtype", "auto"),
                    ("--micro", "micro", "auto"), ("--model-cache", "model_cache", None),
-                   ("--no-sync-count", "no_sync_count", False), ("--profile", "profile", False),
+                   ("--no-sync-count", "no_sync_count", False),
                    ("--memory-trace", "memory_trace", False), ("--host-profile", "host_profile", False),
-                   ("--profile-top", "profile_top", PROFILE_TOP), ("--peak-flops", "peak_flops", None),
+                   ("--peak-flops", "peak_flops", None),
                    ("--memory-cap", "memory_cap", None), ("--lora-experts", "lora_experts", "on"))
 
 
@@ -155,6 +155,7 @@ def _print_list(console) -> None:
 
     from hone.core.bench.scenarios import SCENARIOS
     from hone.core.bench.variants import VARIANTS
+    from hone.core.bench.vision import HONE_RUNS as VISION_RUNS
 
     scenarios = Table(title="scenarios", title_justify="left")
     for column in ("name", "shape", "layers", "tokens", "what"):
@@ -174,7 +175,9 @@ def _print_list(console) -> None:
     console.print(runs)
     console.print("vision scenarios make two runs: hone (Hone's Trainer, packed rows) and reference (transformers "
                   "+ peft, the same rows in padded batches); --peer unsloth adds Unsloth's vision path on those padded "
-                  "batches")
+                  "batches, and --only picks other Hone runs: "
+                  + "; ".join(f"{name} ({settings or 'its own choices'})" for name, settings in (
+                      (name, ", ".join(overrides)) for name, (_, overrides) in VISION_RUNS.items())))
 
 
 def run(args) -> int:
@@ -239,13 +242,7 @@ def run(args) -> int:
             console.print(micro["table"])
         else:
             console.print(f"attention alone: {micro.get('status')}: {micro.get('reason')}")
-    if args.profile:
-        from hone.core.bench.diagnostics.profile import profile_tables
-
-        for result in report.runs:
-            if result.profile is not None:
-                for renderable in profile_tables(result.name, result.profile):
-                    console.print(renderable)
+    _print_profiles(console, report.runs)
     if args.memory_trace:
         from hone.core.bench.diagnostics.memory_trace import memory_lines
 
@@ -281,11 +278,11 @@ def _run_vision(args, console) -> int:
     given = [flag for flag, name, default in TEXT_ONLY_FLAGS if getattr(args, name) != default]
     if given:
         raise ConfigError(f"{', '.join(given)}: not used by the vision scenario {args.scenario}",
-                          "it takes --tokens, --layers, --lora-r, --steps, --warmup, --only, --tokenizer, --peer, "
-                          "--json and --verbose")
+                          "it takes --tokens, --layers, --lora-r, --steps, --warmup, --only, --profile, "
+                          "--profile-top, --tokenizer, --peer, --json and --verbose")
     options = VisionOptions(scenario=args.scenario, tokens=args.tokens, layers=args.layers, lora_r=args.lora_r,
                             steps=args.steps, warmup=args.warmup, tokenizer=args.tokenizer, peer=args.peer,
-                            only=args.only)
+                            only=args.only, profile_top=max(args.profile_top, 1) if args.profile else 0)
     started, measured = _progress(console)
     report = run_vision_bench(options, on_result=measured, on_start=started)
     batch = report.batch
@@ -299,6 +296,7 @@ def _run_vision(args, console) -> int:
                   "runs batch the rows differently (packed vs padded), so it is no parity check.")
     for line in notes(report.runs):
         console.print(f"[yellow]{line}[/yellow]")
+    _print_profiles(console, report.runs)
     if args.verbose:
         _print_details(console, report.runs)
         for name, messages in report.notices.items():
@@ -308,6 +306,16 @@ def _run_vision(args, console) -> int:
         path = write_json(report.to_dict(), args.json)
         console.print(f"wrote {path}")
     return 0 if any(r.ok for r in report.runs) else 1
+
+
+def _print_profiles(console, runs) -> None:
+    """--profile: each profiled run's tables."""
+    from hone.core.bench.diagnostics.profile import profile_tables
+
+    for result in runs:
+        if result.profile is not None:
+            for renderable in profile_tables(result.name, result.profile):
+                console.print(renderable)
 
 
 def _progress(console):

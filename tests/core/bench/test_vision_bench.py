@@ -102,7 +102,8 @@ def test_the_two_runs_become_ratios_and_a_json_record(monkeypatch, tmp_path):
     assert main(["bench", SCENARIO, "--layers", "4", "--steps", "3", "--warmup", "2", "--tokens", "4096",
                  "--tokenizer", str(tmp_path), "--json", str(out)]) == 0
 
-    assert calls["hone"] == {"steps": 5, "warmup": 2, "batch_tokens": 4096, "lora_r": 16, "overrides": ()}
+    assert calls["hone"] == {"steps": 5, "warmup": 2, "batch_tokens": 4096, "lora_r": 16, "overrides": (),
+                             "profile_top": 0}
     assert calls["reference"] == {"steps": 5, "warmup": 2, "batch_tokens": 4096, "lora_r": 16}
     data = json.loads(out.read_text())
     runs = {r["name"]: r for r in data["runs"]}
@@ -144,9 +145,10 @@ def test_only_picks_hone_runs_with_memory_paths_turned_off(monkeypatch, tmp_path
                         lambda *a, **k: _steps([9.0, 4.0], [100, 400], [2.0, 2.0], peak_gib=8.0))
     out = tmp_path / "vision.json"
     assert main(["bench", SCENARIO, "--steps", "1", "--warmup", "1", "--only", "hone,hone-spare", "--tokenizer",
-                 str(tmp_path), "--json", str(out)]) == 0
+                 str(tmp_path), "--json", str(out), "--profile", "--profile-top", "3"]) == 0
     runs = [r["name"] for r in json.loads(out.read_text())["runs"]]
     assert runs == ["hone", "hone-spare", "reference"]
+    assert all(kwargs["profile_top"] == 3 for kwargs in asked.values())  # --profile: one more step, profiled
     assert set(asked) == {(), ('speed.checkpoint="gpu"', "speed.tiled_mlp=false", "speed.host_lm_head=false")}
     # every override is a setting the config takes
     from hone.core.config import RunConfig

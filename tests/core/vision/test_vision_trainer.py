@@ -56,3 +56,19 @@ def test_trainer_runs_mixed_data_and_skips_broken_images(kind, vision_model_dir,
         keys = list(f.keys())
     projector = "merger" if kind == "qwen2_5_vl" else "multi_modal_projector"
     assert any("lora_A" in k for k in keys) and any(projector in k for k in keys)
+
+
+def test_the_vision_benchmark_profiles_one_more_step_of_the_trainer(vision_model_dir, mixed_rows, tmp_path):
+    """`hone bench vision-* --profile`: Hone's run trains one step more than it times, under torch.profiler (on
+    the CPU each ATen op stands in for a kernel), and that step is not among the timed ones."""
+    from hone.core.bench.vision import hone_steps
+
+    folder, rows = mixed_rows
+    data = write_jsonl(folder / "bench.jsonl", rows * 3)
+    out = hone_steps(vision_model_dir("qwen2_5_vl"), data, tmp_path, steps=2, warmup=1, batch_tokens=256, lora_r=4,
+                     profile_top=5)
+    assert len(out.times) == len(out.losses) == 2
+    profile = out.profile
+    assert profile["device"] == "cpu (ATen ops)" and profile["wall_ms"] > 0 and len(profile["kernels"]) == 5
+    assert profile["phases"].get("forward", 0) > 0 and profile["phases"].get("backward", 0) > 0, profile["phases"]
+    assert all(row["calls"] > 0 for row in profile["groups"]) and profile["kernel_launches"] > 100
