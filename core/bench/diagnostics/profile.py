@@ -156,7 +156,7 @@ def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
     kernel_us, kernel_calls = defaultdict(float), defaultdict(int)
     if cuda:  # every device activity, linked to a CPU op or not (copies on side streams, for instance)
         for event in events:
-            if event.device_type == DeviceType.CUDA:
+            if event.device_type == DeviceType.CUDA and not _annotation(event):
                 kernel_us[event.name] += event.time_range.elapsed_us()
                 kernel_calls[event.name] += 1
     group_us, group_calls = defaultdict(float), defaultdict(int)
@@ -186,6 +186,12 @@ def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
             "groups": _table(group_us, group_calls, device_us, top),
             "phases": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
             "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1]))}
+
+
+def _annotation(event) -> bool:
+    """A `record_function` range as the profiler also shows it on the GPU's timeline (the module ranges above):
+    it spans kernels, it is none."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith(MODULE_RANGE)
 
 
 # CUDA runtime calls that can make the host wait for the device (the step's own final synchronize is one).

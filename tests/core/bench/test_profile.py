@@ -90,6 +90,10 @@ def test_cuda_kernels_are_attributed_through_their_launching_op():
                                                                              us=500.0),
               _event("flash_fwd_kernel", device=DeviceType.CUDA, us=200.0),
               _event("Memcpy HtoD (Pinned -> Device)", device=DeviceType.CUDA, us=100.0)]  # a side-stream copy
+    # a module range as the profiler also puts it on the GPU's timeline: it spans kernels, it is none
+    spans = _event("hone.module::self_attn", device=DeviceType.CUDA, us=900.0)
+    spans.is_user_annotation = True
+    device.append(spans)
     summary = summarize([node, recompute, mm, lora, mm2, forward, fa, *device], cuda=True, wall_s=0.002)
     assert summary["device_ms"] == 1.1 and summary["attributed_ms"] == 1.0
     assert summary["kernels"][0] == {"name": "nvjet_gemm", "calls": 2, "total_ms": 0.8, "share": 0.8 / 1.1}
