@@ -85,6 +85,9 @@ class MemoryEstimateView(QWidget):
 
     def show_plan(self, plan) -> None:
         estimate, memory, fit = plan.estimate, plan.memory, plan.fit
+        spare = getattr(plan, "whole_mlp", None)  # with memory to spare the run leaves its MLPs whole
+        if spare is not None:
+            estimate = spare
         parts = [(part.name, part.bytes) for part in estimate.parts]
         self.bar.set_parts(parts, memory.available if memory else 0.0)
         self._fix = []
@@ -95,7 +98,8 @@ class MemoryEstimateView(QWidget):
         elif fit.fits and not fit.changes:
             self.fits = True
             self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB of {memory.available / GIB:.1f} GiB on "
-                           f"{memory.device}.", "muted")
+                           f"{memory.device}." + (" With this much to spare each MLP is back-propagated whole, "
+                                                  "not in tiles (faster)." if spare is not None else ""), "muted")
         elif fit.fits:
             self.fits = False
             self._fix = fit.assignments(plan.settings)

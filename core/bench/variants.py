@@ -77,7 +77,8 @@ VARIANTS: tuple[Variant, ...] = (
             focus=("kernels",)),
     Variant("compile", {"compile": True}, "decoder blocks compiled with torch.compile", needs=("cuda",),
             focus=("compile",)),
-    Variant("all", ALL_ON, "every speed path on, as `auto` picks them (Hone's defaults)"),
+    Variant("all", ALL_ON, "every speed path on, as `auto` picks them (Hone's defaults, with the MLP tiled as when "
+            "memory is short; with memory to spare the Trainer runs all-untiled)"),
     Variant("all-lean", ALL_ON, "every speed path on, and train.optimizer = adamw-bf16 (bf16 gradients and moments)",
             train={"optimizer": "adamw-bf16"}),
     Variant("all+compile", {**ALL_ON, "compile": True}, "every speed path on, and compiled blocks",

@@ -38,12 +38,16 @@ class Memory:
 
 @dataclass(frozen=True)
 class RunPlan:
+    """The plan: `estimate` for the run's own `settings`; `fit` against `memory` when given; `whole_mlp`, when the
+    run fits as set with memory to spare, the estimate with whole MLPs, which the run then uses (WHOLE_MLP_SHARE)."""
+
     shape: ModelShape
     settings: MemorySettings
     estimate: MemoryEstimate
     memory: Memory | None
     fit: FitResult | None
     mean_row_tokens: float
+    whole_mlp: MemoryEstimate | None = None
 
 
 def parse_size(text: str) -> float:
@@ -111,19 +115,21 @@ def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = Fa
     settings, mean_row = settings_from_config(config, hf_config, cuda=cuda or memory is None,
                                               unified=bool(memory and memory.unified))
     estimate = estimate_peak(shape, settings)
-    fit = None
+    fit = whole = None
     if memory is not None:
         fit = auto_fit(shape, settings, memory.available, config.data.max_length, allow_qlora=allow_qlora,
                        unified=memory.unified)
-    return RunPlan(shape, settings, estimate, memory, fit, mean_row)
+        if fit.fits and not fit.changes:
+            whole = _whole_mlp(shape, settings, memory)
+    return RunPlan(shape, settings, estimate, memory, fit, mean_row, whole)
 
 
-def _whole_mlp(plan: RunPlan, memory: Memory) -> MemoryEstimate | None:
+def _whole_mlp(shape: ModelShape, settings: MemorySettings, memory: Memory) -> MemoryEstimate | None:
     """The estimate with whole (untiled) MLPs when the run tiles them and that step takes at most WHOLE_MLP_SHARE
     of the free memory; None otherwise."""
-    if not plan.settings.tiled_mlp or plan.shape.experts:  # MoE layers are not tiled (estimate.py)
+    if not settings.tiled_mlp or shape.experts:  # MoE layers are not tiled (estimate.py)
         return None
-    whole = estimate_peak(plan.shape, dataclasses.replace(plan.settings, tiled_mlp=False))
+    whole = estimate_peak(shape, dataclasses.replace(settings, tiled_mlp=False))
     return whole if whole.peak_bytes <= WHOLE_MLP_SHARE * memory.available else None
 
 
@@ -147,7 +153,7 @@ def fit_run_config(config: RunConfig, memory: Memory) -> FittedRun:
     fit, available = plan.fit, memory.available / GIB
     said = f"a step needs ≈ {plan.estimate.peak_gib:.1f} GiB; {available:.1f} GiB free on {memory.device}"
     if fit.fits and not fit.changes:
-        whole = _whole_mlp(plan, memory)
+        whole = plan.whole_mlp
         if whole is not None:
             return FittedRun(config.with_overrides(["speed.tiled_mlp=false"]), [Notice(topic="memory", message=(
                 f"{said}: it fits. With each MLP back-propagated whole instead of in tiles (faster) it needs "

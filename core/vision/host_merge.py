@@ -32,7 +32,7 @@ class HostImages:
     """A batch's images as the merge takes them.
 
     Attributes:
-        pixel_values: the image processor's pixels (on the model's device after `to`).
+        pixel_values: the image processor's pixels (on the model's device once the batch is moved).
         positions: int64 (image tokens,): each image token's flat index in the batch's (B * T) tokens, in image order.
         grid: Qwen-VL's int64 (images, 3) image grid, kept on the host; None for families without one.
         pixel_attention_mask: Idefics3's mask of real pixels; None when every pixel of every image is real (the

@@ -28,6 +28,7 @@ def test_a_run_that_fits_says_how_much_of_the_gpu_it_needs(qtbot, make_window, t
     assert train.memory.fits is True
     assert train.memory.text.text().startswith("Needs ≈ ") and "of 24.0 GiB on NVIDIA GeForce RTX 4090" in \
         train.memory.text.text()
+    assert "each MLP is back-propagated whole" in train.memory.text.text()  # a tiny model: memory to spare
     assert not train.memory.fix_button.isVisible()
     assert [name for name, _ in train.memory.bar.parts][:2] == ["weights", "vocabulary tables"]
 

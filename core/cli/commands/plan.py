@@ -65,6 +65,9 @@ def run(args) -> int:
         if fit.fits and not fit.changes:
             console.print(f"[green]Fits[/]: needs ≈ {fit.estimate.peak_gib:.1f} GiB of {memory.available / GIB:.1f} "
                           f"GiB on {memory.device}.")
+            if plan.whole_mlp is not None:
+                console.print(f"With this much to spare the run back-propagates each MLP whole, not in tiles "
+                              f"(faster): ≈ {plan.whole_mlp.peak_gib:.1f} GiB.")
         elif fit.fits:
             console.print(f"[yellow]Does not fit as set[/] ({plan.estimate.peak_gib:.1f} GiB of "
                           f"{memory.available / GIB:.1f} GiB on {memory.device}); auto-fit picks: "
@@ -81,6 +84,7 @@ def run(args) -> int:
         if plan.fit is not None:
             record["fit"] = {"fits": plan.fit.fits, "changes": list(plan.fit.changes), "reason": plan.fit.reason,
                              "settings": dataclasses.asdict(plan.fit.settings), "peak_gib": plan.fit.estimate.peak_gib,
-                             "largest_max_length": plan.fit.largest_max_length}
+                             "largest_max_length": plan.fit.largest_max_length,
+                             "whole_mlp_peak_gib": plan.whole_mlp.peak_gib if plan.whole_mlp else None}
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     return code
