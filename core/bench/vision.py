@@ -196,6 +196,8 @@ def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmu
         elif isinstance(event, events.Notice):
             out.notices.append(event.message)
         elif isinstance(event, events.RunFailed):
+            if profile is not None and profile.summary is None:  # the profiled step failed: take the profiler off
+                profile.stop()
             raise RuntimeError(f"Hone's Trainer failed: {event.reason}\n{(event.details or '')[-3000:]}")
     out.times = [m.step_time for m in metrics]
     out.tokens = [m.tokens for m in metrics]
