@@ -74,3 +74,30 @@ def test_the_trainer_runs_mixed_rows_through_its_moe_path(smollm2_tokenizer_dir,
     with safe_open(f"{finished.adapter_dir}/adapter_model.safetensors", "pt") as f:
         keys = list(f.keys())
     assert any("experts" in key and "lora_A" in key for key in keys)
+
+
+def test_the_host_side_merge_trains_like_transformers_own(smollm2_tokenizer_dir, mixed_rows):
+    """Images merged at positions found on the host (hone.core.vision.host_merge), deepstack features included: the
+    loss and gradients of transformers' own merge on the same packed rows."""
+    from test_host_merge import _step
+    from test_vision_batches import collator, encode
+
+    from hone.core.config import SpeedConfig
+    from hone.core.speed import attention
+    from hone.core.vision import host_merge
+    from tests.helpers.packed import assert_grads_close
+
+    tokenizer = tiny.vision_tokenizer(KIND, smollm2_tokenizer_dir)
+    processor, model = tiny.build_processor(KIND, tokenizer), tiny.build_vision_model(KIND, tokenizer)
+    choice = attention.configure(model, SpeedConfig(attention="auto"), "cpu")
+    assert choice.host_merge
+    folder, rows = mixed_rows
+    tokenized = encode(processor, folder, rows)
+    make = collator(processor, model, packing=True)
+    merged = make.collate(tokenized)
+    host_merge.uninstall(model)
+    loss_plain, grads_plain = _step(model, make.collate(tokenized))
+    assert host_merge.install(model)
+    loss_merged, grads_merged = _step(model, merged)
+    torch.testing.assert_close(loss_merged, loss_plain, rtol=1e-6, atol=0)
+    assert_grads_close(grads_merged, grads_plain, rtol=1e-5, rel_atol=1e-6)
