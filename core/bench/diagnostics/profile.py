@@ -3,8 +3,10 @@ they were launched.
 
 `profile_step(runner, "cuda")`, after the run's timed steps, profiles one more step and summarizes it: the top
 kernels by total device time with call counts, the same time by where each kernel was launched (`launch_group`:
-forward / recompute of a module, backward of an autograd node, optimizer, other), by phase and by category. On a
-CPU there are no device kernels: each ATen op's own time stands in for one, so the tables can be checked there.
+forward / recompute of a module, backward of an autograd node, optimizer, other), by phase and by category, and the
+matmuls by their operands' shapes with the rate each reached (a slow shape: a GEMM cuBLAS cannot run on its fastest
+kernels). On a CPU there are no device kernels: each ATen op's own time stands in for one, so the tables can be
+checked there.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from torch.autograd import DeviceType
 MODULE_RANGE = "hone.module::"
 _NODE_RANGE = "autograd::engine::evaluate_function: "
 _OPTIMIZER_RANGE = "Optimizer."
-# Kernel name fragments -> category, first match wins (cuBLAS/CUTLASS GEMMs, flash attention, copies, ATen's
-# reduction and elementwise templates). Triton kernels are recognized by name shape in `kernel_category`.
+# Kernel name fragments -> category, first match wins (flash attention, cuBLAS/CUTLASS GEMMs, copies, ATen's
+# reduction and elementwise templates). Attention comes first: its kernels are built from CUTLASS and wgmma too
+# (`pytorch_flash::flash_fwd_kernel<...cutlass::bfloat16_t...>`, `cudnn_..._sdpa_sm90_flash_bprop_wgmma_...`).
+# Triton kernels are recognized by name shape in `kernel_category`.
 _CATEGORIES = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "wgmma", "s16816", "splitk")),
-    ("attention", ("flash", "fmha", "attention")),
     ("copy", ("memcpy", "memset", "copy_kernel")),
     ("reduction", ("reduce", "softmax", "logsumexp", "cross_entropy")),
     ("elementwise", ("elementwise", "foreach", "fill", "index", "scatter", "gather", "cat")),
@@ -138,6 +142,48 @@ def _launches(events, cuda: bool):
             yield event.name, float(event.self_cpu_time_total), event
 
 
+# ATen ops that are one GEMM (or a batch of them); on a CPU their own time stands in for a matmul kernel.
+_MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
+                         "aten::_grouped_mm", "aten::_scaled_mm"})
+
+
+def matmul_flops(op: str, shapes) -> int:
+    """FLOPs of one call of the GEMM op `op` from its recorded input shapes (0 where they do not say: grouped GEMMs,
+    whose group sizes are data)."""
+    operands = [list(s) for s in shapes or [] if s]
+    if op.startswith(("aten::addmm", "aten::baddbmm")):
+        operands = operands[1:]  # the added input comes first
+    if op in ("aten::_grouped_mm", "aten::_scaled_mm") or len(operands) < 2:
+        return 0
+    a, b = operands[0], operands[1]
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    if len(a) == 3 and len(b) == 3:
+        return 2 * a[0] * a[1] * a[2] * b[2]
+    return 0
+
+
+def _matmul_table(launches, top: int) -> list[dict]:
+    """(op, shapes, kernel, us, group) launches -> rows by (op, shapes), the most time first: calls, total_ms,
+    flops, tflops, the kernel and the launch group that took most of the row's time."""
+    rows: dict = {}
+    for op, shapes, kernel, us, group in launches:
+        row = rows.setdefault((op, str(shapes)), {"op": op, "shapes": shapes, "calls": 0, "us": 0.0,
+                                                  "kernels": defaultdict(float), "groups": defaultdict(float)})
+        row["calls"] += 1
+        row["us"] += us
+        row["kernels"][kernel] += us
+        row["groups"][group] += us
+    out = []
+    for row in sorted(rows.values(), key=lambda r: r["us"], reverse=True)[:top]:
+        flops = row["calls"] * matmul_flops(row["op"], row["shapes"])
+        out.append({"op": row["op"], "shapes": row["shapes"], "calls": row["calls"], "total_ms": row["us"] / 1000,
+                    "flops": flops, "tflops": flops / row["us"] / 1e6 if row["us"] else 0.0,
+                    "kernel": max(row["kernels"].items(), key=lambda kv: kv[1])[0],
+                    "where": max(row["groups"].items(), key=lambda kv: kv[1])[0]})
+    return out
+
+
 def _table(totals: dict, counts: dict, whole_us: float, top: int) -> list[dict]:
     rows = sorted(totals.items(), key=lambda kv: kv[1], reverse=True)[:top]
     return [{"name": name, "calls": counts[name], "total_ms": us / 1000,
@@ -151,7 +197,9 @@ def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
         dict: wall_ms (the step, synchronized), device_ms (sum of kernel times: more than wall_ms when streams
         overlap, less when the GPU idles), attributed_ms (the part linked to a CPU op), kernel_launches,
         kernels / groups (top `top` rows: name, calls, total_ms, share of device_ms), phases (forward, recompute,
-        backward, optimizer, other) and categories (matmul, attention, triton, ...) as name -> ms.
+        backward, optimizer, other) and categories (matmul, attention, triton, ...) as name -> ms, and matmuls
+        (top `top` rows by op and operand shapes: calls, total_ms, flops, tflops, kernel, where; see
+        `_matmul_table`; shapes need the profiler's `record_shapes`).
     """
     kernel_us, kernel_calls = defaultdict(float), defaultdict(int)
     if cuda:  # every device activity, linked to a CPU op or not (copies on side streams, for instance)
@@ -162,11 +210,15 @@ def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
     group_us, group_calls = defaultdict(float), defaultdict(int)
     phases, categories = defaultdict(float), defaultdict(float)
     attributed = 0.0
+    matmuls = []
     for name, us, event in _launches(events, cuda):
         if not cuda:
             kernel_us[name] += us
             kernel_calls[name] += 1
         group = launch_group(event)
+        shapes = [list(s) for s in getattr(event, "input_shapes", None) or []]
+        if shapes and ((kernel_category(name) == "matmul") if cuda else name in _MATMUL_OPS):
+            matmuls.append((event.name, shapes, name, us, group))
         group_us[group] += us
         group_calls[group] += 1
         phases[group.split(" ", 1)[0]] += us / 1000
@@ -185,7 +237,8 @@ def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
             "kernels": _table(kernel_us, kernel_calls, device_us, top),
             "groups": _table(group_us, group_calls, device_us, top),
             "phases": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
-            "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1]))}
+            "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
+            "matmuls": _matmul_table(matmuls, top)}
 
 
 def _annotation(event) -> bool:
@@ -217,7 +270,7 @@ class StepProfile:
             torch.cuda.synchronize()
         compiled = self.model is not None and _compiled(self.model)
         self._ranges = ModuleRanges(self.model) if self.model is not None and not compiled else None
-        self._profiler = torch.profiler.profile(activities=activities)
+        self._profiler = torch.profiler.profile(activities=activities, record_shapes=True)  # the matmul table
         self._profiler.__enter__()
         self._started = time.perf_counter()
 
@@ -274,4 +327,22 @@ def profile_tables(name: str, summary: dict):
         for row in rows:
             table.add_row(row["name"], f"{row['calls']:,}", f"{row['total_ms']:.2f}", f"{100 * row['share']:.1f}")
         out.append(table)
+    if summary.get("matmuls"):
+        out.append(_matmul_rich_table(name, summary["matmuls"]))
     return out
+
+
+def _matmul_rich_table(name: str, rows: list[dict]):
+    from rich.table import Table
+
+    table = Table(title=f"{name}: matmuls by operand shapes", title_justify="left")
+    table.add_column("op and shapes", overflow="fold", max_width=44)
+    table.add_column("kernel", overflow="fold", max_width=48)
+    table.add_column("where", overflow="fold", max_width=36)
+    for column in ("calls", "total ms", "TFLOP/s"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        shapes = " x ".join(str(tuple(s)) for s in row["shapes"])
+        table.add_row(f"{row['op']} {shapes}", row["kernel"], row["where"], f"{row['calls']:,}",
+                      f"{row['total_ms']:.2f}", f"{row['tflops']:.3g}" if row["flops"] else "-")
+    return table

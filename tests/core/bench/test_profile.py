@@ -113,6 +113,9 @@ def test_labels_and_categories():
     assert launch_group(_event("aten::norm", parent=_event("aten::_foreach_norm"))) == "other aten::_foreach_norm"
     for name, category in (("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"), ("_rms_norm_forward_kernel", "triton"),
                            ("triton_poi_fused_add_mul_0", "triton"), ("flash_fwd_kernel", "attention"),
+                           ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, cutlass::bfloat16_t>>",
+                            "attention"),
+                           ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "attention"),
                            ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add>",
                             "elementwise"),
                            ("void at::native::reduce_kernel<512, 1>", "reduction"),
@@ -128,5 +131,55 @@ def test_bench_profile_option_prints_and_records_the_tables(tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "profile of hone-base" in printed and "top kernels" in printed and "launched from" in printed
+    assert "matmuls by operand shapes" in printed
     profile = json.loads(out.read_text())["runs"][0]["profile"]
     assert len(profile["kernels"]) == 5 and len(profile["groups"]) == 5, profile
+    assert 1 <= len(profile["matmuls"]) <= 5, profile["matmuls"]
+
+
+def test_matmuls_are_listed_by_shape_with_their_rate_and_where_they_ran():
+    runner = _TinyRunner()
+    try:
+        summary = profile_step(runner, "cpu", top=500)
+    finally:
+        revert_checkpointing(runner.model)
+    rows = summary["matmuls"]
+    assert rows, "no matmul rows"
+    assert [r["total_ms"] for r in rows] == sorted((r["total_ms"] for r in rows), reverse=True)
+    # 3 sequences of 9 + 14 + 7 = 30 tokens through q_proj's base weight (hidden x hidden): one shape, one row
+    hidden = runner.model.config.hidden_size
+    q_rows = [r for r in rows if r["shapes"] == [[30, hidden], [hidden, hidden]] and r["op"] == "aten::mm"]
+    assert q_rows, [(r["op"], r["shapes"]) for r in rows]
+    row = q_rows[0]
+    assert row["calls"] >= 2 and row["flops"] == row["calls"] * 2 * 30 * hidden * hidden
+    assert row["tflops"] > 0 and row["where"], row
+    json.dumps(summary)
+
+
+def test_matmul_flops_per_op():
+    from hone.core.bench.diagnostics.profile import matmul_flops
+
+    assert matmul_flops("aten::mm", [[8, 4], [4, 3]]) == 2 * 8 * 4 * 3
+    assert matmul_flops("aten::addmm", [[3], [8, 4], [4, 3]]) == 2 * 8 * 4 * 3
+    assert matmul_flops("aten::addmm_", [[8, 3], [8, 4], [4, 3]]) == 2 * 8 * 4 * 3
+    assert matmul_flops("aten::bmm", [[2, 8, 4], [2, 4, 3]]) == 2 * 2 * 8 * 4 * 3
+    assert matmul_flops("aten::baddbmm", [[2, 8, 3], [2, 8, 4], [2, 4, 3]]) == 2 * 2 * 8 * 4 * 3
+    assert matmul_flops("aten::_grouped_mm", [[16, 4], [2, 4, 3], [2]]) == 0  # group sizes unknown: not counted
+    assert matmul_flops("aten::mm", []) == 0
+
+
+def test_cuda_matmul_kernels_are_listed_with_the_launching_ops_shapes():
+    kernel = SimpleNamespace
+    node = _event("autograd::engine::evaluate_function: LoRALinearFunctionBackward")
+    mm = _event("aten::mm", parent=node, kernels=[
+        kernel(name="cutlass_80_tensorop_bf16_s16816gemm_bf16_128x64_64x3_nn_align2", device=0, duration=600.0)])
+    mm.input_shapes = [[8175, 3420], [3420, 1280]]
+    fa = _event("aten::_flash_attention_forward", kernels=[kernel(name="flash_fwd_kernel", device=0, duration=9.0)])
+    fa.input_shapes = [[1, 2]]
+    # a CUDA runtime event the profiler links a GEMM to: no shapes, no row
+    stall = _event("Command Buffer Full", kernels=[kernel(name="nvjet_sm90_tst_128x256", device=0, duration=5.0)])
+    summary = summarize([node, mm, fa, stall], cuda=True, wall_s=0.001)
+    (row,) = summary["matmuls"]
+    assert row["op"] == "aten::mm" and row["shapes"] == [[8175, 3420], [3420, 1280]] and row["calls"] == 1
+    assert row["kernel"].endswith("nn_align2") and row["where"] == "backward LoRALinearFunctionBackward"
+    assert abs(row["tflops"] - 2 * 8175 * 3420 * 1280 / 600e-6 / 1e12) < 1e-6
