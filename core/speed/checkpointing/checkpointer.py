@@ -352,6 +352,11 @@ class Checkpointer:
             return recompute_checkpoint(function, *args, use_reentrant=False, **kwargs)
 
         layer = self._layer_module(function)
+        if not hidden.requires_grad and layer is not None and not any(p.requires_grad for p in layer.parameters()):
+            # A frozen layer on a frozen input (a vision encoder's block): nothing in it needs a gradient, so it
+            # runs once with no graph. Through the Function (whose anchor makes every output require grad) it would
+            # be recomputed and back-propagated in backward for nothing.
+            return function(*args, **kwargs)
         run = LayerCall(function, rest, kwargs, layer)
         name = self.layer_names.get(id(layer)) or type(layer if layer is not None else function).__name__
         return _CheckpointedLayer.apply(self, run, hidden, self._anchor, name)
