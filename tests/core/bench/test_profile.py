@@ -43,12 +43,17 @@ class _TinyRunner:
         self.steps += 1
 
 
-def test_one_step_is_profiled_and_grouped_by_module_node_and_optimizer():
+def _profiled_tiny_step():
+    """(runner, summary) of one step of `_TinyRunner` profiled on the CPU, checkpointing taken off afterwards."""
     runner = _TinyRunner()
     try:
-        summary = profile_step(runner, "cpu", top=500)
+        return runner, profile_step(runner, "cpu", top=500)
     finally:
         revert_checkpointing(runner.model)
+
+
+def test_one_step_is_profiled_and_grouped_by_module_node_and_optimizer():
+    runner, summary = _profiled_tiny_step()
     assert runner.steps == 1
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in runner.model.modules()), "hooks left behind"
     groups = {row["name"]: row for row in summary["groups"]}
@@ -138,11 +143,7 @@ def test_bench_profile_option_prints_and_records_the_tables(tmp_path, capsys):
 
 
 def test_matmuls_are_listed_by_shape_with_their_rate_and_where_they_ran():
-    runner = _TinyRunner()
-    try:
-        summary = profile_step(runner, "cpu", top=500)
-    finally:
-        revert_checkpointing(runner.model)
+    runner, summary = _profiled_tiny_step()
     rows = summary["matmuls"]
     assert rows, "no matmul rows"
     assert [r["total_ms"] for r in rows] == sorted((r["total_ms"] for r in rows), reverse=True)
