@@ -83,10 +83,27 @@ def _launch(spec: dict, processes: int, timeout_s: float) -> ScalingRun:
                             "measure fewer steps, or a smaller scenario") from None
         if done.returncode != 0 or not out_path.is_file():
             raise HoneError(f"the {processes}-process run failed (exit code {done.returncode}): "
-                            f"{done.stderr.strip()[-1500:]}",
+                            f"{failure_text(done.stderr)}",
                             f"the one-GPU benchmark (`hone bench {spec['scenario']}`) shows whether the scenario runs "
                             "on this machine at all")
         return ScalingRun(**json.loads(out_path.read_text(encoding="utf-8")))
+
+
+_LAUNCHER_TRACEBACK = "Traceback (most recent call last)"
+_ROOT_CAUSE = "Root Cause"
+
+
+def failure_text(stderr: str, keep: int = 1200) -> str:
+    """What a failed torchrun launch said, shortened: the end of what its processes printed (a rank's own error, a
+    C++ abort's message) and torchrun's root-cause lines. torchrun's own traceback and summary, which come last and
+    are long, would otherwise push the rank's message out of a plain tail."""
+    text = stderr.strip()
+    start = text.rfind(_LAUNCHER_TRACEBACK)
+    cause = text.find(_ROOT_CAUSE, max(start, 0))
+    if start < 0 or cause < 0:
+        return text[-keep:]
+    ranks = text[:start].strip()[-keep:]
+    return (ranks + "\n...\n" if ranks else "") + text[cause:][:keep]
 
 
 def _worker(spec: dict, out: Path) -> None:

@@ -54,3 +54,21 @@ def test_what_scaling_does_not_measure_is_refused(capsys):
     assert "vision scenario" in capsys.readouterr().err
     assert main(["bench", "tiny-dense", "--parallel", "fsdp"]) == 2
     assert "--parallel is for the scaling measurement" in capsys.readouterr().err
+
+
+def test_a_failed_launch_names_what_the_processes_said_before_torchruns_summary():
+    """torchrun ends a failed launch with a long summary of its own (its traceback, each rank's signal); what the
+    process that failed printed comes before it, and the message keeps both."""
+    from hone.core.bench.scaling import failure_text
+
+    child = ("[rank1]: terminate called after throwing an instance of 'gloo::IoException'\n"
+             "[rank1]:   what():  Connection reset by peer\n")
+    summary = ("Traceback (most recent call last):\n  File \"torch/distributed/run.py\", line 1, in main\n"
+               + "    frame\n" * 200 + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+               "Root Cause (first observed failure):\n  rank      : 1 (local_rank: 1)\n"
+               "  traceback : Signal 6 (SIGABRT) received by PID 8836\n")
+    text = failure_text("W1202 setup noise\n" * 500 + child + summary)
+    assert "Connection reset by peer" in text and "gloo::IoException" in text
+    assert "Signal 6 (SIGABRT)" in text and "rank      : 1" in text
+    assert len(text) < 3000
+    assert failure_text("plain error\n") == "plain error"
