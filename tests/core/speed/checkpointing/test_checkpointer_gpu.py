@@ -393,3 +393,25 @@ def test_moe_layers():
     model = build_model("moe-qwen3", layers=2, dtype=torch.bfloat16, device="cuda")
     model = lora_model(with_run_attention(model), rank=8)
     _equal_to_reference(model, packed_batch([1000, 600], vocab=151936))
+
+
+@pytest.mark.parametrize("mode", ["gpu", "offload-double"])
+def test_dropout_masks_replay_on_the_gpu_and_the_callers_rng_goes_on_as_without_checkpointing(mode):
+    """LoRA dropout drawn from the CUDA generator: the recompute must draw the forward's masks (float32, so any
+    other mask shows far above rounding), and the generator must be left where a step without checkpointing
+    leaves it."""
+    torch.manual_seed(0)
+    model = lora_model(build_model("tiny-llama", device="cuda"), dropout=0.1)
+    batch = packed_batch([23, 41, 9])
+    ref_loss, ref = loss_and_grads(model, batch)
+    ref_next = torch.rand(4, device="cuda")
+    apply_checkpointing(model, mode, "cuda")
+    try:
+        loss, grads = loss_and_grads(model, batch)
+        after = torch.rand(4, device="cuda")
+    finally:
+        revert_checkpointing(model)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=0)
+    for name, expected in ref.items():
+        torch.testing.assert_close(grads[name], expected, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    assert torch.equal(after, ref_next), "the recompute left the caller's CUDA generator elsewhere"
