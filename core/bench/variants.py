@@ -111,6 +111,9 @@ VARIANTS: tuple[Variant, ...] = (
             "every path on, layers back-propagated in sequence groups of <= 8,192 tokens", focus=("checkpoint",)),
     Variant("all-ckpt-gpu", {**ALL_ON, "checkpoint": "gpu"}, "every path on, recompute checkpointing",
             focus=("checkpoint",)),
+    # What the recompute costs: nothing recomputed, every activation held on the device (as much memory as it takes).
+    Variant("all-ckpt-off", {**ALL_ON, "checkpoint": "off"}, "every path on, no activation checkpointing",
+            focus=("checkpoint",)),
     Variant("all-offload", {**ALL_ON, "checkpoint": "offload"}, "every path on, offloaded checkpoints (one buffer)",
             needs=("cuda",), focus=("checkpoint",)),
     Variant("all-offload-double", {**ALL_ON, "checkpoint": "offload-double"},

@@ -94,3 +94,7 @@ def test_layer_groups_the_run_does_not_apply_are_recognized():
                              "sequences (at most 4096 tokens)"}
     assert not_wired(variant("all-groups-4k"), grouped) is None
 
+
+
+def test_all_without_checkpointing_is_all_with_only_checkpointing_off():
+    assert speed_settings(variant("all-ckpt-off")) == {**speed_settings(variant("all")), "checkpoint": "off"}
