@@ -32,10 +32,10 @@ class Family:
 
 MLA = ("multi-head latent attention (MLA) on Hone's packed path; its q/k head dim differs from v's, so varlen runs "
        "with v padded to the q/k head dim and the output cut back")
-LINEAR = ("hybrid: gated attention layers on Hone's packed path, Gated DeltaNet linear-attention layers on "
-          "transformers' code")
-LINEAR_PLAIN = ("Gated DeltaNet layers keep packed sequences apart only with the flash-linear-attention package; "
-                "without it Hone pads rows instead of packing them")
+LINEAR = ("hybrid: gated attention layers on Hone's packed path; Gated DeltaNet linear-attention layers packed too, "
+          "their convolution run per sequence by Hone")
+LINEAR_PLAIN = ("the Gated DeltaNet delta rule is transformers': flash-linear-attention's kernel over the packed row "
+                "where it is installed and passes its check on the GPU, else the torch rule one sequence at a time")
 
 FAMILIES: dict[str, Family] = {
     "qwen3_moe": Family("Qwen3-MoE", SOFTMAX + " (renormalized with norm_topk_prob)"),

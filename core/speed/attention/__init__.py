@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from hone.core.model_info import attention_head_dim
-from hone.core.speed.attention import backends, vision_encoder
+from hone.core.speed.attention import backends, linear_attention, vision_encoder
 from hone.core.speed.attention.long_rows import LongRows
 from hone.core.vision import host_merge
 
@@ -228,23 +228,13 @@ def _value_dim(model) -> int | None:
     return int(value) if value and value != _attention_shape(model)[2] else None
 
 
-def linear_attention_layers(model) -> list[str]:
-    """Names of the Gated DeltaNet (linear attention) modules of a hybrid model (Qwen3-Next)."""
-    return [name for name, m in _hf_model(model).named_modules() if type(m).__name__.endswith("GatedDeltaNet")]
-
-
 def packing_blocker(model) -> str | None:
     """Why packed rows would not stay apart in some layer of this model, else None.
 
-    transformers' Gated DeltaNet keeps packed sequences apart only through the flash-linear-attention package
-    (without it, it refuses packed rows); Hone's attention backends cover the other layers.
+    Hone's attention backends cover the attention layers; Gated DeltaNet layers are kept apart by
+    `linear_attention` where this transformers version calls the functions it swaps.
     """
-    import importlib.util
-
-    if linear_attention_layers(model) and importlib.util.find_spec("fla") is None:
-        return ("its Gated DeltaNet (linear attention) layers keep packed sequences apart only with the "
-                "flash-linear-attention package (pip install flash-linear-attention), which is not installed")
-    return None
+    return linear_attention.unsupported(_hf_model(model))
 
 
 # ---- the varlen probe --------------------------------------------------------------------------------------------
@@ -479,6 +469,12 @@ def configure(model, speed_cfg, device: torch.device | str, *, per_layer_metadat
         The `Choice`; `revert(model, choice)` undoes it.
     """
     previous = current_implementation(model)
+    linear = linear_attention.install(_hf_model(model), device) if getattr(speed_cfg, "packing", True) else None
+    choice = _configure(model, speed_cfg, device, previous, per_layer_metadata)
+    return replace(choice, reason=f"{choice.reason}; {linear}") if linear else choice
+
+
+def _configure(model, speed_cfg, device, previous: str, per_layer_metadata: bool) -> Choice:
     if not getattr(speed_cfg, "packing", True):
         return Choice("hf", "packing is off: padded rows use transformers' attention with its padding mask",
                       previous, previous)

@@ -3,8 +3,8 @@
 - one training step through a Hone CPU experts backend (grouped_mm or torch, in turn) with split expert LoRA gives
   the loss and every LoRA gradient of transformers' eager experts with peft's own LoRA;
 - the adapter saved by peft loads back into a fresh model with plain peft and gives the same logits;
-- packed rows equal the rows run one by one, or, where a layer cannot keep them apart (Qwen3-Next's Gated DeltaNet
-  without flash-linear-attention), the reason is reported and the trainer pads instead;
+- packed rows equal the rows run one by one (Qwen3-Next's Gated DeltaNet layers included: Hone convolves each
+  sequence on its own and runs the torch delta rule a sequence at a time);
 - the family report names the family, Hone's experts path, the router that runs and the attention path.
 """
 
@@ -97,15 +97,11 @@ def test_a_step_through_a_backend_equals_eager_experts_with_peft(shape, backend,
 
 
 @pytest.mark.parametrize("shape", list(FAMILY_SHAPES))
-def test_packed_rows_stay_apart_or_the_reason_is_given(shape):
+def test_packed_rows_stay_apart(shape):
     model = _build(shape)
     rows = random_rows([7, 13, 5], vocab=VOCAB, seed=3)
-    blocker = attention.packing_blocker(model)
-    if shape == "tiny-moe-qwen3-next":
-        assert blocker and "flash-linear-attention" in blocker, blocker
-        assert families.describe(model).packing_blocker == blocker
-        return
-    assert blocker is None
+    assert attention.packing_blocker(model) is None
+    assert families.describe(model).packing_blocker is None
     want = per_sequence_loss(model, rows).item()
     attention.configure(model, SpeedConfig(), "cpu")
     got = loss_sum(model, collate_packed(rows)).item()
@@ -135,10 +131,10 @@ def test_the_fused_router_is_reported_where_its_check_passes():
     assert families.describe(build_model("tiny-dense")) is None
 
 
-def test_qwen3_next_trains_padded_and_its_family_is_on_the_first_lines(tiny_model_dir, chat_files, tiny_config,
+def test_qwen3_next_trains_packed_and_its_family_is_on_the_first_lines(tiny_model_dir, chat_files, tiny_config,
                                                                         tmp_path):
-    """The trainer on a tiny Qwen3-Next without flash-linear-attention: a notice that rows are padded, the family
-    row in the speed paths, and the run finishes."""
+    """The trainer on a tiny Qwen3-Next without flash-linear-attention: rows packed, the first lines say how its
+    Gated DeltaNet layers keep them apart, the family row is there, and the run finishes."""
     from hone.core import events
     from hone.core.train.trainer import Trainer
 
@@ -146,9 +142,10 @@ def test_qwen3_next_trains_padded_and_its_family_is_on_the_first_lines(tiny_mode
                          "speed.moe_backend=torch")
     seen = list(Trainer(config, device="cpu").run())
     assert isinstance(seen[-1], events.RunFinished), seen[-1]
-    notices = [e.message for e in seen if isinstance(e, events.Notice) and e.topic == "packing"]
-    assert notices and "padded instead of packed" in notices[0] and "flash-linear-attention" in notices[0]
+    assert not [e for e in seen if isinstance(e, events.Notice) and e.topic == "packing"]
     started = next(e for e in seen if isinstance(e, events.RunStarted))
+    assert "Gated DeltaNet layers: the convolution per packed sequence" in started.speed_paths["attention"]
+    assert "one sequence at a time" in started.speed_paths["attention"], started.speed_paths
     assert started.speed_paths["moe family"].startswith("Qwen3-Next (qwen3_next)"), started.speed_paths
 
 
