@@ -5,9 +5,10 @@ transformers' Gated DeltaNet runs a causal depthwise convolution, then the gated
 sequence see the end of the one before; its torch delta rule ignores the offsets too (only flash-linear-attention's
 kernel reads them). `install` swaps both functions in the model's modeling module for ones that keep packed
 sequences apart: the convolution over the sequences laid out with kernel - 1 zeros before each, and the delta rule
-one sequence at a time unless flash-linear-attention is behind it. Calls on unpacked batches (no offsets, several
-rows, a cache's final state asked for) go to transformers' functions unchanged, so the swap stays in place for the
-process: it changes nothing but packed calls, which it makes exact.
+one sequence at a time unless flash-linear-attention is behind it and passes a check on the GPU (`probe_native`;
+fla 0.6 refuses Triton < 3.7.1 on Hopper). Calls on unpacked batches (no offsets, several rows, a cache's final
+state asked for) go to transformers' functions unchanged, except that a refused fla is bypassed there too, so the
+swap stays in place for the process; the first install decides for it.
 """
 
 from __future__ import annotations
