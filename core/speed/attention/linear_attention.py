@@ -46,7 +46,7 @@ def install(model, device: torch.device | str) -> str | None:
     module; flash-linear-attention's rule is probed on `device` first). Returns what packed rows now run in those
     layers, for the run log (None: the model has none)."""
     layers = gated_deltanet_modules(model)
-    if not layers:
+    if not layers or unsupported(model) is not None:  # the trainer pads this model's rows (`packing_blocker`)
         return None
     said = []
     for name in {type(m).__module__ for m in layers}:
@@ -188,7 +188,6 @@ def packed_rule(original, *, native: bool, refused: str | None = None):
             start += length
         return torch.cat(outs, dim=1), None
 
-    rule.hone_reads_offsets = native
     why = refused or "flash-linear-attention is not installed"
     rule.hone_says = ("flash-linear-attention's delta rule over the whole row" if native else
                       f"transformers' torch delta rule one sequence at a time ({why})")
