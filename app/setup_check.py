@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 
 from hone.app.settings import Settings
 from hone.app.threads import Task
-from hone.core import __version__
+from hone.core.version import __version__
 
 SEEN_KEY = "setup/warnings_seen"
 

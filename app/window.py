@@ -36,8 +36,8 @@ from hone.app.settings import Settings
 from hone.app.state import AppState
 from hone.app.theme import DARK, LIGHT, SYSTEM, Palette, Theme, icon, logo_pixmap
 from hone.app.threads import Task, TelemetryPoller, TrainerFactory
-from hone.core import __version__
 from hone.core.events import Event, RunFailed, RunFinished, RunStarted, StepMetrics
+from hone.core.version import __version__
 
 PAGE_CLASSES: tuple[type[Page], ...] = (ModelPage, DataPage, TrainPage, MonitorPage, ChatPage, ExportPage, RunsPage)
 PAGE_NAMES = tuple(cls.name for cls in PAGE_CLASSES)

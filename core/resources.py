@@ -4,7 +4,7 @@ per-user folder Hone keeps its caches in."""
 from __future__ import annotations
 
 import difflib
-import importlib.resources
+import importlib
 import importlib.util
 import os
 import sys
@@ -45,8 +45,15 @@ def cache_root(*subfolders: str) -> Path:
 
 
 def resource_path(relative: str) -> Path:
-    """Absolute path of a file under resources/ (works from a source checkout and from a wheel)."""
-    return Path(str(importlib.resources.files("hone.resources").joinpath(relative)))
+    """Absolute path of a file under resources/ (works from a source checkout and from a wheel).
+
+    hone.resources is a namespace package (no top-level folder of the checkout is a regular package: setup.py says
+    why), so its folders are read from `__path__`; an editable install adds an import-hook entry there that is no
+    folder, which `importlib.resources.files` refuses on Python 3.11."""
+    folders = [Path(entry) for entry in importlib.import_module("hone.resources").__path__ if Path(entry).is_dir()]
+    if not folders:
+        raise HoneError("Hone's resources folder is missing from this install", "reinstall hone-studio")
+    return next((folder / relative for folder in folders if (folder / relative).exists()), folders[0] / relative)
 
 
 def smollm2_gguf() -> Path:

@@ -130,7 +130,7 @@ def environment(device: str) -> dict:
     """Machine, GPU, driver and package versions, for the JSON record."""
     import torch
 
-    from hone.core import __version__
+    from hone.core.version import __version__
 
     env = {"hone": __version__, "git_commit": _git_commit(), "python": sys.version.split()[0],
            "platform": platform.platform(), "cpu_count": os.cpu_count(), "device": str(device),

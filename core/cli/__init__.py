@@ -15,8 +15,8 @@ import importlib
 import sys
 from importlib.metadata import EntryPoint, distributions
 
-from hone.core import __version__
 from hone.core.errors import HoneError, record_failure
+from hone.core.version import __version__
 
 # Built-in commands: name -> module implementing it. Order is the order of `hone --help`; entry point commands
 # follow, sorted by name.

@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from hone.core import __version__
 from hone.core.config import RunConfig
 from hone.core.export.checks import CheckLog
 from hone.core.export.formats import MANIFEST_FILE, ExportError, ExportResult, ExportSpec
 from hone.core.train.adapter_dir import base_model
 from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, INTERRUPTED, live_summary
+from hone.core.version import __version__
 
 Progress = Callable[[str, float], None]
 EXPORTS_DIR = "exports"

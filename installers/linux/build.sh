@@ -15,8 +15,8 @@ while [ $# -gt 0 ]; do
         *) echo "build.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/core/__init__.py")"
-[ -n "$VERSION" ] || { echo "build.sh: no __version__ = \"...\" line in core/__init__.py" >&2; exit 1; }
+VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/core/version.py")"
+[ -n "$VERSION" ] || { echo "build.sh: no __version__ = \"...\" line in core/version.py" >&2; exit 1; }
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 folder="$WORK/hone-studio-$VERSION"

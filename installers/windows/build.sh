@@ -29,8 +29,8 @@ CONSTRAINTS="$ROOT/installers/constraints.txt"
 [[ -f "$CONSTRAINTS" ]] || { echo "build.sh: $CONSTRAINTS is missing (the versions Hone was tested with)" >&2; exit 1; }
 
 start=$SECONDS
-VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/core/__init__.py")"
-[[ -n "$VERSION" ]] || { echo "build.sh: no __version__ = \"...\" line in core/__init__.py" >&2; exit 1; }
+VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/core/version.py")"
+[[ -n "$VERSION" ]] || { echo "build.sh: no __version__ = \"...\" line in core/version.py" >&2; exit 1; }
 # Windows file versions are four numbers: 0.2.0rc1 -> 0.2.0.0
 numeric="$(grep -oE '^[0-9]+(\.[0-9]+){0,3}' <<<"$VERSION")"
 FILE_VERSION="$numeric"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hone.core import __version__
+from hone.core.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_SH = ROOT / "installers" / "linux" / "install.sh"

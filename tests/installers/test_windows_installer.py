@@ -40,8 +40,8 @@ STEPS = (
 
 
 def source_version() -> str:
-    """`__version__` as core/__init__.py spells it: the reference for every version the installer carries."""
-    return re.search(r'^__version__ = "(.+)"$', (ROOT / "core" / "__init__.py").read_text(), re.M).group(1)
+    """`__version__` as core/version.py spells it: the reference for every version the installer carries."""
+    return re.search(r'^__version__ = "(.+)"$', (ROOT / "core" / "version.py").read_text(), re.M).group(1)
 
 
 def pinned_versions() -> dict[str, str]:
@@ -116,7 +116,7 @@ def test_carried_wheel_installs_and_reports_the_version(payload, tmp_path):
         cwd=tmp_path,
     )
     where = subprocess.run(
-        [venv / "bin" / "python", "-c", "import hone.core; print(hone.core.__file__)"],
+        [venv / "bin" / "python", "-c", "import hone.core.version; print(hone.core.version.__file__)"],
         env=env,
         cwd=tmp_path,
         check=True,

@@ -9,8 +9,9 @@ from importlib.metadata import Distribution
 
 import pytest
 
-from hone.core import __version__, cli
+from hone.core import cli
 from hone.core.cli import main
+from hone.core.version import __version__
 
 
 def test_version_and_help_run_without_torch():
