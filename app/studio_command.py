@@ -50,11 +50,13 @@ def run(args: argparse.Namespace) -> int:
     """Open the app (or take the screenshot). A GUI package that does not import is a `HoneError` (one line plus
     advice); any other failure keeps its traceback."""
     from hone.core.allocator import prefer_expandable_segments
+    from hone.core.models.hub_kernels import guard_bitsandbytes_import
 
     if args.run and not (Path(args.run) / "config.toml").is_file():
         raise HoneError(f"{args.run} is not a run folder (it has no config.toml)",
                         "give a folder from the runs directory, e.g. runs/20261201-120000-my-model")
     prefer_expandable_segments()  # training runs in this process: set before anything touches CUDA
+    guard_bitsandbytes_import()  # before peft imports it (hone.core.models.hub_kernels says why)
     for name in GUI_PACKAGES:
         try:
             importlib.import_module(name)

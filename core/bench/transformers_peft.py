@@ -24,6 +24,7 @@ from hone.core.bench.weights import (
     default_attention,
     expert_target_parameters,
 )
+from hone.core.models.hub_kernels import from_pretrained_options
 
 # The HF Trainer's defaults a careful user keeps: learning rate and gradient clipping.
 LEARNING_RATE = 2e-4
@@ -81,7 +82,7 @@ class ReferenceRunner:
         extra = {"experts_implementation": self.experts_implementation} if self.experts_implementation else {}
         model = AutoModelForCausalLM.from_pretrained(
             self.model_folder, quantization_config=quantization, device_map={"": self.device}, dtype=self.dtype,
-            attn_implementation=default_attention(self.scenario), **extra)
+            attn_implementation=default_attention(self.scenario), **extra, **from_pretrained_options())
         model.config.use_cache = False
         model.train()
         return model

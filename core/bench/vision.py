@@ -30,6 +30,7 @@ from hone.core.bench.report import compare, environment
 from hone.core.bench.scenarios import Scenario, check_sizes, get_scenario
 from hone.core.bench.vision_steps import IMAGE_SIDE, RunSteps, padded_batches, padded_steps
 from hone.core.errors import ConfigError, HoneError
+from hone.core.models.hub_kernels import from_pretrained_options
 
 # Rows per kind in the generated data: enough for several batches of 8K tokens.
 IMAGE_ROWS = 96
@@ -217,7 +218,8 @@ def reference_steps(model_dir: Path, data: Path, family: str, *, steps: int, war
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16).cuda()
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16,
+                                                       **from_pretrained_options()).cuda()
     batches = padded_batches(model_dir, data, family, model.config, batch_tokens=batch_tokens)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()

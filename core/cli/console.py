@@ -5,7 +5,6 @@ GGUF model, and `quiet_library_noise` for every command that loads torch or tran
 
 from __future__ import annotations
 
-import logging
 import time
 import warnings
 
@@ -16,6 +15,7 @@ from rich.table import Table
 
 from hone.core import events
 from hone.core.config import ModelConfig
+from hone.core.models.hub_kernels import guard_bitsandbytes_import
 from hone.core.train.run_dir import speed_choice, step_line
 
 # Without a terminal (nohup, CI, a log file) there is no progress bar: a plain step line at most this often, plus
@@ -26,12 +26,12 @@ PLAIN_STEP_EVERY_S = 30.0
 def quiet_library_noise() -> None:
     """Silence library messages a `hone` user cannot act on (this process only; call before the libraries load).
 
-    - bitsandbytes, on CPUs with AVX-512 BF16, warns at import that it could not fetch an optional CPU kernel from
-      the Hub and suggests installing `kernels`; Hone never runs 4-bit layers on the CPU.
+    - bitsandbytes, on CPUs with AVX-512 BF16, fetches a CPU kernel from the Hub at import and warns when it cannot;
+      Hone never runs 4-bit layers on the CPU, and imports it offline (hone.core.models.hub_kernels).
     - peft reads transformers' deprecated `is_gradient_checkpointing` when it wraps a model, which warns on
       every run; nothing in the user's config causes it.
     """
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    guard_bitsandbytes_import()
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 

@@ -27,6 +27,7 @@ from hone.core.export.gguf_arch import (
 from hone.core.export.gguf_vocab import Vocab, build_vocab
 from hone.core.export.merge import Merged, merge_run
 from hone.core.export.source import Progress, RunSource, Steps, finish, open_run, output_folder, staged
+from hone.core.models.hub_kernels import from_pretrained_options
 from hone.core.train.adapter_dir import base_model
 
 # Worst-case |dequantized - original| / max |original| of one tensor, from each type's rounding: f16 and bf16 round
@@ -230,7 +231,7 @@ def check_with_transformers(path: Path, merged: Merged, plan: GgufPlan, log: Che
                     "the tokenizer transformers rebuilds from the GGUF encodes the probe conversation differently")
         config = transformers_config(path.parent, path.name, merged.model, plan, log)
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config,
-                                                      dtype=torch.float32).eval()
+                                                      dtype=torch.float32, **from_pretrained_options()).eval()
     got = logits_of(loaded, merged.ids)
     del loaded
     compare_logits(log, "gguf.same_weights.logits", got, logits_of(merged.model, merged.ids), SAME_WEIGHTS_TOLERANCE,

@@ -16,6 +16,7 @@ from hone.core.export.checks import CheckLog, compare_logits, logits_of, quiet_t
 from hone.core.export.formats import ExportResult, ExportSpec
 from hone.core.export.merge import merge_run
 from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
+from hone.core.models.hub_kernels import from_pretrained_options
 from hone.core.train.adapter_dir import base_model
 
 # The largest safetensors file written; transformers' own default, so hub tooling sees the usual layout.
@@ -73,7 +74,8 @@ def export_merged(run_dir, out=None, *, dtype: str | None = None, force: bool = 
         write_model_card(folder, spec.label, base_model(run.config.model).name, run.name)
         steps.start("checking the saved model")
         del model, merged.model
-        reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                        **from_pretrained_options()).eval()
         compare_logits(log, "merged.reload.logits", logits_of(reloaded, merged.ids), rounded_logits, 1e-6,
                        "reloaded merged model vs the in-memory merged model")
         compare_logits(log, "merged.rounding.logits", rounded_logits, merged.reference_logits,

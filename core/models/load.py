@@ -23,6 +23,7 @@ from typing import Any
 from hone.core.config import ModelConfig
 from hone.core.errors import INSTALL_BITSANDBYTES, ModelError
 from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, ModelInfo, config_value
+from hone.core.models.hub_kernels import from_pretrained_options, guard_bitsandbytes_import
 from hone.core.resources import BUNDLED_MODELS, BUNDLED_PREFIX, cache_root, resolve_bundled
 
 # A Hugging Face repo id: "name" or "owner/name" with letters, digits, '-', '_', '.'.
@@ -203,7 +204,8 @@ def gguf_folder(gguf: Path) -> Path:
         return target
     try:
         tokenizer = gguf_tokenizer(gguf)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     **from_pretrained_options())
     except (ValueError, KeyError, RuntimeError) as e:
         raise ModelError(f"{gguf} could not be read as a GGUF model: {e}",
                          "transformers reads GGUF files of llama, mistral, qwen2/qwen3, phi3, gemma and a few "
@@ -357,6 +359,7 @@ def _qlora_config(dtype, device: str):
     if not str(device).startswith("cuda"):
         raise ModelError("QLoRA (lora.qlora = true) needs an NVIDIA GPU; this run is on the CPU",
                          "turn lora.qlora off, or run on a machine with a CUDA GPU")
+    guard_bitsandbytes_import()
     try:
         import bitsandbytes  # noqa: F401
         from transformers import BitsAndBytesConfig
@@ -468,7 +471,7 @@ def load_model(model_cfg: ModelConfig, *, device: str | None = None, for_trainin
         kwargs["quantization_config"] = _qlora_config(dtype, device)
         kwargs["device_map"] = {"": device}
     with _hub_errors(source.name):
-        model = _auto_model_class(config).from_pretrained(folder, **kwargs)
+        model = _auto_model_class(config).from_pretrained(folder, **kwargs, **from_pretrained_options())
     if not qlora:
         model.to(device)
     model.train(for_training)

@@ -12,11 +12,14 @@ from __future__ import annotations
 import re
 
 import torch
-from peft.tuners.lora.layer import LoraLayer, ParamWrapper
 from torch import nn
 
+from hone.core.models.hub_kernels import guard_bitsandbytes_import
 from hone.core.moe.experts import LORA_CALL_ATTR, find_experts, is_experts_module, is_hone_active, unsupported_reason
 from hone.kernels.moe.experts import LoraFactors
+
+guard_bitsandbytes_import()  # peft imports bitsandbytes: its first import stays off the Hub (see that module)
+from peft.tuners.lora.layer import LoraLayer, ParamWrapper  # noqa: E402
 
 _UP_NAMES = ("gate_up_proj", "up_proj")
 _DROPOUT_ATTR = "_hone_split_dropout"
