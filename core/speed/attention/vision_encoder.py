@@ -81,6 +81,24 @@ def register_encoder() -> None:
     AttentionInterface.register(VISION_IMPLEMENTATION, encoder_attention)
 
 
+def _set_encoder_implementation(hf_model, name: str) -> None:
+    """Put the image encoder (its config, which the encoder module shares) on a registered implementation.
+
+    Set on the config, not through `set_attn_implementation`: from transformers 5.25 that reads any name containing
+    "flash" as a request to import flash-attn or fetch a Hub kernel, and refuses `VISION_IMPLEMENTATION`, which is
+    neither but is registered with `AttentionInterface` already.
+    """
+    from transformers import AttentionInterface
+
+    if name not in ("eager", *AttentionInterface().valid_keys()):
+        raise ValueError(f"{name!r} is not a registered attention implementation")
+    hf_model.config.vision_config._attn_implementation = name
+    encoder = _encoder(hf_model)
+    if encoder.config._attn_implementation != name:
+        raise RuntimeError(f"{type(hf_model).__name__}'s image encoder does not read its implementation from "
+                           "config.vision_config: Hone cannot put it on varlen attention")
+
+
 def apply_encoder_attention(hf_model) -> str | None:
     """Put the image encoder of a Qwen-VL model on `encoder_attention`; returns its previous implementation (None:
     this model's encoder does not take cu_seqlens, nothing changed)."""
@@ -89,9 +107,7 @@ def apply_encoder_attention(hf_model) -> str | None:
         return None
     register_encoder()
     previous = vision._attn_implementation
-    hf_model.set_attn_implementation({"vision_config": VISION_IMPLEMENTATION})
-    if vision._attn_implementation != VISION_IMPLEMENTATION:
-        raise RuntimeError(f"{type(hf_model).__name__} did not accept {VISION_IMPLEMENTATION!r} for its image encoder")
+    _set_encoder_implementation(hf_model, VISION_IMPLEMENTATION)
     encoder = _encoder(hf_model)
     if getattr(encoder, _HOOK, None) is None:
         setattr(encoder, _HOOK, encoder.register_forward_pre_hook(_drop_text_kwargs, with_kwargs=True))
@@ -101,7 +117,7 @@ def apply_encoder_attention(hf_model) -> str | None:
 def revert_encoder_attention(hf_model, previous: str | None) -> None:
     if previous is None:
         return
-    hf_model.set_attn_implementation({"vision_config": previous})
+    _set_encoder_implementation(hf_model, previous)
     encoder = _encoder(hf_model)
     hook = getattr(encoder, _HOOK, None)
     if hook is not None:

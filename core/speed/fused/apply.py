@@ -259,7 +259,10 @@ def _patch_attention(name: str, module: torch.nn.Module, report: KernelReport, u
         original = inner.__globals__.get("apply_rotary_pos_emb")
         if original is None or "apply_rotary_pos_emb" not in inner.__code__.co_names:
             raise UnsupportedForward("forward does not call apply_rotary_pos_emb")
-        if list(inspect.signature(original).parameters) != _ROPE_PARAMETERS:
+        # With the `kernels` package installed, transformers >= 5.25 wraps it in a module (a place for a Hub kernel)
+        # whose forward is the function.
+        plain = original.forward if isinstance(original, torch.nn.Module) else original
+        if list(inspect.signature(plain).parameters) != _ROPE_PARAMETERS:
             raise UnsupportedForward("apply_rotary_pos_emb takes other arguments than (q, k, cos, sin, unsqueeze_dim)")
         _probe_rope(original)
         forward = _shared_forward(("rope", cls), lambda: replace_innermost(
