@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import weakref
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -166,12 +167,47 @@ def _idefics3_features(inner, images: HostImages) -> torch.Tensor:
         return _flat(getattr(out, "pooler_output", out))
     pixels = pixels.reshape(-1, *pixels.shape[-3:]).to(inner.dtype)
     vision = inner.vision_model
-    patch = inner.config.vision_config.patch_size
-    every_patch = torch.ones((pixels.shape[0], pixels.shape[2] // patch, pixels.shape[3] // patch),
-                             dtype=torch.bool, device=pixels.device)
-    hidden = vision.embeddings(pixel_values=pixels, patch_attention_mask=every_patch)
+    embeddings = vision.embeddings
+    positions = every_patch_positions(embeddings, pixels.shape, pixels.dtype)
+    if pixels.device.type == "cuda":
+        positions = positions.pin_memory()
+    positions = positions.to(pixels.device, non_blocking=True)
+    hidden = embeddings.patch_embedding(pixels).flatten(2).transpose(1, 2) + embeddings.position_embedding(positions)
     hidden = vision.post_layernorm(vision.encoder(inputs_embeds=hidden, attention_mask=None).last_hidden_state)
     return _flat(inner.connector(hidden))
+
+
+def every_patch_positions(embeddings, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """Idefics3's patch position ids for images whose every patch is real, computed on the host.
+
+    They depend on the images' shape and dtype alone, so transformers' own `Idefics3VisionEmbeddings.forward` runs
+    here on a host stand-in of the module (its convolution and position table replaced by shape-only stand-ins)
+    and its arithmetic, which differs between releases, is kept exactly. On the GPU the forward fills the ids
+    through boolean-mask indexing in transformers 5.17, which waits for the device.
+
+    Args:
+        embeddings: the encoder's `Idefics3VisionEmbeddings`.
+        shape: the pixel batch's shape, (images, channels, height, width).
+        dtype: the pixels' dtype (transformers 5.17 rounds the patch coordinates to it).
+
+    Returns:
+        (images, patches) int64 position ids on the host.
+    """
+    images, _, height, width = shape
+    rows, cols = height // embeddings.patch_size, width // embeddings.patch_size
+    found = []
+
+    def position_table(ids: torch.Tensor) -> torch.Tensor:
+        found.append(ids)
+        return torch.zeros((*ids.shape, 1))
+
+    stand_in = SimpleNamespace(patch_size=embeddings.patch_size, num_patches_per_side=embeddings.num_patches_per_side,
+                               patch_embedding=lambda pixels: torch.zeros((images, 1, rows, cols)),
+                               position_embedding=position_table)
+    pixels = torch.zeros((), dtype=dtype).expand(tuple(shape))  # no memory: only its shape and dtype are read
+    type(embeddings).forward(stand_in, pixel_values=pixels,
+                             patch_attention_mask=torch.ones((images, rows, cols), dtype=torch.bool))
+    return found[0]
 
 
 def _qwen_encoder_metadata(visual, grid: torch.Tensor, device: torch.device) -> tuple[dict, torch.Tensor]:
