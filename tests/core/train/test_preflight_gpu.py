@@ -40,6 +40,18 @@ def test_the_preflight_measures_what_the_steps_then_need(monkeypatch, tiny_model
     assert peak * 0.95 <= need <= peak * 1.5, (need / GIB, peak / GIB)  # 0.1 GiB rounding in the message
 
 
+def fill_memory(ballast: list, smallest: int = 512) -> None:
+    """Take every byte the allocator can still hand out under the cap: new segments up to the cap and the free blocks
+    inside segments already reserved (a step small enough to fit those would not run out of memory), halving the
+    request on each refusal down to `smallest` bytes."""
+    size = torch.cuda.get_device_properties(0).total_memory
+    while size >= smallest:
+        try:
+            ballast.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        except torch.OutOfMemoryError:
+            size //= 2
+
+
 def test_an_out_of_memory_step_under_a_cap_continues_with_the_same_curve(monkeypatch, tiny_model_dir, chat_files,
                                                                           tiny_config, tmp_path):
     config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=6",
@@ -50,8 +62,7 @@ def test_an_out_of_memory_step_under_a_cap_continues_with_the_same_curve(monkeyp
     def loss_sum(model, batch, **kwargs):  # step 3's first micro-batch: the rest of the cap is taken
         calls.append(1)
         if len(calls) == 3:
-            torch.cuda.empty_cache()
-            ballast.append(torch.empty(cap - torch.cuda.memory_reserved(), dtype=torch.uint8, device="cuda"))
+            fill_memory(ballast)
         try:
             return real(model, batch, **kwargs)
         except torch.OutOfMemoryError:
@@ -66,6 +77,7 @@ def test_an_out_of_memory_step_under_a_cap_continues_with_the_same_curve(monkeyp
         got = run(config.with_overrides([f"output.runs_dir={json.dumps(str(tmp_path / 'oom'))}"]))
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+    assert len(calls) > 3, "the run made fewer than 3 loss calls: nothing was taken from the cap"
     [notice] = [e for e in got if isinstance(e, events.Notice) and e.topic == "memory" and e.step is not None]
     assert notice.step == 3 and "running each micro-batch as 2 smaller ones" in notice.message
     assert [e.loss for e in steps(got)] == pytest.approx(clean, rel=1e-2)  # bf16 sums in another order
