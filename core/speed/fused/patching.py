@@ -9,6 +9,7 @@ around it: checkpointing and argument handling keep working exactly as in the or
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ class UnsupportedForward(Exception):
 
 
 _ABSENT = object()
+# (module, replaced names and objects) -> the module holding that snapshot of the module's globals (with_globals)
+_SNAPSHOTS: dict[tuple, types.ModuleType] = {}
 
 
 @dataclass
@@ -104,11 +107,22 @@ def replace_innermost(fn: Callable, make_inner: Callable[[types.FunctionType], C
 
 def with_globals(fn: types.FunctionType, replacements: dict[str, object]) -> types.FunctionType:
     """A copy of `fn` that resolves the given global names to other objects (a snapshot of its module's globals
-    with those names replaced; the module itself is not touched)."""
+    with those names replaced; the module itself is not touched).
+
+    The snapshot is a module of its own in `sys.modules`: torch.compile guards a function's globals through the
+    module named by its `__name__`, and with the original module's name it would guard the original objects (with
+    the `kernels` package installed, a module where a function was, which fails to compile).
+    """
     missing = [name for name in replacements if name not in fn.__code__.co_names]
     if missing:
         raise UnsupportedForward(f"{fn.__qualname__} does not use {', '.join(missing)}")
-    return _copy_function(fn, globals_={**fn.__globals__, **replacements})
+    key = (fn.__module__, tuple(sorted((name, id(value)) for name, value in replacements.items())))
+    if key not in _SNAPSHOTS:
+        name = f"hone.core.speed.fused.patched.{fn.__module__}.{len(_SNAPSHOTS)}"
+        snapshot = types.ModuleType(name)
+        snapshot.__dict__.update({**fn.__globals__, **replacements, "__name__": name})
+        sys.modules[name] = _SNAPSHOTS[key] = snapshot
+    return _copy_function(fn, globals_=_SNAPSHOTS[key].__dict__)
 
 
 def _contents(cell):
