@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.triton_interpreter import interpreter_fault
+
 ROOT = Path(__file__).resolve().parents[3]
 FILES = ["tests/kernels/moe/test_grouped_gemm.py", "tests/kernels/moe/test_moe_experts.py",
          "tests/core/moe/test_moe_module_backends.py"]
@@ -22,6 +24,8 @@ FILES = ["tests/kernels/moe/test_grouped_gemm.py", "tests/kernels/moe/test_moe_e
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="already inside the interpreted run")
 def test_triton_kernels_pass_under_the_cpu_interpreter():
     pytest.importorskip("triton")
+    if fault := interpreter_fault():
+        pytest.skip(fault)
     env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "-k", "interpreter",
