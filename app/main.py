@@ -83,7 +83,7 @@ def screenshot(window, path: str | Path) -> Path:
     """Show the window, let background work finish, and save what it looks like as a PNG."""
     from PySide6.QtWidgets import QApplication
 
-    from hone.app.threads import Task
+    from hone.app.workers import Task
 
     window.show()
     app = QApplication.instance()

@@ -1,60 +1,25 @@
 """What the trainer would reject, found before Start, beyond what RunConfig checks itself: choices this machine
 cannot run and data that is not there.
 
-The machine is read without torch (NVML through `hone.core.telemetry`, the package index for bitsandbytes), so
-the check can run on a background thread at start and the window never waits for it.
+The machine is read without torch (`hone.core.api.read_machine`: NVML and the package index for bitsandbytes), so the
+check can run on a background thread at start and the window never waits for it.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass
-
+from hone.core.api import MachineFacts
 from hone.core.config import RunConfig
 from hone.core.errors import INSTALL_BITSANDBYTES
-
-
-@dataclass(frozen=True)
-class Machine:
-    """The facts a run's choices depend on.
-
-    Attributes:
-        gpu: the first NVIDIA GPU's name; "" when there is none (or no driver, or no nvidia-ml-py).
-        bitsandbytes: whether the bitsandbytes package is installed (QLoRA and the 8-bit optimizer need it).
-        reason: why no GPU was found, in words ("" when one was).
-        gpus: every NVIDIA GPU (hone.core.telemetry.GpuListing); a run may train on several.
-    """
-
-    gpu: str = ""
-    bitsandbytes: bool = False
-    reason: str = ""
-    gpus: tuple = ()
-
-    @property
-    def has_gpu(self) -> bool:
-        return bool(self.gpu)
-
-
-def detect_machine() -> Machine:
-    """Read this machine (NVML and the package index; no torch). Meant for a background Task."""
-    from hone.core.telemetry import Telemetry, list_gpus
-
-    telemetry = Telemetry()
-    try:
-        sample = telemetry.sample() if telemetry.has_gpu else None
-        gpu = sample.device if sample is not None else ""
-    finally:
-        telemetry.close()
-    return Machine(gpu=gpu, bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
-                   reason=telemetry.unavailable_reason, gpus=tuple(list_gpus()) if gpu else ())
-
 
 # Choices that only an NVIDIA GPU runs: (what it is, whether the config asks for it, what to choose instead).
 GPU_ONLY = (
     ("QLoRA (a 4-bit base)", lambda c: c.lora.qlora, "turn off QLoRA under LoRA adapter"),
     ("The 8-bit optimizer", lambda c: c.train.optimizer == "adamw8bit", "choose the AdamW optimizer"),
-    ("Offloading activations to host memory", lambda c: c.speed.checkpoint in ("offload", "offload-double"),
-     "set Activation checkpoints to Auto or Recompute"),
+    (
+        "Offloading activations to host memory",
+        lambda c: c.speed.checkpoint in ("offload", "offload-double"),
+        "set Activation checkpoints to Auto or Recompute",
+    ),
 )
 NEEDS_BITSANDBYTES = (
     ("QLoRA (a 4-bit base)", lambda c: c.lora.qlora),
@@ -62,7 +27,7 @@ NEEDS_BITSANDBYTES = (
 )
 
 
-def machine_problems(config: RunConfig, machine: Machine | None) -> list[str]:
+def machine_problems(config: RunConfig, machine: MachineFacts | None) -> list[str]:
     """Why this machine cannot run `config`, one sentence each; empty while the machine is not known yet."""
     if machine is None:
         return []
@@ -74,14 +39,16 @@ def machine_problems(config: RunConfig, machine: Machine | None) -> list[str]:
     elif not machine.bitsandbytes:
         for what, asked in NEEDS_BITSANDBYTES:
             if asked(config):
-                problems.append(f"{what} needs the bitsandbytes package, which is not installed: install it "
-                                f"({INSTALL_BITSANDBYTES}) or choose otherwise.")
+                problems.append(
+                    f"{what} needs the bitsandbytes package, which is not installed: install it "
+                    f"({INSTALL_BITSANDBYTES}) or choose otherwise."
+                )
     return problems
 
 
 def data_problems(config: RunConfig) -> list[str]:
     """Data entries that name nothing readable (a missing file, a folder without data files)."""
-    from hone.core.data.loaders import SourceError, resolve_sources
+    from hone.core.api import SourceError, resolve_sources
 
     problems = []
     for side, entries in (("Training", config.data.train), ("Evaluation", config.data.eval)):
@@ -93,7 +60,7 @@ def data_problems(config: RunConfig) -> list[str]:
     return problems
 
 
-def run_problems(config: RunConfig, machine: Machine | None) -> list[str]:
+def run_problems(config: RunConfig, machine: MachineFacts | None) -> list[str]:
     """Every reason the trainer would refuse `config` on this machine that the config itself cannot know (its own
     checks, across sections too, run in RunConfig and show on the form)."""
     return machine_problems(config, machine) + data_problems(config)

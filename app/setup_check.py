@@ -9,7 +9,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from hone.app.settings import Settings
-from hone.app.threads import Task
+from hone.app.workers import Task
 from hone.core.version import __version__
 
 SEEN_KEY = "setup/warnings_seen"
@@ -17,7 +17,7 @@ SEEN_KEY = "setup/warnings_seen"
 
 def start_setup_check(window: QWidget, settings: Settings) -> Task:
     """Run the check off the GUI thread (it imports torch); the answer, if it needs one, opens a dialog."""
-    from hone.core.install.runtime import check_runtime
+    from hone.core.api import check_runtime
 
     return Task(check_runtime, on_result=lambda findings: show_findings(window, settings, findings))
 

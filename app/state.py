@@ -9,9 +9,9 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from hone.app.run_checks import Machine
 from hone.app.settings import Settings
-from hone.app.threads import TrainerFactory, TrainSession
+from hone.app.workers import TrainerFactory, TrainSession
+from hone.core.api import MachineFacts
 from hone.core.config import RunConfig
 
 
@@ -22,7 +22,7 @@ class AppState(QObject):
         config_changed(RunConfig): the config changed (a page edited it, a preset was applied).
         model_info_changed(dict | None): details of the chosen model (ModelInfo as a dict), None while unknown.
         page_requested(str): a page asks the window to show another page (e.g. Start -> Monitor).
-        machine_changed(Machine): what this computer can run became known (read in the background at start).
+        machine_changed(MachineFacts): what this computer can run became known (read in the background at start).
     """
 
     config_changed = Signal(object)
@@ -36,9 +36,9 @@ class AppState(QObject):
         self.config: RunConfig = settings.config()
         self.model_info: dict[str, Any] | None = self._cached_model_info(self.config.model.name_or_path)
         self.session = TrainSession(trainer, self)
-        self.machine: Machine | None = None  # None until read; nothing is refused for the machine until then
+        self.machine: MachineFacts | None = None  # None until read; nothing is refused for the machine until then
 
-    def set_machine(self, machine: Machine) -> None:
+    def set_machine(self, machine: MachineFacts) -> None:
         self.machine = machine
         self.machine_changed.emit(machine)
 
@@ -59,8 +59,9 @@ class AppState(QObject):
 
     def set_model(self, name_or_path: str, info: Any | None) -> None:
         """The user chose a model and it could be read; `info` is its ModelInfo."""
-        config = dataclasses.replace(self.config, model=dataclasses.replace(self.config.model,
-                                                                            name_or_path=name_or_path))
+        config = dataclasses.replace(
+            self.config, model=dataclasses.replace(self.config.model, name_or_path=name_or_path)
+        )
         self.set_config(config)
         self.settings.add_recent_model(name_or_path)
         self.set_model_info(name_or_path, info)

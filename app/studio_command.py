@@ -22,8 +22,11 @@ GUI_PACKAGES = ("PySide6.QtWidgets", "pyqtgraph")
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """`hone studio`, for `hone.core.cli` (the `studio` entry point of the `hone.commands` group)."""
-    p = sub.add_parser("studio", help="open Hone Studio, the desktop app",
-                       description="Open Hone Studio. With --screenshot, render a page offscreen to a PNG and exit.")
+    p = sub.add_parser(
+        "studio",
+        help="open Hone Studio, the desktop app",
+        description="Open Hone Studio. With --screenshot, render a page offscreen to a PNG and exit.",
+    )
     add_arguments(p)
     return p
 
@@ -49,20 +52,23 @@ def parse_size(text: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     """Open the app (or take the screenshot). A GUI package that does not import is a `HoneError` (one line plus
     advice); any other failure keeps its traceback."""
-    from hone.core.allocator import prefer_expandable_segments
-    from hone.core.models.hub_kernels import guard_bitsandbytes_import
+    from hone.core.api import guard_bitsandbytes_import, prefer_expandable_segments
 
     if args.run and not (Path(args.run) / "config.toml").is_file():
-        raise HoneError(f"{args.run} is not a run folder (it has no config.toml)",
-                        "give a folder from the runs directory, e.g. runs/20261201-120000-my-model")
+        raise HoneError(
+            f"{args.run} is not a run folder (it has no config.toml)",
+            "give a folder from the runs directory, e.g. runs/20261201-120000-my-model",
+        )
     prefer_expandable_segments()  # training runs in this process: set before anything touches CUDA
     guard_bitsandbytes_import()  # before peft imports it (hone.core.models.hub_kernels says why)
     for name in GUI_PACKAGES:
         try:
             importlib.import_module(name)
         except ImportError as e:
-            raise HoneError(f"the desktop app cannot start: {e}",
-                            "install the GUI dependencies: pip install pyside6-essentials pyqtgraph") from None
+            raise HoneError(
+                f"the desktop app cannot start: {e}",
+                "install the GUI dependencies: pip install pyside6-essentials pyqtgraph",
+            ) from None
     from hone.app.main import run as start_app
 
     return start_app(args)

@@ -57,19 +57,63 @@ class Palette:
 
 
 DARK_PALETTE = Palette(
-    bg="#0f1116", sidebar="#0b0d11", surface="#161920", surface_alt="#1c2029", input="#12151b", border="#272c37",
-    hover="#1f2430", scroll="#353b48", text="#e7e9ef", muted="#8f98a8", accent="#7567ff", accent_hover="#8678ff",
-    accent_soft="#262447", accent_text="#b9b1ff", success="#34d399", warning="#fbbf24", danger="#f87171",
-    loss="#8b7fff", smooth="#f5a524", eval="#34d399", speed="#22d3ee", mem_alloc="#f472b6", mem_reserved="#fb923c",
-    mem_device="#a78bfa", lr="#2dd4bf", util="#60a5fa", grid="#2a2f3a",
+    bg="#0f1116",
+    sidebar="#0b0d11",
+    surface="#161920",
+    surface_alt="#1c2029",
+    input="#12151b",
+    border="#272c37",
+    hover="#1f2430",
+    scroll="#353b48",
+    text="#e7e9ef",
+    muted="#8f98a8",
+    accent="#7567ff",
+    accent_hover="#8678ff",
+    accent_soft="#262447",
+    accent_text="#b9b1ff",
+    success="#34d399",
+    warning="#fbbf24",
+    danger="#f87171",
+    loss="#8b7fff",
+    smooth="#f5a524",
+    eval="#34d399",
+    speed="#22d3ee",
+    mem_alloc="#f472b6",
+    mem_reserved="#fb923c",
+    mem_device="#a78bfa",
+    lr="#2dd4bf",
+    util="#60a5fa",
+    grid="#2a2f3a",
 )
 
 LIGHT_PALETTE = Palette(
-    bg="#f6f7fb", sidebar="#eef0f6", surface="#ffffff", surface_alt="#f1f3f8", input="#ffffff", border="#e1e4ec",
-    hover="#e8ebf3", scroll="#c9cfdb", text="#1a1e27", muted="#5f6878", accent="#5b4cf0", accent_hover="#4d3fe0",
-    accent_soft="#e7e4ff", accent_text="#4335c9", success="#059669", warning="#b45309", danger="#dc2626",
-    loss="#5b4cf0", smooth="#e08a00", eval="#059669", speed="#0891b2", mem_alloc="#db2777", mem_reserved="#ea580c",
-    mem_device="#7c3aed", lr="#0d9488", util="#2563eb", grid="#e6e8ef",
+    bg="#f6f7fb",
+    sidebar="#eef0f6",
+    surface="#ffffff",
+    surface_alt="#f1f3f8",
+    input="#ffffff",
+    border="#e1e4ec",
+    hover="#e8ebf3",
+    scroll="#c9cfdb",
+    text="#1a1e27",
+    muted="#5f6878",
+    accent="#5b4cf0",
+    accent_hover="#4d3fe0",
+    accent_soft="#e7e4ff",
+    accent_text="#4335c9",
+    success="#059669",
+    warning="#b45309",
+    danger="#dc2626",
+    loss="#5b4cf0",
+    smooth="#e08a00",
+    eval="#059669",
+    speed="#0891b2",
+    mem_alloc="#db2777",
+    mem_reserved="#ea580c",
+    mem_device="#7c3aed",
+    lr="#0d9488",
+    util="#2563eb",
+    grid="#e6e8ef",
 )
 
 
@@ -115,11 +159,21 @@ class Theme(QObject):
         """Set the Qt palette, the stylesheet and pyqtgraph's defaults, then tell listeners."""
         p = self.palette
         qt_palette = QPalette()
-        roles = {QPalette.Window: p.bg, QPalette.Base: p.input, QPalette.AlternateBase: p.surface_alt,
-                 QPalette.Text: p.text, QPalette.WindowText: p.text, QPalette.Button: p.surface,
-                 QPalette.ButtonText: p.text, QPalette.Highlight: p.accent, QPalette.HighlightedText: "#ffffff",
-                 QPalette.ToolTipBase: p.surface_alt, QPalette.ToolTipText: p.text, QPalette.PlaceholderText: p.muted,
-                 QPalette.Link: p.accent}
+        roles = {
+            QPalette.Window: p.bg,
+            QPalette.Base: p.input,
+            QPalette.AlternateBase: p.surface_alt,
+            QPalette.Text: p.text,
+            QPalette.WindowText: p.text,
+            QPalette.Button: p.surface,
+            QPalette.ButtonText: p.text,
+            QPalette.Highlight: p.accent,
+            QPalette.HighlightedText: "#ffffff",
+            QPalette.ToolTipBase: p.surface_alt,
+            QPalette.ToolTipText: p.text,
+            QPalette.PlaceholderText: p.muted,
+            QPalette.Link: p.accent,
+        }
         for role, colour in roles.items():
             qt_palette.setColor(role, QColor(colour))
         qt_palette.setColor(QPalette.Disabled, QPalette.Text, QColor(p.muted))

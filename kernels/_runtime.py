@@ -33,8 +33,19 @@ except ImportError:  # pragma: no cover - platforms without triton (macOS): refe
     InterpretedFunction = None
     HAS_TRITON = False
 
-__all__ = ["CACHED_LAUNCH", "HAS_TRITON", "META_KERNEL_OBSERVER", "CachedLaunch", "cdiv", "interpreting", "launcher",
-           "next_power_of_2", "num_programs", "sum_combine", "use_triton"]
+__all__ = [
+    "CACHED_LAUNCH",
+    "HAS_TRITON",
+    "META_KERNEL_OBSERVER",
+    "CachedLaunch",
+    "cdiv",
+    "interpreting",
+    "launcher",
+    "next_power_of_2",
+    "num_programs",
+    "sum_combine",
+    "use_triton",
+]
 
 # Called as `observer(kernel_name, args)` for each launch on meta tensors (step plans count its bytes); None = off.
 META_KERNEL_OBSERVER = None
@@ -166,9 +177,18 @@ class CachedLaunch:
         grid = (*grid, 1, 1)
         hooks = triton.knobs.runtime
         launch_args = (*args, *tail)
-        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid[:3], stream, *launch_args), hooks.launch_enter_hook,
-                     hooks.launch_exit_hook, *launch_args)
+        compiled.run(
+            grid[0],
+            grid[1],
+            grid[2],
+            stream,
+            compiled.function,
+            compiled.packed_metadata,
+            compiled.launch_metadata(grid[:3], stream, *launch_args),
+            hooks.launch_enter_hook,
+            hooks.launch_exit_hook,
+            *launch_args,
+        )
         return compiled
 
     def _entry(self, compiled, positional: int, kwargs: dict) -> tuple | None:

@@ -23,8 +23,10 @@ except ImportError:
             functools.update_wrapper(self, fn)
 
         def _missing(self, *args, **kwargs):
-            raise RuntimeError(f"{self.__name__} is a Triton kernel and Triton is not installed; its torch "
-                               "reference should have run (hone.kernels._runtime.use_triton)")
+            raise RuntimeError(
+                f"{self.__name__} is a Triton kernel and Triton is not installed; its torch "
+                "reference should have run (hone.kernels._runtime.use_triton)"
+            )
 
         __call__ = _missing
         __getitem__ = _missing  # kernel[grid](...)

@@ -26,8 +26,26 @@ _MIX1, _MIX2, _GOLDEN = 0x7FEB352D, 0x846CA68B, 0x9E3779B1
 
 # seed varies per step: unspecialized, or Triton would turn a seed of 1 into a compile-time constant (no .to)
 @triton.jit(do_not_specialize=["seed"])
-def _adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, coef_ptr, n, beta1, one_minus_beta1, beta2, one_minus_beta2, decay, lr,
-                  bias1, bias2, eps, seed, STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr):
+def _adamw_kernel(
+    p_ptr,
+    g_ptr,
+    m_ptr,
+    v_ptr,
+    coef_ptr,
+    n,
+    beta1,
+    one_minus_beta1,
+    beta2,
+    one_minus_beta2,
+    decay,
+    lr,
+    bias1,
+    bias2,
+    eps,
+    seed,
+    STOCHASTIC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     coef = tl.load(coef_ptr).to(tl.float32)
@@ -89,9 +107,22 @@ def _stochastic_bf16(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     return cut.view(torch.float32).to(torch.bfloat16)
 
 
-def adamw_step_reference(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, coef: torch.Tensor,
-                         *, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, bias1: float,
-                         bias2: float, seed: int) -> None:
+def adamw_step_reference(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    coef: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias1: float,
+    bias2: float,
+    seed: int,
+) -> None:
     """`adamw_step_` in torch ops, chunk by chunk (the same values as the kernel, stochastic rounding included)."""
     stochastic = m.dtype == torch.bfloat16
     scale = coef.float()
@@ -113,8 +144,21 @@ def adamw_step_reference(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: t
             v[sl] = vf.to(v.dtype)
 
 
-def adamw_step_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, coef: torch.Tensor, *, lr: float,
-                beta1: float, beta2: float, eps: float, weight_decay: float, step: int, seed: int) -> None:
+def adamw_step_(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    coef: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    step: int,
+    seed: int,
+) -> None:
     """One AdamW step over flat buffers, in place.
 
     One kernel updates every trainable value: it reads the parameter (fp32), its gradient (any float dtype, scaled by
@@ -137,15 +181,40 @@ def adamw_step_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tens
         step: the 1-based step number (bias correction). seed: the stochastic rounding's seed for this step.
     """
     lr, beta1, beta2, eps, weight_decay = float(lr), float(beta1), float(beta2), float(eps), float(weight_decay)
-    args = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, bias1=1.0 - beta1**step,
-                bias2=1.0 - beta2**step)
+    args = dict(
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        bias1=1.0 - beta1**step,
+        bias2=1.0 - beta2**step,
+    )
     stochastic = m.dtype == torch.bfloat16
     if use_triton(p, g, m, v, coef) and m.dtype == v.dtype:
         n = p.numel()
         # the coefficients in double here, rounded once to fp32 at the launch (see the docstring)
         launcher(_adamw_kernel, p.device)[(cdiv(n, _BLOCK),)](
-            p, g, m, v, coef, n, beta1, 1.0 - beta1, beta2, 1.0 - beta2, 1.0 - lr * weight_decay, lr, args["bias1"],
-            args["bias2"], eps, seed & 0x7FFFFFFF, STOCHASTIC=stochastic, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+            p,
+            g,
+            m,
+            v,
+            coef,
+            n,
+            beta1,
+            1.0 - beta1,
+            beta2,
+            1.0 - beta2,
+            1.0 - lr * weight_decay,
+            lr,
+            args["bias1"],
+            args["bias2"],
+            eps,
+            seed & 0x7FFFFFFF,
+            STOCHASTIC=stochastic,
+            BLOCK=_BLOCK,
+            num_warps=_NUM_WARPS,
+        )
         return
     adamw_step_reference(p, g, m, v, coef, **args, seed=seed & 0x7FFFFFFF)
 
@@ -154,7 +223,7 @@ def sum_squares_reference(x: torch.Tensor) -> torch.Tensor:
     """Sum of squares of x in float32, chunk by chunk (bounded temporaries)."""
     total = torch.zeros((), dtype=torch.float32, device=x.device)
     for start in range(0, x.numel(), _TORCH_CHUNK):
-        chunk = x[start:start + _TORCH_CHUNK].float()
+        chunk = x[start : start + _TORCH_CHUNK].float()
         total += torch.dot(chunk, chunk)
     return total
 

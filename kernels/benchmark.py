@@ -93,16 +93,26 @@ def _runner(f: Callable, inputs: list[torch.Tensor], pass_: str) -> Callable[[],
     return forward_only
 
 
-def _case(name: str, shape: str, hone: Callable, reference: Callable, inputs: list[torch.Tensor],
-          compiled: bool) -> list[Result]:
+def _case(
+    name: str, shape: str, hone: Callable, reference: Callable, inputs: list[torch.Tensor], compiled: bool
+) -> list[Result]:
     reference_compiled = torch.compile(reference) if compiled else None
     results = []
     for pass_ in ("fwd", "fwd+bwd"):
         ours, theirs = _runner(hone, inputs, pass_), _runner(reference, inputs, pass_)
         compiled_ms = _bench(_runner(reference_compiled, inputs, pass_)) if reference_compiled is not None else None
-        results.append(Result(kernel=name, shape=shape, pass_=pass_, reference_ms=_bench(theirs),
-                              compiled_ms=compiled_ms, hone_ms=_bench(ours), reference_peak_mib=_peak_mib(theirs),
-                              hone_peak_mib=_peak_mib(ours)))
+        results.append(
+            Result(
+                kernel=name,
+                shape=shape,
+                pass_=pass_,
+                reference_ms=_bench(theirs),
+                compiled_ms=compiled_ms,
+                hone_ms=_bench(ours),
+                reference_peak_mib=_peak_mib(theirs),
+                hone_peak_mib=_peak_mib(ours),
+            )
+        )
     return results
 
 
@@ -111,12 +121,17 @@ def _nf4_weight(out_features: int, in_features: int, device) -> NF4Weight:
     n_blocks = out_features * in_features // 64
     g = torch.Generator(device=device).manual_seed(0)
     return NF4Weight(
-        packed=torch.randint(0, 256, (out_features * in_features // 2, 1), dtype=torch.uint8, device=device,
-                             generator=g),
+        packed=torch.randint(
+            0, 256, (out_features * in_features // 2, 1), dtype=torch.uint8, device=device, generator=g
+        ),
         absmax=torch.randint(0, 256, (n_blocks,), dtype=torch.uint8, device=device, generator=g),
-        code=torch.tensor(NF4_CODE, device=device), shape=(out_features, in_features), dtype=torch.bfloat16,
+        code=torch.tensor(NF4_CODE, device=device),
+        shape=(out_features, in_features),
+        dtype=torch.bfloat16,
         absmax2=torch.rand(triton.cdiv(n_blocks, 256), device=device, generator=g) * 0.01,
-        code2=torch.linspace(-1, 1, 256, device=device), offset=torch.tensor(0.02, device=device))
+        code2=torch.linspace(-1, 1, 256, device=device),
+        offset=torch.tensor(0.02, device=device),
+    )
 
 
 def run_benchmarks(tokens: int = 16384, compiled_reference: bool = True, device: str = "cuda") -> list[Result]:
@@ -129,15 +144,33 @@ def run_benchmarks(tokens: int = 16384, compiled_reference: bool = True, device:
     results: list[Result] = []
     frozen_norm = torch.rand(HIDDEN, device=device, dtype=dtype) + 0.5
     x = act(tokens, HIDDEN)
-    results += _case("rms_norm", f"{tokens}x{HIDDEN}", lambda t: rms_norm(t, frozen_norm, 1e-6),
-                     lambda t: rms_norm_reference(t, frozen_norm, 1e-6), [x], compiled_reference)
+    results += _case(
+        "rms_norm",
+        f"{tokens}x{HIDDEN}",
+        lambda t: rms_norm(t, frozen_norm, 1e-6),
+        lambda t: rms_norm_reference(t, frozen_norm, 1e-6),
+        [x],
+        compiled_reference,
+    )
     residual = act(tokens, HIDDEN)
-    results += _case("add_rms_norm", f"{tokens}x{HIDDEN}", lambda r, t: add_rms_norm(r, t, frozen_norm, 1e-6),
-                     lambda r, t: add_rms_norm_reference(r, t, frozen_norm, 1e-6), [residual, x], compiled_reference)
+    results += _case(
+        "add_rms_norm",
+        f"{tokens}x{HIDDEN}",
+        lambda r, t: add_rms_norm(r, t, frozen_norm, 1e-6),
+        lambda r, t: add_rms_norm_reference(r, t, frozen_norm, 1e-6),
+        [residual, x],
+        compiled_reference,
+    )
     head_norm = torch.rand(HEAD_DIM, device=device, dtype=dtype) + 0.5
     q_heads = act(tokens, Q_HEADS, HEAD_DIM)
-    results += _case("rms_norm (q heads)", f"{tokens}x{Q_HEADS}x{HEAD_DIM}", lambda t: rms_norm(t, head_norm, 1e-6),
-                     lambda t: rms_norm_reference(t, head_norm, 1e-6), [q_heads], compiled_reference)
+    results += _case(
+        "rms_norm (q heads)",
+        f"{tokens}x{Q_HEADS}x{HEAD_DIM}",
+        lambda t: rms_norm(t, head_norm, 1e-6),
+        lambda t: rms_norm_reference(t, head_norm, 1e-6),
+        [q_heads],
+        compiled_reference,
+    )
 
     positions = torch.arange(tokens, device=device) % 4096  # packed rows of 4096 tokens
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
@@ -150,21 +183,38 @@ def run_benchmarks(tokens: int = 16384, compiled_reference: bool = True, device:
             q4 = (q * 1).view(1, tokens, Q_HEADS, HEAD_DIM).transpose(1, 2)
             k4 = (k * 1).view(1, tokens, KV_HEADS, HEAD_DIM).transpose(1, 2)
             return fn(q4, k4, cos, sin)
+
         return run
 
-    results += _case("rope (q and k)", f"q 1x{Q_HEADS}x{tokens}x{HEAD_DIM}, k {KV_HEADS} heads",
-                     rope_with(apply_rotary), rope_with(rope_reference), [q_flat, k_flat], compiled_reference)
+    results += _case(
+        "rope (q and k)",
+        f"q 1x{Q_HEADS}x{tokens}x{HEAD_DIM}, k {KV_HEADS} heads",
+        rope_with(apply_rotary),
+        rope_with(rope_reference),
+        [q_flat, k_flat],
+        compiled_reference,
+    )
     gate, up = act(tokens, INTERMEDIATE), act(tokens, INTERMEDIATE)
-    results += _case("swiglu", f"{tokens}x{INTERMEDIATE}", lambda g, u: glu(g, u, "silu"),
-                     lambda g, u: glu_reference(g, u, "silu"), [gate, up], compiled_reference)
+    results += _case(
+        "swiglu",
+        f"{tokens}x{INTERMEDIATE}",
+        lambda g, u: glu(g, u, "silu"),
+        lambda g, u: glu_reference(g, u, "silu"),
+        [gate, up],
+        compiled_reference,
+    )
 
     weight = torch.randn(INTERMEDIATE, HIDDEN, device=device, dtype=dtype) * 0.02
     lora_a = (torch.randn(RANK, HIDDEN, device=device) * 0.01).requires_grad_()
     lora_b = (torch.randn(INTERMEDIATE, RANK, device=device) * 0.01).requires_grad_()
-    results += _case("lora_linear (fp32 adapters)", f"{tokens}x{HIDDEN} -> {INTERMEDIATE}, r={RANK}",
-                     lambda t, a, b: lora_linear(t, a, b, 2.0, weight=weight),
-                     lambda t, a, b: lora_linear_reference(t, weight, None, a, b, 2.0), [x, lora_a, lora_b],
-                     compiled_reference)
+    results += _case(
+        "lora_linear (fp32 adapters)",
+        f"{tokens}x{HIDDEN} -> {INTERMEDIATE}, r={RANK}",
+        lambda t, a, b: lora_linear(t, a, b, 2.0, weight=weight),
+        lambda t, a, b: lora_linear_reference(t, weight, None, a, b, 2.0),
+        [x, lora_a, lora_b],
+        compiled_reference,
+    )
 
     nf4 = _nf4_weight(INTERMEDIATE, HIDDEN, device)
 
@@ -175,23 +225,41 @@ def run_benchmarks(tokens: int = 16384, compiled_reference: bool = True, device:
     with torch.no_grad():
         ours_ms, theirs_ms = _bench(lambda: nf4.dequantize(dtype)), _bench(nf4_reference_weight)
         compiled_ms = _bench(torch.compile(nf4_reference_weight)) if compiled_reference else None
-    results.append(Result("nf4_dequantize", f"{INTERMEDIATE}x{HIDDEN}", "fwd", theirs_ms, compiled_ms, ours_ms,
-                          _peak_mib(nf4_reference_weight), _peak_mib(lambda: nf4.dequantize(dtype))))
-    results += _case("qlora_linear (nf4 base)", f"{tokens}x{HIDDEN} -> {INTERMEDIATE}, r={RANK}",
-                     lambda t, a, b: lora_linear(t, a, b, 2.0, nf4=nf4),
-                     lambda t, a, b: lora_linear_reference(t, nf4_reference_weight(), None, a, b, 2.0),
-                     [x, lora_a, lora_b], compiled_reference)
+    results.append(
+        Result(
+            "nf4_dequantize",
+            f"{INTERMEDIATE}x{HIDDEN}",
+            "fwd",
+            theirs_ms,
+            compiled_ms,
+            ours_ms,
+            _peak_mib(nf4_reference_weight),
+            _peak_mib(lambda: nf4.dequantize(dtype)),
+        )
+    )
+    results += _case(
+        "qlora_linear (nf4 base)",
+        f"{tokens}x{HIDDEN} -> {INTERMEDIATE}, r={RANK}",
+        lambda t, a, b: lora_linear(t, a, b, 2.0, nf4=nf4),
+        lambda t, a, b: lora_linear_reference(t, nf4_reference_weight(), None, a, b, 2.0),
+        [x, lora_a, lora_b],
+        compiled_reference,
+    )
     return results
 
 
 def format_table(results: list[Result]) -> str:
-    header = (f"{'kernel':<28} {'pass':<8} {'ref ms':>8} {'compiled':>9} {'hone ms':>8} {'speedup':>8} "
-              f"{'ref MiB':>9} {'hone MiB':>9}  shape")
+    header = (
+        f"{'kernel':<28} {'pass':<8} {'ref ms':>8} {'compiled':>9} {'hone ms':>8} {'speedup':>8} "
+        f"{'ref MiB':>9} {'hone MiB':>9}  shape"
+    )
     lines = [header, "-" * len(header)]
     for r in results:
         compiled = f"{r.compiled_ms:9.3f}" if r.compiled_ms is not None else f"{'-':>9}"
-        lines.append(f"{r.kernel:<28} {r.pass_:<8} {r.reference_ms:8.3f} {compiled} {r.hone_ms:8.3f} "
-                     f"{r.speedup:7.2f}x {r.reference_peak_mib:9.1f} {r.hone_peak_mib:9.1f}  {r.shape}")
+        lines.append(
+            f"{r.kernel:<28} {r.pass_:<8} {r.reference_ms:8.3f} {compiled} {r.hone_ms:8.3f} "
+            f"{r.speedup:7.2f}x {r.reference_peak_mib:9.1f} {r.hone_peak_mib:9.1f}  {r.shape}"
+        )
     return "\n".join(lines)
 
 
@@ -205,12 +273,15 @@ def main(argv: list[str] | None = None) -> int:
         print("hone.kernels.benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     results = run_benchmarks(args.tokens, compiled_reference=not args.no_compiled_reference)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"{args.tokens} tokens, bf16")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"{args.tokens} tokens, bf16"
+    )
     print(format_table(results))
     with open(args.json, "w", encoding="utf-8") as f:
-        json.dump([dict(asdict(r), speedup=r.speedup, device=torch.cuda.get_device_name()) for r in results], f,
-                  indent=2)
+        json.dump(
+            [dict(asdict(r), speedup=r.speedup, device=torch.cuda.get_device_name()) for r in results], f, indent=2
+        )
     return 0
 
 

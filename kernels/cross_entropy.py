@@ -27,8 +27,19 @@ _NEG_START = -1.0e30
 
 
 @triton.jit
-def _cross_entropy_kernel(logits_ptr, targets_ptr, loss_ptr, n_cols, stride_row, scale, softcap, ignore_index,
-                          HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr, NEG_START: tl.constexpr):
+def _cross_entropy_kernel(
+    logits_ptr,
+    targets_ptr,
+    loss_ptr,
+    n_cols,
+    stride_row,
+    scale,
+    softcap,
+    ignore_index,
+    HAS_SOFTCAP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NEG_START: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride_row
     target = tl.load(targets_ptr + row)
@@ -73,20 +84,41 @@ def _cross_entropy_kernel(logits_ptr, targets_ptr, loss_ptr, n_cols, stride_row,
         tl.store(base + cols, grad.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
-def cross_entropy_forward_backward(logits: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,
-                                   softcap: float | None = None, ignore_index: int = -100) -> torch.Tensor:
+def cross_entropy_forward_backward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    scale: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
     """Launch the kernel: per-row losses, and the logits overwritten by their gradient (see `cross_entropy_grad_`)."""
     rows, n_cols = logits.shape
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if rows:
         launcher(_cross_entropy_kernel, logits.device)[(rows,)](
-            logits, targets, losses, n_cols, logits.stride(0), float(scale), float(softcap or 1.0), int(ignore_index),
-            HAS_SOFTCAP=softcap is not None, BLOCK=_BLOCK, NEG_START=_NEG_START, num_warps=_NUM_WARPS)
+            logits,
+            targets,
+            losses,
+            n_cols,
+            logits.stride(0),
+            float(scale),
+            float(softcap or 1.0),
+            int(ignore_index),
+            HAS_SOFTCAP=softcap is not None,
+            BLOCK=_BLOCK,
+            NEG_START=_NEG_START,
+            num_warps=_NUM_WARPS,
+        )
     return losses
 
 
-def cross_entropy_grad_reference(logits: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,
-                                 softcap: float | None = None, ignore_index: int = -100) -> torch.Tensor:
+def cross_entropy_grad_reference(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    scale: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
     """`cross_entropy_grad_` in torch ops (float32 math on a copy, the result cast back into `logits`)."""
     z = logits.float() * scale
     t = None
@@ -106,8 +138,13 @@ def cross_entropy_grad_reference(logits: torch.Tensor, targets: torch.Tensor, sc
     return losses
 
 
-def cross_entropy_grad_(logits: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,
-                        softcap: float | None = None, ignore_index: int = -100) -> torch.Tensor:
+def cross_entropy_grad_(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    scale: float = 1.0,
+    softcap: float | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
     """Cross-entropy of each row of `logits` (after `z = scale * logits`, then `softcap * tanh(z / softcap)`), and
     the gradient of the summed loss towards the raw logits, written over `logits`.
 
@@ -125,8 +162,14 @@ def cross_entropy_grad_(logits: torch.Tensor, targets: torch.Tensor, scale: floa
     Returns:
         (rows,) float32 losses.
     """
-    if fused_cross_entropy_runs(logits, targets) and logits.dim() == 2 and logits.stride(1) == 1 \
-            and logits.dtype in _FLOAT_DTYPES and targets.dtype == torch.int64 and targets.is_contiguous():
+    if (
+        fused_cross_entropy_runs(logits, targets)
+        and logits.dim() == 2
+        and logits.stride(1) == 1
+        and logits.dtype in _FLOAT_DTYPES
+        and targets.dtype == torch.int64
+        and targets.is_contiguous()
+    ):
         return cross_entropy_forward_backward(logits, targets, scale, softcap, ignore_index)
     return cross_entropy_grad_reference(logits, targets, scale, softcap, ignore_index)
 

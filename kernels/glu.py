@@ -42,8 +42,9 @@ def _glu_forward_kernel(gate_ptr, up_ptr, out_ptr, n, ACTIVATION: tl.constexpr, 
 
 
 @triton.jit
-def _glu_backward_kernel(dout_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, n, ACTIVATION: tl.constexpr,
-                         BLOCK: tl.constexpr):
+def _glu_backward_kernel(
+    dout_ptr, gate_ptr, up_ptr, dgate_ptr, dup_ptr, n, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr
+):
     offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
     mask = offs < n
     dout = tl.load(dout_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -71,18 +72,20 @@ def glu_forward(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.
     out = torch.empty_like(gate)
     n = gate.numel()
     launcher(_glu_forward_kernel, gate.device)[(cdiv(n, _BLOCK),)](
-        gate, up, out, n, ACTIVATION=_ACTIVATION_IDS[activation], BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+        gate, up, out, n, ACTIVATION=_ACTIVATION_IDS[activation], BLOCK=_BLOCK, num_warps=_NUM_WARPS
+    )
     return out
 
 
-def glu_backward(dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-                 activation: str) -> tuple[torch.Tensor, torch.Tensor]:
+def glu_backward(
+    dout: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup) from the output gradient, recomputing the activation from gate."""
     dgate, dup = torch.empty_like(gate), torch.empty_like(up)
     n = gate.numel()
     launcher(_glu_backward_kernel, gate.device)[(cdiv(n, _BLOCK),)](
-        dout, gate, up, dgate, dup, n, ACTIVATION=_ACTIVATION_IDS[activation], BLOCK=_BLOCK,
-        num_warps=_NUM_WARPS)
+        dout, gate, up, dgate, dup, n, ACTIVATION=_ACTIVATION_IDS[activation], BLOCK=_BLOCK, num_warps=_NUM_WARPS
+    )
     return dgate, dup
 
 
@@ -105,8 +108,13 @@ def glu(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu") -> torch
     """`act(gate) * up` (SwiGLU for "silu", GeGLU for "gelu_tanh" / "gelu"); shapes (..., I), same dtype."""
     if activation not in _ACTIVATION_IDS:
         raise ValueError(f"unknown activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
-    if (use_triton(gate, up) and gate.shape == up.shape and gate.dtype == up.dtype
-            and gate.dtype in _FLOAT_DTYPES and gate.numel() > 0):
+    if (
+        use_triton(gate, up)
+        and gate.shape == up.shape
+        and gate.dtype == up.dtype
+        and gate.dtype in _FLOAT_DTYPES
+        and gate.numel() > 0
+    ):
         if not torch.is_grad_enabled():  # no autograd node to record
             return glu_forward(gate.contiguous(), up.contiguous(), activation)
         return GLUFunction.apply(gate, up, activation)

@@ -38,9 +38,15 @@ def _base_weight(weight: torch.Tensor | None, nf4: NF4Weight | None, dtype: torc
     return nf4.dequantize(dtype) if nf4 is not None else weight
 
 
-def lora_linear_forward(x: torch.Tensor, x_lora: torch.Tensor, weight: torch.Tensor | None, nf4: NF4Weight | None,
-                        bias: torch.Tensor | None, a: torch.Tensor, b_scaled: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                                   torch.Tensor]:
+def lora_linear_forward(
+    x: torch.Tensor,
+    x_lora: torch.Tensor,
+    weight: torch.Tensor | None,
+    nf4: NF4Weight | None,
+    bias: torch.Tensor | None,
+    a: torch.Tensor,
+    b_scaled: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(M, K) inputs -> ((M, N) output in x's dtype, (M, r) `A x_lora`); `x_lora` is x itself or its dropped-out
     copy; `a` (r, K) and `b_scaled` (N, r, the scaling applied) are in x's dtype."""
     base = _base_weight(weight, nf4, x.dtype).t()
@@ -50,10 +56,19 @@ def lora_linear_forward(x: torch.Tensor, x_lora: torch.Tensor, weight: torch.Ten
     return out.addmm_(xa, b_scaled.t()), xa
 
 
-def lora_linear_backward(grad: torch.Tensor, x_lora: torch.Tensor, weight: torch.Tensor | None,
-                         nf4: NF4Weight | None, a: torch.Tensor, b_scaled: torch.Tensor, scaling: float,
-                         separate_lora_input: bool, needs: tuple[bool, ...], xa: torch.Tensor,
-                         grad_dtypes: tuple[torch.dtype, torch.dtype]):
+def lora_linear_backward(
+    grad: torch.Tensor,
+    x_lora: torch.Tensor,
+    weight: torch.Tensor | None,
+    nf4: NF4Weight | None,
+    a: torch.Tensor,
+    b_scaled: torch.Tensor,
+    scaling: float,
+    separate_lora_input: bool,
+    needs: tuple[bool, ...],
+    xa: torch.Tensor,
+    grad_dtypes: tuple[torch.dtype, torch.dtype],
+):
     """Gradients for (x, x_lora, bias, lora_a, lora_b), each None where not needed.
 
     Args:
@@ -106,9 +121,17 @@ class LoRALinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, x_lora: torch.Tensor | None, weight: torch.Tensor | None,
-                nf4: NF4Weight | None, bias: torch.Tensor | None, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                scaling: float) -> torch.Tensor:
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        x_lora: torch.Tensor | None,
+        weight: torch.Tensor | None,
+        nf4: NF4Weight | None,
+        bias: torch.Tensor | None,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        scaling: float,
+    ) -> torch.Tensor:
         separate = x_lora is not None
         x_lora = x_lora if separate else x
         a, b_scaled = cast_weight(lora_a, x.dtype), cast_weight(lora_b, x.dtype, scaling)
@@ -123,14 +146,32 @@ class LoRALinearFunction(torch.autograd.Function):
         x_lora, weight, a, b_scaled, xa = ctx.saved_tensors
         n = ctx.needs_input_grad
         dx, dx_lora, dbias, da, db = lora_linear_backward(
-            grad, x_lora, weight, ctx.nf4, _as(a, grad.dtype), _as(b_scaled, grad.dtype), ctx.scaling, ctx.separate,
-            (n[0], n[1], n[4], n[5], n[6]), xa, ctx.grad_dtypes)
+            grad,
+            x_lora,
+            weight,
+            ctx.nf4,
+            _as(a, grad.dtype),
+            _as(b_scaled, grad.dtype),
+            ctx.scaling,
+            ctx.separate,
+            (n[0], n[1], n[4], n[5], n[6]),
+            xa,
+            ctx.grad_dtypes,
+        )
         return dx, dx_lora, None, None, dbias, da, db, None
 
 
-def lora_linear(x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float, *,
-                weight: torch.Tensor | None = None, nf4: NF4Weight | None = None, bias: torch.Tensor | None = None,
-                x_lora: torch.Tensor | None = None) -> torch.Tensor:
+def lora_linear(
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float,
+    *,
+    weight: torch.Tensor | None = None,
+    nf4: NF4Weight | None = None,
+    bias: torch.Tensor | None = None,
+    x_lora: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`F.linear(x, W, bias) + scaling * (x_lora @ A^T) @ B^T`, W dense or nf4, through `LoRALinearFunction`.
 
     Args:

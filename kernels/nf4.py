@@ -24,9 +24,21 @@ _NUM_WARPS = 4
 
 
 @triton.jit
-def _nf4_dequantize_kernel(packed_ptr, absmax_ptr, code_ptr, absmax2_ptr, code2_ptr, offset_ptr, out_ptr,
-                           n_bytes, numel, BLOCKSIZE: tl.constexpr, BLOCKSIZE2: tl.constexpr,
-                           NESTED: tl.constexpr, BLOCK_BYTES: tl.constexpr):
+def _nf4_dequantize_kernel(
+    packed_ptr,
+    absmax_ptr,
+    code_ptr,
+    absmax2_ptr,
+    code2_ptr,
+    offset_ptr,
+    out_ptr,
+    n_bytes,
+    numel,
+    BLOCKSIZE: tl.constexpr,
+    BLOCKSIZE2: tl.constexpr,
+    NESTED: tl.constexpr,
+    BLOCK_BYTES: tl.constexpr,
+):
     byte = (tl.program_id(0) * BLOCK_BYTES + tl.arange(0, BLOCK_BYTES)).to(tl.int64)
     byte_mask = byte < n_bytes
     packed = tl.load(packed_ptr + byte, mask=byte_mask, other=0)
@@ -35,8 +47,9 @@ def _nf4_dequantize_kernel(packed_ptr, absmax_ptr, code_ptr, absmax2_ptr, code2_
     block = (byte * 2) // BLOCKSIZE  # both nibbles of a byte share a block: block sizes are even
     if NESTED:
         q = tl.load(absmax_ptr + block, mask=byte_mask, other=0).to(tl.int32)
-        scale = tl.load(code2_ptr + q, mask=byte_mask, other=0.0) * tl.load(absmax2_ptr + block // BLOCKSIZE2,
-                                                                             mask=byte_mask, other=0.0)
+        scale = tl.load(code2_ptr + q, mask=byte_mask, other=0.0) * tl.load(
+            absmax2_ptr + block // BLOCKSIZE2, mask=byte_mask, other=0.0
+        )
         scale = scale + tl.load(offset_ptr)
     else:
         scale = tl.load(absmax_ptr + block, mask=byte_mask, other=0.0)
@@ -85,10 +98,18 @@ class NF4Weight:
         state = weight.quant_state
         nested = getattr(state, "nested", False)
         state2 = state.state2 if nested else None
-        return cls(packed=weight.data, absmax=state.absmax, code=state.code, shape=tuple(state.shape),
-                   dtype=state.dtype, blocksize=state.blocksize,
-                   absmax2=state2.absmax if nested else None, code2=state2.code if nested else None,
-                   offset=state.offset if nested else None, blocksize2=state2.blocksize if nested else 256)
+        return cls(
+            packed=weight.data,
+            absmax=state.absmax,
+            code=state.code,
+            shape=tuple(state.shape),
+            dtype=state.dtype,
+            blocksize=state.blocksize,
+            absmax2=state2.absmax if nested else None,
+            code2=state2.code if nested else None,
+            offset=state.offset if nested else None,
+            blocksize2=state2.blocksize if nested else 256,
+        )
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The (out, in) weight in `dtype` (default: `self.dtype`)."""
@@ -111,11 +132,22 @@ def nf4_dequantize_forward(weight: NF4Weight, dtype: torch.dtype) -> torch.Tenso
     out = torch.empty(weight.shape, dtype=dtype, device=packed.device)
     nested = weight.nested
     launcher(_nf4_dequantize_kernel, packed.device)[(cdiv(n_bytes, _BLOCK_BYTES),)](
-        packed, weight.absmax, weight.code, weight.absmax2 if nested else weight.absmax,
-        weight.code2 if nested else weight.code, weight.offset if nested else weight.absmax, out, n_bytes, numel,
-        BLOCKSIZE=weight.blocksize, BLOCKSIZE2=weight.blocksize2, NESTED=nested, BLOCK_BYTES=_BLOCK_BYTES,
+        packed,
+        weight.absmax,
+        weight.code,
+        weight.absmax2 if nested else weight.absmax,
+        weight.code2 if nested else weight.code,
+        weight.offset if nested else weight.absmax,
+        out,
+        n_bytes,
+        numel,
+        BLOCKSIZE=weight.blocksize,
+        BLOCKSIZE2=weight.blocksize2,
+        NESTED=nested,
+        BLOCK_BYTES=_BLOCK_BYTES,
         num_warps=_NUM_WARPS,
         # bitsandbytes multiplies then adds the offset in two roundings; a fused multiply-add would differ in
         # the last fp32 bit.
-        **compile_options(packed.device, enable_fp_fusion=False))
+        **compile_options(packed.device, enable_fp_fusion=False),
+    )
     return out

@@ -38,8 +38,9 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, style:
     return weight * normed.to(x.dtype)
 
 
-def add_rms_norm_reference(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                           style: str = "llama") -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_reference(
+    residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, style: str = "llama"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The decoder's `h = residual + x` followed by RMSNorm of `h`.
 
     Returns:
@@ -54,8 +55,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_reference(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding, transformers' `apply_rotary_pos_emb` (half-split rotation).
 
     Args:
@@ -87,8 +89,15 @@ def glu_reference(gate: torch.Tensor, up: torch.Tensor, activation: str = "silu"
     return activation_reference(gate, activation) * up
 
 
-def lora_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_a: torch.Tensor,
-                          lora_b: torch.Tensor, scaling: float, dropout=None) -> torch.Tensor:
+def lora_linear_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float,
+    dropout=None,
+) -> torch.Tensor:
     """peft's `lora.Linear` forward for one adapter: `base(x) + B(A(dropout(x))) * scaling`.
 
     Args:
@@ -109,15 +118,33 @@ def lora_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 
 # NF4 code book, as bitsandbytes defines it (normal-float quantiles; index 7 is exactly zero).
-NF4_CODE = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-            -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-            0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-            0.7229568362236023, 1.0)
+NF4_CODE = (
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
+)
 
 
-def nf4_absmax_reference(absmax: torch.Tensor, nested_absmax: torch.Tensor | None = None,
-                         nested_code: torch.Tensor | None = None, offset: torch.Tensor | None = None,
-                         nested_blocksize: int = 256) -> torch.Tensor:
+def nf4_absmax_reference(
+    absmax: torch.Tensor,
+    nested_absmax: torch.Tensor | None = None,
+    nested_code: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
+    nested_blocksize: int = 256,
+) -> torch.Tensor:
     """Per-block fp32 scales; with double quantization `code2[absmax_u8] * absmax2[i // 256] + offset`."""
     if nested_absmax is None:
         return absmax.float()
@@ -125,8 +152,14 @@ def nf4_absmax_reference(absmax: torch.Tensor, nested_absmax: torch.Tensor | Non
     return scales + offset
 
 
-def nf4_dequantize_reference(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int,
-                             shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def nf4_dequantize_reference(
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    code: torch.Tensor,
+    blocksize: int,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """bitsandbytes' 4-bit dequantize: two codes per byte (high nibble first), scaled per block in fp32.
 
     Args:
@@ -170,8 +203,9 @@ class NF4Quantized:
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight in `dtype`, by Hone's nf4 reference (`scale = scale_code[q] * absmax2 + offset`, then
         `code[nibble] * scale` in fp32, rounded once): what QLoRA training computed with."""
-        scales = nf4_absmax_reference(self.scale_codes, self.scale_absmax, self.scale_code, self.offset,
-                                      self.scale_blocksize)
+        scales = nf4_absmax_reference(
+            self.scale_codes, self.scale_absmax, self.scale_code, self.offset, self.scale_blocksize
+        )
         return nf4_dequantize_reference(self.packed, scales, self.code, self.blocksize, self.shape, dtype)
 
 
@@ -195,8 +229,9 @@ def dynamic_code_index(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     return torch.where(x > val, up, down).to(torch.uint8)
 
 
-def nf4_quantize_reference(weight: torch.Tensor, scale_code: torch.Tensor, blocksize: int = 64,
-                           scale_blocksize: int = 256) -> NF4Quantized:
+def nf4_quantize_reference(
+    weight: torch.Tensor, scale_code: torch.Tensor, blocksize: int = 64, scale_blocksize: int = 256
+) -> NF4Quantized:
     """Quantize a 16-bit weight to nf4 with double quantization exactly as bitsandbytes' CUDA kernels do
     (`quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=True)` on a GPU, which is how QLoRA
     loading quantized the base that training saw).
@@ -221,13 +256,21 @@ def nf4_quantize_reference(weight: torch.Tensor, scale_code: torch.Tensor, block
     # dQuantizeNF4's decision tree: code k when x is above k of the code book's fp32 midpoints (its thresholds);
     # an all-zero block gives NaN, which passes no threshold: code 0
     nibbles = torch.bucketize(scaled, (code[:-1] + code[1:]) / 2, out_int32=True)
-    nibbles = nibbles.masked_fill_(scaled.isnan(), 0).to(torch.uint8).reshape(-1)[:numel + numel % 2]
+    nibbles = nibbles.masked_fill_(scaled.isnan(), 0).to(torch.uint8).reshape(-1)[: numel + numel % 2]
     packed = (nibbles[0::2] << 4) | nibbles[1::2]
     offset = absmax.mean()
     centred = absmax - offset
     groups = F.pad(centred, (0, -centred.numel() % scale_blocksize)).view(-1, scale_blocksize)
     scale_absmax = groups.abs().amax(dim=1)
     scale_codes = dynamic_code_index(groups * (1.0 / scale_absmax).unsqueeze(1), scale_code)
-    return NF4Quantized(packed=packed, scale_codes=scale_codes.reshape(-1)[:centred.numel()],
-                        scale_absmax=scale_absmax, offset=offset, code=code, scale_code=scale_code,
-                        shape=tuple(weight.shape), blocksize=blocksize, scale_blocksize=scale_blocksize)
+    return NF4Quantized(
+        packed=packed,
+        scale_codes=scale_codes.reshape(-1)[: centred.numel()],
+        scale_absmax=scale_absmax,
+        offset=offset,
+        code=code,
+        scale_code=scale_code,
+        shape=tuple(weight.shape),
+        blocksize=blocksize,
+        scale_blocksize=scale_blocksize,
+    )

@@ -25,10 +25,25 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _rms_norm_forward_kernel(x_ptr, residual_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, n_rows, n_cols,
-                             stride_x, stride_residual, stride_y, stride_h, eps,
-                             HAS_RESIDUAL: tl.constexpr, GEMMA: tl.constexpr,
-                             BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+def _rms_norm_forward_kernel(
+    x_ptr,
+    residual_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    rstd_ptr,
+    n_rows,
+    n_cols,
+    stride_x,
+    stride_residual,
+    stride_y,
+    stride_h,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    GEMMA: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+):
     pid = tl.program_id(0)
     rows = (pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_COLS)
@@ -55,10 +70,27 @@ def _rms_norm_forward_kernel(x_ptr, residual_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr,
 
 
 @triton.jit
-def _rms_norm_backward_kernel(dy_ptr, dh_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr, n_rows, n_cols,
-                              stride_dy, stride_dh, stride_x, stride_dx, n_programs,
-                              HAS_DRESIDUAL: tl.constexpr, GEMMA: tl.constexpr, COMPUTE_DW: tl.constexpr,
-                              BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+def _rms_norm_backward_kernel(
+    dy_ptr,
+    dh_ptr,
+    x_ptr,
+    w_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    n_rows,
+    n_cols,
+    stride_dy,
+    stride_dh,
+    stride_x,
+    stride_dx,
+    n_programs,
+    HAS_DRESIDUAL: tl.constexpr,
+    GEMMA: tl.constexpr,
+    COMPUTE_DW: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_COLS)
     col_mask = cols < n_cols
@@ -110,8 +142,14 @@ def _output_dtype(x: torch.Tensor, weight: torch.Tensor, style: str) -> torch.dt
     return x.dtype if style == "gemma" else torch.promote_types(x.dtype, weight.dtype)
 
 
-def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, style: str = "llama",
-                     residual: torch.Tensor | None = None, shape: tuple[int, ...] | None = None):
+def rms_norm_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    style: str = "llama",
+    residual: torch.Tensor | None = None,
+    shape: tuple[int, ...] | None = None,
+):
     """Launch the forward kernel.
 
     Args:
@@ -132,16 +170,38 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, style: s
     y2, h2 = y.view(n_rows, n_cols), h.view(n_rows, n_cols) if h is not None else None
     grid = (cdiv(n_rows, block_rows),)
     launcher(_rms_norm_forward_kernel, x.device)[grid](
-        x, residual if residual is not None else x, weight, y2, h2 if h2 is not None else y2, rstd, n_rows, n_cols,
-        x.stride(0), residual.stride(0) if residual is not None else 0, y2.stride(0),
-        h2.stride(0) if h2 is not None else 0, eps,
-        HAS_RESIDUAL=residual is not None, GEMMA=style == "gemma", BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
-        num_warps=num_warps)
+        x,
+        residual if residual is not None else x,
+        weight,
+        y2,
+        h2 if h2 is not None else y2,
+        rstd,
+        n_rows,
+        n_cols,
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        y2.stride(0),
+        h2.stride(0) if h2 is not None else 0,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        GEMMA=style == "gemma",
+        BLOCK_ROWS=block_rows,
+        BLOCK_COLS=block_cols,
+        num_warps=num_warps,
+    )
     return y, rstd, h
 
 
-def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, style: str,
-                      compute_dw: bool, dh: torch.Tensor | None = None, shape: tuple[int, ...] | None = None):
+def rms_norm_backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rstd: torch.Tensor,
+    style: str,
+    compute_dw: bool,
+    dh: torch.Tensor | None = None,
+    shape: tuple[int, ...] | None = None,
+):
     """Launch the backward kernel.
 
     Args:
@@ -159,10 +219,27 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, r
     dx2 = dx.view(n_rows, n_cols)
     dw_partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device) if compute_dw else rstd
     launcher(_rms_norm_backward_kernel, x.device)[(programs,)](
-        dy, dh if dh is not None else dy, x, weight, rstd, dx2, dw_partial, n_rows, n_cols,
-        dy.stride(0), dh.stride(0) if dh is not None else 0, x.stride(0), dx2.stride(0), programs,
-        HAS_DRESIDUAL=dh is not None, GEMMA=style == "gemma", COMPUTE_DW=compute_dw,
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps)
+        dy,
+        dh if dh is not None else dy,
+        x,
+        weight,
+        rstd,
+        dx2,
+        dw_partial,
+        n_rows,
+        n_cols,
+        dy.stride(0),
+        dh.stride(0) if dh is not None else 0,
+        x.stride(0),
+        dx2.stride(0),
+        programs,
+        HAS_DRESIDUAL=dh is not None,
+        GEMMA=style == "gemma",
+        COMPUTE_DW=compute_dw,
+        BLOCK_ROWS=block_rows,
+        BLOCK_COLS=block_cols,
+        num_warps=num_warps,
+    )
     dw = dw_partial.sum(0).to(weight.dtype) if compute_dw else None
     return dx, dw
 
@@ -199,14 +276,21 @@ class AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh: torch.Tensor, dy: torch.Tensor):
         h2, weight, rstd = ctx.saved_tensors
-        dsum, dw = rms_norm_backward(_rows(dy), h2, weight, rstd, ctx.style, ctx.needs_input_grad[2], dh=_rows(dh),
-                                     shape=dy.shape)
+        dsum, dw = rms_norm_backward(
+            _rows(dy), h2, weight, rstd, ctx.style, ctx.needs_input_grad[2], dh=_rows(dh), shape=dy.shape
+        )
         return dsum, dsum, dw, None, None
 
 
 def _supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.dtype in _FLOAT_DTYPES and weight.dtype in _FLOAT_DTYPES and weight.dim() == 1
-            and x.shape[-1] == weight.shape[0] and 0 < x.shape[-1] <= MAX_COLS and x.numel() > 0)
+    return (
+        x.dtype in _FLOAT_DTYPES
+        and weight.dtype in _FLOAT_DTYPES
+        and weight.dim() == 1
+        and x.shape[-1] == weight.shape[0]
+        and 0 < x.shape[-1] <= MAX_COLS
+        and x.numel() > 0
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, style: str = "llama") -> torch.Tensor:
@@ -218,11 +302,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, style: str = "ll
     return rms_norm_reference(x, weight, eps, style)
 
 
-def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 style: str = "llama") -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, style: str = "llama"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`h = residual + x; return h, rms_norm(h)` in one pass over memory."""
-    if (use_triton(residual, x, weight) and _supported(x, weight) and residual.shape == x.shape
-            and residual.dtype == x.dtype):
+    if (
+        use_triton(residual, x, weight)
+        and _supported(x, weight)
+        and residual.shape == x.shape
+        and residual.dtype == x.dtype
+    ):
         if not torch.is_grad_enabled():
             y, _, h = rms_norm_forward(_rows(x), weight, eps, style, residual=_rows(residual), shape=x.shape)
             return h, y

@@ -20,9 +20,28 @@ _PAIRS_PER_PROGRAM = 2048
 
 
 @triton.jit
-def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, n_tokens, seq_len, n_heads, half,
-                 stride_xb, stride_xs, stride_xh, stride_ob, stride_os, stride_oh, stride_cb, stride_cs,
-                 BACKWARD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rope_kernel(
+    x_ptr,
+    out_ptr,
+    cos_ptr,
+    sin_ptr,
+    n_tokens,
+    seq_len,
+    n_heads,
+    half,
+    stride_xb,
+    stride_xs,
+    stride_xh,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    BACKWARD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = token < n_tokens
     b = (token // seq_len).to(tl.int64)
@@ -42,8 +61,7 @@ def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, n_tokens, seq_len, n_heads, h
     h = tl.arange(0, BLOCK_H).to(tl.int64)
     mask = t_mask[:, None, None] & (h < n_heads)[None, :, None] & d_mask[None, None, :]
     x_in = x_ptr + (b * stride_xb + s * stride_xs)[:, None, None] + (h * stride_xh)[None, :, None] + d[None, None, :]
-    x_out = (out_ptr + (b * stride_ob + s * stride_os)[:, None, None] + (h * stride_oh)[None, :, None]
-             + d[None, None, :])
+    x_out = out_ptr + (b * stride_ob + s * stride_os)[:, None, None] + (h * stride_oh)[None, :, None] + d[None, None, :]
     x1 = tl.load(x_in, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_in + half, mask=mask, other=0.0).to(tl.float32)
     tl.store(x_out, (x1 * cos1 - x2 * sin1).to(out_ptr.dtype.element_ty), mask=mask)
@@ -58,8 +76,14 @@ def _bsh(t: torch.Tensor, unsqueeze_dim: int) -> tuple[int, int, int]:
     return (sizes[0], sizes[1], sizes[2]), (strides[0], strides[1], strides[2])
 
 
-def rope_rotate(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1,
-                backward: bool = False) -> None:
+def rope_rotate(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+    backward: bool = False,
+) -> None:
     """Launch the kernel: `out` = the rotation of `x` (its transpose when `backward`); out may be x itself.
 
     One program rotates every head of a few tokens (so q and k take one launch each), reading each cos/sin row once.
@@ -78,8 +102,24 @@ def rope_rotate(x: torch.Tensor, out: torch.Tensor, cos: torch.Tensor, sin: torc
     block_t = max(1, _PAIRS_PER_PROGRAM // (block_h * block_d))
     n_tokens = batch * seq_len
     launcher(_rope_kernel, x.device)[(cdiv(n_tokens, block_t),)](
-        x, out, cos, sin, n_tokens, seq_len, n_heads, half, *x_strides, *out_strides, cos_b_stride, cos.stride(1),
-        BACKWARD=backward, BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4)
+        x,
+        out,
+        cos,
+        sin,
+        n_tokens,
+        seq_len,
+        n_heads,
+        half,
+        *x_strides,
+        *out_strides,
+        cos_b_stride,
+        cos.stride(1),
+        BACKWARD=backward,
+        BLOCK_T=block_t,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
 
 
 class RotaryFunction(torch.autograd.Function):
@@ -111,15 +151,28 @@ def _supported(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
         return False
     seq_dim = 2 if unsqueeze_dim == 1 else 1
     head_dim = q.shape[-1]
-    return (q.dtype == k.dtype and q.dtype in _FLOAT_DTYPES and cos.dtype in _FLOAT_DTYPES
-            and head_dim % 2 == 0 and k.shape[-1] == head_dim and cos.shape[-1] == head_dim
-            and k.shape[0] == q.shape[0] and k.shape[seq_dim] == q.shape[seq_dim] == cos.shape[1]
-            and cos.shape[0] in (1, q.shape[0]) and q.stride(-1) == 1 and k.stride(-1) == 1
-            and cos.stride(-1) == 1 and sin.stride() == cos.stride() and q.numel() > 0 and k.numel() > 0)
+    return (
+        q.dtype == k.dtype
+        and q.dtype in _FLOAT_DTYPES
+        and cos.dtype in _FLOAT_DTYPES
+        and head_dim % 2 == 0
+        and k.shape[-1] == head_dim
+        and cos.shape[-1] == head_dim
+        and k.shape[0] == q.shape[0]
+        and k.shape[seq_dim] == q.shape[seq_dim] == cos.shape[1]
+        and cos.shape[0] in (1, q.shape[0])
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and cos.stride(-1) == 1
+        and sin.stride() == cos.stride()
+        and q.numel() > 0
+        and k.numel() > 0
+    )
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary embedding of q and k; in place by the Triton kernel where it runs, else the torch reference.
 
     Args:

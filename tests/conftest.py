@@ -4,7 +4,7 @@ random-init models saved as real model folders, so tests go through the same loa
 No test downloads anything: HF_HUB_OFFLINE is set for the whole session.
 
 Every test is marked with its area, one marker per folder between tests/ and its file (registered in pyproject.toml),
-so `pytest -m "gpu and moe" -o addopts=""` runs the MoE GPU tests of tests/core/moe and tests/kernels/moe.
+so `pytest -m "gpu and moe" -o addopts=""` runs the MoE GPU tests of tests/core/speed/moe and tests/kernels/moe.
 """
 
 from __future__ import annotations
@@ -43,9 +43,13 @@ def pytest_collection_modifyitems(config, items):
                 unregistered.add("/".join(folders[: i + 1]))
     for folder in sorted(unregistered):
         name = folder.rsplit("/", 1)[-1]
-        warnings.warn(pytest.PytestWarning(
-            f"tests/{folder} has no area marker: add \"{name}: <what it tests>\" to markers in pyproject.toml's "
-            f"[tool.pytest.ini_options] so `-m {name}` selects its tests"), stacklevel=1)
+        warnings.warn(
+            pytest.PytestWarning(
+                f'tests/{folder} has no area marker: add "{name}: <what it tests>" to markers in pyproject.toml\'s '
+                f"[tool.pytest.ini_options] so `-m {name}` selects its tests"
+            ),
+            stacklevel=1,
+        )
 
 
 @pytest.hookimpl(wrapper=True)

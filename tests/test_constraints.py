@@ -28,8 +28,15 @@ def check(tmp_path, lines: list[str], *newest: str):
 
 
 def test_pins_of_the_tested_versions_pass(tmp_path):
-    done = check(tmp_path, [f"pytest=={version('pytest')}", f"Packaging == {version('packaging')}",
-                            'not-a-package==1.0 ; sys_platform == "no-such-platform"'], sys.executable)
+    done = check(
+        tmp_path,
+        [
+            f"pytest=={version('pytest')}",
+            f"Packaging == {version('packaging')}",
+            'not-a-package==1.0 ; sys_platform == "no-such-platform"',
+        ],
+        sys.executable,
+    )
     assert done.returncode == 0, done.stderr
     assert "2 pins match" in done.stdout and "not-a-package==1.0" in done.stdout  # listed as not checked here
 

@@ -1,5 +1,5 @@
-"""The dependency direction app -> core -> kernels holds, no hone modules import each other in a circle, and the
-light modules stay light."""
+"""The dependency direction app -> core -> kernels holds, core's folders import only downwards in one order, no hone
+modules import each other in a circle, and the light modules stay light."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _modules() -> dict[str, Path]:
     for folder, package in PACKAGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            modules[".".join((package, *parts[:-1 if parts[-1] == "__init__" else None]))] = path
+            modules[".".join((package, *parts[: -1 if parts[-1] == "__init__" else None]))] = path
     return modules
 
 
@@ -55,7 +55,7 @@ def _from_base(module: str, path: Path, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    return ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+    return ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
 
 
 @functools.cache
@@ -67,16 +67,19 @@ def _references(module: str) -> tuple[Reference, ...]:
             refs += [Reference(module, alias.name, path, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = _from_base(module, path, node)
-            refs += [Reference(module, base if alias.name == "*" else f"{base}.{alias.name}", path, node.lineno)
-                     for alias in node.names]
+            refs += [
+                Reference(module, base if alias.name == "*" else f"{base}.{alias.name}", path, node.lineno)
+                for alias in node.names
+            ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("hone."):
             refs.append(Reference(module, node.value, path, node.lineno, string=True))
     return tuple(refs)
 
 
 def _references_from(folder: str) -> list[Reference]:
-    return [ref for module, path in _modules().items() if path.is_relative_to(ROOT / folder)
-            for ref in _references(module)]
+    return [
+        ref for module, path in _modules().items() if path.is_relative_to(ROOT / folder) for ref in _references(module)
+    ]
 
 
 def _names(target: str, *packages: str) -> bool:
@@ -87,15 +90,21 @@ def _names(target: str, *packages: str) -> bool:
 
 def test_kernels_refer_only_to_torch_and_triton():
     """Not even lazily or by name: kernels never reach into core or the app."""
-    bad = [str(ref) for ref in _references_from("kernels")
-           if _names(ref.target, "hone.core", "hone.app") or (not ref.string and _names(ref.target, *QT))]
+    bad = [
+        str(ref)
+        for ref in _references_from("kernels")
+        if _names(ref.target, "hone.core", "hone.app") or (not ref.string and _names(ref.target, *QT))
+    ]
     assert not bad, bad
 
 
 def test_core_refers_to_no_app_and_imports_no_qt():
     """Not even lazily or by name: the CLI finds `hone studio` through the `hone.commands` entry point group."""
-    bad = [str(ref) for ref in _references_from("core")
-           if _names(ref.target, "hone.app") or (not ref.string and _names(ref.target, *QT))]
+    bad = [
+        str(ref)
+        for ref in _references_from("core")
+        if _names(ref.target, "hone.app") or (not ref.string and _names(ref.target, *QT))
+    ]
     assert not bad, bad
 
 
@@ -116,11 +125,79 @@ def _edges() -> dict[str, dict[str, Reference]]:
                 target = ref.target if ref.target in modules else None
             else:  # the longest prefix that is a module: "hone.a.b.f" -> hone.a.b
                 parts = ref.target.split(".")
-                target = next((name for name in (".".join(parts[:n]) for n in range(len(parts), 0, -1))
-                               if name in modules), None)
+                target = next(
+                    (name for name in (".".join(parts[:n]) for n in range(len(parts), 0, -1)) if name in modules), None
+                )
             if target is not None and target != module:
                 edges[module].setdefault(target, ref)
     return edges
+
+
+# Core's folders from the bottom up (docs/architecture.md draws them). A module imports only from its own folder, from
+# a folder on a lower line, or from the base line; folders sharing a line stay independent of one another. The base
+# is core's loose modules and the two small stdlib-only folders every layer may read.
+CORE_ORDER = (
+    ("config", "control", "errors", "events", "model_info", "resources", "version", "machine", "install"),
+    ("data",),
+    ("vision",),
+    ("models",),
+    ("speed",),
+    ("memory",),
+    ("train",),
+    ("export", "inference", "bench", "demo"),
+    ("hub",),
+    ("api",),
+    ("cli",),
+)
+
+
+def core_folder(module: str) -> str | None:
+    """ "hone.core.speed.moe.choice" -> "speed"; a loose module names itself; None outside hone.core."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["hone", "core"] and len(parts) > 2 else None
+
+
+def _line_of(folder: str) -> int:
+    line = next((n for n, names in enumerate(CORE_ORDER) if folder in names), None)
+    assert line is not None, f"hone.core.{folder} is in no line of CORE_ORDER (tests/test_layering.py): add it"
+    return line
+
+
+def _backward_imports(edges: dict[str, dict[str, Reference]]) -> list[str]:
+    bad = []
+    for source, targets in edges.items():
+        here = core_folder(source)
+        for target, ref in targets.items():
+            there = core_folder(target)
+            # A string naming a module is a process boundary here (`python -m hone.core.cli train`), not an import.
+            if ref.string or here is None or there is None or here == there or _line_of(there) == 0:
+                continue
+            if _line_of(there) >= _line_of(here):
+                bad.append(f"{ref}  (hone.core.{here} may not import hone.core.{there})")
+    return bad
+
+
+def test_core_folders_import_only_downwards():
+    bad = _backward_imports(_edges())
+    assert not bad, "imports against core's folder order (CORE_ORDER):\n" + "\n".join(bad)
+
+
+def test_folder_order_check_names_a_backward_import():
+    here = Path(__file__)
+    up = Reference("hone.core.data.collate", "hone.core.speed.checkpointing", here, 1)
+    sideways = Reference("hone.core.bench.run", "hone.core.export.adapter", here, 2)
+    down = Reference("hone.core.train.step", "hone.core.data.collate", here, 3)
+    base = Reference("hone.core.config", "hone.core.errors", here, 4)
+    edges = {
+        "hone.core.data.collate": {"hone.core.speed.checkpointing": up},
+        "hone.core.bench.run": {"hone.core.export.adapter": sideways},
+        "hone.core.train.step": {"hone.core.data.collate": down},
+        "hone.core.config": {"hone.core.errors": base},
+    }
+    bad = _backward_imports(edges)
+    assert len(bad) == 2
+    assert "hone.core.data may not import hone.core.speed" in bad[0]
+    assert "hone.core.bench may not import hone.core.export" in bad[1]
 
 
 def _strongly_connected(edges: dict[str, dict[str, Reference]]) -> list[list[str]]:
@@ -182,8 +259,10 @@ def _circle_report(edges: dict[str, dict[str, Reference]]) -> list[str]:
     for component in _strongly_connected(edges):
         circle = _one_circle(component, edges)
         report.append(f"circle among {', '.join(component)}:")
-        report += [f"    {ref.source} -> {to}  ({ref})" for ref, to in zip(circle, [r.source for r in circle[1:]]
-                                                                              + [component[0]])]
+        report += [
+            f"    {ref.source} -> {to}  ({ref})"
+            for ref, to in zip(circle, [r.source for r in circle[1:]] + [component[0]])
+        ]
     return report
 
 
@@ -197,8 +276,11 @@ def test_circle_finder_finds_a_lazy_circle_and_names_its_modules():
     here = Path(__file__)
     a_to_b = Reference("hone.x.a", "hone.x.b.f", here, 1)
     b_to_a = Reference("hone.x.b", "hone.x.a", here, 2)
-    edges = {"hone.x.a": {"hone.x.b": a_to_b}, "hone.x.b": {"hone.x.a": b_to_a},
-             "hone.x.c": {"hone.x.a": Reference("hone.x.c", "hone.x.a", here, 3)}}
+    edges = {
+        "hone.x.a": {"hone.x.b": a_to_b},
+        "hone.x.b": {"hone.x.a": b_to_a},
+        "hone.x.c": {"hone.x.a": Reference("hone.x.c", "hone.x.a", here, 3)},
+    }
     assert _strongly_connected(edges) == [["hone.x.a", "hone.x.b"]]
     assert _one_circle(["hone.x.a", "hone.x.b"], edges) == [a_to_b, b_to_a]
     assert _circle_report(edges)[0] == "circle among hone.x.a, hone.x.b:"
@@ -210,17 +292,29 @@ def test_app_imports_no_torch_at_module_level():
     for path in (ROOT / "app").rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in tree.body:
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names
-                    if n.split(".")[0] in ("torch", "transformers", "peft", "triton", "bitsandbytes")]
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            bad += [
+                f"{path.relative_to(ROOT)}: {n}"
+                for n in names
+                if n.split(".")[0] in ("torch", "transformers", "peft", "triton", "bitsandbytes")
+            ]
     assert not bad, bad
 
 
 def _modules_after_import(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
-                         capture_output=True, text=True, check=True,
-                         env={"QT_QPA_PLATFORM": "offscreen", "PATH": "", "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"QT_QPA_PLATFORM": "offscreen", "PATH": "", "HF_HUB_OFFLINE": "1"},
+    )
     return set(out.stdout.split())
 
 
@@ -231,7 +325,71 @@ def test_light_core_modules_import_neither_torch_nor_qt():
 
 
 def test_gui_package_imports_without_torch():
-    mods = sorted(f"hone.app.{p.relative_to(ROOT / 'app').with_suffix('').as_posix().replace('/', '.')}"
-                  for p in (ROOT / "app").rglob("*.py") if p.name != "__init__.py")
+    mods = sorted(
+        f"hone.app.{p.relative_to(ROOT / 'app').with_suffix('').as_posix().replace('/', '.')}"
+        for p in (ROOT / "app").rglob("*.py")
+        if p.name != "__init__.py"
+    )
     loaded = _modules_after_import("\n".join(["import hone.app"] + [f"import {m}" for m in mods]))
     assert "torch" not in loaded
+
+
+# The door into the engine for the Studio and the CLI (docs/architecture.md, "Import rules"): hone.core.api, plus the
+# base modules every layer reads.
+DOOR = "hone.core.api"
+DOOR_BASE = tuple(
+    f"hone.core.{name}" for name in ("config", "control", "errors", "events", "model_info", "resources", "version")
+)
+
+
+def _past_the_door(refs: list[Reference], own: str | None = None) -> list[str]:
+    """The references among `refs` that reach hone.core other than through the door, the base modules or the
+    package `own` (the CLI's own modules): imports, and strings that name a module (`importlib.import_module`)."""
+    modules = _modules()
+    allowed = (DOOR, *DOOR_BASE, *((own,) if own else ()))
+    return [
+        str(ref)
+        for ref in refs
+        if _names(ref.target, "hone.core")
+        and (not ref.string or ref.target in modules)
+        and not _names(ref.target, *allowed)
+    ]
+
+
+def test_app_and_cli_reach_the_engine_only_through_hone_core_api():
+    bad = _past_the_door(_references_from("app")) + _past_the_door(_references_from("core/cli"), own="hone.core.cli")
+    assert not bad, (
+        "imports of hone.core that pass by hone.core.api and the base modules (offer it in core/api/):\n"
+        + "\n".join(bad)
+    )
+
+
+def test_door_check_names_each_import_past_the_door():
+    here = Path(__file__)
+    refs = [
+        Reference("hone.app.pages.train", "hone.core.memory.run_plan.plan_run", here, 1),  # past the door
+        Reference("hone.app.pages.train", "hone.core.api.plan_run", here, 2),
+        Reference("hone.app.workers", "hone.core.api.child_run.train_in_child", here, 3),
+        Reference("hone.app.pages.train", "hone.core.config.RunConfig", here, 4),
+        Reference("hone.app.pages.train", "hone.core.configuration", here, 5),  # not the base module config
+        Reference("hone.app.pages.chat", "hone.core.train.run_dir", here, 6, string=True),  # import_module's name
+        Reference("hone.app.pages.chat", "hone.core.train.child_run says why", here, 7, string=True),  # words
+        Reference("hone.app.pages.model", "hone.core.machine.telemetry.Telemetry", here, 8),  # base of core, not here
+    ]
+    assert _past_the_door(refs) == [str(refs[0]), str(refs[4]), str(refs[5]), str(refs[7])]
+    cli = [
+        Reference("hone.core.cli.commands.train", "hone.core.cli.launch", here, 9),
+        Reference("hone.core.cli.commands.train", "hone.core.train.trainer.Trainer", here, 10),
+    ]
+    assert _past_the_door(cli, own="hone.core.cli") == [str(cli[1])]
+
+
+def test_the_door_imports_neither_torch_nor_qt():
+    """Every submodule of hone.core.api imports light, so a Studio page may import any of its names at module level
+    (the names whose engine module needs torch load it on first use)."""
+    submodules = sorted(
+        f"hone.core.api.{path.stem}" for path in (ROOT / "core" / "api").glob("*.py") if path.name != "__init__.py"
+    )
+    loaded = _modules_after_import("\n".join(["import hone.core.api"] + [f"import {m}" for m in submodules]))
+    assert "torch" not in loaded and "transformers" not in loaded
+    assert not loaded & set(QT)

@@ -22,8 +22,10 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 _PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;]+)\s*(?:;\s*(.+?))?\s*$")
-_VERSIONS = ("import importlib.metadata as m, json\n"
-             "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions() if d.metadata['Name']}))")
+_VERSIONS = (
+    "import importlib.metadata as m, json\n"
+    "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions() if d.metadata['Name']}))"
+)
 
 
 def read_pins(path: Path) -> list[tuple[str, str, str | None]]:
@@ -69,17 +71,23 @@ def main(argv: list[str] | None = None) -> int:
     wrong, elsewhere = mismatches(pins, installed_versions(args.python))
     if args.newest:
         newest = installed_versions(args.newest)
-        behind = [f"{name}: pinned {version}, newest tested {newest[name]}" for name, version, marker in pins
-                  if name in newest and newest[name] != version and (not marker or Marker(marker).evaluate())]
+        behind = [
+            f"{name}: pinned {version}, newest tested {newest[name]}"
+            for name, version, marker in pins
+            if name in newest and newest[name] != version and (not marker or Marker(marker).evaluate())
+        ]
         if behind:
             print("Pins older than the newest releases the suite passed on (raise them once the GPU suite passes):")
             print("".join(f"  {line}\n" for line in behind), end="")
     if elsewhere:
         print(f"Not checked on this platform: {', '.join(elsewhere)}")
     if wrong:
-        print(f"{args.constraints.relative_to(ROOT) if args.constraints.is_relative_to(ROOT) else args.constraints}: "
-              f"{len(wrong)} pin(s) differ from the versions the tests passed on; installers must install what was "
-              "tested:", file=sys.stderr)
+        print(
+            f"{args.constraints.relative_to(ROOT) if args.constraints.is_relative_to(ROOT) else args.constraints}: "
+            f"{len(wrong)} pin(s) differ from the versions the tests passed on; installers must install what was "
+            "tested:",
+            file=sys.stderr,
+        )
         print("".join(f"  {line}\n" for line in wrong), end="", file=sys.stderr)
         return 1
     print(f"{len(pins) - len(elsewhere)} pins match the tested environment.")

@@ -33,8 +33,13 @@ def block(q, k, v, mask):
 
 
 def rows(q, k, v, lengths):
-    return torch.cat([F.scaled_dot_product_attention(a, b, c, is_causal=True)
-                      for a, b, c in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2))], 2)
+    return torch.cat(
+        [
+            F.scaled_dot_product_attention(a, b, c, is_causal=True)
+            for a, b, c in zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2))
+        ],
+        2,
+    )
 
 
 def main() -> None:
@@ -53,8 +58,10 @@ def main() -> None:
         index = torch.arange(tokens)
         mask = ((seq[:, None] == seq[None, :]) & (index[:, None] >= index[None, :]))[None, None]
 
-        runs = (("block mask", functools.partial(block, q, k, v, mask)), ("per row", functools.partial(rows, q, k, v,
-                                                                                                     lengths)))
+        runs = (
+            ("block mask", functools.partial(block, q, k, v, mask)),
+            ("per row", functools.partial(rows, q, k, v, lengths)),
+        )
         for name, fn in runs:
             best = float("inf")
             for _ in range(args.repeats):

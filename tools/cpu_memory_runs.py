@@ -35,12 +35,23 @@ def main() -> None:
     from hone.core.memory.run_plan import Memory, plan_run
     from hone.core.train.trainer import Trainer
 
-    config = demo_config(runs_dir=tempfile.mkdtemp(prefix="hone-cpu-memory-")).with_overrides([
-        f"train.batch_tokens={args.batch_tokens}", f'speed.checkpoint="{args.checkpoint}"',
-        f'speed.attention="{args.attention}"', "train.max_steps=1", "train.fit_memory=false", "data.eval=[]"])
+    config = demo_config(runs_dir=tempfile.mkdtemp(prefix="hone-cpu-memory-")).with_overrides(
+        [
+            f"train.batch_tokens={args.batch_tokens}",
+            f'speed.checkpoint="{args.checkpoint}"',
+            f'speed.attention="{args.attention}"',
+            "train.max_steps=1",
+            "train.fit_memory=false",
+            "data.eval=[]",
+        ]
+    )
     predicted = plan_run(config, Memory(float("inf"), "the CPU", gpu=False)).estimate
-    record = {"batch_tokens": args.batch_tokens, "checkpoint": args.checkpoint, "attention": args.attention,
-              "predicted_gib": round(predicted.peak_gib, 3)}
+    record = {
+        "batch_tokens": args.batch_tokens,
+        "checkpoint": args.checkpoint,
+        "attention": args.attention,
+        "predicted_gib": round(predicted.peak_gib, 3),
+    }
     started = time.monotonic()
     for event in Trainer(config, device="cpu").run():
         if isinstance(event, events.RunStarted):

@@ -85,8 +85,10 @@ def check_machine() -> list[str]:
             problems.append(f"torch {torch.__version__} sees no CUDA GPU: every GPU test would be skipped")
     tokenizer = os.environ.get("HONE_TEST_TOKENIZER")
     if tokenizer and not (Path(tokenizer) / "tokenizer.json").is_file():
-        problems.append(f"HONE_TEST_TOKENIZER={tokenizer} holds no tokenizer.json: point it at a folder written by "
-                        "dev/export_test_tokenizer.py, or unset it to use the bundled demo model")
+        problems.append(
+            f"HONE_TEST_TOKENIZER={tokenizer} holds no tokenizer.json: point it at a folder written by "
+            "dev/export_test_tokenizer.py, or unset it to use the bundled demo model"
+        )
     return problems
 
 
@@ -94,8 +96,9 @@ def run_logged(command: list[str], log, env: dict[str, str] | None = None) -> in
     """Run `command` in the repository, its output both on the terminal and in `log`; return its exit status."""
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
-    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, bufsize=1) as process:
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as process:
         for line in process.stdout:
             sys.stdout.write(line)
             log.write(line)
@@ -105,8 +108,20 @@ def run_logged(command: list[str], log, env: dict[str, str] | None = None) -> in
 def run_tests(names: list[str], extra: list[str], out: Path, timeout: int) -> int:
     marker = f"gpu and ({' or '.join(names)})" if names else "gpu"
     report = out / "tests.xml"
-    command = [sys.executable, "-m", "pytest", "-m", marker, "-o", "addopts=", "-p", "no:cacheprovider", "-q",
-               "-rfEs", f"--junitxml={report}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        marker,
+        "-o",
+        "addopts=",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rfEs",
+        f"--junitxml={report}",
+    ]
     if timeout and installed("pytest_timeout"):
         command.append(f"--timeout={timeout}")
     elif timeout:
@@ -133,8 +148,10 @@ def test_summary(report: Path, marker: str, code: int) -> list[str]:
     count = {key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
     seconds = sum(float(s.get("time", 0)) for s in suites)
     passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
-    lines = [f'-m "{marker}": {passed} passed, {count["failures"]} failed, {count["errors"]} errors, '
-             f'{count["skipped"]} skipped in {seconds:.0f} s']
+    lines = [
+        f'-m "{marker}": {passed} passed, {count["failures"]} failed, {count["errors"]} errors, '
+        f"{count['skipped']} skipped in {seconds:.0f} s"
+    ]
     for case in root.iter("testcase"):
         for kind in ("failure", "error"):
             if case.find(kind) is not None:
@@ -150,12 +167,23 @@ def run_benchmarks(names: list[str], extra: list[str], out: Path) -> int:
         for name in names or list(BENCHMARKS):
             result = out / f"bench-{name}.json"
             result.unlink(missing_ok=True)
-            command = [sys.executable, "-m", "hone.core.cli", "bench", *BENCHMARKS[name], *BENCH_RUNS,
-                       "--json", str(result), *extra]
+            command = [
+                sys.executable,
+                "-m",
+                "hone.core.cli",
+                "bench",
+                *BENCHMARKS[name],
+                *BENCH_RUNS,
+                "--json",
+                str(result),
+                *extra,
+            ]
             start = time.monotonic()
             code = run_logged(command, log, env=env)
-            rows.append(f"  {name:16} {'ok' if code == 0 else f'FAIL (exit {code})':14} "
-                        f"{time.monotonic() - start:6.0f} s  {result if result.is_file() else '(no JSON)'}")
+            rows.append(
+                f"  {name:16} {'ok' if code == 0 else f'FAIL (exit {code})':14} "
+                f"{time.monotonic() - start:6.0f} s  {result if result.is_file() else '(no JSON)'}"
+            )
         summary = ["benchmarks:", *rows]
         log.write("\n" + "\n".join(summary) + "\n")
     print("\n" + "\n".join(summary))
@@ -164,26 +192,42 @@ def run_benchmarks(names: list[str], extra: list[str], out: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     known = areas()
     parser = argparse.ArgumentParser(
-        prog="tools/gpu_tests.py", description=__doc__.split("\n\n")[0], epilog=EPILOG.format(
-            areas=" ".join(known), benchmarks=" ".join(BENCHMARKS)),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", metavar="AREA|BENCHMARK",
-                        help="areas to test (default: all), or with --bench the benchmarks to run (default: all)")
+        prog="tools/gpu_tests.py",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG.format(areas=" ".join(known), benchmarks=" ".join(BENCHMARKS)),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="AREA|BENCHMARK",
+        help="areas to test (default: all), or with --bench the benchmarks to run (default: all)",
+    )
     parser.add_argument("--bench", action="store_true", help="run the benchmarks instead of the tests")
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "gpu-tests",
-                        help="folder for the log, the JUnit report and benchmark JSON (default: build/gpu-tests)")
-    parser.add_argument("--timeout", type=int, default=TEST_TIMEOUT_S, metavar="S",
-                        help=f"seconds one test may take, 0 for no limit (default {TEST_TIMEOUT_S})")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "build" / "gpu-tests",
+        help="folder for the log, the JUnit report and benchmark JSON (default: build/gpu-tests)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=TEST_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds one test may take, 0 for no limit (default {TEST_TIMEOUT_S})",
+    )
     args = parser.parse_args(ours)
 
     allowed = list(BENCHMARKS) if args.bench else known
     unknown = [name for name in args.names if name not in allowed]
     if unknown:
-        parser.error(f"unknown {'benchmark' if args.bench else 'area'} {', '.join(unknown)}: "
-                     f"choose from {' '.join(allowed)}")
+        parser.error(
+            f"unknown {'benchmark' if args.bench else 'area'} {', '.join(unknown)}: choose from {' '.join(allowed)}"
+        )
     problems = check_machine()
     if problems:
         print("cannot run:\n  " + "\n  ".join(problems), file=sys.stderr)

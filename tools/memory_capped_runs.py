@@ -6,7 +6,7 @@ pick, how fast did they go.
 The model is a random-init model of a benchmark shape saved as a folder (the benchmark's QLoRA folder, with its
 synthetic word-level tokenizer); the data are text rows of random token words, lengths log-uniform up to
 --max-row tokens. The cap is `torch.cuda.set_per_process_memory_fraction` plus HONE_GPU_MEMORY for the planner.
-The allocator runs as `hone` runs it (hone.core.allocator); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False in
+The allocator runs as `hone` runs it (hone.core.machine.allocator); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False in
 the environment measures the fixed-size segments instead.
 Needs a CUDA GPU.
 """
@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
 
-    from hone.core.allocator import prefer_expandable_segments
+    from hone.core.machine.allocator import prefer_expandable_segments
 
     prefer_expandable_segments()  # before torch touches CUDA
     import torch
@@ -62,8 +62,7 @@ def main() -> int:
     cap = parse_size(args.cap)
     total = torch.cuda.get_device_properties(0).total_memory
     scenario = get_scenario(args.shape)
-    folder = saved_model_folder(scenario, None, seed=0, dtype=torch.bfloat16, device="cuda",
-                                cache_dir=args.model_cache)
+    folder = saved_model_folder(scenario, None, seed=0, dtype=torch.bfloat16, device="cuda", cache_dir=args.model_cache)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.backend_tokenizer.pre_tokenizer = WhitespaceSplit()  # one token per "<id>" word
     tokenizer.save_pretrained(folder)
@@ -71,18 +70,33 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hone-capped-"))
     data = work / "rows.jsonl"
     write_rows(data, vocab_size(scenario), rows=args.steps * 40, max_row=args.max_row, seed=0)
-    config = RunConfig().with_overrides([
-        f'model.name_or_path="{folder.as_posix()}"', f'data.train=["{data.as_posix()}"]', 'data.format="text"',
-        f"data.max_length={args.max_row}", f"train.batch_tokens={max(args.batch_tokens, args.max_row)}",
-        f"train.max_steps={args.steps}", f"lora.qlora={'true' if args.qlora else 'false'}",
-        f'output.runs_dir="{(work / "runs").as_posix()}"', "output.checkpoint_every=0"])
+    config = RunConfig().with_overrides(
+        [
+            f'model.name_or_path="{folder.as_posix()}"',
+            f'data.train=["{data.as_posix()}"]',
+            'data.format="text"',
+            f"data.max_length={args.max_row}",
+            f"train.batch_tokens={max(args.batch_tokens, args.max_row)}",
+            f"train.max_steps={args.steps}",
+            f"lora.qlora={'true' if args.qlora else 'false'}",
+            f'output.runs_dir="{(work / "runs").as_posix()}"',
+            "output.checkpoint_every=0",
+        ]
+    )
 
     os.environ[MEMORY_ENV] = args.cap
     torch.cuda.set_per_process_memory_fraction(min(cap / total, 1.0), 0)
     torch.cuda.reset_peak_memory_stats()
     started = time.monotonic()
-    record: dict = {"shape": args.shape, "cap_gib": cap / 2**30, "qlora": args.qlora, "max_row": args.max_row,
-                    "asked_batch_tokens": config.train.batch_tokens, "notices": [], "steps": 0}
+    record: dict = {
+        "shape": args.shape,
+        "cap_gib": cap / 2**30,
+        "qlora": args.qlora,
+        "max_row": args.max_row,
+        "asked_batch_tokens": config.train.batch_tokens,
+        "notices": [],
+        "steps": 0,
+    }
     trainer = Trainer(config, device="cuda")
     for event in trainer.run():
         if isinstance(event, events.Notice) and event.topic == "memory":

@@ -51,14 +51,20 @@ def main() -> int:
     wine = wine64()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hone-installer-shots-") as scratch:
-        env = {**os.environ, "DISPLAY": DISPLAY, "WINEPREFIX": f"{scratch}/prefix", "WINEDEBUG": "-all",
-               "WINEDLLOVERRIDES": "mscoree,mshtml="}  # no Mono or Gecko prompts in a fresh prefix
+        env = {
+            **os.environ,
+            "DISPLAY": DISPLAY,
+            "WINEPREFIX": f"{scratch}/prefix",
+            "WINEDEBUG": "-all",
+            "WINEDLLOVERRIDES": "mscoree,mshtml=",
+        }  # no Mono or Gecko prompts in a fresh prefix
         screen = subprocess.Popen(["Xvfb", DISPLAY, "-screen", "0", "1024x768x24"], stderr=subprocess.DEVNULL)
         installer = None
         try:
             subprocess.run([wine, "wineboot", "-i"], env=env, capture_output=True, check=True, timeout=300)
-            installer = subprocess.Popen([wine, str(args.installer.resolve())], env=env, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL)
+            installer = subprocess.Popen(
+                [wine, str(args.installer.resolve())], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             for index, page in enumerate(PAGES):
                 time.sleep(SETTLE_S if index else 2 * SETTLE_S)
                 grab(args.out / f"installer-{page}.png")

@@ -1,7 +1,7 @@
 """Rewrite README.md's config reference from RunConfig's field metadata (run after changing a config field).
 
-    python tools/update_readme.py            rewrite it
-    python tools/update_readme.py --check    only say whether it is up to date (exit status 1 when stale)
+python tools/update_readme.py            rewrite it
+python tools/update_readme.py --check    only say whether it is up to date (exit status 1 when stale)
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ def main(argv: list[str]) -> int:
     text = readme.read_text(encoding="utf-8")
     new = updated(text)
     if argv == ["--check"]:
-        print("README.md's config reference is up to date" if new == text else
-              "README.md's config reference is stale: run python tools/update_readme.py")
+        print(
+            "README.md's config reference is up to date"
+            if new == text
+            else "README.md's config reference is stale: run python tools/update_readme.py"
+        )
         return int(new != text)
     if argv:
         print(__doc__, file=sys.stderr)

@@ -26,11 +26,10 @@ from PySide6.QtWidgets import (
 
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
-from hone.app.threads import describe_exception
 from hone.app.widgets.common import Card, label, set_role
 from hone.app.widgets.config_form import FloatSpinBox
-
-BASE, TUNED = "base", "tuned"  # the same names hone.core.chat uses (not imported: it would load torch)
+from hone.app.workers import describe_exception
+from hone.core.api import BASE, TUNED
 
 
 class ChatEngine(QObject):
@@ -41,7 +40,7 @@ class ChatEngine(QObject):
     reply_done = Signal()
     failed = Signal(object)  # TaskError
     eval_progress = Signal(object)  # (prompts done, prompts in all)
-    evaluated = Signal(object)  # (hone.core.evaluate.Comparison, rows skipped) or None after a failure
+    evaluated = Signal(object)  # (hone.core.inference.evaluate.Comparison, rows skipped) or None after a failure
 
     def __init__(self):
         super().__init__()
@@ -50,7 +49,7 @@ class ChatEngine(QObject):
     @Slot(object)
     def load(self, source: dict[str, Any]) -> None:
         try:
-            from hone.core.chat import ChatModels
+            from hone.core.api import ChatModels
 
             self.models = None
             if source.get("run_dir"):
@@ -66,11 +65,12 @@ class ChatEngine(QObject):
     @Slot(object)
     def generate(self, request: dict[str, Any]) -> None:
         try:
-            from hone.core.chat import GenerationSettings
+            from hone.core.api import GenerationSettings
 
             settings = GenerationSettings(**request["settings"])
-            stream = self.models.stream_both(request["base"], settings, request["stop"],
-                                             tuned_messages=request["tuned"])
+            stream = self.models.stream_both(
+                request["base"], settings, request["stop"], tuned_messages=request["tuned"]
+            )
             for side, text in stream:
                 self.piece.emit((side, text))
         except Exception as e:
@@ -78,19 +78,21 @@ class ChatEngine(QObject):
         finally:
             self.reply_done.emit()
 
-
     @Slot(object)
     def evaluate(self, request: dict[str, Any]) -> None:
         """Answer the held-out rows of request["path"] (the first request["rows"]) with both models and score them."""
         result = None
         try:
-            from hone.core.evaluate import compare, with_references
-            from hone.core.prompts import read_prompts
+            from hone.core.api import compare, read_prompts, with_references
 
             prompts, skipped = read_prompts(Path(request["path"]))
             prompts = with_references(prompts, request["rows"] or None)
-            comparison = compare(self.models, prompts, stop=request["stop"],
-                                 progress=lambda done, total: self.eval_progress.emit((done, total)))
+            comparison = compare(
+                self.models,
+                prompts,
+                stop=request["stop"],
+                progress=lambda done, total: self.eval_progress.emit((done, total)),
+            )
             result = (comparison, skipped)
         except Exception as e:
             self.failed.emit(describe_exception(e))
@@ -116,9 +118,13 @@ class EvaluationDialog(QDialog):
         self.table.verticalHeader().hide()
         self.table.setWordWrap(True)
         for r, answered in enumerate(comparison.answered):
-            cells = (str(answered.row), answered.question, answered.reference,
-                     _scored(answered.base, answered.exact(BASE), answered.f1(BASE)),
-                     _scored(answered.tuned, answered.exact(TUNED), answered.f1(TUNED)))
+            cells = (
+                str(answered.row),
+                answered.question,
+                answered.reference,
+                _scored(answered.base, answered.exact(BASE), answered.f1(BASE)),
+                _scored(answered.tuned, answered.exact(TUNED), answered.f1(TUNED)),
+            )
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setFlags(item.flags() & ~Qt.ItemIsEditable)
@@ -201,8 +207,10 @@ class ChatPage(Page):
         self.load_button.clicked.connect(self.load_selected)
         row.addWidget(self.load_button)
         self.evaluate_button = QPushButton("Evaluate…")
-        self.evaluate_button.setToolTip("Answer held-out rows (the run's evaluation file, or one you choose) with "
-                                        "both models and score them against the rows' references.")
+        self.evaluate_button.setToolTip(
+            "Answer held-out rows (the run's evaluation file, or one you choose) with "
+            "both models and score them against the rows' references."
+        )
         self.evaluate_button.clicked.connect(lambda: self.evaluate())
         row.addWidget(self.evaluate_button)
         self.evaluation_dialog: EvaluationDialog | None = None
@@ -212,8 +220,7 @@ class ChatPage(Page):
         self.busy.setRange(0, 0)  # loading weights reports no progress of its own
         self.busy.setMaximumHeight(6)
         self.busy.hide()
-        self.status = label("Choose a run and load it; the base model comes from the run's config.", "muted",
-                            wrap=True)
+        self.status = label("Choose a run and load it; the base model comes from the run's config.", "muted", wrap=True)
         source.body.addWidget(self.busy)
         source.body.addWidget(self.status)
         self.body.addWidget(source)
@@ -272,7 +279,7 @@ class ChatPage(Page):
 
     # ---- sources ----
     def refresh_runs(self) -> None:
-        from hone.core.train.run_dir import list_runs
+        from hone.core.api import list_runs
 
         runs_dir = Path(self.state.config.output.runs_dir)
         current = self.run_box.currentData()
@@ -281,8 +288,9 @@ class ChatPage(Page):
             for summary in list_runs(runs_dir):
                 if summary.has_adapter:
                     self.run_box.addItem(Path(summary.run_dir).name, {"run_dir": str(summary.run_dir)})
-        self.run_box.addItem(f"Base model only: {self.state.config.model.name_or_path}",
-                             {"model": self.state.config.model.name_or_path})
+        self.run_box.addItem(
+            f"Base model only: {self.state.config.model.name_or_path}", {"model": self.state.config.model.name_or_path}
+        )
         if current:
             index = self.run_box.findData(current)
             self.run_box.setCurrentIndex(max(0, index))
@@ -361,8 +369,14 @@ class ChatPage(Page):
         self.stop_flag.clear()
         self._update_buttons()
         settings = {"max_new_tokens": self.max_tokens.value(), "temperature": self.temperature.value()}
-        self._generate_requested.emit({"base": list(self.history[BASE]), "tuned": list(self.history[TUNED]),
-                                       "settings": settings, "stop": self.stop_flag})
+        self._generate_requested.emit(
+            {
+                "base": list(self.history[BASE]),
+                "tuned": list(self.history[TUNED]),
+                "settings": settings,
+                "stop": self.stop_flag,
+            }
+        )
 
     @Slot(object)
     def _piece(self, piece: tuple[str, str]) -> None:
@@ -396,9 +410,9 @@ class ChatPage(Page):
         self._evaluate_requested.emit({"path": str(path), "rows": rows, "stop": self.stop_flag})
 
     def _held_out_file(self) -> str | None:
+        from hone.core.api import held_out_file
         from hone.core.config import RunConfig
         from hone.core.errors import HoneError
-        from hone.core.evaluate import held_out_file
 
         if self.source.get("run_dir"):
             try:
@@ -442,15 +456,22 @@ class ChatPage(Page):
         training = self.state.session.is_running
         # a model loaded next to a training run competes for its memory (and on a GPU, can push it out of it)
         self.load_button.setEnabled(not self.generating and not self.busy.isVisible() and not training)
-        self.load_button.setToolTip("Wait for the training run to finish (or stop it) to load models here."
-                                    if training else "Load the chosen run's base model and its fine-tune.")
+        self.load_button.setToolTip(
+            "Wait for the training run to finish (or stop it) to load models here."
+            if training
+            else "Load the chosen run's base model and its fine-tune."
+        )
         self.generating_label.setVisible(self.generating)
 
     def eventFilter(self, watched, event) -> bool:
         from PySide6.QtCore import QEvent
 
-        if (watched is self.prompt and event.type() == QEvent.KeyPress
-                and event.key() in (Qt.Key_Return, Qt.Key_Enter) and event.modifiers() & Qt.ControlModifier):
+        if (
+            watched is self.prompt
+            and event.type() == QEvent.KeyPress
+            and event.key() in (Qt.Key_Return, Qt.Key_Enter)
+            and event.modifiers() & Qt.ControlModifier
+        ):
             self.send()
             return True
         return super().eventFilter(watched, event)

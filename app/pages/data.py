@@ -39,9 +39,9 @@ from hone.app.pages.data_views import (
     thumbnail,
 )
 from hone.app.theme import Palette, icon
-from hone.app.threads import Task, TaskError
 from hone.app.widgets.charts import plot_widget
 from hone.app.widgets.common import Card, Columns, StatTile, label, set_role
+from hone.app.workers import Task, TaskError
 from hone.core.config import DATA_FORMATS, DEMO_EVAL_DATA, DEMO_TRAIN_DATA, DataConfig, ModelConfig
 from hone.core.events import DatasetReport
 
@@ -53,9 +53,14 @@ HISTOGRAM_BINS = 40
 # in view (the reasons table above it always shows every reason).
 SKIPPED_ROWS_SHOWN = 8
 
-FORMAT_LABELS = {"auto": "Auto-detect", "messages": "Chat messages", "sharegpt": "ShareGPT conversations",
-                 "alpaca": "Alpaca (instruction / input / output)", "prompt-completion": "Prompt / completion",
-                 "text": "Plain text (continued pretraining)"}
+FORMAT_LABELS = {
+    "auto": "Auto-detect",
+    "messages": "Chat messages",
+    "sharegpt": "ShareGPT conversations",
+    "alpaca": "Alpaca (instruction / input / output)",
+    "prompt-completion": "Prompt / completion",
+    "text": "Plain text (continued pretraining)",
+}
 DATA_FILTER = "Datasets (*.jsonl *.json *.csv *.tsv *.parquet *.arrow);;All files (*)"
 
 
@@ -79,7 +84,7 @@ class DataCheck:
 def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
     """The tokenizer training with the chosen model would use, as `hone data check --model` loads it (no weights are
     read, no GGUF converted; downloads nothing the model load would not)."""
-    from hone.core.models.load import tokenizer_for
+    from hone.core.api import tokenizer_for
 
     return tokenizer_for(model_cfg)
 
@@ -87,16 +92,19 @@ def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
 def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCheck:
     """Validate and tokenize the training and evaluation splits on a worker thread; structural checks only without a
     model."""
-    from hone.core.data import check_data
+    from hone.core.api import check_data
 
     tokenizer = None
     if model_cfg.name_or_path:
         if progress:
             progress(("Loading the tokenizer…", 0.0))
         tokenizer = load_tokenizer_for(model_cfg)
-    report, tokenized = check_data(data_cfg, tokenizer, split="train",
-                                   progress=(lambda message, fraction: progress((message, fraction)))
-                                   if progress else None)
+    report, tokenized = check_data(
+        data_cfg,
+        tokenizer,
+        split="train",
+        progress=(lambda message, fraction: progress((message, fraction))) if progress else None,
+    )
     preview = []
     if tokenized is not None and len(tokenized):
         preview = preview_rows(data_cfg, tokenizer, tokenized)
@@ -111,7 +119,7 @@ def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCh
 
 def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[Any]:
     """RowViews of the first kept rows that come from the first file (row numbers as the report prints them)."""
-    from hone.core.data.inspect import inspect_rows
+    from hone.core.api import inspect_rows
 
     first_source = tokenized.source(0).rpartition(":")[0]
     numbers = []
@@ -127,7 +135,7 @@ def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[A
 
 def inspect(entry: str, row: int, data_cfg: DataConfig, tokenizer: Any) -> tuple[Any, str]:
     """(RowView or None without a tokenizer, the row as the file holds it where it is skipped or not viewed)."""
-    from hone.core.data.inspect import inspect_row
+    from hone.core.api import inspect_row
 
     view = inspect_row(entry, tokenizer, row, cfg=data_cfg) if tokenizer is not None else None
     return view, (raw_row(entry, row) if view is None or view.problem else "")
@@ -323,15 +331,15 @@ class DataPage(Page):
         table.setWordWrap(False)
         header = table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeToContents)
-        header.setSectionResizeMode(0, QHeaderView.Stretch if table.columnCount() == 2 else
-                                    QHeaderView.ResizeToContents)
+        header.setSectionResizeMode(
+            0, QHeaderView.Stretch if table.columnCount() == 2 else QHeaderView.ResizeToContents
+        )
 
     # ---- files ----
     def set_files(self, train: list[str], eval_files: list[str] | None = None, *, check: bool = False) -> None:
         data = self.state.config.data
         eval_files = list(data.eval) if eval_files is None else eval_files
-        self.state.set_config(replace(self.state.config, data=replace(data, train=list(train),
-                                                                      eval=list(eval_files))))
+        self.state.set_config(replace(self.state.config, data=replace(data, train=list(train), eval=list(eval_files))))
         self._show_files()
         self._show_report(None)
         if check:
@@ -395,8 +403,9 @@ class DataPage(Page):
         self.status.setText("Checking…")
         set_role(self.status, "muted")
         self.check_button.setEnabled(False)
-        self.task = Task(check, config.data, config.model, on_result=self._checked, on_error=self._failed,
-                         on_progress=self._progress)
+        self.task = Task(
+            check, config.data, config.model, on_result=self._checked, on_error=self._failed, on_progress=self._progress
+        )
 
     def _progress(self, value: Any) -> None:
         message, fraction = value
@@ -414,8 +423,12 @@ class DataPage(Page):
         if result.problems:
             count = len(result.problems)
             self.status.setText(f"{count} of the files could not be read: " if count > 1 else "Could not read ")
-            self.status.setText(self.status.text() + "; ".join(result.problems)
-                                + ". Fix the path or remove it from the list. " + checked)
+            self.status.setText(
+                self.status.text()
+                + "; ".join(result.problems)
+                + ". Fix the path or remove it from the list. "
+                + checked
+            )
             set_role(self.status, "error")
         else:
             self.status.setText(checked)
@@ -439,16 +452,16 @@ class DataPage(Page):
                 tile.set("—", "")
             self.skipped_table.setRowCount(0)
             self._show_skipped_rows([])
-            self.report_text.setHtml(f"<p style='color:{self._muted()}'>Press Check data to validate every row."
-                                     "</p>")
+            self.report_text.setHtml(f"<p style='color:{self._muted()}'>Press Check data to validate every row.</p>")
             self.preview_table.setRowCount(0)
             self.inspector.clear()
             self._draw_histogram(np.zeros(0))
             return
         reasons = dict(report.skipped)
         if result.eval_report:
-            reasons.update({f"{reason} (evaluation data)": count
-                            for reason, count in result.eval_report.skipped.items()})
+            reasons.update(
+                {f"{reason} (evaluation data)": count for reason, count in result.eval_report.skipped.items()}
+            )
         skipped = sum(report.skipped.values())
         self.kept_tile.set(f"{report.rows_kept:,}", f"of {report.rows_read:,} read")
         top = max(report.skipped.items(), key=lambda kv: kv[1])[0] if report.skipped else "none skipped"
@@ -457,8 +470,9 @@ class DataPage(Page):
         if result.lengths.size:
             share = report.trained_tokens / report.tokens if report.tokens else 0
             self.tokens_tile.set(f"{report.tokens:,}", f"{report.trained_tokens:,} trained ({share:.0%})")
-            self.lengths_tile.set(f"{report.length_median:,}",
-                                  f"median · p95 {report.length_p95:,} · max {report.length_max:,}")
+            self.lengths_tile.set(
+                f"{report.length_median:,}", f"median · p95 {report.length_p95:,} · max {report.length_max:,}"
+            )
         else:
             self.tokens_tile.set("—", "needs a model")
             self.lengths_tile.set("—", "needs a model")
@@ -479,8 +493,14 @@ class DataPage(Page):
         self.preview_table.setRowCount(len(views))
         for row, view in enumerate(views):
             prompt, response = prompt_and_response(view.messages or [])
-            cells = [view.source.rpartition(":")[2], prompt, response, f"{view.num_tokens:,}",
-                     f"{view.num_trained:,}", ""]
+            cells = [
+                view.source.rpartition(":")[2],
+                prompt,
+                response,
+                f"{view.num_tokens:,}",
+                f"{view.num_trained:,}",
+                "",
+            ]
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(text if col in (1, 2) else "")
@@ -494,8 +514,9 @@ class DataPage(Page):
                 if icon_ is not None:
                     image_item.setIcon(icon_)
                     self.preview_table.setRowHeight(row, THUMBNAIL + 8)
-                image_item.setToolTip("\n".join(f"{im.source} ({im.width}×{im.height}, {im.tokens} tokens)"
-                                                for im in view.images))
+                image_item.setToolTip(
+                    "\n".join(f"{im.source} ({im.width}×{im.height}, {im.tokens} tokens)" for im in view.images)
+                )
 
     def _preview_selected(self) -> None:
         rows = self.preview_table.selectionModel().selectedRows()
@@ -538,8 +559,15 @@ class DataPage(Page):
         if not self.result:
             return
         self._inspecting = None
-        self.inspect_task = Task(inspect, entry, row, self.state.config.data, self.result.tokenizer,
-                                 on_result=self._inspected, on_error=self._inspect_failed)
+        self.inspect_task = Task(
+            inspect,
+            entry,
+            row,
+            self.state.config.data,
+            self.result.tokenizer,
+            on_result=self._inspected,
+            on_error=self._inspect_failed,
+        )
 
     def _inspected(self, result: tuple[Any, str]) -> None:
         view, raw = result
@@ -564,8 +592,10 @@ class DataPage(Page):
             return
         share = view.num_trained / view.num_tokens if view.num_tokens else 0
         truncated = " · truncated" if view.truncated else ""
-        self.inspector_title.setText(f"{view.source} · {view.format} · {view.num_tokens:,} tokens, "
-                                     f"{view.num_trained:,} trained ({share:.0%}){truncated}")
+        self.inspector_title.setText(
+            f"{view.source} · {view.format} · {view.num_tokens:,} tokens, "
+            f"{view.num_trained:,} trained ({share:.0%}){truncated}"
+        )
         self.inspector.setHtml(highlight_html(view.pieces, self.palette_))
         self.legend.setText("Highlighted text is what the model learns to write; the rest is context only.")
 
@@ -580,11 +610,13 @@ class DataPage(Page):
             return
         counts, edges = np.histogram(lengths, bins=min(HISTOGRAM_BINS, max(1, int(np.ptp(lengths)) + 1)))
         colour = self.palette_.loss if self.palette_ else "#7567ff"
-        self.histogram_bars = pg.BarGraphItem(x0=edges[:-1], x1=edges[1:], height=counts,
-                                              brush=pg.mkBrush(colour), pen=pg.mkPen(None))
+        self.histogram_bars = pg.BarGraphItem(
+            x0=edges[:-1], x1=edges[1:], height=counts, brush=pg.mkBrush(colour), pen=pg.mkPen(None)
+        )
         self.histogram.addItem(self.histogram_bars)
-        self.histogram_note.setText(f"{lengths.size:,} rows · mean {lengths.mean():,.0f} tokens · "
-                                    f"the line marks max length ({limit:,})")
+        self.histogram_note.setText(
+            f"{lengths.size:,} rows · mean {lengths.mean():,.0f} tokens · the line marks max length ({limit:,})"
+        )
 
     def _muted(self) -> str:
         return self.palette_.muted if self.palette_ else "#888"

@@ -52,7 +52,7 @@ def raw_row(entry: str, row: int) -> str:
     Raises:
         SourceError: the file cannot be read.
     """
-    from hone.core.data.loaders import read_records, resolve_sources
+    from hone.core.api import read_records, resolve_sources
 
     sources = resolve_sources([entry])
     if len(sources) != 1:
@@ -80,8 +80,9 @@ def highlight_html(pieces: list[Any], palette: Palette | None) -> str:
     for piece in pieces:
         text = html.escape(piece.text)
         if piece.kind == "image":
-            parts.append(f"<span style='background:{muted};color:white'>&nbsp;image · {piece.tokens} tokens&nbsp;"
-                         "</span>")
+            parts.append(
+                f"<span style='background:{muted};color:white'>&nbsp;image · {piece.tokens} tokens&nbsp;</span>"
+            )
         elif piece.trained:
             parts.append(f"<span style='background:{accent_bg};color:{accent_fg};font-weight:600'>{text}</span>")
         else:
@@ -98,10 +99,13 @@ def report_html(report: DatasetReport, eval_report: DatasetReport | None = None)
 
 def _split_html(report: DatasetReport, heading: str) -> str:
     lines = [f"<p><b>{heading}</b></p>"] if heading else []
-    lines += [f"<p><b>{report.rows_kept:,}</b> of {report.rows_read:,} rows kept"
-             + (f" ({report.format})" if report.format else "")
-             + (f"; {report.image_rows:,} with images" if report.image_rows else "")
-             + (f"; {report.held_out:,} held out for evaluation" if report.held_out else "") + ".</p>"]
+    lines += [
+        f"<p><b>{report.rows_kept:,}</b> of {report.rows_read:,} rows kept"
+        + (f" ({report.format})" if report.format else "")
+        + (f"; {report.image_rows:,} with images" if report.image_rows else "")
+        + (f"; {report.held_out:,} held out for evaluation" if report.held_out else "")
+        + ".</p>"
+    ]
     for title, items in (("Could not read", report.problems), ("Notes", report.notes)):
         if items:
             lines.append(f"<p><b>{title}</b></p><ul>")
@@ -112,11 +116,13 @@ def _split_html(report: DatasetReport, heading: str) -> str:
 
 def prompt_and_response(messages: list[dict[str, Any]]) -> tuple[str, str]:
     """The last user turn and the last assistant turn, as one line each."""
+
     def text_of(message):
         content = message.get("content", "")
         if isinstance(content, list):
-            content = " ".join(part.get("text", "[image]") if part.get("type") == "text" else "[image]"
-                               for part in content)
+            content = " ".join(
+                part.get("text", "[image]") if part.get("type") == "text" else "[image]" for part in content
+            )
         return " ".join(str(content).split())
 
     prompt = next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")

@@ -27,44 +27,45 @@ from PySide6.QtWidgets import (
 
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
-from hone.app.threads import Task, TaskError
 from hone.app.widgets.common import Card, human_bytes, label, set_role
+from hone.app.workers import Task, TaskError
 
 
 def export_formats() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """(format -> description, format -> {type -> description}) as core offers them now."""
-    from hone.core.export import FORMAT_TYPES, SUPPORTED_FORMATS
+    from hone.core.api import FORMAT_TYPES, SUPPORTED_FORMATS
 
     return dict(SUPPORTED_FORMATS), {name: dict(types) for name, types in FORMAT_TYPES.items()}
 
 
 def default_out(run_dir: str, fmt: str) -> str:
     """Where core writes an export when no folder is given: RUN_DIR/exports/<format>[-type]."""
-    from hone.core.export import parse_format
+    from hone.core.api import parse_format
 
     return str(Path(run_dir) / "exports" / parse_format(fmt).folder_name)
 
 
 def run_push(folder: str, repo_id: str, private: bool, progress) -> Any:
     """Push an export on a worker thread (hone.core.hub.push); PushProgress reports come back to the page."""
-    from hone.core.hub.push import push_folder
+    from hone.core.api import push_folder
 
     return push_folder(folder, repo_id, private=private, progress=progress)
 
 
 def is_export(folder: str) -> bool:
     """`folder` holds an export Hone wrote (its export.json)."""
-    from hone.core.export.formats import MANIFEST_FILE
+    from hone.core.api import MANIFEST_FILE
 
     return bool(folder) and (Path(folder) / MANIFEST_FILE).is_file()
 
 
 def run_export(run_dir: str, fmt: str, out: str, force: bool, progress) -> Any:
     """Export on a worker thread; core's progress(stage, fraction) reports come back to the page."""
-    from hone.core.export import export_run
+    from hone.core.api import export_run
 
-    return export_run(run_dir, fmt, out or None, force=force, progress=lambda stage, fraction: progress(
-        (stage, fraction)))
+    return export_run(
+        run_dir, fmt, out or None, force=force, progress=lambda stage, fraction: progress((stage, fraction))
+    )
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,13 @@ def check_rows(checks: dict[str, float | str], failures: list[str]) -> list[Chec
         if name.endswith(".tolerance") and previous is not None and isinstance(value, float):
             compared, number = previous
             ok = compared not in failed_names and number <= value
-            rows.append(CheckRow(ok, _check_name(compared.rsplit(".", 1)[0]),
-                                 f"{_words(compared.rsplit('.', 1)[-1])} {number:.3g} "
-                                 f"{'≤' if ok else '>'} tolerance {value:.3g}"))
+            rows.append(
+                CheckRow(
+                    ok,
+                    _check_name(compared.rsplit(".", 1)[0]),
+                    f"{_words(compared.rsplit('.', 1)[-1])} {number:.3g} {'≤' if ok else '>'} tolerance {value:.3g}",
+                )
+            )
         elif isinstance(value, str) and value == "ok":
             rows.append(CheckRow(True, _check_name(name)))
         elif isinstance(value, str) and value.startswith("FAILED"):
@@ -123,11 +128,16 @@ def result_html(result: Any) -> str:
     """An export's outcome for the page: verdict, each check passed or failed, the files with sizes, what next."""
     rows = check_rows(result.checks, result.failures)
     passed = sum(row.passed for row in rows)
-    head = (f"<b>Export checked: {passed} of {len(rows)} checks passed.</b>" if result.passed
-            else f"<b>Export written, but {len(rows) - passed} of {len(rows)} checks failed.</b>")
+    head = (
+        f"<b>Export checked: {passed} of {len(rows)} checks passed.</b>"
+        if result.passed
+        else f"<b>Export written, but {len(rows) - passed} of {len(rows)} checks failed.</b>"
+    )
     lines = [head]
-    lines += [f"{'✓' if row.passed else '✗'} {escape(row.what)}" + (f": {escape(row.detail)}" if row.detail else "")
-              for row in rows]
+    lines += [
+        f"{'✓' if row.passed else '✗'} {escape(row.what)}" + (f": {escape(row.detail)}" if row.detail else "")
+        for row in rows
+    ]
     if all(row.passed for row in rows):  # a failure no check row carries: say it as core wrote it
         lines += [f"✗ {escape(failure)}" for failure in result.failures]
     sizes = [f"{escape(f.name)} ({human_bytes(f.stat().st_size)})" for f in result.files if f.is_file()]
@@ -204,8 +214,9 @@ class ExportPage(Page):
         self.open_button.setEnabled(False)
         self.open_button.clicked.connect(self._open_out)
         self.push_button = QPushButton("Push to the Hub…")
-        self.push_button.setToolTip("Upload the export in that folder, with its model card, to a model repository on "
-                                    "the Hugging Face Hub.")
+        self.push_button.setToolTip(
+            "Upload the export in that folder, with its model card, to a model repository on the Hugging Face Hub."
+        )
         self.push_button.clicked.connect(self.open_push)
         buttons.addWidget(self.export_button)
         buttons.addWidget(self.open_button)
@@ -287,7 +298,7 @@ class ExportPage(Page):
             self.type_box.setCurrentIndex(self.type_box.findData(kind))
 
     def refresh_runs(self) -> None:
-        from hone.core.train.run_dir import list_runs
+        from hone.core.api import list_runs
 
         runs_dir = Path(self.state.config.output.runs_dir)
         current = self.run_box.currentText()
@@ -338,8 +349,16 @@ class ExportPage(Page):
         self.export_button.setEnabled(False)
         self.open_button.setEnabled(False)
         self.push_button.setEnabled(False)
-        self.task = Task(run_export, run_dir, fmt, out, self.force_box.isChecked(),
-                         on_result=self._done, on_error=self._failed, on_progress=self._progress)
+        self.task = Task(
+            run_export,
+            run_dir,
+            fmt,
+            out,
+            self.force_box.isChecked(),
+            on_result=self._done,
+            on_error=self._failed,
+            on_progress=self._progress,
+        )
         self.task.finished.connect(self._update_buttons)  # the task counts as running until its thread ends
 
     def _progress(self, value: tuple[str, float]) -> None:
@@ -351,9 +370,13 @@ class ExportPage(Page):
         self.result = result
         self.progress.setValue(1000)
         self.status.setText(result_html(result))
-        self.status.setToolTip("Every number the read-back recorded:\n" + "\n".join(
-            f"{name} = {value:.4g}" if isinstance(value, float) else f"{name} = {value}"
-            for name, value in result.checks.items()))
+        self.status.setToolTip(
+            "Every number the read-back recorded:\n"
+            + "\n".join(
+                f"{name} = {value:.4g}" if isinstance(value, float) else f"{name} = {value}"
+                for name, value in result.checks.items()
+            )
+        )
         set_role(self.status, "ok" if result.passed else "error")
         self.out_edit.setText(str(result.path))
         self.open_button.setEnabled(True)
@@ -389,8 +412,15 @@ class ExportPage(Page):
         self.progress.show()
         self.status.setText(f"Pushing {folder} to {repo_id} on the Hugging Face Hub…")
         set_role(self.status, "muted")
-        self.push_task = Task(run_push, folder, repo_id, private, on_result=self._pushed,
-                              on_error=self._push_failed, on_progress=self._push_progress)
+        self.push_task = Task(
+            run_push,
+            folder,
+            repo_id,
+            private,
+            on_result=self._pushed,
+            on_error=self._push_failed,
+            on_progress=self._push_progress,
+        )
         self.push_task.finished.connect(self._update_buttons)
         self._update_buttons()
 
@@ -401,8 +431,10 @@ class ExportPage(Page):
     def _pushed(self, result: Any) -> None:
         self.progress.setValue(1000)
         card = " Hone wrote its model card (README.md) into the folder first." if result.card_written else ""
-        self.status.setText(f"Pushed {len(result.files)} files ({human_bytes(result.total_bytes)}) to "
-                            f"{result.url} in commit {result.commit[:12]}.{card}")
+        self.status.setText(
+            f"Pushed {len(result.files)} files ({human_bytes(result.total_bytes)}) to "
+            f"{result.url} in commit {result.commit[:12]}.{card}"
+        )
         set_role(self.status, "ok")
         self._update_buttons()
         self.pushed.emit(result)

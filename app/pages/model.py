@@ -10,27 +10,26 @@ from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QProgressBar,
 
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
-from hone.app.threads import Task, TaskError
 from hone.app.widgets.common import Card, InfoGrid, StatTile, human_bytes, human_count, label, set_role
 from hone.app.widgets.config_form import in_words
 from hone.app.widgets.hub_dialog import HubDialog
+from hone.app.workers import Task, TaskError
+from hone.core.api import family_of
 from hone.core.config import DEMO_MODEL
-from hone.core.moe_families import family_of
 
-DETAILS = ["Architecture", "Model type", "Layers", "Hidden size", "Vocabulary", "Context length", "Source",
-           "Experts"]
+DETAILS = ["Architecture", "Model type", "Layers", "Hidden size", "Vocabulary", "Context length", "Source", "Experts"]
 
 
 def fits_here(repo_id: str, config) -> Any:
     """The memory planner's verdict for training `repo_id` with `config`'s settings here (on a worker thread)."""
-    from hone.core.hub.fit import fits_this_machine
+    from hone.core.api import fits_this_machine
 
     return fits_this_machine(repo_id, config)
 
 
 def inspect(name_or_path: str) -> Any:
     """Read a model's config (no weights). Runs on a worker thread: this is where torch first loads."""
-    from hone.core.models.load import inspect_model
+    from hone.core.api import inspect_model
 
     return inspect_model(name_or_path)
 
@@ -48,8 +47,9 @@ class ModelPage(Page):
         self.task: Task | None = None
         self.hub_dialog: HubDialog | None = None
         self.hub_button = QPushButton("Search the Hub…")
-        self.hub_button.setToolTip("Find a model on the Hugging Face Hub by name, see whether it fits this machine, "
-                                   "and download it.")
+        self.hub_button.setToolTip(
+            "Find a model on the Hugging Face Hub by name, see whether it fits this machine, and download it."
+        )
         self.hub_button.clicked.connect(self.open_hub)
         self.header.actions.addWidget(self.hub_button)
 
@@ -76,8 +76,9 @@ class ModelPage(Page):
         self.demo_button.setToolTip("SmolLM2-135M-Instruct, bundled with Hone Studio: trains on any machine.")
         self.demo_button.clicked.connect(lambda: self.choose(DEMO_MODEL))
         demo_row.addWidget(self.demo_button)
-        demo_row.addWidget(label("SmolLM2-135M-Instruct ships with Hone Studio and needs no download.", "muted",
-                                 wrap=True), 1)  # wraps rather than widen the page past the window
+        demo_row.addWidget(
+            label("SmolLM2-135M-Instruct ships with Hone Studio and needs no download.", "muted", wrap=True), 1
+        )  # wraps rather than widen the page past the window
         demo_row.addStretch(1)
         source.body.addLayout(demo_row)
         self.busy = QProgressBar()
@@ -103,8 +104,11 @@ class ModelPage(Page):
         self.details = InfoGrid(DETAILS)
         details.body.addWidget(self.details)
         self.body.addWidget(details)
-        self.family_card = Card("Mixture of experts", "What Hone runs for this model's family, and what stays on "
-                                "transformers' path (the run's first lines say what was checked on the weights).")
+        self.family_card = Card(
+            "Mixture of experts",
+            "What Hone runs for this model's family, and what stays on "
+            "transformers' path (the run's first lines say what was checked on the weights).",
+        )
         self.family_text = label("", wrap=True, selectable=True)
         self.family_card.body.addWidget(self.family_text)
         self.family_card.hide()
@@ -135,8 +139,12 @@ class ModelPage(Page):
         self.use_button.setEnabled(False)
         set_role(self.status, "muted")
         self._say(f"Reading {name_or_path}…")
-        self.task = Task(inspect, name_or_path, on_result=lambda info: self._inspected(name_or_path, info),
-                         on_error=lambda error: self._failed(name_or_path, error))
+        self.task = Task(
+            inspect,
+            name_or_path,
+            on_result=lambda info: self._inspected(name_or_path, info),
+            on_error=lambda error: self._failed(name_or_path, error),
+        )
 
     def _inspected(self, name_or_path: str, info: Any) -> None:
         self.busy.hide()
@@ -198,10 +206,12 @@ class ModelPage(Page):
             self.details.clear()
             return
         params = info.get("params", 0)
-        self.name_tile.set(_short(info.get("name") or self.state.config.model.name_or_path),
-                           info.get("source_kind", ""))
-        self.params_tile.set(human_count(params),
-                             f"{human_bytes(params * 2)} in 16-bit · {human_bytes(params * 0.5)} in 4-bit")
+        self.name_tile.set(
+            _short(info.get("name") or self.state.config.model.name_or_path), info.get("source_kind", "")
+        )
+        self.params_tile.set(
+            human_count(params), f"{human_bytes(params * 2)} in 16-bit · {human_bytes(params * 0.5)} in 4-bit"
+        )
         if info.get("is_moe"):
             self.kind_tile.set("MoE", f"{info.get('num_experts', 0)} experts, top-{info.get('experts_per_token', 0)}")
         else:
@@ -214,8 +224,12 @@ class ModelPage(Page):
         self.details.set("Vocabulary", f"{info.get('vocab_size', 0):,} tokens")
         self.details.set("Context length", f"{info.get('context_length', 0):,} tokens")
         self.details.set("Source", str(info.get("source_kind", "—")))
-        self.details.set("Experts", f"{info.get('num_experts')} (top-{info.get('experts_per_token')})"
-                         if info.get("is_moe") else "none (dense)")
+        self.details.set(
+            "Experts",
+            f"{info.get('num_experts')} (top-{info.get('experts_per_token')})"
+            if info.get("is_moe")
+            else "none (dense)",
+        )
         self._show_family(info)
 
     def _show_family(self, info: dict[str, Any]) -> None:
@@ -225,8 +239,10 @@ class ModelPage(Page):
             return
         model_type = str(info.get("model_type", ""))
         family = family_of(model_type)
-        experts = ("experts: Hone's grouped GEMMs with LoRA per expert, where transformers stores them as 3-D "
-                   "weights (checked when the model loads)")
+        experts = (
+            "experts: Hone's grouped GEMMs with LoRA per expert, where transformers stores them as 3-D "
+            "weights (checked when the model loads)"
+        )
         if family is None:
             lines = [f"{model_type}: a family without a row in Hone's table", experts]
         else:
@@ -244,8 +260,7 @@ class ModelPage(Page):
         self.demo_button.setIcon(icon("sparkle", palette.accent, 16))
 
     def is_busy(self) -> bool:
-        return bool(self.task and self.task.is_running()) or bool(self.hub_dialog and
-                                                                  self.hub_dialog.is_downloading())
+        return bool(self.task and self.task.is_running()) or bool(self.hub_dialog and self.hub_dialog.is_downloading())
 
 
 def _short(name: str) -> str:
@@ -254,4 +269,3 @@ def _short(name: str) -> str:
         return name.removeprefix("bundled:")
     path = Path(name)
     return path.name if (path.is_absolute() or len(path.parts) > 2) else name
-

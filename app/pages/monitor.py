@@ -12,9 +12,9 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QMessageBox, QPlainTextE
 
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
-from hone.app.threads import advice_for
 from hone.app.widgets.charts import BarChart, LiveChart, mark_label, power_of_ten
 from hone.app.widgets.common import Card, StatTile, human_bytes, human_count, human_duration, label, set_role
+from hone.app.workers import advice_for
 from hone.core.events import (
     CheckpointSaved,
     DatasetReport,
@@ -75,6 +75,21 @@ def eta_seconds(step_times: list[float] | deque, steps_left: int) -> float:
     if not step_times or steps_left <= 0:
         return 0.0
     return sum(step_times) / len(step_times) * steps_left
+
+
+# Which MonitorPage method takes which event into the page; other events only refresh the numbers.
+EVENT_HANDLERS: dict[type[Event], str] = {
+    RunStarted: "_on_started",
+    StepMetrics: "_step",
+    EvalMetrics: "_on_eval",
+    DatasetReport: "_on_dataset",
+    Notice: "_on_notice",
+    CheckpointSaved: "_on_checkpoint",
+    RunPaused: "_on_paused",
+    RunResumed: "_on_resumed",
+    RunFinished: "_on_finished",
+    RunFailed: "_on_failed",
+}
 
 
 class MonitorPage(Page):
@@ -217,78 +232,94 @@ class MonitorPage(Page):
 
     def handle(self, event: Event) -> None:
         """Take one core event into the charts, numbers and log (live or replayed)."""
-        if isinstance(event, RunStarted):
-            if event.resumed_from_step and self.live and self.last_step is None:
-                self._replay_before(event)  # live: the steps before the checkpoint come from the run folder
-            if event.resumed_from_step and self.last_step is not None:
-                self._continue_at(event.resumed_from_step)
-            else:
-                self._reset()
-                self.t0 = event.time
-            self._step_began[event.resumed_from_step] = self._seconds(event)
-            self._place_marks()
-            self.started = event
-            self.ended = None
-            self.status = "running"
-            self.header.title.setText("Monitor")
-            self.header.subtitle.setText(f"{Path(event.run_dir).name} · {event.model} on {event.device} "
-                                         f"({event.dtype})")
-            trainable = f"{human_count(event.params_trainable)} of {human_count(event.params_total)} parameters"
-            self._log(event, f"Run started on {event.device} ({event.dtype}): {event.total_steps} steps, "
-                             f"{trainable} trained")
-            if event.resumed_from_step:
-                self._log(event, f"Resumed from step {event.resumed_from_step}")
-            for path, choice in event.speed_paths.items():
-                self._log(event, f"{path}: {choice}")
-            self.expert_chart.setVisible(event.is_moe)
-        elif isinstance(event, StepMetrics):
-            self._step(event)
-        elif isinstance(event, EvalMetrics):
-            self.loss_chart.append("eval", event.step, event.loss)
-            self._log(event, f"Eval at step {event.step}: loss {event.loss:.4f} over {event.tokens:,} tokens")
-        elif isinstance(event, DatasetReport):
-            skipped = sum(event.skipped.values())
-            self._log(event, f"Data ({event.split}): {event.rows_kept:,} of {event.rows_read:,} rows kept, "
-                             f"{skipped:,} skipped, {event.truncated:,} truncated, {event.tokens:,} tokens")
-            for reason, count in event.skipped.items():
-                self._log(event, f"  skipped {count:,}: {reason}")
-        elif isinstance(event, Notice):
-            self._log(event, f"{'Warning: ' if event.level == 'warning' else ''}{event.topic}: {event.message}")
-            if event.topic == "memory" and event.step is not None:
-                self._unplaced_marks.append(event)
-                self._place_marks()
-        elif isinstance(event, CheckpointSaved):
-            self._log(event, f"Checkpoint at step {event.step}: {event.path}")
-        elif isinstance(event, RunPaused):
-            self.status = "paused"
-            self._pending = ""
-            self._log(event, f"Paused after step {event.step}")
-        elif isinstance(event, RunResumed):
-            self.status = "running"
-            self._pending = ""
-            self._log(event, f"Resumed at step {event.step}")
-        elif isinstance(event, RunFinished):
-            self.status = "stopped" if event.stopped else "finished"
-            self.ended = event
-            eval_text = f", eval loss {event.eval_loss:.4f}" if event.eval_loss is not None else ""
-            self._log(event, f"{'Stopped' if event.stopped else 'Finished'} at step {event.step} after "
-                             f"{human_duration(event.elapsed)}: loss {event.final_loss:.4f}{eval_text}. "
-                             f"Adapter: {event.adapter_dir}")
-        elif isinstance(event, RunFailed):
-            self.status = "failed"
-            self.ended = event
-            self.header.subtitle.setText(f"Failed: {event.reason}")
-            if self.last_step is None:
-                self.loss_chart.set_empty_text("The run failed before its first step; the log below says why")
-            self._log(event, f"Failed at step {event.step}: {event.reason}")
-            if event.advice:
-                self._log(event, f"Advice: {event.advice}")
-            if event.details:
-                self.log.appendPlainText(event.details.rstrip())
-            if self.show_dialogs:
-                self._show_failure(event)
+        handler = EVENT_HANDLERS.get(type(event))
+        if handler is not None:
+            getattr(self, handler)(event)
         self._tiles_dirty = True
         self._update_buttons()
+
+    def _on_started(self, event: RunStarted) -> None:
+        if event.resumed_from_step and self.live and self.last_step is None:
+            self._replay_before(event)  # live: the steps before the checkpoint come from the run folder
+        if event.resumed_from_step and self.last_step is not None:
+            self._continue_at(event.resumed_from_step)
+        else:
+            self._reset()
+            self.t0 = event.time
+        self._step_began[event.resumed_from_step] = self._seconds(event)
+        self._place_marks()
+        self.started = event
+        self.ended = None
+        self.status = "running"
+        self.header.title.setText("Monitor")
+        self.header.subtitle.setText(f"{Path(event.run_dir).name} · {event.model} on {event.device} ({event.dtype})")
+        trainable = f"{human_count(event.params_trainable)} of {human_count(event.params_total)} parameters"
+        self._log(
+            event, f"Run started on {event.device} ({event.dtype}): {event.total_steps} steps, {trainable} trained"
+        )
+        if event.resumed_from_step:
+            self._log(event, f"Resumed from step {event.resumed_from_step}")
+        for path, choice in event.speed_paths.items():
+            self._log(event, f"{path}: {choice}")
+        self.expert_chart.setVisible(event.is_moe)
+
+    def _on_eval(self, event: EvalMetrics) -> None:
+        self.loss_chart.append("eval", event.step, event.loss)
+        self._log(event, f"Eval at step {event.step}: loss {event.loss:.4f} over {event.tokens:,} tokens")
+
+    def _on_dataset(self, event: DatasetReport) -> None:
+        skipped = sum(event.skipped.values())
+        self._log(
+            event,
+            f"Data ({event.split}): {event.rows_kept:,} of {event.rows_read:,} rows kept, "
+            f"{skipped:,} skipped, {event.truncated:,} truncated, {event.tokens:,} tokens",
+        )
+        for reason, count in event.skipped.items():
+            self._log(event, f"  skipped {count:,}: {reason}")
+
+    def _on_notice(self, event: Notice) -> None:
+        self._log(event, f"{'Warning: ' if event.level == 'warning' else ''}{event.topic}: {event.message}")
+        if event.topic == "memory" and event.step is not None:
+            self._unplaced_marks.append(event)
+            self._place_marks()
+
+    def _on_checkpoint(self, event: CheckpointSaved) -> None:
+        self._log(event, f"Checkpoint at step {event.step}: {event.path}")
+
+    def _on_paused(self, event: RunPaused) -> None:
+        self.status = "paused"
+        self._pending = ""
+        self._log(event, f"Paused after step {event.step}")
+
+    def _on_resumed(self, event: RunResumed) -> None:
+        self.status = "running"
+        self._pending = ""
+        self._log(event, f"Resumed at step {event.step}")
+
+    def _on_finished(self, event: RunFinished) -> None:
+        self.status = "stopped" if event.stopped else "finished"
+        self.ended = event
+        eval_text = f", eval loss {event.eval_loss:.4f}" if event.eval_loss is not None else ""
+        self._log(
+            event,
+            f"{'Stopped' if event.stopped else 'Finished'} at step {event.step} after "
+            f"{human_duration(event.elapsed)}: loss {event.final_loss:.4f}{eval_text}. "
+            f"Adapter: {event.adapter_dir}",
+        )
+
+    def _on_failed(self, event: RunFailed) -> None:
+        self.status = "failed"
+        self.ended = event
+        self.header.subtitle.setText(f"Failed: {event.reason}")
+        if self.last_step is None:
+            self.loss_chart.set_empty_text("The run failed before its first step; the log below says why")
+        self._log(event, f"Failed at step {event.step}: {event.reason}")
+        if event.advice:
+            self._log(event, f"Advice: {event.advice}")
+        if event.details:
+            self.log.appendPlainText(event.details.rstrip())
+        if self.show_dialogs:
+            self._show_failure(event)
 
     def _step(self, event: StepMetrics) -> None:
         self.loss_chart.set_empty_text("")
@@ -302,8 +333,13 @@ class MonitorPage(Page):
             for index, peak in enumerate(event.mem_by_gpu):
                 key = f"gpu{index}"
                 if key not in self.memory_chart.series:
-                    self.memory_chart.add_line(key, f"GPU {index} (peak)", GPU_COLOURS[index % len(GPU_COLOURS)],
-                                               width=2.0, dashed=index >= len(GPU_COLOURS))
+                    self.memory_chart.add_line(
+                        key,
+                        f"GPU {index} (peak)",
+                        GPU_COLOURS[index % len(GPU_COLOURS)],
+                        width=2.0,
+                        dashed=index >= len(GPU_COLOURS),
+                    )
                 self.memory_chart.append(key, seconds, peak / GIB)
             self.memory_chart.append("reserved", seconds, event.mem_reserved / GIB)
         elif event.mem_allocated or event.mem_reserved:
@@ -321,8 +357,11 @@ class MonitorPage(Page):
         self.step_times.append(event.step_time)
         if event.time - self._log_step_at >= LOG_STEP_EVERY_S:
             self._log_step_at = event.time
-            self._log(event, f"step {event.step}/{event.total_steps}  loss {event.loss:.4f}  lr {event.lr:.2e}  "
-                             f"grad norm {event.grad_norm:.3f}  {event.tokens_per_s:,.0f} tokens/s")
+            self._log(
+                event,
+                f"step {event.step}/{event.total_steps}  loss {event.loss:.4f}  lr {event.lr:.2e}  "
+                f"grad norm {event.grad_norm:.3f}  {event.tokens_per_s:,.0f} tokens/s",
+            )
 
     def _place_marks(self) -> None:
         """Mark each memory re-plan on the memory chart where its step began, once that time is known: a notice
@@ -416,12 +455,20 @@ class MonitorPage(Page):
         session = self.state.session
         stopping = session.control is not None and session.control.stop_requested
         active = session.is_running and self.live
-        self.pause_button.setEnabled(active and self.status in ("running", "paused") and not stopping
-                                     and self.state.session.can_pause
-                                     and not self._pending)
+        self.pause_button.setEnabled(
+            active
+            and self.status in ("running", "paused")
+            and not stopping
+            and self.state.session.can_pause
+            and not self._pending
+        )
         self.pause_button.setText(self._pending or ("Resume" if self.status == "paused" else "Pause"))
-        self.pause_button.setToolTip("" if session.can_pause else "A run on several GPUs cannot pause (its processes "
-                                     "exchange gradients every step); Stop saves a checkpoint to resume from")
+        self.pause_button.setToolTip(
+            ""
+            if session.can_pause
+            else "A run on several GPUs cannot pause (its processes "
+            "exchange gradients every step); Stop saves a checkpoint to resume from"
+        )
         self.stop_button.setEnabled(active and not stopping)
         self.stop_button.setText("Stopping…" if active and stopping else "Stop")
         if self.palette_:
@@ -449,7 +496,8 @@ class MonitorPage(Page):
         box.setInformativeText(
             "Go on with this run on the data as it is now? Restarting the epoch begins it again on the new rows. "
             "Going on keeps the run's place in the data order, so some rows may come twice in this epoch, or not "
-            "before the next. To train on the new data from the start, start a new run from the Train page.")
+            "before the next. To train on the new data from the start, start a new run from the Train page."
+        )
         restart = box.addButton("Restart the epoch", QMessageBox.AcceptRole)
         go_on = box.addButton("Go on where it stopped", QMessageBox.AcceptRole)
         choices = {restart: "restart-epoch", go_on: "continue"}
@@ -478,26 +526,38 @@ class MonitorPage(Page):
     # ---- numbers ----
     def _update_tiles(self) -> None:
         step = self.last_step
-        labels = {"idle": "Idle", "starting": "Starting", "running": "Training", "paused": "Paused",
-                  "finished": "Finished", "stopped": "Stopped", "failed": "Failed"}
+        labels = {
+            "idle": "Idle",
+            "starting": "Starting",
+            "running": "Training",
+            "paused": "Paused",
+            "finished": "Finished",
+            "stopped": "Stopped",
+            "failed": "Failed",
+        }
         self.status_pill.setText(labels.get(self.status, self.status))
         self._colour_pill()
         if step:
             fraction = step.step / step.total_steps if step.total_steps else 0.0
             self.progress.setValue(int(fraction * 1000))
-            self.progress_text.setText(f"Step {step.step:,} of {step.total_steps:,} · epoch {step.epoch:.2f} · "
-                                       f"{human_duration(step.elapsed)} elapsed")
+            self.progress_text.setText(
+                f"Step {step.step:,} of {step.total_steps:,} · epoch {step.epoch:.2f} · "
+                f"{human_duration(step.elapsed)} elapsed"
+            )
             left = eta_seconds(self.step_times, step.total_steps - step.step)
             self.eta_text.setText(f"ETA {human_duration(left)}" if self.status in ("running", "paused") else "")
             smooth = self.loss_chart.series["smooth"].buffer
             smooth_text = f"smoothed {smooth.y[-1]:.4f} · " if smooth.n else ""
             if isinstance(self.ended, RunFinished):  # the number a finished run is remembered by
-                self.loss_tile.set(f"{self.ended.final_loss:.4f}", f"final loss · {smooth_text}"
-                                                                    f"grad norm {step.grad_norm:.2f}")
+                self.loss_tile.set(
+                    f"{self.ended.final_loss:.4f}", f"final loss · {smooth_text}grad norm {step.grad_norm:.2f}"
+                )
             else:
                 self.loss_tile.set(f"{step.loss:.4f}", f"{smooth_text}grad norm {step.grad_norm:.2f}")
-            self.speed_tile.set(f"{step.tokens_per_s:,.0f}", f"{step.step_time:.2f} s/step · packing "
-                                f"{step.packing_efficiency:.0%}{waiting_text(step)}")
+            self.speed_tile.set(
+                f"{step.tokens_per_s:,.0f}",
+                f"{step.step_time:.2f} s/step · packing {step.packing_efficiency:.0%}{waiting_text(step)}",
+            )
         elif self.status in ("idle", "starting"):
             self.progress.setValue(0)
             self.progress_text.setText("")
@@ -522,10 +582,14 @@ class MonitorPage(Page):
             self.util_chart.headline.setText("no NVIDIA GPU")
             self.util_chart.set_empty_text("No NVIDIA GPU on this computer, so there is no GPU load to show")
             return
-        parts = [f"{sample.temperature:.0f} °C" if sample.temperature is not None else "",
-                 f"{sample.power:.0f} W" if sample.power is not None else ""]
-        self.gpu_tile.set(f"{sample.utilization:.0f}%" if sample.utilization is not None else "—",
-                          " · ".join(p for p in parts if p) or sample.device)
+        parts = [
+            f"{sample.temperature:.0f} °C" if sample.temperature is not None else "",
+            f"{sample.power:.0f} W" if sample.power is not None else "",
+        ]
+        self.gpu_tile.set(
+            f"{sample.utilization:.0f}%" if sample.utilization is not None else "—",
+            " · ".join(p for p in parts if p) or sample.device,
+        )
         self.util_chart.headline.setText(" · ".join([sample.device] + [p for p in parts if p]))
 
     def _run_memory_tiles(self, step: StepMetrics | None) -> None:
@@ -533,8 +597,9 @@ class MonitorPage(Page):
         self.memory_tile.set_title("Run memory")
         self.gpu_tile.set_title("Device")
         if step and step.mem_allocated:
-            self.memory_tile.set(human_bytes(step.mem_allocated), f"peak allocated · reserved "
-                                                                  f"{human_bytes(step.mem_reserved)}")
+            self.memory_tile.set(
+                human_bytes(step.mem_allocated), f"peak allocated · reserved {human_bytes(step.mem_reserved)}"
+            )
         else:
             self.memory_tile.set("—", "not recorded (CPU run)" if self.started else "")
         self.gpu_tile.set(self.started.device if self.started else "—", "")
@@ -552,7 +617,7 @@ class MonitorPage(Page):
     # ---- resumed runs ----
     def _replay_before(self, started: RunStarted) -> None:
         """Take in what the run's folder holds from before this (resumed) start."""
-        from hone.core.train.run_dir import read_events
+        from hone.core.api import read_events
 
         show_dialogs, self.show_dialogs = self.show_dialogs, False
         try:
@@ -583,8 +648,7 @@ class MonitorPage(Page):
     def show_run(self, run_dir: str | Path) -> None:
         """Replay a run's metrics.jsonl into the charts (no dialogs). A run another process is still training is
         then followed: what it appends shows as it comes, until it finishes or its process ends."""
-        from hone.core.train.run_dir import EventTail
-        from hone.core.train.run_lock import in_use
+        from hone.core.api import EventTail, in_use
 
         if self.state.session.is_running:
             return
@@ -598,8 +662,9 @@ class MonitorPage(Page):
         if self.started is not None and self.ended is None and in_use(run_dir):
             self.following = Path(run_dir)
             self.follow_timer.start()
-            self.header.subtitle.setText(self.header.subtitle.text() + " · following live (training in another "
-                                         "process)")
+            self.header.subtitle.setText(
+                self.header.subtitle.text() + " · following live (training in another process)"
+            )
             self.log.appendPlainText("Following this run live: another process is training it.")
 
     def _replay(self, events: list[Event]) -> None:
@@ -612,7 +677,7 @@ class MonitorPage(Page):
         self.flush()
 
     def _follow_tick(self) -> None:
-        from hone.core.train.run_lock import in_use
+        from hone.core.api import in_use
 
         if self.following is None:
             return
@@ -625,8 +690,9 @@ class MonitorPage(Page):
             self._replay(self._tail.read())
             if self.ended is None:
                 self.status = "stopped"
-                self.log.appendPlainText("The process training this run ended without finishing it; resume it "
-                                         "from Runs.")
+                self.log.appendPlainText(
+                    "The process training this run ended without finishing it; resume it from Runs."
+                )
                 self._tiles_dirty = True
             self._stop_following()
 

@@ -39,7 +39,7 @@ ENDED = ("finished", "stopped")  # statuses whose loss is the run's final one
 
 def loss_curve(run_dir: str | Path) -> tuple[list[int], list[float]]:
     """(steps, losses) of a run, from its metrics.jsonl."""
-    from hone.core.train.run_dir import read_events
+    from hone.core.api import read_events
 
     steps, losses = [], []
     for event in read_events(run_dir):
@@ -51,7 +51,7 @@ def loss_curve(run_dir: str | Path) -> tuple[list[int], list[float]]:
 
 def last_failure(run_dir: str | Path) -> RunFailed | None:
     """The run's last RunFailed event, from the end of its metrics.jsonl (None when it holds none)."""
-    from hone.core.train.run_dir import METRICS_FILE
+    from hone.core.api import METRICS_FILE
 
     try:
         with open(Path(run_dir) / METRICS_FILE, "rb") as f:
@@ -152,12 +152,15 @@ class RunsPage(Page):
         return Path(self.state.config.output.runs_dir)
 
     def refresh(self) -> None:
-        from hone.core.train.run_dir import list_runs
+        from hone.core.api import list_runs
 
         self.folder_label.setText(str(self.runs_dir))
         self.summaries = list_runs(self.runs_dir) if self.runs_dir.is_dir() else []
-        self.failures = {s.run_dir: failure for s in self.summaries
-                         if s.status == "failed" and (failure := last_failure(s.run_dir)) is not None}
+        self.failures = {
+            s.run_dir: failure
+            for s in self.summaries
+            if s.status == "failed" and (failure := last_failure(s.run_dir)) is not None
+        }
         self.table.setRowCount(len(self.summaries))
         for row, summary in enumerate(self.summaries):
             for col, text in enumerate(_row_texts(summary)):
@@ -180,9 +183,10 @@ class RunsPage(Page):
     def select(self, rows: list[int]) -> None:
         self.table.clearSelection()
         for row in rows:
-            self.table.selectionModel().select(self.table.model().index(row, 0),
-                                               QItemSelectionModel.SelectionFlag.Select
-                                               | QItemSelectionModel.SelectionFlag.Rows)
+            self.table.selectionModel().select(
+                self.table.model().index(row, 0),
+                QItemSelectionModel.SelectionFlag.Select | QItemSelectionModel.SelectionFlag.Rows,
+            )
 
     def _selection_changed(self) -> None:
         chosen = self.selected_dirs()
@@ -221,8 +225,10 @@ class RunsPage(Page):
         if summary.status in ENDED:
             return f"Final loss {loss:.4f} after {summary.step:,} steps."
         if summary.status == "interrupted":
-            return (f"Interrupted at step {summary.step:,} of {summary.total_steps:,} (latest loss {loss:.4f}): "
-                    f"{summary.reason}. Resume goes on from its newest checkpoint.")
+            return (
+                f"Interrupted at step {summary.step:,} of {summary.total_steps:,} (latest loss {loss:.4f}): "
+                f"{summary.reason}. Resume goes on from its newest checkpoint."
+            )
         going = "it is training now" if self.is_training(Path(summary.run_dir)) else "the run has not ended"
         return f"Latest loss {loss:.4f} at step {summary.step:,} of {summary.total_steps:,}; {going}."
 
@@ -242,7 +248,7 @@ class RunsPage(Page):
         summary = next((s for s in self.summaries if Path(s.run_dir) == Path(run_dir)), None)
         if summary is None or summary.status != "running":
             return False
-        from hone.core.train.run_lock import in_use, read_holder
+        from hone.core.api import in_use, read_holder
 
         if read_holder(run_dir).get("pid") == os.getpid():
             return False  # this studio's own run
@@ -289,14 +295,23 @@ class RunsPage(Page):
         if not chosen or self._refuse_training(chosen):
             return
         if len(chosen) == 1:
-            question = (f"Delete the run “{chosen[0].name}”?\n\nIts folder, with its checkpoints, adapter and logs, "
-                        "is removed from disk:")
+            question = (
+                f"Delete the run “{chosen[0].name}”?\n\nIts folder, with its checkpoints, adapter and logs, "
+                "is removed from disk:"
+            )
         else:
-            question = (f"Delete {len(chosen)} runs: {', '.join(f'“{d.name}”' for d in chosen)}?\n\nTheir folders, "
-                        "with their checkpoints, adapters and logs, are removed from disk:")
+            question = (
+                f"Delete {len(chosen)} runs: {', '.join(f'“{d.name}”' for d in chosen)}?\n\nTheir folders, "
+                "with their checkpoints, adapters and logs, are removed from disk:"
+            )
         where = "\n".join(str(d) for d in chosen)
-        answer = QMessageBox.question(self, "Delete run", f"{question}\n{where}\n\nThis cannot be undone.",
-                                      QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+        answer = QMessageBox.question(
+            self,
+            "Delete run",
+            f"{question}\n{where}\n\nThis cannot be undone.",
+            QMessageBox.Yes | QMessageBox.No,
+            QMessageBox.No,
+        )
         if answer != QMessageBox.Yes or self._refuse_training(chosen):  # a run may have started meanwhile
             return
         failed = []
@@ -307,18 +322,25 @@ class RunsPage(Page):
                 failed.append(f"{run_dir}: {e.strerror or e}")
         self.refresh()
         if failed:
-            QMessageBox.warning(self, "Delete run", "Some folders could not be removed (a file in one may be "
-                                                    "open in another program; close it and delete again):\n"
-                                + "\n".join(failed))
+            QMessageBox.warning(
+                self,
+                "Delete run",
+                "Some folders could not be removed (a file in one may be "
+                "open in another program; close it and delete again):\n" + "\n".join(failed),
+            )
 
     def _refuse_training(self, chosen: list[Path]) -> bool:
         """Say so and return True when one of `chosen` is the run in training."""
         training = [run_dir for run_dir in chosen if self.is_training(run_dir)]
         if training:
-            where = ("in another process: stop it there (Ctrl-C in its terminal)"
-                     if self.training_elsewhere(training[0]) else "now. Stop it on the Monitor page")
-            QMessageBox.warning(self, "Delete run", f"“{training[0].name}” is training {where} first; then it can be "
-                                                    "deleted.")
+            where = (
+                "in another process: stop it there (Ctrl-C in its terminal)"
+                if self.training_elsewhere(training[0])
+                else "now. Stop it on the Monitor page"
+            )
+            QMessageBox.warning(
+                self, "Delete run", f"“{training[0].name}” is training {where} first; then it can be deleted."
+            )
         return bool(training)
 
     def _open_folder(self) -> None:

@@ -11,14 +11,14 @@ from hone.app.pages.base import Page
 from hone.app.presets import PRESETS, PRESETS_BY_NAME, matching_preset
 from hone.app.run_checks import run_problems
 from hone.app.theme import Palette, icon
-from hone.app.threads import Task
 from hone.app.widgets.common import Card, label, set_role
 from hone.app.widgets.config_form import SECTION_TITLES, ConfigForm, field_label
 from hone.app.widgets.memory_estimate import MemoryEstimateView
+from hone.app.workers import Task
+from hone.core.api import sharding_refusal
 from hone.core.config import RunConfig
 from hone.core.errors import ConfigError
 from hone.core.events import RunStarted
-from hone.core.train.sharding import refusal
 
 MOE_KEY = "speed.moe_backend"
 ESTIMATE_DELAY_MS = 400  # edits in a row (typing a number) start one estimate, not one per keystroke
@@ -26,20 +26,20 @@ ESTIMATE_DELAY_MS = 400  # edits in a row (typing a number) start one estimate, 
 
 def plan_memory(config: RunConfig, memory_source):
     """The run's memory plan against what `memory_source()` finds (on a worker thread: reads the model config)."""
-    from hone.core.memory.run_plan import plan_run
+    from hone.core.api import plan_run
 
     return plan_run(config, memory_source(), allow_qlora=True)
 
 
 def measure_backends(model_cfg, progress=None):
     """Hone's MoE experts backends timed on the model's own shapes, on the GPU (on a worker thread)."""
-    from hone.core.bench.moe_backends import measure_model_backends
+    from hone.core.api import measure_model_backends
 
     return measure_model_backends(model_cfg, "cuda", progress=progress)
 
 
 def detect_memory():
-    from hone.core.memory.run_plan import detect_memory as detect
+    from hone.core.api import detect_memory as detect
 
     return detect()
 
@@ -92,9 +92,11 @@ class TrainPage(Page):
         self.summary.body.addWidget(self.memory)
         self.summary.body.addWidget(self.problems)
         self.background_box = QCheckBox("Keep training when Hone Studio closes")
-        self.background_box.setToolTip("Closing the window leaves the run training in its own process, and Runs "
-                                       "follows it again when you reopen Hone Studio. Left off, closing the window "
-                                       "asks to stop the run (it saves first).")
+        self.background_box.setToolTip(
+            "Closing the window leaves the run training in its own process, and Runs "
+            "follows it again when you reopen Hone Studio. Left off, closing the window "
+            "asks to stop the run (it saves first)."
+        )
         if os.name != "posix":  # the child is stopped with SIGINT (hone.core.train.child_run)
             self.background_box.setEnabled(False)
             self.background_box.setToolTip("Runs train inside Hone Studio on Windows.")
@@ -108,9 +110,12 @@ class TrainPage(Page):
         self._estimate_timer.setInterval(ESTIMATE_DELAY_MS)
         self._estimate_timer.timeout.connect(self._estimate)
 
-        self.moe_card = Card("Mixture-of-experts backends", "Time grouped_mm, Triton and PyTorch on this model's own "
-                             "expert shapes (two random-init layers of its configuration) on this GPU, then keep "
-                             "the fastest.")
+        self.moe_card = Card(
+            "Mixture-of-experts backends",
+            "Time grouped_mm, Triton and PyTorch on this model's own "
+            "expert shapes (two random-init layers of its configuration) on this GPU, then keep "
+            "the fastest.",
+        )
         moe_row = QHBoxLayout()
         self.measure_button = QPushButton("Measure on this GPU")
         self.measure_button.clicked.connect(self.measure_moe_backends)
@@ -128,8 +133,11 @@ class TrainPage(Page):
         self.fastest_backend = ""
         self.body.addWidget(self.moe_card)
 
-        self.gpu_card = Card("GPUs", "Tick the GPUs this run trains on. Several train it together: one process per "
-                             "GPU, each step's rows shared out among them, the same tokens per step as on one.")
+        self.gpu_card = Card(
+            "GPUs",
+            "Tick the GPUs this run trains on. Several train it together: one process per "
+            "GPU, each step's rows shared out among them, the same tokens per step as on one.",
+        )
         self.gpu_row = QHBoxLayout()
         self.gpu_row.setSpacing(16)
         self.gpu_card.body.addLayout(self.gpu_row)
@@ -168,8 +176,7 @@ class TrainPage(Page):
             return
         config = self.form.config()
         self.state.set_config(config)
-        self.state.session.start(config, gpus=self.selected_gpus() or None,
-                                 background=self.background_box.isChecked())
+        self.state.session.start(config, gpus=self.selected_gpus() or None, background=self.background_box.isChecked())
         self.started.emit(config)
         self.state.page_requested.emit("monitor")
 
@@ -187,7 +194,9 @@ class TrainPage(Page):
         if self.gpu_boxes and not self.selected_gpus():
             problems.append("Tick at least one GPU to train on.")
         if len(self.selected_gpus()) > 1 and not errors and self.form.config().train.parallel == "fsdp":
-            why, _setting = refusal(self.form.config(), is_vision=bool((self.state.model_info or {}).get("is_vision")))
+            why, _setting = sharding_refusal(
+                self.form.config(), is_vision=bool((self.state.model_info or {}).get("is_vision"))
+            )
             if why:  # what the trainer would refuse at the start of the run
                 problems.append(f"Split the model across GPUs: {why}. Choose another \u201cSeveral GPUs\u201d setting.")
         return problems
@@ -243,15 +252,22 @@ class TrainPage(Page):
         self.measure_button.setEnabled(False)
         self.use_fastest_button.hide()
         self.moe_results.setText("Measuring… (builds two random-init layers per backend; a minute or two)")
-        self.moe_task = Task(measure_backends, self.state.config.model, on_result=self._show_backends,
-                             on_error=self._backends_failed,
-                             on_progress=lambda backend: self.moe_results.setText(f"Measuring {backend}…"))
+        self.moe_task = Task(
+            measure_backends,
+            self.state.config.model,
+            on_result=self._show_backends,
+            on_error=self._backends_failed,
+            on_progress=lambda backend: self.moe_results.setText(f"Measuring {backend}…"),
+        )
 
     def _show_backends(self, results: list) -> None:
         self.measure_button.setEnabled(True)
         timed = [r for r in results if not isinstance(r, str)]
-        lines = [f"{r.backend}: {r.tokens_per_s:,.0f} tokens/s" + (f", {r.peak_bytes / 2**30:.1f} GiB peak"
-                                                                   if r.peak_bytes else "") for r in timed]
+        lines = [
+            f"{r.backend}: {r.tokens_per_s:,.0f} tokens/s"
+            + (f", {r.peak_bytes / 2**30:.1f} GiB peak" if r.peak_bytes else "")
+            for r in timed
+        ]
         lines += [f"{r} (not measured)" for r in results if isinstance(r, str)]
         if timed:
             best = max(timed, key=lambda r: r.tokens_per_s)
@@ -277,8 +293,9 @@ class TrainPage(Page):
         running = self.state.session.is_running
         measuring = self.moe_task is not None and self.moe_task.is_running()
         self.measure_button.setEnabled(bool(machine and machine.has_gpu) and not running and not measuring)
-        self.measure_button.setToolTip("" if machine and machine.has_gpu else
-                                       "Measures on an NVIDIA GPU; this computer has none.")
+        self.measure_button.setToolTip(
+            "" if machine and machine.has_gpu else "Measures on an NVIDIA GPU; this computer has none."
+        )
         if is_moe is None:
             self.form.set_enabled(MOE_KEY, False)
             self.form.set_note(MOE_KEY, "Choose a model to see whether it has experts.")
@@ -290,8 +307,11 @@ class TrainPage(Page):
             if self._auto_pick:
                 self.form.set_note(MOE_KEY, f"Last run: {self._auto_pick}")
             elif config.speed.moe_backend == "auto":
-                self.form.set_note(MOE_KEY, "Auto probes grouped_mm, Triton and PyTorch when the run starts and "
-                                            "keeps the fastest that works on this GPU.")
+                self.form.set_note(
+                    MOE_KEY,
+                    "Auto probes grouped_mm, Triton and PyTorch when the run starts and "
+                    "keeps the fastest that works on this GPU.",
+                )
             else:
                 self.form.set_note(MOE_KEY, "")
 
@@ -302,9 +322,11 @@ class TrainPage(Page):
         if invalid:  # the shared config is the last valid one: neither it nor a preset is what the form says
             self.preset_note.setText("Fix the invalid value to compare the settings with the presets.")
             named = f"{', '.join(invalid[:-1])} and {invalid[-1]}" if len(invalid) > 1 else invalid[0]
-            self.summary_text.setText(f"The form has an invalid value in {named}: fix it to see this run."
-                                      if len(invalid) == 1 else
-                                      f"The form has invalid values in {named}: fix them to see this run.")
+            self.summary_text.setText(
+                f"The form has an invalid value in {named}: fix it to see this run."
+                if len(invalid) == 1
+                else f"The form has invalid values in {named}: fix them to see this run."
+            )
             self._estimate_timer.stop()
             self.memory.show_waiting("Memory: fix the invalid value to see what this run needs.")
         else:
@@ -340,16 +362,26 @@ class TrainPage(Page):
 
     def _show_summary(self, config: RunConfig) -> None:
         data = config.data.train
-        data_text = (f"{len(data)} file{'s' if len(data) != 1 else ''}: {', '.join(_short(d) for d in data[:3])}"
-                     f"{'…' if len(data) > 3 else ''}") if data else "none"
-        steps = (f"{config.train.max_steps} steps" if config.train.max_steps
-                 else f"{config.train.epochs:g} epoch{'s' if config.train.epochs != 1 else ''}")
+        data_text = (
+            (
+                f"{len(data)} file{'s' if len(data) != 1 else ''}: {', '.join(_short(d) for d in data[:3])}"
+                f"{'…' if len(data) > 3 else ''}"
+            )
+            if data
+            else "none"
+        )
+        steps = (
+            f"{config.train.max_steps} steps"
+            if config.train.max_steps
+            else f"{config.train.epochs:g} epoch{'s' if config.train.epochs != 1 else ''}"
+        )
         method = "QLoRA" if config.lora.qlora else "LoRA"
         gpus = self.selected_gpus()
         where = f" · on {len(gpus)} GPUs" if len(gpus) > 1 else ""
         self.summary_text.setText(
             f"<b>{_short(config.model.name_or_path)}</b> · data {data_text} · {method} rank {config.lora.r} · "
-            f"{steps} · {config.train.batch_tokens:,} tokens per batch × {config.train.grad_accum}{where}")
+            f"{steps} · {config.train.batch_tokens:,} tokens per batch × {config.train.grad_accum}{where}"
+        )
         if self.isVisible():  # estimated for the page in view only: loading a model's config is not free
             self._estimate_timer.start()
 
@@ -375,8 +407,13 @@ class TrainPage(Page):
             if asked == self.state.config and self.form.is_valid():
                 self.memory.show_plan(plan)
 
-        self.estimate_task = Task(plan_memory, config, self.memory_source, on_result=show,
-                                  on_error=lambda error: self.memory.show_failure(error.message))
+        self.estimate_task = Task(
+            plan_memory,
+            config,
+            self.memory_source,
+            on_result=show,
+            on_error=lambda error: self.memory.show_failure(error.message),
+        )
 
     def _open_config(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open run config", "", "Run configs (*.toml);;All files (*)")
@@ -398,5 +435,8 @@ class TrainPage(Page):
 
 
 def _short(name: str) -> str:
-    return name.removeprefix("bundled:").replace("\\", "/").rsplit("/", 1)[-1] if "/" in name or "\\" in name \
+    return (
+        name.removeprefix("bundled:").replace("\\", "/").rsplit("/", 1)[-1]
+        if "/" in name or "\\" in name
         else name.removeprefix("bundled:")
+    )

@@ -174,8 +174,15 @@ class LiveChart(Card):
         power_of_ten_axis: y ticks read mantissa×10ⁿ with one n for the axis (learning rates).
     """
 
-    def __init__(self, title: str, unit: str = "", y_format: str | Callable[[float], str] = "{:.4g}",
-                 parent: QWidget | None = None, steps: bool = False, power_of_ten_axis: bool = False):
+    def __init__(
+        self,
+        title: str,
+        unit: str = "",
+        y_format: str | Callable[[float], str] = "{:.4g}",
+        parent: QWidget | None = None,
+        steps: bool = False,
+        power_of_ten_axis: bool = False,
+    ):
         super().__init__(title, parent=parent)
         self._unit = unit
         self._y_format = y_format
@@ -200,8 +207,16 @@ class LiveChart(Card):
         self._empty.setAlignment(Qt.AlignCenter)
         self._empty.setObjectName("StatDetail")
 
-    def add_line(self, key: str, name: str, colour_key: str, *, width: float = 2.0, dashed: bool = False,
-                 symbol: str | None = None) -> None:
+    def add_line(
+        self,
+        key: str,
+        name: str,
+        colour_key: str,
+        *,
+        width: float = 2.0,
+        dashed: bool = False,
+        symbol: str | None = None,
+    ) -> None:
         """Create a curve once; its data comes from `append` / `set_points`."""
         curve = self.plot.plot([], [], name=name)
         self.series[key] = _Series(curve, colour_key, dashed, width, symbol)
@@ -224,16 +239,23 @@ class LiveChart(Card):
 
     def legend_entries(self) -> list[tuple[str, str]]:
         """(name, colour) of each series, in the order the legend shows them."""
-        return [(self.names[key], getattr(self._palette, series.colour_key) if self._palette else "")
-                for key, series in self.series.items()]
+        return [
+            (self.names[key], getattr(self._palette, series.colour_key) if self._palette else "")
+            for key, series in self.series.items()
+        ]
 
     def add_mark(self, x: float, text: str, tooltip: str = "") -> pg.InfiniteLine:
         """A vertical line at `x`, labelled along it with `text`, `tooltip` on hover. Made once and kept (through
         every redraw) until `clear()`."""
         # The label runs up the line and ends near the top of the plot, on whichever side of the line has room. It
         # would show the line's x where its text says {value}: braces of the text are doubled to stay braces.
-        mark = _Mark(pos=x, angle=90, movable=False, label=text.replace("{", "{{").replace("}", "}}"),
-                     labelOpts={"position": 0.97, "rotateAxis": (1, 0), "anchors": [(1, 0), (1, 1)]})
+        mark = _Mark(
+            pos=x,
+            angle=90,
+            movable=False,
+            label=text.replace("{", "{{").replace("}", "}}"),
+            labelOpts={"position": 0.97, "rotateAxis": (1, 0), "anchors": [(1, 0), (1, 1)]},
+        )
         font = QFont(mark.label.textItem.font())
         font.setPointSizeF(MARK_FONT_PT)
         mark.label.setFont(font)
@@ -349,8 +371,9 @@ class LiveChart(Card):
             sample = "╍╍" if series.dashed else "━●━" if series.symbol else "━━"
             colour = getattr(self._palette, series.colour_key) if self._palette else ""
             name = html.escape(self.names[key]).replace(" ", "&nbsp;")  # an entry never breaks across lines
-            entries.append(f'<span style="color:{colour}">{sample}</span>&nbsp;{name}' if colour
-                           else f"{sample}&nbsp;{name}")
+            entries.append(
+                f'<span style="color:{colour}">{sample}</span>&nbsp;{name}' if colour else f"{sample}&nbsp;{name}"
+            )
         self.legend.setText("&nbsp;&nbsp; ".join(entries))
         self.legend.setVisible(bool(entries))
 

@@ -70,8 +70,9 @@ class Columns(QWidget):
     than the side-by-side layout needs; it then re-lays its children in one column.
     """
 
-    def __init__(self, columns: int = 2, spacing: int = 14, stretches: tuple[int, ...] = (),
-                 parent: QWidget | None = None):
+    def __init__(
+        self, columns: int = 2, spacing: int = 14, stretches: tuple[int, ...] = (), parent: QWidget | None = None
+    ):
         super().__init__(parent)
         self._grid = QGridLayout(self)
         self._grid.setContentsMargins(0, 0, 0, 0)
@@ -104,9 +105,11 @@ class Columns(QWidget):
         self._arrange(self._fitting_columns(event.size().width()))
 
     def _fitting_columns(self, width: int) -> int:
-        rows = [self._widgets[i:i + self._columns] for i in range(0, len(self._widgets), self._columns)]
-        needed = max((sum(w.minimumSizeHint().width() for w in row) + self._grid.spacing() * (len(row) - 1)
-                      for row in rows), default=0)
+        rows = [self._widgets[i : i + self._columns] for i in range(0, len(self._widgets), self._columns)]
+        needed = max(
+            (sum(w.minimumSizeHint().width() for w in row) + self._grid.spacing() * (len(row) - 1) for row in rows),
+            default=0,
+        )
         return self._columns if needed <= width else 1
 
     def _arrange(self, columns: int, force: bool = False) -> None:

@@ -36,38 +36,81 @@ from hone.core.errors import ConfigError
 ELSEWHERE = {"model.name_or_path", "model.gguf_file", "data.train", "data.eval", "data.format", "data.columns"}
 
 SECTION_ORDER = ("train", "lora", "speed", "data", "model", "output")
-SECTION_TITLES = {"train": "Training", "lora": "LoRA adapter", "speed": "Speed", "data": "Data",
-                  "model": "Model loading", "output": "Output"}
+SECTION_TITLES = {
+    "train": "Training",
+    "lora": "LoRA adapter",
+    "speed": "Speed",
+    "data": "Data",
+    "model": "Model loading",
+    "output": "Output",
+}
 
 # Shorter labels where the field name alone reads poorly; others are derived from the name.
 LABELS = {
-    "lora.r": "Rank", "lora.rslora": "rsLoRA", "lora.qlora": "QLoRA (4-bit base)",
+    "lora.r": "Rank",
+    "lora.rslora": "rsLoRA",
+    "lora.qlora": "QLoRA (4-bit base)",
     "lora.experts": "Adapt experts (MoE)",
-    "lora.train_projector": "Train projector", "lora.train_vision_tower": "LoRA on vision tower",
-    "train.lr": "Learning rate", "train.max_steps": "Max steps", "train.grad_accum": "Gradient accumulation",
-    "train.max_grad_norm": "Clip grad norm", "train.batch_tokens": "Tokens per batch",
-    "speed.moe_backend": "MoE backend", "speed.checkpoint": "Activation checkpoints", "speed.kernels": "Fused kernels",
-    "speed.compile": "torch.compile", "speed.host_embeddings": "Input embeddings in host memory",
-    "speed.host_lm_head": "LM head in host memory", "speed.layer_group_tokens": "Layer groups (tokens)",
-    "data.train_on": "Train on", "data.max_length": "Max length (tokens)",
-    "data.image_max_side": "Image max side (px)", "data.eval_fraction": "Eval fraction",
+    "lora.train_projector": "Train projector",
+    "lora.train_vision_tower": "LoRA on vision tower",
+    "train.lr": "Learning rate",
+    "train.max_steps": "Max steps",
+    "train.grad_accum": "Gradient accumulation",
+    "train.max_grad_norm": "Clip grad norm",
+    "train.batch_tokens": "Tokens per batch",
+    "speed.moe_backend": "MoE backend",
+    "speed.checkpoint": "Activation checkpoints",
+    "speed.kernels": "Fused kernels",
+    "speed.compile": "torch.compile",
+    "speed.host_embeddings": "Input embeddings in host memory",
+    "speed.host_lm_head": "LM head in host memory",
+    "speed.layer_group_tokens": "Layer groups (tokens)",
+    "data.train_on": "Train on",
+    "data.max_length": "Max length (tokens)",
+    "data.image_max_side": "Image max side (px)",
+    "data.eval_fraction": "Eval fraction",
     "data.chat_template": "Chat template",
-    "model.trust_remote_code": "Trust remote code", "output.runs_dir": "Runs folder", "output.name": "Run name",
-    "model.name_or_path": "Model", "data.train": "Training data", "data.eval": "Evaluation data",
-    "speed.tiled_mlp": "Tiled MLP backward", "speed.loss": "Loss", "speed.attention": "Attention",
-    "speed.long_row_attention": "Long rows through cuDNN", "speed.keep_long_row_attention": "Keep long-row attention",
-    "speed.grouped_attention_backward": "Grouped attention backward", "output.checkpoint_every": "Checkpoint every",
-    "output.keep_checkpoints": "Checkpoints kept", "train.eval_every": "Evaluate every (steps)",
-    "model.dtype": "Weight type", "train.parallel": "Several GPUs",
+    "model.trust_remote_code": "Trust remote code",
+    "output.runs_dir": "Runs folder",
+    "output.name": "Run name",
+    "model.name_or_path": "Model",
+    "data.train": "Training data",
+    "data.eval": "Evaluation data",
+    "speed.tiled_mlp": "Tiled MLP backward",
+    "speed.loss": "Loss",
+    "speed.attention": "Attention",
+    "speed.long_row_attention": "Long rows through cuDNN",
+    "speed.keep_long_row_attention": "Keep long-row attention",
+    "speed.grouped_attention_backward": "Grouped attention backward",
+    "output.checkpoint_every": "Checkpoint every",
+    "output.keep_checkpoints": "Checkpoints kept",
+    "train.eval_every": "Evaluate every (steps)",
+    "model.dtype": "Weight type",
+    "train.parallel": "Several GPUs",
 }
 # Choices in words; the value the config stores is each item's data (and in its tooltip).
 CHOICE_LABELS = {
-    "speed.moe_backend": {"auto": "Auto", "grouped_mm": "grouped_mm", "triton": "Triton", "torch": "PyTorch",
-                          "eager": "transformers eager"},
-    "speed.checkpoint": {"auto": "Auto", "off": "Off (keep every activation)", "gpu": "Recompute",
-                         "offload": "Offload to host memory", "offload-double": "Offload, two reload buffers"},
-    "speed.attention": {"auto": "Auto", "varlen": "Varlen (PyTorch)", "flash": "FlashAttention",
-                        "sdpa": "SDPA with a block mask", "hf": "transformers' own"},
+    "speed.moe_backend": {
+        "auto": "Auto",
+        "grouped_mm": "grouped_mm",
+        "triton": "Triton",
+        "torch": "PyTorch",
+        "eager": "transformers eager",
+    },
+    "speed.checkpoint": {
+        "auto": "Auto",
+        "off": "Off (keep every activation)",
+        "gpu": "Recompute",
+        "offload": "Offload to host memory",
+        "offload-double": "Offload, two reload buffers",
+    },
+    "speed.attention": {
+        "auto": "Auto",
+        "varlen": "Varlen (PyTorch)",
+        "flash": "FlashAttention",
+        "sdpa": "SDPA with a block mask",
+        "hf": "transformers' own",
+    },
     "speed.long_row_attention": {"auto": "Auto (Hopper GPUs)", "on": "On", "off": "Off"},
     "speed.loss": {"chunked": "Chunked (less memory)", "plain": "Plain (all logits at once)"},
     "train.schedule": {"cosine": "Cosine decay", "linear": "Linear decay", "constant": "Constant"},
@@ -336,6 +379,7 @@ _KEY = re.compile(r"`?\b(" + "|".join(SECTIONS) + r")\.(\w+)\b`?")
 def in_words(text: str) -> str:
     """`text` with every `section.field` key replaced by the field's label as the form shows it ("train.lr" ->
     "Learning rate"), and the first letter capitalized; keys stay in the tooltips."""
+
     def label_of(match: re.Match) -> str:
         section, name = match.group(1), match.group(2)
         known = name in {f.name for f in dataclasses.fields(SECTIONS[section])}

@@ -26,9 +26,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from hone.app.threads import Task, TaskError
 from hone.app.widgets.common import human_bytes, human_count, label, set_role
 from hone.app.widgets.config_form import in_words
+from hone.app.workers import Task, TaskError
 
 COLUMNS = ("Model", "Size", "Downloads", "License", "Gated")
 PROGRESS_STEPS = 1000  # the bar's range: tenths of a percent
@@ -36,20 +36,20 @@ PROGRESS_STEPS = 1000  # the bar's range: tenths of a percent
 
 def search(text: str) -> list:
     """HubModel rows (on a worker thread)."""
-    from hone.core.hub.search import search_models
+    from hone.core.api import search_models
 
     return search_models(text, limit=50)
 
 
 def download(repo_id: str, stop: threading.Event, progress=None):
     """A DownloadResult (on a worker thread); `progress` gets DownloadProgress values."""
-    from hone.core.hub.download import download_model
+    from hone.core.api import download_model
 
     return download_model(repo_id, stop=stop, progress=progress)
 
 
 def save_token(token: str) -> None:
-    from hone.core.hub.token import save_token as save
+    from hone.core.api import save_token as save
 
     save(token)
 
@@ -58,7 +58,7 @@ class HubDialog(QDialog):
     """The dialog. `model_chosen(repo_id)` is emitted by Use model, once the model is downloaded.
 
     `fit_check(repo_id)` runs on a worker thread and returns an object with `fits` (True, False or None) and `text`
-    (the Model page passes the memory planner's, hone.core.hub.fit); None shows sizes only.
+    (the Model page passes the memory planner's, hone.core.hub.machine_fit); None shows sizes only.
     """
 
     model_chosen = Signal(str)
@@ -99,8 +99,9 @@ class HubDialog(QDialog):
         layout.addWidget(self.table, 1)
 
         self.fit_label = label("", "muted", wrap=True, selectable=True)
-        self.status = label("Search by name; the most downloaded models come first.", "muted", wrap=True,
-                            selectable=True)
+        self.status = label(
+            "Search by name; the most downloaded models come first.", "muted", wrap=True, selectable=True
+        )
         self.progress = QProgressBar()
         self.progress.setRange(0, PROGRESS_STEPS)
         self.progress.setTextVisible(False)
@@ -147,8 +148,13 @@ class HubDialog(QDialog):
             size = human_bytes(model.weight_bytes) if model.weight_bytes else "?"
             if model.parameters:
                 size = f"{size} · {human_count(model.parameters)}"
-            cells = (model.id, size, f"{model.downloads:,}", model.license or "—",
-                     f"yes ({model.gated})" if model.gated else "no")
+            cells = (
+                model.id,
+                size,
+                f"{model.downloads:,}",
+                model.license or "—",
+                f"yes ({model.gated})" if model.gated else "no",
+            )
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if c in (1, 2):
@@ -156,8 +162,11 @@ class HubDialog(QDialog):
                 self.table.setItem(r, c, item)
         self.table.resizeColumnsToContents()
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
-        self._say(f"{len(self.results)} models; pick one to download." if self.results
-                  else "No model on the Hub has that in its name.")
+        self._say(
+            f"{len(self.results)} models; pick one to download."
+            if self.results
+            else "No model on the Hub has that in its name."
+        )
         self._update_buttons()
 
     def selected(self) -> Any | None:
@@ -172,8 +181,12 @@ class HubDialog(QDialog):
             return
         gated = " It is gated: accept its license on the Hub and give Hone a token (Token…)." if model.gated else ""
         self.fit_label.setText(f"Checking whether {model.id} fits this machine…{gated}")
-        self.fit_task = Task(self.fit_check, model.id, on_result=lambda verdict: self._show_fit(model.id, verdict),
-                             on_error=lambda error: self._show_fit(model.id, None))
+        self.fit_task = Task(
+            self.fit_check,
+            model.id,
+            on_result=lambda verdict: self._show_fit(model.id, verdict),
+            on_error=lambda error: self._show_fit(model.id, None),
+        )
 
     def _show_fit(self, repo_id: str, verdict: Any) -> None:
         current = self.selected()
@@ -196,8 +209,14 @@ class HubDialog(QDialog):
         self.progress.setValue(0)
         self.progress.show()
         self._say(f"Downloading {model.id}…")
-        self.download_task = Task(download, model.id, self.stop, on_progress=self._progressed,
-                                  on_result=self._downloaded, on_error=self._failed)
+        self.download_task = Task(
+            download,
+            model.id,
+            self.stop,
+            on_progress=self._progressed,
+            on_result=self._downloaded,
+            on_error=self._failed,
+        )
         self.download_task.finished.connect(self._update_buttons)
         self._update_buttons()
 
@@ -211,19 +230,24 @@ class HubDialog(QDialog):
 
     def _progressed(self, p: Any) -> None:
         self.progress.setValue(round(p.fraction * PROGRESS_STEPS))
-        self._say(f"{human_bytes(p.done)} of {human_bytes(p.total)} · file {min(p.files_done + 1, p.files_total)} "
-                  f"of {p.files_total}: {p.file}")
+        self._say(
+            f"{human_bytes(p.done)} of {human_bytes(p.total)} · file {min(p.files_done + 1, p.files_total)} "
+            f"of {p.files_total}: {p.file}"
+        )
 
     def _downloaded(self, result: Any) -> None:
         self.progress.setValue(round(result.done / result.total * PROGRESS_STEPS) if result.total else PROGRESS_STEPS)
         if result.complete:
             self.downloaded.add(result.repo_id)
             self.downloading = ""
-            self._say(f"{result.repo_id} is downloaded ({human_bytes(result.total)}). Use model makes it the run's "
-                      "model.")
+            self._say(
+                f"{result.repo_id} is downloaded ({human_bytes(result.total)}). Use model makes it the run's model."
+            )
         else:
-            self._say(f"Paused at {human_bytes(result.done)} of {human_bytes(result.total)}. Resume continues where "
-                      "it stopped.")
+            self._say(
+                f"Paused at {human_bytes(result.done)} of {human_bytes(result.total)}. Resume continues where "
+                "it stopped."
+            )
         self._update_buttons()
 
     def is_downloading(self) -> bool:
@@ -237,17 +261,27 @@ class HubDialog(QDialog):
 
     # ---- the token ----
     def _ask_token(self) -> None:
-        token, ok = QInputDialog.getText(self, "Hugging Face token", "A read token from huggingface.co/settings/"
-                                         "tokens. Hone keeps it in the OS keyring, never in a config.",
-                                         QLineEdit.Password)
+        token, ok = QInputDialog.getText(
+            self,
+            "Hugging Face token",
+            "A read token from huggingface.co/settings/tokens. Hone keeps it in the OS keyring, never in a config.",
+            QLineEdit.Password,
+        )
         if ok and token.strip():
-            Task(save_token, token, on_result=lambda _: self._say("The token is kept in the OS keyring."),
-                 on_error=self._failed)
+            Task(
+                save_token,
+                token,
+                on_result=lambda _: self._say("The token is kept in the OS keyring."),
+                on_error=self._failed,
+            )
 
     # ---- showing ----
     def _failed(self, error: TaskError) -> None:
-        advice = f" {in_words(error.advice.rstrip('.'))[:1].upper()}{in_words(error.advice.rstrip('.'))[1:]}." \
-            if error.advice else ""
+        advice = (
+            f" {in_words(error.advice.rstrip('.'))[:1].upper()}{in_words(error.advice.rstrip('.'))[1:]}."
+            if error.advice
+            else ""
+        )
         message = in_words(error.message.rstrip("."))
         self._say(f"{message[:1].upper()}{message[1:]}.{advice}", "error")
         self._update_buttons()

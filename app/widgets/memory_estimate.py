@@ -93,25 +93,38 @@ class MemoryEstimateView(QWidget):
         self._fix = []
         if memory is None:
             self.fits = None
-            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB on an NVIDIA GPU (none here: this run will use "
-                           "the CPU).", "muted")
+            self._set_text(
+                f"Needs ≈ {estimate.peak_gib:.1f} GiB on an NVIDIA GPU (none here: this run will use the CPU).", "muted"
+            )
         elif fit.fits and not fit.changes:
             self.fits = True
-            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB of {memory.available / GIB:.1f} GiB on "
-                           f"{memory.device}." + (" With this much to spare each MLP is back-propagated whole, "
-                                                  "not in tiles (faster)." if spare is not None else ""), "muted")
+            self._set_text(
+                f"Needs ≈ {estimate.peak_gib:.1f} GiB of {memory.available / GIB:.1f} GiB on "
+                f"{memory.device}."
+                + (
+                    " With this much to spare each MLP is back-propagated whole, not in tiles (faster)."
+                    if spare is not None
+                    else ""
+                ),
+                "muted",
+            )
         elif fit.fits:
             self.fits = False
             self._fix = fit.assignments(plan.settings)
-            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB: more than the {memory.available / GIB:.1f} GiB "
-                           f"on {memory.device}. It fits ({fit.estimate.peak_gib:.1f} GiB) with: "
-                           + "; ".join(fit.changes) + ".", "error")
+            self._set_text(
+                f"Needs ≈ {estimate.peak_gib:.1f} GiB: more than the {memory.available / GIB:.1f} GiB "
+                f"on {memory.device}. It fits ({fit.estimate.peak_gib:.1f} GiB) with: " + "; ".join(fit.changes) + ".",
+                "error",
+            )
         else:
             self.fits = False
             if fit.largest_max_length:
                 self._fix = [f"data.max_length={fit.largest_max_length}"]
-            self._set_text(f"Needs ≈ {estimate.peak_gib:.1f} GiB: does not fit the {memory.available / GIB:.1f} GiB "
-                           f"free on {memory.device}. {fit.reason}.", "error")
+            self._set_text(
+                f"Needs ≈ {estimate.peak_gib:.1f} GiB: does not fit the {memory.available / GIB:.1f} GiB "
+                f"free on {memory.device}. {fit.reason}.",
+                "error",
+            )
         self.fix_button.setText("Apply the fix" if fit is None or fit.fits else "Use shorter rows")
         self.fix_button.setToolTip("\n".join(self._fix))
         self.fix_button.setVisible(bool(self._fix))

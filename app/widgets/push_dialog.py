@@ -10,13 +10,13 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QCheckBox, QDialog, QDialogButtonBox, QLineEdit, QVBoxLayout, QWidget
 
-from hone.app.threads import Task
 from hone.app.widgets.common import label, set_role
+from hone.app.workers import Task
 
 
 def hub_user() -> str:
     """The token's account name, or "" (on a worker thread: it asks the Hub)."""
-    from hone.core.hub.push import hub_user as ask
+    from hone.core.api import hub_user as ask
 
     return ask()
 
@@ -28,16 +28,22 @@ class PushDialog(QDialog):
 
     def __init__(self, folder: str, name: str, parent: QWidget | None = None):
         """Args:
-            folder: the export folder to push (shown).
-            name: the repository name to suggest (the run's name and the format: my-run-adapter).
+        folder: the export folder to push (shown).
+        name: the repository name to suggest (the run's name and the format: my-run-adapter).
         """
         super().__init__(parent)
         self.setWindowTitle("Push to the Hugging Face Hub")
         self.name = name
         self.typed = False
         layout = QVBoxLayout(self)
-        layout.addWidget(label(f"Uploads {folder} with its model card (README.md) in one commit. The repository is "
-                               "created if it does not exist.", "muted", wrap=True))
+        layout.addWidget(
+            label(
+                f"Uploads {folder} with its model card (README.md) in one commit. The repository is "
+                "created if it does not exist.",
+                "muted",
+                wrap=True,
+            )
+        )
         layout.addWidget(label("Repository (OWNER/NAME)"))
         self.repo_edit = QLineEdit(name)
         self.repo_edit.setPlaceholderText("your-user-name/" + name)
@@ -64,8 +70,10 @@ class PushDialog(QDialog):
                 self.repo_edit.setText(f"{user}/{self.name}")
                 self._edited(self.repo_edit.text(), typed=False)
         else:
-            self.note.setText("Hone has no token that the Hub accepts, so the owner is not known: type your user "
-                              "name. Pushing needs a token that can write (Token… in Search the Hub, or HF_TOKEN).")
+            self.note.setText(
+                "Hone has no token that the Hub accepts, so the owner is not known: type your user "
+                "name. Pushing needs a token that can write (Token… in Search the Hub, or HF_TOKEN)."
+            )
 
     def _edited(self, text: str, typed: bool = True) -> None:
         self.typed = self.typed or (typed and text != self.name)

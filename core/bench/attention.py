@@ -72,8 +72,14 @@ def _timed_ms(fn, device: torch.device, repeats: int, warmup: int) -> float:
 def _hf_mask_builder(heads: int, kv_heads: int, head_dim: int, window: int | None, dtype, device):
     from transformers import MistralConfig, masking_utils
 
-    config = MistralConfig(hidden_size=heads * head_dim, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                           head_dim=head_dim, sliding_window=window, num_hidden_layers=1)
+    config = MistralConfig(
+        hidden_size=heads * head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        sliding_window=window,
+        num_hidden_layers=1,
+    )
     config._attn_implementation = "sdpa"
     build = masking_utils.create_sliding_window_causal_mask if window else masking_utils.create_causal_mask
 
@@ -85,8 +91,9 @@ def _hf_mask_builder(heads: int, kv_heads: int, head_dim: int, window: int | Non
     return make
 
 
-def _pick_backend(backend: str, device: torch.device, dtype, heads, kv_heads, head_dim,
-                  window) -> tuple[str, str, Callable, Callable]:
+def _pick_backend(
+    backend: str, device: torch.device, dtype, heads, kv_heads, head_dim, window
+) -> tuple[str, str, Callable, Callable]:
     """(name, description, the backend's function, its per-layer-metadata variant) for Hone's side."""
     half = dtype in (torch.bfloat16, torch.float16)
     if backend in ("auto", "varlen") and device.type == "cuda" and half and backends.varlen_available():
@@ -94,22 +101,42 @@ def _pick_backend(backend: str, device: torch.device, dtype, heads, kv_heads, he
 
         probed = probe_varlen(device, dtype, heads, kv_heads, head_dim, [None, window] if window else [None])
         if isinstance(probed, backends.VarlenOptions):
-            return ("varlen", "torch varlen_attn", functools.partial(backends.varlen_attention, options=probed),
-                    functools.partial(backends.varlen_attention_per_layer, options=probed))
+            return (
+                "varlen",
+                "torch varlen_attn",
+                functools.partial(backends.varlen_attention, options=probed),
+                functools.partial(backends.varlen_attention_per_layer, options=probed),
+            )
         if backend == "varlen":
             raise RuntimeError(probed)
     if backend in ("auto", "flash") and device.type == "cuda" and half and backends.fa2_available():
         return "flash", "flash-attn varlen", backends.fa2_attention, backends.fa2_attention_per_layer
     if backend in ("varlen", "flash"):
         raise RuntimeError(f"backend {backend!r} cannot run on {device} in {dtype}")
-    return ("sdpa", "SDPA with one shared block mask", backends.blockmask_attention,
-            backends.blockmask_attention_per_layer)
+    return (
+        "sdpa",
+        "SDPA with one shared block mask",
+        backends.blockmask_attention,
+        backends.blockmask_attention_per_layer,
+    )
 
 
-def run(tokens: int = 16384, *, heads: int = DEFAULT_HEADS, kv_heads: int = DEFAULT_KV_HEADS,
-        head_dim: int = DEFAULT_HEAD_DIM, window: int | None = None, seq_lens: list[int] | None = None,
-        dtype: torch.dtype | None = None, device: str | torch.device | None = None, backend: str = "auto",
-        repeats: int = 10, warmup: int = 3, seed: int = 0, layers: int = 28) -> dict:
+def run(
+    tokens: int = 16384,
+    *,
+    heads: int = DEFAULT_HEADS,
+    kv_heads: int = DEFAULT_KV_HEADS,
+    head_dim: int = DEFAULT_HEAD_DIM,
+    window: int | None = None,
+    seq_lens: list[int] | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    backend: str = "auto",
+    repeats: int = 10,
+    warmup: int = 3,
+    seed: int = 0,
+    layers: int = 28,
+) -> dict:
     """Time one attention layer fwd+bwd on a packed batch: dense-mask SDPA (incl. mask build) vs Hone's backend.
 
     Args:
@@ -141,11 +168,13 @@ def run(tokens: int = 16384, *, heads: int = DEFAULT_HEADS, kv_heads: int = DEFA
     batch = batch.to(device)
     kwargs = batch.model_inputs()
     layer = _Layer(heads, kv_heads).to(device).train()
-    scaling = head_dim ** -0.5
+    scaling = head_dim**-0.5
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    q, k, v = (torch.randn(1, h, total, head_dim, generator=generator).to(device, dtype).requires_grad_()
-               for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(1, h, total, head_dim, generator=generator).to(device, dtype).requires_grad_()
+        for h in (heads, kv_heads, kv_heads)
+    )
     grad_out = torch.randn(1, total, heads, head_dim, generator=generator).to(device, dtype)
     make_mask = _hf_mask_builder(heads, kv_heads, head_dim, window, dtype, device)
 
@@ -161,13 +190,23 @@ def run(tokens: int = 16384, *, heads: int = DEFAULT_HEADS, kv_heads: int = DEFA
         return sdpa_attention_forward(layer, q, k, v, mask, scaling=scaling, sliding_window=window)
 
     def ours():
-        return fast(layer, q, k, v, None, scaling=scaling, sliding_window=window, position_ids=batch.position_ids,
-                    cu_seq_lens_q=kwargs["cu_seq_lens_q"], cu_seq_lens_k=kwargs["cu_seq_lens_k"],
-                    max_length_q=kwargs["max_length_q"], max_length_k=kwargs["max_length_k"])
+        return fast(
+            layer,
+            q,
+            k,
+            v,
+            None,
+            scaling=scaling,
+            sliding_window=window,
+            position_ids=batch.position_ids,
+            cu_seq_lens_q=kwargs["cu_seq_lens_q"],
+            cu_seq_lens_k=kwargs["cu_seq_lens_k"],
+            max_length_q=kwargs["max_length_q"],
+            max_length_k=kwargs["max_length_k"],
+        )
 
     def ours_per_layer():
-        return per_layer(layer, q, k, v, None, scaling=scaling, sliding_window=window,
-                         position_ids=batch.position_ids)
+        return per_layer(layer, q, k, v, None, scaling=scaling, sliding_window=window, position_ids=batch.position_ids)
 
     with torch.no_grad():
         reference, _ = dense()
@@ -196,15 +235,27 @@ def run(tokens: int = 16384, *, heads: int = DEFAULT_HEADS, kv_heads: int = DEFA
         timings[label] = _timed_ms(lambda a=attend: fwd_bwd(a), device, repeats, warmup)
 
     return {
-        "device": str(device), "dtype": str(dtype).replace("torch.", ""), "backend": name,
-        "backend_description": description, "tokens": total, "sequences": len(lengths),
-        "max_seqlen": max(lengths), "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "window": window,
-        "dense_mask_build_ms": mask_ms, "dense_sdpa_ms": sdpa_ms, "dense_total_ms": dense_ms,
-        "ours_ms": timings["ours"], "ours_per_layer_ms": timings["ours_per_layer"],
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "backend": name,
+        "backend_description": description,
+        "tokens": total,
+        "sequences": len(lengths),
+        "max_seqlen": max(lengths),
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "window": window,
+        "dense_mask_build_ms": mask_ms,
+        "dense_sdpa_ms": sdpa_ms,
+        "dense_total_ms": dense_ms,
+        "ours_ms": timings["ours"],
+        "ours_per_layer_ms": timings["ours_per_layer"],
         "speedup": dense_ms / timings["ours"] if timings["ours"] > 0 else float("inf"),
         "metadata_cpu_ms": metadata_cpu_ms,
         # transformers' SDPA path builds its mask once per forward and shares it over the layers
-        "mask_builds_per_layer_dense": 1.0 / layers, "mask_builds_per_layer_ours": counts["ours"],
+        "mask_builds_per_layer_dense": 1.0 / layers,
+        "mask_builds_per_layer_ours": counts["ours"],
         "mask_builds_per_layer_ours_per_layer": counts["ours_per_layer"],
         "max_abs_diff": difference,
     }
@@ -244,9 +295,17 @@ def run_on_batch(batch: TokenBatch, facts: dict, *, device: str, dtype: torch.dt
         "failed" with the reason and the traceback under "details": a failure here never stops the benchmark.
     """
     try:
-        result = run(batch.tokens, seq_lens=list(batch.lengths), heads=facts["heads"], kv_heads=facts["kv_heads"],
-                     head_dim=facts["head_dim"], window=facts["sliding_window"], layers=facts["layers"],
-                     device=device, dtype=dtype)
+        result = run(
+            batch.tokens,
+            seq_lens=list(batch.lengths),
+            heads=facts["heads"],
+            kv_heads=facts["kv_heads"],
+            head_dim=facts["head_dim"],
+            window=facts["sliding_window"],
+            layers=facts["layers"],
+            device=device,
+            dtype=dtype,
+        )
     except Exception as e:
         status = "oom" if is_out_of_memory(e) else "failed"
         out = {"status": status, "reason": f"{type(e).__name__}: {e}"[:500], "details": traceback.format_exc()}

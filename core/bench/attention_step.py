@@ -35,9 +35,19 @@ def _packed_batch(tokens: int, vocab: int, seed: int, pin: bool):
     return collate_packed(rows, pin_memory=pin)
 
 
-def run_step(shape: str = "dense-0.6b", *, tokens: int = 16384, layers: int | None = None,
-             variants: tuple[str, ...] = VARIANTS, steps: int = 5, warmup: int = 2, lora_rank: int = 16,
-             checkpointing: bool = True, device: str | torch.device | None = None, seed: int = 0) -> list[dict]:
+def run_step(
+    shape: str = "dense-0.6b",
+    *,
+    tokens: int = 16384,
+    layers: int | None = None,
+    variants: tuple[str, ...] = VARIANTS,
+    steps: int = 5,
+    warmup: int = 2,
+    lora_rank: int = 16,
+    checkpointing: bool = True,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+) -> list[dict]:
     """Time LoRA training steps on one packed batch for each variant.
 
     Args:
@@ -76,8 +86,9 @@ def run_step(shape: str = "dense-0.6b", *, tokens: int = 16384, layers: int | No
         if variant == "reference":
             choice = attention.Choice("hf", "transformers' SDPA, mask from position ids", original, original)
         else:
-            choice = attention.configure(model, SpeedConfig(attention="auto"), device,
-                                         per_layer_metadata=variant == "ours_per_layer")
+            choice = attention.configure(
+                model, SpeedConfig(attention="auto"), device, per_layer_metadata=variant == "ours_per_layer"
+            )
         mode = "plain" if variant == "reference" else "chunked"
 
         def step(mode=mode):
@@ -99,12 +110,20 @@ def run_step(shape: str = "dense-0.6b", *, tokens: int = 16384, layers: int | No
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-        results.append({
-            "shape": shape, "variant": variant, "attention": choice.name, "attention_reason": choice.reason,
-            "loss_mode": mode, "tokens": batch.num_tokens, "tokens_per_s": steps * batch.num_tokens / elapsed,
-            "step_ms": 1000.0 * elapsed / steps, "peak_gib": peak,
-            "last_loss": float(loss.detach()) / batch.num_trained,
-        })
+        results.append(
+            {
+                "shape": shape,
+                "variant": variant,
+                "attention": choice.name,
+                "attention_reason": choice.reason,
+                "loss_mode": mode,
+                "tokens": batch.num_tokens,
+                "tokens_per_s": steps * batch.num_tokens / elapsed,
+                "step_ms": 1000.0 * elapsed / steps,
+                "peak_gib": peak,
+                "last_loss": float(loss.detach()) / batch.num_trained,
+            }
+        )
     attention.revert_attention(model, original)
     return results
 
@@ -112,12 +131,16 @@ def run_step(shape: str = "dense-0.6b", *, tokens: int = 16384, layers: int | No
 def format_step_table(results: list[dict]) -> str:
     """Tokens/s, ratio to the reference and peak memory of each variant."""
     reference = next((r for r in results if r["variant"] == "reference"), None)
-    lines = [f"{'shape':<12}{'variant':<16}{'attention':<11}{'loss':<9}{'tokens/s':>11}{'ratio':>8}"
-             f"{'step ms':>10}{'peak GiB':>10}"]
+    lines = [
+        f"{'shape':<12}{'variant':<16}{'attention':<11}{'loss':<9}{'tokens/s':>11}{'ratio':>8}"
+        f"{'step ms':>10}{'peak GiB':>10}"
+    ]
     for r in results:
         ratio = r["tokens_per_s"] / reference["tokens_per_s"] if reference else float("nan")
-        lines.append(f"{r['shape']:<12}{r['variant']:<16}{r['attention']:<11}{r['loss_mode']:<9}"
-                     f"{r['tokens_per_s']:>11.0f}{ratio:>7.2f}x{r['step_ms']:>10.1f}{r['peak_gib']:>10.1f}")
+        lines.append(
+            f"{r['shape']:<12}{r['variant']:<16}{r['attention']:<11}{r['loss_mode']:<9}"
+            f"{r['tokens_per_s']:>11.0f}{ratio:>7.2f}x{r['step_ms']:>10.1f}{r['peak_gib']:>10.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -126,12 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m hone.core.bench.attention_step",
-                                     description="attention alone on one packed row, then full LoRA steps")
+    parser = argparse.ArgumentParser(
+        prog="python -m hone.core.bench.attention_step",
+        description="attention alone on one packed row, then full LoRA steps",
+    )
     parser.add_argument("--tokens", type=int, default=16384, help="packed row length (default 16384)")
     parser.add_argument("--window", type=int, default=None, help="sliding window for the attention-alone run")
-    parser.add_argument("--step", nargs="*", default=[], metavar="SHAPE",
-                        help="also time full LoRA steps on these shapes (e.g. dense-0.6b dense-8b)")
+    parser.add_argument(
+        "--step",
+        nargs="*",
+        default=[],
+        metavar="SHAPE",
+        help="also time full LoRA steps on these shapes (e.g. dense-0.6b dense-8b)",
+    )
     parser.add_argument("--layers", type=int, default=None, help="decoder layers kept in the step runs")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (default 5)")
     parser.add_argument("--json", default=None, help="also write every result to this JSON file")

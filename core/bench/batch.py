@@ -57,7 +57,7 @@ class TokenBatch:
         """One `TokenizedRow` per sequence, every token trained (labels = ids)."""
         out = []
         for index, (start, n) in enumerate(zip(self.starts(), self.lengths, strict=True)):
-            ids = self.ids[start:start + n].tolist()
+            ids = self.ids[start : start + n].tolist()
             out.append(TokenizedRow(input_ids=ids, labels=list(ids), source=f"bench:{index + 1}"))
         return out
 
@@ -65,7 +65,7 @@ class TokenBatch:
         """The rows as the trainer's data API holds them."""
         builder = TokenizedSetBuilder()
         for index, (start, n) in enumerate(zip(self.starts(), self.lengths, strict=True)):
-            builder.add(self.ids[start:start + n], np.ones(n, dtype=bool), f"bench:{index + 1}")
+            builder.add(self.ids[start : start + n], np.ones(n, dtype=bool), f"bench:{index + 1}")
         return builder.build()
 
     def packs(self) -> list[list[int]]:
@@ -79,16 +79,23 @@ class TokenBatch:
         positions = np.concatenate([np.arange(n, dtype=np.int64) for n in self.lengths])
         labels = self.ids.copy()
         labels[self.starts()] = IGNORE_INDEX
-        return {"input_ids": self.ids[None, :].copy(), "position_ids": positions[None, :],
-                "labels": labels[None, :]}
+        return {"input_ids": self.ids[None, :].copy(), "position_ids": positions[None, :], "labels": labels[None, :]}
 
     def describe(self) -> dict:
         """Sizes for the JSON record and the table title."""
         lengths = np.asarray(self.lengths)
-        return {"tokens": self.tokens, "trained_tokens": self.trained_tokens, "sequences": len(self.lengths),
-                "length_min": int(lengths.min()), "length_median": int(np.median(lengths)),
-                "length_max": int(lengths.max()), "min_len": self.min_len, "max_len": self.max_len,
-                "seed": self.seed, "vocab_size": self.vocab_size}
+        return {
+            "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
+            "sequences": len(self.lengths),
+            "length_min": int(lengths.min()),
+            "length_median": int(np.median(lengths)),
+            "length_max": int(lengths.max()),
+            "min_len": self.min_len,
+            "max_len": self.max_len,
+            "seed": self.seed,
+            "vocab_size": self.vocab_size,
+        }
 
 
 def draw_lengths(tokens: int, min_len: int, max_len: int, rng: np.random.Generator) -> list[int]:
@@ -119,10 +126,13 @@ def make_batch(tokens: int, vocab_size: int, *, seed: int = 0, min_len: int = 32
     if tokens < _MIN_USEFUL_LEN:
         raise ConfigError(f"--tokens is {tokens}; a batch needs at least {_MIN_USEFUL_LEN}", "raise --tokens")
     if not _MIN_USEFUL_LEN <= min_len <= max_len:
-        raise ConfigError(f"sequence lengths {min_len}..{max_len} are not a range of at least "
-                          f"{_MIN_USEFUL_LEN} tokens", "give --seq-min <= --seq-max, both >= 2")
+        raise ConfigError(
+            f"sequence lengths {min_len}..{max_len} are not a range of at least {_MIN_USEFUL_LEN} tokens",
+            "give --seq-min <= --seq-max, both >= 2",
+        )
     rng = np.random.default_rng(seed)
     lengths = draw_lengths(tokens, min_len, max_len, rng)
     ids = rng.integers(0, vocab_size, size=tokens, dtype=np.int64)
-    return TokenBatch(lengths=tuple(lengths), ids=ids, vocab_size=vocab_size, seed=seed, min_len=min_len,
-                      max_len=max_len)
+    return TokenBatch(
+        lengths=tuple(lengths), ids=ids, vocab_size=vocab_size, seed=seed, min_len=min_len, max_len=max_len
+    )

@@ -25,7 +25,7 @@ from hone.core.bench.weights import (
     build_bench_model,
 )
 from hone.core.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
-from hone.core.speed import install_attention_and_experts, install_memory_and_kernels
+from hone.core.speed.paths import install_attention_and_experts, install_memory_and_kernels
 from hone.core.train import distributed
 from hone.core.train.distributed import SINGLE, World
 from hone.core.train.lora import apply_lora
@@ -86,12 +86,19 @@ def not_wired(variant: Variant, choices: dict[str, str], model=None) -> str | No
             return f"speed.{path} is not wired into hone.core.speed in this build (the run shows no {path} path)"
         grouped = "groups" in choices.get("checkpoint", "")
         if path == "checkpoint" and settings.get("layer_group_tokens") and not grouped:
-            return (f"speed.layer_group_tokens = {settings['layer_group_tokens']} is not in effect in this run "
-                    f"(it reports checkpoint: {choices.get('checkpoint', 'nothing')})")
-        if (path == "checkpoint" and str(settings.get("checkpoint", "")).startswith("offload")
-                and "offload" not in choices.get("checkpoint", "")):
-            return (f"speed.checkpoint = {settings['checkpoint']} is not wired into hone.core.speed in this build "
-                    f"(the run reports checkpoint: {choices.get('checkpoint', 'nothing')})")
+            return (
+                f"speed.layer_group_tokens = {settings['layer_group_tokens']} is not in effect in this run "
+                f"(it reports checkpoint: {choices.get('checkpoint', 'nothing')})"
+            )
+        if (
+            path == "checkpoint"
+            and str(settings.get("checkpoint", "")).startswith("offload")
+            and "offload" not in choices.get("checkpoint", "")
+        ):
+            return (
+                f"speed.checkpoint = {settings['checkpoint']} is not wired into hone.core.speed in this build "
+                f"(the run reports checkpoint: {choices.get('checkpoint', 'nothing')})"
+            )
     return None
 
 
@@ -112,9 +119,22 @@ class HoneRunner:
 
     kind = "hone"
 
-    def __init__(self, variant: Variant, scenario: Scenario, layers: int | None, batch: TokenBatch, *, lora_r: int,
-                 seed: int, dtype: torch.dtype, device: str, qlora: bool = False, model_folder=None,
-                 lora_experts: bool = True, world: World = SINGLE):
+    def __init__(
+        self,
+        variant: Variant,
+        scenario: Scenario,
+        layers: int | None,
+        batch: TokenBatch,
+        *,
+        lora_r: int,
+        seed: int,
+        dtype: torch.dtype,
+        device: str,
+        qlora: bool = False,
+        model_folder=None,
+        lora_experts: bool = True,
+        world: World = SINGLE,
+    ):
         self.name, self.variant, self.scenario, self.layers, self.batch = variant.name, variant, scenario, layers, batch
         self.lora_r, self.seed, self.dtype, self.device, self.qlora = lora_r, seed, dtype, device, qlora
         self.model_folder = model_folder
@@ -138,9 +158,17 @@ class HoneRunner:
             # the packed batch is given; its longest row is at most the batch (RunConfig checks max_length fits it)
             data=DataConfig(max_length=tokens),
             lora=LoraConfig(r=self.lora_r, alpha=2.0 * self.lora_r, qlora=self.qlora, experts=self.lora_experts),
-            train=TrainConfig(lr=LEARNING_RATE, schedule="constant", warmup_steps=0, warmup_ratio=0.0,
-                              max_grad_norm=MAX_GRAD_NORM, batch_tokens=tokens, **self.variant.train),
-            speed=speed_config(self.variant))
+            train=TrainConfig(
+                lr=LEARNING_RATE,
+                schedule="constant",
+                warmup_steps=0,
+                warmup_ratio=0.0,
+                max_grad_norm=MAX_GRAD_NORM,
+                batch_tokens=tokens,
+                **self.variant.train,
+            ),
+            speed=speed_config(self.variant),
+        )
 
     def _load(self, config: RunConfig):
         if self.qlora:
@@ -176,8 +204,9 @@ class HoneRunner:
         optimizer = build_optimizer(params, config.train, device)
         scheduler = build_scheduler(optimizer, config.train, self.total_steps)
         scaler = torch.amp.GradScaler("cuda") if self.dtype == torch.float16 else None
-        self.runner = StepRunner(model, tokenizer, optimizer, scheduler, scaler, params, config, device, self.dtype,
-                                 setup, world=self.world)
+        self.runner = StepRunner(
+            model, tokenizer, optimizer, scheduler, scaler, params, config, device, self.dtype, setup, world=self.world
+        )
         self.dataset, self.packs = self.batch.tokenized_set(), self.batch.packs()
         if self.world.launched:  # each process its own batch: the loss is normalized by the tokens of them all
             mine = [float(self.dataset.lengths.sum()), float(self.dataset.trained_lengths.sum())]
@@ -186,8 +215,9 @@ class HoneRunner:
     def step(self) -> StepOutcome:
         # The next step's batches are the same packs: collated on the trainer's background thread while this step
         # computes, as `Trainer` does for every step but the last.
-        metrics = self.runner.step(self.dataset, self.packs, self.step_index, self.total_steps, next_packs=self.packs,
-                                   counts=self.counts)
+        metrics = self.runner.step(
+            self.dataset, self.packs, self.step_index, self.total_steps, next_packs=self.packs, counts=self.counts
+        )
         self.step_index += 1
         return StepOutcome(loss=metrics["loss"], grad_norm=metrics["grad_norm"])
 
@@ -195,14 +225,16 @@ class HoneRunner:
         """The micro-batch part of `StepRunner.step`: collate, copy to the device, loss, backward."""
         runner = self.runner
         batch = runner.collate([self.dataset[i] for i in self.packs[0]]).to(self.device)
-        autocast = (torch.autocast("cuda", dtype=runner.autocast_dtype) if runner.autocast_dtype is not None
-                    else contextlib.nullcontext())
+        autocast = (
+            torch.autocast("cuda", dtype=runner.autocast_dtype)
+            if runner.autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
         if not self.model.training:
             self.model.train()
         with reuse_weight_casts():
             with autocast:
-                summed = loss_sum(self.model, batch, mode=runner.config.speed.loss,
-                                  fused=runner.config.speed.kernels)
+                summed = loss_sum(self.model, batch, mode=runner.config.speed.loss, fused=runner.config.speed.kernels)
             (summed / max(batch.num_trained, 1)).backward()
         runner.optimizer.zero_grad(set_to_none=True)
 
@@ -216,5 +248,8 @@ class HoneRunner:
     def describe(self) -> dict:
         params = self.runner.params
         paths = dict(self.setup_state.choices, adapted=", ".join(adapted_names(self.model)))
-        return {"speed_paths": paths, "trainable_params": sum(p.numel() for p in params),
-                "active_params": self.active_params}
+        return {
+            "speed_paths": paths,
+            "trainable_params": sum(p.numel() for p in params),
+            "active_params": self.active_params,
+        }

@@ -161,8 +161,10 @@ def cap_fraction(device: str, cap_bytes: float) -> float:
         raise ConfigError(f"--memory-cap works on a CUDA GPU, not on {device}", "leave --memory-cap out here")
     total = torch.cuda.get_device_properties(torch.device(device)).total_memory
     if not 0 < cap_bytes <= total:
-        raise ConfigError(f"--memory-cap {cap_bytes / GIB:.1f} GiB: this GPU has {total / GIB:.1f} GiB",
-                          "give a cap above 0 and at most the GPU's memory, e.g. --memory-cap 8GiB")
+        raise ConfigError(
+            f"--memory-cap {cap_bytes / GIB:.1f} GiB: this GPU has {total / GIB:.1f} GiB",
+            "give a cap above 0 and at most the GPU's memory, e.g. --memory-cap 8GiB",
+        )
     return cap_bytes / total
 
 
@@ -219,8 +221,7 @@ class MfuRoof:
     note: str
 
     def to_dict(self) -> dict:
-        return {"tflops": None if self.flops is None else self.flops / 1e12, "source": self.source,
-                "note": self.note}
+        return {"tflops": None if self.flops is None else self.flops / 1e12, "source": self.source, "note": self.note}
 
 
 def mfu_roof(device: str, dtype: torch.dtype, given: float | None = None) -> MfuRoof:
@@ -234,11 +235,18 @@ def mfu_roof(device: str, dtype: torch.dtype, given: float | None = None) -> Mfu
     if given is not None:
         return MfuRoof(given, "given", f"MFU against the given peak of {given / 1e12:.4g} TFLOP/s (--peak-flops)")
     if torch.device(device).type != "cuda":
-        return MfuRoof(None, "none", "no MFU on a CPU: its matmul rate moves with the machine's load, so a rate "
-                                     "measured at start is no roof; give the peak with --peak-flops to get one")
+        return MfuRoof(
+            None,
+            "none",
+            "no MFU on a CPU: its matmul rate moves with the machine's load, so a rate "
+            "measured at start is no roof; give the peak with --peak-flops to get one",
+        )
     rate = matmul_rate(device, dtype)
-    return MfuRoof(rate, "measured", f"MFU against the {name} matmul rate measured on this GPU at start "
-                                     f"({rate / 1e12:.4g} TFLOP/s)")
+    return MfuRoof(
+        rate,
+        "measured",
+        f"MFU against the {name} matmul rate measured on this GPU at start ({rate / 1e12:.4g} TFLOP/s)",
+    )
 
 
 def matmul_rate(device: str, dtype: torch.dtype) -> float:
@@ -324,7 +332,8 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
         from hone.core.bench.diagnostics.host_profile import host_profile_step
 
         result.host_profile = _extra_step(
-            lambda: host_profile_step(runner, settings.device, top=settings.host_profile_top), settings.device)
+            lambda: host_profile_step(runner, settings.device, top=settings.host_profile_top), settings.device
+        )
 
 
 def _profile(runner: Runner, settings: Settings) -> dict:
@@ -369,8 +378,9 @@ def record_failure(result: RunResult, error: Exception, device: str) -> None:
         result.details = "".join(traceback.format_exception(error))
 
 
-def measure_run(runner: Runner, settings: Settings, *, description: str = "",
-                overrides: dict | None = None) -> RunResult:
+def measure_run(
+    runner: Runner, settings: Settings, *, description: str = "", overrides: dict | None = None
+) -> RunResult:
     """Set up, warm up, time and tear down one run; failures are recorded, never raised.
 
     setup -> warm-up steps -> timed steps -> one forward + backward under CUDA's sync debug mode -> the optional
@@ -392,9 +402,16 @@ def measure_run(runner: Runner, settings: Settings, *, description: str = "",
     Returns:
         The RunResult (status ok / oom / skipped / failed).
     """
-    result = RunResult(name=runner.name, kind=runner.kind, description=description, overrides=dict(overrides or {}),
-                       tokens=settings.tokens, warmup_steps=settings.warmup, steps=settings.steps,
-                       memory_before_gib=allocated_gib(settings.device))
+    result = RunResult(
+        name=runner.name,
+        kind=runner.kind,
+        description=description,
+        overrides=dict(overrides or {}),
+        tokens=settings.tokens,
+        warmup_steps=settings.warmup,
+        steps=settings.steps,
+        memory_before_gib=allocated_gib(settings.device),
+    )
     if settings.steps < 1:
         raise ValueError("at least one timed step is needed")
     try:

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from hone.core.moe.choice import Choice, configure
-from hone.core.moe.expert_lora import expert_lora_targets, install_split_lora
-from hone.core.moe.experts import apply_backend
+from hone.core.speed.moe.choice import Choice, configure
+from hone.core.speed.moe.expert_lora import expert_lora_targets, install_split_lora
+from hone.core.speed.moe.experts import apply_backend
 
 HONE_BACKENDS = ("grouped_mm", "triton", "torch")
 REFERENCE_BACKENDS = {"hf_grouped_mm": "grouped_mm", "hf_eager": "eager"}
@@ -43,9 +43,15 @@ class MoeBenchResult:
         return asdict(self)
 
 
-def prepare_moe_lora(model: nn.Module, backend: str, *, rank: int = 16, alpha: float = 32.0,
-                     targets: list[str] | None = None, device: torch.device | str | None = None) -> tuple[nn.Module,
-                                                                                                      Choice]:
+def prepare_moe_lora(
+    model: nn.Module,
+    backend: str,
+    *,
+    rank: int = 16,
+    alpha: float = 32.0,
+    targets: list[str] | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[nn.Module, Choice]:
     """Put LoRA on attention and experts and select a backend (see the module docstring for the names).
 
     Returns:
@@ -53,8 +59,13 @@ def prepare_moe_lora(model: nn.Module, backend: str, *, rank: int = 16, alpha: f
     """
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets or ATTENTION_TARGETS,
-                        target_parameters=expert_lora_targets(model))
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=targets or ATTENTION_TARGETS,
+        target_parameters=expert_lora_targets(model),
+    )
     peft_model = get_peft_model(model, config)
     if backend in REFERENCE_BACKENDS:
         apply_backend(peft_model, REFERENCE_BACKENDS[backend])
@@ -63,10 +74,20 @@ def prepare_moe_lora(model: nn.Module, backend: str, *, rank: int = 16, alpha: f
     return peft_model, configure(peft_model, backend, device)
 
 
-def run_moe_benchmark(shape: str = "moe-qwen3", backend: str = "grouped_mm", *, layers: int = 8,
-                      tokens: int = 8192, steps: int = 8, warmup: int = 2, rank: int = 16,
-                      device: str = "cuda", dtype: torch.dtype = torch.bfloat16, checkpointing: bool = False,
-                      seed: int = 0) -> MoeBenchResult:
+def run_moe_benchmark(
+    shape: str = "moe-qwen3",
+    backend: str = "grouped_mm",
+    *,
+    layers: int = 8,
+    tokens: int = 8192,
+    steps: int = 8,
+    warmup: int = 2,
+    rank: int = 16,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    checkpointing: bool = False,
+    seed: int = 0,
+) -> MoeBenchResult:
     """Train `warmup + steps` steps on one packed row of random tokens; time the last `steps`.
 
     Args:
@@ -82,12 +103,35 @@ def run_moe_benchmark(shape: str = "moe-qwen3", backend: str = "grouped_mm", *, 
     from hone.core.models.shapes import build_model
 
     model = build_model(shape, layers or None, seed=seed, dtype=dtype, device=device)
-    return _timed_steps(model, shape, backend, layers=layers, tokens=tokens, steps=steps, warmup=warmup, rank=rank,
-                        device=device, checkpointing=checkpointing, seed=seed)
+    return _timed_steps(
+        model,
+        shape,
+        backend,
+        layers=layers,
+        tokens=tokens,
+        steps=steps,
+        warmup=warmup,
+        rank=rank,
+        device=device,
+        checkpointing=checkpointing,
+        seed=seed,
+    )
 
 
-def _timed_steps(model: nn.Module, shape: str, backend: str, *, layers: int, tokens: int, steps: int, warmup: int,
-                 rank: int, device: str, checkpointing: bool, seed: int) -> MoeBenchResult:
+def _timed_steps(
+    model: nn.Module,
+    shape: str,
+    backend: str,
+    *,
+    layers: int,
+    tokens: int,
+    steps: int,
+    warmup: int,
+    rank: int,
+    device: str,
+    checkpointing: bool,
+    seed: int,
+) -> MoeBenchResult:
     """LoRA on `model` with `backend`, then `warmup + steps` steps on one row of random tokens; the last timed."""
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -113,13 +157,23 @@ def _timed_steps(model: nn.Module, shape: str, backend: str, *, layers: int, tok
         if step >= warmup:
             times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated() if cuda else 0
-    return MoeBenchResult(shape=shape, backend=backend, reason=choice.reason, layers=layers, tokens=tokens,
-                          steps=steps, tokens_per_s=tokens * len(times) / sum(times), peak_bytes=peak,
-                          step_times=times, losses=losses)
+    return MoeBenchResult(
+        shape=shape,
+        backend=backend,
+        reason=choice.reason,
+        layers=layers,
+        tokens=tokens,
+        steps=steps,
+        tokens_per_s=tokens * len(times) / sum(times),
+        peak_bytes=peak,
+        step_times=times,
+        losses=losses,
+    )
 
 
-def measure_model_backends(model_cfg, device: str, *, layers: int = 2, tokens: int = 4096, steps: int = 3,
-                           warmup: int = 1, progress=None) -> list[MoeBenchResult | str]:
+def measure_model_backends(
+    model_cfg, device: str, *, layers: int = 2, tokens: int = 4096, steps: int = 3, warmup: int = 1, progress=None
+) -> list[MoeBenchResult | str]:
     """Hone's experts backends timed on the chosen model's own expert shapes: a random-init copy of its first
     `layers` decoder layers (its config, not its weights), LoRA on attention and experts. What the Train page's
     "Measure MoE backends" shows. Returns per backend its result, or why it could not run (a string).
@@ -137,7 +191,7 @@ def measure_model_backends(model_cfg, device: str, *, layers: int = 2, tokens: i
         raise ValueError("measuring the MoE backends of vision-language models is not supported yet")
     config.num_hidden_layers = min(layers, config.num_hidden_layers)
     if isinstance(getattr(config, "layer_types", None), list):  # per-layer kinds follow the layer count
-        config.layer_types = config.layer_types[:config.num_hidden_layers]
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
     for key in ("first_k_dense_replace", "moe_layer_start_index", "num_dense_layers"):  # every measured layer MoE
         if getattr(config, key, None):
             setattr(config, key, 0)
@@ -154,9 +208,21 @@ def measure_model_backends(model_cfg, device: str, *, layers: int = 2, tokens: i
             torch.manual_seed(0)
             with torch.device(device):
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-            out.append(_timed_steps(model, getattr(config, "model_type", "model"), backend,
-                                    layers=config.num_hidden_layers, tokens=tokens, steps=steps, warmup=warmup,
-                                    rank=16, device=device, checkpointing=False, seed=0))
+            out.append(
+                _timed_steps(
+                    model,
+                    getattr(config, "model_type", "model"),
+                    backend,
+                    layers=config.num_hidden_layers,
+                    tokens=tokens,
+                    steps=steps,
+                    warmup=warmup,
+                    rank=16,
+                    device=device,
+                    checkpointing=False,
+                    seed=0,
+                )
+            )
         except Exception as exc:  # one backend failing (e.g. out of memory) leaves the others to compare
             out.append(f"{backend}: {type(exc).__name__}: {exc}")
         finally:
@@ -181,12 +247,23 @@ def main(argv: list[str] | None = None) -> int:
     for backend in args.backends.split(","):
         try:
             dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-            result = run_moe_benchmark(args.shape, backend, layers=args.layers, tokens=args.tokens,
-                                       steps=args.steps, warmup=args.warmup, checkpointing=args.checkpointing,
-                                       device=args.device, dtype=dtype)
+            result = run_moe_benchmark(
+                args.shape,
+                backend,
+                layers=args.layers,
+                tokens=args.tokens,
+                steps=args.steps,
+                warmup=args.warmup,
+                checkpointing=args.checkpointing,
+                device=args.device,
+                dtype=dtype,
+            )
             rows.append(result)
-            print(f"{backend:>14}  {result.tokens_per_s:>10,.0f} tokens/s  {result.peak_bytes / 2**30:6.1f} GiB  "
-                  f"loss {result.losses[-1]:.4f}  ({result.reason})", flush=True)
+            print(
+                f"{backend:>14}  {result.tokens_per_s:>10,.0f} tokens/s  {result.peak_bytes / 2**30:6.1f} GiB  "
+                f"loss {result.losses[-1]:.4f}  ({result.reason})",
+                flush=True,
+            )
         except Exception as exc:  # report and go on to the next backend
             print(f"{backend:>14}  failed: {type(exc).__name__}: {exc}", flush=True)
         gc.collect()  # the previous backend's model holds reference cycles (peft); free it before the next

@@ -54,16 +54,31 @@ class UnslothRunner:
         spec = self.spec
         scenario = get_scenario(spec["scenario"])
         dtype = getattr(torch, spec["dtype"])
-        self.folder = saved_model_folder(scenario, spec["layers"], seed=spec["seed"], dtype=dtype,
-                                         device=spec["device"], cache_dir=spec.get("model_cache"))
-        batch = make_batch(spec["tokens"], vocab_size(scenario), seed=spec["seed"], min_len=spec["min_len"],
-                           max_len=spec["max_len"])
+        self.folder = saved_model_folder(
+            scenario,
+            spec["layers"],
+            seed=spec["seed"],
+            dtype=dtype,
+            device=spec["device"],
+            cache_dir=spec.get("model_cache"),
+        )
+        batch = make_batch(
+            spec["tokens"], vocab_size(scenario), seed=spec["seed"], min_len=spec["min_len"], max_len=spec["max_len"]
+        )
         model, _tokenizer = FastLanguageModel.from_pretrained(
-            model_name=str(self.folder), max_seq_length=batch.tokens, dtype=dtype, load_in_4bit=spec["qlora"])
+            model_name=str(self.folder), max_seq_length=batch.tokens, dtype=dtype, load_in_4bit=spec["qlora"]
+        )
         targets = decoder_linear_names(model)
         model = FastLanguageModel.get_peft_model(
-            model, r=spec["lora_r"], lora_alpha=2 * spec["lora_r"], lora_dropout=0, bias="none",
-            target_modules=targets, use_gradient_checkpointing="unsloth", random_state=spec["seed"])
+            model,
+            r=spec["lora_r"],
+            lora_alpha=2 * spec["lora_r"],
+            lora_dropout=0,
+            bias="none",
+            target_modules=targets,
+            use_gradient_checkpointing="unsloth",
+            random_state=spec["seed"],
+        )
         FastLanguageModel.for_training(model)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -109,10 +124,14 @@ class UnslothRunner:
         from hone.core.bench.weights import active_params, adapted_names, architecture_facts
 
         facts = architecture_facts(get_scenario(self.spec["scenario"]), self.spec["layers"])
-        return {"speed_paths": {"peer": f"unsloth {getattr(unsloth, '__version__', '?')}, its defaults",
-                                "adapted": ", ".join(adapted_names(self.model))},
-                "trainable_params": sum(p.numel() for p in self.params),
-                "active_params": active_params(self.model, facts["experts"], facts["experts_per_token"])}
+        return {
+            "speed_paths": {
+                "peer": f"unsloth {getattr(unsloth, '__version__', '?')}, its defaults",
+                "adapted": ", ".join(adapted_names(self.model)),
+            },
+            "trainable_params": sum(p.numel() for p in self.params),
+            "active_params": active_params(self.model, facts["experts"], facts["experts_per_token"]),
+        }
 
 
 def child_main(spec_path: str, result_path: str) -> int:
@@ -125,8 +144,13 @@ def child_main(spec_path: str, result_path: str) -> int:
     else:
         from hone.core.bench.measure import Settings, capped_memory, measure_run
 
-        settings = Settings(warmup=spec["warmup"], steps=spec["steps"], device=spec["device"],
-                            tokens=spec["tokens"], peak_flops=spec.get("peak_flops"))
+        settings = Settings(
+            warmup=spec["warmup"],
+            steps=spec["steps"],
+            device=spec["device"],
+            tokens=spec["tokens"],
+            peak_flops=spec.get("peak_flops"),
+        )
         with capped_memory(spec["device"], spec.get("memory_cap")):
             result = measure_run(UnslothRunner(spec), settings, description="Unsloth with its defaults")
     Path(result_path).write_text(json.dumps(result.to_dict()), encoding="utf-8")
@@ -141,16 +165,25 @@ def run_unsloth_peer(spec: dict) -> RunResult:
         spec_path, result_path = Path(folder) / "spec.json", Path(folder) / "result.json"
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
         try:
-            done = subprocess.run([sys.executable, "-m", "hone.core.bench.peer_unsloth", str(spec_path),
-                                   str(result_path)], capture_output=True, text=True, timeout=_TIMEOUT_S)
+            done = subprocess.run(
+                [sys.executable, "-m", "hone.core.bench.peer_unsloth", str(spec_path), str(result_path)],
+                capture_output=True,
+                text=True,
+                timeout=_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
-            return RunResult(name=PEER_NAME, kind="peer", status="failed",
-                             reason=f"the Unsloth process ran past {_TIMEOUT_S} s")
+            return RunResult(
+                name=PEER_NAME, kind="peer", status="failed", reason=f"the Unsloth process ran past {_TIMEOUT_S} s"
+            )
         if not result_path.is_file():
             tail = (done.stderr or done.stdout or "").strip().splitlines()[-5:]
-            return RunResult(name=PEER_NAME, kind="peer", status="failed",
-                             reason=f"the Unsloth process exited with {done.returncode}: " + " | ".join(tail),
-                             details=done.stderr[-20000:])
+            return RunResult(
+                name=PEER_NAME,
+                kind="peer",
+                status="failed",
+                reason=f"the Unsloth process exited with {done.returncode}: " + " | ".join(tail),
+                details=done.stderr[-20000:],
+            )
         data = json.loads(result_path.read_text(encoding="utf-8"))
     known = set(RunResult.__dataclass_fields__)
     return RunResult(**{k: v for k, v in data.items() if k in known})

@@ -36,19 +36,37 @@ def child_main(spec_path: str, result_path: str) -> int:
         from hone.core.bench.vision_steps import RunSteps, padded_batches, padded_steps
 
         model, _processor = FastVisionModel.from_pretrained(
-            spec["model_dir"], dtype=torch.bfloat16, load_in_4bit=False, max_seq_length=spec["batch_tokens"],
-            use_gradient_checkpointing="unsloth")
+            spec["model_dir"],
+            dtype=torch.bfloat16,
+            load_in_4bit=False,
+            max_seq_length=spec["batch_tokens"],
+            use_gradient_checkpointing="unsloth",
+        )
         model = FastVisionModel.get_peft_model(
-            model, finetune_vision_layers=False, finetune_language_layers=True, finetune_attention_modules=True,
-            finetune_mlp_modules=True, r=spec["lora_r"], lora_alpha=2 * spec["lora_r"], lora_dropout=0,
-            bias="none", random_state=spec["seed"], use_gradient_checkpointing="unsloth")
+            model,
+            finetune_vision_layers=False,
+            finetune_language_layers=True,
+            finetune_attention_modules=True,
+            finetune_mlp_modules=True,
+            r=spec["lora_r"],
+            lora_alpha=2 * spec["lora_r"],
+            lora_dropout=0,
+            bias="none",
+            random_state=spec["seed"],
+            use_gradient_checkpointing="unsloth",
+        )
         FastVisionModel.for_training(model)
-        batches = padded_batches(Path(spec["model_dir"]), Path(spec["data"]), spec["family"], model.config,
-                                 batch_tokens=spec["batch_tokens"])
+        batches = padded_batches(
+            Path(spec["model_dir"]), Path(spec["data"]), spec["family"], model.config, batch_tokens=spec["batch_tokens"]
+        )
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        out = RunSteps(speed_paths={"peer": f"unsloth {getattr(unsloth, '__version__', '?')}, FastVisionModel with "
-                                            "its defaults", "batch": "padded",
-                                    "lora": f"{trainable:,} trainable (language model only)"})
+        out = RunSteps(
+            speed_paths={
+                "peer": f"unsloth {getattr(unsloth, '__version__', '?')}, FastVisionModel with its defaults",
+                "batch": "padded",
+                "lora": f"{trainable:,} trainable (language model only)",
+            }
+        )
         result = dataclasses.asdict(padded_steps(model, batches, out, steps=spec["steps"], warmup=spec["warmup"]))
     except Exception as e:  # recorded as the peer's failure, with the reason, by the parent
         import traceback
@@ -58,8 +76,9 @@ def child_main(spec_path: str, result_path: str) -> int:
     return 0
 
 
-def unsloth_vision_steps(model_dir: Path, data: Path, family: str, *, steps: int, warmup: int, batch_tokens: int,
-                         lora_r: int, seed: int = 0):
+def unsloth_vision_steps(
+    model_dir: Path, data: Path, family: str, *, steps: int, warmup: int, batch_tokens: int, lora_r: int, seed: int = 0
+):
     """Run the peer in a child process and return its RunSteps.
 
     Raises:
@@ -69,14 +88,26 @@ def unsloth_vision_steps(model_dir: Path, data: Path, family: str, *, steps: int
 
     if not unsloth_available():
         raise PeerFailed("unsloth is not installed")
-    spec = {"model_dir": str(model_dir), "data": str(data), "family": family, "steps": steps, "warmup": warmup,
-            "batch_tokens": batch_tokens, "lora_r": lora_r, "seed": seed}
+    spec = {
+        "model_dir": str(model_dir),
+        "data": str(data),
+        "family": family,
+        "steps": steps,
+        "warmup": warmup,
+        "batch_tokens": batch_tokens,
+        "lora_r": lora_r,
+        "seed": seed,
+    }
     with tempfile.TemporaryDirectory(prefix=f"hone-bench-{PEER_NAME}-") as folder:
         spec_path, result_path = Path(folder) / "spec.json", Path(folder) / "result.json"
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
         try:
-            done = subprocess.run([sys.executable, "-m", __name__, str(spec_path), str(result_path)],
-                                  capture_output=True, text=True, timeout=_TIMEOUT_S)
+            done = subprocess.run(
+                [sys.executable, "-m", __name__, str(spec_path), str(result_path)],
+                capture_output=True,
+                text=True,
+                timeout=_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
             raise PeerFailed(f"the Unsloth process ran past {_TIMEOUT_S} s") from None
         if not result_path.is_file():

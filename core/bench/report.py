@@ -28,16 +28,26 @@ PARITY_TOLERANCE = {
     "bfloat16": (1e-3, 1e-2),
     "float16": (1e-3, 1e-2),
 }
-_VERSIONED_PACKAGES = ("torch", "transformers", "peft", "accelerate", "triton", "bitsandbytes", "flash-attn",
-                       "unsloth", "numpy")
+_VERSIONED_PACKAGES = (
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "triton",
+    "bitsandbytes",
+    "flash-attn",
+    "unsloth",
+    "numpy",
+)
 
 
 def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def compare(runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, ...] = (), *,
-            parity: bool = True) -> None:
+def compare(
+    runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, ...] = (), *, parity: bool = True
+) -> None:
     """Fill each run's ratios, loss difference and parity against the run named `baseline` (in place), and its
     tokens/s ratio against each run named in `also` that ran (`speed_ratios`). `parity=False` when the runs do not
     train the same batch (the vision scenario: packed vs padded rows): the loss difference is filled, parity not."""
@@ -72,22 +82,28 @@ def compare(runs: list[RunResult], baseline: str, dtype: str, also: tuple[str, .
         if run.trainable_params and base.trainable_params and run.trainable_params != base.trainable_params:
             # Equal first losses say nothing then: LoRA B starts at zero, so any trainable set gives the same loss.
             run.parity = False
-            run.parity_reason = (f"trains {run.trainable_params:,} parameters, {baseline} {base.trainable_params:,}: "
-                                 f"not the same run{_adapted_difference(run, base, baseline)}")
+            run.parity_reason = (
+                f"trains {run.trainable_params:,} parameters, {baseline} {base.trainable_params:,}: "
+                f"not the same run{_adapted_difference(run, base, baseline)}"
+            )
 
 
 def _adapted_difference(run, base, baseline: str) -> str:
-    """"; LoRA only in reference on: q_a_proj, …" from the runs' `adapted` speed paths, when both have one."""
+    """ "; LoRA only in reference on: q_a_proj, …" from the runs' `adapted` speed paths, when both have one."""
     mine, theirs = ((r.speed_paths or {}).get("adapted") for r in (run, base))
     if mine is None or theirs is None:
         return ""
     mine, theirs = set(filter(None, mine.split(", "))), set(filter(None, theirs.split(", ")))
-    parts = [f"LoRA only in {who} on: {', '.join(sorted(names))}"
-             for who, names in ((baseline, theirs - mine), (run.name, mine - theirs)) if names]
+    parts = [
+        f"LoRA only in {who} on: {', '.join(sorted(names))}"
+        for who, names in ((baseline, theirs - mine), (run.name, mine - theirs))
+        if names
+    ]
     return "; " + "; ".join(parts) if parts else ""
 
 
 # ---- environment --------------------------------------------------------------------------------------------------
+
 
 def _version(package: str) -> str | None:
     try:
@@ -109,8 +125,13 @@ def _driver_version() -> str | None:
     except Exception:  # no NVML library or no driver: try the command line tool
         pass
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
         return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return None
@@ -119,8 +140,13 @@ def _driver_version() -> str | None:
 def _git_commit() -> str | None:
     folder = Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True)
+        out = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -132,18 +158,30 @@ def environment(device: str) -> dict:
 
     from hone.core.version import __version__
 
-    env = {"hone": __version__, "git_commit": _git_commit(), "python": sys.version.split()[0],
-           "platform": platform.platform(), "cpu_count": os.cpu_count(), "device": str(device),
-           "cuda_runtime": torch.version.cuda, "packages": {p: _version(p) for p in _VERSIONED_PACKAGES}}
+    env = {
+        "hone": __version__,
+        "git_commit": _git_commit(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "device": str(device),
+        "cuda_runtime": torch.version.cuda,
+        "packages": {p: _version(p) for p in _VERSIONED_PACKAGES},
+    }
     if str(device).startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        env.update(gpu=props.name, gpu_capability=f"{props.major}.{props.minor}",
-                   gpu_memory_gib=round(props.total_memory / 2**30, 1), driver=_driver_version(),
-                   cudnn=torch.backends.cudnn.version())
+        env.update(
+            gpu=props.name,
+            gpu_capability=f"{props.major}.{props.minor}",
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            driver=_driver_version(),
+            cudnn=torch.backends.cudnn.version(),
+        )
     return env
 
 
 # ---- JSON ---------------------------------------------------------------------------------------------------------
+
 
 def _finite(value):
     """JSON has no NaN / inf: they become null."""
@@ -168,6 +206,7 @@ def write_json(data: dict, path: str | Path) -> Path:
 
 # ---- the table ----------------------------------------------------------------------------------------------------
 
+
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -188,28 +227,53 @@ def ratio_table(runs: list[RunResult], baseline: str, title: str):
 
     table = Table(title=title, title_justify="left")
     others = sorted({name for run in runs for name in run.speed_ratios})
-    for header, justify in (("run", "left"), ("status", "left"), ("tokens/s", "right"), ("x speed", "right"),
-                            *((f"x {name.removeprefix('reference-')}", "right") for name in others),
-                            ("trainable", "right"), ("peak GiB", "right"), ("x memory", "right"),
-                            ("reserved", "right"), ("MFU", "right"),
-                            ("loss", "right"), ("Δ loss", "right"), ("parity", "center"), ("syncs", "right")):
+    for header, justify in (
+        ("run", "left"),
+        ("status", "left"),
+        ("tokens/s", "right"),
+        ("x speed", "right"),
+        *((f"x {name.removeprefix('reference-')}", "right") for name in others),
+        ("trainable", "right"),
+        ("peak GiB", "right"),
+        ("x memory", "right"),
+        ("reserved", "right"),
+        ("MFU", "right"),
+        ("loss", "right"),
+        ("Δ loss", "right"),
+        ("parity", "center"),
+        ("syncs", "right"),
+    ):
         table.add_column(header, justify=justify)
     for run in runs:
-        status = {"ok": "[green]ok[/green]", "oom": "[red]OOM[/red]", "failed": "[red]failed[/red]",
-                  "skipped": "[dim]skipped[/dim]"}[run.status]
+        status = {
+            "ok": "[green]ok[/green]",
+            "oom": "[red]OOM[/red]",
+            "failed": "[red]failed[/red]",
+            "skipped": "[dim]skipped[/dim]",
+        }[run.status]
         parity = {None: "-", True: "[green]yes[/green]", False: "[red]NO[/red]"}[run.parity]
         name = f"[bold]{run.name}[/bold]" if run.name == baseline else run.name
-        table.add_row(name, status, _num(run.tokens_per_s, ",.0f"), _num(run.speed_ratio, ".2f"),
-                      *(_num(run.speed_ratios.get(other), ".2f") for other in others),
-                      _count(run.trainable_params),
-                      _num(run.peak_allocated_gib, ".2f"), _num(run.memory_ratio, ".2f"),
-                      _num(run.peak_reserved_gib, ".2f"), _num(None if run.mfu is None else 100 * run.mfu, ".1f"),
-                      _num(run.first_loss, ".4f"), _num(run.loss_diff, "+.2e"), parity,
-                      _num(run.syncs_fwd_bwd, "d"))
+        table.add_row(
+            name,
+            status,
+            _num(run.tokens_per_s, ",.0f"),
+            _num(run.speed_ratio, ".2f"),
+            *(_num(run.speed_ratios.get(other), ".2f") for other in others),
+            _count(run.trainable_params),
+            _num(run.peak_allocated_gib, ".2f"),
+            _num(run.memory_ratio, ".2f"),
+            _num(run.peak_reserved_gib, ".2f"),
+            _num(None if run.mfu is None else 100 * run.mfu, ".1f"),
+            _num(run.first_loss, ".4f"),
+            _num(run.loss_diff, "+.2e"),
+            parity,
+            _num(run.syncs_fwd_bwd, "d"),
+        )
     return table
 
 
 def notes(runs: list[RunResult]) -> list[str]:
     """One line per run that did not finish, and per run whose parity is no for another reason than its numbers."""
-    return ([f"{run.name}: {run.status}: {run.reason}" for run in runs if not run.ok]
-            + [f"{run.name}: parity no: {run.parity_reason}" for run in runs if run.parity_reason])
+    return [f"{run.name}: {run.status}: {run.reason}" for run in runs if not run.ok] + [
+        f"{run.name}: parity no: {run.parity_reason}" for run in runs if run.parity_reason
+    ]

@@ -63,29 +63,45 @@ def check_processes(processes: int) -> None:
     import torch
 
     if processes < 2:
-        raise ConfigError(f"--gpus {processes}: scaling is measured from 2 processes on",
-                          "give --gpus 2 or more, or leave it out for the one-GPU benchmark")
+        raise ConfigError(
+            f"--gpus {processes}: scaling is measured from 2 processes on",
+            "give --gpus 2 or more, or leave it out for the one-GPU benchmark",
+        )
     if torch.cuda.is_available() and processes > torch.cuda.device_count():
-        raise ConfigError(f"--gpus {processes} asks for {processes} GPUs, and this machine has "
-                          f"{torch.cuda.device_count()}", f"use --gpus {torch.cuda.device_count()} or fewer")
+        raise ConfigError(
+            f"--gpus {processes} asks for {processes} GPUs, and this machine has {torch.cuda.device_count()}",
+            f"use --gpus {torch.cuda.device_count()} or fewer",
+        )
 
 
 def _launch(spec: dict, processes: int, timeout_s: float) -> ScalingRun:
     with tempfile.TemporaryDirectory(prefix="hone-scaling-") as folder:
         spec_path, out_path = Path(folder) / "spec.json", Path(folder) / "out.json"
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                   str(processes), "-m", "hone.core.bench.scaling", str(spec_path), str(out_path)]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(processes),
+            "-m",
+            "hone.core.bench.scaling",
+            str(spec_path),
+            str(out_path),
+        ]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise HoneError(f"the {processes}-process run took over {timeout_s:.0f} s",
-                            "measure fewer steps, or a smaller scenario") from None
+            raise HoneError(
+                f"the {processes}-process run took over {timeout_s:.0f} s", "measure fewer steps, or a smaller scenario"
+            ) from None
         if done.returncode != 0 or not out_path.is_file():
-            raise HoneError(f"the {processes}-process run failed (exit code {done.returncode}): "
-                            f"{failure_text(done.stderr)}",
-                            f"the one-GPU benchmark (`hone bench {spec['scenario']}`) shows whether the scenario runs "
-                            "on this machine at all")
+            raise HoneError(
+                f"the {processes}-process run failed (exit code {done.returncode}): {failure_text(done.stderr)}",
+                f"the one-GPU benchmark (`hone bench {spec['scenario']}`) shows whether the scenario runs "
+                "on this machine at all",
+            )
         return ScalingRun(**json.loads(out_path.read_text(encoding="utf-8")))
 
 
@@ -123,11 +139,26 @@ def _worker(spec: dict, out: Path) -> None:
     try:
         scenario = get_scenario(spec["scenario"])
         dtype = resolve_dtype(spec["dtype"], device)
-        batch = make_batch(spec["tokens"] or scenario.tokens, vocab_size(scenario), seed=spec["seed"] + world.rank,
-                           min_len=spec["seq_min"] or scenario.min_len, max_len=spec["seq_max"] or scenario.max_len)
+        batch = make_batch(
+            spec["tokens"] or scenario.tokens,
+            vocab_size(scenario),
+            seed=spec["seed"] + world.rank,
+            min_len=spec["seq_min"] or scenario.min_len,
+            max_len=spec["seq_max"] or scenario.max_len,
+        )
         variant = next(v for v in VARIANTS if v.name == "all")
-        runner = HoneRunner(variant, scenario, spec["layers"], batch, lora_r=spec["lora_r"], seed=spec["seed"],
-                            dtype=dtype, device=device, lora_experts=spec["lora_experts"], world=world)
+        runner = HoneRunner(
+            variant,
+            scenario,
+            spec["layers"],
+            batch,
+            lora_r=spec["lora_r"],
+            seed=spec["seed"],
+            dtype=dtype,
+            device=device,
+            lora_experts=spec["lora_experts"],
+            world=world,
+        )
         runner.setup()
         if spec.get("parallel") == "fsdp":  # as the trainer does with train.parallel = fsdp
             from hone.core.train import sharding
@@ -148,10 +179,15 @@ def _worker(spec: dict, out: Path) -> None:
         tokens = distributed.sum_values([float(batch.tokens)], world)[0]
         peaks = distributed.gather_counts(torch.cuda.max_memory_allocated() if cuda else 0, world)
         if world.main:
-            run = ScalingRun(processes=world.size, tokens_per_step=int(tokens), step_times_s=times,
-                             tokens_per_s=tokens / statistics.median(times),
-                             peak_gib_by_process=[p / 2**30 for p in peaks] if cuda else [],
-                             first_loss=float(first_loss), speed_paths=dict(runner.setup_state.choices))
+            run = ScalingRun(
+                processes=world.size,
+                tokens_per_step=int(tokens),
+                step_times_s=times,
+                tokens_per_s=tokens / statistics.median(times),
+                peak_gib_by_process=[p / 2**30 for p in peaks] if cuda else [],
+                first_loss=float(first_loss),
+                speed_paths=dict(runner.setup_state.choices),
+            )
             out.write_text(json.dumps(asdict(run)), encoding="utf-8")
         runner.teardown()
         distributed.finish_together(world)

@@ -70,35 +70,75 @@ def _tiny(name: str, shape: str, description: str) -> Scenario:
     return Scenario(name, shape, None, TINY_TOKENS, TINY_MIN_SEQ_LEN, TINY_MAX_SEQ_LEN, description)
 
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
-    _real("dense-0.6b", "dense-0.6b", None, DENSE_TOKENS, "Qwen3-0.6B shape, all 28 layers"),
-    _real("dense-4b", "dense-4b", None, DENSE_TOKENS, "Qwen3-4B shape, all 36 layers"),
-    _real("dense-8b", "dense-8b", None, DENSE_TOKENS, "Qwen3-8B shape, all 36 layers"),
-    Scenario("dense-0.6b-long", "dense-0.6b", None, LONG_TOKENS, LONG_MIN_SEQ_LEN, LONG_MAX_SEQ_LEN,
-             "Qwen3-0.6B shape, all 28 layers, 64K tokens in rows of 16-32K"),
-    Scenario("dense-8b-long", "dense-8b", None, LONG_TOKENS, LONG_MIN_SEQ_LEN, LONG_MAX_SEQ_LEN,
-             "Qwen3-8B shape, all 36 layers, 64K tokens in rows of 16-32K"),
-    _real("dense-32b", "dense-32b", None, DENSE_TOKENS, "Qwen3-32B shape, all 64 layers (several GPUs: --gpus N "
-          "--parallel fsdp; one GPU: --qlora)"),
-    _real("llama-1b", "llama-1b", None, DENSE_TOKENS, "Llama-3.2-1B shape, all 16 layers"),
-    # 8 of Qwen3-30B-A3B's 48 layers: the per-layer work is what is measured, and 8 layers fit beside the
-    # reference's dense-mask attention and W + BA expert weights on one GPU.
-    _real("moe-qwen3", "moe-qwen3", 8, MOE_TOKENS, "Qwen3-30B-A3B shape, 8 of 48 layers"),
-    # 4 of gpt-oss-20b's 24 layers: two sliding-window and two full-attention layers.
-    _real("moe-gptoss", "moe-gptoss", 4, MOE_TOKENS, "gpt-oss-20b shape, 4 of 24 layers"),
-    # 8 of GLM-4.7-Flash's 47 layers (its dense first layer and 7 MoE layers, MLA attention in each).
-    _real("moe-glm47-flash", "moe-glm47-flash", 8, MOE_TOKENS, "GLM-4.7-Flash shape, 8 of 47 layers"),
-    # 5 of DeepSeek-V3's 61 layers: its 3 dense layers and 2 MoE layers (22.5 GiB of bf16 experts each).
-    _real("moe-deepseek-v3", "moe-deepseek-v3", 5, MOE_TOKENS, "DeepSeek-V3 shape, 5 of 61 layers"),
-    _tiny("tiny-dense", "tiny-dense", "tiny Qwen3 (CPU smoke run)"),
-    _tiny("tiny-llama", "tiny-llama", "tiny Llama (CPU smoke run)"),
-    _tiny("tiny-moe-qwen3", "tiny-moe-qwen3", "tiny Qwen3-MoE (CPU smoke run)"),
-    _tiny("tiny-moe-gptoss", "tiny-moe-gptoss", "tiny gpt-oss (CPU smoke run)"),
-    Scenario("vision-qwen2.5-vl", "qwen2_5_vl", 36, VISION_TOKENS, 0, 0, "Qwen2.5-VL-3B shape, all 36 text layers; "
-             "text-only and 448 px image rows, Hone's Trainer vs padded batches (CUDA only)", kind="vision"),
-    Scenario("vision-smolvlm", "idefics3", 24, VISION_TOKENS, 0, 0, "SmolVLM-Instruct (2.2B) shape, all 24 text "
-             "layers; text-only and 384 px image rows, Hone's Trainer vs padded batches (CUDA only)", kind="vision"),
-)}
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        _real("dense-0.6b", "dense-0.6b", None, DENSE_TOKENS, "Qwen3-0.6B shape, all 28 layers"),
+        _real("dense-4b", "dense-4b", None, DENSE_TOKENS, "Qwen3-4B shape, all 36 layers"),
+        _real("dense-8b", "dense-8b", None, DENSE_TOKENS, "Qwen3-8B shape, all 36 layers"),
+        Scenario(
+            "dense-0.6b-long",
+            "dense-0.6b",
+            None,
+            LONG_TOKENS,
+            LONG_MIN_SEQ_LEN,
+            LONG_MAX_SEQ_LEN,
+            "Qwen3-0.6B shape, all 28 layers, 64K tokens in rows of 16-32K",
+        ),
+        Scenario(
+            "dense-8b-long",
+            "dense-8b",
+            None,
+            LONG_TOKENS,
+            LONG_MIN_SEQ_LEN,
+            LONG_MAX_SEQ_LEN,
+            "Qwen3-8B shape, all 36 layers, 64K tokens in rows of 16-32K",
+        ),
+        _real(
+            "dense-32b",
+            "dense-32b",
+            None,
+            DENSE_TOKENS,
+            "Qwen3-32B shape, all 64 layers (several GPUs: --gpus N --parallel fsdp; one GPU: --qlora)",
+        ),
+        _real("llama-1b", "llama-1b", None, DENSE_TOKENS, "Llama-3.2-1B shape, all 16 layers"),
+        # 8 of Qwen3-30B-A3B's 48 layers: the per-layer work is what is measured, and 8 layers fit beside the
+        # reference's dense-mask attention and W + BA expert weights on one GPU.
+        _real("moe-qwen3", "moe-qwen3", 8, MOE_TOKENS, "Qwen3-30B-A3B shape, 8 of 48 layers"),
+        # 4 of gpt-oss-20b's 24 layers: two sliding-window and two full-attention layers.
+        _real("moe-gptoss", "moe-gptoss", 4, MOE_TOKENS, "gpt-oss-20b shape, 4 of 24 layers"),
+        # 8 of GLM-4.7-Flash's 47 layers (its dense first layer and 7 MoE layers, MLA attention in each).
+        _real("moe-glm47-flash", "moe-glm47-flash", 8, MOE_TOKENS, "GLM-4.7-Flash shape, 8 of 47 layers"),
+        # 5 of DeepSeek-V3's 61 layers: its 3 dense layers and 2 MoE layers (22.5 GiB of bf16 experts each).
+        _real("moe-deepseek-v3", "moe-deepseek-v3", 5, MOE_TOKENS, "DeepSeek-V3 shape, 5 of 61 layers"),
+        _tiny("tiny-dense", "tiny-dense", "tiny Qwen3 (CPU smoke run)"),
+        _tiny("tiny-llama", "tiny-llama", "tiny Llama (CPU smoke run)"),
+        _tiny("tiny-moe-qwen3", "tiny-moe-qwen3", "tiny Qwen3-MoE (CPU smoke run)"),
+        _tiny("tiny-moe-gptoss", "tiny-moe-gptoss", "tiny gpt-oss (CPU smoke run)"),
+        Scenario(
+            "vision-qwen2.5-vl",
+            "qwen2_5_vl",
+            36,
+            VISION_TOKENS,
+            0,
+            0,
+            "Qwen2.5-VL-3B shape, all 36 text layers; "
+            "text-only and 448 px image rows, Hone's Trainer vs padded batches (CUDA only)",
+            kind="vision",
+        ),
+        Scenario(
+            "vision-smolvlm",
+            "idefics3",
+            24,
+            VISION_TOKENS,
+            0,
+            0,
+            "SmolVLM-Instruct (2.2B) shape, all 24 text "
+            "layers; text-only and 384 px image rows, Hone's Trainer vs padded batches (CUDA only)",
+            kind="vision",
+        ),
+    )
+}
 
 
 def check_sizes(steps: int, warmup: int, lora_r: int, layers: int | None) -> None:
@@ -116,5 +156,4 @@ def get_scenario(name: str) -> Scenario:
     try:
         return SCENARIOS[name]
     except KeyError:
-        raise ConfigError(f"there is no benchmark scenario {name!r}",
-                          f"pick one of: {', '.join(SCENARIOS)}") from None
+        raise ConfigError(f"there is no benchmark scenario {name!r}", f"pick one of: {', '.join(SCENARIOS)}") from None

@@ -59,9 +59,22 @@ class ReferenceRunner:
 
     kind = "reference"
 
-    def __init__(self, name: str, scenario: Scenario, layers: int | None, batch: TokenBatch, *, lora_r: int,
-                 seed: int, dtype: torch.dtype, device: str, qlora: bool = False,
-                 experts_implementation: str | None = None, model_folder=None, lora_experts: bool = True):
+    def __init__(
+        self,
+        name: str,
+        scenario: Scenario,
+        layers: int | None,
+        batch: TokenBatch,
+        *,
+        lora_r: int,
+        seed: int,
+        dtype: torch.dtype,
+        device: str,
+        qlora: bool = False,
+        experts_implementation: str | None = None,
+        model_folder=None,
+        lora_experts: bool = True,
+    ):
         self.name, self.scenario, self.layers, self.batch = name, scenario, layers, batch
         self.lora_r, self.seed, self.dtype, self.device, self.qlora = lora_r, seed, dtype, device, qlora
         self.experts_implementation = experts_implementation
@@ -73,16 +86,32 @@ class ReferenceRunner:
     # ---- building ----
     def _load(self):
         if not self.qlora:
-            return build_bench_model(self.scenario, self.layers, seed=self.seed, dtype=self.dtype, device=self.device,
-                                     experts_implementation=self.experts_implementation)
+            return build_bench_model(
+                self.scenario,
+                self.layers,
+                seed=self.seed,
+                dtype=self.dtype,
+                device=self.device,
+                experts_implementation=self.experts_implementation,
+            )
         from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                          bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=self.dtype)
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=self.dtype,
+        )
         extra = {"experts_implementation": self.experts_implementation} if self.experts_implementation else {}
         model = AutoModelForCausalLM.from_pretrained(
-            self.model_folder, quantization_config=quantization, device_map={"": self.device}, dtype=self.dtype,
-            attn_implementation=default_attention(self.scenario), **extra, **from_pretrained_options())
+            self.model_folder,
+            quantization_config=quantization,
+            device_map={"": self.device},
+            dtype=self.dtype,
+            attn_implementation=default_attention(self.scenario),
+            **extra,
+            **from_pretrained_options(),
+        )
         model.config.use_cache = False
         model.train()
         return model
@@ -97,8 +126,9 @@ class ReferenceRunner:
             targets = dict(target_modules="all-linear", target_parameters=expert_target_parameters(model) or None)
         else:  # peft's "all-linear" also takes MoE routers and experts: name the linear layers instead
             targets = dict(target_modules=decoder_linear_names(model))
-        config = LoraConfig(r=self.lora_r, lora_alpha=2 * self.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM",
-                            **targets)
+        config = LoraConfig(
+            r=self.lora_r, lora_alpha=2 * self.lora_r, lora_dropout=0.0, task_type="CAUSAL_LM", **targets
+        )
         self.model = get_peft_model(model, config)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         cuda = str(self.device).startswith("cuda")
@@ -134,15 +164,20 @@ class ReferenceRunner:
     def describe(self) -> dict:
         config = self.model.get_base_model().config
         facts = architecture_facts(self.scenario, self.layers)
-        paths = {"attention": f"{config._attn_implementation} (transformers)",
-                 "checkpoint": "transformers gradient_checkpointing_enable, non-reentrant",
-                 "loss": "the model's own loss from labels (full logits)",
-                 "lora": "peft, all linear layers" + (" + expert target_parameters"
-                                                      if facts["experts"] and self.lora_experts else "")}
+        paths = {
+            "attention": f"{config._attn_implementation} (transformers)",
+            "checkpoint": "transformers gradient_checkpointing_enable, non-reentrant",
+            "loss": "the model's own loss from labels (full logits)",
+            "lora": "peft, all linear layers"
+            + (" + expert target_parameters" if facts["experts"] and self.lora_experts else ""),
+        }
         paths["adapted"] = ", ".join(adapted_names(self.model))
         if facts["experts"]:
             paths["moe"] = f"{getattr(config, '_experts_implementation', None)} (transformers)"
         if self.qlora:
             paths["quantization"] = "bitsandbytes nf4, double quantization"
-        return {"speed_paths": paths, "trainable_params": sum(p.numel() for p in self.params),
-                "active_params": active_params(self.model, facts["experts"], facts["experts_per_token"])}
+        return {
+            "speed_paths": paths,
+            "trainable_params": sum(p.numel() for p in self.params),
+            "active_params": active_params(self.model, facts["experts"], facts["experts_per_token"]),
+        }

@@ -37,9 +37,41 @@ IMAGE_ROWS = 96
 TEXT_ROWS = 96
 BASELINE = "reference"
 WORDS = (
-    "the", "model", "reads", "a", "picture", "and", "a", "question", "then", "answers", "in", "a", "few", "words",
-    "about", "colors", "shapes", "and", "places", "people", "like", "to", "train", "small", "models", "on", "their",
-    "own", "data", "because", "it", "is", "fast", "and", "cheap",
+    "the",
+    "model",
+    "reads",
+    "a",
+    "picture",
+    "and",
+    "a",
+    "question",
+    "then",
+    "answers",
+    "in",
+    "a",
+    "few",
+    "words",
+    "about",
+    "colors",
+    "shapes",
+    "and",
+    "places",
+    "people",
+    "like",
+    "to",
+    "train",
+    "small",
+    "models",
+    "on",
+    "their",
+    "own",
+    "data",
+    "because",
+    "it",
+    "is",
+    "fast",
+    "and",
+    "cheap",
 )
 # The reference's LoRA targets: every linear layer of the language model (`language_model` in Qwen-VL, `text_model`
 # in Idefics3), none in the vision encoder.
@@ -48,13 +80,19 @@ REFERENCE_TARGETS = r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_p
 # and all together (`--only`), to see what each costs a vision step when the GPU has memory to spare.
 HONE_RUNS = {
     "hone": ("Hone's Trainer: packed rows, chunked loss, its own speed choices", ()),
-    "hone-ckpt-gpu": ("Hone's Trainer, checkpoints recomputed from layer inputs kept on the GPU (not offloaded)",
-                      ('speed.checkpoint="gpu"',)),
+    "hone-ckpt-gpu": (
+        "Hone's Trainer, checkpoints recomputed from layer inputs kept on the GPU (not offloaded)",
+        ('speed.checkpoint="gpu"',),
+    ),
     "hone-untiled": ("Hone's Trainer, each MLP back-propagated whole (not in tiles)", ("speed.tiled_mlp=false",)),
-    "hone-head-gpu": ("Hone's Trainer, the LM head kept in GPU memory (not copied from the host)",
-                      ("speed.host_lm_head=false",)),
-    "hone-spare": ("Hone's Trainer with none of the three above: checkpoints on the GPU, whole MLPs, the LM head on "
-                   "the GPU", ('speed.checkpoint="gpu"', "speed.tiled_mlp=false", "speed.host_lm_head=false")),
+    "hone-head-gpu": (
+        "Hone's Trainer, the LM head kept in GPU memory (not copied from the host)",
+        ("speed.host_lm_head=false",),
+    ),
+    "hone-spare": (
+        "Hone's Trainer with none of the three above: checkpoints on the GPU, whole MLPs, the LM head on the GPU",
+        ('speed.checkpoint="gpu"', "speed.tiled_mlp=false", "speed.host_lm_head=false"),
+    ),
 }
 
 
@@ -106,10 +144,21 @@ class VisionReport:
         return next(r for r in self.runs if r.name == name)
 
     def to_dict(self) -> dict:
-        return {"schema": 1, "scenario": asdict(self.scenario), "options": asdict(self.options), "device": self.device,
-                "dtype": self.dtype, "batch": self.batch, "environment": self.environment, "baseline": BASELINE,
-                "runs": [r.to_dict() for r in self.runs], "losses": self.losses, "notices": self.notices,
-                "data_wait_s": self.data_wait, "elapsed_s": self.elapsed_s}
+        return {
+            "schema": 1,
+            "scenario": asdict(self.scenario),
+            "options": asdict(self.options),
+            "device": self.device,
+            "dtype": self.dtype,
+            "batch": self.batch,
+            "environment": self.environment,
+            "baseline": BASELINE,
+            "runs": [r.to_dict() for r in self.runs],
+            "losses": self.losses,
+            "notices": self.notices,
+            "data_wait_s": self.data_wait,
+            "elapsed_s": self.elapsed_s,
+        }
 
 
 def make_data(folder: Path, seed: int = 0) -> Path:
@@ -123,10 +172,20 @@ def make_data(folder: Path, seed: int = 0) -> Path:
     for n in range(IMAGE_ROWS):
         path = folder / f"img{n}.png"
         Image.fromarray(noise.integers(0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), dtype=np.uint8)).save(path)
-        rows.append({"messages": [
-            {"role": "user", "content": [{"type": "image", "image": path.name},
-                                         {"type": "text", "text": " ".join(rng.choices(WORDS, k=40))}]},
-            {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(60, 200)))}]})
+        rows.append(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image", "image": path.name},
+                            {"type": "text", "text": " ".join(rng.choices(WORDS, k=40))},
+                        ],
+                    },
+                    {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(60, 200)))},
+                ]
+            }
+        )
     for _ in range(TEXT_ROWS):
         question, answer = (" ".join(rng.choices(WORDS, k=rng.randint(50, n))) for n in (300, 400))
         rows.append({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]})
@@ -150,8 +209,14 @@ def model_folder(folder: Path, family: str, layers: int, tokenizer_dir: Path | N
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tokenizer_dir)
     tokenizer = tiny.vision_tokenizer(family, tokenizer_dir)
     # random init of billions of weights takes minutes on the CPU and seconds on the GPU
-    model = tiny.build_vision_model(family, tokenizer, shape="real", layers=layers, dtype=torch.bfloat16,
-                                    device="cuda" if torch.cuda.is_available() else "cpu")
+    model = tiny.build_vision_model(
+        family,
+        tokenizer,
+        shape="real",
+        layers=layers,
+        dtype=torch.bfloat16,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
     out = folder / "model"
     model.save_pretrained(out)
     del model
@@ -160,8 +225,18 @@ def model_folder(folder: Path, family: str, layers: int, tokenizer_dir: Path | N
     return out
 
 
-def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmup: int, batch_tokens: int,
-               lora_r: int, overrides: tuple[str, ...] = (), profile_top: int = 0) -> RunSteps:
+def hone_steps(
+    model_dir: Path,
+    data: Path,
+    runs_dir: Path,
+    *,
+    steps: int,
+    warmup: int,
+    batch_tokens: int,
+    lora_r: int,
+    overrides: tuple[str, ...] = (),
+    profile_top: int = 0,
+) -> RunSteps:
     """Hone's Trainer for `steps` optimizer steps (`warmup` of them untimed), as `hone train` runs it, with
     `overrides` (config settings, "speed.checkpoint=\"gpu\"") on top. `profile_top` > 0: one more step under
     torch.profiler (hone.core.bench.diagnostics.profile), left out of the step times."""
@@ -170,12 +245,23 @@ def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmu
     from hone.core.config import RunConfig
     from hone.core.train.trainer import Trainer
 
-    config = RunConfig().with_overrides([
-        f"model.name_or_path={json.dumps(str(model_dir))}", f"data.train=[{json.dumps(str(data))}]",
-        f"output.runs_dir={json.dumps(str(runs_dir))}", "model.dtype=bfloat16", f"data.max_length={batch_tokens}",
-        f"data.image_max_side={IMAGE_SIDE}", f"train.batch_tokens={batch_tokens}",
-        f"train.max_steps={steps + (1 if profile_top else 0)}",
-        "train.lr=1e-4", f"lora.r={lora_r}", f"lora.alpha={2 * lora_r}", "output.checkpoint_every=0", *overrides])
+    config = RunConfig().with_overrides(
+        [
+            f"model.name_or_path={json.dumps(str(model_dir))}",
+            f"data.train=[{json.dumps(str(data))}]",
+            f"output.runs_dir={json.dumps(str(runs_dir))}",
+            "model.dtype=bfloat16",
+            f"data.max_length={batch_tokens}",
+            f"data.image_max_side={IMAGE_SIDE}",
+            f"train.batch_tokens={batch_tokens}",
+            f"train.max_steps={steps + (1 if profile_top else 0)}",
+            "train.lr=1e-4",
+            f"lora.r={lora_r}",
+            f"lora.alpha={2 * lora_r}",
+            "output.checkpoint_every=0",
+            *overrides,
+        ]
+    )
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     out = RunSteps()
@@ -212,21 +298,29 @@ def hone_steps(model_dir: Path, data: Path, runs_dir: Path, *, steps: int, warmu
     return out
 
 
-def reference_steps(model_dir: Path, data: Path, family: str, *, steps: int, warmup: int, batch_tokens: int,
-                    lora_r: int) -> RunSteps:
+def reference_steps(
+    model_dir: Path, data: Path, family: str, *, steps: int, warmup: int, batch_tokens: int, lora_r: int
+) -> RunSteps:
     """Plain transformers + peft: padded batches, the model's own loss, transformers' gradient checkpointing."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.bfloat16,
-                                                       **from_pretrained_options()).cuda()
+    model = AutoModelForImageTextToText.from_pretrained(
+        model_dir, dtype=torch.bfloat16, **from_pretrained_options()
+    ).cuda()
     batches = padded_batches(model_dir, data, family, model.config, batch_tokens=batch_tokens)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
     peft_model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=REFERENCE_TARGETS))
     attention = str(getattr(model.config, "_attn_implementation", None) or "transformers' default")
-    out = RunSteps(speed_paths={"attention": attention, "loss": "the model's own (full logits)",
-                              "checkpoint": "transformers' gradient checkpointing", "batch": "padded"})
+    out = RunSteps(
+        speed_paths={
+            "attention": attention,
+            "loss": "the model's own (full logits)",
+            "checkpoint": "transformers' gradient checkpointing",
+            "batch": "padded",
+        }
+    )
     return padded_steps(peft_model, batches, out, steps=steps, warmup=warmup)
 
 
@@ -250,11 +344,18 @@ def _fill(result: RunResult, steps: RunSteps, warmup: int) -> None:
         result.peak_reserved_gib = steps.peak_reserved / GIB
 
 
-def _measure(name: str, kind: str, description: str, run: Callable[[], RunSteps], options: VisionOptions,
-             report: VisionReport) -> RunResult:
+def _measure(
+    name: str, kind: str, description: str, run: Callable[[], RunSteps], options: VisionOptions, report: VisionReport
+) -> RunResult:
     """One run, its failure recorded rather than raised (as `measure.measure_run` does for text runs)."""
-    result = RunResult(name=name, kind=kind, description=description, warmup_steps=options.warmup,
-                       steps=options.steps, memory_before_gib=allocated_gib("cuda"))
+    result = RunResult(
+        name=name,
+        kind=kind,
+        description=description,
+        warmup_steps=options.warmup,
+        steps=options.steps,
+        memory_before_gib=allocated_gib("cuda"),
+    )
     try:
         steps = run()
         _fill(result, steps, options.warmup)
@@ -279,27 +380,36 @@ def hone_runs(only: list[str] | None) -> list[str]:
     picked = [name for name in HONE_RUNS if any(fnmatch.fnmatchcase(name, pattern) for pattern in only)]
     unknown = [p for p in only if p != BASELINE and not any(fnmatch.fnmatchcase(n, p) for n in HONE_RUNS)]
     if unknown or not picked:
-        raise ConfigError(f"--only {','.join(only)}: {', '.join(unknown) or 'no run'} is not a run of the vision "
-                          "scenarios", f"pick from {', '.join(HONE_RUNS)} (the reference always runs)")
+        raise ConfigError(
+            f"--only {','.join(only)}: {', '.join(unknown) or 'no run'} is not a run of the vision scenarios",
+            f"pick from {', '.join(HONE_RUNS)} (the reference always runs)",
+        )
     return picked
 
 
 def _check(options: VisionOptions, scenario: Scenario) -> None:
     if scenario.kind != "vision":
-        raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario, not a vision one",
-                          "run it with hone.core.bench.run.run_bench")
+        raise ConfigError(
+            f"{scenario.name} is a {scenario.kind} scenario, not a vision one",
+            "run it with hone.core.bench.run.run_bench",
+        )
     check_sizes(options.steps, options.warmup, options.lora_r, options.layers)
     hone_runs(options.only)
     if options.tokens is not None and options.tokens < 1:
         raise ConfigError(f"--tokens is {options.tokens}", f"give the tokens per batch, e.g. {scenario.tokens}")
     if options.tokenizer is not None and not Path(options.tokenizer).is_dir():
-        raise ConfigError(f"--tokenizer {options.tokenizer} is not a folder",
-                          "give a folder holding SmolLM2's tokenizer, or leave --tokenizer out to read it from the "
-                          "bundled GGUF")
+        raise ConfigError(
+            f"--tokenizer {options.tokenizer} is not a folder",
+            "give a folder holding SmolLM2's tokenizer, or leave --tokenizer out to read it from the bundled GGUF",
+        )
 
 
-def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult], None] | None = None,
-                     on_start: Callable[[str], None] | None = None) -> VisionReport:
+def run_vision_bench(
+    options: VisionOptions,
+    *,
+    on_result: Callable[[RunResult], None] | None = None,
+    on_start: Callable[[str], None] | None = None,
+) -> VisionReport:
     """Run the vision benchmark `options` describes: Hone's Trainer, then the transformers + peft reference, then
     the peer if asked (in a process of its own); `free_memory` between them, and each run's `memory_before_gib` shows
     what the one before left allocated.
@@ -318,8 +428,10 @@ def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult],
     scenario = get_scenario(options.scenario)
     _check(options, scenario)
     if not torch.cuda.is_available():
-        raise ConfigError(f"the {scenario.name} benchmark needs a CUDA GPU and there is none here",
-                          "run it on a machine with one; the tiny-* scenarios run on a CPU")
+        raise ConfigError(
+            f"the {scenario.name} benchmark needs a CUDA GPU and there is none here",
+            "run it on a machine with one; the tiny-* scenarios run on a CPU",
+        )
     tokenizer = Path(options.tokenizer) if options.tokenizer else None
     if tokenizer is None:
         from hone.core.resources import smollm2_gguf
@@ -330,10 +442,22 @@ def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult],
             raise ConfigError(e.message, f"{e.advice}, or give --tokenizer a folder with SmolLM2's tokenizer") from None
     layers = options.layers or scenario.layers
     batch_tokens = options.tokens or scenario.tokens
-    report = VisionReport(options=options, scenario=scenario, device="cuda", dtype="bfloat16",
-                          environment=environment("cuda"), runs=[],
-                          batch={"tokens_per_batch": batch_tokens, "image_rows": IMAGE_ROWS, "text_rows": TEXT_ROWS,
-                                 "image_side": IMAGE_SIDE, "layers": layers, "family": scenario.shape})
+    report = VisionReport(
+        options=options,
+        scenario=scenario,
+        device="cuda",
+        dtype="bfloat16",
+        environment=environment("cuda"),
+        runs=[],
+        batch={
+            "tokens_per_batch": batch_tokens,
+            "image_rows": IMAGE_ROWS,
+            "text_rows": TEXT_ROWS,
+            "image_side": IMAGE_SIDE,
+            "layers": layers,
+            "family": scenario.shape,
+        },
+    )
     steps = options.warmup + options.steps
     with tempfile.TemporaryDirectory(prefix="hone-vision-bench-") as folder:
         tmp = Path(folder)
@@ -343,22 +467,59 @@ def run_vision_bench(options: VisionOptions, *, on_result: Callable[[RunResult],
         model_dir = model_folder(tmp, scenario.shape, layers, tokenizer)
         free_memory("cuda")
         runs = tuple(
-            (name, "hone", description,
-             lambda overrides=overrides: hone_steps(model_dir, data, tmp / "runs", steps=steps, warmup=options.warmup,
-                                                    batch_tokens=batch_tokens, lora_r=options.lora_r,
-                                                    overrides=overrides, profile_top=options.profile_top))
-            for name, (description, overrides) in HONE_RUNS.items() if name in hone_runs(options.only))
+            (
+                name,
+                "hone",
+                description,
+                lambda overrides=overrides: hone_steps(
+                    model_dir,
+                    data,
+                    tmp / "runs",
+                    steps=steps,
+                    warmup=options.warmup,
+                    batch_tokens=batch_tokens,
+                    lora_r=options.lora_r,
+                    overrides=overrides,
+                    profile_top=options.profile_top,
+                ),
+            )
+            for name, (description, overrides) in HONE_RUNS.items()
+            if name in hone_runs(options.only)
+        )
         runs += (
-            (BASELINE, "reference", "transformers + peft: the same batches padded, the model's own loss, HF gradient "
-             "checkpointing", lambda: reference_steps(model_dir, data, scenario.shape, steps=steps,
-                                                      warmup=options.warmup, batch_tokens=batch_tokens,
-                                                      lora_r=options.lora_r)),
+            (
+                BASELINE,
+                "reference",
+                "transformers + peft: the same batches padded, the model's own loss, HF gradient checkpointing",
+                lambda: reference_steps(
+                    model_dir,
+                    data,
+                    scenario.shape,
+                    steps=steps,
+                    warmup=options.warmup,
+                    batch_tokens=batch_tokens,
+                    lora_r=options.lora_r,
+                ),
+            ),
         )
         if options.peer == PEER_NAME:
-            runs += ((PEER_NAME, "peer", "Unsloth's FastVisionModel: the reference's padded batches, its own "
-                      "gradient checkpointing and loss", lambda: unsloth_vision_steps(
-                          model_dir, data, scenario.shape, steps=steps, warmup=options.warmup,
-                          batch_tokens=batch_tokens, lora_r=options.lora_r)),)
+            runs += (
+                (
+                    PEER_NAME,
+                    "peer",
+                    "Unsloth's FastVisionModel: the reference's padded batches, its own "
+                    "gradient checkpointing and loss",
+                    lambda: unsloth_vision_steps(
+                        model_dir,
+                        data,
+                        scenario.shape,
+                        steps=steps,
+                        warmup=options.warmup,
+                        batch_tokens=batch_tokens,
+                        lora_r=options.lora_r,
+                    ),
+                ),
+            )
         for name, kind, description, run in runs:
             if on_start:
                 on_start(name)

@@ -56,8 +56,15 @@ def padded_batches(model_dir: Path, data: Path, family: str, model_config, *, ba
     processor = load_tokenizer(str(model_dir), model_config)
     cfg = DataConfig(train=[str(data)], max_length=batch_tokens, image_max_side=IMAGE_SIDE)
     rows = load_training_data(cfg, processor, cache_dir=data.parent / "cache").train
-    collator = VisionCollator(family_for(family), processor, model_config, image_max_side=IMAGE_SIDE,
-                              packing=False, pad_id=processor.tokenizer.pad_token_id, dtype=torch.bfloat16)
+    collator = VisionCollator(
+        family_for(family),
+        processor,
+        model_config,
+        image_max_side=IMAGE_SIDE,
+        packing=False,
+        pad_id=processor.tokenizer.pad_token_id,
+        dtype=torch.bfloat16,
+    )
     return PaddedBatches(collator, rows, plan_packs(rows.lengths, batch_tokens, seed=0, epoch=0))
 
 

@@ -43,8 +43,16 @@ def default_attention(scenario: Scenario) -> str:
     return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
-def build_bench_model(scenario: Scenario, layers: int | None, *, seed: int, dtype: torch.dtype, device: str,
-                      attn_implementation: str | None = None, experts_implementation: str | None = None):
+def build_bench_model(
+    scenario: Scenario,
+    layers: int | None,
+    *,
+    seed: int,
+    dtype: torch.dtype,
+    device: str,
+    attn_implementation: str | None = None,
+    experts_implementation: str | None = None,
+):
     """The scenario's random-init causal LM on `device`, in `dtype`, in training mode.
 
     `attn_implementation` None = `default_attention(scenario)`, the same for every run.
@@ -52,8 +60,7 @@ def build_bench_model(scenario: Scenario, layers: int | None, *, seed: int, dtyp
     extra = {"attn_implementation": attn_implementation or default_attention(scenario)}
     if experts_implementation is not None:
         extra["experts_implementation"] = experts_implementation
-    model = build_model(scenario.shape, layer_count(scenario, layers), seed=seed, dtype=dtype, device=device,
-                        **extra)
+    model = build_model(scenario.shape, layer_count(scenario, layers), seed=seed, dtype=dtype, device=device, **extra)
     model.config.use_cache = False
     model.train()
     return model
@@ -68,13 +75,18 @@ def architecture_facts(scenario: Scenario, layers: int | None) -> dict:
     """Attention geometry and depth of the scenario, from its config alone (no weights)."""
     config = make_config(scenario.shape, layer_count(scenario, layers))
     heads = config.num_attention_heads
-    return {"layers": config.num_hidden_layers, "hidden_size": config.hidden_size, "heads": heads,
-            "kv_heads": getattr(config, "num_key_value_heads", None) or heads,
-            "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
-            "sliding_window": getattr(config, "sliding_window", None),
-            "experts": next((getattr(config, k) for k in ("num_experts", "num_local_experts")
-                             if getattr(config, k, None)), 0),
-            "experts_per_token": getattr(config, "num_experts_per_tok", 0) or 0}
+    return {
+        "layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "heads": heads,
+        "kv_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+        "sliding_window": getattr(config, "sliding_window", None),
+        "experts": next(
+            (getattr(config, k) for k in ("num_experts", "num_local_experts") if getattr(config, k, None)), 0
+        ),
+        "experts_per_token": getattr(config, "num_experts_per_tok", 0) or 0,
+    }
 
 
 def is_expert_parameter(name: str) -> bool:
@@ -98,8 +110,13 @@ def active_params(model, experts: int, experts_per_token: int) -> int:
 def decoder_linear_names(model) -> list[str]:
     """Names (last part) of the decoder layers' linear modules, e.g. ["down_proj", ..., "v_proj"]: LoRA on the
     linear layers only. On MoE models in transformers 5 neither stacked experts nor routers are nn.Linear."""
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                   if isinstance(module, torch.nn.Linear) and ".layers." in name})
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and ".layers." in name
+        }
+    )
 
 
 def adapted_names(model) -> list[str]:
@@ -139,15 +156,18 @@ def synthetic_tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<0>", pad_token="<0>", eos_token="<1>")
 
 
-def saved_model_folder(scenario: Scenario, layers: int | None, *, seed: int, dtype: torch.dtype, device: str,
-                       cache_dir: str | Path | None) -> Path:
+def saved_model_folder(
+    scenario: Scenario, layers: int | None, *, seed: int, dtype: torch.dtype, device: str, cache_dir: str | Path | None
+) -> Path:
     """A folder holding the scenario's random-init weights (as `build_bench_model` makes them) and a tokenizer.
 
     With `cache_dir` the folder is kept there and reused by later benchmarks with the same key; without, it is
     a new temporary folder the caller removes (`remove_folder`).
     """
-    key = (f"{scenario.shape}-layers{layer_count(scenario, layers) or 'all'}-seed{seed}-"
-           f"{str(dtype).removeprefix('torch.')}-{torch.device(device).type}")
+    key = (
+        f"{scenario.shape}-layers{layer_count(scenario, layers) or 'all'}-seed{seed}-"
+        f"{str(dtype).removeprefix('torch.')}-{torch.device(device).type}"
+    )
     if cache_dir is not None:
         folder = Path(cache_dir) / key
         if (folder / _COMPLETE_MARKER).is_file():

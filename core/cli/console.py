@@ -14,9 +14,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from hone.core import events
+from hone.core.api import guard_bitsandbytes_import, speed_choice, step_line
 from hone.core.config import ModelConfig
-from hone.core.models.hub_kernels import guard_bitsandbytes_import
-from hone.core.train.run_dir import speed_choice, step_line
 
 # Without a terminal (nohup, CI, a log file) there is no progress bar: a plain step line at most this often, plus
 # the first and last step.
@@ -89,8 +88,9 @@ class Phase:
             self._progress = None
         if exc_type is None:
             count = f"{self.done:,} {self.unit}, " if self.done is not None and self.unit else ""
-            self.console.print(f"{self.text}: {count}done in {time.monotonic() - self._start:.0f} s",
-                               highlight=False, soft_wrap=True)
+            self.console.print(
+                f"{self.text}: {count}done in {time.monotonic() - self._start:.0f} s", highlight=False, soft_wrap=True
+            )
 
 
 def convert_gguf_once(model: ModelConfig, console: Console) -> None:
@@ -100,14 +100,17 @@ def convert_gguf_once(model: ModelConfig, console: Console) -> None:
     Raises:
         ModelError: the model cannot be found or read (as loading it would).
     """
-    from hone.core.models.load import gguf_conversion_folder, gguf_folder, pending_conversion, resolve_source
+    from hone.core.api import gguf_conversion_folder, gguf_folder, pending_conversion, resolve_source
 
     source = resolve_source(model.name_or_path, model.gguf_file)  # a model that cannot be found raises here
     gguf = pending_conversion(model)
     if gguf is None:
         return
-    with Phase(console, f"converting {source.name} from GGUF to safetensors (first use only; later loads read "
-               f"{gguf_conversion_folder(gguf)})"):
+    with Phase(
+        console,
+        f"converting {source.name} from GGUF to safetensors (first use only; later loads read "
+        f"{gguf_conversion_folder(gguf)})",
+    ):
         gguf_folder(gguf)
 
 
@@ -116,8 +119,11 @@ SHOWN_SKIPPED = 5
 
 
 def dataset_table(report: events.DatasetReport) -> Table:
-    table = Table(title=f"{report.split} data ({report.format or 'auto'}): {', '.join(report.files)}",
-                  show_header=False, title_justify="left")
+    table = Table(
+        title=f"{report.split} data ({report.format or 'auto'}): {', '.join(report.files)}",
+        show_header=False,
+        title_justify="left",
+    )
     table.add_row("rows read / kept", f"{report.rows_read} / {report.rows_kept}")
     skipped = sum(report.skipped.values())
     if skipped:
@@ -136,11 +142,26 @@ def dataset_table(report: events.DatasetReport) -> Table:
     if report.image_rows:
         table.add_row("rows with images", str(report.image_rows))
     table.add_row("tokens (trained)", f"{report.tokens:,} ({report.trained_tokens:,})")
-    table.add_row("length min / median / p95 / max",
-                  f"{report.length_min} / {report.length_median} / {report.length_p95} / {report.length_max}")
+    table.add_row(
+        "length min / median / p95 / max",
+        f"{report.length_min} / {report.length_median} / {report.length_p95} / {report.length_max}",
+    )
     for note in report.notes:
         table.add_row("note", escape(note))
     return table
+
+
+# Which EventPrinter method draws which event; the others (pause, resume) print nothing.
+EVENT_HANDLERS: dict[type[events.Event], str] = {
+    events.DatasetReport: "_on_dataset",
+    events.Notice: "_on_notice",
+    events.RunStarted: "_on_started",
+    events.StepMetrics: "_on_step",
+    events.EvalMetrics: "_on_eval",
+    events.CheckpointSaved: "_on_checkpoint",
+    events.RunFinished: "_on_finished",
+    events.RunFailed: "_on_failed",
+}
 
 
 class EventPrinter:
@@ -166,57 +187,87 @@ class EventPrinter:
             self.progress = None
 
     def handle(self, event: events.Event) -> None:
+        handler = EVENT_HANDLERS.get(type(event))
+        if handler is not None:
+            getattr(self, handler)(event)
+
+    def _on_dataset(self, event: events.DatasetReport) -> None:
+        self.console.print(dataset_table(event))
+
+    def _on_notice(self, event: events.Notice) -> None:
+        style = "yellow" if event.level == "warning" else "dim"
+        self.console.print(f"[{style}]{escape(event.topic)}: {escape(event.message)}[/{style}]")
+
+    def _on_started(self, event: events.RunStarted) -> None:
         c = self.console
-        if isinstance(event, events.DatasetReport):
-            c.print(dataset_table(event))
-        elif isinstance(event, events.Notice):
-            style = "yellow" if event.level == "warning" else "dim"
-            c.print(f"[{style}]{escape(event.topic)}: {escape(event.message)}[/{style}]")
-        elif isinstance(event, events.RunStarted):
-            where = f"{event.processes} processes ({event.device} each)" if event.processes > 1 else event.device
-            c.print(f"[bold]{escape(event.model)}[/bold] on {escape(where)} ({event.dtype}), run folder "
-                    f"{escape(event.run_dir)}")
-            for path, choice in event.speed_paths.items():
-                c.print(f"  {path}: {escape(speed_choice(event.device, choice))}")
-            self.first_step = event.resumed_from_step
-            if event.resumed_from_step:
-                c.print(f"resumed from step {event.resumed_from_step}")
-            if not c.is_terminal:
-                return
-            self.progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                                     console=c, transient=False)
-            self.progress.start()
-            self.task = self.progress.add_task("train", total=event.total_steps, completed=event.resumed_from_step,
-                                               info="")
-        elif isinstance(event, events.StepMetrics) and self.progress is None:
-            now = time.monotonic()
-            if event.step == self.first_step + 1 or event.step == event.total_steps \
-                    or now - self._last_plain >= PLAIN_STEP_EVERY_S:
-                self._last_plain = now
-                c.print(step_line(event, self.first_step), highlight=False)
-        elif isinstance(event, events.StepMetrics):
-            info = f"loss {event.loss:.4f}  {event.tokens_per_s:,.0f} tok/s"
-            if len(event.mem_by_gpu) > 1:
-                info += "  " + " / ".join(f"{b / 2**30:.1f}" for b in event.mem_by_gpu) + " GiB"
-            elif event.mem_allocated:
-                info += f"  {event.mem_allocated / 2**30:.1f} GiB"
-            if event.waiting_for_data:
-                info += f"  waiting for data {event.waiting_for_data:.0%}"
-            self.progress.update(self.task, completed=event.step, info=info)
-        elif isinstance(event, events.EvalMetrics):
-            c.print(f"eval at step {event.step}: loss {event.loss:.4f}")
-        elif isinstance(event, events.CheckpointSaved):
-            c.print(f"[dim]checkpoint: {escape(event.path)}[/dim]")
-        elif isinstance(event, events.RunFinished):
-            self._stop_progress()
-            word = "stopped" if event.stopped else "finished"
-            c.print(f"[green]{word}[/green] after {event.step} steps in {event.elapsed:.0f} s, final loss "
-                    f"{event.final_loss:.4f}; adapter: {escape(event.adapter_dir)}")
-        elif isinstance(event, events.RunFailed):
-            self._stop_progress()
-            c.print(f"[red]failed:[/red] {escape(event.reason)}")
-            if event.advice:
-                c.print(f"advice: {escape(event.advice)}")
-        if isinstance(event, (events.RunFinished, events.RunFailed)):
-            self.last = event
+        where = f"{event.processes} processes ({event.device} each)" if event.processes > 1 else event.device
+        c.print(
+            f"[bold]{escape(event.model)}[/bold] on {escape(where)} ({event.dtype}), run folder {escape(event.run_dir)}"
+        )
+        for path, choice in event.speed_paths.items():
+            c.print(f"  {path}: {escape(speed_choice(event.device, choice))}")
+        self.first_step = event.resumed_from_step
+        if event.resumed_from_step:
+            c.print(f"resumed from step {event.resumed_from_step}")
+        if not c.is_terminal:
+            return
+        self.progress = Progress(
+            TextColumn("step {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=c,
+            transient=False,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=event.total_steps, completed=event.resumed_from_step, info="")
+
+    def _on_step(self, event: events.StepMetrics) -> None:
+        if self.progress is None:
+            self._plain_step(event)
+        else:
+            self._bar_step(event)
+
+    def _plain_step(self, event: events.StepMetrics) -> None:
+        """No terminal: a step line for the first and last step, and at most every PLAIN_STEP_EVERY_S between."""
+        now = time.monotonic()
+        if (
+            event.step == self.first_step + 1
+            or event.step == event.total_steps
+            or now - self._last_plain >= PLAIN_STEP_EVERY_S
+        ):
+            self._last_plain = now
+            self.console.print(step_line(event, self.first_step), highlight=False)
+
+    def _bar_step(self, event: events.StepMetrics) -> None:
+        info = f"loss {event.loss:.4f}  {event.tokens_per_s:,.0f} tok/s"
+        if len(event.mem_by_gpu) > 1:
+            info += "  " + " / ".join(f"{b / 2**30:.1f}" for b in event.mem_by_gpu) + " GiB"
+        elif event.mem_allocated:
+            info += f"  {event.mem_allocated / 2**30:.1f} GiB"
+        if event.waiting_for_data:
+            info += f"  waiting for data {event.waiting_for_data:.0%}"
+        self.progress.update(self.task, completed=event.step, info=info)
+
+    def _on_eval(self, event: events.EvalMetrics) -> None:
+        self.console.print(f"eval at step {event.step}: loss {event.loss:.4f}")
+
+    def _on_checkpoint(self, event: events.CheckpointSaved) -> None:
+        self.console.print(f"[dim]checkpoint: {escape(event.path)}[/dim]")
+
+    def _on_finished(self, event: events.RunFinished) -> None:
+        self._stop_progress()
+        word = "stopped" if event.stopped else "finished"
+        self.console.print(
+            f"[green]{word}[/green] after {event.step} steps in {event.elapsed:.0f} s, final loss "
+            f"{event.final_loss:.4f}; adapter: {escape(event.adapter_dir)}"
+        )
+        self.last = event
+
+    def _on_failed(self, event: events.RunFailed) -> None:
+        self._stop_progress()
+        self.console.print(f"[red]failed:[/red] {escape(event.reason)}")
+        if event.advice:
+            self.console.print(f"advice: {escape(event.advice)}")
+        self.last = event

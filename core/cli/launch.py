@@ -39,8 +39,10 @@ def wanted(args) -> bool:
     if args.gpus < 1 or args.nnodes < 1:
         raise HoneError("--gpus and --nnodes count from 1", "give the number of GPUs (or machines) to train on")
     if not 0 <= args.node_rank < args.nnodes:
-        raise HoneError(f"--node-rank {args.node_rank} is not one of the {args.nnodes} machines (0 to "
-                        f"{args.nnodes - 1})", "number the machines from 0; machine 0 is --master-addr")
+        raise HoneError(
+            f"--node-rank {args.node_rank} is not one of the {args.nnodes} machines (0 to {args.nnodes - 1})",
+            "number the machines from 0; machine 0 is --master-addr",
+        )
     if args.nnodes > 1 and not args.master_addr:
         raise HoneError("--nnodes > 1 needs --master-addr", "give the address of machine 0 (--node-rank 0)")
     if launched_by_torchrun() or (args.gpus == 1 and args.nnodes == 1):
@@ -49,8 +51,10 @@ def wanted(args) -> bool:
 
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if found < args.gpus:
-        raise HoneError(f"--gpus {args.gpus} asks for {args.gpus} NVIDIA GPUs, and this machine has {found}",
-                        f"use --gpus {found}" if found > 1 else "train on one process: drop --gpus")
+        raise HoneError(
+            f"--gpus {args.gpus} asks for {args.gpus} NVIDIA GPUs, and this machine has {found}",
+            f"use --gpus {found}" if found > 1 else "train on one process: drop --gpus",
+        )
     return True
 
 
@@ -60,8 +64,16 @@ def torchrun_command(args, python: str = sys.executable) -> list[str]:
     if args.nnodes == 1:
         command.append("--standalone")  # a free port of its own: two runs on one machine do not collide
     else:
-        command += ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
-                    "--master-addr", args.master_addr, "--master-port", str(args.master_port)]
+        command += [
+            "--nnodes",
+            str(args.nnodes),
+            "--node-rank",
+            str(args.node_rank),
+            "--master-addr",
+            args.master_addr,
+            "--master-port",
+            str(args.master_port),
+        ]
     command += ["-m", __package__, "train"]  # this package, run as `hone`
     if args.config:
         command.append(args.config)
@@ -89,8 +101,10 @@ def run_torchrun(args) -> int:
             return
         asked.append(time.monotonic())
         stop_file.touch()
-        console.print("stopping after the current step (a checkpoint and the adapter are saved); Ctrl-C again "
-                      "ends the processes now")
+        console.print(
+            "stopping after the current step (a checkpoint and the adapter are saved); Ctrl-C again "
+            "ends the processes now"
+        )
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
@@ -100,9 +114,11 @@ def run_torchrun(args) -> int:
         stop_file.unlink(missing_ok=True)
         stop_dir.rmdir()
     if code != 0:
-        console.print(f"[red]training on {args.gpus * args.nnodes} processes failed[/red] (torchrun exit code "
-                      f"{code}): the process that failed says why above, marked [process N]; the run folder keeps "
-                      "its checkpoints (`hone train --resume RUN_DIR` goes on)")
+        console.print(
+            f"[red]training on {args.gpus * args.nnodes} processes failed[/red] (torchrun exit code "
+            f"{code}): the process that failed says why above, marked [process N]; the run folder keeps "
+            "its checkpoints (`hone train --resume RUN_DIR` goes on)"
+        )
     return code
 
 
@@ -146,7 +162,7 @@ class PeerEnded(HoneError):
 
 
 def stopped_by_torchrun(signum, frame) -> None:
-    from hone.core.train.distributed import PEER_ADVICE
+    from hone.core.api import PEER_ADVICE
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # once; a second one ends the process
     raise PeerEnded("another process of this run stopped, and torchrun ended this one", PEER_ADVICE)
@@ -190,7 +206,8 @@ class FailurePrinter:
         self.last = event
         if isinstance(event, RunFailed):
             mark = escape(f"[process {self.rank}]")
-            self.console.print(f"{mark} [red]run failed:[/red] {escape(event.reason)}\n{mark} {escape(event.advice)}",
-                               soft_wrap=True)
+            self.console.print(
+                f"{mark} [red]run failed:[/red] {escape(event.reason)}\n{mark} {escape(event.advice)}", soft_wrap=True
+            )
             if event.details:
                 self.console.print(event.details, markup=False, highlight=False)

@@ -15,8 +15,8 @@ time limit, http(s) only, no private or loopback hosts unless data.allow_private
 Importing this package is light (numpy only); transformers, datasets, pyarrow and Pillow load on use.
 """
 
+from hone.core.data.packing import packing_efficiency, plan_packs
 from hone.core.data.pipeline import TrainingData, check_data, load_training_data
-from hone.core.data.planner import packing_efficiency, plan_packs
 from hone.core.data.report import format_report
 from hone.core.data.rows import ImageRef
 from hone.core.data.tokenized import IGNORE_INDEX, TokenizedRow, TokenizedSet

@@ -60,8 +60,11 @@ def save(folder: Path, data: TokenizedSet, truncated: np.ndarray, state: dict[st
         arrays = {**data.arrays(), "truncated": truncated}
         for name in _ARRAYS:
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(arrays[name]))
-        meta = {"sources": data.sources, "state": state,
-                "images": {str(k): [r.to_dict() for r in refs] for k, refs in data.images.items()}}
+        meta = {
+            "sources": data.sources,
+            "state": state,
+            "images": {str(k): [r.to_dict() for r in refs] for k, refs in data.images.items()},
+        }
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         if folder.exists():
             shutil.rmtree(folder)
@@ -79,7 +82,14 @@ def load(folder: Path) -> tuple[TokenizedSet, np.ndarray, dict[str, Any]] | None
     except (OSError, ValueError, KeyError):
         return None
     images = {int(k): [ImageRef.from_dict(r) for r in refs] for k, refs in meta["images"].items()}
-    data = TokenizedSet(arrays["ids"], arrays["trained"], np.asarray(arrays["offsets"]),
-                        np.asarray(arrays["trained_counts"]), meta["sources"], np.asarray(arrays["row_numbers"]),
-                        np.asarray(arrays["source_index"]), images)
+    data = TokenizedSet(
+        arrays["ids"],
+        arrays["trained"],
+        np.asarray(arrays["offsets"]),
+        np.asarray(arrays["trained_counts"]),
+        meta["sources"],
+        np.asarray(arrays["row_numbers"]),
+        np.asarray(arrays["source_index"]),
+        images,
+    )
     return data, np.asarray(arrays["truncated"]), meta["state"]

@@ -16,8 +16,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from hone.core.data.batch_lengths import register_batch
 from hone.core.errors import DataError
-from hone.core.speed.checkpointing.layer_groups import register_batch
 
 IGNORE_INDEX = -100
 
@@ -47,11 +47,14 @@ def shifted_targets(input_ids: Sequence[int], labels: Sequence[int]) -> list[int
 def _check_row(index: int, row: TokenizedRowLike) -> None:
     n = len(row.input_ids)
     if n == 0:
-        raise DataError(f"batch row {index} has no tokens", "drop empty rows before batching (the data report "
-                        "lists them)")
+        raise DataError(
+            f"batch row {index} has no tokens", "drop empty rows before batching (the data report lists them)"
+        )
     if len(row.labels) != n:
-        raise DataError(f"batch row {index} has {n} input_ids but {len(row.labels)} labels",
-                        "labels must have one entry per token (-100 where no loss is taken)")
+        raise DataError(
+            f"batch row {index} has {n} input_ids but {len(row.labels)} labels",
+            "labels must have one entry per token (-100 where no loss is taken)",
+        )
 
 
 def _pinned(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
@@ -105,8 +108,11 @@ class PackedBatch:
     def to(self, device: torch.device | str) -> PackedBatch:
         """The same batch on `device`; tensors are copied without blocking (pinned memory to CUDA)."""
         device = torch.device(device)
-        moved = {f.name: _move(getattr(self, f.name), device) for f in fields(self)
-                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        moved = {
+            f.name: _move(getattr(self, f.name), device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
         return replace(self, **moved)
 
     def model_inputs(self) -> dict:
@@ -215,14 +221,21 @@ class PaddedBatch:
     def to(self, device: torch.device | str) -> PaddedBatch:
         """The same batch on `device`; tensors are copied without blocking (pinned memory to CUDA)."""
         device = torch.device(device)
-        moved = {f.name: _move(getattr(self, f.name), device) for f in fields(self)
-                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        moved = {
+            f.name: _move(getattr(self, f.name), device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
         return replace(self, **moved)
 
     def model_inputs(self) -> dict:
         """Keyword arguments for `model(**...)`: ids (or their rows), the padding mask and positions."""
-        return {**_token_inputs(self.input_ids, self.input_rows), "attention_mask": self.attention_mask,
-                "position_ids": self.position_ids, "use_cache": False}
+        return {
+            **_token_inputs(self.input_ids, self.input_rows),
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "use_cache": False,
+        }
 
 
 def collate_padded(rows: Sequence[TokenizedRowLike], *, pad_id: int, pin_memory: bool = False) -> PaddedBatch:
@@ -248,8 +261,9 @@ def collate_padded(rows: Sequence[TokenizedRowLike], *, pad_id: int, pin_memory:
         ids.append(list(row.input_ids) + [pad_id] * pad)
         mask.append([1] * n + [0] * pad)
         targets.append(shifted_targets(row.input_ids, row.labels) + [IGNORE_INDEX] * pad)
-    trained = [r * width + i for r, row_targets in enumerate(targets) for i, t in enumerate(row_targets)
-               if t != IGNORE_INDEX]
+    trained = [
+        r * width + i for r, row_targets in enumerate(targets) for i, t in enumerate(row_targets) if t != IGNORE_INDEX
+    ]
     positions = torch.arange(width, dtype=torch.int64).expand(len(rows), width).contiguous()
     return PaddedBatch(
         input_ids=_pinned(torch.tensor(ids, dtype=torch.int64), pin_memory),

@@ -20,6 +20,7 @@ import http.client
 import ipaddress
 import os
 import socket
+import ssl
 import tempfile
 import threading
 import time
@@ -43,9 +44,14 @@ _CHUNK = 1 << 16
 _SCHEMES = ("http", "https")
 # What each kind of refused address is called in messages, checked in this order (loopback and link-local
 # addresses are also "private" to ipaddress, so the more telling word comes first).
-_ADDRESS_KINDS = (("is_loopback", "a loopback address"), ("is_link_local", "a link-local address"),
-                  ("is_unspecified", "an unspecified address"), ("is_multicast", "a multicast address"),
-                  ("is_private", "a private-network address"), ("is_reserved", "a reserved address"))
+_ADDRESS_KINDS = (
+    ("is_loopback", "a loopback address"),
+    ("is_link_local", "a link-local address"),
+    ("is_unspecified", "an unspecified address"),
+    ("is_multicast", "a multicast address"),
+    ("is_private", "a private-network address"),
+    ("is_reserved", "a reserved address"),
+)
 
 
 class FetchError(Exception):
@@ -64,8 +70,15 @@ class UrlFetcher:
         total_timeout_s, max_bytes, max_redirects: the limits (the module constants unless a test sets smaller ones).
     """
 
-    def __init__(self, folder: Path, *, allow_private: bool = False, total_timeout_s: float = TOTAL_TIMEOUT_S,
-                 max_bytes: int = MAX_IMAGE_BYTES, max_redirects: int = MAX_REDIRECTS):
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        allow_private: bool = False,
+        total_timeout_s: float = TOTAL_TIMEOUT_S,
+        max_bytes: int = MAX_IMAGE_BYTES,
+        max_redirects: int = MAX_REDIRECTS,
+    ):
         self.folder, self.allow_private = Path(folder), allow_private
         self.total_timeout_s, self.max_bytes, self.max_redirects = total_timeout_s, max_bytes, max_redirects
         self._failed: dict[str, str] = {}
@@ -106,8 +119,10 @@ class UrlFetcher:
         named = host if host == address else f"{host} resolves to {address}, which"
         for attribute, words in _ADDRESS_KINDS:
             if getattr(ip, attribute):
-                return f"{named} is {words}; set data.allow_private_urls = true to fetch from hosts on this machine " \
-                       "or network"
+                return (
+                    f"{named} is {words}; set data.allow_private_urls = true to fetch from hosts on this machine "
+                    "or network"
+                )
         if not ip.is_global:
             return f"{named} is not a public address; set data.allow_private_urls = true to fetch from it"
         return None
@@ -134,8 +149,11 @@ class UrlFetcher:
         for hop in range(self.max_redirects + 1):
             scheme = urllib.parse.urlsplit(url).scheme.lower()
             if scheme not in _SCHEMES:
-                raise FetchError(f"it redirects to {_short(url)}; only http and https redirects are followed" if hop
-                                 else "only http and https URLs are fetched")
+                raise FetchError(
+                    f"it redirects to {_short(url)}; only http and https redirects are followed"
+                    if hop
+                    else "only http and https URLs are fetched"
+                )
             request = urllib.request.Request(url, headers={"User-Agent": "Hone", "Accept": "image/*"})
             response = opener.open(request, timeout=max(0.01, min(READ_TIMEOUT_S, watch.remaining())))
             if watch.expired:  # the watchdog cut the headers short; what was parsed means nothing
@@ -262,8 +280,9 @@ def _resolve(host: str, port: int, seconds: float) -> list:
     return answer["infos"]
 
 
-def _checked_connection(fetcher: UrlFetcher, watch: _Watchdog, address: tuple[str, int], timeout=None,
-                        source_address=None) -> socket.socket:
+def _checked_connection(
+    fetcher: UrlFetcher, watch: _Watchdog, address: tuple[str, int], timeout=None, source_address=None
+) -> socket.socket:
     """socket.create_connection, but to an address of the host that `fetcher.refusal` accepts."""
     host, port = address
     if watch.remaining() <= 0:
@@ -280,8 +299,9 @@ def _checked_connection(fetcher: UrlFetcher, watch: _Watchdog, address: tuple[st
     error: OSError | None = None
     for ip in addresses:
         try:
-            sock = socket.create_connection((ip, port), min(timeout or READ_TIMEOUT_S, max(0.01, watch.remaining())),
-                                            source_address)
+            sock = socket.create_connection(
+                (ip, port), min(timeout or READ_TIMEOUT_S, max(0.01, watch.remaining())), source_address
+            )
         except OSError as e:
             error = e
             continue
@@ -297,6 +317,8 @@ class _CheckedHTTPConnection(http.client.HTTPConnection):
 
 
 class _CheckedHTTPSConnection(http.client.HTTPSConnection):
+    _context: ssl.SSLContext  # HTTPSConnection's own (private, so typeshed does not declare it)
+
     def __init__(self, *args, fetcher: UrlFetcher, watch: _Watchdog, **kwargs):
         super().__init__(*args, **kwargs)
         self._create_connection = functools.partial(_checked_connection, fetcher, watch)
@@ -321,6 +343,8 @@ class _CheckedHTTPHandler(urllib.request.HTTPHandler):
 
 
 class _CheckedHTTPSHandler(urllib.request.HTTPSHandler):
+    _context: ssl.SSLContext | None  # HTTPSHandler's own (private, so typeshed does not declare it)
+
     def __init__(self, fetcher: UrlFetcher, watch: _Watchdog):
         super().__init__()
         self._connection = functools.partial(_CheckedHTTPSConnection, fetcher=fetcher, watch=watch)

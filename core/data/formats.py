@@ -83,9 +83,13 @@ def detect_format(record: Mapping[str, Any], columns: ColumnNames) -> str:
             return name
     names = [str(k) for k in record]
     found = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "none"
-    raise RowError(UNKNOWN_FORMAT, "", f"no columns of a known format (messages, conversations, instruction+output, "
-                   f"prompt+completion, text); found: {found}. Map yours to Hone's names with data.columns = "
-                   f"{suggest_columns(names)} (Hone's name = your column)")
+    raise RowError(
+        UNKNOWN_FORMAT,
+        "",
+        f"no columns of a known format (messages, conversations, instruction+output, "
+        f"prompt+completion, text); found: {found}. Map yours to Hone's names with data.columns = "
+        f"{suggest_columns(names)} (Hone's name = your column)",
+    )
 
 
 # Column names people use for each canonical column, for the mapping `suggest_columns` proposes.
@@ -114,8 +118,13 @@ def suggest_columns(names: list[str]) -> str:
 
 
 # Optional columns each format reads besides its required ones.
-OPTIONAL = {"messages": ("images",), "sharegpt": ("system", "images"), "alpaca": ("input", "system", "images"),
-            "prompt-completion": ("system", "images"), "text": ()}
+OPTIONAL = {
+    "messages": ("images",),
+    "sharegpt": ("system", "images"),
+    "alpaca": ("input", "system", "images"),
+    "prompt-completion": ("system", "images"),
+    "text": (),
+}
 
 
 def used_columns(fmt: str, columns: ColumnNames) -> list[str]:
@@ -123,8 +132,9 @@ def used_columns(fmt: str, columns: ColumnNames) -> list[str]:
     return [columns[c] for c in (*REQUIRED[fmt], *OPTIONAL[fmt])]
 
 
-def normalize(record: Any, fmt: str, columns: ColumnNames, source: str, base_dir: Path | None,
-              require_assistant: bool = True) -> Row:
+def normalize(
+    record: Any, fmt: str, columns: ColumnNames, source: str, base_dir: Path | None, require_assistant: bool = True
+) -> Row:
     """Turn one raw record into a Row of the given format.
 
     Args:
@@ -156,9 +166,9 @@ def normalize(record: Any, fmt: str, columns: ColumnNames, source: str, base_dir
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
         fields = [("", columns["instruction"]), ("", columns["output"])]
     elif fmt == "prompt-completion":
-        prompt, prompt_fields = _side(record, columns, "prompt", "user")
-        completion, completion_fields = _side(record, columns, "completion", "assistant")
-        messages, fields = prompt + completion, prompt_fields + completion_fields
+        prompt_turns, prompt_fields = _side(record, columns, "prompt", "user")
+        completion_turns, completion_fields = _side(record, columns, "completion", "assistant")
+        messages, fields = prompt_turns + completion_turns, prompt_fields + completion_fields
     else:
         raise ValueError(f"unknown format {fmt!r}")
     if fmt != "messages" and columns.has(record, "system") and not any(m["role"] == "system" for m in messages):
@@ -189,8 +199,9 @@ def _string(record: Any, columns: ColumnNames, canonical: str, optional: bool = 
     return value
 
 
-def _side(record: Any, columns: ColumnNames, canonical: str,
-          role: str) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+def _side(
+    record: Any, columns: ColumnNames, canonical: str, role: str
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """A prompt or completion: a string (one turn of `role`) or a list of messages; with each turn's fields."""
     value = _field(record, columns, canonical)
     if isinstance(value, str):
@@ -232,8 +243,11 @@ def _turns(value: Any, where: str, columns: ColumnNames) -> tuple[list[dict[str,
             raise RowError(WRONG_TYPE, f"{at}.{rk}", f"is {_kind(role)}, expected a string")
         canonical = ROLE_ALIASES.get(role.strip().lower(), role.strip().lower())
         if canonical not in ROLES:
-            raise RowError(UNKNOWN_ROLE, f"{at}.{rk}", f"{preview(role)} is not a known role; use system, user, "
-                           "assistant or tool (human/gpt also work)")
+            raise RowError(
+                UNKNOWN_ROLE,
+                f"{at}.{rk}",
+                f"{preview(role)} is not a known role; use system, user, assistant or tool (human/gpt also work)",
+            )
         message: dict[str, Any] = {"role": canonical}
         if ck not in turn and not turn.get("tool_calls"):
             raise RowError(MISSING_FIELD, f"{at}.{ck}", "is missing")
@@ -253,8 +267,9 @@ def _json_list(text: str, where: str) -> list:
             value = loads_json(text)
         except json.JSONDecodeError as e:
             at = f"column {e.colno}" if e.lineno == 1 else f"line {e.lineno}, column {e.colno}"
-            raise RowError(WRONG_TYPE, where, f"is text that starts like a JSON list but does not parse ({e.msg} "
-                           f"at {at})") from None
+            raise RowError(
+                WRONG_TYPE, where, f"is text that starts like a JSON list but does not parse ({e.msg} at {at})"
+            ) from None
         except JsonTooDeep as e:
             raise RowError(TOO_DEEP, where, f"is a JSON list that cannot be used: {e}") from None
         if isinstance(value, list):
@@ -277,7 +292,7 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
             parts.append({"type": "text", "text": part})
             continue
         if not isinstance(part, Mapping):
-            raise RowError(WRONG_TYPE, at, f"is {_kind(part)}, expected a part like {{\"type\": \"text\", ...}}")
+            raise RowError(WRONG_TYPE, at, f'is {_kind(part)}, expected a part like {{"type": "text", ...}}')
         kind = part.get("type")
         if kind is None:
             kind = "text" if "text" in part else "image" if ("image" in part or "image_url" in part) else None
@@ -287,8 +302,9 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
                 raise RowError(WRONG_TYPE, f"{at}.text", f"is {_kind(text)}, expected a string")
             parts.append({"type": "text", "text": text})
         elif kind in ("image", "image_url", "input_image"):
-            raw = next((part[k] for k in ("image", "image_url", "url", "path", "data") if part.get(k) is not None),
-                       None)
+            raw = next(
+                (part[k] for k in ("image", "image_url", "url", "path", "data") if part.get(k) is not None), None
+            )
             if raw is None:
                 raise RowError(MISSING_FIELD, f"{at}.image", "is missing (give a path, URL, base64 or bytes)")
             parts.append({"type": "image", "ref": raw, "field": at})
@@ -297,43 +313,69 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
     return parts
 
 
-def _attach_images(record: Any, columns: ColumnNames, messages: list[dict[str, Any]],
-                   base_dir: Path | None) -> list[ImageRef]:
+def _attach_images(
+    record: Any, columns: ColumnNames, messages: list[dict[str, Any]], base_dir: Path | None
+) -> list[ImageRef]:
     """Resolve image parts and the LLaVA-style `images` column into ImageRefs, in order of appearance.
 
     After this, every image part is exactly {"type": "image"} and the returned list holds their references.
     """
     column = columns["images"]
+    listed = _listed_images(record, column)
+    if listed:
+        _place_listed_images(messages, listed, column)
+    return _collect_image_refs(messages, listed, column, base_dir)
+
+
+def _listed_images(record: Any, column: str) -> list[Any]:
+    """The `images` column's entries: a list, a JSON list in text, or one image alone; [] when there is none."""
     listed = record.get(column) if isinstance(record, Mapping) else None
     if isinstance(listed, str) and listed.lstrip().startswith("["):
         listed = _json_list(listed, column)
     if listed is not None and not isinstance(listed, list):
         listed = [listed]
-    listed = listed or []
+    return listed or []
+
+
+def _place_listed_images(messages: list[dict[str, Any]], listed: list[Any], column: str) -> None:
+    """Put an image part (ref None: taken from the column, in order) where each image of the column goes."""
     placeholders = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages if isinstance(m["content"], str))
-    if listed:
-        if placeholders == 0:
-            # No placeholder: the images go in front of the first user turn's text (the common convention).
-            first = next((m for m in messages if m["role"] == "user"), None)
-            if first is None:
-                raise RowError(IMAGE_MISMATCH, column, "has images but the row has no user turn to put them in")
-            if isinstance(first["content"], str):
-                first["content"] = IMAGE_PLACEHOLDER * len(listed) + first["content"]
-            else:
-                first["content"] = [{"type": "image", "ref": None} for _ in listed] + first["content"]
-        elif placeholders != len(listed):
-            raise RowError(IMAGE_MISMATCH, column, f"has {len(listed)} image(s) but the text has {placeholders} "
-                           f"{IMAGE_PLACEHOLDER} placeholder(s); make the counts equal")
-        for m in messages:
-            if isinstance(m["content"], str) and IMAGE_PLACEHOLDER in m["content"]:
-                pieces = m["content"].split(IMAGE_PLACEHOLDER)
-                parts: list[dict[str, Any]] = []
-                for k, piece in enumerate(pieces):
-                    if k:
-                        parts.append({"type": "image", "ref": None})
-                    if piece:
-                        parts.append({"type": "text", "text": piece})
-                m["content"] = parts
+    if placeholders == 0:
+        # No placeholder: the images go in front of the first user turn's text (the common convention).
+        first = next((m for m in messages if m["role"] == "user"), None)
+        if first is None:
+            raise RowError(IMAGE_MISMATCH, column, "has images but the row has no user turn to put them in")
+        if isinstance(first["content"], str):
+            first["content"] = IMAGE_PLACEHOLDER * len(listed) + first["content"]
+        else:
+            first["content"] = [{"type": "image", "ref": None} for _ in listed] + first["content"]
+    elif placeholders != len(listed):
+        raise RowError(
+            IMAGE_MISMATCH,
+            column,
+            f"has {len(listed)} image(s) but the text has {placeholders} "
+            f"{IMAGE_PLACEHOLDER} placeholder(s); make the counts equal",
+        )
+    for m in messages:
+        if isinstance(m["content"], str) and IMAGE_PLACEHOLDER in m["content"]:
+            m["content"] = _split_at_placeholders(m["content"])
+
+
+def _split_at_placeholders(text: str) -> list[dict[str, Any]]:
+    """Text with image placeholders as parts: the text between them, an image part (ref None) for each."""
+    parts: list[dict[str, Any]] = []
+    for k, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
+        if k:
+            parts.append({"type": "image", "ref": None})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def _collect_image_refs(
+    messages: list[dict[str, Any]], listed: list[Any], column: str, base_dir: Path | None
+) -> list[ImageRef]:
+    """Each image part's reference, in order of appearance, leaving the part exactly {"type": "image"}."""
     refs: list[ImageRef] = []
     from_column = iter(enumerate(listed))
     for m in messages:
@@ -359,20 +401,31 @@ def _as_text(content: str | list[dict[str, Any]]) -> str:
     return "".join(p["text"] for p in content if p["type"] == "text")
 
 
-def _check_conversation(messages: list[dict[str, Any]], fields: list[tuple[str, str]], columns: ColumnNames,
-                        fmt: str, require_assistant: bool) -> None:
+def _check_conversation(
+    messages: list[dict[str, Any]],
+    fields: list[tuple[str, str]],
+    columns: ColumnNames,
+    fmt: str,
+    require_assistant: bool,
+) -> None:
     """Skip a row with nothing to train, an empty answer or an empty prompt (a user turn without text or image)."""
     where = columns["messages"] if fmt == "messages" else columns["conversations"] if fmt == "sharegpt" else ""
     if require_assistant and not any(m["role"] == "assistant" for m in messages):
-        raise RowError(NO_ASSISTANT, where or columns["output"], "has no assistant turn, so nothing would be "
-                       "trained; add one or set data.train_on = \"all\"")
+        raise RowError(
+            NO_ASSISTANT,
+            where or columns["output"],
+            'has no assistant turn, so nothing would be trained; add one or set data.train_on = "all"',
+        )
     for m, (_, content_field) in zip(messages, fields, strict=True):
         empty = not _as_text(m["content"]).strip()
         if m["role"] == "assistant" and empty and not m.get("tool_calls"):
             raise RowError(EMPTY_CONTENT, content_field, "the assistant turn is empty")
         if m["role"] == "user" and empty and not _has_image(m["content"]):
-            raise RowError(EMPTY_CONTENT, content_field, "the user turn is empty, so the answer would follow no "
-                           "question; fill it in or remove the row")
+            raise RowError(
+                EMPTY_CONTENT,
+                content_field,
+                "the user turn is empty, so the answer would follow no question; fill it in or remove the row",
+            )
 
 
 def _has_image(content: str | list[dict[str, Any]]) -> bool:

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hone.core.data.rows import (
     IMAGE_MISSING,
@@ -32,6 +32,9 @@ from hone.core.data.rows import (
     RowError,
     preview,
 )
+
+if TYPE_CHECKING:  # imported on the first URL only (urllib, TLS)
+    from hone.core.data.fetch import UrlFetcher
 
 # A bare string this long made only of base64 characters is taken as base64 data, not a file name (no real
 # path is 200+ characters without a dot or separator run like this).
@@ -84,7 +87,7 @@ def parse_image_ref(raw: Any, base_dir: Path | None, field: str) -> ImageRef:
     if lowered.startswith(("http://", "https://")):
         return ImageRef(kind="url", value=text)
     if lowered.startswith("file://"):
-        text = text[len("file://"):]
+        text = text[len("file://") :]
     elif len(text) >= _BASE64_MIN_CHARS and _BASE64_RE.match(text):
         return ImageRef(kind="bytes", data=_b64decode(text, field))
     path = Path(text).expanduser()
@@ -115,7 +118,7 @@ class ImageStore:
 
     def __init__(self, folder: Path, max_side: int, *, allow_private_urls: bool = False):
         self.folder, self.max_side, self.allow_private_urls = Path(folder), max_side, allow_private_urls
-        self._fetcher = None
+        self._fetcher: UrlFetcher | None = None
 
     def check(self, ref: ImageRef, field: str) -> ImageRef:
         """`check_image` with this store: a URL is fetched first, a very large image is kept reduced.
@@ -190,7 +193,7 @@ def check_image(ref: ImageRef, field: str, store: ImageStore | None = None) -> I
     if ref.kind == "path" and not Path(ref.value).is_file():
         what = "is a folder" if Path(ref.value).is_dir() else "does not exist"
         raise RowError(IMAGE_MISSING, field, f"image file {ref.value} {what}")
-    cached = store.fetch(ref, field) if ref.kind == "url" else ""
+    cached = store.fetch(ref, field) if ref.kind == "url" and store is not None else ""  # a URL has a store here
     from PIL import Image, UnidentifiedImageError
 
     try:

@@ -112,8 +112,13 @@ def inspect_rows(entry: str, tokenizer, rows: list[int], *, cfg=None) -> list[Ro
         from hone.core.config import DataConfig
 
         cfg = DataConfig()
-    encoder = RowEncoder(tokenizer, max_length=cfg.max_length, overlong=cfg.overlong, train_on=cfg.train_on,
-                         image_max_side=cfg.image_max_side)
+    encoder = RowEncoder(
+        tokenizer,
+        max_length=cfg.max_length,
+        overlong=cfg.overlong,
+        train_on=cfg.train_on,
+        image_max_side=cfg.image_max_side,
+    )
     try:
         sources = resolve_sources([entry])
     except SourceError as e:
@@ -136,8 +141,10 @@ def inspect_rows(entry: str, tokenizer, rows: list[int], *, cfg=None) -> list[Ro
         raise DataError(e.message, "fix the file and try again") from None
     missing = sorted(wanted - set(found))
     if missing:
-        raise DataError(f"{entry} has no row {missing[0]} (its last row is {last})",
-                        "row numbers are 1-based, as the report prints them")
+        raise DataError(
+            f"{entry} has no row {missing[0]} (its last row is {last})",
+            "row numbers are 1-based, as the report prints them",
+        )
     return [found[n] for n in rows]
 
 
@@ -154,9 +161,17 @@ def _view(encoder: RowEncoder, item: Row | RowProblem) -> RowView:
         return RowView(source=item.source, format=item.format, messages=item.messages, problem=result.message)
     assert isinstance(result, Encoded)
     pieces, images = _pieces(result, encoder)
-    return RowView(source=item.source, format=item.format, text=result.text, pieces=pieces,
-                   token_ids=result.ids.tolist(), trained=result.trained.tolist(), images=images,
-                   messages=item.messages, truncated=result.truncated)
+    return RowView(
+        source=item.source,
+        format=item.format,
+        text=result.text,
+        pieces=pieces,
+        token_ids=result.ids.tolist(),
+        trained=result.trained.tolist(),
+        images=images,
+        messages=item.messages,
+        truncated=result.truncated,
+    )
 
 
 def _pieces(result: Encoded, encoder: RowEncoder) -> tuple[list[Piece], list[ImagePlaceholder]]:
@@ -175,10 +190,16 @@ def _pieces(result: Encoded, encoder: RowEncoder) -> tuple[list[Piece], list[Ima
             k, count = image_at[j]
             ref = result.images[k]
             begin = int(starts[j])
-            pieces.append(Piece(text=text[begin:begin + len(token_text)], trained=False, tokens=count, kind="image",
-                                first_token=j))
-            images.append(ImagePlaceholder(index=k, source=ref.describe(), width=ref.width, height=ref.height,
-                                           tokens=count, first_token=j))
+            pieces.append(
+                Piece(
+                    text=text[begin : begin + len(token_text)], trained=False, tokens=count, kind="image", first_token=j
+                )
+            )
+            images.append(
+                ImagePlaceholder(
+                    index=k, source=ref.describe(), width=ref.width, height=ref.height, tokens=count, first_token=j
+                )
+            )
             j += count
             continue
         flag = bool(trained[j])
@@ -205,11 +226,18 @@ def format_view(view: RowView, color: bool = True, show_tokens: bool = False) ->
             out.append(f"\033[1;32m{piece.text}\033[0m" if color else f"[[{piece.text}]]")
         else:
             out.append(f"\033[2m{piece.text}\033[0m" if color else piece.text)
-    lines = ["".join(out), "", f"{view.source}: {view.format}, {view.num_tokens} tokens, {view.num_trained} trained"
-             + (", truncated to max_length" if view.truncated else "")]
-    lines += [f"  image {im.index + 1}: {im.source} ({im.width}x{im.height}) -> {im.tokens} tokens at token "
-              f"{im.first_token}" for im in view.images]
+    lines = [
+        "".join(out),
+        "",
+        f"{view.source}: {view.format}, {view.num_tokens} tokens, {view.num_trained} trained"
+        + (", truncated to max_length" if view.truncated else ""),
+    ]
+    lines += [
+        f"  image {im.index + 1}: {im.source} ({im.width}x{im.height}) -> {im.tokens} tokens at token {im.first_token}"
+        for im in view.images
+    ]
     if show_tokens:
-        lines.append("  tokens: " + " ".join(f"{t}{'*' if f else ''}" for t, f in
-                                             zip(view.token_ids, view.trained, strict=True)))
+        lines.append(
+            "  tokens: " + " ".join(f"{t}{'*' if f else ''}" for t, f in zip(view.token_ids, view.trained, strict=True))
+        )
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 A token is trained when its first character lies inside an assistant span (see hone.core.data.template), or
 always with `train_on = "all"`. Plain `text` rows are tokenized as they are (BOS if the tokenizer adds one, EOS
 appended) and trained throughout. Each image placeholder expands to the tokens the model's processor gives that
-image (hone.core.vision.expansion), which are never trained.
+image (hone.core.data.image_tokens), which are never trained.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hone.core.data.formats import flatten_text_content
+from hone.core.data.image_tokens import ImageExpansion, image_expansion_for
 from hone.core.data.rows import (
     NO_TRAINED_TOKENS,
     TEMPLATE_ERROR,
@@ -24,7 +25,6 @@ from hone.core.data.rows import (
     RowProblem,
 )
 from hone.core.data.template import ChatTemplate, TemplateFailure
-from hone.core.vision.expansion import ImageExpansion, image_expansion_for
 
 # A row's text is cut (data.overlong = "truncate") or the row dropped ("drop") before tokenizing when it has more than
 # max_length x this many characters. Tokens average 3-5 characters of prose or code and rarely exceed 16; at 32 the
@@ -32,8 +32,9 @@ from hone.core.vision.expansion import ImageExpansion, image_expansion_for
 # keep, while a 50 MB string costs a 64k-character tokenization instead of minutes and gigabytes.
 MAX_CHARS_PER_TOKEN = 32
 # Note key for rows cut before tokenizing (the report prints "N rows <key> (kept): file:row, ...").
-PRECUT = (f"had more than data.max_length x {MAX_CHARS_PER_TOKEN} characters; only that many were tokenized, then "
-          "truncated")
+PRECUT = (
+    f"had more than data.max_length x {MAX_CHARS_PER_TOKEN} characters; only that many were tokenized, then truncated"
+)
 
 
 @dataclass
@@ -73,17 +74,29 @@ class RowEncoder:
         image_max_side: images are scaled down to this longest side before counting their tokens.
     """
 
-    def __init__(self, tokenizer, *, max_length: int, overlong: str = "truncate", train_on: str = "assistant",
-                 image_max_side: int = 768):
-        self.processor = tokenizer if hasattr(tokenizer, "tokenizer") and hasattr(tokenizer, "image_processor") \
-            else None
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        max_length: int,
+        overlong: str = "truncate",
+        train_on: str = "assistant",
+        image_max_side: int = 768,
+    ):
+        self.processor = (
+            tokenizer if hasattr(tokenizer, "tokenizer") and hasattr(tokenizer, "image_processor") else None
+        )
         self.tokenizer = tokenizer.tokenizer if self.processor is not None else tokenizer
-        self.template = ChatTemplate.for_tokenizer(self.processor if self.processor is not None and
-                                                   getattr(self.processor, "chat_template", None) else self.tokenizer)
+        self.template = ChatTemplate.for_tokenizer(
+            self.processor
+            if self.processor is not None and getattr(self.processor, "chat_template", None)
+            else self.tokenizer
+        )
         self.max_length, self.overlong, self.train_on = max_length, overlong, train_on
         self.image_max_side = image_max_side
-        self.image_tokens: ImageExpansion | None = (image_expansion_for(self.processor, image_max_side)
-                                                    if self.processor is not None else None)
+        self.image_tokens: ImageExpansion | None = (
+            image_expansion_for(self.processor, image_max_side) if self.processor is not None else None
+        )
         self.eos_id = self.tokenizer.eos_token_id
         self.has_offsets = bool(getattr(self.tokenizer, "is_fast", False))
         self.backend = getattr(self.tokenizer, "backend_tokenizer", None) if self.has_offsets else None
@@ -108,9 +121,15 @@ class RowEncoder:
                 plans.append((k, [(0, len(texts[-1]))], True))
                 continue
             if row.images and self.image_tokens is None:
-                out[k] = RowProblem(row.source, TEXT_ONLY_MODEL, "", f"has {len(row.images)} image(s) but the "
-                                    "model reads text only; pick a vision-language model to train on it")
+                out[k] = RowProblem(
+                    row.source,
+                    TEXT_ONLY_MODEL,
+                    "",
+                    f"has {len(row.images)} image(s) but the "
+                    "model reads text only; pick a vision-language model to train on it",
+                )
                 continue
+            assert row.messages is not None  # a row holds text or messages
             messages = row.messages if row.images else flatten_text_content(row.messages)
             try:
                 text, spans = self.template.render_with_spans(messages)
@@ -126,17 +145,21 @@ class RowEncoder:
             plans.append((k, [(0, len(text))] if self.train_on == "all" else spans, False))
         encoded = self._tokenize(texts, [p[2] for p in plans], [p[1] for p in plans])
         for j, ((k, spans, is_text_row), (ids, starts)) in enumerate(zip(plans, encoded, strict=True)):
-            out[k] = self._finish(rows[k], ids, starts, spans, texts[j] if keep_text else "", is_text_row,
-                                  k in precut)
+            out[k] = self._finish(rows[k], ids, starts, spans, texts[j] if keep_text else "", is_text_row, k in precut)
         return out  # type: ignore[return-value]
 
     def _overlong(self, row: Row, text: str, k: int, out: list, precut: set[int]) -> bool:
         """For a text over the character limit: skip the row (drop; returns True) or mark it to be cut."""
         if self.overlong == "drop":
-            out[k] = RowProblem(row.source, TOO_LONG, "", f"has {len(text):,} characters, far more than "
-                                f"data.max_length = {self.max_length} tokens can hold (it would need over "
-                                f"{MAX_CHARS_PER_TOKEN} characters per token), so it was not tokenized; shorten the "
-                                "row or set data.overlong = \"truncate\"")
+            out[k] = RowProblem(
+                row.source,
+                TOO_LONG,
+                "",
+                f"has {len(text):,} characters, far more than "
+                f"data.max_length = {self.max_length} tokens can hold (it would need over "
+                f"{MAX_CHARS_PER_TOKEN} characters per token), so it was not tokenized; shorten the "
+                'row or set data.overlong = "truncate"',
+            )
             return True
         precut.add(k)
         return False
@@ -161,8 +184,9 @@ class RowEncoder:
                     offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
                     results[i] = (np.array(enc.ids, dtype=np.int64), offsets[:, 0])
             elif self.has_offsets:
-                enc = self.tokenizer(batch, add_special_tokens=flag, return_offsets_mapping=True,
-                                     return_attention_mask=False)
+                enc = self.tokenizer(
+                    batch, add_special_tokens=flag, return_offsets_mapping=True, return_attention_mask=False
+                )
                 for i, ids, offs in zip(idx, enc["input_ids"], enc["offset_mapping"], strict=True):
                     starts = np.fromiter((o[0] for o in offs), dtype=np.int64, count=len(offs))
                     results[i] = (np.asarray(ids, dtype=np.int64), starts)
@@ -171,8 +195,16 @@ class RowEncoder:
                     results[i] = _tokenize_in_pieces(self.tokenizer, texts[i], flag, spans[i])
         return results
 
-    def _finish(self, row: Row, ids: np.ndarray, starts: np.ndarray, spans: list[tuple[int, int]], text: str,
-                is_text_row: bool, precut: bool = False) -> Encoded | RowProblem:
+    def _finish(
+        self,
+        row: Row,
+        ids: np.ndarray,
+        starts: np.ndarray,
+        spans: list[tuple[int, int]],
+        text: str,
+        is_text_row: bool,
+        precut: bool = False,
+    ) -> Encoded | RowProblem:
         trained = np.zeros(len(ids), dtype=bool)
         for s, e in spans:
             trained |= (starts >= s) & (starts < e)
@@ -193,8 +225,13 @@ class RowEncoder:
         text_end = len(text)
         if len(ids) > self.max_length:
             if self.overlong == "drop":
-                return RowProblem(row.source, TOO_LONG, "", f"has {len(ids)} tokens, more than data.max_length = "
-                                  f"{self.max_length}; raise max_length or set data.overlong = \"truncate\"")
+                return RowProblem(
+                    row.source,
+                    TOO_LONG,
+                    "",
+                    f"has {len(ids)} tokens, more than data.max_length = "
+                    f'{self.max_length}; raise max_length or set data.overlong = "truncate"',
+                )
             cut = self.max_length
             kept_runs = [r for r in image_runs if r[0] + r[1] <= cut]
             if len(kept_runs) < len(image_runs):  # never cut an image's tokens in half: end before that image
@@ -204,22 +241,41 @@ class RowEncoder:
             images, image_runs = images[: len(kept_runs)], kept_runs
             truncated = True
         if not trained.any():
-            why = (f"after truncation to data.max_length = {self.max_length} tokens no trained token is left; raise "
-                   "max_length") if truncated else "no token is trained (the assistant turns render as nothing)"
+            why = (
+                (
+                    f"after truncation to data.max_length = {self.max_length} tokens no trained token is left; raise "
+                    "max_length"
+                )
+                if truncated
+                else "no token is trained (the assistant turns render as nothing)"
+            )
             return RowProblem(row.source, NO_TRAINED_TOKENS, "", why)
-        return Encoded(source=row.source, ids=ids.astype(np.int32), trained=trained, truncated=truncated,
-                       images=images, text=text, offsets=starts if text else None, text_end=text_end,
-                       image_runs=image_runs, precut=precut)
+        return Encoded(
+            source=row.source,
+            ids=ids.astype(np.int32),
+            trained=trained,
+            truncated=truncated,
+            images=images,
+            text=text,
+            offsets=starts if text else None,
+            text_end=text_end,
+            image_runs=image_runs,
+            precut=precut,
+        )
 
     def _expand_images(self, row: Row, ids, trained, starts, precut: bool = False):
-        """Replace each image placeholder by the tokens the processor gives that image (hone.core.vision.expansion:
+        """Replace each image placeholder by the tokens the processor gives that image (hone.core.data.image_tokens:
         a run of image tokens, possibly with the family's markers, tiles and tags); none of them is trained. A text
         cut before tokenizing (`precut`) may hold the placeholders of only the first images."""
         assert self.image_tokens is not None
         where = np.flatnonzero(ids == self.image_tokens.token_id)
         if len(where) != len(row.images) and not (precut and len(where) < len(row.images)):
-            problem = RowProblem(row.source, TEMPLATE_ERROR, "", f"the chat template wrote {len(where)} image "
-                                 f"token(s) for {len(row.images)} image(s)")
+            problem = RowProblem(
+                row.source,
+                TEMPLATE_ERROR,
+                "",
+                f"the chat template wrote {len(where)} image token(s) for {len(row.images)} image(s)",
+            )
             return ids, trained, starts, [], problem
         pieces_ids, pieces_trained, pieces_starts, runs = [], [], [], []
         cursor = length = 0
@@ -235,18 +291,30 @@ class RowEncoder:
         pieces_ids.append(ids[cursor:])
         pieces_trained.append(trained[cursor:])
         pieces_starts.append(starts[cursor:])
-        return (np.concatenate(pieces_ids).astype(ids.dtype), np.concatenate(pieces_trained),
-                np.concatenate(pieces_starts), runs, None)
+        return (
+            np.concatenate(pieces_ids).astype(ids.dtype),
+            np.concatenate(pieces_trained),
+            np.concatenate(pieces_starts),
+            runs,
+            None,
+        )
 
     def fingerprint(self) -> dict:
         """Everything about this encoder that changes its output (for the cache key)."""
-        return {"template": self.template.source, "variables": self.template.variables, "max_length": self.max_length,
-                "overlong": self.overlong, "train_on": self.train_on, "image_max_side": self.image_max_side,
-                "image_token": None if self.image_tokens is None else self.image_tokens.fingerprint()}
+        return {
+            "template": self.template.source,
+            "variables": self.template.variables,
+            "max_length": self.max_length,
+            "overlong": self.overlong,
+            "train_on": self.train_on,
+            "image_max_side": self.image_max_side,
+            "image_token": None if self.image_tokens is None else self.image_tokens.fingerprint(),
+        }
 
 
-def _tokenize_in_pieces(tokenizer, text: str, add_special_tokens: bool,
-                        spans: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+def _tokenize_in_pieces(
+    tokenizer, text: str, add_special_tokens: bool, spans: list[tuple[int, int]]
+) -> tuple[np.ndarray, np.ndarray]:
     """For tokenizers without an offset mapping: cut the text at the span boundaries and encode each piece, so
     every token starts inside exactly one piece (merges across a boundary are lost, which is rare: boundaries sit
     next to the template's special tokens)."""

@@ -28,8 +28,15 @@ from hone.core.data.rows import (
 )
 from hone.core.resources import BUNDLED_PREFIX, resolve_bundled
 
-SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
-            ".parquet": "parquet", ".arrow": "arrow"}
+SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
 # Rows per record batch when streaming Parquet, Arrow and `datasets` tables: large enough to amortize the
 # conversion, small enough to keep memory flat.
 _BATCH_ROWS = 1024
@@ -150,24 +157,38 @@ def _resolve_one(entry: str, side: str) -> list[Source]:
     if path.is_file():
         kind = SUFFIXES.get(path.suffix.lower())
         if kind is None:
-            raise SourceError(UNREADABLE_FILE, f"{entry}: unknown file type {path.suffix!r}; use .jsonl, .json, "
-                              ".csv, .tsv, .parquet or .arrow")
+            raise SourceError(
+                UNREADABLE_FILE,
+                f"{entry}: unknown file type {path.suffix!r}; use .jsonl, .json, .csv, .tsv, .parquet or .arrow",
+            )
         return [Source(entry, kind, path, split, path.parent, side)]
     if path.is_dir():
-        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() \
-                or (path / "state.json").exists():
+        if (
+            (path / "dataset_info.json").exists()
+            or (path / "dataset_dict.json").exists()
+            or (path / "state.json").exists()
+        ):
             return [Source(name, "disk", path, split, path, side)]
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)
         if not files:
-            raise SourceError(UNREADABLE_FILE, f"{entry} is a folder without dataset files (.jsonl, .json, .csv, "
-                              ".tsv, .parquet, .arrow) and was not saved by datasets.save_to_disk")
+            raise SourceError(
+                UNREADABLE_FILE,
+                f"{entry} is a folder without dataset files (.jsonl, .json, .csv, "
+                ".tsv, .parquet, .arrow) and was not saved by datasets.save_to_disk",
+            )
         return [Source(str(Path(entry) / f.name), SUFFIXES[f.suffix.lower()], f, "", path, side) for f in files]
     looks_like_file = Path(name).suffix.lower() in SUFFIXES
-    if "/" in name and not name.startswith((".", "/", "~")) and name.count("/") == 1 and "\\" not in name \
-            and not looks_like_file:
+    if (
+        "/" in name
+        and not name.startswith((".", "/", "~"))
+        and name.count("/") == 1
+        and "\\" not in name
+        and not looks_like_file
+    ):
         return [Source(name, "hub", None, split, None, side)]
-    raise SourceError(UNREADABLE_FILE, f"{entry} does not exist (not a file, a folder or a Hugging Face "
-                      "dataset id like org/name)")
+    raise SourceError(
+        UNREADABLE_FILE, f"{entry} does not exist (not a file, a folder or a Hugging Face dataset id like org/name)"
+    )
 
 
 def content_hash(source: Source) -> str:
@@ -205,8 +226,16 @@ def read_records(source: Source) -> Iterator[tuple[int, Any]]:
             raise SourceError(UNREADABLE_FILE, f"{source.name} cannot be read: {e.strerror}") from None
         if size == 0:
             raise SourceError(EMPTY_FILE, f"{source.name} is empty (0 bytes)")
-    readers = {"jsonl": _read_jsonl, "json": _read_json, "csv": _read_csv, "tsv": _read_csv,
-               "parquet": _read_parquet, "arrow": _read_arrow, "disk": _read_datasets, "hub": _read_datasets}
+    readers = {
+        "jsonl": _read_jsonl,
+        "json": _read_json,
+        "csv": _read_csv,
+        "tsv": _read_csv,
+        "parquet": _read_parquet,
+        "arrow": _read_arrow,
+        "disk": _read_datasets,
+        "hub": _read_datasets,
+    }
     yield from readers[source.kind](source)
 
 
@@ -215,6 +244,7 @@ def _problem(source: Source, row: int, reason: str, detail: str, field: str = ""
 
 
 def _read_jsonl(source: Source) -> Iterator[tuple[int, Any]]:
+    assert source.path is not None  # a file source
     with open(source.path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -224,61 +254,100 @@ def _read_jsonl(source: Source) -> Iterator[tuple[int, Any]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield number, _problem(source, number, INVALID_UTF8, f"byte {e.start + 1} of the line is not valid "
-                                       "UTF-8; save the file as UTF-8")
+                yield (
+                    number,
+                    _problem(
+                        source,
+                        number,
+                        INVALID_UTF8,
+                        f"byte {e.start + 1} of the line is not valid UTF-8; save the file as UTF-8",
+                    ),
+                )
                 continue
             try:
                 record = loads_json(line)
             except json.JSONDecodeError as e:
-                yield number, _problem(source, number, INVALID_JSON, f"the line is not valid JSON ({e.msg} at "
-                                       f"column {e.colno}); fix or remove it")
+                yield (
+                    number,
+                    _problem(
+                        source,
+                        number,
+                        INVALID_JSON,
+                        f"the line is not valid JSON ({e.msg} at column {e.colno}); fix or remove it",
+                    ),
+                )
                 continue
             except JsonTooDeep as e:
-                yield number, _problem(source, number, TOO_DEEP, f"the line is not a usable row: {e}; fix or "
-                                       "remove it")
+                yield number, _problem(source, number, TOO_DEEP, f"the line is not a usable row: {e}; fix or remove it")
                 continue
             if not isinstance(record, dict):
-                yield number, _problem(source, number, NOT_AN_OBJECT, f"the line is a JSON {_json_kind(record)}, "
-                                       "expected an object like {\"messages\": [...]}")
+                yield (
+                    number,
+                    _problem(
+                        source,
+                        number,
+                        NOT_AN_OBJECT,
+                        f'the line is a JSON {_json_kind(record)}, expected an object like {{"messages": [...]}}',
+                    ),
+                )
                 continue
             yield number, record
 
 
 def _read_json(source: Source) -> Iterator[tuple[int, Any]]:
+    assert source.path is not None  # a file source
     data = source.path.read_bytes()
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise SourceError(UNREADABLE_FILE, f"{source.name}: byte {e.start + 1} (line {line}) is not valid UTF-8; "
-                          "save the file as UTF-8") from None
+        raise SourceError(
+            UNREADABLE_FILE,
+            f"{source.name}: byte {e.start + 1} (line {line}) is not valid UTF-8; save the file as UTF-8",
+        ) from None
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":  # one object per line: it is JSONL with a .json name
             yield from _read_jsonl(source)
             return
-        raise SourceError(UNREADABLE_FILE, f"{source.name} is not valid JSON ({e.msg} at line {e.lineno}, column "
-                          f"{e.colno}); fix the file or convert it to JSONL, where one bad row skips only "
-                          "that row") from None
+        raise SourceError(
+            UNREADABLE_FILE,
+            f"{source.name} is not valid JSON ({e.msg} at line {e.lineno}, column "
+            f"{e.colno}); fix the file or convert it to JSONL, where one bad row skips only "
+            "that row",
+        ) from None
     except RecursionError:
-        raise SourceError(UNREADABLE_FILE, f"{source.name} cannot be read: somewhere it nests objects and lists "
-                          f"hundreds of levels deep (a row needs a few); convert it to JSONL, where such a row skips "
-                          "only itself") from None
+        raise SourceError(
+            UNREADABLE_FILE,
+            f"{source.name} cannot be read: somewhere it nests objects and lists "
+            f"hundreds of levels deep (a row needs a few); convert it to JSONL, where such a row skips "
+            "only itself",
+        ) from None
     if isinstance(value, dict):
         rows = _rows_of_dict(value)
         if rows is None:
-            yield 1, (_problem(source, 1, TOO_DEEP, f"the object is not a usable row: {JsonTooDeep()}")
-                      if nesting_exceeds(value, MAX_JSON_DEPTH) else value)
+            yield (
+                1,
+                (
+                    _problem(source, 1, TOO_DEEP, f"the object is not a usable row: {JsonTooDeep()}")
+                    if nesting_exceeds(value, MAX_JSON_DEPTH)
+                    else value
+                ),
+            )
             return
         value = rows
     if not isinstance(value, list):
-        raise SourceError(UNREADABLE_FILE, f"{source.name} holds a JSON {_json_kind(value)}; expected a list of rows "
-                          "or an object of columns")
+        raise SourceError(
+            UNREADABLE_FILE,
+            f"{source.name} holds a JSON {_json_kind(value)}; expected a list of rows or an object of columns",
+        )
     for number, record in enumerate(value, start=1):
         if not isinstance(record, dict):
-            yield number, _problem(source, number, NOT_AN_OBJECT, f"element is a JSON {_json_kind(record)}, "
-                                   "expected an object")
+            yield (
+                number,
+                _problem(source, number, NOT_AN_OBJECT, f"element is a JSON {_json_kind(record)}, expected an object"),
+            )
             continue
         if nesting_exceeds(record, MAX_JSON_DEPTH):
             yield number, _problem(source, number, TOO_DEEP, f"element is not a usable row: {JsonTooDeep()}")
@@ -288,8 +357,10 @@ def _read_json(source: Source) -> Iterator[tuple[int, Any]]:
 
 def _rows_of_dict(value: dict) -> list | None:
     """Rows of a JSON object: a dict of equal-length columns, or {"key": [rows]}; None = the object is one row."""
-    if any(isinstance(value.get(k), list) and value[k] and all(isinstance(t, dict) for t in value[k])
-           for k in ("messages", "conversations")):
+    if any(
+        isinstance(value.get(k), list) and value[k] and all(isinstance(t, dict) for t in value[k])
+        for k in ("messages", "conversations")
+    ):
         return None
     columns = [v for v in value.values() if isinstance(v, list)]
     if columns and len(columns) == len(value) and len({len(c) for c in columns}) == 1:
@@ -301,6 +372,7 @@ def _rows_of_dict(value: dict) -> list | None:
 
 def _read_csv(source: Source) -> Iterator[tuple[int, Any]]:
     delimiter = "\t" if source.kind == "tsv" else ","
+    assert source.path is not None  # a file source
     with open(source.path, encoding="utf-8-sig", errors="surrogateescape", newline="") as handle:
         reader = csv.reader(handle, delimiter=delimiter, strict=True)
         try:
@@ -310,8 +382,9 @@ def _read_csv(source: Source) -> Iterator[tuple[int, Any]]:
         except csv.Error as e:
             raise SourceError(UNREADABLE_FILE, f"{source.name}: the header row cannot be read ({e})") from None
         if any(_SURROGATE_RE.search(h) for h in header):
-            raise SourceError(UNREADABLE_FILE, f"{source.name}: the header row is not valid UTF-8; save the file "
-                              "as UTF-8")
+            raise SourceError(
+                UNREADABLE_FILE, f"{source.name}: the header row is not valid UTF-8; save the file as UTF-8"
+            )
         duplicates = _duplicates(header)
         number = 1
         while True:
@@ -322,23 +395,42 @@ def _read_csv(source: Source) -> Iterator[tuple[int, Any]]:
                 return
             except csv.Error as e:
                 number += 1
-                lines = f"line {first_line}" if reader.line_num <= first_line else \
-                    f"lines {first_line}-{reader.line_num}"
-                yield number, _problem(source, number, BAD_RECORD, f"CSV quoting error on {lines} ({e}); a quote "
-                                       "inside a field must be doubled (\"\") and a quoted field closed")
+                lines = (
+                    f"line {first_line}" if reader.line_num <= first_line else f"lines {first_line}-{reader.line_num}"
+                )
+                yield (
+                    number,
+                    _problem(
+                        source,
+                        number,
+                        BAD_RECORD,
+                        f"CSV quoting error on {lines} ({e}); a quote "
+                        'inside a field must be doubled ("") and a quoted field closed',
+                    ),
+                )
                 continue
             number += 1
             if not cells:
                 continue
             if len(cells) != len(header):
-                yield number, _problem(source, number, BAD_RECORD, f"has {len(cells)} fields but the header has "
-                                       f"{len(header)}; check for a stray {'tab' if delimiter == chr(9) else 'comma'}"
-                                       " or an unquoted field")
+                yield (
+                    number,
+                    _problem(
+                        source,
+                        number,
+                        BAD_RECORD,
+                        f"has {len(cells)} fields but the header has "
+                        f"{len(header)}; check for a stray {'tab' if delimiter == chr(9) else 'comma'}"
+                        " or an unquoted field",
+                    ),
+                )
                 continue
             if any(_SURROGATE_RE.search(c) for c in cells):
                 column = header[next(i for i, c in enumerate(cells) if _SURROGATE_RE.search(c))]
-                yield number, _problem(source, number, INVALID_UTF8, "is not valid UTF-8; save the file as UTF-8",
-                                       column)
+                yield (
+                    number,
+                    _problem(source, number, INVALID_UTF8, "is not valid UTF-8; save the file as UTF-8", column),
+                )
                 continue
             yield number, _record(header, cells, duplicates)
 
@@ -349,8 +441,9 @@ def _duplicates(names: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for i, name in enumerate(names):
         if name in seen and name not in out:
-            out[name] = (f"appears twice (columns {seen[name] + 1} and {i + 1}), so its value is ambiguous; rename "
-                         "one of them")
+            out[name] = (
+                f"appears twice (columns {seen[name] + 1} and {i + 1}), so its value is ambiguous; rename one of them"
+            )
         seen.setdefault(name, i)
     return out
 
@@ -412,8 +505,9 @@ def _read_batches(source: Source, names: list[str], batches) -> Iterator[tuple[i
                 number += 1
                 yield number, record
     except (pa.ArrowException, OSError) as e:
-        raise SourceError(UNREADABLE_FILE, f"{source.name}: reading stopped after row {number} ({e}); the rest of "
-                          "the file is damaged") from None
+        raise SourceError(
+            UNREADABLE_FILE, f"{source.name}: reading stopped after row {number} ({e}); the rest of the file is damaged"
+        ) from None
 
 
 def _load_hub(source: Source):
@@ -427,10 +521,15 @@ def _load_hub(source: Source):
             loaded = datasets.load_dataset(source.name)
     except Exception as e:
         where = "folder" if source.kind == "disk" else "Hugging Face dataset"
-        advice = ("" if source.kind == "disk" else "; when offline, a hub dataset must already be in the Hugging "
-                  "Face cache (or download it elsewhere and give its folder)")
-        raise SourceError(UNREADABLE_FILE, f"{where} {source.name} cannot be loaded: {_first_line(e)}{advice}") \
-            from None
+        advice = (
+            ""
+            if source.kind == "disk"
+            else "; when offline, a hub dataset must already be in the Hugging "
+            "Face cache (or download it elsewhere and give its folder)"
+        )
+        raise SourceError(
+            UNREADABLE_FILE, f"{where} {source.name} cannot be loaded: {_first_line(e)}{advice}"
+        ) from None
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded[_pick_split(source, list(loaded))]
     return loaded
@@ -439,8 +538,9 @@ def _load_hub(source: Source):
 def _pick_split(source: Source, splits: list[str]) -> str:
     if source.split:
         if source.split not in splits:
-            raise SourceError(UNREADABLE_FILE, f"{source.name} has no split {source.split!r}; it has "
-                              f"{', '.join(splits)}")
+            raise SourceError(
+                UNREADABLE_FILE, f"{source.name} has no split {source.split!r}; it has {', '.join(splits)}"
+            )
         return source.split
     preferred = _TRAIN_SPLITS if source.side == "train" else _EVAL_SPLITS
     for name in preferred:
@@ -448,8 +548,9 @@ def _pick_split(source: Source, splits: list[str]) -> str:
             return name
     if len(splits) == 1:
         return splits[0]
-    raise SourceError(UNREADABLE_FILE, f"{source.name} has splits {', '.join(splits)}; pick one by writing "
-                      f"{source.name}:{splits[0]}")
+    raise SourceError(
+        UNREADABLE_FILE, f"{source.name} has splits {', '.join(splits)}; pick one by writing {source.name}:{splits[0]}"
+    )
 
 
 def _read_datasets(source: Source) -> Iterator[tuple[int, Any]]:
@@ -468,4 +569,3 @@ def _json_kind(value: Any) -> str:
 
 def _first_line(error: Exception) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
-

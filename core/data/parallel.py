@@ -62,8 +62,12 @@ def encode_stream(encoder: RowEncoder, batches: Iterable[list[Row]], workers: in
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                                 initializer=_start_worker, initargs=(encoder,)) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context(method),
+            initializer=_start_worker,
+            initargs=(encoder,),
+        ) as pool:
             pending: deque = deque()
             for batch in batches:
                 pending.append((batch, pool.submit(_encode, batch)))

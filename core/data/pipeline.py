@@ -51,8 +51,9 @@ class TrainingData:
     reports: list[DatasetReport]
 
 
-def load_training_data(cfg, tokenizer, *, seed: int = 0, cache_dir: Path | None = None,
-                       progress: Progress | None = None) -> TrainingData:
+def load_training_data(
+    cfg, tokenizer, *, seed: int = 0, cache_dir: Path | None = None, progress: Progress | None = None
+) -> TrainingData:
     """Read, validate and tokenize the data that `cfg` (a DataConfig) names.
 
     Args:
@@ -69,21 +70,26 @@ def load_training_data(cfg, tokenizer, *, seed: int = 0, cache_dir: Path | None 
     Raises:
         DataError: no training row is usable (the message lists why rows were skipped).
     """
-    encoder = RowEncoder(tokenizer, max_length=cfg.max_length, overlong=cfg.overlong, train_on=cfg.train_on,
-                         image_max_side=cfg.image_max_side)
+    encoder = RowEncoder(
+        tokenizer,
+        max_length=cfg.max_length,
+        overlong=cfg.overlong,
+        train_on=cfg.train_on,
+        image_max_side=cfg.image_max_side,
+    )
     cache_dir = cache_store.default_cache_dir() if cache_dir is None else Path(cache_dir)
     has_eval = bool(cfg.eval)
-    train, train_truncated, train_report = _tokenized_split("train", cfg.train, cfg, encoder,
-                                                            _image_store(cfg, cache_dir),
-                                                            _scaled(progress, 0.0, 0.8 if has_eval else 1.0))
+    train, train_truncated, train_report = _tokenized_split(
+        "train", cfg.train, cfg, encoder, _image_store(cfg, cache_dir), _scaled(progress, 0.0, 0.8 if has_eval else 1.0)
+    )
     if len(train) == 0:
         raise DataError(_nothing_usable("training", cfg.train, train_report), _advice(train_report))
     reports: list[DatasetReport]
     eval_set: TokenizedSet | None = None
     if has_eval:
-        eval_set, eval_truncated, eval_report = _tokenized_split("eval", cfg.eval, cfg, encoder,
-                                                                 _image_store(cfg, cache_dir),
-                                                                 _scaled(progress, 0.8, 1.0))
+        eval_set, eval_truncated, eval_report = _tokenized_split(
+            "eval", cfg.eval, cfg, encoder, _image_store(cfg, cache_dir), _scaled(progress, 0.8, 1.0)
+        )
         if len(eval_set) == 0:
             raise DataError(_nothing_usable("evaluation", cfg.eval, eval_report), _advice(eval_report))
         reports = [_report(train_report, train, train_truncated), _report(eval_report, eval_set, eval_truncated)]
@@ -93,11 +99,15 @@ def load_training_data(cfg, tokenizer, *, seed: int = 0, cache_dir: Path | None 
         train = full.subset(train_rows)
         eval_report = ReportBuilder("eval", list(train_report.files))
         eval_report.read(len(eval_rows))
-        eval_report.note(f"{len(eval_rows):,} rows held out from the training data (data.eval_fraction = "
-                         f"{cfg.eval_fraction}, seed {seed})")
+        eval_report.note(
+            f"{len(eval_rows):,} rows held out from the training data (data.eval_fraction = "
+            f"{cfg.eval_fraction}, seed {seed})"
+        )
         eval_report.formats.update(train_report.formats)
-        reports = [_report(train_report, train, train_truncated[train_rows], held_out=len(eval_rows)),
-                   _report(eval_report, eval_set, train_truncated[eval_rows])]
+        reports = [
+            _report(train_report, train, train_truncated[train_rows], held_out=len(eval_rows)),
+            _report(eval_report, eval_set, train_truncated[eval_rows]),
+        ]
     else:
         if cfg.eval_fraction > 0:
             train_report.note("data.eval_fraction is set but there is only one usable row, so nothing is held out")
@@ -107,8 +117,9 @@ def load_training_data(cfg, tokenizer, *, seed: int = 0, cache_dir: Path | None 
     return TrainingData(train=train, eval=eval_set, reports=reports)
 
 
-def check_data(cfg, tokenizer=None, *, split: str = "train",
-               progress: Progress | None = None) -> tuple[DatasetReport, TokenizedSet | None]:
+def check_data(
+    cfg, tokenizer=None, *, split: str = "train", progress: Progress | None = None
+) -> tuple[DatasetReport, TokenizedSet | None]:
     """Validate the data of one split without caching tokens; tokenize only when a tokenizer is given.
 
     Without a tokenizer every structural check still runs (files, JSON, fields, roles, images) and the report
@@ -127,8 +138,13 @@ def check_data(cfg, tokenizer=None, *, split: str = "train",
             report.formats.update(row.format for row in batch)
         empty = np.zeros(0, np.int64)
         return report.build(empty, empty, image_rows, rows_kept=kept), None
-    encoder = RowEncoder(tokenizer, max_length=cfg.max_length, overlong=cfg.overlong, train_on=cfg.train_on,
-                         image_max_side=cfg.image_max_side)
+    encoder = RowEncoder(
+        tokenizer,
+        max_length=cfg.max_length,
+        overlong=cfg.overlong,
+        train_on=cfg.train_on,
+        image_max_side=cfg.image_max_side,
+    )
     builder = TokenizedSetBuilder()
     truncated: list[bool] = []
     workers = default_workers(_resolvable(entries, split, ReportBuilder(split, [])))
@@ -142,8 +158,9 @@ def _image_store(cfg, cache_dir: Path) -> ImageStore:
     return ImageStore(cache_dir, cfg.image_max_side, allow_private_urls=cfg.allow_private_urls)
 
 
-def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, images: ImageStore,
-                     progress: Progress | None) -> tuple[TokenizedSet, np.ndarray, ReportBuilder]:
+def _tokenized_split(
+    split: str, entries: list[str], cfg, encoder: RowEncoder, images: ImageStore, progress: Progress | None
+) -> tuple[TokenizedSet, np.ndarray, ReportBuilder]:
     """One split: from the cache when its key matches (and the image copies it names are still there), else read,
     encode and store."""
     cache_dir = images.folder
@@ -152,11 +169,17 @@ def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, i
     sources: list[Source] = []
     try:
         sources = resolve_sources(entries, side=split)
-        key = cache_store.cache_key({
-            "sources": [(s.name, s.kind, s.split, content_hash(s)) for s in sources],
-            "tokenizer": cache_store.tokenizer_fingerprint(encoder.tokenizer), "encoder": encoder.fingerprint(),
-            "format": cfg.format, "columns": cfg.columns, "side": split,
-            "allow_private_urls": cfg.allow_private_urls})
+        key = cache_store.cache_key(
+            {
+                "sources": [(s.name, s.kind, s.split, content_hash(s)) for s in sources],
+                "tokenizer": cache_store.tokenizer_fingerprint(encoder.tokenizer),
+                "encoder": encoder.fingerprint(),
+                "format": cfg.format,
+                "columns": cfg.columns,
+                "side": split,
+                "allow_private_urls": cfg.allow_private_urls,
+            }
+        )
     except (SourceError, OSError):
         pass  # reading reports the problem properly below
     folder = cache_dir / key if key else None
@@ -171,27 +194,34 @@ def _tokenized_split(split: str, entries: list[str], cfg, encoder: RowEncoder, i
     builder = TokenizedSetBuilder()
     truncated_list: list[bool] = []
     workers = default_workers(sources) if sources else 0
-    for batch, results in encode_stream(encoder, _row_batches(entries, split, cfg, report, progress, images),
-                                        workers):
+    for batch, results in encode_stream(encoder, _row_batches(entries, split, cfg, report, progress, images), workers):
         _collect(batch, results, report, builder, truncated_list)
     data = builder.build()
     truncated = np.array(truncated_list, dtype=bool)
     if encoder.template.is_fallback:
         report.note("the tokenizer has no chat template, so conversations are rendered as plain ChatML text")
     if report.skipped[IMAGE_NOT_FETCHED]:
-        report.note(f"{report.skipped[IMAGE_NOT_FETCHED]:,} rows skipped because an image URL was not fetched; the "
-                    "tokenized data is not cached, so the next run tries those URLs again")
+        report.note(
+            f"{report.skipped[IMAGE_NOT_FETCHED]:,} rows skipped because an image URL was not fetched; the "
+            "tokenized data is not cached, so the next run tries those URLs again"
+        )
     elif folder is not None and len(data):
         try:
             cache_store.save(folder, data, truncated, report.to_state())
         except OSError as e:
-            report.note(f"the tokenized data could not be cached in {cache_dir} ({e.strerror}); the next run "
-                        "tokenizes again")
+            report.note(
+                f"the tokenized data could not be cached in {cache_dir} ({e.strerror}); the next run tokenizes again"
+            )
     return data, truncated, report
 
 
-def _collect(batch: list[Row], results: list[Encoded | RowProblem], report: ReportBuilder,
-             builder: TokenizedSetBuilder, truncated: list[bool]) -> None:
+def _collect(
+    batch: list[Row],
+    results: list[Encoded | RowProblem],
+    report: ReportBuilder,
+    builder: TokenizedSetBuilder,
+    truncated: list[bool],
+) -> None:
     for row, result in zip(batch, results, strict=True):
         if isinstance(result, RowProblem):
             report.skip(result)
@@ -210,8 +240,9 @@ def _image_copies_present(data: TokenizedSet) -> bool:
     return all(Path(ref.cached).is_file() for refs in data.images.values() for ref in refs if ref.cached)
 
 
-def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder, progress: Progress | None,
-                 images: ImageStore) -> Iterator[list[Row]]:
+def _row_batches(
+    entries: list[str], split: str, cfg, report: ReportBuilder, progress: Progress | None, images: ImageStore
+) -> Iterator[list[Row]]:
     """Every usable Row of the split's sources, in batches; every other row is counted as skipped."""
     try:
         sources = resolve_sources(entries, side=split)
@@ -245,8 +276,9 @@ def _row_batches(entries: list[str], split: str, cfg, report: ReportBuilder, pro
         yield batch
 
 
-def iter_rows(source: Source, cfg, on_detect: Callable[[str, str], None] | None = None,
-              images: ImageStore | None = None) -> Iterator[tuple[int, Row | RowProblem]]:
+def iter_rows(
+    source: Source, cfg, on_detect: Callable[[str, str], None] | None = None, images: ImageStore | None = None
+) -> Iterator[tuple[int, Row | RowProblem]]:
     """(row number, Row or the RowProblem that skips it) for every row of one source, images checked.
 
     The format is `cfg.format`, or (auto) detected from the first row whose columns match one; then
@@ -300,8 +332,9 @@ def _resolvable(entries: list[str], split: str, report: ReportBuilder) -> list[S
 
 
 def _report(builder: ReportBuilder, data: TokenizedSet, truncated: np.ndarray, held_out: int = 0) -> DatasetReport:
-    return builder.build(data.lengths, data.trained_lengths, data.image_rows, held_out=held_out,
-                         truncated=int(np.sum(truncated)))
+    return builder.build(
+        data.lengths, data.trained_lengths, data.image_rows, held_out=held_out, truncated=int(np.sum(truncated))
+    )
 
 
 def _hold_out(count: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -332,4 +365,3 @@ def _scaled(progress: Progress | None, start: float, end: float) -> Progress | N
     if progress is None:
         return None
     return lambda message, fraction: progress(message, start + (end - start) * fraction)
-

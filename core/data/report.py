@@ -73,10 +73,18 @@ class ReportBuilder:
         self.detections.setdefault(fmt, []).append(source)
 
     def to_state(self) -> dict:
-        return {"rows_read": self.rows_read, "skipped": dict(self.skipped), "examples": self.examples,
-                "problems": self.problems, "notes": self.notes, "truncated": self.truncated,
-                "formats": dict(self.formats), "detections": self.detections,
-                "repeats": {str(k): v for k, v in self.repeats.items()}, "kept_notes": self.kept_notes}
+        return {
+            "rows_read": self.rows_read,
+            "skipped": dict(self.skipped),
+            "examples": self.examples,
+            "problems": self.problems,
+            "notes": self.notes,
+            "truncated": self.truncated,
+            "formats": dict(self.formats),
+            "detections": self.detections,
+            "repeats": {str(k): v for k, v in self.repeats.items()},
+            "kept_notes": self.kept_notes,
+        }
 
     @classmethod
     def from_state(cls, split: str, files: list[str], state: dict) -> ReportBuilder:
@@ -93,8 +101,15 @@ class ReportBuilder:
         builder.kept_notes = {k: [v[0], list(v[1])] for k, v in state.get("kept_notes", {}).items()}
         return builder
 
-    def build(self, lengths: np.ndarray, trained_lengths: np.ndarray, image_rows: int, held_out: int = 0,
-              truncated: int | None = None, rows_kept: int | None = None) -> DatasetReport:
+    def build(
+        self,
+        lengths: np.ndarray,
+        trained_lengths: np.ndarray,
+        image_rows: int,
+        held_out: int = 0,
+        truncated: int | None = None,
+        rows_kept: int | None = None,
+    ) -> DatasetReport:
         """The event for the rows kept in this split.
 
         Args:
@@ -107,19 +122,30 @@ class ReportBuilder:
         """
         stats = length_stats(lengths)
         return DatasetReport(
-            split=self.split, files=list(self.files), rows_read=self.rows_read,
+            split=self.split,
+            files=list(self.files),
+            rows_read=self.rows_read,
             rows_kept=len(lengths) if rows_kept is None else rows_kept,
-            skipped=dict(self.skipped.most_common()), skipped_examples=self._examples(),
-            truncated=self.truncated if truncated is None else truncated, image_rows=image_rows,
-            tokens=int(np.sum(lengths)), trained_tokens=int(np.sum(trained_lengths)), **stats,
-            format=", ".join(f"{name} ({count})" if len(self.formats) > 1 else name
-                             for name, count in self.formats.most_common()),
-            held_out=held_out, problems=list(self.problems),
-            notes=self._detection_notes() + self._kept_notes() + list(self.notes))
+            skipped=dict(self.skipped.most_common()),
+            skipped_examples=self._examples(),
+            truncated=self.truncated if truncated is None else truncated,
+            image_rows=image_rows,
+            tokens=int(np.sum(lengths)),
+            trained_tokens=int(np.sum(trained_lengths)),
+            **stats,
+            format=", ".join(
+                f"{name} ({count})" if len(self.formats) > 1 else name for name, count in self.formats.most_common()
+            ),
+            held_out=held_out,
+            problems=list(self.problems),
+            notes=self._detection_notes() + self._kept_notes() + list(self.notes),
+        )
 
     def _examples(self) -> list[str]:
-        return [f"{m} (and {self.repeats[i]:,} more rows like it)" if self.repeats.get(i) else m
-                for i, m in enumerate(self.examples)]
+        return [
+            f"{m} (and {self.repeats[i]:,} more rows like it)" if self.repeats.get(i) else m
+            for i, m in enumerate(self.examples)
+        ]
 
     def _kept_notes(self) -> list[str]:
         notes = []
@@ -142,10 +168,12 @@ def length_stats(lengths: np.ndarray) -> dict[str, int]:
     if len(lengths) == 0:
         return {"length_min": 0, "length_median": 0, "length_p95": 0, "length_max": 0}
     lengths = np.asarray(lengths)
-    return {"length_min": int(lengths.min()),
-            "length_median": int(np.percentile(lengths, 50, method="inverted_cdf")),
-            "length_p95": int(np.percentile(lengths, 95, method="inverted_cdf")),
-            "length_max": int(lengths.max())}
+    return {
+        "length_min": int(lengths.min()),
+        "length_median": int(np.percentile(lengths, 50, method="inverted_cdf")),
+        "length_p95": int(np.percentile(lengths, 95, method="inverted_cdf")),
+        "length_max": int(lengths.max()),
+    }
 
 
 def format_report(report: DatasetReport, color: bool = False) -> str:
@@ -153,17 +181,26 @@ def format_report(report: DatasetReport, color: bool = False) -> str:
     bold = (lambda s: f"\033[1m{s}\033[0m") if color else (lambda s: s)
     warn = (lambda s: f"\033[33m{s}\033[0m") if color else (lambda s: s)
     lines = [bold(f"{report.split} data: {', '.join(report.files) or '(none)'}")]
-    rows = [("format", report.format or "-"), ("rows read", f"{report.rows_read:,}"),
-            ("rows kept", f"{report.rows_kept:,}")]
+    rows = [
+        ("format", report.format or "-"),
+        ("rows read", f"{report.rows_read:,}"),
+        ("rows kept", f"{report.rows_kept:,}"),
+    ]
     if report.held_out:
         rows.append(("held out for eval", f"{report.held_out:,}"))
     rows.append(("rows skipped", f"{sum(report.skipped.values()):,}"))
     rows += [(f"  {reason}", f"{count:,}") for reason, count in report.skipped.items()]
     if report.tokens:
-        rows += [("truncated", f"{report.truncated:,}"), ("image rows", f"{report.image_rows:,}"),
-                 ("tokens per epoch", f"{report.tokens:,}"), ("trained tokens", f"{report.trained_tokens:,}"),
-                 ("length min / median / p95 / max",
-                  f"{report.length_min:,} / {report.length_median:,} / {report.length_p95:,} / {report.length_max:,}")]
+        rows += [
+            ("truncated", f"{report.truncated:,}"),
+            ("image rows", f"{report.image_rows:,}"),
+            ("tokens per epoch", f"{report.tokens:,}"),
+            ("trained tokens", f"{report.trained_tokens:,}"),
+            (
+                "length min / median / p95 / max",
+                f"{report.length_min:,} / {report.length_median:,} / {report.length_p95:,} / {report.length_max:,}",
+            ),
+        ]
     elif report.image_rows:
         rows.append(("image rows", f"{report.image_rows:,}"))
     width = max(len(k) for k, _ in rows)

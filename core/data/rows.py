@@ -41,8 +41,15 @@ UNREADABLE_FILE = "unreadable file"
 ROLES = ("system", "user", "assistant", "tool")
 # Other names for the roles, as ShareGPT-style and assorted exports spell them.
 ROLE_ALIASES = {
-    "human": "user", "gpt": "assistant", "model": "assistant", "bot": "assistant", "chatgpt": "assistant",
-    "ai": "assistant", "function": "tool", "observation": "tool", "ipython": "tool",
+    "human": "user",
+    "gpt": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "chatgpt": "assistant",
+    "ai": "assistant",
+    "function": "tool",
+    "observation": "tool",
+    "ipython": "tool",
 }
 
 
@@ -71,13 +78,25 @@ class ImageRef:
         return self.value if self.kind != "bytes" else f"<{len(self.data)} bytes>"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "value": self.value, "data": self.data.hex(), "width": self.width,
-                "height": self.height, "cached": self.cached}
+        return {
+            "kind": self.kind,
+            "value": self.value,
+            "data": self.data.hex(),
+            "width": self.width,
+            "height": self.height,
+            "cached": self.cached,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ImageRef:
-        return cls(kind=d["kind"], value=d["value"], data=bytes.fromhex(d["data"]), width=d["width"],
-                   height=d["height"], cached=d.get("cached", ""))
+        return cls(
+            kind=d["kind"],
+            value=d["value"],
+            data=bytes.fromhex(d["data"]),
+            width=d["width"],
+            height=d["height"],
+            cached=d.get("cached", ""),
+        )
 
 
 @dataclass

@@ -43,9 +43,10 @@ def template_setting_source(setting: str) -> str | None:
         with open(setting, encoding="utf-8") as handle:
             return handle.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"data.chat_template: cannot read {setting!r} ({getattr(e, 'strerror', None) or e})",
-                        f"give a Jinja template file, {', '.join(NAMED_TEMPLATES)}, or leave it empty for the "
-                        "model's own") from None
+        raise DataError(
+            f"data.chat_template: cannot read {setting!r} ({getattr(e, 'strerror', None) or e})",
+            f"give a Jinja template file, {', '.join(NAMED_TEMPLATES)}, or leave it empty for the model's own",
+        ) from None
 
 
 def apply_template_setting(tokenizer, setting: str) -> str | None:
@@ -58,8 +59,10 @@ def apply_template_setting(tokenizer, setting: str) -> str | None:
     if source is None:
         if any(getattr(t, "chat_template", None) for t in targets):
             return None
-        source, said = FALLBACK_TEMPLATE, "ChatML (the model has no chat template of its own; data.chat_template " \
-                                          "sets another)"
+        source, said = (
+            FALLBACK_TEMPLATE,
+            "ChatML (the model has no chat template of its own; data.chat_template sets another)",
+        )
     else:
         said = "chatml" if setting in NAMED_TEMPLATES else f"from {setting}"
     try:
@@ -67,8 +70,10 @@ def apply_template_setting(tokenizer, setting: str) -> str | None:
     except Exception as e:
         from hone.core.errors import DataError
 
-        raise DataError(f"data.chat_template {setting or '(ChatML)'}: not a valid Jinja template ({e})",
-                        "fix the template, or leave data.chat_template empty for the model's own") from None
+        raise DataError(
+            f"data.chat_template {setting or '(ChatML)'}: not a valid Jinja template ({e})",
+            "fix the template, or leave data.chat_template empty for the model's own",
+        ) from None
     for target in targets:
         target.chat_template = source
     return f"chat template: {said}"
@@ -104,8 +109,9 @@ def compile_template(source: str):
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -136,8 +142,9 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         try:
-            return compile_template(self.source).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                        **self.variables)
+            return compile_template(self.source).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.variables
+            )
         except Exception as e:  # a template can raise anything (raise_exception, KeyError on a missing key, ...)
             raise TemplateFailure(str(e) or type(e).__name__) from None
 
@@ -183,8 +190,9 @@ class ChatTemplate:
         return full, spans
 
 
-def _locate(full: str, upto: str, message: dict[str, Any], cursor: int, before: str | None,
-            index: int) -> tuple[int, int]:
+def _locate(
+    full: str, upto: str, message: dict[str, Any], cursor: int, before: str | None, index: int
+) -> tuple[int, int]:
     """Find an assistant turn whose render is not a prefix of the full render (see `render_with_spans`)."""
     content = message["content"]
     if isinstance(content, list):
@@ -194,12 +202,14 @@ def _locate(full: str, upto: str, message: dict[str, Any], cursor: int, before: 
         cursor = len(before)
     at = full.find(content, cursor) if content else cursor
     if at < 0:
-        raise TemplateFailure(f"the chat template changes assistant turn {index} so that its text cannot be found "
-                              "in the rendered conversation")
+        raise TemplateFailure(
+            f"the chat template changes assistant turn {index} so that its text cannot be found "
+            "in the rendered conversation"
+        )
     end = at + len(content)
     in_upto = upto.rfind(content) if content else -1
     if in_upto >= 0:
-        tail = upto[in_upto + len(content):]
+        tail = upto[in_upto + len(content) :]
         common = 0
         while common < len(tail) and end + common < len(full) and full[end + common] == tail[common]:
             common += 1

@@ -43,9 +43,18 @@ class TokenizedSet(Sequence[TokenizedRow]):
         num_trained: total tokens that carry loss.
     """
 
-    def __init__(self, ids: np.ndarray, trained: np.ndarray, offsets: np.ndarray, trained_counts: np.ndarray,
-                 sources: list[str], row_numbers: np.ndarray, source_index: np.ndarray,
-                 images: dict[int, list[ImageRef]] | None = None, rows: np.ndarray | None = None):
+    def __init__(
+        self,
+        ids: np.ndarray,
+        trained: np.ndarray,
+        offsets: np.ndarray,
+        trained_counts: np.ndarray,
+        sources: list[str],
+        row_numbers: np.ndarray,
+        source_index: np.ndarray,
+        images: dict[int, list[ImageRef]] | None = None,
+        rows: np.ndarray | None = None,
+    ):
         """
         Args:
             ids: int32 [T], all rows' tokens back to back.
@@ -81,8 +90,12 @@ class TokenizedSet(Sequence[TokenizedRow]):
         start, end = int(self._offsets[k]), int(self._offsets[k + 1])
         ids = np.asarray(self._ids[start:end], dtype=np.int64)
         labels = np.where(self._trained[start:end], ids, IGNORE_INDEX)
-        return TokenizedRow(input_ids=ids.tolist(), labels=labels.tolist(), source=self.source(index),
-                            images=list(self._images.get(k, [])))
+        return TokenizedRow(
+            input_ids=ids.tolist(),
+            labels=labels.tolist(),
+            source=self.source(index),
+            images=list(self._images.get(k, [])),
+        )
 
     def source(self, index: int) -> str:
         """ "file:row" of the index-th row of this set."""
@@ -91,9 +104,17 @@ class TokenizedSet(Sequence[TokenizedRow]):
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> TokenizedSet:
         """The rows at these positions of this set, sharing storage."""
-        return TokenizedSet(self._ids, self._trained, self._offsets, self._trained_counts, self._sources,
-                            self._row_numbers, self._source_index, self._images,
-                            self._rows[np.asarray(indices, dtype=np.int64)])
+        return TokenizedSet(
+            self._ids,
+            self._trained,
+            self._offsets,
+            self._trained_counts,
+            self._sources,
+            self._row_numbers,
+            self._source_index,
+            self._images,
+            self._rows[np.asarray(indices, dtype=np.int64)],
+        )
 
     @property
     def image_rows(self) -> int:
@@ -101,9 +122,15 @@ class TokenizedSet(Sequence[TokenizedRow]):
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The backing arrays (for the cache)."""
-        return {"ids": self._ids, "trained": self._trained, "offsets": self._offsets,
-                "trained_counts": self._trained_counts, "row_numbers": self._row_numbers,
-                "source_index": self._source_index, "rows": self._rows}
+        return {
+            "ids": self._ids,
+            "trained": self._trained,
+            "offsets": self._offsets,
+            "trained_counts": self._trained_counts,
+            "row_numbers": self._row_numbers,
+            "source_index": self._source_index,
+            "rows": self._rows,
+        }
 
     @property
     def sources(self) -> list[str]:
@@ -146,6 +173,13 @@ class TokenizedSetBuilder:
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         ids = np.concatenate(self._ids) if self._ids else np.zeros(0, np.int32)
         trained = np.concatenate(self._trained) if self._trained else np.zeros(0, bool)
-        return TokenizedSet(ids, trained, offsets, np.array(self._trained_counts, np.int64), list(self._sources),
-                            np.array(self._row_numbers, np.int64), np.array(self._source_index, np.int32),
-                            self._images)
+        return TokenizedSet(
+            ids,
+            trained,
+            offsets,
+            np.array(self._trained_counts, np.int64),
+            list(self._sources),
+            np.array(self._row_numbers, np.int64),
+            np.array(self._source_index, np.int32),
+            self._images,
+        )

@@ -47,22 +47,34 @@ def check_turn_order(messages: list[dict[str, Any]], role_fields: list[str]) -> 
     roles = [m["role"] for m in messages]
     for i, role in enumerate(roles):
         if role == "system" and any(r != "system" for r in roles[:i]):
-            raise RowError(TURN_ORDER, role_fields[i], f"is a system turn after the conversation started (turn {i}); "
-                           "a system message goes first: move it there or remove it")
+            raise RowError(
+                TURN_ORDER,
+                role_fields[i],
+                f"is a system turn after the conversation started (turn {i}); "
+                "a system message goes first: move it there or remove it",
+            )
     spoken = [i for i, r in enumerate(roles) if r in ("user", "assistant")]
     answered = any(roles[a] == "user" and roles[b] == "assistant" for a, b in pairwise(spoken))
     if spoken and roles[spoken[0]] == "assistant":
         if "user" in roles and not answered:
-            raise RowError(TURN_ORDER, role_fields[spoken[0]], "the assistant speaks first and no user turn is "
-                           "answered; check whether the roles are swapped (user/assistant, human/gpt)")
+            raise RowError(
+                TURN_ORDER,
+                role_fields[spoken[0]],
+                "the assistant speaks first and no user turn is "
+                "answered; check whether the roles are swapped (user/assistant, human/gpt)",
+            )
         notes.append(ASSISTANT_FIRST)
     if spoken and roles[spoken[-1]] == "user" and answered:
         notes.append(USER_LAST)
     i = 1
     while i < len(messages):
         before, turn = messages[i - 1], messages[i]
-        if turn["role"] == before["role"] and turn["role"] in _MERGED \
-                and not before.get("tool_calls") and not turn.get("tool_calls"):
+        if (
+            turn["role"] == before["role"]
+            and turn["role"] in _MERGED
+            and not before.get("tool_calls")
+            and not turn.get("tool_calls")
+        ):
             before["content"] = _joined(before["content"], turn["content"])
             del messages[i]
             if _MERGED[turn["role"]] not in notes:

@@ -54,8 +54,15 @@ class Score:
 ScoreProgress = Callable[[int, int], None]
 
 
-def generate_answers(model, tokenizer, rows: list[dict], *, max_new_tokens: int = 40, batch_size: int = 20,
-                     progress: ScoreProgress | None = None) -> list[str]:
+def generate_answers(
+    model,
+    tokenizer,
+    rows: list[dict],
+    *,
+    max_new_tokens: int = 40,
+    batch_size: int = 20,
+    progress: ScoreProgress | None = None,
+) -> list[str]:
     """Greedy answers to each row's conversation minus its last (assistant) turn, batched with left padding;
     `progress(done, total)` after each batch."""
     import torch
@@ -65,14 +72,17 @@ def generate_answers(model, tokenizer, rows: list[dict], *, max_new_tokens: int 
     answers = []
     try:
         for start in range(0, len(rows), batch_size):
-            chunk = rows[start:start + batch_size]
-            prompts = [tokenizer.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, tokenize=False)
-                       for r in chunk]
+            chunk = rows[start : start + batch_size]
+            prompts = [
+                tokenizer.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, tokenize=False)
+                for r in chunk
+            ]
             enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
             with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id)
-            answers += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                out = model.generate(
+                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                )
+            answers += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
             if progress is not None:
                 progress(len(answers), len(rows))
     finally:
@@ -119,8 +129,13 @@ class _SilentPhase:
         pass
 
 
-def run_demo(config: RunConfig, *, eval_rows: int | None = None, on_stage: Callable[[str], None] | None = None,
-             phase: ScorePhase | None = None) -> Generator[object, None, DemoResult | None]:
+def run_demo(
+    config: RunConfig,
+    *,
+    eval_rows: int | None = None,
+    on_stage: Callable[[str], None] | None = None,
+    phase: ScorePhase | None = None,
+) -> Generator[object, None, DemoResult | None]:
     """Score the base model, train, score the adapter. Yields the run's events; its return value (the
     generator's StopIteration value) is the DemoResult, or None when training failed. `on_stage(text)` hears each
     stage; the two scorings run inside `phase(text, rows)`, told the rows scored so far."""
@@ -138,8 +153,9 @@ def run_demo(config: RunConfig, *, eval_rows: int | None = None, on_stage: Calla
     loaded = load_model(config.model, for_training=False)
     before = score(loaded.model, "the base model")
     stage(f"base model: {before.correct}/{before.total} exact")
-    trained = yield from train_and_rescore(config, loaded.model, lambda tuned: score(tuned, "the fine-tuned model"),
-                                           stage)
+    trained = yield from train_and_rescore(
+        config, loaded.model, lambda tuned: score(tuned, "the fine-tuned model"), stage
+    )
     if trained is None:
         return None
     final, after = trained

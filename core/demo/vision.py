@@ -57,8 +57,9 @@ def _is_right(kind: str, expected: str, got: str) -> bool:
     return re.match(rf"\s*{re.escape(expected)}\b", got, flags=re.IGNORECASE) is not None
 
 
-def answer_questions(model, processor, questions, base_dir: Path, *, image_max_side: int,
-                     batch_size: int = 12) -> list[str]:
+def answer_questions(
+    model, processor, questions, base_dir: Path, *, image_max_side: int, batch_size: int = 12
+) -> list[str]:
     """Greedy replies to each question's conversation minus its answer, batched with left padding."""
     import torch
 
@@ -71,24 +72,25 @@ def answer_questions(model, processor, questions, base_dir: Path, *, image_max_s
         for kind in ("image", "text"):
             chosen = [i for i, q in enumerate(questions) if (q.kind == "text") == (kind == "text")]
             for start in range(0, len(chosen), batch_size):
-                part = chosen[start:start + batch_size]
+                part = chosen[start : start + batch_size]
                 prompts, images = [], []
                 for i in part:
                     messages = questions[i].row["messages"][:-1]
-                    prompts.append(processor.apply_chat_template(messages, add_generation_prompt=True,
-                                                                 tokenize=False))
+                    prompts.append(processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
                     for message in messages:
                         for p in message["content"] if isinstance(message["content"], list) else []:
                             if p["type"] == "image":
                                 ref = parse_image_ref(p["image"], base_dir, "image")
                                 images.append(load_image(ref, image_max_side))
-                inputs = processor(text=prompts, images=images or None, padding=True, add_special_tokens=False,
-                                   return_tensors="pt").to(model.device)
+                inputs = processor(
+                    text=prompts, images=images or None, padding=True, add_special_tokens=False, return_tensors="pt"
+                ).to(model.device)
                 new = IMAGE_ANSWER_TOKENS if kind == "image" else TEXT_ANSWER_TOKENS
                 with torch.no_grad():
-                    out = model.generate(**inputs, max_new_tokens=new, do_sample=False,
-                                         pad_token_id=tokenizer.pad_token_id)
-                texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+                    out = model.generate(
+                        **inputs, max_new_tokens=new, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                    )
+                texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
                 for i, text in zip(part, texts, strict=True):
                     replies[i] = text
     finally:
@@ -117,9 +119,12 @@ class VisionDemoResult:
     adapter_dir: str
 
 
-def run_vision_demo(config: RunConfig, *, eval_rows: int | None = None,
-                    on_stage: Callable[[str], None] | None = None,
-                    ) -> Generator[object, None, VisionDemoResult | None]:
+def run_vision_demo(
+    config: RunConfig,
+    *,
+    eval_rows: int | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> Generator[object, None, VisionDemoResult | None]:
     """Score the base model, train, score the adapter. Yields the run's events; the generator's return value is
     the VisionDemoResult (None when training failed)."""
     from hone.core.demo.text import train_and_rescore

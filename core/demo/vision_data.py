@@ -13,8 +13,14 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-COLORS = {"red": (220, 30, 30), "green": (30, 160, 50), "blue": (30, 70, 220), "yellow": (235, 200, 20),
-          "purple": (140, 40, 170), "orange": (245, 130, 20)}
+COLORS = {
+    "red": (220, 30, 30),
+    "green": (30, 160, 50),
+    "blue": (30, 70, 220),
+    "yellow": (235, 200, 20),
+    "purple": (140, 40, 170),
+    "orange": (245, 130, 20),
+}
 SHAPES = ("circle", "square", "triangle")
 COLOR_QUESTIONS = ("What color is the shape?", "What color is it?", "Which color do you see?")
 SHAPE_QUESTIONS = ("What shape is this?", "What shape is it?", "Which shape is in the picture?")
@@ -118,9 +124,9 @@ def make_dataset(n_train_images: int = 320, n_eval_images: int = 36, n_train_tex
 def write_shapes_dataset(folder: Path) -> None:
     """Write the dataset under `folder` (resources/datasets/shapes_vqa/ is this function's output):
 
-        train.jsonl   image rows (one or two questions about one image) and text-only rows
-        eval.jsonl    held-out images, one question each, and held-out text-only questions
-        images/       32 x 32 PNG files
+    train.jsonl   image rows (one or two questions about one image) and text-only rows
+    eval.jsonl    held-out images, one question each, and held-out text-only questions
+    images/       32 x 32 PNG files
     """
     train, held_out, images = make_dataset()
     folder = Path(folder)

@@ -18,8 +18,16 @@ IMAGE_TOKEN = "<image>"
 BUILDER_VERSION = 1
 # Vision encoder: a 2 x 2 grid of patches per image, width 128, 2 layers (about 0.4M parameters).
 PATCH = 16
-VISION = dict(model_type="clip_vision_model", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-              num_attention_heads=4, image_size=IMAGE_SIDE, patch_size=PATCH, projection_dim=128)
+VISION = dict(
+    model_type="clip_vision_model",
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    image_size=IMAGE_SIDE,
+    patch_size=PATCH,
+    projection_dim=128,
+)
 SEED = 0
 
 # SmolLM2's ChatML without its default system prompt (rows stay short), with image parts.
@@ -28,7 +36,8 @@ CHAT_TEMPLATE = (
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
     "{% if p['type'] == 'image' %}{{ '" + IMAGE_TOKEN + "' }}{% else %}{{ p['text'] }}{% endif %}{% endfor %}"
     "{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% endif %}")
+    "{% endif %}"
+)
 
 
 def demo_model_folder() -> Path:
@@ -71,10 +80,15 @@ def build_demo_model(folder: Path) -> Path:
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     text_config = json.loads((text_folder / "config.json").read_text())
     text_config["vocab_size"] = len(tokenizer)
-    config = LlavaConfig(text_config=text_config, vision_config=VISION,
-                         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-                         vision_feature_select_strategy="default", vision_feature_layer=-1,
-                         projector_hidden_act="gelu", tie_word_embeddings=True)
+    config = LlavaConfig(
+        text_config=text_config,
+        vision_config=VISION,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        projector_hidden_act="gelu",
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(SEED)
     model = LlavaForConditionalGeneration(config)
     state = load_file(str(text_folder / "model.safetensors"))
@@ -86,14 +100,22 @@ def build_demo_model(folder: Path) -> Path:
     missing, unexpected = model.load_state_dict(state, strict=False)
     language_missing = [m for m in missing if ".language_model." in m]
     if unexpected or language_missing:
-        raise RuntimeError(f"SmolLM2 weights do not fit the demo model: missing {language_missing}, "
-                           f"unexpected {unexpected}")
+        raise RuntimeError(
+            f"SmolLM2 weights do not fit the demo model: missing {language_missing}, unexpected {unexpected}"
+        )
     model.tie_weights()
     model.save_pretrained(folder)
-    images = CLIPImageProcessorPil(size={"shortest_edge": IMAGE_SIDE},
-                                   crop_size={"height": IMAGE_SIDE, "width": IMAGE_SIDE})
-    processor = LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=PATCH,
-                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                               image_token=IMAGE_TOKEN, chat_template=CHAT_TEMPLATE)
+    images = CLIPImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIDE}, crop_size={"height": IMAGE_SIDE, "width": IMAGE_SIDE}
+    )
+    processor = LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        image_token=IMAGE_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+    )
     processor.save_pretrained(folder)
     return folder

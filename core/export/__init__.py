@@ -39,8 +39,21 @@ _LAZY = {
     "export_ollama": "hone.core.export.ollama",
 }
 
-__all__ = ["DEFAULT_GGUF_TYPE", "FORMAT_TYPES", "GGUF_LORA_TYPES", "GGUF_TYPES", "MERGED_TYPES", "SUPPORTED_FORMATS",
-           "ExportError", "ExportResult", "ExportSpec", "model_card", "parse_format", "write_model_card", *_LAZY]
+__all__ = [
+    "DEFAULT_GGUF_TYPE",
+    "FORMAT_TYPES",
+    "GGUF_LORA_TYPES",
+    "GGUF_TYPES",
+    "MERGED_TYPES",
+    "SUPPORTED_FORMATS",
+    "ExportError",
+    "ExportResult",
+    "ExportSpec",
+    "model_card",
+    "parse_format",
+    "write_model_card",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str):

@@ -43,8 +43,11 @@ def check_tokenizer_copy(log: CheckLog, name: str, original, folder: Path, **kwa
     from transformers import AutoTokenizer
 
     copy = AutoTokenizer.from_pretrained(folder, **kwargs)
-    log.require(f"{name}.chat_template", copy.chat_template == original.chat_template,
-                f"the tokenizer in {folder} lost or changed the chat template")
+    log.require(
+        f"{name}.chat_template",
+        copy.chat_template == original.chat_template,
+        f"the tokenizer in {folder} lost or changed the chat template",
+    )
     same = probe_ids(copy).tolist() == probe_ids(original).tolist()
     log.require(f"{name}.encoding", same, f"the tokenizer in {folder} encodes the probe conversation differently")
 
@@ -78,14 +81,23 @@ def export_adapter(run_dir, out=None, *, force: bool = False, progress: Progress
         reference = logits_of(original.eval(), ids)
         base = original.unload()
         copy = PeftModel.from_pretrained(base, folder).eval()
-        compare_logits(log, "adapter.reload.logits", logits_of(copy, ids), reference, 0.0,
-                       "reloaded adapter vs the run's adapter logits")
+        compare_logits(
+            log,
+            "adapter.reload.logits",
+            logits_of(copy, ids),
+            reference,
+            0.0,
+            "reloaded adapter vs the run's adapter logits",
+        )
         effect = (reference - base_logits).abs().max().item()
         log.note("adapter.effect.max_abs_diff", effect)
         if effect == 0.0:
             log.note("adapter.warning", "the adapter does not change the logits at all (were its B matrices trained?)")
-        log.require("adapter.files", (folder / ADAPTER_WEIGHTS).is_file() and (folder / ADAPTER_CONFIG).is_file(),
-                    f"{ADAPTER_WEIGHTS} or {ADAPTER_CONFIG} is missing from the export")
+        log.require(
+            "adapter.files",
+            (folder / ADAPTER_WEIGHTS).is_file() and (folder / ADAPTER_CONFIG).is_file(),
+            f"{ADAPTER_WEIGHTS} or {ADAPTER_CONFIG} is missing from the export",
+        )
         steps.within(0.7)
         check_tokenizer_copy(log, "adapter.tokenizer", tokenizer, folder)
         result = finish(folder, out, run, spec, log)

@@ -83,8 +83,13 @@ ollama create {name} -f Modelfile
 ollama run {name}
 ```
 """
-CARDS = {"adapter": ADAPTER_CARD, "merged": MERGED_CARD, "gguf": GGUF_CARD, "gguf-lora": GGUF_LORA_CARD,
-         "ollama": OLLAMA_CARD}
+CARDS = {
+    "adapter": ADAPTER_CARD,
+    "merged": MERGED_CARD,
+    "gguf": GGUF_CARD,
+    "gguf-lora": GGUF_LORA_CARD,
+    "ollama": OLLAMA_CARD,
+}
 
 
 def model_card(fmt: str, base: str, name: str, file: str = "") -> str:

@@ -57,8 +57,10 @@ def _render(tokenizer, messages, generation_prompt: bool) -> str:
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as e:  # a template may raise anything (jinja's raise_exception included)
-        raise NotPerMessage(f"the chat template refuses a plain conversation: {e}",
-                            "see the template in the adapter folder's chat_template.jinja") from None
+        raise NotPerMessage(
+            f"the chat template refuses a plain conversation: {e}",
+            "see the template in the adapter folder's chat_template.jinja",
+        ) from None
 
 
 def _split(text: str, markers: list[str]) -> list[str]:
@@ -66,8 +68,10 @@ def _split(text: str, markers: list[str]) -> list[str]:
     pieces, rest = [], text
     for marker in markers:
         if rest.count(marker) != 1:
-            raise NotPerMessage("the chat template does not write each message's content exactly once",
-                                "Hone can rewrite templates that wrap each message in fixed text")
+            raise NotPerMessage(
+                "the chat template does not write each message's content exactly once",
+                "Hone can rewrite templates that wrap each message in fixed text",
+            )
         before, rest = rest.split(marker)
         pieces.append(before)
     return [*pieces, rest]
@@ -82,39 +86,61 @@ def infer_layout(tokenizer) -> ChatLayout:
     if not getattr(tokenizer, "chat_template", None):
         raise ExportError("the tokenizer has no chat template", "set one on the base model's tokenizer and retrain")
     s = {"role": "system", "content": _SYSTEM}
-    u1, a1, u2 = ({"role": "user", "content": _USER1}, {"role": "assistant", "content": _ASSISTANT1},
-                  {"role": "user", "content": _USER2})
+    u1, a1, u2 = (
+        {"role": "user", "content": _USER1},
+        {"role": "assistant", "content": _ASSISTANT1},
+        {"role": "user", "content": _USER2},
+    )
     markers = [_SYSTEM, _USER1, _ASSISTANT1, _USER2]
     full = _render(tokenizer, [s, u1, a1, u2], True)
     closed = _render(tokenizer, [s, u1, a1, u2], False)
     if not full.startswith(closed):
         raise NotPerMessage("the chat template's generation prompt is not appended at the end", "")
-    generation_prompt = full[len(closed):]
+    generation_prompt = full[len(closed) :]
     head, sys_to_user, user_to_assistant, assistant_to_user, user_tail = _split(closed, markers)
     system_suffix = _split(_render(tokenizer, [s], False), [_SYSTEM])[1]
     assistant_suffix = _split(_render(tokenizer, [s, u1, a1], False), markers[:3])[3]
     user_suffix = user_tail
     bos = tokenizer.bos_token or ""
     bos = bos if bos and "bos_token" in str(tokenizer.chat_template) and head.startswith(bos) else ""
-    user_prefix = sys_to_user[len(system_suffix):]
-    assistant_prefix = user_to_assistant[len(user_suffix):]
-    consistent = (sys_to_user.startswith(system_suffix) and user_to_assistant.startswith(user_suffix)
-                  and assistant_to_user == assistant_suffix + user_prefix)
+    user_prefix = sys_to_user[len(system_suffix) :]
+    assistant_prefix = user_to_assistant[len(user_suffix) :]
+    consistent = (
+        sys_to_user.startswith(system_suffix)
+        and user_to_assistant.startswith(user_suffix)
+        and assistant_to_user == assistant_suffix + user_prefix
+    )
     if not consistent:
-        raise NotPerMessage("the chat template's text between messages depends on more than their roles",
-                            "Hone can rewrite templates that wrap each message in fixed text")
-    layout = ChatLayout(bos=bos, wrap={"system": (head[len(bos):], system_suffix), "user": (user_prefix, user_suffix),
-                                       "assistant": (assistant_prefix, assistant_suffix)},
-                        generation_prompt=generation_prompt, default_system=None)
+        raise NotPerMessage(
+            "the chat template's text between messages depends on more than their roles",
+            "Hone can rewrite templates that wrap each message in fixed text",
+        )
+    layout = ChatLayout(
+        bos=bos,
+        wrap={
+            "system": (head[len(bos) :], system_suffix),
+            "user": (user_prefix, user_suffix),
+            "assistant": (assistant_prefix, assistant_suffix),
+        },
+        generation_prompt=generation_prompt,
+        default_system=None,
+    )
     no_system = _render(tokenizer, [u1], True)
     if no_system != layout.render([u1]):
         system_prefix = bos + layout.wrap["system"][0]
-        ending = system_suffix + layout.render([u1])[len(bos):]
+        ending = system_suffix + layout.render([u1])[len(bos) :]
         if not (no_system.startswith(system_prefix) and no_system.endswith(ending)):
-            raise NotPerMessage("the chat template changes a conversation without a system message in a way "
-                                "other than adding a default one", "")
-        layout = ChatLayout(bos=bos, wrap=layout.wrap, generation_prompt=generation_prompt,
-                            default_system=no_system[len(system_prefix):len(no_system) - len(ending)])
+            raise NotPerMessage(
+                "the chat template changes a conversation without a system message in a way "
+                "other than adding a default one",
+                "",
+            )
+        layout = ChatLayout(
+            bos=bos,
+            wrap=layout.wrap,
+            generation_prompt=generation_prompt,
+            default_system=no_system[len(system_prefix) : len(no_system) - len(ending)],
+        )
     return layout
 
 
@@ -128,11 +154,22 @@ def verify_layout(layout: ChatLayout, tokenizer, render=None) -> list[str]:
     talks = [
         [{"role": "user", "content": "Hi!"}],
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}],
-        [{"role": "user", "content": "Two lines:\nfirst\n  second"}, {"role": "assistant", "content": "Got it."},
-         {"role": "user", "content": "Thanks."}],
-        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"},
-         {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"},
-         {"role": "assistant", "content": "6"}, {"role": "user", "content": "And 4+4?"}],
+        [
+            {"role": "user", "content": "Two lines:\nfirst\n  second"},
+            {"role": "assistant", "content": "Got it."},
+            {"role": "user", "content": "Thanks."},
+        ],
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "3+3?"},
+            {"role": "assistant", "content": "6"},
+            {"role": "user", "content": "And 4+4?"},
+        ],
     ]
-    return [f"{[m['role'] for m in talk]}: template {expected!r} != {got!r}" for talk in talks
-            if (expected := _render(tokenizer, talk, True)) != (got := render(talk))]
+    return [
+        f"{[m['role'] for m in talk]}: template {expected!r} != {got!r}"
+        for talk in talks
+        if (expected := _render(tokenizer, talk, True)) != (got := render(talk))
+    ]

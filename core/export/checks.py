@@ -29,8 +29,9 @@ class CheckLog:
 
     def note(self, name: str, value: float | str) -> None:
         """Record a number or text that informs but does not decide."""
-        self.checks[name] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
-            else str(value)
+        self.checks[name] = (
+            float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+        )
 
     def within(self, name: str, value: float, tolerance: float, what: str) -> bool:
         """Record `value` and its tolerance; a value above the tolerance (or NaN) is a failure."""

@@ -8,8 +8,14 @@ from hone.core.export.formats import ExportResult, parse_format
 from hone.core.export.source import Progress
 
 
-def export_run(run_dir: str | Path, fmt: str, out: str | Path | None = None, *, force: bool = False,
-               progress: Progress | None = None) -> ExportResult:
+def export_run(
+    run_dir: str | Path,
+    fmt: str,
+    out: str | Path | None = None,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> ExportResult:
     """Export a run in one format and read the result back.
 
     Args:

@@ -12,14 +12,14 @@ from hone.core.errors import HoneError
 
 SUPPORTED_FORMATS: dict[str, str] = {
     "adapter": "the LoRA adapter as a PEFT folder: weights, adapter_config.json, tokenizer with chat template, "
-               "model card",
+    "model card",
     "merged": "the LoRA merged into the base model: 16-bit safetensors shards with config and tokenizer "
-              "(merged:bf16 or merged:f16)",
+    "(merged:bf16 or merged:f16)",
     "gguf": "the merged model as one GGUF file for llama.cpp, LM Studio and Ollama (gguf:TYPE, default q8_0)",
     "gguf-lora": "the adapter alone as a GGUF LoRA file in llama.cpp's layout (use it with --lora on a GGUF "
-                 "of the base model)",
+    "of the base model)",
     "ollama": "a GGUF of the merged model plus an Ollama Modelfile with chat template, stop tokens and "
-              "parameters (ollama:TYPE, default q8_0)",
+    "parameters (ollama:TYPE, default q8_0)",
 }
 
 # GGUF weight types the `gguf` package writes correctly (its own quantizers). 1-D tensors (norms, biases) are
@@ -36,8 +36,10 @@ GGUF_TYPES: dict[str, str] = {
 }
 DEFAULT_GGUF_TYPE = "q8_0"
 # K-quants and i-quants have no quantizer in the `gguf` package; llama.cpp's own tool makes them from an f16 file.
-K_QUANT_ADVICE = ("K-quants (q4_k_m, q5_k_m, q6_k, ...) need llama.cpp's quantizer: export gguf:f16, then run "
-                  "`llama-quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M`")
+K_QUANT_ADVICE = (
+    "K-quants (q4_k_m, q5_k_m, q6_k, ...) need llama.cpp's quantizer: export gguf:f16, then run "
+    "`llama-quantize model-f16.gguf model-q4_k_m.gguf Q4_K_M`"
+)
 
 MERGED_TYPES: dict[str, str] = {
     "bf16": "bfloat16 safetensors (the default when the base model does not say otherwise)",
@@ -91,9 +93,10 @@ def parse_format(text: str) -> ExportSpec:
     """
     name, _, kind = text.strip().lower().partition(":")
     if name not in SUPPORTED_FORMATS:
-        raise ExportError(f"unknown export format {text!r}",
-                          f"choose one of: {', '.join(SUPPORTED_FORMATS)} (gguf and ollama take a type, e.g. "
-                          f"gguf:q8_0)")
+        raise ExportError(
+            f"unknown export format {text!r}",
+            f"choose one of: {', '.join(SUPPORTED_FORMATS)} (gguf and ollama take a type, e.g. gguf:q8_0)",
+        )
     types = FORMAT_TYPES[name]
     if not kind:
         return ExportSpec(name, None)

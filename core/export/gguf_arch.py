@@ -18,17 +18,27 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "qwen2": "Qwen2 and Qwen2.5 (dense)",
     "qwen3": "Qwen3 (dense)",
 }
-_ADVICE = ("GGUF export supports " + ", ".join(f"{k} ({v})" for k, v in SUPPORTED_ARCHITECTURES.items())
-           + "; for other models export `merged` and convert it with llama.cpp's convert_hf_to_gguf.py")
+_ADVICE = (
+    "GGUF export supports "
+    + ", ".join(f"{k} ({v})" for k, v in SUPPORTED_ARCHITECTURES.items())
+    + "; for other models export `merged` and convert it with llama.cpp's convert_hf_to_gguf.py"
+)
 
 # Hugging Face module -> llama.cpp tensor name, each with `.weight` or `.bias`. `output` is left out when the LM head
 # is tied to the embeddings (llama.cpp then reuses token_embd); blocks are `blk.N.<name>`.
 _GLOBAL_TENSORS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _BLOCK_TENSORS = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
 }
 _BLOCK_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
@@ -52,8 +62,9 @@ def check_supported(config) -> str:
     if rope.get("rope_type", "default") not in allowed_rope:
         problems.append(f"{rope.get('rope_type')} rope scaling")
     if problems:
-        raise ExportError(f"this {model_type} model uses {' and '.join(problems)}, which Hone's GGUF writer does "
-                          "not handle", _ADVICE)
+        raise ExportError(
+            f"this {model_type} model uses {' and '.join(problems)}, which Hone's GGUF writer does not handle", _ADVICE
+        )
     return model_type
 
 

@@ -38,21 +38,29 @@ def check_adapter_weights(run) -> None:
 
     config = run.adapter_config
     if config.get("use_dora"):
-        raise ExportError("this adapter uses DoRA, which llama.cpp's LoRA format cannot hold",
-                          "export `gguf` (the merged model) instead")
+        raise ExportError(
+            "this adapter uses DoRA, which llama.cpp's LoRA format cannot hold",
+            "export `gguf` (the merged model) instead",
+        )
     with safe_open(run.adapter_dir / "adapter_model.safetensors", "pt") as f:
         for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
             match = _PEFT_NAME.match(key)
             if not match:
-                raise ExportError(f"the adapter holds {key}, which is not a LoRA A/B matrix of a linear layer",
-                                  "GGUF LoRA holds only LoRA matrices; export `gguf` (the merged model) instead")
+                raise ExportError(
+                    f"the adapter holds {key}, which is not a LoRA A/B matrix of a linear layer",
+                    "GGUF LoRA holds only LoRA matrices; export `gguf` (the merged model) instead",
+                )
             if match["module"].endswith(("embed_tokens", "lm_head")):
-                raise ExportError(f"the adapter adapts {match['module']}; llama.cpp's LoRA loader does not apply "
-                                  "adapters to embeddings or the output head", "export `gguf` (merged) instead")
+                raise ExportError(
+                    f"the adapter adapts {match['module']}; llama.cpp's LoRA loader does not apply "
+                    "adapters to embeddings or the output head",
+                    "export `gguf` (merged) instead",
+                )
 
 
-def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool = False,
-                     progress: Progress | None = None) -> ExportResult:
+def export_gguf_lora(
+    run_dir, out=None, *, dtype: str | None = None, force: bool = False, progress: Progress | None = None
+) -> ExportResult:
     """Write the run's adapter as a GGUF LoRA file for llama.cpp (llama, qwen2 and qwen3 bases).
 
     Layout (llama.cpp's LoRA loader): metadata general.type = "adapter", general.architecture = the base model's,
@@ -95,8 +103,11 @@ def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool
         loaded = run.load_base()
         model = loaded.model
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        base_tensors = {gguf_tensor_name(n): tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)
-                        if not (tied and n == "lm_head.weight")}
+        base_tensors = {
+            gguf_tensor_name(n): tuple(p.shape)
+            for n, p in model.named_parameters(remove_duplicate=False)
+            if not (tied and n == "lm_head.weight")
+        }
         peft_model = PeftModel.from_pretrained(model, run.adapter_dir)
         modules = lora_modules(peft_model)
         steps.start("writing the LoRA")
@@ -133,8 +144,9 @@ def export_gguf_lora(run_dir, out=None, *, dtype: str | None = None, force: bool
     return result
 
 
-def check_lora_file(path, arch: str, alpha: float, base_tensors: dict, modules: dict, config, dtype: str,
-                    log: CheckLog) -> None:
+def check_lora_file(
+    path, arch: str, alpha: float, base_tensors: dict, modules: dict, config, dtype: str, log: CheckLog
+) -> None:
     """Read the file back with gguf.GGUFReader and check it as llama.cpp's loader would, plus the math.
 
     Checks the metadata; that every pair names a tensor of the base model's GGUF with shapes llama.cpp accepts;
@@ -148,23 +160,33 @@ def check_lora_file(path, arch: str, alpha: float, base_tensors: dict, modules: 
 
     reader = GGUFReader(path)
     fields = {name: field.contents() for name, field in reader.fields.items()}
-    meta_ok = (fields.get("general.type") == "adapter" and fields.get("adapter.type") == "lora"
-               and fields.get("general.architecture") == arch
-               and float(np.float32(fields.get("adapter.lora.alpha", 0.0))) == float(np.float32(alpha)))
-    log.require("gguf_lora.metadata", meta_ok, f"LoRA GGUF metadata read back is wrong: type "
-                f"{fields.get('general.type')}, adapter {fields.get('adapter.type')}, arch "
-                f"{fields.get('general.architecture')}, alpha {fields.get('adapter.lora.alpha')}")
+    meta_ok = (
+        fields.get("general.type") == "adapter"
+        and fields.get("adapter.type") == "lora"
+        and fields.get("general.architecture") == arch
+        and float(np.float32(fields.get("adapter.lora.alpha", 0.0))) == float(np.float32(alpha))
+    )
+    log.require(
+        "gguf_lora.metadata",
+        meta_ok,
+        f"LoRA GGUF metadata read back is wrong: type "
+        f"{fields.get('general.type')}, adapter {fields.get('adapter.type')}, arch "
+        f"{fields.get('general.architecture')}, alpha {fields.get('adapter.lora.alpha')}",
+    )
     pairs: dict[str, dict[str, object]] = {}
     for tensor in reader.tensors:
         base, _, part = tensor.name.rpartition(".")
         pairs.setdefault(base, {})[part] = tensor
     expected = {gguf_tensor_name(f"{name}.weight") for name in modules}
-    log.require("gguf_lora.tensor_names", set(pairs) == expected and all(set(p) == {"lora_a", "lora_b"}
-                                                                          for p in pairs.values()),
-                f"LoRA GGUF tensors do not pair up with the adapted modules: {sorted(set(pairs) ^ expected)[:3]}")
+    log.require(
+        "gguf_lora.tensor_names",
+        set(pairs) == expected and all(set(p) == {"lora_a", "lora_b"} for p in pairs.values()),
+        f"LoRA GGUF tensors do not pair up with the adapted modules: {sorted(set(pairs) ^ expected)[:3]}",
+    )
     unknown = sorted(set(pairs) - set(base_tensors))
-    log.require("gguf_lora.base_tensors", not unknown, f"LoRA GGUF names tensors the base GGUF does not have: "
-                f"{unknown[:3]}")
+    log.require(
+        "gguf_lora.base_tensors", not unknown, f"LoRA GGUF names tensors the base GGUF does not have: {unknown[:3]}"
+    )
     bad_shapes, worst = [], 0.0
     names = {gguf_tensor_name(f"{name}.weight"): module for name, module in modules.items()}
     for base, pair in pairs.items():
@@ -173,8 +195,9 @@ def check_lora_file(path, arch: str, alpha: float, base_tensors: dict, modules: 
         a_info, b_info = pair["lora_a"], pair["lora_b"]
         out_features, in_features = base_tensors[base]
         # llama.cpp's loader: a.ne[0] == W.ne[0] (inputs), b.ne[1] == W.ne[1] (outputs), a.ne[1] == b.ne[0] (rank)
-        if not (a_info.shape[0] == in_features and b_info.shape[1] == out_features
-                and a_info.shape[1] == b_info.shape[0]):
+        if not (
+            a_info.shape[0] == in_features and b_info.shape[1] == out_features and a_info.shape[1] == b_info.shape[0]
+        ):
             bad_shapes.append(base)
             continue
         a = torch.from_numpy(dequantize(a_info.data, a_info.tensor_type).copy())
@@ -182,7 +205,12 @@ def check_lora_file(path, arch: str, alpha: float, base_tensors: dict, modules: 
         delta = alpha / int(b_info.shape[0]) * (b @ a)
         reference = to_gguf_layout(base, names[base].get_delta_weight("default").detach().float(), config, arch)
         worst = max(worst, float((delta - reference).abs().max() / (reference.abs().max() or 1.0)))
-    log.require("gguf_lora.shapes", not bad_shapes, f"LoRA GGUF tensors with shapes llama.cpp rejects: "
-                f"{bad_shapes[:3]}")
-    log.within("gguf_lora.delta.max_rel_diff", worst, DELTA_TOLERANCE[dtype],
-               "alpha / r * lora_b @ lora_a from the file vs peft's delta weights")
+    log.require(
+        "gguf_lora.shapes", not bad_shapes, f"LoRA GGUF tensors with shapes llama.cpp rejects: {bad_shapes[:3]}"
+    )
+    log.within(
+        "gguf_lora.delta.max_rel_diff",
+        worst,
+        DELTA_TOLERANCE[dtype],
+        "alpha / r * lora_b @ lora_a from the file vs peft's delta weights",
+    )

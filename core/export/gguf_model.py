@@ -34,14 +34,30 @@ from hone.core.train.adapter_dir import base_model
 # to 11 and 8 significant bits (2^-11, 2^-8); q8_0 rounds to 1/254 of its 32-weight block's max plus the f16 scale's
 # rounding; q5_0 / q4_0 step 1/16 and 1/8 of the block max (a block's largest opposite-sign value can clamp a
 # whole step); q5_1 / q4_1 split the block's range into 31 and 15 steps. A margin of ~10% on top.
-TENSOR_TOLERANCE = {"f32": 0.0, "f16": 6e-4, "bf16": 4.5e-3, "q8_0": 5e-3, "q5_1": 0.04, "q5_0": 0.07,
-                    "q4_1": 0.075, "q4_0": 0.14}
+TENSOR_TOLERANCE = {
+    "f32": 0.0,
+    "f16": 6e-4,
+    "bf16": 4.5e-3,
+    "q8_0": 5e-3,
+    "q5_1": 0.04,
+    "q5_0": 0.07,
+    "q4_1": 0.075,
+    "q4_0": 0.14,
+}
 # max |logits(GGUF) - logits(merged)| / max |logits(merged)| on the probe conversation: the quantization's effect.
 # About 2x the worst measured per type on tiny random-init models and SmolLM2-135M with a LoRA (the figures:
 # docs/performance/export-accuracy.md). A 135M model loses much at 4-5 bits, so the low-bit bounds are loose; the
 # layout is proven by the exact comparison with the file's own weights instead.
-LOGITS_TOLERANCE = {"f32": 1e-5, "f16": 5e-3, "bf16": 3e-2, "q8_0": 0.08, "q5_1": 0.5, "q5_0": 0.6,
-                    "q4_1": 0.5, "q4_0": 1.5}
+LOGITS_TOLERANCE = {
+    "f32": 1e-5,
+    "f16": 5e-3,
+    "bf16": 3e-2,
+    "q8_0": 0.08,
+    "q5_1": 0.5,
+    "q5_0": 0.6,
+    "q4_1": 0.5,
+    "q4_0": 1.5,
+}
 # GGUF logits (transformers) vs the merged model holding the file's dequantized weights: the same float32 numbers
 # through the same code, so only summation order may differ.
 SAME_WEIGHTS_TOLERANCE = 1e-5
@@ -106,11 +122,15 @@ def plan_gguf(model, arch: str, qtype: str, vocab: Vocab, name: str, base: str) 
         tensors[ROPE_FREQS] = (ROPE_FREQS, tuple(factors.shape), tensor_type(ROPE_FREQS, factors.shape, qtype))
     file_type = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16"}.get(qtype, f"MOSTLY_{qtype.upper()}")
     metadata = {
-        "general.architecture": (arch, T.STRING), "general.type": ("model", T.STRING),
-        "general.name": (name, T.STRING), "general.file_type": (int(LlamaFileType[file_type]), T.UINT32),
+        "general.architecture": (arch, T.STRING),
+        "general.type": ("model", T.STRING),
+        "general.name": (name, T.STRING),
+        "general.file_type": (int(LlamaFileType[file_type]), T.UINT32),
         "general.quantization_version": (2, T.UINT32),  # ggml's current block layout version
-        "general.base_model.count": (1, T.UINT32), "general.base_model.0.name": (base, T.STRING),
-        **model_metadata(model.config, arch), **vocab.metadata(),
+        "general.base_model.count": (1, T.UINT32),
+        "general.base_model.0.name": (base, T.STRING),
+        **model_metadata(model.config, arch),
+        **vocab.metadata(),
     }
     return GgufPlan(arch=arch, qtype=qtype, tensors=tensors, metadata=metadata)
 
@@ -127,8 +147,9 @@ def write_gguf(path: Path, model, plan: GgufPlan, steps: Steps | None = None) ->
             writer.add_key_value(key, value, vtype, sub[0] if sub else None)
     for gguf_name, (_, shape, qtype) in plan.tensors.items():
         block, size = GGML_QUANT_SIZES[qtype]
-        writer.add_tensor_info(gguf_name, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size,
-                               raw_dtype=qtype)
+        writer.add_tensor_info(
+            gguf_name, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size, raw_dtype=qtype
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -156,19 +177,26 @@ def check_file(path: Path, model, plan: GgufPlan, log: CheckLog) -> None:
     import torch
     from gguf import GGMLQuantizationType
 
-    from hone.core.export.gguf_read import read_gguf
+    from hone.core.models.gguf_read import read_gguf
 
     file = read_gguf(path)
     wrong = [key for key, (value, *_) in plan.metadata.items() if not _same(value, file.metadata.get(key))]
     log.require("gguf.metadata", not wrong, f"GGUF metadata read back differs for: {', '.join(wrong[:5])}")
     names_ok = set(file.tensors) == set(plan.tensors)
-    log.require("gguf.tensor_names", names_ok,
-                f"GGUF tensor names differ: missing {sorted(set(plan.tensors) - set(file.tensors))[:3]}, "
-                f"unexpected {sorted(set(file.tensors) - set(plan.tensors))[:3]}")
-    bad_shape = [n for n, (_, shape, qtype) in plan.tensors.items() if n in file.tensors and
-                 (file.tensors[n].shape != tuple(reversed(shape)) or file.tensors[n].type != qtype)]
-    log.require("gguf.tensor_shapes_and_types", not bad_shape, f"GGUF tensors with a wrong shape or type: "
-                f"{bad_shape[:3]}")
+    log.require(
+        "gguf.tensor_names",
+        names_ok,
+        f"GGUF tensor names differ: missing {sorted(set(plan.tensors) - set(file.tensors))[:3]}, "
+        f"unexpected {sorted(set(file.tensors) - set(plan.tensors))[:3]}",
+    )
+    bad_shape = [
+        n
+        for n, (_, shape, qtype) in plan.tensors.items()
+        if n in file.tensors and (file.tensors[n].shape != tuple(reversed(shape)) or file.tensors[n].type != qtype)
+    ]
+    log.require(
+        "gguf.tensor_shapes_and_types", not bad_shape, f"GGUF tensors with a wrong shape or type: {bad_shape[:3]}"
+    )
     worst: dict[str, float] = {}
     for gguf_name, (hf_name, _, qtype) in plan.tensors.items():
         if gguf_name not in file.tensors:
@@ -182,8 +210,12 @@ def check_file(path: Path, model, plan: GgufPlan, log: CheckLog) -> None:
             param = model.get_parameter(hf_name)
             param.data = from_gguf_layout(gguf_name, torch.from_numpy(stored), model.config, plan.arch).to(param.dtype)
     for kind, error in sorted(worst.items()):
-        log.within(f"gguf.tensors.{kind}.max_rel_error", error, TENSOR_TOLERANCE[kind],
-                   f"{kind} tensors read back vs the merged weights")
+        log.within(
+            f"gguf.tensors.{kind}.max_rel_error",
+            error,
+            TENSOR_TOLERANCE[kind],
+            f"{kind} tensors read back vs the merged weights",
+        )
 
 
 def transformers_config(folder: Path, file_name: str, model, plan: GgufPlan, log: CheckLog):
@@ -193,25 +225,41 @@ def transformers_config(folder: Path, file_name: str, model, plan: GgufPlan, log
     config = AutoConfig.from_pretrained(folder, gguf_file=file_name)
     expected = model.config
     fixes = []
-    if head_dim(config) != head_dim(expected) and plan.metadata.get(f"{plan.arch}.attention.key_length",
-                                                                     (None,))[0] == head_dim(expected):
+    if head_dim(config) != head_dim(expected) and plan.metadata.get(f"{plan.arch}.attention.key_length", (None,))[
+        0
+    ] == head_dim(expected):
         config.head_dim = head_dim(expected)
         fixes.append(f"head_dim from {plan.arch}.attention.key_length")
     if rope_parameters(expected).get("rope_type") == "llama3" and rope_parameters(config).get("rope_type") != "llama3":
         config.rope_parameters = dict(rope_parameters(expected))
         fixes.append("llama3 rope scaling from the run (the file's rope_freqs tensor is checked against it)")
     log.note("gguf.transformers_config_completed", "; ".join(fixes) or "no")
-    fields = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-              "vocab_size", "tie_word_embeddings")
-    wrong = [f"{f}: {getattr(config, f, None)} != {getattr(expected, f, None)}" for f in fields
-             if getattr(config, f, None) != getattr(expected, f, None)]
+    fields = (
+        "num_hidden_layers",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "tie_word_embeddings",
+    )
+    wrong = [
+        f"{f}: {getattr(config, f, None)} != {getattr(expected, f, None)}"
+        for f in fields
+        if getattr(config, f, None) != getattr(expected, f, None)
+    ]
     wrong += [f"head_dim: {head_dim(config)} != {head_dim(expected)}"] if head_dim(config) != head_dim(expected) else []
-    for name, a, b in (("rms_norm_eps", config.rms_norm_eps, expected.rms_norm_eps),
-                       ("rope_theta", rope_parameters(config)["rope_theta"], rope_parameters(expected)["rope_theta"])):
+    for name, a, b in (
+        ("rms_norm_eps", config.rms_norm_eps, expected.rms_norm_eps),
+        ("rope_theta", rope_parameters(config)["rope_theta"], rope_parameters(expected)["rope_theta"]),
+    ):
         if abs(a - b) > 1e-6 * abs(b):
             wrong.append(f"{name}: {a} != {b}")
-    log.require("gguf.transformers_config", not wrong, f"transformers reads a different config from the GGUF: "
-                f"{'; '.join(wrong)}")
+    log.require(
+        "gguf.transformers_config",
+        not wrong,
+        f"transformers reads a different config from the GGUF: {'; '.join(wrong)}",
+    )
     return config
 
 
@@ -222,22 +270,41 @@ def check_with_transformers(path: Path, merged: Merged, plan: GgufPlan, log: Che
 
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        log.require("gguf.tokenizer.chat_template", tokenizer.chat_template == merged.tokenizer.chat_template,
-                    "the chat template read back from the GGUF differs")
+        log.require(
+            "gguf.tokenizer.chat_template",
+            tokenizer.chat_template == merged.tokenizer.chat_template,
+            "the chat template read back from the GGUF differs",
+        )
         # the run's tokenizer renders the probe: transformers 5.17 swaps BOS and EOS when it rebuilds a tokenizer
         # from any GGUF, which would change templates that write eos_token (the ids are checked in the metadata)
         same = probe_ids(tokenizer, probe_text(merged.tokenizer)).tolist() == merged.ids.tolist()
-        log.require("gguf.tokenizer.encoding", same,
-                    "the tokenizer transformers rebuilds from the GGUF encodes the probe conversation differently")
+        log.require(
+            "gguf.tokenizer.encoding",
+            same,
+            "the tokenizer transformers rebuilds from the GGUF encodes the probe conversation differently",
+        )
         config = transformers_config(path.parent, path.name, merged.model, plan, log)
-        loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config,
-                                                      dtype=torch.float32, **from_pretrained_options()).eval()
+        loaded = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, config=config, dtype=torch.float32, **from_pretrained_options()
+        ).eval()
     got = logits_of(loaded, merged.ids)
     del loaded
-    compare_logits(log, "gguf.same_weights.logits", got, logits_of(merged.model, merged.ids), SAME_WEIGHTS_TOLERANCE,
-                   "GGUF (loaded by transformers) vs the merged model holding the file's weights")
-    compare_logits(log, "gguf.logits", got, merged.merged_logits, LOGITS_TOLERANCE[plan.qtype],
-                   f"{plan.qtype} GGUF (loaded by transformers) vs merged model logits")
+    compare_logits(
+        log,
+        "gguf.same_weights.logits",
+        got,
+        logits_of(merged.model, merged.ids),
+        SAME_WEIGHTS_TOLERANCE,
+        "GGUF (loaded by transformers) vs the merged model holding the file's weights",
+    )
+    compare_logits(
+        log,
+        "gguf.logits",
+        got,
+        merged.merged_logits,
+        LOGITS_TOLERANCE[plan.qtype],
+        f"{plan.qtype} GGUF (loaded by transformers) vs merged model logits",
+    )
 
 
 def file_stem(run: RunSource) -> str:
@@ -262,20 +329,29 @@ def prepare(run: RunSource) -> Prepared:
 
     source, folder, config = load_config(run.config.model)
     arch = check_supported(config)
-    tokenizer = run.tokenizer(fallback=None) if (run.adapter_dir / "tokenizer_config.json").is_file() \
+    tokenizer = (
+        run.tokenizer(fallback=None)
+        if (run.adapter_dir / "tokenizer_config.json").is_file()
         else load_tokenizer(folder, config, run.config.model)
+    )
     try:
         layout = infer_layout(tokenizer)
     except ExportError:
         layout = None
     base_gguf = Path(source.path) if source.kind in ("gguf", "bundled") else None
-    vocab = build_vocab(tokenizer, config.vocab_size, eot_text=layout.turn_end if layout else None,
-                        bos_in_template=bool(layout and layout.bos), base_gguf=base_gguf)
+    vocab = build_vocab(
+        tokenizer,
+        config.vocab_size,
+        eot_text=layout.turn_end if layout else None,
+        bos_in_template=bool(layout and layout.bos),
+        base_gguf=base_gguf,
+    )
     return Prepared(arch=arch, tokenizer=tokenizer, layout=layout, vocab=vocab)
 
 
-def write_checked_gguf(run: RunSource, prepared: Prepared, folder: Path, qtype: str, log: CheckLog,
-                       steps: Steps) -> tuple[Path, Merged]:
+def write_checked_gguf(
+    run: RunSource, prepared: Prepared, folder: Path, qtype: str, log: CheckLog, steps: Steps
+) -> tuple[Path, Merged]:
     """Merge, write `<run>-<qtype>.gguf` into `folder` and check it four ways:
 
     1. metadata: every key read back (Hone's own reader, gguf_read.py) equals what was meant to be written;
@@ -296,8 +372,7 @@ def write_checked_gguf(run: RunSource, prepared: Prepared, folder: Path, qtype: 
     merged = merge_run(run, log, steps)
     for key, value in prepared.vocab.notes.items():
         log.note(f"gguf.vocab.{key}", value)
-    plan = plan_gguf(merged.model, prepared.arch, qtype, prepared.vocab, run.name,
-                     base_model(run.config.model).name)
+    plan = plan_gguf(merged.model, prepared.arch, qtype, prepared.vocab, run.name, base_model(run.config.model).name)
     path = folder / f"{file_stem(run)}-{qtype}.gguf"
     steps.start(f"writing {path.name}")
     write_gguf(path, merged.model, plan, steps)
@@ -308,8 +383,9 @@ def write_checked_gguf(run: RunSource, prepared: Prepared, folder: Path, qtype: 
     return path, merged
 
 
-def export_gguf(run_dir, out=None, *, qtype: str | None = None, force: bool = False,
-                progress: Progress | None = None) -> ExportResult:
+def export_gguf(
+    run_dir, out=None, *, qtype: str | None = None, force: bool = False, progress: Progress | None = None
+) -> ExportResult:
     """Merge the run's adapter into its base and write one GGUF file (llama, qwen2 and qwen3 models).
 
     Args:
@@ -334,5 +410,9 @@ def export_gguf(run_dir, out=None, *, qtype: str | None = None, force: bool = Fa
 
 def gguf_steps(run: RunSource, qtype: str, extra: dict[str, float] | None = None) -> dict[str, float]:
     """Progress stages of a GGUF export (and `extra` ones after it) with their relative cost."""
-    return {"loading and merging": 3, f"writing {file_stem(run)}-{qtype}.gguf": 3, "checking the GGUF": 4,
-            **(extra or {})}
+    return {
+        "loading and merging": 3,
+        f"writing {file_stem(run)}-{qtype}.gguf": 3,
+        "checking the GGUF": 4,
+        **(extra or {}),
+    }

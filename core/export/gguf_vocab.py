@@ -20,13 +20,18 @@ from hone.core.export.formats import ExportError
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
 # Split regexes of the byte-level tokenizers llama.cpp knows, as their tokenizer.json files write them.
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPLIT_PRE_TOKENIZERS = {LLAMA3_SPLIT: "llama-bpe", QWEN2_SPLIT: "qwen2"}
-SUPPORTED_TOKENIZERS = ("byte-level BPE tokenizers: Llama 3 (llama-bpe), Qwen2/2.5/3 (qwen2), SmolLM (smollm) "
-                        "and GPT-2 style (gpt-2)")
+SUPPORTED_TOKENIZERS = (
+    "byte-level BPE tokenizers: Llama 3 (llama-bpe), Qwen2/2.5/3 (qwen2), SmolLM (smollm) and GPT-2 style (gpt-2)"
+)
 
 
 @dataclass
@@ -60,8 +65,13 @@ class Vocab:
         }
         if self.merges:  # a GGUF array may not be empty
             meta["tokenizer.ggml.merges"] = (self.merges, T.ARRAY, T.STRING)
-        for key, value in (("bos", self.bos_id), ("eos", self.eos_id), ("padding", self.pad_id),
-                           ("unknown", self.unk_id), ("eot", self.eot_id)):
+        for key, value in (
+            ("bos", self.bos_id),
+            ("eos", self.eos_id),
+            ("padding", self.pad_id),
+            ("unknown", self.unk_id),
+            ("eot", self.eot_id),
+        ):
             if value is not None:
                 meta[f"tokenizer.ggml.{key}_token_id"] = (int(value), T.UINT32)
         if self.chat_template:
@@ -72,8 +82,10 @@ class Vocab:
 def _backend(tokenizer) -> dict:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise ExportError(f"GGUF export needs a fast (tokenizers) tokenizer; this one is {type(tokenizer).__name__}",
-                          f"Hone writes {SUPPORTED_TOKENIZERS}")
+        raise ExportError(
+            f"GGUF export needs a fast (tokenizers) tokenizer; this one is {type(tokenizer).__name__}",
+            f"Hone writes {SUPPORTED_TOKENIZERS}",
+        )
     return json.loads(backend.to_str())
 
 
@@ -104,17 +116,23 @@ def _base_gguf_pre(base_gguf: Path | None, tokens: list[str]) -> str | None:
     """The pre-tokenizer id a base GGUF states, when its vocabulary is the same as ours."""
     if base_gguf is None:
         return None
-    from hone.core.export.gguf_read import read_gguf
+    from hone.core.models.gguf_read import read_gguf
 
     meta = read_gguf(base_gguf, {"tokenizer.ggml.pre", "tokenizer.ggml.tokens"}).metadata
     theirs = meta.get("tokenizer.ggml.tokens")
     if not meta.get("tokenizer.ggml.pre") or not theirs:
         return None
-    return meta["tokenizer.ggml.pre"] if theirs == tokens[:len(theirs)] else None
+    return meta["tokenizer.ggml.pre"] if theirs == tokens[: len(theirs)] else None
 
 
-def build_vocab(tokenizer, vocab_size: int, *, eot_text: str | None = None, bos_in_template: bool = False,
-                base_gguf: Path | None = None) -> Vocab:
+def build_vocab(
+    tokenizer,
+    vocab_size: int,
+    *,
+    eot_text: str | None = None,
+    bos_in_template: bool = False,
+    base_gguf: Path | None = None,
+) -> Vocab:
     """Read the GGUF tokenizer metadata out of a transformers tokenizer.
 
     Args:
@@ -130,15 +148,20 @@ def build_vocab(tokenizer, vocab_size: int, *, eot_text: str | None = None, bos_
     """
     data = _backend(tokenizer)
     model = data.get("model", {})
-    if model.get("type") != "BPE" or not (_is_byte_level(data.get("pre_tokenizer"))
-                                          or _is_byte_level(data.get("decoder"))):
-        raise ExportError(f"GGUF export does not handle this tokenizer ({model.get('type')} model)",
-                          f"Hone writes {SUPPORTED_TOKENIZERS}; sentencepiece tokenizers (Llama 2, Mistral v0.1-0.3, "
-                          "Gemma) are not supported yet")
+    if model.get("type") != "BPE" or not (
+        _is_byte_level(data.get("pre_tokenizer")) or _is_byte_level(data.get("decoder"))
+    ):
+        raise ExportError(
+            f"GGUF export does not handle this tokenizer ({model.get('type')} model)",
+            f"Hone writes {SUPPORTED_TOKENIZERS}; sentencepiece tokenizers (Llama 2, Mistral v0.1-0.3, "
+            "Gemma) are not supported yet",
+        )
     size = len(tokenizer)
     if size > vocab_size:
-        raise ExportError(f"the tokenizer has {size} tokens but the model only {vocab_size} embedding rows",
-                          "the tokenizer does not belong to this model; check the run's adapter folder")
+        raise ExportError(
+            f"the tokenizer has {size} tokens but the model only {vocab_size} embedding rows",
+            "the tokenizer does not belong to this model; check the run's adapter folder",
+        )
     backend = tokenizer.backend_tokenizer
     added = {index: token for index, token in tokenizer.added_tokens_decoder.items()}
     tokens, types = [], []
@@ -161,9 +184,11 @@ def build_vocab(tokenizer, vocab_size: int, *, eot_text: str | None = None, bos_
     else:
         pre = detect_pre(data)
         if pre is None:
-            raise ExportError("GGUF export does not recognise this tokenizer's pre-tokenizer "
-                              f"({json.dumps(data.get('pre_tokenizer'))[:120]})",
-                              f"Hone writes {SUPPORTED_TOKENIZERS}")
+            raise ExportError(
+                "GGUF export does not recognise this tokenizer's pre-tokenizer "
+                f"({json.dumps(data.get('pre_tokenizer'))[:120]})",
+                f"Hone writes {SUPPORTED_TOKENIZERS}",
+            )
         notes["pre_tokenizer"] = pre
     probe = tokenizer("a")["input_ids"]
     bos_id = tokenizer.bos_token_id
@@ -172,6 +197,17 @@ def build_vocab(tokenizer, vocab_size: int, *, eot_text: str | None = None, bos_
     if isinstance(template, dict):
         template = template.get("default")
     eot_id = tokenizer.convert_tokens_to_ids(eot_text) if eot_text else None
-    return Vocab(tokens=tokens, token_types=types, merges=merges, pre=pre, bos_id=bos_id,
-                 eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, unk_id=tokenizer.unk_token_id,
-                 add_bos=add_bos, chat_template=template, eot_id=eot_id, notes=notes)
+    return Vocab(
+        tokens=tokens,
+        token_types=types,
+        merges=merges,
+        pre=pre,
+        bos_id=bos_id,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        unk_id=tokenizer.unk_token_id,
+        add_bos=add_bos,
+        chat_template=template,
+        eot_id=eot_id,
+        notes=notes,
+    )

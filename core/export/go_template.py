@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _ACTION = re.compile(r"\{\{(-\s)?(.*?)(\s-)?\}\}", re.S)
-_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<raw>`[^`]*`)|(?P<op>:=|[=(),|])|'
-                    r'(?P<num>-?\d+(?:\.\d+)?)|(?P<word>\$\w*(?:\.[A-Za-z_]\w*)*|\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*'
-                    r'|[A-Za-z_]\w*|\.))')
+_TOKEN = re.compile(
+    r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<raw>`[^`]*`)|(?P<op>:=|[=(),|])|'
+    r"(?P<num>-?\d+(?:\.\d+)?)|(?P<word>\$\w*(?:\.[A-Za-z_]\w*)*|\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+    r"|[A-Za-z_]\w*|\.))"
+)
 
 
 class GoTemplateError(ValueError):
@@ -52,7 +54,7 @@ def _split_actions(template: str) -> list[tuple[str, str]]:
     """[(kind, content)] with kind "text" or "action", whitespace trimming already applied."""
     parts, pos = [], 0
     for match in _ACTION.finditer(template):
-        text = template[pos:match.start()]
+        text = template[pos : match.start()]
         if match.group(1):
             text = text.rstrip(" \t\r\n")
         if parts and parts[-1][0] == "trim":
@@ -115,7 +117,7 @@ def _parse_block(parts, pos: int, top: bool = False):
             variables = []
             if ":=" in rest:
                 split = rest.index(":=")
-                variables, rest = [t for t in rest[:split] if t != ","], rest[split + 1:]
+                variables, rest = [t for t in rest[:split] if t != ","], rest[split + 1 :]
             body, pos = _parse_block(parts, pos + 1)
             if _lex(parts[pos][1]) != ["end"]:
                 raise GoTemplateError("range ... else is not supported")
@@ -154,10 +156,13 @@ _FUNCTIONS = {
     "not": lambda x: not truth(x),
     "eq": lambda x, *ys: any(x == y for y in ys),
     "ne": lambda x, y: x != y,
-    "lt": lambda x, y: x < y, "le": lambda x, y: x <= y, "gt": lambda x, y: x > y, "ge": lambda x, y: x >= y,
+    "lt": lambda x, y: x < y,
+    "le": lambda x, y: x <= y,
+    "gt": lambda x, y: x > y,
+    "ge": lambda x, y: x >= y,
     "len": len,
     "index": lambda x, *keys: _index(x, keys),
-    "slice": lambda x, *bounds: x[bounds[0]:] if len(bounds) == 1 else x[bounds[0]:bounds[1]] if bounds else x,
+    "slice": lambda x, *bounds: x[bounds[0] :] if len(bounds) == 1 else x[bounds[0] : bounds[1]] if bounds else x,
 }
 
 
@@ -232,7 +237,7 @@ def _evaluate(tokens: list[str], dot, scope: _Scope):
             while depth:
                 depth += {"(": 1, ")": -1}.get(tokens[end], 0)
                 end += 1
-            args.append(("value", _evaluate(tokens[pos + 1:end - 1], dot, scope)))
+            args.append(("value", _evaluate(tokens[pos + 1 : end - 1], dot, scope)))
             pos = end
         else:
             args.append(("word", token))

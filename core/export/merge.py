@@ -54,8 +54,10 @@ def qlora_round_trip(model, dtype_name: str) -> int:
     try:
         import bitsandbytes.functional as bnbf
     except ImportError:
-        raise ExportError("this run trained with QLoRA; merging it needs bitsandbytes to reproduce the 4-bit base",
-                          INSTALL_BITSANDBYTES) from None
+        raise ExportError(
+            "this run trained with QLoRA; merging it needs bitsandbytes to reproduce the 4-bit base",
+            INSTALL_BITSANDBYTES,
+        ) from None
     from hone.kernels.reference import nf4_quantize_reference
 
     dtype = torch.float16 if dtype_name == "float16" else torch.bfloat16
@@ -101,7 +103,14 @@ def merge_run(run: RunSource, log: CheckLog, steps=None) -> Merged:
     merged = peft_model.merge_and_unload()
     merged.eval()
     merged_logits = logits_of(merged, ids)
-    compare_logits(log, "merge.logits", merged_logits, reference, MERGE_TOLERANCE,
-                   "merged model vs base + adapter logits")
-    return Merged(model=merged, tokenizer=tokenizer, loaded=loaded, ids=ids, reference_logits=reference,
-                  merged_logits=merged_logits)
+    compare_logits(
+        log, "merge.logits", merged_logits, reference, MERGE_TOLERANCE, "merged model vs base + adapter logits"
+    )
+    return Merged(
+        model=merged,
+        tokenizer=tokenizer,
+        loaded=loaded,
+        ids=ids,
+        reference_logits=reference,
+        merged_logits=merged_logits,
+    )

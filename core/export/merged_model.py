@@ -37,8 +37,9 @@ def default_merged_type(run) -> str:
     return "f16" if str(stored).replace("torch.", "") == "float16" else "bf16"
 
 
-def export_merged(run_dir, out=None, *, dtype: str | None = None, force: bool = False,
-                  progress: Progress | None = None) -> ExportResult:
+def export_merged(
+    run_dir, out=None, *, dtype: str | None = None, force: bool = False, progress: Progress | None = None
+) -> ExportResult:
     """Merge the run's adapter into its base and save it as 16-bit safetensors with config and tokenizer.
 
     Args:
@@ -74,16 +75,28 @@ def export_merged(run_dir, out=None, *, dtype: str | None = None, force: bool = 
         write_model_card(folder, spec.label, base_model(run.config.model).name, run.name)
         steps.start("checking the saved model")
         del model, merged.model
-        reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                        **from_pretrained_options()).eval()
-        compare_logits(log, "merged.reload.logits", logits_of(reloaded, merged.ids), rounded_logits, 1e-6,
-                       "reloaded merged model vs the in-memory merged model")
-        compare_logits(log, "merged.rounding.logits", rounded_logits, merged.reference_logits,
-                       ROUNDING_TOLERANCE[dtype], f"{dtype} merged model vs base + adapter logits")
+        reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **from_pretrained_options()).eval()
+        compare_logits(
+            log,
+            "merged.reload.logits",
+            logits_of(reloaded, merged.ids),
+            rounded_logits,
+            1e-6,
+            "reloaded merged model vs the in-memory merged model",
+        )
+        compare_logits(
+            log,
+            "merged.rounding.logits",
+            rounded_logits,
+            merged.reference_logits,
+            ROUNDING_TOLERANCE[dtype],
+            f"{dtype} merged model vs base + adapter logits",
+        )
         tied = bool(getattr(reloaded.config, "tie_word_embeddings", False))
         if tied:
-            same = reloaded.get_output_embeddings().weight.data_ptr() == reloaded.get_input_embeddings().weight \
-                .data_ptr()
+            same = (
+                reloaded.get_output_embeddings().weight.data_ptr() == reloaded.get_input_embeddings().weight.data_ptr()
+            )
             log.require("merged.tied_embeddings", same, "the reloaded model's LM head is not tied to its embeddings")
         steps.within(0.6)
         check_tokenizer_copy(log, "merged.tokenizer", merged.tokenizer, folder)

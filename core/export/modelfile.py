@@ -17,12 +17,31 @@ from dataclasses import dataclass
 from hone.core.export.formats import ExportError
 
 # Ollama's commands (what its parser accepts at the start of a line), lower case as it compares them.
-COMMANDS = ("from", "license", "template", "system", "adapter", "draft", "renderer", "parser", "parameter",
-            "message", "requires")
+COMMANDS = (
+    "from",
+    "license",
+    "template",
+    "system",
+    "adapter",
+    "draft",
+    "renderer",
+    "parser",
+    "parameter",
+    "message",
+    "requires",
+)
 # Commands whose value is one text, written as a \"\"\" block (Ollama's name for FROM is "model").
-_TEXT_COMMANDS = {"model": "FROM", "template": "TEMPLATE", "system": "SYSTEM", "adapter": "ADAPTER",
-                  "license": "LICENSE", "draft": "DRAFT", "renderer": "RENDERER", "parser": "PARSER",
-                  "requires": "REQUIRES"}
+_TEXT_COMMANDS = {
+    "model": "FROM",
+    "template": "TEMPLATE",
+    "system": "SYSTEM",
+    "adapter": "ADAPTER",
+    "license": "LICENSE",
+    "draft": "DRAFT",
+    "renderer": "RENDERER",
+    "parser": "PARSER",
+    "requires": "REQUIRES",
+}
 _ROLES = ("system", "user", "assistant")
 # A value Ollama reads unquoted exactly as written: no spaces, quotes or characters it drops.
 _PLAIN = re.compile(r"[A-Za-z0-9._+\-/:]+")
@@ -71,8 +90,11 @@ def quoted(value: str, what: str, *, block: bool = False) -> str:
         raise ExportError(f'{what} contains """, which a Modelfile value cannot hold', _BY_HAND)
     dropped = _dropped(value)
     if dropped:
-        raise ExportError(f"{what} contains {', '.join(f'U+{ord(c):04X}' for c in dropped)}, which Ollama drops when "
-                          "it reads a Modelfile", _BY_HAND)
+        raise ExportError(
+            f"{what} contains {', '.join(f'U+{ord(c):04X}' for c in dropped)}, which Ollama drops when "
+            "it reads a Modelfile",
+            _BY_HAND,
+        )
     if block or '"' in value or "\n" in value or "\r" in value:
         return f'"""{value}"""'
     return value if _PLAIN.fullmatch(value) else f'"{value}"'
@@ -158,16 +180,15 @@ def parse(text: str) -> list[Command]:
         if following != state:
             word = "".join(buffer)
             if state == _NAME:
-                if word.lower() not in COMMANDS:
-                    raise ModelfileSyntaxError(f"(line {line}): {word!r} is not a Modelfile command")
-                name = {"from": "model"}.get(word.lower(), word.lower())
+                name = _command_name(word, line)
                 following = {"parameter": _PARAMETER, "message": _MESSAGE}.get(name, following)
             elif state == _PARAMETER:
                 name = word
             elif state == _MESSAGE:
                 if word not in _ROLES:
-                    raise ModelfileSyntaxError(f"(line {line}): MESSAGE role {word!r} is not one of "
-                                               f"{', '.join(_ROLES)}")
+                    raise ModelfileSyntaxError(
+                        f"(line {line}): MESSAGE role {word!r} is not one of {', '.join(_ROLES)}"
+                    )
                 role = word
             elif state == _VALUE:
                 value, complete = _unquote(word.strip())
@@ -179,8 +200,22 @@ def parse(text: str) -> list[Command]:
             buffer, state = [], following
         if keep and keep.isprintable():
             buffer.append(keep)
+    _end_of_file(commands, state, "".join(buffer), line, name, role)
+    return commands
+
+
+def _command_name(word: str, line: int) -> str:
+    """The command a command word names, lower case, FROM as "model"."""
+    if word.lower() not in COMMANDS:
+        raise ModelfileSyntaxError(f"(line {line}): {word!r} is not a Modelfile command")
+    return {"from": "model"}.get(word.lower(), word.lower())
+
+
+def _end_of_file(commands: list[Command], state: int, word: str, line: int, name: str, role: str) -> None:
+    """At the end of the text: add the last command when its value was being read, else check none is left open;
+    then check there was a FROM."""
     if state == _VALUE:
-        value, complete = _unquote("".join(buffer).strip())
+        value, complete = _unquote(word.strip())
         if not complete:
             raise ModelfileSyntaxError(f"(line {line}): a quoted value is not closed")
         commands.append(Command(name, f"{role}: {value}" if role else value))
@@ -188,7 +223,6 @@ def parse(text: str) -> list[Command]:
         raise ModelfileSyntaxError(f"(line {line}): the file ends inside a command")
     if not any(command.name == "model" for command in commands):
         raise ModelfileSyntaxError("no FROM line")
-    return commands
 
 
 def differences(read: list[Command], meant: list[Command]) -> list[str]:
@@ -204,6 +238,7 @@ def differences(read: list[Command], meant: list[Command]) -> list[str]:
         elif got is None:
             out.append(f"command {i + 1} ({want.directive}) is missing")
         else:
-            out.append(f"command {i + 1} reads as {got.directive} {got.args[:60]!r}, meant {want.directive} "
-                       f"{want.args[:60]!r}")
+            out.append(
+                f"command {i + 1} reads as {got.directive} {got.args[:60]!r}, meant {want.directive} {want.args[:60]!r}"
+            )
     return out

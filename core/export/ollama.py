@@ -28,8 +28,13 @@ MODELFILE = "Modelfile"
 # cache modest on laptops. Capped at the model's own context length; edit num_ctx for long documents.
 NUM_CTX = 4096
 # generation_config.json field -> Ollama PARAMETER name
-_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "repetition_penalty": "repeat_penalty",
-             "min_p": "min_p"}
+_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "repetition_penalty": "repeat_penalty",
+    "min_p": "min_p",
+}
 
 
 def go_template(layout: ChatLayout) -> str:
@@ -37,21 +42,26 @@ def go_template(layout: ChatLayout) -> str:
     templates do, so a partial answer can be continued)."""
     texts = [t for role in ROLES for t in layout.wrap[role]] + [layout.generation_prompt]
     if any("{{" in t or "}}" in t for t in texts):
-        raise ExportError("the chat template's text contains '{{' or '}}', which Ollama templates cannot hold",
-                          "export gguf and write the Ollama TEMPLATE by hand")
+        raise ExportError(
+            "the chat template's text contains '{{' or '}}', which Ollama templates cannot hold",
+            "export gguf and write the Ollama TEMPLATE by hand",
+        )
     (sp, ss), (up, us), (ap, asuf) = (layout.wrap[r] for r in ROLES)
-    return ('{{ range $i, $_ := .Messages }}{{ $last := eq (len (slice $.Messages $i)) 1 }}'
-            f'{{{{ if eq .Role "system" }}}}{sp}{{{{ .Content }}}}{ss}'
-            f'{{{{ else if eq .Role "user" }}}}{up}{{{{ .Content }}}}{us}'
-            f'{{{{ else if eq .Role "assistant" }}}}{ap}{{{{ .Content }}}}{{{{ if not $last }}}}{asuf}{{{{ end }}}}'
-            f'{{{{ end }}}}{{{{ if and $last (ne .Role "assistant") }}}}{layout.generation_prompt}{{{{ end }}}}'
-            '{{ end }}')
+    return (
+        "{{ range $i, $_ := .Messages }}{{ $last := eq (len (slice $.Messages $i)) 1 }}"
+        f'{{{{ if eq .Role "system" }}}}{sp}{{{{ .Content }}}}{ss}'
+        f'{{{{ else if eq .Role "user" }}}}{up}{{{{ .Content }}}}{us}'
+        f'{{{{ else if eq .Role "assistant" }}}}{ap}{{{{ .Content }}}}{{{{ if not $last }}}}{asuf}{{{{ end }}}}'
+        f'{{{{ end }}}}{{{{ if and $last (ne .Role "assistant") }}}}{layout.generation_prompt}{{{{ end }}}}'
+        "{{ end }}"
+    )
 
 
 def stop_strings(layout: ChatLayout, tokenizer) -> list[str]:
     """Strings that end the assistant's turn: the turn-end token, special tokens that open a turn, EOS."""
-    special = set(tokenizer.all_special_tokens) | {t.content for t in tokenizer.added_tokens_decoder.values()
-                                                   if t.special}
+    special = set(tokenizer.all_special_tokens) | {
+        t.content for t in tokenizer.added_tokens_decoder.values() if t.special
+    }
     stops = []
     if layout.turn_end:
         stops.append(layout.turn_end)
@@ -72,8 +82,11 @@ def sampling_parameters(folder) -> dict[str, float]:
     except OSError:
         return {}
     diff = config.to_diff_dict()
-    return {ollama: diff[hf] for hf, ollama in _SAMPLING.items()
-            if isinstance(diff.get(hf), (int, float)) and not isinstance(diff[hf], bool) and math.isfinite(diff[hf])}
+    return {
+        ollama: diff[hf]
+        for hf, ollama in _SAMPLING.items()
+        if isinstance(diff.get(hf), (int, float)) and not isinstance(diff[hf], bool) and math.isfinite(diff[hf])
+    }
 
 
 def modelfile_commands(gguf_name: str, layout: ChatLayout, stops: list[str], parameters: dict) -> list[Command]:
@@ -85,8 +98,9 @@ def modelfile_commands(gguf_name: str, layout: ChatLayout, stops: list[str], par
     if layout.default_system is not None:
         commands.append(Command("system", layout.default_system))
     commands += [Command("stop", stop) for stop in stops]
-    commands += [Command(name, repr(value) if isinstance(value, float) else str(value))
-                 for name, value in parameters.items()]
+    commands += [
+        Command(name, repr(value) if isinstance(value, float) else str(value)) for name, value in parameters.items()
+    ]
     return commands
 
 
@@ -101,13 +115,16 @@ def write_modelfile(path: Path, commands: list[Command], run_name: str) -> None:
     Raises:
         ExportError: a value Ollama could not read back unchanged (one holding \"\"\", a character it drops).
     """
-    comments = [f"Modelfile written by Hone Studio for run {run_name}.",
-                f"Create the model: ollama create {ollama_model_name(run_name)} -f {MODELFILE}"]
+    comments = [
+        f"Modelfile written by Hone Studio for run {run_name}.",
+        f"Create the model: ollama create {ollama_model_name(run_name)} -f {MODELFILE}",
+    ]
     path.write_text(render(commands, comments), encoding="utf-8")
 
 
-def check_modelfile(folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer, log: CheckLog,
-                    meant: list[Command]) -> None:
+def check_modelfile(
+    folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer, log: CheckLog, meant: list[Command]
+) -> None:
     """Read the Modelfile back as Ollama does (modelfile.parse) and check it: the commands are exactly `meant`, in
     order (nothing added, dropped or changed); FROM names the GGUF beside it; the TEMPLATE, rendered the way Ollama
     does (Go text/template semantics, default system inserted, BOS added by llama.cpp), produces exactly the text
@@ -117,15 +134,19 @@ def check_modelfile(folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer
         mismatches = differences(commands, meant)
     except ModelfileSyntaxError as e:
         commands, mismatches = [], [f"Ollama's parser refuses it {e}"]
-    log.require("ollama.commands", not mismatches, f"the Modelfile does not read back as written: "
-                f"{'; '.join(mismatches[:3])}")
+    log.require(
+        "ollama.commands", not mismatches, f"the Modelfile does not read back as written: {'; '.join(mismatches[:3])}"
+    )
 
     def first(name: str, default=None):
         return next((c.args for c in commands if c.name == name), default)
 
     source = first("model", "")
-    log.require("ollama.from", (folder / source).resolve() == gguf_path.resolve() and gguf_path.is_file(),
-                f"the Modelfile's FROM {source!r} does not name the GGUF beside it")
+    log.require(
+        "ollama.from",
+        (folder / source).resolve() == gguf_path.resolve() and gguf_path.is_file(),
+        f"the Modelfile's FROM {source!r} does not name the GGUF beside it",
+    )
     template = first("template", "")
     system = first("system")
 
@@ -139,17 +160,24 @@ def check_modelfile(folder: Path, gguf_path: Path, layout: ChatLayout, tokenizer
         mismatches = verify_layout(layout, tokenizer, ollama_render)
     except GoTemplateError as e:
         mismatches = [f"the template does not render: {e}"]
-    log.require("ollama.template", not mismatches, f"the Ollama TEMPLATE renders differently from the chat "
-                f"template: {mismatches[:1]}")
+    log.require(
+        "ollama.template",
+        not mismatches,
+        f"the Ollama TEMPLATE renders differently from the chat template: {mismatches[:1]}",
+    )
     stops = [c.args for c in commands if c.name == "stop"]
     vocab = tokenizer.get_vocab()
-    log.require("ollama.stop_tokens", bool(stops) and all(s in vocab for s in stops),
-                f"stop strings that are not single tokens of the vocabulary: {[s for s in stops if s not in vocab]}")
+    log.require(
+        "ollama.stop_tokens",
+        bool(stops) and all(s in vocab for s in stops),
+        f"stop strings that are not single tokens of the vocabulary: {[s for s in stops if s not in vocab]}",
+    )
     log.note("ollama.stops", ", ".join(stops))
 
 
-def export_ollama(run_dir, out=None, *, qtype: str | None = None, force: bool = False,
-                  progress: Progress | None = None) -> ExportResult:
+def export_ollama(
+    run_dir, out=None, *, qtype: str | None = None, force: bool = False, progress: Progress | None = None
+) -> ExportResult:
     """Write a GGUF of the merged model and an Ollama Modelfile beside it.
 
     Args:
@@ -177,8 +205,11 @@ def export_ollama(run_dir, out=None, *, qtype: str | None = None, force: bool = 
         parameters["num_ctx"] = min(NUM_CTX, context)
         commands = modelfile_commands(path.name, layout, stop_strings(layout, tokenizer), parameters)
         write_modelfile(folder / MODELFILE, commands, run.name)
-        log.require("ollama.bos", prepared.vocab.add_bos or not layout.bos,
-                    "the template writes BOS but the GGUF does not ask llama.cpp to add it")
+        log.require(
+            "ollama.bos",
+            prepared.vocab.add_bos or not layout.bos,
+            "the template writes BOS but the GGUF does not ask llama.cpp to add it",
+        )
         check_modelfile(folder, path, layout, tokenizer, log, commands)
         result = finish(folder, out, run, spec, log)
     steps.done()

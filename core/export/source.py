@@ -75,8 +75,10 @@ class RunSource:
             try:
                 return AutoTokenizer.from_pretrained(self.adapter_dir)
             except (OSError, ValueError, KeyError) as e:  # json.JSONDecodeError is a ValueError
-                raise ExportError(f"the tokenizer files in {self.adapter_dir} cannot be read ({type(e).__name__}: "
-                                  f"{e})", _damaged_advice(self.run_dir)) from None
+                raise ExportError(
+                    f"the tokenizer files in {self.adapter_dir} cannot be read ({type(e).__name__}: {e})",
+                    _damaged_advice(self.run_dir),
+                ) from None
         if fallback is None:
             raise ExportError(f"{self.adapter_dir} holds no tokenizer files", "re-save the adapter with its tokenizer")
         return fallback
@@ -92,8 +94,9 @@ def open_run(run_dir: str | Path) -> RunSource:
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir} does not exist", "give the folder of a run (runs/<name>)")
     if not (run_dir / CONFIG_FILE).is_file():
-        raise ExportError(f"{run_dir} is not a run folder (it has no {CONFIG_FILE})",
-                          "give the folder `hone train` wrote for the run")
+        raise ExportError(
+            f"{run_dir} is not a run folder (it has no {CONFIG_FILE})", "give the folder `hone train` wrote for the run"
+        )
     config = RunConfig.load(run_dir / CONFIG_FILE)
     adapter_dir = run_dir / ADAPTER_DIR
     missing = [f for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (adapter_dir / f).is_file()]
@@ -103,16 +106,21 @@ def open_run(run_dir: str | Path) -> RunSource:
         if status == "running":
             advice = "the run is still training: wait for it to finish, or stop it (stopping saves the adapter)"
         elif status == INTERRUPTED:
-            advice = (f"the run was interrupted at step {summary.step} ({summary.reason}): resume it with "
-                      f"`hone train --resume {run_dir}`")
+            advice = (
+                f"the run was interrupted at step {summary.step} ({summary.reason}): resume it with "
+                f"`hone train --resume {run_dir}`"
+            )
         elif status == "failed":
             advice = f"the run failed ({summary.reason}); fix that and train again"
         else:
             advice = f"finish or resume the run first: `hone train --resume {run_dir}`"
-        raise ExportError(f"run {run_dir.name} has no adapter to export ({adapter_dir / missing[0]} is missing)",
-                          advice)
-    for path, damage in ((adapter_dir / ADAPTER_CONFIG, _json_object_damage),
-                         (adapter_dir / ADAPTER_WEIGHTS, safetensors_damage)):
+        raise ExportError(
+            f"run {run_dir.name} has no adapter to export ({adapter_dir / missing[0]} is missing)", advice
+        )
+    for path, damage in (
+        (adapter_dir / ADAPTER_CONFIG, _json_object_damage),
+        (adapter_dir / ADAPTER_WEIGHTS, safetensors_damage),
+    ):
         reason = damage(path)
         if reason:
             raise ExportError(f"{path} is damaged: {reason}", _damaged_advice(run_dir))
@@ -120,9 +128,11 @@ def open_run(run_dir: str | Path) -> RunSource:
 
 
 def _damaged_advice(run_dir: Path) -> str:
-    return ("the adapter was not written completely (a run killed while saving, a full disk, a copy that stopped): "
-            "copy the run folder again if it came from elsewhere, or write the adapter again with "
-            f"`hone train --resume {run_dir}` (from the run's last checkpoint)")
+    return (
+        "the adapter was not written completely (a run killed while saving, a full disk, a copy that stopped): "
+        "copy the run folder again if it came from elsewhere, or write the adapter again with "
+        f"`hone train --resume {run_dir}` (from the run's last checkpoint)"
+    )
 
 
 def _json_object_damage(path: Path) -> str | None:
@@ -145,8 +155,10 @@ def safetensors_damage(path: Path) -> str | None:
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         if length > _SAFETENSORS_HEADER_MAX or 8 + length > size:
-            return (f"its first 8 bytes announce a {length:,}-byte header, but the file has {size:,} bytes in all "
-                    "(cut short, or not a safetensors file)")
+            return (
+                f"its first 8 bytes announce a {length:,}-byte header, but the file has {size:,} bytes in all "
+                "(cut short, or not a safetensors file)"
+            )
         raw = f.read(length)
     try:
         header = json.loads(raw.decode("utf-8"))
@@ -155,8 +167,10 @@ def safetensors_damage(path: Path) -> str | None:
         return "its header is not the JSON table of tensors a safetensors file starts with"
     expected = 8 + length + max(ends, default=0)
     if size < expected:
-        return (f"it is cut short: it should have {expected:,} bytes (to the end of the last of its {len(ends)} "
-                f"tensors) but has {size:,} ({expected - size:,} missing)")
+        return (
+            f"it is cut short: it should have {expected:,} bytes (to the end of the last of its {len(ends)} "
+            f"tensors) but has {size:,} ({expected - size:,} missing)"
+        )
     return None
 
 
@@ -169,14 +183,19 @@ def output_folder(run: RunSource, spec: ExportSpec, out: str | Path | None, forc
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if parent.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise ExportError(f"cannot write the export to {out}: {parent} is read-only for you",
-                          "choose an --out folder you can write to (or make that folder writable)")
+        raise ExportError(
+            f"cannot write the export to {out}: {parent} is read-only for you",
+            "choose an --out folder you can write to (or make that folder writable)",
+        )
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ExportError(f"{out} already exists", "pass --force to replace it, or choose another --out")
         if not (out / MANIFEST_FILE).is_file():
-            raise ExportError(f"{out} is not empty and was not written by `hone export` (no {MANIFEST_FILE}), so "
-                              "--force will not replace it", "choose another --out folder")
+            raise ExportError(
+                f"{out} is not empty and was not written by `hone export` (no {MANIFEST_FILE}), so "
+                "--force will not replace it",
+                "choose another --out folder",
+            )
     return out
 
 
@@ -196,8 +215,9 @@ def staged(out: Path) -> Iterator[Path]:
         yield tmp
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        writing = e.errno in _NO_WRITE or (e.errno in (errno.EACCES, errno.EPERM) and e.filename is not None
-                                           and Path(e.filename).is_relative_to(tmp))
+        writing = e.errno in _NO_WRITE or (
+            e.errno in (errno.EACCES, errno.EPERM) and e.filename is not None and Path(e.filename).is_relative_to(tmp)
+        )
         if writing:
             raise _write_error(out, e) from None
         raise
@@ -218,16 +238,21 @@ def _write_error(out: Path, e: OSError) -> ExportError:
     """The ExportError for an OSError met while writing the export to `out`."""
     where = e.filename or out.parent
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ExportError(f"the disk is full (or over quota) while writing the export to {out} ({where})",
-                           "free some space, or choose an --out folder on another disk; nothing was left behind")
+        return ExportError(
+            f"the disk is full (or over quota) while writing the export to {out} ({where})",
+            "free some space, or choose an --out folder on another disk; nothing was left behind",
+        )
     if e.errno == errno.EROFS:
-        return ExportError(f"cannot write the export to {out}: {where} is on a read-only file system",
-                           "choose an --out folder on a writable disk")
+        return ExportError(
+            f"cannot write the export to {out}: {where} is on a read-only file system",
+            "choose an --out folder on a writable disk",
+        )
     if e.errno in (errno.EACCES, errno.EPERM):
-        return ExportError(f"cannot write the export to {out}: no permission to write {where}",
-                           "choose an --out folder you can write to (or make that folder writable)")
-    return ExportError(f"cannot write the export to {out}: {e.strerror or e} ({where})",
-                       "choose another --out folder")
+        return ExportError(
+            f"cannot write the export to {out}: no permission to write {where}",
+            "choose an --out folder you can write to (or make that folder writable)",
+        )
+    return ExportError(f"cannot write the export to {out}: {e.strerror or e} ({where})", "choose another --out folder")
 
 
 def _apply_umask(root: Path) -> None:
@@ -246,14 +271,25 @@ def finish(folder: Path, out: Path, run: RunSource, spec: ExportSpec, log: Check
     File paths in the result point at `out`, where `folder` is about to be moved.
     """
     manifest = {
-        "format": spec.label, "run": str(run.run_dir.resolve()), "base_model": base_model(run.config.model).name,
-        "hone_version": __version__, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "passed": log.passed, "failures": log.failures, "checks": log.checks,
+        "format": spec.label,
+        "run": str(run.run_dir.resolve()),
+        "base_model": base_model(run.config.model).name,
+        "hone_version": __version__,
+        "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "passed": log.passed,
+        "failures": log.failures,
+        "checks": log.checks,
     }
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     files = sorted(out / p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
-    return ExportResult(path=out, format=spec.label, files=files, checks=dict(log.checks), passed=log.passed,
-                        failures=list(log.failures))
+    return ExportResult(
+        path=out,
+        format=spec.label,
+        files=files,
+        checks=dict(log.checks),
+        passed=log.passed,
+        failures=list(log.failures),
+    )
 
 
 class Steps:

@@ -53,27 +53,38 @@ def check_online() -> None:
     from huggingface_hub import constants
 
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE or constants.HF_HUB_OFFLINE:
-        raise HubError("HF_HUB_OFFLINE is set, so Hone does not contact the Hugging Face Hub",
-                       "unset HF_HUB_OFFLINE (and start Hone again) to search and download; models already "
-                       "downloaded work without it", "hub-offline")
+        raise HubError(
+            "HF_HUB_OFFLINE is set, so Hone does not contact the Hugging Face Hub",
+            "unset HF_HUB_OFFLINE (and start Hone again) to search and download; models already "
+            "downloaded work without it",
+            "hub-offline",
+        )
 
 
 def unreachable(kind: str) -> HubError:
-    return HubError(f"the Hugging Face Hub ({endpoint()}) cannot be reached ({kind})",
-                    "check the internet connection (and HTTPS_PROXY behind a proxy), then try again; models already "
-                    "downloaded still work offline", "hub-offline")
+    return HubError(
+        f"the Hugging Face Hub ({endpoint()}) cannot be reached ({kind})",
+        "check the internet connection (and HTTPS_PROXY behind a proxy), then try again; models already "
+        "downloaded still work offline",
+        "hub-offline",
+    )
 
 
 def gated(repo_id: str, with_token: bool) -> HubError:
     page = f"{endpoint()}/{repo_id}"
     if with_token:
-        return HubError(f"{repo_id} is gated and the token Hone has is not granted access to it",
-                        f"accept its license on {page} with the account the token belongs to (access to some "
-                        "models is reviewed first), then download again", "hub-gated")
-    return HubError(f"{repo_id} is gated: its license must be accepted on huggingface.co before it can be downloaded",
-                    f"accept it on {page}, create a read token on {endpoint()}/settings/tokens and give it to Hone "
-                    "(`hone models login`, or Token… in Search the Hub); Hone keeps it in the OS keyring",
-                    "hub-gated")
+        return HubError(
+            f"{repo_id} is gated and the token Hone has is not granted access to it",
+            f"accept its license on {page} with the account the token belongs to (access to some "
+            "models is reviewed first), then download again",
+            "hub-gated",
+        )
+    return HubError(
+        f"{repo_id} is gated: its license must be accepted on huggingface.co before it can be downloaded",
+        f"accept it on {page}, create a read token on {endpoint()}/settings/tokens and give it to Hone "
+        "(`hone models login`, or Token… in Search the Hub); Hone keeps it in the OS keyring",
+        "hub-gated",
+    )
 
 
 @contextlib.contextmanager
@@ -94,28 +105,40 @@ def hub_errors(repo_id: str = "", revision: str = "", with_token: bool = False):
     except errors.GatedRepoError:
         raise gated(repo_id, with_token) from None
     except errors.RevisionNotFoundError:
-        raise HubError(f"{repo_id} has no revision {revision!r} on the Hugging Face Hub",
-                       "leave the revision empty for the newest (main), or give a branch, tag or commit that exists",
-                       "hub-revision") from None
+        raise HubError(
+            f"{repo_id} has no revision {revision!r} on the Hugging Face Hub",
+            "leave the revision empty for the newest (main), or give a branch, tag or commit that exists",
+            "hub-revision",
+        ) from None
     except errors.RepositoryNotFoundError:
-        raise HubError(f"there is no model named {repo_id!r} on the Hugging Face Hub (or it is private)",
-                       "check the spelling; for a private model give Hone a token (`hone models login`)",
-                       "hub-not-found") from None
+        raise HubError(
+            f"there is no model named {repo_id!r} on the Hugging Face Hub (or it is private)",
+            "check the spelling; for a private model give Hone a token (`hone models login`)",
+            "hub-not-found",
+        ) from None
     except errors.EntryNotFoundError as e:
-        raise HubError(f"a file of {repo_id} is listed but cannot be downloaded ({e})",
-                       "try again later; the model may be changing on the Hub right now", "hub-file") from None
+        raise HubError(
+            f"a file of {repo_id} is listed but cannot be downloaded ({e})",
+            "try again later; the model may be changing on the Hub right now",
+            "hub-file",
+        ) from None
     except errors.OfflineModeIsEnabled:
         check_online()
         raise unreachable("offline mode is on") from None
     except errors.HfHubHTTPError as e:
         status = getattr(getattr(e, "response", None), "status_code", 0)
         if status == 401 and repo_id:
-            raise HubError(f"the Hugging Face Hub refused access to {repo_id} (401)",
-                           "for a private or gated model give Hone a token that can read it (`hone models login`)",
-                           "hub-gated") from None
+            raise HubError(
+                f"the Hugging Face Hub refused access to {repo_id} (401)",
+                "for a private or gated model give Hone a token that can read it (`hone models login`)",
+                "hub-gated",
+            ) from None
         if status in (429,) or status >= 500:
-            raise HubError(f"the Hugging Face Hub is not answering requests right now ({status})",
-                           "wait a minute and try again", "hub-server") from None
+            raise HubError(
+                f"the Hugging Face Hub is not answering requests right now ({status})",
+                "wait a minute and try again",
+                "hub-server",
+            ) from None
         raise
     except Exception as e:
         if is_connection_problem(e):
@@ -127,5 +150,17 @@ def is_connection_problem(error: BaseException) -> bool:
     """A network failure from whichever HTTP client this huggingface_hub uses (httpx and its forks name the same
     classes), or from the operating system."""
     names = {cls.__name__ for cls in type(error).__mro__}
-    return bool(names & {"ConnectError", "ConnectTimeout", "TimeoutException", "NetworkError", "ProxyError",
-                         "RemoteProtocolError", "ConnectionError", "TimeoutError", "URLError"})
+    return bool(
+        names
+        & {
+            "ConnectError",
+            "ConnectTimeout",
+            "TimeoutException",
+            "NetworkError",
+            "ProxyError",
+            "RemoteProtocolError",
+            "ConnectionError",
+            "TimeoutError",
+            "URLError",
+        }
+    )

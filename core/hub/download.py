@@ -75,8 +75,14 @@ class DownloadResult:
     files: int
 
 
-def download_model(repo_id: str, revision: str = "", *, progress: Callable[[DownloadProgress], None] | None = None,
-                   stop: StopFlag | None = None, all_files: bool = False) -> DownloadResult:
+def download_model(
+    repo_id: str,
+    revision: str = "",
+    *,
+    progress: Callable[[DownloadProgress], None] | None = None,
+    stop: StopFlag | None = None,
+    all_files: bool = False,
+) -> DownloadResult:
     """Download `repo_id` at `revision` (its main branch when "") into the Hugging Face cache.
 
     Args:
@@ -106,16 +112,19 @@ def download_model(repo_id: str, revision: str = "", *, progress: Callable[[Down
         lock = filelock.FileLock(str(storage / "blobs" / ".hone-download.lock"), timeout=0)
         lock.acquire()
     except filelock.Timeout:
-        raise HubError(f"{repo_id} is being downloaded by another Hone window or command",
-                       "wait for that download to end, or stop it first") from None
+        raise HubError(
+            f"{repo_id} is being downloaded by another Hone window or command",
+            "wait for that download to end, or stop it first",
+        ) from None
     try:
         for file in files:
             target = snapshot / file.name
             if not target.exists():
                 fetched = _fetch(repo_id, listing.commit, file, token, storage, state, stop)
                 if not fetched:
-                    return DownloadResult(repo_id, listing.commit, str(snapshot), False, state.done, total,
-                                          state.files_done)
+                    return DownloadResult(
+                        repo_id, listing.commit, str(snapshot), False, state.done, total, state.files_done
+                    )
                 _link(fetched, target)
             state.file_finished(file)
         _write_ref(storage, revision or "main", listing.commit)
@@ -138,8 +147,9 @@ class _Reporter:
         now = time.monotonic()
         if self.callback and (force or now - self._last >= REPORT_EVERY_S):
             self._last = now
-            self.callback(DownloadProgress(self.repo_id, file, self.done, self.total, self.files_done,
-                                           self.files_total))
+            self.callback(
+                DownloadProgress(self.repo_id, file, self.done, self.total, self.files_done, self.files_total)
+            )
 
     def file_finished(self, file: HubFile) -> None:
         self._base += file.size
@@ -147,8 +157,9 @@ class _Reporter:
         self.file_bytes(file.name, 0, force=True)
 
 
-def _fetch(repo_id: str, commit: str, file: HubFile, token: str | None, storage: Path, state: _Reporter,
-           stop: StopFlag | None) -> Path | None:
+def _fetch(
+    repo_id: str, commit: str, file: HubFile, token: str | None, storage: Path, state: _Reporter, stop: StopFlag | None
+) -> Path | None:
     """The blob of `file`, downloaded (or resumed) into `storage/blobs`; None when stopped first."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
@@ -156,8 +167,11 @@ def _fetch(repo_id: str, commit: str, file: HubFile, token: str | None, storage:
     with hub_errors(repo_id, commit, with_token=bool(token)):
         meta = get_hf_file_metadata(url, token=token or False, endpoint=endpoint(), timeout=TIMEOUT_S)
     if not meta.etag:
-        raise HubError(f"the Hub gave no ETag for {file.name} of {repo_id}, so it cannot be checked",
-                       "check that HF_ENDPOINT points at a Hugging Face Hub (or a mirror of one)", "hub-server")
+        raise HubError(
+            f"the Hub gave no ETag for {file.name} of {repo_id}, so it cannot be checked",
+            "check that HF_ENDPOINT points at a Hugging Face Hub (or a mirror of one)",
+            "hub-server",
+        )
     etag = meta.etag.strip('"').removeprefix("W/").strip('"')
     size = meta.size if meta.size is not None else file.size
     blob = storage / "blobs" / etag
@@ -176,8 +190,17 @@ def _fetch(repo_id: str, commit: str, file: HubFile, token: str | None, storage:
     return blob
 
 
-def _stream(repo_id: str, url: str, token: str | None, part: Path, have: int, size: int, name: str,
-            state: _Reporter, stop: StopFlag | None) -> bool:
+def _stream(
+    repo_id: str,
+    url: str,
+    token: str | None,
+    part: Path,
+    have: int,
+    size: int,
+    name: str,
+    state: _Reporter,
+    stop: StopFlag | None,
+) -> bool:
     """Append the rest of the file to `part`, from byte `have`; False when stopped."""
     from huggingface_hub import get_session
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
@@ -207,8 +230,11 @@ def _stream(repo_id: str, url: str, token: str | None, part: Path, have: int, si
         except Exception as e:
             if is_connection_problem(e) and part.exists() and 0 < part.stat().st_size < size:
                 error = unreachable(type(e).__name__)
-                raise HubError(f"{error.message}: {name} stopped at {part.stat().st_size:,} of {size:,} bytes",
-                               "download again: it continues from there", error.code) from None
+                raise HubError(
+                    f"{error.message}: {name} stopped at {part.stat().st_size:,} of {size:,} bytes",
+                    "download again: it continues from there",
+                    error.code,
+                ) from None
             raise
     return True
 
@@ -226,8 +252,11 @@ def _check(part: Path, size: int, etag: str, repo_id: str, name: str) -> None:
             problem = "its sha256 differs from the Hub's"
     if problem:
         part.unlink()
-        raise HubError(f"{name} of {repo_id} arrived damaged ({problem})",
-                       "download again (the damaged copy was removed)", "hub-file")
+        raise HubError(
+            f"{name} of {repo_id} arrived damaged ({problem})",
+            "download again (the damaged copy was removed)",
+            "hub-file",
+        )
 
 
 def _link(blob: Path, target: Path) -> None:

@@ -24,8 +24,10 @@ from hone.core.hub.connection import HubError, check_online, endpoint, hub_error
 from hone.core.hub.token import hub_token
 
 MANIFEST = "export.json"  # hone.core.export.formats.MANIFEST_FILE, named here so a push does not load the exporters
-LOGIN_ADVICE = ("log in: `hone models login` (or Token… in Search the Hub) with a token that can write, or set "
-                "HF_TOKEN; create one on {endpoint}/settings/tokens")
+LOGIN_ADVICE = (
+    "log in: `hone models login` (or Token… in Search the Hub) with a token that can write, or set "
+    "HF_TOKEN; create one on {endpoint}/settings/tokens"
+)
 # A user or organization name, a slash, a repository name: letters, digits, '-', '_', '.', at most 96 characters
 # (the Hub's own rule), not starting or ending with '-' or '.'.
 _REPO_ID = re.compile(r"^[A-Za-z0-9](?:[\w.-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?$")
@@ -78,26 +80,32 @@ def check_repo_id(repo_id: str) -> str:
     """`repo_id` stripped, or HubError when it is not OWNER/NAME as the Hub accepts it."""
     repo_id = repo_id.strip()
     if not _REPO_ID.match(repo_id) or "--" in repo_id or ".." in repo_id:
-        raise HubError(f"{repo_id!r} is not a repository name the Hugging Face Hub accepts",
-                       "write OWNER/NAME: your user name (or an organization you can write to), a slash, and a name "
-                       "of letters, digits, '-', '_' or '.', e.g. alice/my-run-adapter", "hub-repo-id")
+        raise HubError(
+            f"{repo_id!r} is not a repository name the Hugging Face Hub accepts",
+            "write OWNER/NAME: your user name (or an organization you can write to), a slash, and a name "
+            "of letters, digits, '-', '_' or '.', e.g. alice/my-run-adapter",
+            "hub-repo-id",
+        )
     return repo_id
 
 
 def export_kind(folder: Path) -> str:
     """What the export folder holds: "adapter", "merged" or "gguf"; HubError when it is none of Hone's exports."""
     if not folder.is_dir():
-        raise HubError(f"{folder} is not a folder", "give the folder `hone export` wrote (RUN_DIR/exports/FORMAT)",
-                       "hub-folder")
+        raise HubError(
+            f"{folder} is not a folder", "give the folder `hone export` wrote (RUN_DIR/exports/FORMAT)", "hub-folder"
+        )
     if (folder / "adapter_config.json").is_file():
         return "adapter"
     if (folder / "config.json").is_file():
         return "merged"
     if any(folder.glob("*.gguf")):
         return "gguf"
-    raise HubError(f"{folder} is not an export Hone made: it has no adapter_config.json, config.json or .gguf file",
-                   "export the run first (`hone export RUN_DIR`, or the Export page) and push the folder it wrote",
-                   "hub-folder")
+    raise HubError(
+        f"{folder} is not an export Hone made: it has no adapter_config.json, config.json or .gguf file",
+        "export the run first (`hone export RUN_DIR`, or the Export page) and push the folder it wrote",
+        "hub-folder",
+    )
 
 
 def ensure_card(folder: Path, kind: str) -> bool:
@@ -118,15 +126,21 @@ def ensure_card(folder: Path, kind: str) -> bool:
     try:
         write_model_card(folder, fmt, base or "the base model", name, ggufs[0] if ggufs else "")
     except OSError as e:
-        raise HubError(f"the export has no model card and Hone cannot write one into {folder} ({e.strerror or e})",
-                       "make the folder writable, or put a README.md in it, and push again", "hub-folder") from None
+        raise HubError(
+            f"the export has no model card and Hone cannot write one into {folder} ({e.strerror or e})",
+            "make the folder writable, or put a README.md in it, and push again",
+            "hub-folder",
+        ) from None
     return True
 
 
 def files_to_push(folder: Path) -> list[Path]:
     """The export's files, sorted: everything but export.json and hidden files or folders."""
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST
-                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != MANIFEST and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
 
 
 def hub_user() -> str:
@@ -143,9 +157,14 @@ def hub_user() -> str:
         return ""
 
 
-def push_folder(folder: str | Path, repo_id: str, *, private: bool = False,
-                progress: Callable[[PushProgress], None] | None = None,
-                stop: threading.Event | None = None) -> PushResult:
+def push_folder(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    progress: Callable[[PushProgress], None] | None = None,
+    stop: threading.Event | None = None,
+) -> PushResult:
     """Create OWNER/NAME on the Hub if needed and upload the export folder to it in one commit.
 
     Args:
@@ -173,8 +192,11 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool = False,
     check_online()
     token, source = hub_token()
     if not token:
-        raise HubError("Hone has no Hugging Face token, and pushing to the Hub needs one that can write",
-                       LOGIN_ADVICE.format(endpoint=endpoint()), "hub-token")
+        raise HubError(
+            "Hone has no Hugging Face token, and pushing to the Hub needs one that can write",
+            LOGIN_ADVICE.format(endpoint=endpoint()),
+            "hub-token",
+        )
     card_written = ensure_card(folder, kind)
     paths = files_to_push(folder)
     names = [p.relative_to(folder).as_posix() for p in paths]
@@ -202,8 +224,9 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool = False,
         if stop is not None and stop.is_set():
             return PushResult(repo_id, url, "", "", names, total, private, card_written)
         report(f"committing {len(names)} files")
-        commit = api.create_commit(repo_id, operations, commit_message=f"Upload {folder.name} from Hone Studio",
-                                   repo_type="model")
+        commit = api.create_commit(
+            repo_id, operations, commit_message=f"Upload {folder.name} from Hone Studio", repo_type="model"
+        )
     report("done")
     return PushResult(repo_id, url, commit.oid, commit.commit_url, names, total, private, card_written)
 
@@ -221,13 +244,20 @@ def push_errors(repo_id: str, token_source: str):
         except errors.HfHubHTTPError as e:
             status = getattr(getattr(e, "response", None), "status_code", 0)
             if status == 401:
-                raise HubError(f"the Hugging Face Hub did not accept the token from {token_source} (401: wrong, "
-                               "expired or revoked)", LOGIN_ADVICE.format(endpoint=endpoint()), "hub-token") from None
+                raise HubError(
+                    f"the Hugging Face Hub did not accept the token from {token_source} (401: wrong, "
+                    "expired or revoked)",
+                    LOGIN_ADVICE.format(endpoint=endpoint()),
+                    "hub-token",
+                ) from None
             if status == 403:
-                raise HubError(f"the token from {token_source} may not write to {repo_id} (403)",
-                               f"use a token with write access (a fine-grained token needs write access to "
-                               f"{owner!r}), and check that {owner!r} is your user name or an organization you "
-                               "belong to; " + LOGIN_ADVICE.format(endpoint=endpoint()), "hub-write") from None
+                raise HubError(
+                    f"the token from {token_source} may not write to {repo_id} (403)",
+                    f"use a token with write access (a fine-grained token needs write access to "
+                    f"{owner!r}), and check that {owner!r} is your user name or an organization you "
+                    "belong to; " + LOGIN_ADVICE.format(endpoint=endpoint()),
+                    "hub-write",
+                ) from None
             raise
 
 

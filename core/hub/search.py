@@ -21,12 +21,43 @@ SEARCH_FIELDS = ["downloads", "likes", "gated", "lastModified", "pipeline_tag", 
 MAX_RESULTS = 100  # a search is a table to read, not a crawl
 # Bytes per value of each safetensors dtype the Hub counts parameters in (the weights' size on disk, near enough:
 # the headers add a few KB per file).
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2, "I16": 2, "U16": 2,
-               "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
+DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "BF16": 2,
+    "F16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 # Files a transformers model does not need when the repo has safetensors weights, or never: other frameworks'
 # weights, exports and the original (pre-conversion) checkpoints some repos carry beside the transformers ones.
-NOT_NEEDED = ["*.h5", "*.msgpack", "*.ot", "*.onnx", "*.onnx_data", "*.tflite", "*.mlmodel", "*.gguf", "*.nemo",
-              "onnx/*", "openvino/*", "coreml/*", "original/*", "tf_model*", "flax_model*", "rust_model*"]
+NOT_NEEDED = [
+    "*.h5",
+    "*.msgpack",
+    "*.ot",
+    "*.onnx",
+    "*.onnx_data",
+    "*.tflite",
+    "*.mlmodel",
+    "*.gguf",
+    "*.nemo",
+    "onnx/*",
+    "openvino/*",
+    "coreml/*",
+    "original/*",
+    "tf_model*",
+    "flax_model*",
+    "rust_model*",
+]
 PICKLE_WEIGHTS = ["*.bin", "*.pt", "*.pth", "*.ckpt"]  # skipped when the same repo has *.safetensors
 _QUERY = re.compile(r"^[\w .\-/]*$")
 
@@ -97,16 +128,19 @@ def search_models(text: str, limit: int = 20) -> list[HubModel]:
     if not text:
         raise HubError("type part of a model's name to search for", "for example: qwen3, smollm2, llama")
     if not _QUERY.match(text):
-        raise HubError(f"{text!r} is not something a model id contains",
-                       "model ids hold letters, digits, '-', '_', '.' and one '/'")
+        raise HubError(
+            f"{text!r} is not something a model id contains",
+            "model ids hold letters, digits, '-', '_', '.' and one '/'",
+        )
     check_online()
     token, _ = hub_token()
     params = [("search", text), ("sort", "downloads"), ("limit", str(max(1, min(limit, MAX_RESULTS))))]
     params += [("expand", field) for field in SEARCH_FIELDS]
     # HfApi.list_models asks the same, but retries an unreachable Hub for half a minute before saying so.
     with hub_errors(with_token=bool(token)):
-        response = get_session().get(f"{endpoint()}/api/models", params=params, timeout=TIMEOUT_S,
-                                     headers=build_hf_headers(token=token or False))
+        response = get_session().get(
+            f"{endpoint()}/api/models", params=params, timeout=TIMEOUT_S, headers=build_hf_headers(token=token or False)
+        )
         hf_raise_for_status(response)
         found = response.json()
     return [_model(ModelInfo(**{"siblings": None, **item})) for item in found]
@@ -145,12 +179,20 @@ def _model(info) -> HubModel:
     safetensors = getattr(info, "safetensors", None)
     if safetensors is not None and safetensors.parameters:
         parameters = int(safetensors.total or sum(safetensors.parameters.values()))
-        weight_bytes = sum(int(count) * DTYPE_BYTES.get(dtype.upper(), 2)
-                           for dtype, count in safetensors.parameters.items())
-    return HubModel(id=info.id, downloads=int(info.downloads or 0), likes=int(info.likes or 0),
-                    license=_license(info), gated=_gated(info.gated), parameters=parameters,
-                    weight_bytes=weight_bytes, pipeline_tag=info.pipeline_tag or "",
-                    last_modified=info.last_modified)
+        weight_bytes = sum(
+            int(count) * DTYPE_BYTES.get(dtype.upper(), 2) for dtype, count in safetensors.parameters.items()
+        )
+    return HubModel(
+        id=info.id,
+        downloads=int(info.downloads or 0),
+        likes=int(info.likes or 0),
+        license=_license(info),
+        gated=_gated(info.gated),
+        parameters=parameters,
+        weight_bytes=weight_bytes,
+        pipeline_tag=info.pipeline_tag or "",
+        last_modified=info.last_modified,
+    )
 
 
 def _license(info) -> str:

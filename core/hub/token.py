@@ -56,16 +56,20 @@ def save_token(token: str) -> None:
         raise HubError("a Hugging Face token has no spaces in it", "paste the token alone, as the Hub shows it")
     problem = keyring_problem()
     if problem:
-        raise HubError(f"the token cannot be kept: {problem}",
-                       "set HF_TOKEN in the environment, or run `hf auth login`; Hone never writes a token into "
-                       "its settings or a run config")
+        raise HubError(
+            f"the token cannot be kept: {problem}",
+            "set HF_TOKEN in the environment, or run `hf auth login`; Hone never writes a token into "
+            "its settings or a run config",
+        )
     import keyring
 
     try:
         keyring.set_password(SERVICE, ACCOUNT, token)
     except Exception as e:
-        raise HubError(f"the OS keyring refused the token ({type(e).__name__}: {e})",
-                       "unlock the keyring and try again, or set HF_TOKEN in the environment") from None
+        raise HubError(
+            f"the OS keyring refused the token ({type(e).__name__}: {e})",
+            "unlock the keyring and try again, or set HF_TOKEN in the environment",
+        ) from None
 
 
 def forget_token() -> bool:

@@ -1,8 +1,8 @@
 """`python -m hone.core.install plan|apply|check`: the installers' steps, runnable by hand as well.
 
-    plan [--cpu] [--json]      what this machine gets (PyTorch build, notes, or why it cannot be installed)
-    apply --uv UV --venv VENV --wheel WHEEL [--constraints FILE] [--log FILE] [--cpu] [--wheels DIR]
-    check                      whether the installed PyTorch works on this machine (exit 1 when it does not)
+plan [--cpu] [--json]      what this machine gets (PyTorch build, notes, or why it cannot be installed)
+apply --uv UV --venv VENV --wheel WHEEL [--constraints FILE] [--log FILE] [--cpu] [--wheels DIR]
+check                      whether the installed PyTorch works on this machine (exit 1 when it does not)
 """
 
 from __future__ import annotations
@@ -45,8 +45,15 @@ def main(argv: list[str] | None = None) -> int:
             print(chosen.describe())
         return 3 if chosen.error else 0
     if args.step == "apply":
-        return apply(uv=args.uv, venv=args.venv, wheel=args.wheel, constraints=args.constraints, log_path=args.log,
-                     cpu=args.cpu, wheels=args.wheels)
+        return apply(
+            uv=args.uv,
+            venv=args.venv,
+            wheel=args.wheel,
+            constraints=args.constraints,
+            log_path=args.log,
+            cpu=args.cpu,
+            wheels=args.wheels,
+        )
     findings = check_runtime()
     for finding in findings:
         print(f"{finding.level.upper()}: {finding.title}")

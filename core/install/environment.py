@@ -53,8 +53,9 @@ def torch_in(wheels: Path) -> str | None:
     return versions[-1] if versions else None
 
 
-def uv_install_command(plan: InstallPlan, *, uv: Path, venv: Path, wheel: Path, constraints: Path | None,
-                       wheels: Path | None = None) -> list[str]:
+def uv_install_command(
+    plan: InstallPlan, *, uv: Path, venv: Path, wheel: Path, constraints: Path | None, wheels: Path | None = None
+) -> list[str]:
     """The `uv pip install` that installs Hone's wheel with the plan's PyTorch.
 
     A CUDA plan installs the wheel with its `gpu` extra (bitsandbytes and Triton, which only an NVIDIA GPU uses); a CPU
@@ -63,10 +64,18 @@ def uv_install_command(plan: InstallPlan, *, uv: Path, venv: Path, wheel: Path, 
     PyTorch's index.
     """
     hone = f"hone-studio[gpu] @ {Path(wheel).resolve().as_uri()}" if plan.cuda else str(wheel)
-    command = [str(uv), "pip", "install", "--python", str(venv_python(venv)),
-               # A rebuilt wheel of the same version replaces the installed one (running the installer again
-               # upgrades in place).
-               "--reinstall-package", "hone-studio", hone]
+    command = [
+        str(uv),
+        "pip",
+        "install",
+        "--python",
+        str(venv_python(venv)),
+        # A rebuilt wheel of the same version replaces the installed one (running the installer again
+        # upgrades in place).
+        "--reinstall-package",
+        "hone-studio",
+        hone,
+    ]
     if constraints is not None:
         command += ["--constraints", str(constraints)]
     torch = wheels and torch_in(wheels)
@@ -79,9 +88,18 @@ def uv_install_command(plan: InstallPlan, *, uv: Path, venv: Path, wheel: Path, 
     return command
 
 
-def apply(*, uv: Path, venv: Path, wheel: Path, constraints: Path | None, log_path: Path | None = None,
-          cpu: bool = False, wheels: Path | None = None, machine: Machine | None = None,
-          console: TextIO = sys.stdout) -> int:
+def apply(
+    *,
+    uv: Path,
+    venv: Path,
+    wheel: Path,
+    constraints: Path | None,
+    log_path: Path | None = None,
+    cpu: bool = False,
+    wheels: Path | None = None,
+    machine: Machine | None = None,
+    console: TextIO = sys.stdout,
+) -> int:
     """Install Hone into `venv` (which uv already created with Python 3.12, or the one the user chose)."""
     log = Log(log_path, console)
     try:
@@ -100,8 +118,10 @@ def apply(*, uv: Path, venv: Path, wheel: Path, constraints: Path | None, log_pa
         if wheels is not None:
             demo += ["--find-links", str(wheels)]
         if _run_step(command, log) != 0 or _run_step(demo, log) != 0:
-            log.line("The download or install failed (uv's messages are above). Check the internet connection (behind "
-                     "a proxy, set HTTPS_PROXY) and run the installer again; if it fails again, send this log.")
+            log.line(
+                "The download or install failed (uv's messages are above). Check the internet connection (behind "
+                "a proxy, set HTTPS_PROXY) and run the installer again; if it fails again, send this log."
+            )
             return INSTALL_FAILED
         log.line("Checking the installed PyTorch ...")
         check = [str(venv_python(venv)), "-m", "hone.core.install", "check"]
@@ -122,8 +142,15 @@ def _run_step(command: Sequence[str], log: Log) -> int:
 def _stream(command: Sequence[str], log: Log) -> int:
     """Run a command, passing each line of its output to the log as it comes."""
     try:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   encoding="utf-8", errors="replace", bufsize=1)
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+        )
     except OSError as e:
         log.line(f"Could not run {command[0]}: {e}")
         return 127

@@ -81,8 +81,9 @@ Runner = Callable[[list[str]], str]  # runs a command, returns its stdout; raise
 def probe_machine(run: Runner | None = None) -> Machine:
     """This machine's facts. `run` replaces running commands (tests feed recorded `nvidia-smi` output)."""
     run = run or _run
-    system = {"win32": "windows", "darwin": "darwin"}.get(sys.platform, "linux" if sys.platform.startswith("linux")
-                                                          else sys.platform)
+    system = {"win32": "windows", "darwin": "darwin"}.get(
+        sys.platform, "linux" if sys.platform.startswith("linux") else sys.platform
+    )
     arch = normalize_arch(platform.machine())
     glibc = _glibc() if system == "linux" else None
     gpus, driver, cuda, notes = read_nvidia_smi(run)
@@ -127,8 +128,13 @@ def parse_gpu_query(text: str) -> tuple[tuple[Gpu, ...], str | None]:
         name, driver = fields[0], fields[1]
         memory = re.match(r"(\d+)\s*MiB", fields[2])
         capability = re.fullmatch(r"(\d+)\.(\d+)", fields[3]) if len(fields) > 3 else None
-        gpus.append(Gpu(name, int(memory.group(1)) if memory else None,
-                        (int(capability.group(1)), int(capability.group(2))) if capability else None))
+        gpus.append(
+            Gpu(
+                name,
+                int(memory.group(1)) if memory else None,
+                (int(capability.group(1)), int(capability.group(2))) if capability else None,
+            )
+        )
     return tuple(gpus), driver
 
 

@@ -24,7 +24,7 @@ class Finding:
 def repair_advice(system: str) -> str:
     """How to redo the environment step on this system, as the end of a sentence."""
     if system == "windows":
-        return "run \"Repair Hone Studio\" from the Start menu"
+        return 'run "Repair Hone Studio" from the Start menu'
     return "run install.sh again (it keeps your runs and settings)"
 
 
@@ -42,38 +42,70 @@ def check_runtime(machine: Machine | None = None, torch: Any = None) -> list[Fin
         try:
             import torch
         except Exception as e:  # a broken install raises ImportError or OSError (a DLL that does not load), or worse
-            return [Finding(ERROR, "PyTorch does not load, so Hone Studio cannot train.", repair_sentence,
-                            f"{type(e).__name__}: {e}")]
+            return [
+                Finding(
+                    ERROR,
+                    "PyTorch does not load, so Hone Studio cannot train.",
+                    repair_sentence,
+                    f"{type(e).__name__}: {e}",
+                )
+            ]
     built_for = getattr(torch.version, "cuda", None)
     if built_for is None:
         return [_cpu_build_finding(machine, torch.__version__, repair)]
     if not machine.has_nvidia_driver:
-        return [Finding(ERROR, "No NVIDIA driver is installed, so the GPU build of PyTorch cannot run.",
-                        f"Install the driver from {DRIVERS_PAGE} and restart Hone Studio.")]
+        return [
+            Finding(
+                ERROR,
+                "No NVIDIA driver is installed, so the GPU build of PyTorch cannot run.",
+                f"Install the driver from {DRIVERS_PAGE} and restart Hone Studio.",
+            )
+        ]
     needed = _version(built_for)
     if machine.driver_cuda is not None and needed is not None and machine.driver_cuda < needed:
         have = f"{machine.driver_cuda[0]}.{machine.driver_cuda[1]}"
-        return [Finding(ERROR, f"The NVIDIA driver {machine.driver_version} is too old for this PyTorch: it supports "
-                               f"CUDA {have}, PyTorch was built for CUDA {built_for}.",
-                        f"Update the driver from {DRIVERS_PAGE}, or {repair}: it picks the build your driver "
-                        "supports.")]
+        return [
+            Finding(
+                ERROR,
+                f"The NVIDIA driver {machine.driver_version} is too old for this PyTorch: it supports "
+                f"CUDA {have}, PyTorch was built for CUDA {built_for}.",
+                f"Update the driver from {DRIVERS_PAGE}, or {repair}: it picks the build your driver supports.",
+            )
+        ]
     if not torch.cuda.is_available():
-        return [Finding(ERROR, "PyTorch cannot use the GPU.", f"Restart the computer; if that does not help, update "
-                               f"the driver from {DRIVERS_PAGE}, then {repair}.", _cuda_init_error(torch))]
+        return [
+            Finding(
+                ERROR,
+                "PyTorch cannot use the GPU.",
+                f"Restart the computer; if that does not help, update the driver from {DRIVERS_PAGE}, then {repair}.",
+                _cuda_init_error(torch),
+            )
+        ]
     arches = list(torch.cuda.get_arch_list())
     findings = []
     for index in range(torch.cuda.device_count()):
         capability = tuple(torch.cuda.get_device_capability(index))
         if not has_kernels_for(capability, arches):
             name = torch.cuda.get_device_name(index)
-            findings.append(Finding(ERROR, f"This PyTorch has no GPU code for the {name} (compute capability "
-                                           f"{capability[0]}.{capability[1]}).", repair_sentence,
-                                    f"PyTorch {torch.__version__} is built for {', '.join(arches)}"))
+            findings.append(
+                Finding(
+                    ERROR,
+                    f"This PyTorch has no GPU code for the {name} (compute capability "
+                    f"{capability[0]}.{capability[1]}).",
+                    repair_sentence,
+                    f"PyTorch {torch.__version__} is built for {', '.join(arches)}",
+                )
+            )
     if findings:
         return findings
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-    return [Finding(OK, f"Ready to train on {names}: PyTorch {torch.__version__} (CUDA {built_for}), NVIDIA driver "
-                        f"{machine.driver_version}.")]
+    return [
+        Finding(
+            OK,
+            f"Ready to train on {names}: PyTorch {torch.__version__} (CUDA {built_for}), NVIDIA driver "
+            f"{machine.driver_version}.",
+        )
+    ]
 
 
 def has_kernels_for(capability: tuple[int, int], arches: list[str]) -> bool:
@@ -94,11 +126,16 @@ def has_kernels_for(capability: tuple[int, int], arches: list[str]) -> bool:
 def _cpu_build_finding(machine: Machine, version: str, repair: str) -> Finding:
     if machine.gpus:
         names = ", ".join(gpu.name for gpu in machine.gpus)
-        return Finding(WARNING, f"PyTorch {version} is the CPU build, so training will not use the {names}.",
-                       f"{repair[0].upper()}{repair[1:]} (without --cpu).")
-    return Finding(WARNING, "No NVIDIA GPU was found: training runs on the CPU, which is very slow (fine for the "
-                            "demo).", f"If this machine has an NVIDIA GPU, install its driver from {DRIVERS_PAGE}, "
-                                      f"then {repair}.")
+        return Finding(
+            WARNING,
+            f"PyTorch {version} is the CPU build, so training will not use the {names}.",
+            f"{repair[0].upper()}{repair[1:]} (without --cpu).",
+        )
+    return Finding(
+        WARNING,
+        "No NVIDIA GPU was found: training runs on the CPU, which is very slow (fine for the demo).",
+        f"If this machine has an NVIDIA GPU, install its driver from {DRIVERS_PAGE}, then {repair}.",
+    )
 
 
 def _version(text: str) -> tuple[int, int] | None:

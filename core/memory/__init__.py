@@ -13,5 +13,13 @@ from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estim
 from hone.core.memory.fit import FitResult, auto_fit
 from hone.core.memory.shape import ModelShape, load_model_config
 
-__all__ = ["GIB", "FitResult", "MemoryEstimate", "MemorySettings", "ModelShape", "auto_fit", "estimate_peak",
-           "load_model_config"]
+__all__ = [
+    "GIB",
+    "FitResult",
+    "MemoryEstimate",
+    "MemorySettings",
+    "ModelShape",
+    "auto_fit",
+    "estimate_peak",
+    "load_model_config",
+]

@@ -111,8 +111,12 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     lora_state = trainable * OPTIMIZER_STATE_BYTES.get(s.optimizer, OPTIMIZER_STATE_BYTES["adamw"])
     gradients = trainable * GRADIENT_BYTES.get(s.optimizer, 4)
     row = tokens * shape.hidden * w  # one (tokens x hidden) bf16 tensor
-    checkpoints = {"off": shape.layers * _layer_activations(shape, tokens, w), "gpu": shape.layers * row,
-                   "offload": row, "offload-double": 2 * row}[s.checkpoint]
+    checkpoints = {
+        "off": shape.layers * _layer_activations(shape, tokens, w),
+        "gpu": shape.layers * row,
+        "offload": row,
+        "offload-double": 2 * row,
+    }[s.checkpoint]
 
     forward = head_copy + _layer_forward(shape, tokens, w)
     # A recomputed layer back-propagates its MLP first, then its attention: what the attention half saved is alive
@@ -135,8 +139,13 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     ]
     live = sum(part.bytes for part in parts)
     if s.cpu:
-        parts.append(Part("process and allocator", live * (CPU_RESIDENT_FACTOR - 1),
-                          "resident memory of a CPU run beyond its tensors (measured)"))
+        parts.append(
+            Part(
+                "process and allocator",
+                live * (CPU_RESIDENT_FACTOR - 1),
+                "resident memory of a CPU run beyond its tensors (measured)",
+            )
+        )
     else:
         parts.append(Part("allocator slack", live * ALLOCATOR_SLACK, "block rounding and fragmentation"))
     return MemoryEstimate(tuple(parts), phase)
@@ -174,5 +183,13 @@ def _layer_activations(shape: ModelShape, tokens: int, w: int) -> float:
     """Everything one layer keeps for its backward when nothing is checkpointed."""
     width, routed = _mlp_width(shape)
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    return tokens * w * (SAVED_ATTENTION_HIDDEN * shape.hidden + SAVED_ATTENTION_PROJECTIONS * (q + kv)
-                         + MLP_FORWARD_TENSORS * width + routed * shape.hidden)
+    return (
+        tokens
+        * w
+        * (
+            SAVED_ATTENTION_HIDDEN * shape.hidden
+            + SAVED_ATTENTION_PROJECTIONS * (q + kv)
+            + MLP_FORWARD_TENSORS * width
+            + routed * shape.hidden
+        )
+    )

@@ -71,7 +71,9 @@ def _levers(settings: MemorySettings, allow_qlora: bool, unified: bool) -> list[
 
 
 def _tried(settings: MemorySettings, steps: list[tuple[dict, str]]) -> list[tuple[MemorySettings, list[str]]]:
-    tried, changed, current = [(settings, [])], [], settings
+    tried: list[tuple[MemorySettings, list[str]]] = [(settings, [])]
+    changed: list[str] = []
+    current = settings
     for change, words in steps:
         updated = dataclasses.replace(current, **change)
         if updated != current:
@@ -93,8 +95,15 @@ def largest_batch(shape: ModelShape, settings: MemorySettings, budget: float, ce
     return low * BATCH_MULTIPLE
 
 
-def auto_fit(shape: ModelShape, settings: MemorySettings, available_bytes: float, longest_row: int, *,
-             allow_qlora: bool = False, unified: bool = False) -> FitResult:
+def auto_fit(
+    shape: ModelShape,
+    settings: MemorySettings,
+    available_bytes: float,
+    longest_row: int,
+    *,
+    allow_qlora: bool = False,
+    unified: bool = False,
+) -> FitResult:
     """Fit the run's step into `available_bytes`: its own settings when they fit, else the cheapest levers and
     the largest batch (at least `longest_row` tokens, at most the run's own batch)."""
     budget = usable(available_bytes)
@@ -110,26 +119,41 @@ def auto_fit(shape: ModelShape, settings: MemorySettings, available_bytes: float
     if allow_qlora and not settings.qlora and not settings.cpu:
         order += [(levers[-1][0], levers[-1][1], False), (levers[-1][0], levers[-1][1], True)]
     for candidate, changed, shrink in order:
-        batch = largest_batch(shape, candidate, budget, ceiling) if shrink else (
-            ceiling if estimate_peak(shape, dataclasses.replace(candidate, batch_tokens=ceiling)).peak_bytes <= budget
-            else 0)
+        batch = (
+            largest_batch(shape, candidate, budget, ceiling)
+            if shrink
+            else (
+                ceiling
+                if estimate_peak(shape, dataclasses.replace(candidate, batch_tokens=ceiling)).peak_bytes <= budget
+                else 0
+            )
+        )
         if batch >= longest_row:
             chosen = dataclasses.replace(candidate, batch_tokens=batch)
-            words = [*changed] + ([f"batch of {batch:,} tokens (was {settings.batch_tokens:,})"]
-                                  if batch != settings.batch_tokens else [])
+            words = [*changed] + (
+                [f"batch of {batch:,} tokens (was {settings.batch_tokens:,})"] if batch != settings.batch_tokens else []
+            )
             return FitResult(True, chosen, estimate_peak(shape, chosen), available_bytes, tuple(words))
     cheapest = levers[-1][0]
     at_row = dataclasses.replace(cheapest, batch_tokens=max(longest_row, BATCH_MULTIPLE))
     floor = estimate_peak(shape, dataclasses.replace(cheapest, batch_tokens=BATCH_MULTIPLE))
     longest = largest_batch(shape, cheapest, budget, max(longest_row, BATCH_MULTIPLE))
     if floor.peak_bytes > budget:
-        reason = (f"even a {BATCH_MULTIPLE}-token batch with every memory lever needs {floor.peak_gib:.1f} GiB, more "
-                  f"than the {budget / GIB:.1f} GiB usable of {available_bytes / GIB:.1f} GiB"
-                  + ("" if allow_qlora or cheapest.qlora or cheapest.cpu
-                     else "; QLoRA (lora.qlora = true) would shrink the weights"))
+        reason = (
+            f"even a {BATCH_MULTIPLE}-token batch with every memory lever needs {floor.peak_gib:.1f} GiB, more "
+            f"than the {budget / GIB:.1f} GiB usable of {available_bytes / GIB:.1f} GiB"
+            + (
+                ""
+                if allow_qlora or cheapest.qlora or cheapest.cpu
+                else "; QLoRA (lora.qlora = true) would shrink the weights"
+            )
+        )
     else:
-        reason = (f"a batch holding the longest row ({longest_row:,} tokens) needs "
-                  f"{estimate_peak(shape, at_row).peak_gib:.1f} GiB with every memory lever, more than the "
-                  f"{budget / GIB:.1f} GiB usable; rows up to {longest:,} tokens would fit (data.max_length)")
-    return FitResult(False, cheapest, estimate_peak(shape, at_row), available_bytes, reason=reason,
-                     largest_max_length=longest)
+        reason = (
+            f"a batch holding the longest row ({longest_row:,} tokens) needs "
+            f"{estimate_peak(shape, at_row).peak_gib:.1f} GiB with every memory lever, more than the "
+            f"{budget / GIB:.1f} GiB usable; rows up to {longest:,} tokens would fit (data.max_length)"
+        )
+    return FitResult(
+        False, cheapest, estimate_peak(shape, at_row), available_bytes, reason=reason, largest_max_length=longest
+    )

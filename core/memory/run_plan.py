@@ -51,7 +51,7 @@ class RunPlan:
 
 
 def parse_size(text: str) -> float:
-    """"8GiB", "12 GB", "24g", "16384MiB" -> bytes (GB and G are read as GiB, as GPU makers' labels mean)."""
+    """ "8GiB", "12 GB", "24g", "16384MiB" -> bytes (GB and G are read as GiB, as GPU makers' labels mean)."""
     found = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?b?)\s*", text.lower())
     if not found:
         raise ConfigError(f"cannot read the memory size {text!r}", "write it like 8GiB, 24GB or 16384MiB")
@@ -61,7 +61,7 @@ def parse_size(text: str) -> float:
 
 def detect_memory() -> Memory | None:
     """Free memory of the first visible NVIDIA GPU (system memory on unified-memory GPUs); None without a GPU."""
-    from hone.core.telemetry import GPU, UNIFIED, Telemetry
+    from hone.core.machine.telemetry import GPU, UNIFIED, Telemetry
 
     if os.environ.get(MEMORY_ENV, "").strip():
         limit = parse_size(os.environ[MEMORY_ENV])
@@ -72,38 +72,59 @@ def detect_memory() -> Memory | None:
             return None
         sample = telemetry.sample()
         free = sample.memory_total - sample.memory_used
-        return Memory(float(free), sample.device,  # every message about it says how much is free
-                      unified=sample.memory_source == UNIFIED, gpu=sample.memory_source in (GPU, UNIFIED))
+        return Memory(
+            float(free),
+            sample.device,  # every message about it says how much is free
+            unified=sample.memory_source == UNIFIED,
+            gpu=sample.memory_source in (GPU, UNIFIED),
+        )
     finally:
         telemetry.close()
 
 
 def detect_system_memory() -> Memory:
     """System memory available now, for a run on the CPU (what the kernel could hand out without swapping)."""
-    from hone.core.telemetry import system_memory
+    from hone.core.machine.telemetry import system_memory
 
     used, total = system_memory()
     available = float(total - used)
     return Memory(available, "this computer (system memory)", gpu=False)
 
 
-def settings_from_config(config: RunConfig, hf_config, *, cuda: bool = True, unified: bool = False,
-                         mean_row_tokens: float | None = None) -> tuple[MemorySettings, float]:
+def resolve_checkpoint(
+    requested: str, mean_row_tokens: float, hf_config, *, cuda: bool, integrated: bool = False
+) -> str:
+    """The checkpoint mode `auto` (or the user) picks, as the trainer would (speed.checkpointing.policy)."""
+    from hone.core.speed.checkpointing.policy import choose_mode
+
+    return choose_mode(requested, "cuda" if cuda else "cpu", mean_row_tokens, hf_config, integrated=integrated).mode
+
+
+def settings_from_config(
+    config: RunConfig, hf_config, *, cuda: bool = True, unified: bool = False, mean_row_tokens: float | None = None
+) -> tuple[MemorySettings, float]:
     """The planner's settings for a run config, with `auto` resolved the way the trainer resolves it; and the mean
     row length assumed (half of data.max_length unless given: the planner reads no data)."""
-    from hone.core.memory.bench_cases import resolve_checkpoint
-
     speed, train = config.speed, config.train
     mean_row = mean_row_tokens or max(min(config.data.max_length, train.batch_tokens) / 2, 1)
     dtype = config.model.dtype
     weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
     checkpoint = resolve_checkpoint(speed.checkpoint, mean_row, hf_config, cuda=cuda, integrated=unified)
     return MemorySettings(
-        batch_tokens=train.batch_tokens, lora_rank=config.lora.r, lora_experts=config.lora.experts,
-        qlora=config.lora.qlora, optimizer=train.optimizer, weight_bytes=weight_bytes, checkpoint=checkpoint,
-        host_embeddings=speed.host_embeddings and cuda, host_lm_head=speed.host_lm_head and cuda,
-        tiled_mlp=speed.tiled_mlp and speed.kernels and cuda, chunked_loss=speed.loss == "chunked",
-        kernels=speed.kernels and cuda, cpu=not cuda), mean_row
+        batch_tokens=train.batch_tokens,
+        lora_rank=config.lora.r,
+        lora_experts=config.lora.experts,
+        qlora=config.lora.qlora,
+        optimizer=train.optimizer,
+        weight_bytes=weight_bytes,
+        checkpoint=checkpoint,
+        host_embeddings=speed.host_embeddings and cuda,
+        host_lm_head=speed.host_lm_head and cuda,
+        tiled_mlp=speed.tiled_mlp and speed.kernels and cuda,
+        chunked_loss=speed.loss == "chunked",
+        kernels=speed.kernels and cuda,
+        cpu=not cuda,
+    ), mean_row
 
 
 def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = False) -> RunPlan:
@@ -112,13 +133,15 @@ def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = Fa
     hf_config = load_model_config(model.name_or_path, model.gguf_file, model.revision, model.trust_remote_code)
     shape = ModelShape.from_config(hf_config, model.name_or_path)
     cuda = memory is not None and memory.gpu
-    settings, mean_row = settings_from_config(config, hf_config, cuda=cuda or memory is None,
-                                              unified=bool(memory and memory.unified))
+    settings, mean_row = settings_from_config(
+        config, hf_config, cuda=cuda or memory is None, unified=bool(memory and memory.unified)
+    )
     estimate = estimate_peak(shape, settings)
     fit = whole = None
     if memory is not None:
-        fit = auto_fit(shape, settings, memory.available, config.data.max_length, allow_qlora=allow_qlora,
-                       unified=memory.unified)
+        fit = auto_fit(
+            shape, settings, memory.available, config.data.max_length, allow_qlora=allow_qlora, unified=memory.unified
+        )
         if fit.fits and not fit.changes:
             whole = _whole_mlp(shape, settings, memory)
     return RunPlan(shape, settings, estimate, memory, fit, mean_row, whole)
@@ -151,21 +174,58 @@ def fit_run_config(config: RunConfig, memory: Memory) -> FittedRun:
 
     plan = plan_run(config, memory)
     fit, available = plan.fit, memory.available / GIB
+    assert fit is not None  # plan_run fits whenever it is given memory
     said = f"a step needs ≈ {plan.estimate.peak_gib:.1f} GiB; {available:.1f} GiB free on {memory.device}"
     if fit.fits and not fit.changes:
         whole = plan.whole_mlp
         if whole is not None:
-            return FittedRun(config.with_overrides(["speed.tiled_mlp=false"]), [Notice(topic="memory", message=(
-                f"{said}: it fits. With each MLP back-propagated whole instead of in tiles (faster) it needs "
-                f"≈ {whole.peak_gib:.1f} GiB, under half of what is free, so the MLPs are not tiled"))],
-                whole.peak_bytes)
+            return FittedRun(
+                config.with_overrides(["speed.tiled_mlp=false"]),
+                [
+                    Notice(
+                        topic="memory",
+                        message=(
+                            f"{said}: it fits. With each MLP back-propagated whole instead of in tiles (faster) it "
+                            "needs "
+                            f"≈ {whole.peak_gib:.1f} GiB, under half of what is free, so the MLPs are not tiled"
+                        ),
+                    )
+                ],
+                whole.peak_bytes,
+            )
         return FittedRun(config, [Notice(topic="memory", message=f"{said}: it fits")], plan.estimate.peak_bytes)
     if fit.fits:
         fitted = config.with_overrides(fit.assignments(plan.settings))
-        return FittedRun(fitted, [Notice(topic="memory", level="warning", step=0, message=(
-            f"{said}: it does not fit as set, so the run uses " + "; ".join(fit.changes)
-            + f" (≈ {fit.estimate.peak_gib:.1f} GiB; train.fit_memory = false keeps the settings as they are)"))],
-            fit.estimate.peak_bytes)
-    return FittedRun(config, [Notice(topic="memory", level="warning", message=(
-        f"{said}: it may not fit ({fit.reason}). The run starts as set; a step that runs out of memory is run "
-        "again on smaller micro-batches"))], plan.estimate.peak_bytes, fits=False)
+        return FittedRun(
+            fitted,
+            [
+                Notice(
+                    topic="memory",
+                    level="warning",
+                    step=0,
+                    message=(
+                        f"{said}: it does not fit as set, so the run uses "
+                        + "; ".join(fit.changes)
+                        + f" (≈ {fit.estimate.peak_gib:.1f} GiB; "
+                        "train.fit_memory = false keeps the settings as they are)"
+                    ),
+                )
+            ],
+            fit.estimate.peak_bytes,
+        )
+    return FittedRun(
+        config,
+        [
+            Notice(
+                topic="memory",
+                level="warning",
+                message=(
+                    f"{said}: it may not fit ({fit.reason}). The run starts as set; a step that runs out of memory "
+                    "is run "
+                    "again on smaller micro-batches"
+                ),
+            )
+        ],
+        plan.estimate.peak_bytes,
+        fits=False,
+    )

@@ -7,6 +7,7 @@ metadata, and the benchmark shapes by name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,9 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any, name: str = "") -> ModelShape:
-        get = (config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default))
+        get: Callable[..., Any] = (  # values are whatever the config holds; int() refuses a missing one
+            config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+        )
         text = get("text_config")  # vision-language models: the language model's own config
         if text is not None:
             return cls.from_config(text, name)
@@ -51,14 +54,22 @@ class ModelShape:
         shared = int(get("shared_expert_intermediate_size") or 0)
         if not shared and get("n_shared_experts"):
             shared = int(get("n_shared_experts")) * int(get("moe_intermediate_size") or 0)
-        return cls(layers=layers, hidden=hidden, intermediate=int(get("intermediate_size") or 4 * hidden),
-                   heads=heads, kv_heads=int(get("num_key_value_heads") or heads),
-                   head_dim=attention_head_dim(config), vocab=int(get("vocab_size")),
-                   tied_embeddings=bool(get("tie_word_embeddings", False)), experts=experts,
-                   top_k=config_value(config, EXPERTS_PER_TOKEN_KEYS) if experts else 0,
-                   expert_intermediate=int(get("moe_intermediate_size") or get("intermediate_size") or 0)
-                   if experts else 0,
-                   shared_intermediate=shared, dense_layers=dense_layers, name=name)
+        return cls(
+            layers=layers,
+            hidden=hidden,
+            intermediate=int(get("intermediate_size") or 4 * hidden),
+            heads=heads,
+            kv_heads=int(get("num_key_value_heads") or heads),
+            head_dim=attention_head_dim(config),
+            vocab=int(get("vocab_size")),
+            tied_embeddings=bool(get("tie_word_embeddings", False)),
+            experts=experts,
+            top_k=config_value(config, EXPERTS_PER_TOKEN_KEYS) if experts else 0,
+            expert_intermediate=int(get("moe_intermediate_size") or get("intermediate_size") or 0) if experts else 0,
+            shared_intermediate=shared,
+            dense_layers=dense_layers,
+            name=name,
+        )
 
     # ---- parameter counts ----
     @property
@@ -74,15 +85,21 @@ class ModelShape:
     def mlp_params(self, moe: bool) -> int:
         if not moe:
             return 3 * self.hidden * self.intermediate
-        return (self.experts * 3 * self.hidden * self.expert_intermediate + self.hidden * self.experts
-                + 3 * self.hidden * self.shared_intermediate)
+        return (
+            self.experts * 3 * self.hidden * self.expert_intermediate
+            + self.hidden * self.experts
+            + 3 * self.hidden * self.shared_intermediate
+        )
 
     @property
     def linear_params(self) -> int:
         """Parameters of every decoder layer's linear weights (what QLoRA quantizes, experts included)."""
         dense = self.layers - self.moe_layers
-        return (self.layers * self.attention_params + dense * self.mlp_params(False)
-                + self.moe_layers * self.mlp_params(True))
+        return (
+            self.layers * self.attention_params
+            + dense * self.mlp_params(False)
+            + self.moe_layers * self.mlp_params(True)
+        )
 
     @property
     def table_params(self) -> int:

@@ -15,10 +15,17 @@ if TYPE_CHECKING:  # torch only for the annotations: finding the split needs non
     from torch import nn
 
 # Config attributes that mention logits but do not change the LM head's output.
-_HARMLESS_LOGIT_ATTRS = frozenset({
-    "output_router_logits", "num_logits_to_keep", "attn_logit_softcapping", "router_logits",
-    "logit_scale_init_value", "output_logits", "contrastive_logits_temperature",
-})
+_HARMLESS_LOGIT_ATTRS = frozenset(
+    {
+        "output_router_logits",
+        "num_logits_to_keep",
+        "attn_logit_softcapping",
+        "router_logits",
+        "logit_scale_init_value",
+        "output_logits",
+        "contrastive_logits_temperature",
+    }
+)
 _HANDLED_LOGIT_ATTRS = frozenset({"final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"})
 
 

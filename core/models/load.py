@@ -60,18 +60,24 @@ def resolve_source(name_or_path: str, gguf_file: str = "") -> ModelSource:
     """Decide what kind of source `name_or_path` is, or raise ModelError saying why it cannot be used."""
     name = name_or_path.strip()
     if not name:
-        raise ModelError("no model chosen (model.name_or_path is empty)",
-                         "give a Hugging Face id, a local model folder or a .gguf file")
+        raise ModelError(
+            "no model chosen (model.name_or_path is empty)",
+            "give a Hugging Face id, a local model folder or a .gguf file",
+        )
     if name.startswith(BUNDLED_PREFIX):
-        if name[len(BUNDLED_PREFIX):] not in BUNDLED_MODELS:
-            raise ModelError(f"{name} is not a bundled model",
-                             f"bundled models: {', '.join(BUNDLED_PREFIX + m for m in BUNDLED_MODELS)}")
+        if name[len(BUNDLED_PREFIX) :] not in BUNDLED_MODELS:
+            raise ModelError(
+                f"{name} is not a bundled model",
+                f"bundled models: {', '.join(BUNDLED_PREFIX + m for m in BUNDLED_MODELS)}",
+            )
         return ModelSource("bundled", str(check_gguf_whole(resolve_bundled(name))), name)
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ModelError(f"{path} is a file but not a .gguf model",
-                             "pick a .gguf file or the folder that holds config.json and the weights")
+            raise ModelError(
+                f"{path} is a file but not a .gguf model",
+                "pick a .gguf file or the folder that holds config.json and the weights",
+            )
         return ModelSource("gguf", str(check_gguf_whole(path).resolve()), name)
     if path.is_dir():
         if gguf_file:
@@ -85,15 +91,27 @@ def resolve_source(name_or_path: str, gguf_file: str = "") -> ModelSource:
         if len(ggufs) == 1:
             return ModelSource("gguf", str(check_gguf_whole(ggufs[0]).resolve()), name)
         if ggufs:
-            raise ModelError(f"{path} holds several .gguf files ({', '.join(g.name for g in ggufs[:4])})",
-                             "set model.gguf_file to the one to use")
-        raise ModelError(f"{path} holds neither config.json nor a .gguf file",
-                         "pick the folder a model was saved to (with config.json and *.safetensors)")
-    looks_local = name.startswith((".", "~", "/", "\\")) or name.lower().endswith(".gguf") or (
-        len(name) > 1 and name[1] == ":") or name.count("/") > 1 or "\\" in name
+            raise ModelError(
+                f"{path} holds several .gguf files ({', '.join(g.name for g in ggufs[:4])})",
+                "set model.gguf_file to the one to use",
+            )
+        raise ModelError(
+            f"{path} holds neither config.json nor a .gguf file",
+            "pick the folder a model was saved to (with config.json and *.safetensors)",
+        )
+    looks_local = (
+        name.startswith((".", "~", "/", "\\"))
+        or name.lower().endswith(".gguf")
+        or (len(name) > 1 and name[1] == ":")
+        or name.count("/") > 1
+        or "\\" in name
+    )
     if looks_local or not _HUB_ID.match(name):
-        raise ModelError(f"{name} does not exist", "check the path, or set model.name_or_path to a local model "
-                         "folder, a .gguf file, or a Hugging Face id like Qwen/Qwen3-0.6B")
+        raise ModelError(
+            f"{name} does not exist",
+            "check the path, or set model.name_or_path to a local model "
+            "folder, a .gguf file, or a Hugging Face id like Qwen/Qwen3-0.6B",
+        )
     return ModelSource("hub", name, name)
 
 
@@ -105,13 +123,15 @@ def check_gguf_whole(path: Path) -> Path:
     Raises:
         ModelError: the file is not GGUF, or shorter than its header says (expected and actual size given).
     """
-    from hone.core.export.gguf_read import gguf_damage
+    from hone.core.models.gguf_read import gguf_damage
 
     reason = gguf_damage(path)
     if reason:
-        raise ModelError(f"{path} is damaged: {reason}",
-                         "download or copy the file again (a transfer that stopped early leaves a short file); "
-                         "it cannot be used as it is")
+        raise ModelError(
+            f"{path} is damaged: {reason}",
+            "download or copy the file again (a transfer that stopped early leaves a short file); "
+            "it cannot be used as it is",
+        )
     return path
 
 
@@ -129,20 +149,27 @@ def check_hub_model(name: str, revision: str = "", filename: str = "config.json"
         return
     local = "set model.name_or_path to a local model folder or .gguf file"
     if constants.HF_HUB_OFFLINE:
-        raise ModelError(f"{name} is not in the local Hugging Face cache, and HF_HUB_OFFLINE is set, so it cannot "
-                         "be downloaded", f"unset HF_HUB_OFFLINE to download it once, or {local}")
+        raise ModelError(
+            f"{name} is not in the local Hugging Face cache, and HF_HUB_OFFLINE is set, so it cannot be downloaded",
+            f"unset HF_HUB_OFFLINE to download it once, or {local}",
+        )
     try:
         HfApi().model_info(name, revision=revision or None, timeout=_HUB_CHECK_TIMEOUT_S)
     except GatedRepoError:
-        raise ModelError(f"{name} is gated: its license must be accepted on huggingface.co",
-                         "accept it on the model's page, then run `hf auth login`") from None
+        raise ModelError(
+            f"{name} is gated: its license must be accepted on huggingface.co",
+            "accept it on the model's page, then run `hf auth login`",
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelError(f"there is no model named {name!r} on the Hugging Face Hub (or it is private)",
-                         "check the spelling; for a private model run `hf auth login`") from None
+        raise ModelError(
+            f"there is no model named {name!r} on the Hugging Face Hub (or it is private)",
+            "check the spelling; for a private model run `hf auth login`",
+        ) from None
     except Exception as e:  # whatever the HTTP client raises when the Hub cannot be reached
-        raise ModelError(f"{name} is not in the local Hugging Face cache and the Hub cannot be reached "
-                         f"({type(e).__name__})", f"connect to the internet once to download it, or {local}") \
-            from None
+        raise ModelError(
+            f"{name} is not in the local Hugging Face cache and the Hub cannot be reached ({type(e).__name__})",
+            f"connect to the internet once to download it, or {local}",
+        ) from None
 
 
 @contextlib.contextmanager
@@ -156,16 +183,26 @@ def _hub_errors(name: str):
         text = str(e)
         kind = type(e).__name__
         if "RepositoryNotFound" in kind or "404" in text or "is not a valid model identifier" in text:
-            raise ModelError(f"there is no model named {name!r} on the Hugging Face Hub (or it is private)",
-                             "check the spelling; for a private or gated model run `hf auth login`") from None
+            raise ModelError(
+                f"there is no model named {name!r} on the Hugging Face Hub (or it is private)",
+                "check the spelling; for a private or gated model run `hf auth login`",
+            ) from None
         if "GatedRepo" in kind or "gated" in text.lower():
-            raise ModelError(f"{name} is gated: its license must be accepted on huggingface.co",
-                             "accept it on the model's page, then run `hf auth login`") from None
-        if ("LocalEntryNotFound" in kind or "offline" in text.lower() or "connect" in text.lower()
-                or "cached files" in text.lower()):
-            raise ModelError(f"{name} is not in the local Hugging Face cache and the Hub cannot be reached",
-                             "connect to the internet once to download it, or set model.name_or_path to a "
-                             "local model folder or .gguf file") from None
+            raise ModelError(
+                f"{name} is gated: its license must be accepted on huggingface.co",
+                "accept it on the model's page, then run `hf auth login`",
+            ) from None
+        if (
+            "LocalEntryNotFound" in kind
+            or "offline" in text.lower()
+            or "connect" in text.lower()
+            or "cached files" in text.lower()
+        ):
+            raise ModelError(
+                f"{name} is not in the local Hugging Face cache and the Hub cannot be reached",
+                "connect to the internet once to download it, or set model.name_or_path to a "
+                "local model folder or .gguf file",
+            ) from None
         raise
 
 
@@ -204,12 +241,15 @@ def gguf_folder(gguf: Path) -> Path:
         return target
     try:
         tokenizer = gguf_tokenizer(gguf)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                                     **from_pretrained_options())
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **from_pretrained_options()
+        )
     except (ValueError, KeyError, RuntimeError) as e:
-        raise ModelError(f"{gguf} could not be read as a GGUF model: {e}",
-                         "transformers reads GGUF files of llama, mistral, qwen2/qwen3, phi3, gemma and a few "
-                         "more architectures; convert others to safetensors") from None
+        raise ModelError(
+            f"{gguf} could not be read as a GGUF model: {e}",
+            "transformers reads GGUF files of llama, mistral, qwen2/qwen3, phi3, gemma and a few "
+            "more architectures; convert others to safetensors",
+        ) from None
     size = sum(p.numel() for p in model.parameters()) * 4
     if size > _FP32_CONVERSION_LIMIT:
         model = model.to(torch.bfloat16)
@@ -303,8 +343,9 @@ def load_config(model_cfg: ModelConfig):
     source = resolve_source(model_cfg.name_or_path, model_cfg.gguf_file)
     folder = source_folder(source)
     with _hub_errors(source.name):
-        config = AutoConfig.from_pretrained(folder, revision=model_cfg.revision or None,
-                                            trust_remote_code=model_cfg.trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            folder, revision=model_cfg.revision or None, trust_remote_code=model_cfg.trust_remote_code
+        )
     return source, folder, config
 
 
@@ -317,12 +358,21 @@ def info_from_config(config, name: str, source_kind: str, params: int) -> ModelI
     experts = config_value(text, EXPERT_COUNT_KEYS)
     top_k = config_value(text, EXPERTS_PER_TOKEN_KEYS)
     architectures = getattr(config, "architectures", None) or [type(config).__name__.replace("Config", "")]
-    return ModelInfo(name=name, source_kind=source_kind, architecture=architectures[0],
-                     model_type=config.model_type, params=int(params), layers=int(text.num_hidden_layers),
-                     hidden_size=int(text.hidden_size), vocab_size=int(text.vocab_size),
-                     context_length=int(getattr(text, "max_position_embeddings", 0) or 0),
-                     is_moe=bool(experts), num_experts=int(experts or 0), experts_per_token=int(top_k or 0),
-                     is_vision=is_vision_config(config))
+    return ModelInfo(
+        name=name,
+        source_kind=source_kind,
+        architecture=architectures[0],
+        model_type=config.model_type,
+        params=int(params),
+        layers=int(text.num_hidden_layers),
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+        context_length=int(getattr(text, "max_position_embeddings", 0) or 0),
+        is_moe=bool(experts),
+        num_experts=int(experts or 0),
+        experts_per_token=int(top_k or 0),
+        is_vision=is_vision_config(config),
+    )
 
 
 def _auto_model_class(config):
@@ -357,17 +407,26 @@ def inspect_model(name_or_path: str, gguf_file: str = "") -> ModelInfo:
 
 def _qlora_config(dtype, device: str):
     if not str(device).startswith("cuda"):
-        raise ModelError("QLoRA (lora.qlora = true) needs an NVIDIA GPU; this run is on the CPU",
-                         "turn lora.qlora off, or run on a machine with a CUDA GPU")
+        raise ModelError(
+            "QLoRA (lora.qlora = true) needs an NVIDIA GPU; this run is on the CPU",
+            "turn lora.qlora off, or run on a machine with a CUDA GPU",
+        )
     guard_bitsandbytes_import()
     try:
         import bitsandbytes  # noqa: F401
         from transformers import BitsAndBytesConfig
     except ImportError:
-        raise ModelError("QLoRA needs the bitsandbytes package, which is not installed",
-                         f"{INSTALL_BITSANDBYTES}, or turn lora.qlora off") from None
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
+        raise ModelError(
+            "QLoRA needs the bitsandbytes package, which is not installed",
+            f"{INSTALL_BITSANDBYTES}, or turn lora.qlora off",
+        ) from None
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype,
+        bnb_4bit_quant_storage=dtype,
+    )
 
 
 def _load_processor(folder: str, config, kwargs: dict):
@@ -384,8 +443,10 @@ def _load_processor(folder: str, config, kwargs: dict):
             raise
         if config.model_type in PLACEHOLDER_RULES:
             return build_fallback_processor(folder, config.model_type, **kwargs)
-        raise ModelError(f"the image processor of this {config.model_type} model needs torchvision, which is not "
-                         "installed", "pip install torchvision (the build that matches your torch)") from None
+        raise ModelError(
+            f"the image processor of this {config.model_type} model needs torchvision, which is not installed",
+            "pip install torchvision (the build that matches your torch)",
+        ) from None
 
 
 def load_tokenizer(folder: str, config=None, model_cfg: ModelConfig | None = None):
@@ -430,9 +491,10 @@ def tokenizer_for(model_cfg: ModelConfig):
             return load_tokenizer(str(folder), None, model_cfg)
         except (OSError, ValueError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ModelError(f"cannot load the tokenizer in {folder}: {first}",
-                             "give a model folder, a .gguf file, or a folder with tokenizer.json or "
-                             "tokenizer_config.json") from None
+            raise ModelError(
+                f"cannot load the tokenizer in {folder}: {first}",
+                "give a model folder, a .gguf file, or a folder with tokenizer.json or tokenizer_config.json",
+            ) from None
     source = resolve_source(name, model_cfg.gguf_file)
     if source.kind in ("bundled", "gguf"):
         gguf = Path(source.path)
@@ -442,21 +504,33 @@ def tokenizer_for(model_cfg: ModelConfig):
         try:
             return _with_pad_token(gguf_tokenizer(gguf))
         except (OSError, ValueError, KeyError, RuntimeError) as e:
-            raise ModelError(f"the tokenizer of {gguf} could not be read: {e}",
-                             "transformers reads the tokenizers of llama, mistral, qwen2/qwen3, phi3, gemma and a few "
-                             "more GGUF architectures; convert others to safetensors") from None
+            raise ModelError(
+                f"the tokenizer of {gguf} could not be read: {e}",
+                "transformers reads the tokenizers of llama, mistral, qwen2/qwen3, phi3, gemma and a few "
+                "more GGUF architectures; convert others to safetensors",
+            ) from None
     _source, folder_or_id, config = load_config(model_cfg)
     return load_tokenizer(folder_or_id, config, model_cfg)
 
 
 def _holds_only_a_tokenizer(folder: Path) -> bool:
     """A folder with tokenizer files but neither config.json nor a .gguf file (which `resolve_source` would take)."""
-    return (folder.is_dir() and not (folder / "config.json").is_file() and not any(folder.glob("*.gguf"))
-            and any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")))
+    return (
+        folder.is_dir()
+        and not (folder / "config.json").is_file()
+        and not any(folder.glob("*.gguf"))
+        and any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    )
 
 
-def load_model(model_cfg: ModelConfig, *, device: str | None = None, for_training: bool = True,
-               qlora: bool = False, attn_implementation: str | None = None) -> LoadedModel:
+def load_model(
+    model_cfg: ModelConfig,
+    *,
+    device: str | None = None,
+    for_training: bool = True,
+    qlora: bool = False,
+    attn_implementation: str | None = None,
+) -> LoadedModel:
     """Load weights and tokenizer onto `device` in the configured dtype (QLoRA: 4-bit nf4 base).
 
     `attn_implementation` None lets transformers pick its default (SDPA where the architecture has it); the
@@ -464,9 +538,12 @@ def load_model(model_cfg: ModelConfig, *, device: str | None = None, for_trainin
     device = device or pick_device()
     dtype = resolve_dtype(model_cfg.dtype, device)
     source, folder, config = load_config(model_cfg)
-    kwargs: dict[str, Any] = dict(dtype=dtype, revision=model_cfg.revision or None,
-                                  trust_remote_code=model_cfg.trust_remote_code,
-                                  attn_implementation=attn_implementation)
+    kwargs: dict[str, Any] = dict(
+        dtype=dtype,
+        revision=model_cfg.revision or None,
+        trust_remote_code=model_cfg.trust_remote_code,
+        attn_implementation=attn_implementation,
+    )
     if qlora:
         kwargs["quantization_config"] = _qlora_config(dtype, device)
         kwargs["device_map"] = {"": device}

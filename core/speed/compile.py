@@ -47,8 +47,10 @@ class _CompileClock:
 
     def stop(self) -> None:
         if self._handler is not None:
-            for remove, callback in ((self._handler.remove_start_callback, self._start),
-                                     (self._handler.remove_end_callback, self._end)):
+            for remove, callback in (
+                (self._handler.remove_start_callback, self._start),
+                (self._handler.remove_end_callback, self._end),
+            ):
                 with contextlib.suppress(ValueError):
                     remove(callback)
             self._handler = None
@@ -93,9 +95,14 @@ class CompileReport:
         return f"{self.blocks} x {kinds}{timing}"
 
     def to_dict(self) -> dict:
-        return {"blocks": self.blocks, "block_types": sorted(set(self.block_types)), "skipped": list(self.skipped),
-                "options": {k: str(v) for k, v in self.options.items()}, "compile_seconds": self.compile_seconds,
-                "compiles": self.compiles}
+        return {
+            "blocks": self.blocks,
+            "block_types": sorted(set(self.block_types)),
+            "skipped": list(self.skipped),
+            "options": {k: str(v) for k, v in self.options.items()},
+            "compile_seconds": self.compile_seconds,
+            "compiles": self.compiles,
+        }
 
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (blocks, report)
@@ -114,8 +121,14 @@ def decoder_blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return blocks
 
 
-def compile_blocks(model: torch.nn.Module, *, mode: str | None = None, dynamic: bool | None = None,
-                   backend: str = "inductor", fullgraph: bool = False) -> CompileReport:
+def compile_blocks(
+    model: torch.nn.Module,
+    *,
+    mode: str | None = None,
+    dynamic: bool | None = None,
+    backend: str = "inductor",
+    fullgraph: bool = False,
+) -> CompileReport:
     """Compile each decoder block of `model` in place (`nn.Module.compile`); call after LoRA and kernels.
 
     The blocks reuse one trace because every layer binds the same forward functions (`hone.core.speed.fused.apply`

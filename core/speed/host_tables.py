@@ -215,8 +215,15 @@ class HostTables:
         self.head = self.head if isinstance(self.head, str) else "restored"
 
 
-def apply_host_tables(model, device: torch.device | str, *, embedding: bool = True, head: bool = True,
-                      chunked_loss: bool = True, force: bool = False) -> HostTables:
+def apply_host_tables(
+    model,
+    device: torch.device | str,
+    *,
+    embedding: bool = True,
+    head: bool = True,
+    chunked_loss: bool = True,
+    force: bool = False,
+) -> HostTables:
     """Move `model`'s frozen vocabulary tables to pinned host memory where they can go, putting a `HostEmbedding`
     and a `HostLMHead` in the model's places.
 
@@ -235,8 +242,11 @@ def apply_host_tables(model, device: torch.device | str, *, embedding: bool = Tr
         A `HostTables`: each table's stand-in, or the reason it stays on the device; `restore` undoes the move.
     """
     base = _base(model)
-    on_device = None if force or torch.device(device).type == "cuda" else (
-        "only on a GPU (on the CPU the table is in host memory already)")
+    on_device = (
+        None
+        if force or torch.device(device).type == "cuda"
+        else ("only on a GPU (on the CPU the table is in host memory already)")
+    )
     embedding_why = on_device or _embedding_reason(base) if embedding else "speed.host_embeddings = false"
     if not head:
         head_why = "speed.host_lm_head = false"

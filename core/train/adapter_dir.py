@@ -58,19 +58,26 @@ def base_model(model_cfg) -> BaseModel:
     """The base an adapter trained from `model_cfg` (a ModelConfig) belongs to, named so transformers + peft load
     it without Hone: a bundled model's Hub id, a Hub id as given, else the absolute path of the folder or file."""
     name = model_cfg.name_or_path.strip()
-    if name.startswith(BUNDLED_PREFIX) and name[len(BUNDLED_PREFIX):] in BUNDLED_MODELS:
-        hub_id = BUNDLED_MODELS[name[len(BUNDLED_PREFIX):]]
-        return BaseModel(hub_id, f"\nTrained from the GGUF of `{hub_id}` that Hone bundles ({name}), dequantized to "
-                         "float32; the adapter applies to the original weights below, which differ from that GGUF "
-                         "only by its quantization.\n")
+    if name.startswith(BUNDLED_PREFIX) and name[len(BUNDLED_PREFIX) :] in BUNDLED_MODELS:
+        hub_id = BUNDLED_MODELS[name[len(BUNDLED_PREFIX) :]]
+        return BaseModel(
+            hub_id,
+            f"\nTrained from the GGUF of `{hub_id}` that Hone bundles ({name}), dequantized to "
+            "float32; the adapter applies to the original weights below, which differ from that GGUF "
+            "only by its quantization.\n",
+        )
     path = Path(name).expanduser()
     if not path.exists():
         return BaseModel(name)  # a Hugging Face id
     absolute = str(path.resolve())
-    return BaseModel(absolute, f"\n**Warning:** the base is a {'GGUF file' if path.is_file() else 'folder'} on "
-                     f"the machine that trained this adapter (`{absolute}`), so the code below works only on this "
-                     "machine. Elsewhere, set `base_model_name_or_path` in adapter_config.json to where that model "
-                     "is (its Hugging Face id, if it came from the Hub).\n", local=True)
+    return BaseModel(
+        absolute,
+        f"\n**Warning:** the base is a {'GGUF file' if path.is_file() else 'folder'} on "
+        f"the machine that trained this adapter (`{absolute}`), so the code below works only on this "
+        "machine. Elsewhere, set `base_model_name_or_path` in adapter_config.json to where that model "
+        "is (its Hugging Face id, if it came from the Hub).\n",
+        local=True,
+    )
 
 
 def save_adapter(peft_model, tokenizer, folder: Path, config, *, steps: int, final_loss: float | None) -> Path:
@@ -118,8 +125,19 @@ def _write_adapter(peft_model, tokenizer, folder: Path, config, *, steps: int, f
     adapter_cfg["base_model_name_or_path"] = base.name
     cfg_path.write_text(json.dumps(adapter_cfg, indent=2), encoding="utf-8")
     lora = config.lora
-    (folder / "README.md").write_text(MODEL_CARD.format(
-        base=base.name, name=folder.parent.name, data=", ".join(config.data.train), remark=base.remark,
-        steps=steps, loss="n/a" if final_loss is None else f"{final_loss:.4f}", r=lora.r, alpha=lora.alpha,
-        dropout=lora.dropout, targets=", ".join(lora.targets), rslora=", rsLoRA" if lora.rslora else ""),
-        encoding="utf-8")
+    (folder / "README.md").write_text(
+        MODEL_CARD.format(
+            base=base.name,
+            name=folder.parent.name,
+            data=", ".join(config.data.train),
+            remark=base.remark,
+            steps=steps,
+            loss="n/a" if final_loss is None else f"{final_loss:.4f}",
+            r=lora.r,
+            alpha=lora.alpha,
+            dropout=lora.dropout,
+            targets=", ".join(lora.targets),
+            rslora=", rsLoRA" if lora.rslora else "",
+        ),
+        encoding="utf-8",
+    )

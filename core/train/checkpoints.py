@@ -83,9 +83,11 @@ def rng_state() -> dict:
     MT19937 keys as an int64 tensor (624,) beside its position and cached gaussian, torch's as uint8 tensors."""
     version, keys, gauss = random.getstate()
     kind, np_keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, list(keys), gauss],
-             "numpy": [kind, torch.from_numpy(np_keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": [version, list(keys), gauss],
+        "numpy": [kind, torch.from_numpy(np_keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -104,8 +106,9 @@ def set_rng_state(state: dict) -> None:
 def trainable_state(model) -> dict[str, torch.Tensor]:
     # A copy of each (not `.cpu()`, which returns CPU parameters themselves: views of one optimizer buffer would then
     # share storage, which safetensors refuses).
-    return {name: p.detach().to("cpu", copy=True).contiguous() for name, p in model.named_parameters()
-            if p.requires_grad}
+    return {
+        name: p.detach().to("cpu", copy=True).contiguous() for name, p in model.named_parameters() if p.requires_grad
+    }
 
 
 # ---- what is complete ----
@@ -118,8 +121,10 @@ def verify(folder: Path, *, hashes: bool = True) -> str:
         files = manifest["files"]
     except FileNotFoundError:
         if (folder / STATE_FILE).is_file() and (folder / TRAINING_STATE_FILE).is_file():
-            return (f"written by an earlier Hone without {MANIFEST_FILE}: it cannot be resumed safely (its "
-                    f"{TRAINING_STATE_FILE} is a Python pickle, and loading one can run any code in it)")
+            return (
+                f"written by an earlier Hone without {MANIFEST_FILE}: it cannot be resumed safely (its "
+                f"{TRAINING_STATE_FILE} is a Python pickle, and loading one can run any code in it)"
+            )
         return f"incomplete (no {MANIFEST_FILE}: the save did not finish)"
     except (OSError, ValueError, KeyError, TypeError):
         return f"damaged ({MANIFEST_FILE} cannot be read)"
@@ -141,8 +146,8 @@ def verify(folder: Path, *, hashes: bool = True) -> str:
 
 def _step_of(name: str) -> int | None:
     for prefix in ("", _OLD):
-        if name.startswith(prefix + "step-") and name[len(prefix) + 5:].isdigit():
-            return int(name[len(prefix) + 5:])
+        if name.startswith(prefix + "step-") and name[len(prefix) + 5 :].isdigit():
+            return int(name[len(prefix) + 5 :])
     return None
 
 
@@ -193,14 +198,18 @@ def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, list[str]]:
     """
     complete, broken = checkpoint_report(run_dir)
     newest = int(complete[-1].name.rsplit("-", 1)[1]) if complete else -1
-    skipped = [f"checkpoint step-{step:06d} is {why}; resuming from "
-               f"{f'step {newest}' if complete else 'the start'} instead"
-               for step, why in broken.items() if step > newest]
+    skipped = [
+        f"checkpoint step-{step:06d} is {why}; resuming from {f'step {newest}' if complete else 'the start'} instead"
+        for step, why in broken.items()
+        if step > newest
+    ]
     if not complete and broken:
         root = Path(run_dir) / CHECKPOINTS_DIR
-        raise HoneError(f"no checkpoint in {root} can be resumed: "
-                        + "; ".join(f"step-{step:06d} is {why}" for step, why in broken.items()),
-                        f"start a new run, or move {root} away to train this run again from step 0")
+        raise HoneError(
+            f"no checkpoint in {root} can be resumed: "
+            + "; ".join(f"step-{step:06d} is {why}" for step, why in broken.items()),
+            f"start a new run, or move {root} away to train this run again from step 0",
+        )
     return (complete[-1] if complete else None), skipped
 
 
@@ -213,7 +222,7 @@ def _tidy(root: Path) -> None:
             _fault_point()
             shutil.rmtree(d, ignore_errors=True)
         elif d.name.startswith(_OLD) and _step_of(d.name) is not None:
-            final = root / d.name[len(_OLD):]
+            final = root / d.name[len(_OLD) :]
             if final.is_dir() and not verify(final, hashes=False):
                 _fault_point()
                 shutil.rmtree(d, ignore_errors=True)
@@ -237,17 +246,25 @@ def _write_file(path: Path, data: bytes | memoryview) -> dict:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _write_folder(folder: Path, step: int, model, optimizer, scheduler, state: dict, scaler,
-                  rng_by_rank: list | None = None) -> None:
+def _write_folder(
+    folder: Path, step: int, model, optimizer, scheduler, state: dict, scaler, rng_by_rank: list | None = None
+) -> None:
     """The checkpoint's files, serialized in memory first (a moment's copy of the trainable weights and the
     optimizer state in host memory), then written."""
     _fault_point()
     folder.mkdir()
     files = {WEIGHTS_FILE: _write_file(folder / WEIGHTS_FILE, save_tensors(trainable_state(model)))}
     buffer = io.BytesIO()
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
-                **({"rng_by_rank": rng_by_rank} if rng_by_rank else {})}, buffer)
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rng_state(),
+            **({"rng_by_rank": rng_by_rank} if rng_by_rank else {}),
+        },
+        buffer,
+    )
     files[TRAINING_STATE_FILE] = _write_file(folder / TRAINING_STATE_FILE, buffer.getbuffer())
     del buffer
     text = json.dumps(dict(state, step=step), indent=2, allow_nan=False)
@@ -257,8 +274,18 @@ def _write_folder(folder: Path, step: int, model, optimizer, scheduler, state: d
     _fsync_dir(folder)
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, state: dict, *, scaler=None,
-                    keep: int = 2, rng_by_rank: list | None = None) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    state: dict,
+    *,
+    scaler=None,
+    keep: int = 2,
+    rng_by_rank: list | None = None,
+) -> Path:
     """Write checkpoints/step-{step:06d} (replacing one of that step without a moment lacking it) and prune to the
     `keep` newest complete ones. Returns its path. The caller holds the run folder's lock (run_lock.py).
     `rng_by_rank`: the random state of each process of a run trained by several (hone.core.train.distributed).
@@ -311,16 +338,20 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None, ran
     params = dict(model.named_parameters())
     missing = set(weights) - set(params)
     if missing:
-        raise HoneError(f"checkpoint {path} has tensors this model lacks: {sorted(missing)[:3]}",
-                        "resume with the model and LoRA settings the run was started with")
+        raise HoneError(
+            f"checkpoint {path} has tensors this model lacks: {sorted(missing)[:3]}",
+            "resume with the model and LoRA settings the run was started with",
+        )
     training_file = path / TRAINING_STATE_FILE
     try:
         training = torch.load(training_file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"WeightsUnpickler error: ([^\n]*?)(?:\. |\n|$)", str(e))
-        raise HoneError(f"{training_file} holds Python objects besides tensors and plain values, and loading it "
-                        f"could run code, so Hone does not{f' ({found[1]})' if found else ''}",
-                        "if you did not write this checkpoint, do not trust the folder; start a new run") from None
+        raise HoneError(
+            f"{training_file} holds Python objects besides tensors and plain values, and loading it "
+            f"could run code, so Hone does not{f' ({found[1]})' if found else ''}",
+            "if you did not write this checkpoint, do not trust the folder; start a new run",
+        ) from None
     except (RuntimeError, EOFError, OSError) as e:
         raise HoneError(f"{training_file} cannot be read: {e}", "start a new run") from None
     with torch.no_grad():

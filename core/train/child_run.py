@@ -44,21 +44,30 @@ def command_for(config_path: Path | None, resume: Path | None, gpus: list[int], 
     return [*command, "--gpus", str(len(gpus))] if len(gpus) > 1 else command
 
 
-def train_in_child(config: RunConfig, control: RunControl, resume: Path | None = None, *,
-                   gpus: list[int] | None = None, data_changed: str = "refuse") -> Iterator[events.Event]:
+def train_in_child(
+    config: RunConfig,
+    control: RunControl,
+    resume: Path | None = None,
+    *,
+    gpus: list[int] | None = None,
+    data_changed: str = "refuse",
+) -> Iterator[events.Event]:
     """Train `config` (or go on with the run in `resume`, as its config.toml says) in a child process, on the GPUs
     `gpus` (None: what the child sees), yielding the run's events as they are written. Ends with RunFinished or
     RunFailed, as Trainer.run does, or with nothing more once `control` is detached."""
     gpus = list(gpus or [])
     if os.name != "posix":  # stopping it needs SIGINT, and several GPUs need NCCL
-        raise HoneError("a run in a process of its own (several GPUs, or training on after the window closes) "
-                        "needs Linux", "tick one GPU, and leave “Keep training when Hone Studio closes” off")
+        raise HoneError(
+            "a run in a process of its own (several GPUs, or training on after the window closes) needs Linux",
+            "tick one GPU, and leave “Keep training when Hone Studio closes” off",
+        )
     if resume is not None:
         run_dir, config_path = Path(resume), None
     else:  # a new run's folder is made here, so its events can be read; the child takes it as it is (empty)
         run_dir = new_run_dir(config)
-        config = config.with_overrides([f"output.name={json.dumps(run_dir.name)}",
-                                        f"output.runs_dir={json.dumps(str(run_dir.parent))}"])
+        config = config.with_overrides(
+            [f"output.name={json.dumps(run_dir.name)}", f"output.runs_dir={json.dumps(str(run_dir.parent))}"]
+        )
         # beside the run folder, not in it (the child takes only an empty folder); kept if the caller detaches
         # before the child has read it
         handle, name = tempfile.mkstemp(prefix=f".{run_dir.name}-", suffix=".toml", dir=run_dir.parent)
@@ -76,9 +85,14 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
         pause_file = talk / "pause"
         env[PAUSE_FILE_ENV] = str(pause_file)
     with tempfile.TemporaryFile() as stderr:
-        child = subprocess.Popen(command_for(config_path, resume, gpus, data_changed), env=env,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
-                                 start_new_session=True)
+        child = subprocess.Popen(
+            command_for(config_path, resume, gpus, data_changed),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
         follower = _Follower(child, run_dir, control, started=time.time(), pause_file=pause_file)
         try:
             yield from follower.events()
@@ -95,10 +109,13 @@ def train_in_child(config: RunConfig, control: RunControl, resume: Path | None =
         said = stderr.read().decode("utf-8", errors="replace")
     if not follower.ended:
         yield events.RunFailed(
-            reason=failure.get("message") or _last_message(said)
+            reason=failure.get("message")
+            or _last_message(said)
             or f"the training process ended without finishing (exit code {child.returncode})",
             advice="see the messages below; the run folder keeps its checkpoints (Resume on the Runs page)",
-            details=said[-STDERR_TAIL:], code=str(failure.get("code") or ""))
+            details=said[-STDERR_TAIL:],
+            code=str(failure.get("code") or ""),
+        )
 
 
 class _Follower:
@@ -106,8 +123,14 @@ class _Follower:
     stop once when `control` says so, and to pause while it says so (through `pause_file`, when the child has one).
     `ended`: whether the run wrote its own RunFinished or RunFailed."""
 
-    def __init__(self, child: subprocess.Popen, run_dir: Path, control: RunControl, started: float,
-                 pause_file: Path | None = None):
+    def __init__(
+        self,
+        child: subprocess.Popen,
+        run_dir: Path,
+        control: RunControl,
+        started: float,
+        pause_file: Path | None = None,
+    ):
         self.child, self.control, self.started, self.pause_file = child, control, started, pause_file
         self.tail = EventTail(run_dir)
         self.ended = self.detached = False

@@ -29,8 +29,10 @@ from hone.core.events import Notice
 TIMEOUT = timedelta(minutes=30)
 
 
-PEER_ADVICE = ("the other processes' messages say which one failed and why; the run goes on from its last "
-               "checkpoint with `hone train --resume RUN_DIR`")
+PEER_ADVICE = (
+    "the other processes' messages say which one failed and why; the run goes on from its last "
+    "checkpoint with `hone train --resume RUN_DIR`"
+)
 
 
 class PeerLost(HoneError):
@@ -47,8 +49,9 @@ def _exchange(what: str):
         raise
     except (RuntimeError, dist.DistError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PeerLost(f"another process of this run stopped or stopped answering while {what} ({first[:200]})",
-                       PEER_ADVICE) from e
+        raise PeerLost(
+            f"another process of this run stopped or stopped answering while {what} ({first[:200]})", PEER_ADVICE
+        ) from e
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class World:
 
     def share(self, packs: list) -> list:
         """This process's packs of a step: every size-th, starting at its rank."""
-        return packs[self.rank::self.size] if self.launched else packs
+        return packs[self.rank :: self.size] if self.launched else packs
 
 
 SINGLE = World()
@@ -82,8 +85,10 @@ def from_environment(env=os.environ) -> World:
         rank, size, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"]))
         local_size = int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
     except ValueError:
-        raise HoneError(f"RANK={env['RANK']!r} / WORLD_SIZE={env['WORLD_SIZE']!r} in the environment are not "
-                        "numbers", "start several processes with `hone train --gpus N` or torchrun") from None
+        raise HoneError(
+            f"RANK={env['RANK']!r} / WORLD_SIZE={env['WORLD_SIZE']!r} in the environment are not numbers",
+            "start several processes with `hone train --gpus N` or torchrun",
+        ) from None
     if not 0 <= rank < size:
         raise HoneError(f"RANK={rank} is outside WORLD_SIZE={size}", "start the processes with torchrun")
     return World(rank, size, local, launched=True, local_size=local_size)
@@ -95,8 +100,11 @@ def join(world: World) -> str:
         raise ValueError("join() is for processes torchrun started")
     if torch.cuda.is_available():
         if world.local_rank >= torch.cuda.device_count():
-            raise HoneError(f"process {world.rank} was given GPU {world.local_rank}, but this machine shows "
-                            f"{torch.cuda.device_count()}", "start at most one process per GPU (--gpus N)")
+            raise HoneError(
+                f"process {world.rank} was given GPU {world.local_rank}, but this machine shows "
+                f"{torch.cuda.device_count()}",
+                "start at most one process per GPU (--gpus N)",
+            )
         torch.cuda.set_device(world.local_rank)
         device, backend = f"cuda:{world.local_rank}", "nccl"
     else:
@@ -185,11 +193,13 @@ def shared_memory(memory, device: str, world: World):
         pass  # a cap the user set holds for each process
     elif device.startswith("cuda") and memory.gpu and not memory.unified:
         free = torch.cuda.mem_get_info()[0]
-        memory = dataclasses.replace(memory, available=float(free),
-                                     device=torch.cuda.get_device_name())
+        memory = dataclasses.replace(memory, available=float(free), device=torch.cuda.get_device_name())
     else:  # the processes of this machine draw on one pool (system memory, or a unified-memory GPU's)
-        memory = dataclasses.replace(memory, available=memory.available / world.local_size,
-                                     device=f"{memory.device}, shared by {world.local_size} processes")
+        memory = dataclasses.replace(
+            memory,
+            available=memory.available / world.local_size,
+            device=f"{memory.device}, shared by {world.local_size} processes",
+        )
     t = torch.tensor([memory.available], dtype=torch.float64, device=_reduce_device(world))
     with _exchange("comparing free memory"):
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
@@ -258,7 +268,7 @@ def sum_gradients(params: list[torch.Tensor], optimizer, world: World) -> None:
         _all_reduce(buffer, world)
         offset = 0
         for g in grads:
-            g.copy_(buffer[offset:offset + g.numel()].view_as(g))
+            g.copy_(buffer[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
 
@@ -282,14 +292,21 @@ def share_step(config: RunConfig, world: World) -> tuple[RunConfig, Notice | Non
     t = config.train
     budget = t.batch_tokens // world.size
     if config.speed.packing and budget < config.data.max_length:
-        raise HoneError(f"with {world.size} processes each micro-batch holds train.batch_tokens / {world.size} = "
-                        f"{budget} tokens, less than data.max_length ({config.data.max_length})",
-                        f"raise train.batch_tokens to at least {world.size * config.data.max_length}, or lower "
-                        f"data.max_length to at most {budget}")
-    shared = dataclasses.replace(config, train=dataclasses.replace(t, batch_tokens=budget,
-                                                                   grad_accum=t.grad_accum * world.size))
-    return shared, Notice(topic="processes", message=(
-        f"{world.size} processes train together: each step's {world.size * t.grad_accum} micro-batches of up to "
-        f"{budget:,} tokens are dealt out {t.grad_accum} per process, the same {t.batch_tokens * t.grad_accum:,} "
-        "tokens per step as one process with the config's batch; gradients are summed over the processes before "
-        f"each update (config.toml records batch_tokens = {budget}, grad_accum = {t.grad_accum * world.size})"))
+        raise HoneError(
+            f"with {world.size} processes each micro-batch holds train.batch_tokens / {world.size} = "
+            f"{budget} tokens, less than data.max_length ({config.data.max_length})",
+            f"raise train.batch_tokens to at least {world.size * config.data.max_length}, or lower "
+            f"data.max_length to at most {budget}",
+        )
+    shared = dataclasses.replace(
+        config, train=dataclasses.replace(t, batch_tokens=budget, grad_accum=t.grad_accum * world.size)
+    )
+    return shared, Notice(
+        topic="processes",
+        message=(
+            f"{world.size} processes train together: each step's {world.size * t.grad_accum} micro-batches of up to "
+            f"{budget:,} tokens are dealt out {t.grad_accum} per process, the same {t.batch_tokens * t.grad_accum:,} "
+            "tokens per step as one process with the config's batch; gradients are summed over the processes before "
+            f"each update (config.toml records batch_tokens = {budget}, grad_accum = {t.grad_accum * world.size})"
+        ),
+    )

@@ -30,13 +30,18 @@ def check_inputs(config: RunConfig) -> None:
     check_model(config.model)
     template = config.data.chat_template
     if template and template not in NAMED_TEMPLATES and not os.path.isfile(template):
-        raise DataError(f"data.chat_template: no file {template!r}",
-                        f"give a Jinja template file, {', '.join(NAMED_TEMPLATES)}, or leave it empty for the model's "
-                        "own (--set data.chat_template=...)")
+        raise DataError(
+            f"data.chat_template: no file {template!r}",
+            f"give a Jinja template file, {', '.join(NAMED_TEMPLATES)}, or leave it empty for the model's "
+            "own (--set data.chat_template=...)",
+        )
     for setting, entries in (("data.train", config.data.train), ("data.eval", config.data.eval)):
-        check_data_files(entries, "train" if setting == "data.train" else "eval",
-                         f"fix {setting} in the config (or --set {setting}=[...]): give a data file, a folder, a "
-                         "bundled: name or a Hugging Face dataset id")
+        check_data_files(
+            entries,
+            "train" if setting == "data.train" else "eval",
+            f"fix {setting} in the config (or --set {setting}=[...]): give a data file, a folder, a "
+            "bundled: name or a Hugging Face dataset id",
+        )
 
 
 def check_model(model: ModelConfig, given_as: str = MODEL_SETTING) -> None:

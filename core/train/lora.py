@@ -25,7 +25,7 @@ class LoraReport:
 
 def _expert_targets(model) -> list[str]:
     """peft `target_parameters` for MoE experts (saved in peft's own format)."""
-    from hone.core import moe
+    from hone.core.speed import moe
 
     return list(moe.expert_lora_targets(model))
 
@@ -36,8 +36,11 @@ def _linear_layer_names(model) -> list[str]:
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linear_types = ("Linear", "Linear4bit", "Linear8bitLt")
-    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-             if module is not head and (isinstance(module, torch.nn.Linear) or type(module).__name__ in linear_types)}
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if module is not head and (isinstance(module, torch.nn.Linear) or type(module).__name__ in linear_types)
+    }
     return sorted(names)
 
 
@@ -108,17 +111,26 @@ def build_peft_config(model, lora_cfg: LoraConfig, info: ModelInfo):
         modules_to_save = _module_names(model, set(lora_cfg.modules_to_save))
     missing = [n for n in lora_cfg.modules_to_save if not _module_names(model, {n})]
     if missing:
-        raise ConfigError(f"lora.modules_to_save names {missing}, which this model does not have",
-                          "use module names as they appear in the model, e.g. vision_tower or lm_head")
+        raise ConfigError(
+            f"lora.modules_to_save names {missing}, which this model does not have",
+            "use module names as they appear in the model, e.g. vision_tower or lm_head",
+        )
     target_parameters = _expert_targets(model) if (info.is_moe and lora_cfg.experts) else []
     # peft refuses dropout together with target_parameters (and adds expert parameters to "all-linear" on MoE
     # models by itself), so on MoE models the dropout is applied by Hone's split-LoRA path instead; the saved
     # adapter then says lora_dropout = 0, which changes nothing at inference.
     dropout = 0.0 if info.is_moe else lora_cfg.dropout
-    return PeftLoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=dropout,
-                          target_modules=targets, exclude_modules=exclude, use_rslora=lora_cfg.rslora,
-                          target_parameters=target_parameters or None, modules_to_save=modules_to_save or None,
-                          task_type="CAUSAL_LM")
+    return PeftLoraConfig(
+        r=lora_cfg.r,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        exclude_modules=exclude,
+        use_rslora=lora_cfg.rslora,
+        target_parameters=target_parameters or None,
+        modules_to_save=modules_to_save or None,
+        task_type="CAUSAL_LM",
+    )
 
 
 def apply_lora(model, lora_cfg: LoraConfig, info: ModelInfo):
@@ -130,19 +142,30 @@ def apply_lora(model, lora_cfg: LoraConfig, info: ModelInfo):
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as e:
-        raise ConfigError(f"lora.targets {lora_cfg.targets} do not fit this model: {e}",
-                          "use 'all-linear' or module names the model has (e.g. q_proj, v_proj)") from None
+        raise ConfigError(
+            f"lora.targets {lora_cfg.targets} do not fit this model: {e}",
+            "use 'all-linear' or module names the model has (e.g. q_proj, v_proj)",
+        ) from None
     if info.is_moe:
-        from hone.core import moe
+        from hone.core.speed import moe
 
         moe.install_split_lora(peft_model, dropout=lora_cfg.dropout)
     trainable, total = peft_model.get_nb_trainable_parameters()
-    adapted = sorted({name.rsplit(".", 1)[-1] for name, module in peft_model.named_modules()
-                      if hasattr(module, "lora_A") and not name.endswith(("lora_A", "lora_B"))})
+    adapted = sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in peft_model.named_modules()
+            if hasattr(module, "lora_A") and not name.endswith(("lora_A", "lora_B"))
+        }
+    )
     adapted_parameters = list(peft_model.peft_config["default"].target_parameters or [])
-    report = LoraReport(trainable=int(trainable), total=int(total), targets=adapted,
-                        target_parameters=adapted_parameters,
-                        notes=_remap_notes(peft_model, asked, lora_cfg, info, adapted_parameters))
+    report = LoraReport(
+        trainable=int(trainable),
+        total=int(total),
+        targets=adapted,
+        target_parameters=adapted_parameters,
+        notes=_remap_notes(peft_model, asked, lora_cfg, info, adapted_parameters),
+    )
     return peft_model, report
 
 
@@ -152,32 +175,44 @@ def _linear_modules(model, targets) -> list[str]:
         names = set(_linear_layer_names(model)) if targets == "all-linear" else set()
     else:
         names = set(targets or ())
-    return [full for full in _module_names(model, names) if full.rsplit(".", 1)[-1] in names
-            and type(model.get_submodule(full)).__name__ in ("Linear", "Linear4bit", "Linear8bitLt")]
+    return [
+        full
+        for full in _module_names(model, names)
+        if full.rsplit(".", 1)[-1] in names
+        and type(model.get_submodule(full)).__name__ in ("Linear", "Linear4bit", "Linear8bitLt")
+    ]
 
 
-def _remap_notes(peft_model, asked: list[str], lora_cfg: LoraConfig, info: ModelInfo,
-                 adapted_parameters: list[str]) -> list[str]:
+def _remap_notes(
+    peft_model, asked: list[str], lora_cfg: LoraConfig, info: ModelInfo, adapted_parameters: list[str]
+) -> list[str]:
     """What peft adapted other than asked. peft on transformers 5 reads transformers 4's expert names (gate_proj,
     up_proj, down_proj) as the fused experts of some MoE families (DeepSeek-V3, GLM-4.x): the linear layers of
     those names (shared experts, first dense layers) are left without LoRA, and the experts get it. An adapter
     that plain peft loads back can only be made that way, so Hone says so rather than working around it."""
     import peft
 
-    wrapped = {name.removeprefix("base_model.model.") for name, module in peft_model.named_modules()
-               if hasattr(module, "lora_A")}
+    wrapped = {
+        name.removeprefix("base_model.model.")
+        for name, module in peft_model.named_modules()
+        if hasattr(module, "lora_A")
+    }
     excluded = peft_model.peft_config["default"].exclude_modules  # a vision model's encoder, modules_to_save
     left = [name for name in asked if name not in wrapped and not _excluded(name, excluded)]
     notes = []
     if left and info.is_moe:
         kinds = sorted({_without_layer_index(name) for name in left})
-        notes.append(f"{len(left)} linear layers train without LoRA ({', '.join(kinds)}): peft {peft.__version__} "
-                     "reads their names as this model's experts (transformers 4's names for them) and adapts the "
-                     "experts instead")
+        notes.append(
+            f"{len(left)} linear layers train without LoRA ({', '.join(kinds)}): peft {peft.__version__} "
+            "reads their names as this model's experts (transformers 4's names for them) and adapts the "
+            "experts instead"
+        )
     if info.is_moe and not lora_cfg.experts and adapted_parameters:
-        notes.append(f"the experts ({', '.join(adapted_parameters)}) train with LoRA although lora.experts = false: "
-                     f"peft {peft.__version__} maps the names gate_proj / up_proj / down_proj onto them on this "
-                     "model family")
+        notes.append(
+            f"the experts ({', '.join(adapted_parameters)}) train with LoRA although lora.experts = false: "
+            f"peft {peft.__version__} maps the names gate_proj / up_proj / down_proj onto them on this "
+            "model family"
+        )
     return notes
 
 
@@ -193,7 +228,7 @@ def _excluded(name: str, exclude) -> bool:
 
 
 def _without_layer_index(name: str) -> str:
-    """"model.layers.3.mlp.shared_experts.up_proj" -> "mlp.shared_experts.up_proj"."""
+    """ "model.layers.3.mlp.shared_experts.up_proj" -> "mlp.shared_experts.up_proj"."""
     import re
 
     return re.split(r"(?:^|\.)\d+\.", name)[-1]

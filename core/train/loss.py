@@ -33,6 +33,7 @@ FUSED_CHUNK_LOGIT_ELEMENTS = 2**27
 MIN_CHUNK_TOKENS = 256
 MAX_CHUNK_TOKENS = 16384
 
+
 def fused_cross_entropy_runs(*tensors: torch.Tensor) -> bool:
     """Whether the fused cross-entropy kernel runs on these tensors (Triton installed, a device it runs on)."""
     try:
@@ -62,8 +63,15 @@ def _postprocess(logits: torch.Tensor, scale: float, softcap: float | None) -> t
     return logits
 
 
-def _linear_chunk(h: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  scale: float, softcap: float | None, fused: bool = False):
+def _linear_chunk(
+    h: torch.Tensor,
+    targets: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale: float,
+    softcap: float | None,
+    fused: bool = False,
+):
     """Loss of one chunk through a plain linear head, and the gradient of that loss towards the logits.
 
     Args:
@@ -117,8 +125,8 @@ def _loss_only(hidden, targets, project, scale, softcap, chunk) -> torch.Tensor:
     """Chunked loss without gradients (evaluation); `project` maps hidden states to logits."""
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk):
-        logits = _postprocess(project(hidden[start:start + chunk]), scale, softcap).float()
-        total += F.cross_entropy(logits, targets[start:start + chunk], ignore_index=IGNORE_INDEX, reduction="sum")
+        logits = _postprocess(project(hidden[start : start + chunk]), scale, softcap).float()
+        total += F.cross_entropy(logits, targets[start : start + chunk], ignore_index=IGNORE_INDEX, reduction="sum")
     return total
 
 
@@ -141,11 +149,11 @@ class _LinearHeadLoss(torch.autograd.Function):
             w = weight.to(compute_dtype)
             b = bias.to(compute_dtype) if bias is not None else None
             for start in range(0, hidden.shape[0], chunk):
-                h = hidden[start:start + chunk].to(compute_dtype)
-                loss, grad_logits = _linear_chunk(h, targets[start:start + chunk], w, b, scale, softcap, fused)
+                h = hidden[start : start + chunk].to(compute_dtype)
+                loss, grad_logits = _linear_chunk(h, targets[start : start + chunk], w, b, scale, softcap, fused)
                 total += loss
                 if want_h:
-                    grad_h[start:start + chunk] = grad_logits @ w
+                    grad_h[start : start + chunk] = grad_logits @ w
                 if want_w:
                     grad_w += grad_logits.t() @ h
                 if want_b:
@@ -194,11 +202,12 @@ class _ModuleHeadLoss(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_p = [torch.zeros_like(p, dtype=torch.float32) for p in params]
         for start in range(0, hidden.shape[0], chunk):
-            loss, grads = _module_chunk(hidden[start:start + chunk], targets[start:start + chunk], head, scale,
-                                        softcap, want_h, params)
+            loss, grads = _module_chunk(
+                hidden[start : start + chunk], targets[start : start + chunk], head, scale, softcap, want_h, params
+            )
             total += loss
             if want_h:
-                grad_h[start:start + chunk] = grads.pop(0)
+                grad_h[start : start + chunk] = grads.pop(0)
             for acc, g in zip(grad_p, grads, strict=True):
                 if g is not None:
                     acc += g
@@ -219,9 +228,16 @@ class _ModuleHeadLoss(torch.autograd.Function):
         return (grad_h, None, None, None, None, None, *grad_p)
 
 
-def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, *, scale: float = 1.0,
-                      softcap: float | None = None, chunk_tokens: int | None = None,
-                      fused: bool = True) -> torch.Tensor:
+def chunked_head_loss(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head: nn.Module,
+    *,
+    scale: float = 1.0,
+    softcap: float | None = None,
+    chunk_tokens: int | None = None,
+    fused: bool = True,
+) -> torch.Tensor:
     """SUM of cross-entropy of `head(hidden)` against `targets`, one chunk of tokens at a time.
 
     Each chunk's loss *and* its gradients (towards the hidden states and any trainable head weights) are computed
@@ -258,8 +274,9 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
         device_type = hidden.device.type
         autocast = torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
         compute_dtype = torch.get_autocast_dtype(device_type) if autocast else weight.dtype
-        return _LinearHeadLoss.apply(hidden, targets, weight, head.bias, scale, softcap, chunk_tokens,
-                                     compute_dtype, fused)
+        return _LinearHeadLoss.apply(
+            hidden, targets, weight, head.bias, scale, softcap, chunk_tokens, compute_dtype, fused
+        )
     params = [p for p in head.parameters() if p.requires_grad]
     return _ModuleHeadLoss.apply(hidden, targets, head, scale, softcap, chunk_tokens, *params)
 
@@ -267,8 +284,9 @@ def chunked_head_loss(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Modu
 def plain_loss_sum(model, batch) -> torch.Tensor:
     """The reference: the model's own forward with full logits, then fp32 cross-entropy summed."""
     logits = model(**batch.model_inputs()).logits
-    return F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
 
 
 def _hidden_states(body: nn.Module, inputs: dict) -> torch.Tensor:
@@ -276,8 +294,9 @@ def _hidden_states(body: nn.Module, inputs: dict) -> torch.Tensor:
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
 
-def loss_sum(model, batch, *, mode: str = "chunked", chunk_tokens: int | None = None,
-             fused: bool = True) -> torch.Tensor:
+def loss_sum(
+    model, batch, *, mode: str = "chunked", chunk_tokens: int | None = None, fused: bool = True
+) -> torch.Tensor:
     """SUM of next-token cross-entropy over the batch's trained positions, as an fp32 scalar.
 
     Trained positions are those with `batch.targets != -100`; the collator has already shifted the targets, so no
@@ -312,8 +331,9 @@ def loss_sum(model, batch, *, mode: str = "chunked", chunk_tokens: int | None = 
         # Only trained positions go through the head: untrained ones (prompts, last tokens) cost nothing.
         hidden = hidden.index_select(0, positions)
         targets = targets.index_select(0, positions)
-    return chunked_head_loss(hidden, targets, plan.head, scale=plan.scale, softcap=plan.softcap,
-                             chunk_tokens=chunk_tokens, fused=fused)
+    return chunked_head_loss(
+        hidden, targets, plan.head, scale=plan.scale, softcap=plan.softcap, chunk_tokens=chunk_tokens, fused=fused
+    )
 
 
 def describe(model, mode: str = "chunked", fused: bool = False) -> str:
@@ -334,5 +354,12 @@ def describe(model, mode: str = "chunked", fused: bool = False) -> str:
     return "chunked cross-entropy (" + ", ".join([how, *extra]) + ")"
 
 
-__all__ = ["LOSS_MODES", "auto_chunk_tokens", "chunked_head_loss", "describe", "fused_cross_entropy_runs", "loss_sum",
-           "plain_loss_sum"]
+__all__ = [
+    "LOSS_MODES",
+    "auto_chunk_tokens",
+    "chunked_head_loss",
+    "describe",
+    "fused_cross_entropy_runs",
+    "loss_sum",
+    "plain_loss_sum",
+]

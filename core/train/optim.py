@@ -30,17 +30,19 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: TrainConfig, device: 
         ConfigError: adamw8bit on the CPU, or without bitsandbytes.
     """
     if cfg.optimizer == "adamw-bf16":
-        return FlatAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, state_dtype=torch.bfloat16,
-                         seed=cfg.seed)
+        return FlatAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, state_dtype=torch.bfloat16, seed=cfg.seed)
     if cfg.optimizer == "adamw8bit":
         if not str(device).startswith("cuda"):
-            raise ConfigError("train.optimizer = adamw8bit needs an NVIDIA GPU; this run is on the CPU",
-                              "use train.optimizer = adamw")
+            raise ConfigError(
+                "train.optimizer = adamw8bit needs an NVIDIA GPU; this run is on the CPU", "use train.optimizer = adamw"
+            )
         try:
             import bitsandbytes as bnb
         except ImportError:
-            raise ConfigError("train.optimizer = adamw8bit needs the bitsandbytes package",
-                              f"{INSTALL_BITSANDBYTES}, or use train.optimizer = adamw") from None
+            raise ConfigError(
+                "train.optimizer = adamw8bit needs the bitsandbytes package",
+                f"{INSTALL_BITSANDBYTES}, or use train.optimizer = adamw",
+            ) from None
         return bnb.optim.AdamW8bit(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     fused = str(device).startswith("cuda")
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
@@ -91,8 +93,16 @@ class FlatAdamW(torch.optim.Optimizer):
         seed: seed of the stochastic rounding (each step uses seed and step number).
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, state_dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        state_dtype: torch.dtype = torch.bfloat16,
+        seed: int = 0,
+    ):
         params = [p for p in params if p.requires_grad]
         if not params:
             raise ValueError("FlatAdamW got no trainable parameters")
@@ -110,7 +120,7 @@ class FlatAdamW(torch.optim.Optimizer):
         self.flat_params = torch.zeros(total, dtype=dtype, device=device)
         with torch.no_grad():
             for p, offset in zip(params, self.offsets, strict=True):
-                view = self.flat_params[offset:offset + p.numel()]
+                view = self.flat_params[offset : offset + p.numel()]
                 view.copy_(p.detach().reshape(-1))
                 p.data = view.view_as(p)
         self.flat_grads = torch.zeros(total, dtype=state_dtype, device=device)
@@ -119,8 +129,10 @@ class FlatAdamW(torch.optim.Optimizer):
         self.step_count = 0
         self.seed = int(seed)
         self._coef: torch.Tensor | None = None
-        self._handles = [p.register_post_accumulate_grad_hook(self._folder(offset))
-                         for p, offset in zip(params, self.offsets, strict=True)]
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._folder(offset))
+            for p, offset in zip(params, self.offsets, strict=True)
+        ]
 
     def _folder(self, offset: int):
         # The hook lives on the parameter: a strong reference back to the optimizer would make a cycle through
@@ -132,15 +144,17 @@ class FlatAdamW(torch.optim.Optimizer):
             owner = optimizer()
             if owner is None:  # the optimizer is gone: leave the gradient where autograd put it
                 return
-            owner.flat_grads[offset:offset + param.numel()].add_(param.grad.reshape(-1))
+            owner.flat_grads[offset : offset + param.numel()].add_(param.grad.reshape(-1))
             param.grad = None
 
         return fold
 
     def grad_views(self) -> list[torch.Tensor]:
         """Each parameter's gradient as a view of the flat buffer (its shape, the buffer's dtype)."""
-        return [self.flat_grads[o:o + p.numel()].view_as(p)
-                for p, o in zip(self.param_groups[0]["params"], self.offsets, strict=True)]
+        return [
+            self.flat_grads[o : o + p.numel()].view_as(p)
+            for p, o in zip(self.param_groups[0]["params"], self.offsets, strict=True)
+        ]
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -165,9 +179,20 @@ class FlatAdamW(torch.optim.Optimizer):
         self.step_count += 1
         coef = self._coef if self._coef is not None else torch.ones(1, device=self.flat_params.device)
         beta1, beta2 = group["betas"]
-        adamw_step_(self.flat_params, self.flat_grads, self.exp_avg, self.exp_avg_sq, coef, lr=group["lr"],
-                    beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                    step=self.step_count, seed=self.seed * 1_000_003 + self.step_count)
+        adamw_step_(
+            self.flat_params,
+            self.flat_grads,
+            self.exp_avg,
+            self.exp_avg_sq,
+            coef,
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+            step=self.step_count,
+            seed=self.seed * 1_000_003 + self.step_count,
+        )
         self._coef = None
         return loss
 
@@ -179,16 +204,27 @@ class FlatAdamW(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         groups = [{k: v for k, v in group.items() if k != "params"} for group in self.param_groups]
-        return {"flat_adamw": 1, "numel": self.numel, "step": self.step_count, "seed": self.seed,
-                "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "param_groups": groups}
+        return {
+            "flat_adamw": 1,
+            "numel": self.numel,
+            "step": self.step_count,
+            "seed": self.seed,
+            "exp_avg": self.exp_avg,
+            "exp_avg_sq": self.exp_avg_sq,
+            "param_groups": groups,
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
         if state_dict.get("flat_adamw") != 1:
-            raise ConfigError("the checkpoint's optimizer state is not FlatAdamW's (train.optimizer changed?)",
-                              "resume with the train.optimizer the run was started with")
+            raise ConfigError(
+                "the checkpoint's optimizer state is not FlatAdamW's (train.optimizer changed?)",
+                "resume with the train.optimizer the run was started with",
+            )
         if state_dict["numel"] != self.numel:
-            raise ConfigError(f"the checkpoint's optimizer holds {state_dict['numel']} values, this run "
-                              f"{self.numel}", "resume with the same model and LoRA settings")
+            raise ConfigError(
+                f"the checkpoint's optimizer holds {state_dict['numel']} values, this run {self.numel}",
+                "resume with the same model and LoRA settings",
+            )
         self.step_count, self.seed = int(state_dict["step"]), int(state_dict["seed"])
         self.exp_avg.copy_(state_dict["exp_avg"])
         self.exp_avg_sq.copy_(state_dict["exp_avg_sq"])

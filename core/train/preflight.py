@@ -143,14 +143,27 @@ def preflight_notice(result: PreflightResult, predicted: float | None, first_spl
         need = (trial.peak + result.pending) * (1 + ALLOCATOR_MARGIN)
         return f"a micro-batch of {trial.tokens:,} tokens needs {need / GIB:.1f} GiB"
 
-    said = (f"measured before step 1: {measured(first)}"
-            + (f" (predicted ≈ {predicted / GIB:.1f} GiB)" if predicted else "")
-            + f" of {result.available / GIB:.1f} GiB")
+    said = (
+        f"measured before step 1: {measured(first)}"
+        + (f" (predicted ≈ {predicted / GIB:.1f} GiB)" if predicted else "")
+        + f" of {result.available / GIB:.1f} GiB"
+    )
     if result.split == first_split:
         if result.fits:
             return events.Notice(topic="memory", message=f"{said}: it fits")
-        return events.Notice(topic="memory", level="warning", message=(
-            f"{said}; it may not fit, and a step that runs out of memory is run again on smaller micro-batches"))
+        return events.Notice(
+            topic="memory",
+            level="warning",
+            message=(
+                f"{said}; it may not fit, and a step that runs out of memory is run again on smaller micro-batches"
+            ),
+        )
     outcome = f"measured again, {measured(last)}" + ("" if result.fits else ", which may still not fit")
-    return events.Notice(topic="memory", level="warning", step=0, message=(
-        f"{said}: each pack runs as {result.split} micro-batches from step 1 (the same rows per step); {outcome}"))
+    return events.Notice(
+        topic="memory",
+        level="warning",
+        step=0,
+        message=(
+            f"{said}: each pack runs as {result.split} micro-batches from step 1 (the same rows per step); {outcome}"
+        ),
+    )

@@ -16,13 +16,17 @@ from hone.core.errors import HoneError
 GIB = 2**30
 TENSORBOARD_DIR = "tensorboard"
 # reporter -> (the package it needs, how to get it)
-NEEDS = {"tensorboard": ("tensorboard", 'pip install "hone-studio[tensorboard]" (or pip install tensorboard)'),
-         "wandb": ("wandb", "pip install wandb, then wandb login")}
+NEEDS = {
+    "tensorboard": ("tensorboard", 'pip install "hone-studio[tensorboard]" (or pip install tensorboard)'),
+    "wandb": ("wandb", "pip install wandb, then wandb login"),
+}
 
 
 def _missing(name: str) -> HoneError:
-    return HoneError(f"output.report_to asks for {name}, which is not installed",
-                     f"{NEEDS[name][1]}; or take {name} out of output.report_to")
+    return HoneError(
+        f"output.report_to asks for {name}, which is not installed",
+        f"{NEEDS[name][1]}; or take {name} out of output.report_to",
+    )
 
 
 def check_reporters(config: RunConfig) -> None:
@@ -34,9 +38,15 @@ def check_reporters(config: RunConfig) -> None:
 
 def step_scalars(event: events.StepMetrics) -> dict[str, float]:
     """What a step reports, by the names both reporters use."""
-    return {"train/loss": event.loss, "train/lr": event.lr, "train/grad_norm": event.grad_norm,
-            "train/tokens_per_s": event.tokens_per_s, "train/epoch": event.epoch,
-            "memory/allocated_gib": event.mem_allocated / GIB, "memory/reserved_gib": event.mem_reserved / GIB}
+    return {
+        "train/loss": event.loss,
+        "train/lr": event.lr,
+        "train/grad_norm": event.grad_norm,
+        "train/tokens_per_s": event.tokens_per_s,
+        "train/epoch": event.epoch,
+        "memory/allocated_gib": event.mem_allocated / GIB,
+        "memory/reserved_gib": event.mem_reserved / GIB,
+    }
 
 
 class TensorBoardReporter:
@@ -47,8 +57,9 @@ class TensorBoardReporter:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise _missing("tensorboard") from None
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TENSORBOARD_DIR),
-                                    purge_step=resumed_from + 1 if resumed_from else None)
+        self.writer = SummaryWriter(
+            log_dir=str(Path(run_dir) / TENSORBOARD_DIR), purge_step=resumed_from + 1 if resumed_from else None
+        )
 
     def report(self, event: events.Event) -> None:
         if isinstance(event, events.StepMetrics):
@@ -72,8 +83,9 @@ class WandbReporter:
         run_dir = Path(run_dir)
         run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]  # the same folder, the same run
         self.wandb = wandb
-        self.run = wandb.init(project="hone", name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir),
-                              config=config.to_dict())
+        self.run = wandb.init(
+            project="hone", name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir), config=config.to_dict()
+        )
 
     def report(self, event: events.Event) -> None:
         if isinstance(event, events.StepMetrics):
@@ -94,8 +106,9 @@ def open_reporters(config: RunConfig, run_dir: Path, resumed_from: int) -> list:
     opened = []
     try:
         for name in config.output.report_to:
-            opened.append(TensorBoardReporter(run_dir, resumed_from) if name == "tensorboard"
-                          else WandbReporter(run_dir, config))
+            opened.append(
+                TensorBoardReporter(run_dir, resumed_from) if name == "tensorboard" else WandbReporter(run_dir, config)
+            )
     except BaseException:
         close_reporters(opened)
         raise

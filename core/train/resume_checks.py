@@ -64,41 +64,66 @@ class Rule:
 
 _MODEL = Rule("refused", "it is the base model the adapter's weights belong to")
 _DTYPE = Rule("refused", "the optimizer and loss-scaler state were saved for the weights' old dtype")
-_ADAPTER = Rule("refused", "it changes the adapter or what it trains; the checkpoint's weights and optimizer state "
-                "are the old adapter's")
-_ROWS = Rule("refused", "it changes how rows become tokens, so the packs and the place in the data would no longer "
-             "be the ones trained")
-_ORDER = Rule("refused", "it decides how rows are packed into steps, so the run would go on at another place in "
-              "the data")
+_ADAPTER = Rule(
+    "refused",
+    "it changes the adapter or what it trains; the checkpoint's weights and optimizer state are the old adapter's",
+)
+_ROWS = Rule(
+    "refused",
+    "it changes how rows become tokens, so the packs and the place in the data would no longer be the ones trained",
+)
+_ORDER = Rule(
+    "refused", "it decides how rows are packed into steps, so the run would go on at another place in the data"
+)
 _FOLDER = Rule("refused", "it names a new run's folder; a resumed run stays in its own")
 _SCHEDULE = Rule("schedule", "the learning-rate schedule, laid out anew from the next step")
 _HOW = Rule("safe", "how steps run, not what they train")
 _SAVING = Rule("safe", "how often the run evaluates or saves")
 
 ON_RESUME: dict[str, Rule] = {
-    "model.name_or_path": _MODEL, "model.gguf_file": _MODEL, "model.revision": _MODEL,
-    "model.trust_remote_code": _MODEL, "model.dtype": _DTYPE,
+    "model.name_or_path": _MODEL,
+    "model.gguf_file": _MODEL,
+    "model.revision": _MODEL,
+    "model.trust_remote_code": _MODEL,
+    "model.dtype": _DTYPE,
     "data.train": Rule("refused", "it is the training data; a run on other data is a new run"),
     "data.eval": Rule("eval", "evaluation losses from here on are over other rows than before"),
     "data.eval_fraction": Rule("refused", "it moves rows between the training and the evaluation data"),
-    "data.format": _ROWS, "data.columns": _ROWS, "data.max_length": _ROWS, "data.overlong": _ROWS,
-    "data.train_on": _ROWS, "data.image_max_side": _ROWS, "data.chat_template": _ROWS,
-    "data.allow_private_urls": Rule("refused", "it decides which image rows are read, so the packs and the place in "
-                                    "the data would no longer be the ones trained"),
+    "data.format": _ROWS,
+    "data.columns": _ROWS,
+    "data.max_length": _ROWS,
+    "data.overlong": _ROWS,
+    "data.train_on": _ROWS,
+    "data.image_max_side": _ROWS,
+    "data.chat_template": _ROWS,
+    "data.allow_private_urls": Rule(
+        "refused",
+        "it decides which image rows are read, so the packs and the place in "
+        "the data would no longer be the ones trained",
+    ),
     **{f"lora.{f.name}": _ADAPTER for f in dataclasses.fields(SECTIONS["lora"])},
-    "train.max_steps": _SCHEDULE, "train.epochs": _SCHEDULE, "train.lr": _SCHEDULE, "train.schedule": _SCHEDULE,
-    "train.warmup_steps": _SCHEDULE, "train.warmup_ratio": _SCHEDULE,
-    "train.batch_tokens": _ORDER, "train.grad_accum": _ORDER,
+    "train.max_steps": _SCHEDULE,
+    "train.epochs": _SCHEDULE,
+    "train.lr": _SCHEDULE,
+    "train.schedule": _SCHEDULE,
+    "train.warmup_steps": _SCHEDULE,
+    "train.warmup_ratio": _SCHEDULE,
+    "train.batch_tokens": _ORDER,
+    "train.grad_accum": _ORDER,
     "train.seed": Rule("refused", "it decides the data order (and the adapter's initialization)"),
     "train.optimizer": Rule("refused", "the checkpoint's optimizer state is the old optimizer's"),
-    "train.fit_memory": _HOW, "train.parallel": _HOW,
+    "train.fit_memory": _HOW,
+    "train.parallel": _HOW,
     "train.max_grad_norm": Rule("update", "gradient clipping"),
     "train.weight_decay": Rule("update", "AdamW weight decay"),
     "train.eval_every": _SAVING,
     **{f"speed.{f.name}": _HOW for f in dataclasses.fields(SECTIONS["speed"])},
     "speed.packing": _ORDER,
-    "output.runs_dir": _FOLDER, "output.name": _FOLDER,
-    "output.checkpoint_every": _SAVING, "output.keep_checkpoints": _SAVING, "output.report_to": _SAVING,
+    "output.runs_dir": _FOLDER,
+    "output.name": _FOLDER,
+    "output.checkpoint_every": _SAVING,
+    "output.keep_checkpoints": _SAVING,
+    "output.report_to": _SAVING,
 }
 # A setting added to the config later is refused until it gets its own rule (a test asks for one per setting).
 _UNKNOWN = Rule("refused", "it is not known to be safe to change in a resumed run")
@@ -220,11 +245,14 @@ def data_differences(before: dict, after: dict) -> dict[str, list[str]]:
             elif o.get("hub") or n.get("hub"):
                 continue
             elif o["size"] != n["size"]:
-                lines.append(f"{name}: {o['size']:,} → {n['size']:,} bytes, sha256 {o['sha256'][:12]}… → "
-                             f"{n['sha256'][:12]}…")
+                lines.append(
+                    f"{name}: {o['size']:,} → {n['size']:,} bytes, sha256 {o['sha256'][:12]}… → {n['sha256'][:12]}…"
+                )
             elif o["sha256"] != n["sha256"]:
-                lines.append(f"{name}: the same size ({n['size']:,} bytes) but other bytes, sha256 "
-                             f"{o['sha256'][:12]}… → {n['sha256'][:12]}…")
+                lines.append(
+                    f"{name}: the same size ({n['size']:,} bytes) but other bytes, sha256 "
+                    f"{o['sha256'][:12]}… → {n['sha256'][:12]}…"
+                )
         if lines:
             out[side] = lines
     return out
@@ -236,13 +264,20 @@ def layout_of(lengths, config: RunConfig, *, batch_tokens: int, tokenizer: str) 
     import numpy as np
 
     lengths = np.ascontiguousarray(np.asarray(lengths, dtype=np.int64))
-    return {"rows": int(lengths.size), "tokens": int(lengths.sum()),
-            "lengths_sha256": hashlib.sha256(lengths.tobytes()).hexdigest(), "tokenizer": tokenizer,
-            "batch_tokens": int(batch_tokens), "packing": config.speed.packing, "seed": config.train.seed,
-            "grad_accum": config.train.grad_accum}
+    return {
+        "rows": int(lengths.size),
+        "tokens": int(lengths.sum()),
+        "lengths_sha256": hashlib.sha256(lengths.tobytes()).hexdigest(),
+        "tokenizer": tokenizer,
+        "batch_tokens": int(batch_tokens),
+        "packing": config.speed.packing,
+        "seed": config.train.seed,
+        "grad_accum": config.train.grad_accum,
+    }
 
 
 # ---- the schedule and the data position ----
+
 
 def total_steps_from(config: RunConfig, stream, step: int, position: int) -> int:
     """The run's length in optimizer steps when it is at `step` with `position` packs consumed: train.max_steps, or
@@ -262,8 +297,9 @@ def epoch_start(stream, epoch: int) -> int:
     return sum(len(stream.plan(e)) for e in range(epoch))
 
 
-def retarget_schedule(optimizer, scheduler, before, after, before_total: int, after_total: int,
-                      step: int) -> str | None:
+def retarget_schedule(
+    optimizer, scheduler, before, after, before_total: int, after_total: int, step: int
+) -> str | None:
     """Lay the learning-rate schedule out anew from 0-based step `step` when the peak, shape, warmup or length
     differ (TrainConfigs `before` as trained, `after` as given now); returns what changed, or None.
 
@@ -272,8 +308,11 @@ def retarget_schedule(optimizer, scheduler, before, after, before_total: int, af
     """
     from hone.core.train.optim import lr_factor
 
-    changed = [f"train.{k} {_toml(getattr(before, k))} → {_toml(getattr(after, k))}" for k in _SCHEDULE_KEYS
-               if getattr(before, k) != getattr(after, k)]
+    changed = [
+        f"train.{k} {_toml(getattr(before, k))} → {_toml(getattr(after, k))}"
+        for k in _SCHEDULE_KEYS
+        if getattr(before, k) != getattr(after, k)
+    ]
     if not changed and before_total == after_total:
         return None
 
@@ -287,11 +326,14 @@ def retarget_schedule(optimizer, scheduler, before, after, before_total: int, af
         group["initial_lr"] = after.lr
         group["lr"] = after.lr * factor(step)
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reports
-    length = f"steps in all {before_total} → {after_total}" if before_total != after_total else \
-        f"{after_total} steps in all"
-    return (f"the learning-rate schedule is laid out anew from step {step + 1}: {', '.join([*changed, length])}; "
-            f"step {step + 1} runs at lr {optimizer.param_groups[0]['lr']:.3g} where the schedule so far had "
-            f"{old_lr:.3g}")
+    length = (
+        f"steps in all {before_total} → {after_total}" if before_total != after_total else f"{after_total} steps in all"
+    )
+    return (
+        f"the learning-rate schedule is laid out anew from step {step + 1}: {', '.join([*changed, length])}; "
+        f"step {step + 1} runs at lr {optimizer.param_groups[0]['lr']:.3g} where the schedule so far had "
+        f"{old_lr:.3g}"
+    )
 
 
 def apply_update_settings(optimizer, before, after) -> list[str]:
@@ -301,15 +343,20 @@ def apply_update_settings(optimizer, before, after) -> list[str]:
     if before.weight_decay != after.weight_decay:
         for group in optimizer.param_groups:
             group["weight_decay"] = after.weight_decay
-        said.append(f"train.weight_decay {_toml(before.weight_decay)} → {_toml(after.weight_decay)}: AdamW weight "
-                    "decay from the next step")
+        said.append(
+            f"train.weight_decay {_toml(before.weight_decay)} → {_toml(after.weight_decay)}: AdamW weight "
+            "decay from the next step"
+        )
     if before.max_grad_norm != after.max_grad_norm:
-        said.append(f"train.max_grad_norm {_toml(before.max_grad_norm)} → {_toml(after.max_grad_norm)}: gradient "
-                    "clipping from the next step")
+        said.append(
+            f"train.max_grad_norm {_toml(before.max_grad_norm)} → {_toml(after.max_grad_norm)}: gradient "
+            "clipping from the next step"
+        )
     return said
 
 
 # ---- the checks ----
+
 
 def _load_config(path: Path) -> RunConfig | None:
     try:
@@ -340,10 +387,12 @@ class ResumeCheck:
 
     def _data_advice(self, what: str) -> str:
         epoch = int(self.state.get("epoch", 0)) + 1
-        return (f"to go on with this run on {what}, add --data-changed restart-epoch (epoch {epoch} starts over on "
-                "it) or --data-changed continue (the run goes on at the same place in the data order); to train on "
-                f"it from the start, begin a new run: hone train {self.run_dir / CONFIG_FILE} (--set "
-                "data.train=[...] for other files); or put the old data back")
+        return (
+            f"to go on with this run on {what}, add --data-changed restart-epoch (epoch {epoch} starts over on "
+            "it) or --data-changed continue (the run goes on at the same place in the data order); to train on "
+            f"it from the start, begin a new run: hone train {self.run_dir / CONFIG_FILE} (--set "
+            "data.train=[...] for other files); or put the old data back"
+        )
 
     def check_layout(self, layout: dict) -> list[Notice]:
         """Compare the tokenized training data's layout with the checkpoint's: HoneError when it differs under
@@ -352,17 +401,27 @@ class ResumeCheck:
         keys = ("rows", "tokens", "lengths_sha256")
         if not recorded or all(recorded.get(k) == layout.get(k) for k in keys) or self.train_changed:
             return []
-        what = (f"{recorded['rows']:,} rows of {recorded['tokens']:,} tokens then, {layout['rows']:,} rows of "
-                f"{layout['tokens']:,} tokens now")
+        what = (
+            f"{recorded['rows']:,} rows of {recorded['tokens']:,} tokens then, {layout['rows']:,} rows of "
+            f"{layout['tokens']:,} tokens now"
+        )
         if recorded.get("tokenizer") != layout.get("tokenizer"):
             what += "; the model's tokenizer changed"
-        message = (f"the training files are the ones step {self.step} was trained on, but they tokenize into other "
-                   f"rows ({what}), so the packs and the place in the data would not be the ones trained")
+        message = (
+            f"the training files are the ones step {self.step} was trained on, but they tokenize into other "
+            f"rows ({what}), so the packs and the place in the data would not be the ones trained"
+        )
         if self.data_changed == "refuse":
             raise TrainingDataChanged(message, self._data_advice("the data as it tokenizes now"))
         self.data_diff.setdefault("train", []).append("tokenized rows")
-        return [Notice(topic=TOPIC, level="warning", step=self.step + 1,
-                       message=f"{message}; going on as --data-changed {self.data_changed} says")]
+        return [
+            Notice(
+                topic=TOPIC,
+                level="warning",
+                step=self.step + 1,
+                message=f"{message}; going on as --data-changed {self.data_changed} says",
+            )
+        ]
 
     def keep_pack_order(self, config: RunConfig) -> tuple[RunConfig, list[Notice]]:
         """`config` (after any memory fit) with the batch_tokens the run packed its rows with: a resume keeps the
@@ -372,11 +431,20 @@ class ResumeCheck:
             return config, []
         picked = config.train.batch_tokens
         kept = config.with_overrides([f"train.batch_tokens={trained}"])
-        return kept, [Notice(topic=TOPIC, level="warning", step=self.step + 1, message=(
-            f"this start would pack rows with train.batch_tokens = {picked}, but the run packed them with {trained} "
-            f"up to step {self.step} (the memory fit picks it from the memory free at each start); it keeps "
-            f"{trained} so the data order stays the one trained (a step that runs out of memory runs again as "
-            "smaller micro-batches of the same rows)"))]
+        return kept, [
+            Notice(
+                topic=TOPIC,
+                level="warning",
+                step=self.step + 1,
+                message=(
+                    f"this start would pack rows with train.batch_tokens = {picked}, "
+                    f"but the run packed them with {trained} "
+                    f"up to step {self.step} (the memory fit picks it from the memory free at each start); it keeps "
+                    f"{trained} so the data order stays the one trained (a step that runs out of memory runs again as "
+                    "smaller micro-batches of the same rows)"
+                ),
+            )
+        ]
 
 
 class TrainingDataChanged(HoneError):
@@ -386,8 +454,14 @@ class TrainingDataChanged(HoneError):
     code = "data-changed"
 
 
-def check_resume(run_dir: str | Path, config: RunConfig, data_changed: str = "refuse", *,
-                 checkpoint: Path | None = None, fingerprint: dict | None = None) -> ResumeCheck:
+def check_resume(
+    run_dir: str | Path,
+    config: RunConfig,
+    data_changed: str = "refuse",
+    *,
+    checkpoint: Path | None = None,
+    fingerprint: dict | None = None,
+) -> ResumeCheck:
     """Check a resume of `run_dir` with `config` before anything loads: refuse (HoneError) a setting that may not
     change on resume or training data that changed (unless `data_changed` accepts it); return what is allowed.
 
@@ -424,17 +498,31 @@ def check_resume(run_dir: str | Path, config: RunConfig, data_changed: str = "re
     _refuse_changes(check)
     fingerprint = data_fingerprint(config.data) if fingerprint is None else fingerprint
     if "data" not in state:
-        check.notices.append(Notice(topic=TOPIC, level="warning", step=step + 1, message=(
-            f"checkpoint {check.checkpoint.name} was saved by a Hone that did not record its data, so the data "
-            "cannot be checked against what was trained; the checkpoints from now on record it")))
+        check.notices.append(
+            Notice(
+                topic=TOPIC,
+                level="warning",
+                step=step + 1,
+                message=(
+                    f"checkpoint {check.checkpoint.name} was saved by a Hone that did not record its data, so the data "
+                    "cannot be checked against what was trained; the checkpoints from now on record it"
+                ),
+            )
+        )
     else:
         check.data_diff = data_differences(state["data"], fingerprint)
     _check_data(check)
     _refuse_a_finished_run(check)
     for change in check.changes:
         if change.rule.kind in ("safe", "eval"):
-            check.notices.append(Notice(topic=TOPIC, level="info" if change.rule.kind == "safe" else "warning",
-                                        step=step + 1, message=f"{change} from step {step + 1}: {change.rule.why}"))
+            check.notices.append(
+                Notice(
+                    topic=TOPIC,
+                    level="info" if change.rule.kind == "safe" else "warning",
+                    step=step + 1,
+                    message=f"{change} from step {step + 1}: {change.rule.why}",
+                )
+            )
     return check
 
 
@@ -443,19 +531,24 @@ def _refuse_changes(check: ResumeCheck) -> None:
     problems = [f"{c} ({c.rule.why})" for c in refused]
     max_steps = check.config.train.max_steps
     if max_steps and max_steps < check.step:
-        problems.append(f"train.max_steps = {max_steps} ends the run before step {check.step}, which the "
-                        "checkpoint has reached")
+        problems.append(
+            f"train.max_steps = {max_steps} ends the run before step {check.step}, which the checkpoint has reached"
+        )
     if not problems:
         return
-    message = (f"cannot resume {check.run_dir} at step {check.step} with "
-               f"{'this setting' if len(problems) == 1 else 'these settings'} changed: " + "; ".join(problems))
+    message = (
+        f"cannot resume {check.run_dir} at step {check.step} with "
+        f"{'this setting' if len(problems) == 1 else 'these settings'} changed: " + "; ".join(problems)
+    )
     advice = []
     if refused:
         sets = " ".join(f"--set {c.key}={_toml(c.new)}" for c in refused)
-        advice.append(f"to go on with this run, keep {'that setting' if len(refused) == 1 else 'those settings'} "
-                      f"as trained (drop the --set, or put back what config.toml had); to train with "
-                      f"{'it' if len(refused) == 1 else 'them'}, start a new run: hone train "
-                      f"{check.run_dir / CONFIG_FILE} {sets}")
+        advice.append(
+            f"to go on with this run, keep {'that setting' if len(refused) == 1 else 'those settings'} "
+            f"as trained (drop the --set, or put back what config.toml had); to train with "
+            f"{'it' if len(refused) == 1 else 'them'}, start a new run: hone train "
+            f"{check.run_dir / CONFIG_FILE} {sets}"
+        )
     if max_steps and max_steps < check.step:
         advice.append(f"set train.max_steps to {check.step} or more")
     raise HoneError(message, "; ".join(advice))
@@ -472,9 +565,11 @@ def _refuse_a_finished_run(check: ResumeCheck) -> None:
     summary = read_summary(check.run_dir)
     if summary is None or summary.status != "finished":
         return
-    raise HoneError(f"{check.run_dir} has already finished: its newest checkpoint is step {check.step} of {total}",
-                    f"to train it further, resume with a longer run (--set train.max_steps={2 * total}, or more "
-                    f"train.epochs); its adapter is in {check.run_dir / 'adapter'}")
+    raise HoneError(
+        f"{check.run_dir} has already finished: its newest checkpoint is step {check.step} of {total}",
+        f"to train it further, resume with a longer run (--set train.max_steps={2 * total}, or more "
+        f"train.epochs); its adapter is in {check.run_dir / 'adapter'}",
+    )
 
 
 def _check_data(check: ResumeCheck) -> None:
@@ -482,17 +577,39 @@ def _check_data(check: ResumeCheck) -> None:
     if check.train_changed:
         what = "; ".join(check.data_diff["train"])
         if mode == "refuse":
-            raise TrainingDataChanged(f"the training data changed since checkpoint {check.checkpoint.name} (step "
-                                      f"{step}) was saved: {what}", check._data_advice("the data as it is now"))
-        how = (f"epoch {int(check.state.get('epoch', 0)) + 1} starts over on the new data" if mode == "restart-epoch"
-               else "the run goes on at the same place in the data order, now the new data's: rows may come twice "
-               "in this epoch, or not before the next")
-        check.notices.append(Notice(topic=TOPIC, level="warning", step=step + 1, message=(
-            f"the training data changed since step {step}: {what}; going on as --data-changed {mode} says: {how}")))
+            raise TrainingDataChanged(
+                f"the training data changed since checkpoint {check.checkpoint.name} (step {step}) was saved: {what}",
+                check._data_advice("the data as it is now"),
+            )
+        how = (
+            f"epoch {int(check.state.get('epoch', 0)) + 1} starts over on the new data"
+            if mode == "restart-epoch"
+            else "the run goes on at the same place in the data order, now the new data's: rows may come twice "
+            "in this epoch, or not before the next"
+        )
+        check.notices.append(
+            Notice(
+                topic=TOPIC,
+                level="warning",
+                step=step + 1,
+                message=(
+                    f"the training data changed since step {step}: {what}; "
+                    f"going on as --data-changed {mode} says: {how}"
+                ),
+            )
+        )
     if check.data_diff.get("eval"):
-        check.notices.append(Notice(topic=TOPIC, level="warning", step=step + 1, message=(
-            f"the evaluation data changed since step {step}: {'; '.join(check.data_diff['eval'])}; evaluation "
-            "losses from here on are over other rows than before")))
+        check.notices.append(
+            Notice(
+                topic=TOPIC,
+                level="warning",
+                step=step + 1,
+                message=(
+                    f"the evaluation data changed since step {step}: {'; '.join(check.data_diff['eval'])}; evaluation "
+                    "losses from here on are over other rows than before"
+                ),
+            )
+        )
 
 
 def write_config(run_dir: str | Path, config: RunConfig, check: ResumeCheck) -> Path | None:
@@ -524,6 +641,7 @@ def write_config(run_dir: str | Path, config: RunConfig, check: ResumeCheck) -> 
 
 # ---- what the trainer holds ----
 
+
 @dataclass
 class Resumed:
     """Where a resumed run goes on: data position, steps in all, and what to tell the user."""
@@ -548,8 +666,11 @@ class RunFacts:
     def __init__(self, config: RunConfig, resume_dir: str | Path | None = None, data_changed: str = "refuse"):
         self.config = config
         self.fingerprint = data_fingerprint(config.data)  # once per run; each checkpoint records it
-        self.check = (check_resume(resume_dir, config, data_changed, fingerprint=self.fingerprint)
-                      if resume_dir is not None else None)
+        self.check = (
+            check_resume(resume_dir, config, data_changed, fingerprint=self.fingerprint)
+            if resume_dir is not None
+            else None
+        )
         self.layout: dict = {}
         self.total = 0
         self._stream = None
@@ -561,8 +682,15 @@ class RunFacts:
         notices = list(self.check.notices)
         kept = write_config(run_dir, self.config, self.check)
         if kept is not None:
-            notices.append(Notice(topic=TOPIC, step=self.check.step + 1, message=(
-                f"config.toml now holds the settings this run goes on with; the one before is {kept.name}")))
+            notices.append(
+                Notice(
+                    topic=TOPIC,
+                    step=self.check.step + 1,
+                    message=(
+                        f"config.toml now holds the settings this run goes on with; the one before is {kept.name}"
+                    ),
+                )
+            )
         return notices
 
     def keep_pack_order(self, config: RunConfig) -> tuple[RunConfig, list[Notice]]:
@@ -585,27 +713,43 @@ class RunFacts:
         check = self.check
         step, position = int(state["step"]), int(state["position"])
         if check is None or check.checkpoint is None or step != check.step:
-            raise HoneError(f"the newest checkpoint of {check.run_dir if check else 'the run'} changed while the run "
-                            "was starting (is another process training in this folder?)",
-                            "let that process finish, then resume again")
+            raise HoneError(
+                f"the newest checkpoint of {check.run_dir if check else 'the run'} changed while the run "
+                "was starting (is another process training in this folder?)",
+                "let that process finish, then resume again",
+            )
         notices = check.check_layout(self.layout)
         if check.train_changed and check.data_changed == "restart-epoch":
             epoch = int(state.get("epoch", 0))
             position = epoch_start(stream, epoch)
-            notices.append(Notice(topic=TOPIC, level="warning", step=step + 1, message=(
-                f"epoch {epoch + 1} starts over: step {step + 1} takes the first pack of the new data's order "
-                f"({len(stream.plan(epoch)):,} packs in this epoch)")))
+            notices.append(
+                Notice(
+                    topic=TOPIC,
+                    level="warning",
+                    step=step + 1,
+                    message=(
+                        f"epoch {epoch + 1} starts over: step {step + 1} takes the first pack of the new data's order "
+                        f"({len(stream.plan(epoch)):,} packs in this epoch)"
+                    ),
+                )
+            )
         baseline = check.baseline
-        trained_total = int(state.get("total_steps")
-                            or total_steps_from(baseline, stream, step, int(state["position"])))
+        trained_total = int(
+            state.get("total_steps") or total_steps_from(baseline, stream, step, int(state["position"]))
+        )
         total = total_steps_from(config, stream, step, position)
         if total < step:
-            raise HoneError(f"train.epochs = {config.train.epochs} ends the run before step {step}, which the "
-                            "checkpoint has reached", "raise train.epochs, or leave it as the run had it")
+            raise HoneError(
+                f"train.epochs = {config.train.epochs} ends the run before step {step}, which the "
+                "checkpoint has reached",
+                "raise train.epochs, or leave it as the run had it",
+            )
         # As restored: the lr and weight decay the optimizer ran with (also right for checkpoints without a record).
-        before = dataclasses.replace(baseline.train, lr=scheduler.base_lrs[0],
-                                     weight_decay=optimizer.param_groups[0].get("weight_decay",
-                                                                                baseline.train.weight_decay))
+        before = dataclasses.replace(
+            baseline.train,
+            lr=scheduler.base_lrs[0],
+            weight_decay=optimizer.param_groups[0].get("weight_decay", baseline.train.weight_decay),
+        )
         said = retarget_schedule(optimizer, scheduler, before, config.train, trained_total, total, step)
         said = ([said] if said else []) + apply_update_settings(optimizer, before, config.train)
         notices += [Notice(topic=TOPIC, level="warning", step=step + 1, message=m) for m in said]
@@ -615,5 +759,10 @@ class RunFacts:
     def record(self, position: int) -> dict:
         """What a checkpoint at data `position` records besides its step (see the module docstring)."""
         epoch = self._stream.locate(position)[0] if self._stream is not None else 0
-        return {"config": self.config.to_dict(), "data": self.fingerprint, "layout": self.layout, "epoch": epoch,
-                "total_steps": self.total}
+        return {
+            "config": self.config.to_dict(),
+            "data": self.fingerprint,
+            "layout": self.layout,
+            "epoch": epoch,
+            "total_steps": self.total,
+        }

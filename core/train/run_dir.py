@@ -88,8 +88,10 @@ def _eta(seconds: float) -> str:
 
 def step_line(event: events.StepMetrics, first_step: int = 0) -> str:
     """One plain line for a step: step, loss, tokens/s, memory, time left (from the pace since `first_step`)."""
-    line = (f"step {event.step}/{event.total_steps}  loss {event.loss:.4f}  lr {event.lr:.2e}  "
-            f"{event.tokens_per_s:,.0f} tok/s")
+    line = (
+        f"step {event.step}/{event.total_steps}  loss {event.loss:.4f}  lr {event.lr:.2e}  "
+        f"{event.tokens_per_s:,.0f} tok/s"
+    )
     if event.mem_allocated:
         line += f"  {event.mem_allocated / 2**30:.1f} GiB"
     if event.waiting_for_data:
@@ -112,9 +114,11 @@ def log_lines(event: events.Event) -> list[str]:
     if isinstance(event, events.DatasetReport):
         skipped = sum(event.skipped.values())
         reasons = ", ".join(f"{count} {reason}" for reason, count in event.skipped.items())
-        lines = [f"{event.split} data {', '.join(event.files)}: {event.rows_read:,} rows read, {event.rows_kept:,} "
-                 f"kept, {skipped:,} skipped{f' ({reasons})' if reasons else ''}; {event.tokens:,} tokens, "
-                 f"{event.trained_tokens:,} trained"]
+        lines = [
+            f"{event.split} data {', '.join(event.files)}: {event.rows_read:,} rows read, {event.rows_kept:,} "
+            f"kept, {skipped:,} skipped{f' ({reasons})' if reasons else ''}; {event.tokens:,} tokens, "
+            f"{event.trained_tokens:,} trained"
+        ]
         lines += [f"  skipped {m}" for m in event.skipped_examples]
         if skipped > len(event.skipped_examples):
             lines.append(f"  ... {skipped - len(event.skipped_examples):,} more: `hone data check` lists every one")
@@ -123,9 +127,11 @@ def log_lines(event: events.Event) -> list[str]:
         return [f"{'warning' if event.level == 'warning' else 'note'}: {event.topic}: {event.message}"]
     if isinstance(event, events.RunStarted):
         what = f"resumed from step {event.resumed_from_step}" if event.resumed_from_step else "started"
-        lines = [f"{what}: {event.model} on {event.device} ({event.dtype}), {event.total_steps} steps, "
-                 f"{event.params_trainable:,} of {event.params_total:,} parameters trained, "
-                 f"{event.tokens_per_epoch:,} tokens per epoch"]
+        lines = [
+            f"{what}: {event.model} on {event.device} ({event.dtype}), {event.total_steps} steps, "
+            f"{event.params_trainable:,} of {event.params_total:,} parameters trained, "
+            f"{event.tokens_per_epoch:,} tokens per epoch"
+        ]
         return lines + [f"  {path}: {speed_choice(event.device, choice)}" for path, choice in event.speed_paths.items()]
     if isinstance(event, events.StepMetrics):
         return [step_line(event)]
@@ -140,8 +146,10 @@ def log_lines(event: events.Event) -> list[str]:
     if isinstance(event, events.RunFinished):
         loss_part = f"final loss {event.final_loss:.4f}" if math.isfinite(event.final_loss) else "no loss recorded"
         eval_part = f", eval loss {event.eval_loss:.4f}" if event.eval_loss is not None else ""
-        return [f"{'stopped' if event.stopped else 'finished'} after {event.step} steps in {event.elapsed:.0f} s: "
-                f"{loss_part}{eval_part}; adapter {event.adapter_dir}"]
+        return [
+            f"{'stopped' if event.stopped else 'finished'} after {event.step} steps in {event.elapsed:.0f} s: "
+            f"{loss_part}{eval_part}; adapter {event.adapter_dir}"
+        ]
     if isinstance(event, events.RunFailed):
         lines = [f"failed at step {event.step}: {event.reason}"]
         if event.advice:
@@ -162,9 +170,11 @@ def is_disk_full(error: BaseException) -> bool:
 def disk_full_error(error: OSError, what: str, run_dir: Path) -> HoneError:
     """The HoneError for a write of `what` that found no room: the disk, the file, and what to do."""
     where = f" ({error.filename})" if error.filename else ""
-    return HoneError(f"the disk is full: {what} could not be written in {run_dir}{where}: {error.strerror}",
-                     f"free space on the disk holding {run_dir}, then `hone train --resume {run_dir}` goes on from "
-                     "the last checkpoint")
+    return HoneError(
+        f"the disk is full: {what} could not be written in {run_dir}{where}: {error.strerror}",
+        f"free space on the disk holding {run_dir}, then `hone train --resume {run_dir}` goes on from "
+        "the last checkpoint",
+    )
 
 
 def json_safe(data):
@@ -300,9 +310,13 @@ class RunWriter:
             raise
         self._attempt_start = self._metrics.size  # metrics.jsonl before this attempt wrote to it
         previous = read_summary(self.run_dir)
-        self.summary = previous or RunSummary(run_dir=str(self.run_dir), name=self.run_dir.name,
-                                              model=config.model.name_or_path, status="running",
-                                              started=time.time())
+        self.summary = previous or RunSummary(
+            run_dir=str(self.run_dir),
+            name=self.run_dir.name,
+            model=config.model.name_or_path,
+            status="running",
+            started=time.time(),
+        )
         self.summary.status = "running"
         self.summary.reason = ""
         self._last_step_logged = 0.0
@@ -343,8 +357,7 @@ class RunWriter:
     def _write_log(self, event: events.Event) -> None:
         if isinstance(event, events.StepMetrics):
             now = time.monotonic()
-            if (event.step > 1 and event.step != event.total_steps
-                    and now - self._last_step_logged < LOG_STEP_EVERY_S):
+            if event.step > 1 and event.step != event.total_steps and now - self._last_step_logged < LOG_STEP_EVERY_S:
                 return
             self._last_step_logged = now
         for line in log_lines(event):
@@ -435,8 +448,9 @@ def live_summary(run_dir: Path) -> RunSummary | None:
 
 def _nan_for_null(event: events.Event) -> events.Event:
     """A float field written as null (it was not finite) read back as NaN, so it stays a float."""
-    nulls = {f.name: math.nan for f in dataclasses.fields(event)
-             if f.type == "float" and getattr(event, f.name) is None}
+    nulls = {
+        f.name: math.nan for f in dataclasses.fields(event) if f.type == "float" and getattr(event, f.name) is None
+    }
     return dataclasses.replace(event, **nulls) if nulls else event
 
 

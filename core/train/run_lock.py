@@ -127,7 +127,7 @@ def _zombie(pid: int) -> bool:
             stat = f.read()
     except OSError:
         return False  # no /proc (macOS), or the process is gone since
-    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")  # the state follows the command name in parentheses
+    return stat[stat.rfind(b")") + 2 :][:1] in (b"Z", b"X")  # the state follows the command name in parentheses
 
 
 def _clear_note(fd: int) -> None:
@@ -145,7 +145,8 @@ def _busy(run_dir: Path) -> RunFolderBusy:
     return RunFolderBusy(
         f"the run folder {run_dir} is in use: {describe_holder(read_holder(run_dir))} is training in it",
         "wait for that run to end or stop it (Ctrl-C in its terminal, Stop in Hone Studio), then try again; "
-        "to train alongside it, start a new run instead")
+        "to train alongside it, start a new run instead",
+    )
 
 
 def refuse_if_in_use(run_dir: str | Path) -> None:

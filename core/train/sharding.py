@@ -27,11 +27,15 @@ if TYPE_CHECKING:  # torch stays unimported: the studio's Train page asks `refus
 def refusal(config: RunConfig, *, is_vision: bool) -> tuple[str, str]:
     """(why this run's model cannot be split, in words; the setting behind it), or ("", "") when it can."""
     if config.lora.qlora:
-        return ("4-bit base weights are not split across GPUs yet (their quantization state would stay whole)",
-                "lora.qlora")
+        return (
+            "4-bit base weights are not split across GPUs yet (their quantization state would stay whole)",
+            "lora.qlora",
+        )
     if config.lora.modules_to_save or is_vision:
-        return ("modules trained in full, such as a vision model's projector, are not split across GPUs yet",
-                "lora.modules_to_save" if config.lora.modules_to_save else "the model")
+        return (
+            "modules trained in full, such as a vision model's projector, are not split across GPUs yet",
+            "lora.modules_to_save" if config.lora.modules_to_save else "the model",
+        )
     if config.speed.compile:
         return "compiled decoder blocks are not combined with splitting yet", "speed.compile"
     return "", ""
@@ -54,8 +58,11 @@ def choose(config: RunConfig, world: World, *, is_vision: bool, fits_whole: bool
         return "ddp", "train.parallel = ddp"
     if fits_whole is False and not why_not:
         return "fsdp", "the step does not fit with the whole model on each GPU"
-    return "ddp", ("the whole model fits each process's memory" if fits_whole else
-                   "the memory planner could not tell, and the whole model on each process is the faster layout")
+    return "ddp", (
+        "the whole model fits each process's memory"
+        if fits_whole
+        else "the memory planner could not tell, and the whole model on each process is the faster layout"
+    )
 
 
 def shard_frozen_weights(model: torch.nn.Module, world: World, device: str) -> str:
@@ -68,8 +75,9 @@ def shard_frozen_weights(model: torch.nn.Module, world: World, device: str) -> s
 
     layers = decoder_layers(model)
     if not layers:
-        raise ConfigError("train.parallel = fsdp: this model's decoder layers were not found",
-                          "use train.parallel = ddp")
+        raise ConfigError(
+            "train.parallel = fsdp: this model's decoder layers were not found", "use train.parallel = ddp"
+        )
     mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (world.size,))
     split = 0
     for layer in layers:
@@ -77,7 +85,8 @@ def shard_frozen_weights(model: torch.nn.Module, world: World, device: str) -> s
         split += sum(p.numel() for p in layer.parameters() if not p.requires_grad)
         fully_shard(layer, mesh=mesh, ignored_params=trainable)
     processes = f"{world.size} process{'es' if world.size > 1 else ''}"
-    return (f"FSDP2 over {processes}: the frozen weights of {len(layers)} decoder layers "
-            f"({split / 1e9:.2f} B values) split {world.size} ways, each layer's gathered for its forward and "
-            "backward; LoRA weights whole on every process, their gradients summed; embeddings and LM head whole")
-
+    return (
+        f"FSDP2 over {processes}: the frozen weights of {len(layers)} decoder layers "
+        f"({split / 1e9:.2f} B values) split {world.size} ways, each layer's gathered for its forward and "
+        "backward; LoRA weights whole on every process, their gradients summed; embeddings and LM head whole"
+    )

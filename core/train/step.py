@@ -1,8 +1,9 @@
 """One optimizer step and evaluation (`StepRunner`), and the order packs are taken in across epochs (`PackStream`).
 
-A step collates its micro-batches (the next step's on a background thread on a GPU), runs forward, the summed
-token loss and backward for each, then clips, steps the optimizer and the scheduler, and returns the numbers a
-StepMetrics event carries. The loss is normalized by the trained-token count the batches know on the CPU.
+A step collates its micro-batches (the next step's on a background thread on a GPU), runs forward, the summed loss
+of the run's objective (hone.core.train.objectives) and backward for each, then clips, steps the optimizer and the
+scheduler, and returns the numbers a StepMetrics event carries. The loss is normalized by the units (SFT: trained
+tokens) the batches count on the CPU.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hone.core.config import RunConfig
 from hone.core.data import TokenizedSet, plan_packs
 from hone.core.data.collate import collate_packed, collate_padded
 from hone.core.train import distributed
-from hone.core.train.loss import loss_sum
+from hone.core.train.objectives import Objective, SupervisedFineTuning
 from hone.kernels.weight_casts import reuse_weight_casts
 
 
@@ -38,8 +39,9 @@ class PackStream:
             if self.packing:
                 self._plans[epoch] = plan_packs(self.lengths, self.budget, seed=self.seed, epoch=epoch)
             else:  # one row per micro-batch, shuffled per epoch the same way
-                order = torch.randperm(len(self.lengths), generator=torch.Generator().manual_seed(
-                    self.seed * 1000 + epoch)).tolist()
+                order = torch.randperm(
+                    len(self.lengths), generator=torch.Generator().manual_seed(self.seed * 1000 + epoch)
+                ).tolist()
                 self._plans[epoch] = [[i] for i in order]
         return self._plans[epoch]
 
@@ -90,13 +92,29 @@ class StepRunner:
 
     PREFETCH_ON_CPU = False  # tests switch background collation on without a GPU
 
-    def __init__(self, model, tokenizer, optimizer, scheduler, scaler, params, config: RunConfig, device: str,
-                 dtype, setup, world: distributed.World = distributed.SINGLE, sharded: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        optimizer,
+        scheduler,
+        scaler,
+        params,
+        config: RunConfig,
+        device: str,
+        dtype,
+        setup,
+        world: distributed.World = distributed.SINGLE,
+        sharded: bool = False,
+        objective: Objective | None = None,
+    ):
         self.world = world  # several processes: each runs its share of the packs; gradients summed over them
         # frozen weights split across the processes (hone.core.train.sharding): every process runs as many passes
         self.sharded = sharded
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.params, self.config, self.device, self.setup = params, config, device, setup
+        # what a micro-batch's loss is (hone.core.train.objectives); the step around it is the same for every method
+        self.objective = objective if objective is not None else SupervisedFineTuning(config)
         self.cuda = str(device).startswith("cuda")
         self.autocast_dtype = dtype if self.cuda and dtype != torch.float32 else None
         text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
@@ -171,7 +189,7 @@ class StepRunner:
                     self.model.train()
                 batch = self.collate(rows).to(self.device)
                 with self._autocast():
-                    summed = loss_sum(self.model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
+                    summed = self.objective.loss_sum(self.model, batch)
                 batch = None  # as in step(): the batch's device tensors must not stay allocated through backward
                 summed.backward()  # the scale does not change what backward allocates
         finally:
@@ -189,8 +207,15 @@ class StepRunner:
         if self.setup.host_tables is not None:
             self.setup.host_tables.restore(self.model)
 
-    def step(self, dataset: TokenizedSet, packs: list[list[int]], step: int, total: int,
-             next_packs: list[list[int]] | None = None, counts: tuple[int, int] | None = None) -> dict:
+    def step(
+        self,
+        dataset: TokenizedSet,
+        packs: list[list[int]],
+        step: int,
+        total: int,
+        next_packs: list[list[int]] | None = None,
+        counts: tuple[int, int] | None = None,
+    ) -> dict:
         """Run one optimizer step over `packs` (one micro-batch each); returns StepMetrics fields. `next_packs`,
         the packs of the step after, are collated in the background meanwhile (on a GPU). `counts`: the tokens and
         trained tokens of the whole step when several processes share it (`packs` is this process's share)."""
@@ -200,7 +225,7 @@ class StepRunner:
         started = time.perf_counter()
         batches = self._batches(dataset, packs, next_packs)
         data_wait = time.perf_counter() - started  # ~0 when the background collation kept up with the last step
-        trained = sum(b.num_trained for b in batches)  # known on the CPU: no sync to normalize the loss
+        trained = sum(self.objective.units(b) for b in batches)  # known on the CPU: no sync to normalize the loss
         tokens = sum(b.num_tokens for b in batches)
         if counts is not None:
             tokens, trained = counts
@@ -215,7 +240,7 @@ class StepRunner:
             for batch, weight in zip(batches, weights, strict=True):
                 batch = batch.to(self.device)
                 with self._autocast():
-                    summed = loss_sum(model, batch, mode=self.config.speed.loss, fused=self.config.speed.kernels)
+                    summed = self.objective.loss_sum(model, batch)
                 # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding
                 # rows a host table supplies (T x H) must not stay allocated through it.
                 batch = None
@@ -246,12 +271,21 @@ class StepRunner:
             # compilation happens inside the first steps; report it once and keep it out of the step's rate
             step_time = max(step_time - compiling, 1e-6)
             self.setup.note("compile", f"compiled decoder blocks in {compiling:.1f} s (not counted in step times)")
-        out = dict(loss=loss, lr=lr, grad_norm=float(grad_norm), tokens=tokens, trained_tokens=trained,
-                   tokens_per_s=tokens / step_time, step_time=step_time, data_wait_s=data_wait)
+        out = dict(
+            loss=loss,
+            lr=lr,
+            grad_norm=float(grad_norm),
+            tokens=tokens,
+            trained_tokens=trained,
+            tokens_per_s=tokens / step_time,
+            step_time=step_time,
+            data_wait_s=data_wait,
+        )
         if self.cuda:
             out.update(mem_allocated=torch.cuda.max_memory_allocated(), mem_reserved=torch.cuda.memory_reserved())
         if self.world.launched:
             out["mem_by_gpu"] = distributed.gather_counts(out.get("mem_allocated", 0), self.world)
+        out.update(self.objective.step_metrics())
         if self.setup.expert_meter is not None:
             out["expert_load"] = self.setup.expert_meter.read_and_reset()
         if self.setup.offload is not None:
@@ -260,7 +294,7 @@ class StepRunner:
 
     @torch.no_grad()
     def evaluate(self, dataset: TokenizedSet) -> float:
-        """Mean loss over every trained token of the evaluation rows."""
+        """Mean loss over the evaluation rows (per trained token, for SFT)."""
         model = self.model
         model.eval()
         stream = PackStream(dataset.lengths, self.config.train.batch_tokens, 0, self.config.speed.packing)
@@ -273,9 +307,9 @@ class StepRunner:
             for i in range(passes):  # past its own packs, a sharded process runs the first one, uncounted
                 batch = self.collate([dataset[r] for r in (mine[i] if i < len(mine) else plan[0])])
                 with self._autocast():
-                    summed = loss_sum(model, batch.to(self.device), mode=self.config.speed.loss).float()
+                    summed = self.objective.loss_sum(model, batch.to(self.device), evaluating=True).float()
                 if i < len(mine):
-                    trained += batch.num_trained
+                    trained += self.objective.units(batch)
                     total += summed
         model.train()
         total_sum, trained = distributed.sum_values([total.item(), trained], self.world)

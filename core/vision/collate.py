@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from hone.core.data.collate import PackedBatch, PaddedBatch, collate_packed, collate_padded
+from hone.core.data.image_tokens import image_expansion_for
 from hone.core.data.images import load_image
 from hone.core.errors import DataError
 from hone.core.resources import cache_root
 from hone.core.vision import host_merge
-from hone.core.vision.expansion import image_expansion_for
-from hone.core.vision.families import PACKED, VisionFamily
+from hone.core.vision.families import PACKED, VisionFamily, family_of
 from hone.core.vision.mrope import mrope_positions
 
 # Image processor outputs the models' forward methods take; anything else (row/column counts, crop counts) is
@@ -86,20 +86,29 @@ class VisionBatch:
         device = torch.device(device)
         # with the host-side merge the image grid stays on the host: the encoder's metadata is built from it there
         stays = ("image_grid_thw",) if self.image_positions is not None else ()
-        return replace(self, text=self.text.to(device),
-                       pixels={k: v if k in stays else _move(v, device) for k, v in self.pixels.items()},
-                       image_positions=None if self.image_positions is None else _move(self.image_positions, device),
-                       position_ids=None if self.position_ids is None else _move(self.position_ids, device),
-                       token_type_ids=None if self.token_type_ids is None else _move(self.token_type_ids, device))
+        return replace(
+            self,
+            text=self.text.to(device),
+            pixels={k: v if k in stays else _move(v, device) for k, v in self.pixels.items()},
+            image_positions=None if self.image_positions is None else _move(self.image_positions, device),
+            position_ids=None if self.position_ids is None else _move(self.position_ids, device),
+            token_type_ids=None if self.token_type_ids is None else _move(self.token_type_ids, device),
+        )
 
     def model_inputs(self) -> dict:
         """Keyword arguments for `model(**...)`: ids, positions, mask (padded), pixels and the family's extras."""
-        inputs = {k: v for k, v in self.text.model_inputs().items()
-                  if self.attention_kwargs or k not in _TEXT_ATTENTION_KWARGS}
+        inputs = {
+            k: v
+            for k, v in self.text.model_inputs().items()
+            if self.attention_kwargs or k not in _TEXT_ATTENTION_KWARGS
+        }
         if self.image_positions is not None:
-            inputs[host_merge.KWARG] = host_merge.HostImages(self.pixels["pixel_values"], self.image_positions,
-                                                            self.pixels.get("image_grid_thw"),
-                                                            self.pixels.get("pixel_attention_mask"))
+            inputs[host_merge.KWARG] = host_merge.HostImages(
+                self.pixels["pixel_values"],
+                self.image_positions,
+                self.pixels.get("image_grid_thw"),
+                self.pixels.get("pixel_attention_mask"),
+            )
         else:
             inputs.update(self.pixels)
         if self.position_ids is not None:
@@ -122,8 +131,17 @@ class VisionCollator:
         dtype: floating point pixel tensors are cast to this (the model's dtype).
     """
 
-    def __init__(self, family: VisionFamily, processor, model_config, *, image_max_side: int, packing: bool,
-                 pad_id: int, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        family: VisionFamily,
+        processor,
+        model_config,
+        *,
+        image_max_side: int,
+        packing: bool,
+        pad_id: int,
+        dtype: torch.dtype = torch.float32,
+    ):
         self.family, self.processor, self.config = family, processor, model_config
         self.image_max_side, self.pad_id, self.dtype = image_max_side, pad_id, dtype
         self.packed = packing and family.batching == PACKED
@@ -142,7 +160,8 @@ class VisionCollator:
         why = self.family.why  # how transformers' own attention keeps the rows apart
         if self.text_attention_kwargs:
             why = "each sequence's start goes to Hone's packed attention, no mask" + (
-                "; 3-D rope positions built per sequence" if self.family.mrope else "")
+                "; 3-D rope positions built per sequence" if self.family.mrope else ""
+            )
             if host_merge.installed(self.config):
                 why += "; image features merged at positions known on the host (no host sync)"
         return f"{self.family.name}: {how}, images up to {self.image_max_side} px; {why}"
@@ -168,8 +187,9 @@ class VisionCollator:
             text = collate_padded(rows, pad_id=self.pad_id, pin_memory=pin_memory)
         images, per_row = self._load_images(rows)
         pixels = self._pixels(images) if images else {}
-        batch = VisionBatch(text=text, pixels=pixels, num_images=len(images),
-                            attention_kwargs=self.text_attention_kwargs)
+        batch = VisionBatch(
+            text=text, pixels=pixels, num_images=len(images), attention_kwargs=self.text_attention_kwargs
+        )
         if images and self.text_attention_kwargs and host_merge.installed(self.config):
             positions = host_merge.image_positions(text.input_ids, self.image_token_id)
             batch.image_positions = positions.pin_memory() if pin_memory else positions
@@ -191,8 +211,10 @@ class VisionCollator:
                 try:
                     loaded.append(load_image(ref, self.image_max_side))
                 except Exception as e:  # a file deleted or replaced since the data was checked
-                    raise DataError(f"{row.source}: image {k + 1} ({ref.describe()}) can no longer be read: {e}",
-                                    "restore the file, or fix the row and start the run again") from None
+                    raise DataError(
+                        f"{row.source}: image {k + 1} ({ref.describe()}) can no longer be read: {e}",
+                        "restore the file, or fix the row and start the run again",
+                    ) from None
             self._check_tokens(row, loaded)
             images += loaded
             per_row.append(len(loaded))
@@ -201,13 +223,16 @@ class VisionCollator:
     def _check_tokens(self, row, images) -> None:
         if self.expansion is None:
             return
-        expected = sum(int(np.count_nonzero(self.expansion.expand(*image.size) == self.image_token_id))
-                       for image in images)
+        expected = sum(
+            int(np.count_nonzero(self.expansion.expand(*image.size) == self.image_token_id)) for image in images
+        )
         found = sum(1 for t in row.input_ids if t == self.image_token_id)
         if expected != found:
-            raise DataError(f"{row.source}: {found} image tokens for images that need {expected}",
-                            "an image changed since the data was tokenized; clear the data cache "
-                            f"({cache_root('datasets')}) and start the run again")
+            raise DataError(
+                f"{row.source}: {found} image tokens for images that need {expected}",
+                "an image changed since the data was tokenized; clear the data cache "
+                f"({cache_root('datasets')}) and start the run again",
+            )
 
     def _pixels(self, images) -> dict[str, torch.Tensor]:
         processor = self.processor.image_processor
@@ -222,13 +247,16 @@ class VisionCollator:
         return out
 
     def _mrope(self, rows, per_row: list[int], grids, text) -> torch.Tensor:
-        merge = int(getattr(self.processor.image_processor, "merge_size", None)
-                    or self.config.vision_config.spatial_merge_size)
+        merge = int(
+            getattr(self.processor.image_processor, "merge_size", None) or self.config.vision_config.spatial_merge_size
+        )
         grids_list = grids.tolist() if grids is not None else []
         sequences, used = [], 0
         for row, n in zip(rows, per_row, strict=True):
             try:
-                sequences.append(mrope_positions(row.input_ids, grids_list[used:used + n], self.image_token_id, merge))
+                sequences.append(
+                    mrope_positions(row.input_ids, grids_list[used : used + n], self.image_token_id, merge)
+                )
             except ValueError as e:
                 raise DataError(f"{row.source}: {e}", "clear the data cache and start the run again") from None
             used += n
@@ -249,3 +277,18 @@ def image_token_id(model_config) -> int:
         if value is not None:
             return int(value)
     raise DataError(f"{type(model_config).__name__} names no image token", "this model cannot take images")
+
+
+def collator_for(model, processor, config, dtype=None):
+    """The VisionCollator for `model` (a transformers or peft model) under a RunConfig."""
+    hf = model.get_base_model() if hasattr(model, "get_base_model") else model
+    text_tokenizer = getattr(processor, "tokenizer", processor)
+    return VisionCollator(
+        family_of(hf),
+        processor,
+        hf.config,
+        image_max_side=config.data.image_max_side,
+        packing=config.speed.packing,
+        pad_id=text_tokenizer.pad_token_id,
+        dtype=dtype or torch.float32,
+    )

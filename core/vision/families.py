@@ -55,29 +55,65 @@ class VisionFamily:
 # - Gemma 3: padded. Image tokens attend to each other both ways (token_type_ids); Hone keeps the padded layout
 #   transformers builds those masks for.
 # - Any other family (GENERIC): padded, the safe default (transformers' own masks).
-_MROPE_WHY = ("3-D rope positions built per sequence; transformers builds a block-diagonal mask from the text "
-              "positions")
+_MROPE_WHY = "3-D rope positions built per sequence; transformers builds a block-diagonal mask from the text positions"
 _PLAIN_WHY = "positions restart per sequence, so transformers builds a block-diagonal mask"
 
 FAMILIES: tuple[VisionFamily, ...] = (
-    VisionFamily("Qwen2.5-VL", ("qwen2_5_vl",), PACKED, _MROPE_WHY, vision_modules=("visual",),
-                 projector_modules=("merger",), mrope=True),
-    VisionFamily("Qwen3-VL", ("qwen3_vl", "qwen3_vl_moe"), PACKED, _MROPE_WHY, vision_modules=("visual",),
-                 projector_modules=("merger", "deepstack_merger_list"), mrope=True),
-    VisionFamily("Idefics3 / SmolVLM", ("idefics3", "smolvlm"), PACKED, _PLAIN_WHY, vision_modules=("vision_model",),
-                 projector_modules=("connector",), nested_pixels=True),
-    VisionFamily("LLaVA", ("llava",), PACKED, _PLAIN_WHY, vision_modules=("vision_tower",),
-                 projector_modules=("multi_modal_projector",)),
-    VisionFamily("Gemma 3", ("gemma3",), PADDED, "image tokens attend both ways inside an image (token_type_ids); "
-                 "kept on transformers' padded masks", vision_modules=("vision_tower",),
-                 projector_modules=("multi_modal_projector",), token_types=True),
+    VisionFamily(
+        "Qwen2.5-VL",
+        ("qwen2_5_vl",),
+        PACKED,
+        _MROPE_WHY,
+        vision_modules=("visual",),
+        projector_modules=("merger",),
+        mrope=True,
+    ),
+    VisionFamily(
+        "Qwen3-VL",
+        ("qwen3_vl", "qwen3_vl_moe"),
+        PACKED,
+        _MROPE_WHY,
+        vision_modules=("visual",),
+        projector_modules=("merger", "deepstack_merger_list"),
+        mrope=True,
+    ),
+    VisionFamily(
+        "Idefics3 / SmolVLM",
+        ("idefics3", "smolvlm"),
+        PACKED,
+        _PLAIN_WHY,
+        vision_modules=("vision_model",),
+        projector_modules=("connector",),
+        nested_pixels=True,
+    ),
+    VisionFamily(
+        "LLaVA",
+        ("llava",),
+        PACKED,
+        _PLAIN_WHY,
+        vision_modules=("vision_tower",),
+        projector_modules=("multi_modal_projector",),
+    ),
+    VisionFamily(
+        "Gemma 3",
+        ("gemma3",),
+        PADDED,
+        "image tokens attend both ways inside an image (token_type_ids); kept on transformers' padded masks",
+        vision_modules=("vision_tower",),
+        projector_modules=("multi_modal_projector",),
+        token_types=True,
+    ),
 )
 
 # Module names that mark vision parts in families Hone has no entry for.
-GENERIC = VisionFamily("other vision-language model", (), PADDED, "not verified for packing; padded rows with "
-                       "transformers' own masks", vision_modules=("vision_tower", "vision_model", "visual",
-                                                                  "image_encoder"),
-                       projector_modules=("multi_modal_projector", "connector", "merger", "mm_projector"))
+GENERIC = VisionFamily(
+    "other vision-language model",
+    (),
+    PADDED,
+    "not verified for packing; padded rows with transformers' own masks",
+    vision_modules=("vision_tower", "vision_model", "visual", "image_encoder"),
+    projector_modules=("multi_modal_projector", "connector", "merger", "mm_projector"),
+)
 
 
 def family_for(model_type: str) -> VisionFamily:
@@ -92,3 +128,8 @@ def family_of(model) -> VisionFamily:
     """The family of a transformers model, or of a peft model around one."""
     hf = model.get_base_model() if hasattr(model, "get_base_model") else model
     return family_for(hf.config.model_type)
+
+
+def is_vision_processor(processor) -> bool:
+    """True for a processor that carries an image processor (what vision models load as their tokenizer)."""
+    return getattr(processor, "image_processor", None) is not None and hasattr(processor, "tokenizer")

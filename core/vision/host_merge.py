@@ -144,9 +144,11 @@ def _encode(inner, images: HostImages) -> tuple[torch.Tensor, list[torch.Tensor]
     if hasattr(inner, "connector"):  # Idefics3 / SmolVLM
         return _idefics3_features(inner, images), None
     config = inner.config  # LLaVA
-    out = inner.get_image_features(pixel_values=images.pixel_values,
-                                   vision_feature_layer=config.vision_feature_layer,
-                                   vision_feature_select_strategy=config.vision_feature_select_strategy)
+    out = inner.get_image_features(
+        pixel_values=images.pixel_values,
+        vision_feature_layer=config.vision_feature_layer,
+        vision_feature_select_strategy=config.vision_feature_select_strategy,
+    )
     return _flat(getattr(out, "pooler_output", out)), None
 
 
@@ -201,12 +203,16 @@ def every_patch_positions(embeddings, shape: torch.Size, dtype: torch.dtype) -> 
         found.append(ids)
         return torch.zeros((*ids.shape, 1))
 
-    stand_in = SimpleNamespace(patch_size=embeddings.patch_size, num_patches_per_side=embeddings.num_patches_per_side,
-                               patch_embedding=lambda pixels: torch.zeros((images, 1, rows, cols)),
-                               position_embedding=position_table)
+    stand_in = SimpleNamespace(
+        patch_size=embeddings.patch_size,
+        num_patches_per_side=embeddings.num_patches_per_side,
+        patch_embedding=lambda pixels: torch.zeros((images, 1, rows, cols)),
+        position_embedding=position_table,
+    )
     pixels = torch.zeros((), dtype=dtype).expand(tuple(shape))  # no memory: only its shape and dtype are read
-    type(embeddings).forward(stand_in, pixel_values=pixels,
-                             patch_attention_mask=torch.ones((images, rows, cols), dtype=torch.bool))
+    type(embeddings).forward(
+        stand_in, pixel_values=pixels, patch_attention_mask=torch.ones((images, rows, cols), dtype=torch.bool)
+    )
     return found[0]
 
 
@@ -229,8 +235,12 @@ def _qwen_encoder_metadata(visual, grid: torch.Tensor, device: torch.device) -> 
         out["window_index"], out["cu_window_seqlens"], out["max_window_seqlen"] = index, cu_window, _longest(cu_window)
     if hasattr(module, "get_vision_interpolation_indices_and_weights"):  # Qwen3-VL: interpolated position table
         out["interp_indices"], out["interp_weights"] = vision_utils.get_vision_interpolation_indices_and_weights(
-            grid, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
-            align_corners=visual.interpolation_align_corners, spatial_merge_size=visual.config.spatial_merge_size)
+            grid,
+            num_grid_per_side=visual.num_grid_per_side,
+            mode=visual.interpolation_mode,
+            align_corners=visual.interpolation_align_corners,
+            spatial_merge_size=visual.config.spatial_merge_size,
+        )
     if device.type == "cuda":
         out = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
     out = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
@@ -255,8 +265,9 @@ class _DeepstackByIndex:
         pending = getattr(self.language, self.STATE)
         if pending is not None:
             visual_pos_masks, deepstack_visual_embeds = pending
-        return self.original(*args, visual_pos_masks=visual_pos_masks,
-                             deepstack_visual_embeds=deepstack_visual_embeds, **kwargs)
+        return self.original(
+            *args, visual_pos_masks=visual_pos_masks, deepstack_visual_embeds=deepstack_visual_embeds, **kwargs
+        )
 
     @classmethod
     def install(cls, language: torch.nn.Module) -> None:

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def mrope_positions(input_ids: Sequence[int], grids: Sequence[Sequence[int]], image_token_id: int,
-                    merge_size: int) -> np.ndarray:
+def mrope_positions(
+    input_ids: Sequence[int], grids: Sequence[Sequence[int]], image_token_id: int, merge_size: int
+) -> np.ndarray:
     """3-D rope positions of one sequence.
 
     Args:
@@ -39,15 +40,15 @@ def mrope_positions(input_ids: Sequence[int], grids: Sequence[Sequence[int]], im
         t, h, w = int(t), int(h) // merge_size, int(w) // merge_size
         start = int(np.argmax(is_image[cursor:])) + cursor if is_image[cursor:].any() else n
         count = t * h * w
-        if start + count > n or not is_image[start:start + count].all():
+        if start + count > n or not is_image[start : start + count].all():
             raise ValueError(f"an image of {t}x{h}x{w} tokens does not match the image tokens at position {start}")
         text = start - cursor
         out[:, cursor:start] = np.arange(position, position + text)
         position += text
         ti, hi, wi = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
-        out[0, start:start + count] = position + ti.reshape(-1)
-        out[1, start:start + count] = position + hi.reshape(-1)
-        out[2, start:start + count] = position + wi.reshape(-1)
+        out[0, start : start + count] = position + ti.reshape(-1)
+        out[1, start : start + count] = position + hi.reshape(-1)
+        out[2, start : start + count] = position + wi.reshape(-1)
         position += max(h, w)
         cursor = start + count
     if is_image[cursor:].any():

@@ -52,8 +52,15 @@ class ImageTextProcessor:
         self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
 
-    def __call__(self, text: list[str] | str | None = None, images: list | None = None, *,
-                 add_special_tokens: bool = True, return_tensors: str | None = None, **kwargs) -> dict:
+    def __call__(
+        self,
+        text: list[str] | str | None = None,
+        images: list | None = None,
+        *,
+        add_special_tokens: bool = True,
+        return_tensors: str | None = None,
+        **kwargs,
+    ) -> dict:
         """Image inputs for `images` (a flat list, in placeholder order) and the ids of `text` with each placeholder
         replaced by its image's tokens, like the transformers processors do."""
         out: dict[str, Any] = {}

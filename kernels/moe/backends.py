@@ -33,16 +33,27 @@ class GroupedOps(Protocol):
     rank_multiple: int  # LoRA ranks are zero-padded to a multiple of this (alignment of the GEMM operands)
     fuses_gather: bool  # gathers rows inside its GEMMs (else callers gather once and pass sorted rows)
 
-    def gmm(self, x: torch.Tensor, w: torch.Tensor, routing: Routing, *, gather: bool = False,
-            scatter: bool = False, row_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-            lora: Lora | None = None) -> torch.Tensor: ...
+    def gmm(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        routing: Routing,
+        *,
+        gather: bool = False,
+        scatter: bool = False,
+        row_scale: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        lora: Lora | None = None,
+    ) -> torch.Tensor: ...
 
-    def wgrad(self, p: torch.Tensor, q: torch.Tensor, routing: Routing, *, gather_p: bool = False,
-              gather_q: bool = False) -> torch.Tensor: ...
+    def wgrad(
+        self, p: torch.Tensor, q: torch.Tensor, routing: Routing, *, gather_p: bool = False, gather_q: bool = False
+    ) -> torch.Tensor: ...
 
 
-def _epilogue(out: torch.Tensor, routing: Routing, scatter: bool, row_scale: torch.Tensor | None,
-              bias: torch.Tensor | None) -> torch.Tensor:
+def _epilogue(
+    out: torch.Tensor, routing: Routing, scatter: bool, row_scale: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
     if bias is not None:
         out += bias[routing.expert.long()]
     if row_scale is not None:
@@ -147,16 +158,31 @@ class TritonOps:
         from hone.kernels.moe.grouped_gemm.launch import grouped_gemm_forward
 
         return grouped_gemm_forward(
-            x, w, routing.group_ends, gather=routing.token if gather else None,
-            scatter=routing.perm if scatter else None, row_scale=row_scale, bias=bias,
-            lora_x=lora[0] if lora is not None else None, lora_w=lora[1] if lora is not None else None,
-            lora_scale=lora[2] if lora is not None else 1.0, num_rows=routing.num_rows, cache=routing.cache)
+            x,
+            w,
+            routing.group_ends,
+            gather=routing.token if gather else None,
+            scatter=routing.perm if scatter else None,
+            row_scale=row_scale,
+            bias=bias,
+            lora_x=lora[0] if lora is not None else None,
+            lora_w=lora[1] if lora is not None else None,
+            lora_scale=lora[2] if lora is not None else 1.0,
+            num_rows=routing.num_rows,
+            cache=routing.cache,
+        )
 
     def wgrad(self, p, q, routing, *, gather_p=False, gather_q=False):
         from hone.kernels.moe.grouped_gemm.launch import grouped_gemm_wgrad
 
-        return grouped_gemm_wgrad(p, q, routing.group_ends, gather_p=routing.token if gather_p else None,
-                                  gather_q=routing.token if gather_q else None, num_rows=routing.num_rows)
+        return grouped_gemm_wgrad(
+            p,
+            q,
+            routing.group_ends,
+            gather_p=routing.token if gather_p else None,
+            gather_q=routing.token if gather_q else None,
+            num_rows=routing.num_rows,
+        )
 
 
 OPS: dict[str, type] = {"torch": TorchLoopOps, "grouped_mm": GroupedMmOps, "triton": TritonOps}

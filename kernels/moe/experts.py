@@ -111,9 +111,16 @@ SUM_BLOCK_BYTES = 64 * 2**20
 _SUM_BLOCK_ALIGN = 16  # columns per block a multiple of 16: 32-byte aligned slices for torch._grouped_mm
 
 
-def _gmm_summed_over_slots(ops: GroupedOps, x: torch.Tensor, w: torch.Tensor, routing: Routing, *,
-                           lora=None, bias: torch.Tensor | None = None,
-                           row_scale: torch.Tensor | None = None) -> torch.Tensor:
+def _gmm_summed_over_slots(
+    ops: GroupedOps,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    routing: Routing,
+    *,
+    lora=None,
+    bias: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(T, N) in x's dtype: for each token, the sum over its top-k slots of `ops.gmm(x, w, scatter=True, ...)`,
     computed `SUM_BLOCK_BYTES` of scattered rows at a time (see above). x: (S, K) sorted rows; w: (E, K, N)."""
     n_cols = w.shape[2]
@@ -126,8 +133,15 @@ def _gmm_summed_over_slots(ops: GroupedOps, x: torch.Tensor, w: torch.Tensor, ro
     for c0 in range(0, n_cols, block):
         cols = slice(c0, min(c0 + block, n_cols))
         part_lora = (lora[0], lora[1][:, :, cols], lora[2]) if lora is not None else None
-        rows = ops.gmm(x, w[:, :, cols], routing, lora=part_lora, bias=bias[:, cols] if bias is not None else None,
-                       row_scale=row_scale, scatter=True)
+        rows = ops.gmm(
+            x,
+            w[:, :, cols],
+            routing,
+            lora=part_lora,
+            bias=bias[:, cols] if bias is not None else None,
+            row_scale=row_scale,
+            scatter=True,
+        )
         torch.sum(rows.view(routing.num_tokens, routing.top_k, -1), dim=1, out=out[:, cols])
         del rows
     return out
@@ -155,8 +169,9 @@ class MoeExpertsFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, top_k_weights, w_up, b_up, w_down, b_down, a_up, b_up_lora, a_down, b_down_lora,
-                plan: _Plan):
+    def forward(
+        ctx, hidden, top_k_weights, w_up, b_up, w_down, b_down, a_up, b_up_lora, a_down, b_down_lora, plan: _Plan
+    ):
         r, ops = plan.routing, plan.ops
         dtype = w_up.dtype
         x = hidden.to(dtype)
@@ -216,21 +231,16 @@ class MoeExpertsFunction(torch.autograd.Function):
             u = ops.gmm(ds, b2.transpose(1, 2), r, gather=d_gather)
             u.mul_(plan.down_scale)
         fuse_down = a2 is not None and not plan.down_dropout
-        g = ops.gmm(ds, w_down.transpose(1, 2), r, gather=d_gather,
-                    lora=(u, a2.transpose(1, 2), 1.0) if fuse_down else None)  # d y / d h, per unit routing weight
+        g = ops.gmm(
+            ds, w_down.transpose(1, 2), r, gather=d_gather, lora=(u, a2.transpose(1, 2), 1.0) if fuse_down else None
+        )  # d y / d h, per unit routing weight
+        row_dots = None
         if fused_activation:
             # h again, d gate_up (over the saved gate_up when this graph runs backward only once) and the row dots
             h, d_gate_up, row_dots = swiglu_halves_grad(gate_up, g, row_weight, overwrite=plan.single_use)
             del gate_up
         if need[1]:
-            # d out / d w = <d_out[token], y>; expanding y keeps us from storing it: <g, h> (+ <u, drop(h) A>) + bias
-            d_row_weight = row_dots if fused_activation else (_wide(g) * _wide(h)).sum(-1)
-            if a2 is not None and plan.down_dropout:
-                d_row_weight += (_wide(u) * _wide(ha)).sum(-1)
-            if b_down is not None:
-                d_row_weight += (_wide(d_out) @ _wide(b_down).T)[r.token, r.expert.long()]
-            d_flat = torch.empty_like(d_row_weight).index_copy_(0, r.perm, d_row_weight)
-            grads[1] = d_flat.view(r.num_tokens, r.top_k).to(ctx.weights_dtype)
+            grads[1] = _routing_weight_grad(ctx, g, h, row_dots, u, ha, d_out, b_down)
         if not fused_activation:
             if a2 is not None and plan.down_dropout:
                 lora_g = ops.gmm(u, a2.transpose(1, 2), r)
@@ -239,55 +249,94 @@ class MoeExpertsFunction(torch.autograd.Function):
             d_gate_up = torch.autograd.grad(h_graph, gate_up_leaf, d_h)[0]
             del d_h, h_graph, gate_up_leaf
         del g
-
-        if a2 is not None:
-            hd = _dropped(h, plan.down_dropout, plan.down_seed) if plan.down_dropout else h
-            if need[8]:
-                grads[8] = ops.wgrad(hd, u * w_col.to(dtype), r).to(ctx.dtypes[2])
-            if need[9]:
-                d_b = ops.wgrad(ha * w_col.to(dtype), ds, r, gather_q=d_gather)
-                grads[9] = (d_b * plan.down_scale).to(ctx.dtypes[3])
-        if need[4]:
-            grads[4] = ops.wgrad(h * w_col.to(dtype), ds, r, gather_q=d_gather).to(w_down.dtype)
-        if need[5]:
-            rows = _wide(ds[r.token] if d_gather else ds) * w_col
-            summed = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert.long(), rows)
-            grads[5] = summed.to(b_down.dtype)
+        _down_weight_grads(ctx, grads, h, u, ha, ds, d_gather, w_col, dtype, w_down, b_down, a2)
         del h, u, ds
 
         # ---- up projection: gate_up = x[token] @ W_up + s (drop(x[token]) @ A) @ B + b
-        v = None  # s * d_gate_up @ B^T: the gradient of drop(x[token]) @ A
-        if a1 is not None:
-            v = ops.gmm(d_gate_up, b1.transpose(1, 2), r)
-            v.mul_(plan.up_scale)
-        if need[0]:
-            if a1 is not None and plan.up_dropout:
-                dx = ops.gmm(d_gate_up, w_up.transpose(1, 2), r)
-                dx += _dropped(ops.gmm(v, a1.transpose(1, 2), r), plan.up_dropout, plan.up_seed)
-                dx = _scatter_rows(dx, r)
-                grads[0] = dx.view(r.num_tokens, r.top_k, -1).sum(1).to(hidden.dtype)
-                del dx
-            else:
-                grads[0] = _gmm_summed_over_slots(ops, d_gate_up, w_up.transpose(1, 2), r,
-                                                  lora=(v, a1.transpose(1, 2), 1.0) if a1 is not None else None
-                                                  ).to(hidden.dtype)
-        reads_x = need[2] or (a1 is not None and need[6] and not plan.up_dropout)
-        xs, x_gather = _sorted_source(x, r, ops) if reads_x else (None, False)
-        if a1 is not None:
-            if need[6]:
-                if plan.up_dropout:
-                    grads[6] = ops.wgrad(_dropped(x[r.token], plan.up_dropout, plan.up_seed), v, r)
-                else:
-                    grads[6] = ops.wgrad(xs, v, r, gather_p=x_gather)
-                grads[6] = grads[6].to(ctx.dtypes[0])
-            if need[7]:
-                grads[7] = (ops.wgrad(xa, d_gate_up, r) * plan.up_scale).to(ctx.dtypes[1])
-        if need[2]:
-            grads[2] = ops.wgrad(xs, d_gate_up, r, gather_p=x_gather).to(w_up.dtype)
-        if need[3]:
-            rows = _wide(d_gate_up)
-            grads[3] = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert.long(), rows).to(w_up.dtype)
+        _up_grads(ctx, grads, d_gate_up, x, hidden, xa, w_up, a1, b1)
         return tuple(grads)
+
+
+def _routing_weight_grad(ctx, g, h, row_dots, u, ha, d_out, b_down) -> torch.Tensor:
+    """(T, K) d out / d routing weight = <d_out[token], y>; expanding y keeps us from storing it:
+    <g, h> (+ <u, drop(h) A>) + bias. `row_dots`: <g, h> per row when the fused activation gave it, else None;
+    `u`: None without LoRA on the down projection."""
+    plan: _Plan = ctx.plan
+    r = plan.routing
+    d_row_weight = row_dots if row_dots is not None else (_wide(g) * _wide(h)).sum(-1)
+    if u is not None and plan.down_dropout:
+        d_row_weight += (_wide(u) * _wide(ha)).sum(-1)
+    if b_down is not None:
+        d_row_weight += (_wide(d_out) @ _wide(b_down).T)[r.token, r.expert.long()]
+    d_flat = torch.empty_like(d_row_weight).index_copy_(0, r.perm, d_row_weight)
+    return d_flat.view(r.num_tokens, r.top_k).to(ctx.weights_dtype)
+
+
+def _down_weight_grads(ctx, grads, h, u, ha, ds, d_gather, w_col, dtype, w_down, b_down, a2) -> None:
+    """Into `grads`: the down projection's LoRA factors (8, 9), weight (4) and bias (5), where they are needed."""
+    plan: _Plan = ctx.plan
+    r, ops = plan.routing, plan.ops
+    need = ctx.needs_input_grad
+    dtype = w_down.dtype
+    if a2 is not None:
+        hd = _dropped(h, plan.down_dropout, plan.down_seed) if plan.down_dropout else h
+        if need[8]:
+            grads[8] = ops.wgrad(hd, u * w_col.to(dtype), r).to(ctx.dtypes[2])
+        if need[9]:
+            d_b = ops.wgrad(ha * w_col.to(dtype), ds, r, gather_q=d_gather)
+            grads[9] = (d_b * plan.down_scale).to(ctx.dtypes[3])
+    if need[4]:
+        grads[4] = ops.wgrad(h * w_col.to(dtype), ds, r, gather_q=d_gather).to(w_down.dtype)
+    if need[5]:
+        rows = _wide(ds[r.token] if d_gather else ds) * w_col
+        summed = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert.long(), rows)
+        grads[5] = summed.to(b_down.dtype)
+
+
+def _up_grads(ctx, grads, d_gate_up, x, hidden, xa, w_up, a1, b1) -> None:
+    """Into `grads`: the layer input's (0), the up projection's weight (2), bias (3) and LoRA factors (6, 7)."""
+    plan: _Plan = ctx.plan
+    r, ops = plan.routing, plan.ops
+    need = ctx.needs_input_grad
+    v = None  # s * d_gate_up @ B^T: the gradient of drop(x[token]) @ A
+    if a1 is not None:
+        v = ops.gmm(d_gate_up, b1.transpose(1, 2), r)
+        v.mul_(plan.up_scale)
+    if need[0]:
+        grads[0] = _input_grad(plan, d_gate_up, v, w_up, a1, hidden.dtype)
+    reads_x = need[2] or (a1 is not None and need[6] and not plan.up_dropout)
+    xs, x_gather = _sorted_source(x, r, ops) if reads_x else (None, False)
+    if a1 is not None:
+        if need[6]:
+            if plan.up_dropout:
+                grads[6] = ops.wgrad(_dropped(x[r.token], plan.up_dropout, plan.up_seed), v, r)
+            else:
+                grads[6] = ops.wgrad(xs, v, r, gather_p=x_gather)
+            grads[6] = grads[6].to(ctx.dtypes[0])
+        if need[7]:
+            grads[7] = (ops.wgrad(xa, d_gate_up, r) * plan.up_scale).to(ctx.dtypes[1])
+    if need[2]:
+        grads[2] = ops.wgrad(xs, d_gate_up, r, gather_p=x_gather).to(w_up.dtype)
+    if need[3]:
+        rows = _wide(d_gate_up)
+        grads[3] = rows.new_zeros(r.num_experts, rows.shape[1]).index_add_(0, r.expert.long(), rows).to(w_up.dtype)
+
+
+def _input_grad(plan: _Plan, d_gate_up, v, w_up, a1, out_dtype: torch.dtype) -> torch.Tensor:
+    """(T, H) in `out_dtype`: the layer input's gradient, summed over each token's top-k rows."""
+    r, ops = plan.routing, plan.ops
+    if a1 is not None and plan.up_dropout:
+        dx = ops.gmm(d_gate_up, w_up.transpose(1, 2), r)
+        dx += _dropped(ops.gmm(v, a1.transpose(1, 2), r), plan.up_dropout, plan.up_seed)
+        dx = _scatter_rows(dx, r)
+        return dx.view(r.num_tokens, r.top_k, -1).sum(1).to(out_dtype)
+    return _gmm_summed_over_slots(
+        ops,
+        d_gate_up,
+        w_up.transpose(1, 2),
+        r,
+        lora=(v, a1.transpose(1, 2), 1.0) if a1 is not None else None,
+    ).to(out_dtype)
 
 
 def _pad_rank(lora: LoraFactors, multiple: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,10 +348,19 @@ def _pad_rank(lora: LoraFactors, multiple: int) -> tuple[torch.Tensor, torch.Ten
     return F.pad(lora.a, (0, extra)), F.pad(lora.b, (0, 0, 0, extra))
 
 
-def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                weights: ExpertWeights, ops: GroupedOps, *, lora_up: LoraFactors | None = None,
-                lora_down: LoraFactors | None = None, training: bool = False,
-                routing: Routing | None = None, single_use: bool = False) -> torch.Tensor:
+def moe_experts(
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    weights: ExpertWeights,
+    ops: GroupedOps,
+    *,
+    lora_up: LoraFactors | None = None,
+    lora_down: LoraFactors | None = None,
+    training: bool = False,
+    routing: Routing | None = None,
+    single_use: bool = False,
+) -> torch.Tensor:
     """The experts layer (formulas in `MoeExpertsFunction`) on one backend.
 
     Args:
@@ -331,17 +389,33 @@ def moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
     # Dropout seeds come from torch's CPU generator (no device sync), so they follow torch.manual_seed and
     # activation checkpointing's saved RNG state replays them.
     seeds = torch.randint(0, 2**62, (2,)).tolist() if dropout(lora_up) or dropout(lora_down) else [0, 0]
-    plan = _Plan(routing=routing, ops=ops, activation=weights.activation, silu_halves=weights.silu_halves,
-                 single_use=single_use,
-                 up_scale=lora_up.scale if lora_up else 0.0, down_scale=lora_down.scale if lora_down else 0.0,
-                 up_dropout=dropout(lora_up), down_dropout=dropout(lora_down), up_seed=seeds[0], down_seed=seeds[1])
-    return MoeExpertsFunction.apply(hidden, top_k_weights, weights.up, weights.up_bias, weights.down,
-                                    weights.down_bias, *factors, plan)
+    plan = _Plan(
+        routing=routing,
+        ops=ops,
+        activation=weights.activation,
+        silu_halves=weights.silu_halves,
+        single_use=single_use,
+        up_scale=lora_up.scale if lora_up else 0.0,
+        down_scale=lora_down.scale if lora_down else 0.0,
+        up_dropout=dropout(lora_up),
+        down_dropout=dropout(lora_down),
+        up_seed=seeds[0],
+        down_seed=seeds[1],
+    )
+    return MoeExpertsFunction.apply(
+        hidden, top_k_weights, weights.up, weights.up_bias, weights.down, weights.down_bias, *factors, plan
+    )
 
 
-def moe_experts_reference(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                          weights: ExpertWeights, *, lora_up: LoraFactors | None = None,
-                          lora_down: LoraFactors | None = None) -> torch.Tensor:
+def moe_experts_reference(
+    hidden: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    weights: ExpertWeights,
+    *,
+    lora_up: LoraFactors | None = None,
+    lora_down: LoraFactors | None = None,
+) -> torch.Tensor:
     """The same layer expert by expert with W + scale * A @ B formed, plain autograd, no dropout (for tests)."""
     out = torch.zeros_like(hidden)
     for e in range(weights.up.shape[0]):

@@ -34,8 +34,9 @@ def _swiglu_halves_forward_kernel(gu_ptr, h_ptr, n_cols, stride_gu, stride_h, BL
 
 
 @triton.jit
-def _swiglu_halves_backward_kernel(gu_ptr, g_ptr, w_ptr, h_ptr, dgu_ptr, dw_ptr, n_cols, stride_gu, stride_g,
-                                   stride_h, stride_dgu, BLOCK: tl.constexpr):
+def _swiglu_halves_backward_kernel(
+    gu_ptr, g_ptr, w_ptr, h_ptr, dgu_ptr, dw_ptr, n_cols, stride_gu, stride_g, stride_h, stride_dgu, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     weight = tl.load(w_ptr + row).to(tl.float32)
     dot = tl.full((BLOCK,), 0.0, tl.float32)
@@ -51,8 +52,11 @@ def _swiglu_halves_backward_kernel(gu_ptr, g_ptr, w_ptr, h_ptr, dgu_ptr, dw_ptr,
         tl.store(h_ptr + row * stride_h + cols, h, mask=mask)
         dot += g * h.to(tl.float32)
         dh = g * weight
-        tl.store(dgu_ptr + row * stride_dgu + cols,
-                 (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            dgu_ptr + row * stride_dgu + cols,
+            (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty),
+            mask=mask,
+        )
         tl.store(dgu_ptr + row * stride_dgu + n_cols + cols, (dh * act).to(dgu_ptr.dtype.element_ty), mask=mask)
     tl.store(dw_ptr + row, tl.reduce(dot, 0, sum_combine))
 
@@ -70,12 +74,14 @@ def swiglu_halves_forward(gate_up: torch.Tensor) -> torch.Tensor:
     h = torch.empty(rows, width // 2, dtype=gate_up.dtype, device=gate_up.device)
     if rows:
         launcher(_swiglu_halves_forward_kernel, gate_up.device)[(rows,)](
-            gate_up, h, width // 2, gate_up.stride(0), h.stride(0), BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+            gate_up, h, width // 2, gate_up.stride(0), h.stride(0), BLOCK=_BLOCK, num_warps=_NUM_WARPS
+        )
     return h
 
 
-def swiglu_halves_backward(gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor,
-                           overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def swiglu_halves_backward(
+    gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor, overwrite: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The activation's backward for the experts layer, in one pass.
 
     Qwen-style experts compute one (S, 2I) product `gate_up = x @ W_gate_up[e]` and apply `silu(gate_up[:, :I]) *
@@ -105,8 +111,20 @@ def swiglu_halves_backward(gate_up: torch.Tensor, g: torch.Tensor, row_weight: t
     dots = torch.empty(rows, dtype=torch.float32, device=gate_up.device)
     if rows:
         launcher(_swiglu_halves_backward_kernel, gate_up.device)[(rows,)](
-            gate_up, g, row_weight, h, d_gate_up, dots, width // 2, gate_up.stride(0), g.stride(0), h.stride(0),
-            d_gate_up.stride(0), BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+            gate_up,
+            g,
+            row_weight,
+            h,
+            d_gate_up,
+            dots,
+            width // 2,
+            gate_up.stride(0),
+            g.stride(0),
+            h.stride(0),
+            d_gate_up.stride(0),
+            BLOCK=_BLOCK,
+            num_warps=_NUM_WARPS,
+        )
     return h, d_gate_up, dots
 
 
@@ -116,8 +134,9 @@ def swiglu_halves_reference(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def swiglu_halves_grad_reference(gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor,
-                                 overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def swiglu_halves_grad_reference(
+    gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor, overwrite: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`swiglu_halves_backward` in torch, with the kernel's roundings (float32 math on the 16-bit inputs)."""
     dtype = gate_up.dtype
     gate, up = gate_up.float().chunk(2, dim=-1)
@@ -140,8 +159,9 @@ def swiglu_halves(gate_up: torch.Tensor) -> torch.Tensor:
     return swiglu_halves_reference(gate_up)
 
 
-def swiglu_halves_grad(gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor,
-                       overwrite: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def swiglu_halves_grad(
+    gate_up: torch.Tensor, g: torch.Tensor, row_weight: torch.Tensor, overwrite: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h, d_gate_up, <g, h> per row): see `swiglu_halves_backward`; the reference where the kernel cannot run."""
     if use_triton(gate_up, g, row_weight) and _rows_ok(gate_up) and _rows_ok(g) and gate_up.shape[1] % 2 == 0:
         return swiglu_halves_backward(gate_up, g, row_weight.contiguous(), overwrite)

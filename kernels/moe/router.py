@@ -31,9 +31,19 @@ _NEG = -1.0e30  # masked logits (softmax weight exactly 0, and no inf - inf)
 
 
 @triton.jit
-def _router_top_k_forward_kernel(logits_ptr, weights_ptr, index_ptr, n_rows, n_experts, stride_row,
-                                 TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
-                                 BLOCK_E: tl.constexpr, NEG: tl.constexpr):
+def _router_top_k_forward_kernel(
+    logits_ptr,
+    weights_ptr,
+    index_ptr,
+    n_rows,
+    n_experts,
+    stride_row,
+    TOP_K: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    NEG: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_E)
     mask = (rows < n_rows)[:, None] & (cols < n_experts)[None, :]
@@ -66,10 +76,23 @@ def _router_top_k_forward_kernel(logits_ptr, weights_ptr, index_ptr, n_rows, n_e
 
 
 @triton.jit
-def _router_top_k_backward_kernel(logits_ptr, index_ptr, grad_ptr, d_logits_ptr, n_rows, n_experts, stride_row,
-                                  stride_grad_row, stride_grad_col, stride_d_row,
-                                  TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
-                                  BLOCK_E: tl.constexpr, NEG: tl.constexpr):
+def _router_top_k_backward_kernel(
+    logits_ptr,
+    index_ptr,
+    grad_ptr,
+    d_logits_ptr,
+    n_rows,
+    n_experts,
+    stride_row,
+    stride_grad_row,
+    stride_grad_col,
+    stride_d_row,
+    TOP_K: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    NEG: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_E)
     mask = (rows < n_rows)[:, None] & (cols < n_experts)[None, :]
@@ -102,8 +125,11 @@ def _router_top_k_backward_kernel(logits_ptr, index_ptr, grad_ptr, d_logits_ptr,
         d_p = tl.where(cols[None, :] == pick[:, None], ((g - mean) / total)[:, None], d_p)
     # softmax backward: d z = p * (d p - <p, d p>)
     d_z = p * (d_p - tl.reduce(p * d_p, 1, sum_combine)[:, None])
-    tl.store(d_logits_ptr + rows.to(tl.int64)[:, None] * stride_d_row + cols[None, :],
-             d_z.to(d_logits_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        d_logits_ptr + rows.to(tl.int64)[:, None] * stride_d_row + cols[None, :],
+        d_z.to(d_logits_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def _blocks(n_experts: int) -> tuple[int, int]:
@@ -119,23 +145,48 @@ def router_top_k_forward(logits: torch.Tensor, top_k: int, normalize: bool) -> t
     if rows:
         block_t, block_e = _blocks(n_experts)
         launcher(_router_top_k_forward_kernel, logits.device)[(cdiv(rows, block_t),)](
-            logits, weights, index, rows, n_experts, logits.stride(0),
-            TOP_K=top_k, NORMALIZE=bool(normalize), BLOCK_T=block_t, BLOCK_E=block_e, NEG=_NEG, num_warps=_NUM_WARPS)
+            logits,
+            weights,
+            index,
+            rows,
+            n_experts,
+            logits.stride(0),
+            TOP_K=top_k,
+            NORMALIZE=bool(normalize),
+            BLOCK_T=block_t,
+            BLOCK_E=block_e,
+            NEG=_NEG,
+            num_warps=_NUM_WARPS,
+        )
     return weights, index
 
 
-def router_top_k_backward(logits: torch.Tensor, index: torch.Tensor, d_weights: torch.Tensor,
-                          normalize: bool) -> torch.Tensor:
+def router_top_k_backward(
+    logits: torch.Tensor, index: torch.Tensor, d_weights: torch.Tensor, normalize: bool
+) -> torch.Tensor:
     """Launch the backward kernel: the gradient of the (T, E) logits (their dtype) from that of the weights."""
     rows, n_experts = logits.shape
     d_logits = torch.empty_like(logits, memory_format=torch.contiguous_format)
     if rows:
         block_t, block_e = _blocks(n_experts)
         launcher(_router_top_k_backward_kernel, logits.device)[(cdiv(rows, block_t),)](
-            logits, index, d_weights, d_logits, rows, n_experts, logits.stride(0),
-            d_weights.stride(0), d_weights.stride(1), d_logits.stride(0),
-            TOP_K=index.shape[1], NORMALIZE=bool(normalize), BLOCK_T=block_t, BLOCK_E=block_e, NEG=_NEG,
-            num_warps=_NUM_WARPS)
+            logits,
+            index,
+            d_weights,
+            d_logits,
+            rows,
+            n_experts,
+            logits.stride(0),
+            d_weights.stride(0),
+            d_weights.stride(1),
+            d_logits.stride(0),
+            TOP_K=index.shape[1],
+            NORMALIZE=bool(normalize),
+            BLOCK_T=block_t,
+            BLOCK_E=block_e,
+            NEG=_NEG,
+            num_warps=_NUM_WARPS,
+        )
     return d_logits
 
 
@@ -185,8 +236,13 @@ def router_top_k(logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[tor
     n_experts = logits.shape[-1]
     if not 0 < top_k <= n_experts:
         raise ValueError(f"top_k = {top_k} must be in [1, {n_experts}] (the number of experts)")
-    if (logits.dim() != 2 or n_experts > _MAX_EXPERTS or max_combine is None or logits.stride(-1) != 1
-            or not use_triton(logits)):
+    if (
+        logits.dim() != 2
+        or n_experts > _MAX_EXPERTS
+        or max_combine is None
+        or logits.stride(-1) != 1
+        or not use_triton(logits)
+    ):
         return router_top_k_reference(logits, top_k, normalize)
     if torch.is_grad_enabled() and logits.requires_grad:
         return RouterTopKFunction.apply(logits, int(top_k), bool(normalize))

@@ -72,8 +72,15 @@ def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
     # searchsorted on the sorted ids gives each group's end directly: no bincount (which syncs on CUDA to size
     # its output), no atomics, deterministic.
     group_ends = torch.searchsorted(expert, _boundaries(num_experts, expert.dtype, flat.device), out_int32=True)
-    return Routing(perm=perm, token=torch.div(perm, top_k, rounding_mode="floor"), expert=expert,
-                   group_ends=group_ends, num_tokens=num_tokens, top_k=top_k, num_experts=num_experts)
+    return Routing(
+        perm=perm,
+        token=torch.div(perm, top_k, rounding_mode="floor"),
+        expert=expert,
+        group_ends=group_ends,
+        num_tokens=num_tokens,
+        top_k=top_k,
+        num_experts=num_experts,
+    )
 
 
 _BOUNDARIES: dict[tuple, torch.Tensor] = {}

@@ -32,7 +32,7 @@ def settle_tasks(qtbot, timeout_ms: int = 10_000) -> None:
     MainWindow.closeEvent blocks this thread in Task.wait(10 s): a window closed right after a Task's work ended
     would sit out those 10 s with nothing left to do.
     """
-    from hone.app.threads import Task
+    from hone.app.workers import Task
 
     deadline = time.monotonic() + timeout_ms / 1000
     while Task.running() and time.monotonic() < deadline:

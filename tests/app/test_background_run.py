@@ -60,8 +60,9 @@ def test_a_background_run_outlives_the_window(qtbot, make_window, tiny_model_dir
 
 
 @pytest.mark.skipif(os.name != "posix", reason="runs train in a child process on Linux only")
-def test_a_run_without_the_box_trains_in_a_child_and_stops_when_the_window_closes(qtbot, make_window,
-                                                                                 tiny_model_dir, monkeypatch):
+def test_a_run_without_the_box_trains_in_a_child_and_stops_when_the_window_closes(
+    qtbot, make_window, tiny_model_dir, monkeypatch
+):
     window = make_window()
     ready_to_start(window, tiny_model_dir)
     window.state.update("train.max_steps=500", "output.checkpoint_every=0")

@@ -8,7 +8,7 @@ import json
 from hone.core import events
 from hone.core.config import RunConfig
 from hone.core.demo.text_data import make_dataset
-from hone.core.prompts import read_prompts
+from hone.core.inference.prompts import read_prompts
 from hone.core.train.trainer import Trainer
 from tests.core.conftest import write_rows
 
@@ -17,10 +17,18 @@ def test_evaluate_scores_both_models_on_the_runs_eval_rows(qtbot, make_window, t
     rows_train, rows_eval = make_dataset(n_train=24, n_eval=4, seed=3)
     train, eval_file = write_rows(tmp_path / "train.jsonl", rows_train), write_rows(tmp_path / "eval.jsonl", rows_eval)
     runs = settings.config().output.runs_dir
-    config = RunConfig().with_overrides([
-        f"model.name_or_path={json.dumps(str(tiny_model_dir('tiny-dense')))}", f"data.train=[{json.dumps(str(train))}]",
-        f"data.eval=[{json.dumps(str(eval_file))}]", f"output.runs_dir={json.dumps(runs)}", "output.name=scored",
-        "data.max_length=256", "train.batch_tokens=256", "train.max_steps=2"])
+    config = RunConfig().with_overrides(
+        [
+            f"model.name_or_path={json.dumps(str(tiny_model_dir('tiny-dense')))}",
+            f"data.train=[{json.dumps(str(train))}]",
+            f"data.eval=[{json.dumps(str(eval_file))}]",
+            f"output.runs_dir={json.dumps(runs)}",
+            "output.name=scored",
+            "data.max_length=256",
+            "train.batch_tokens=256",
+            "train.max_steps=2",
+        ]
+    )
     assert isinstance(list(Trainer(config, device="cpu").run())[-1], events.RunFinished)
 
     window = make_window()

@@ -46,8 +46,16 @@ def test_load_models_is_off_while_a_run_trains(qtbot, make_window):
     release = threading.Event()
 
     def waiting(config, control, resume=None):
-        yield RunStarted(run_dir="/tmp/x", model="m", device="cpu", dtype="float32", params_total=1,
-                         params_trainable=1, total_steps=1, tokens_per_epoch=1)
+        yield RunStarted(
+            run_dir="/tmp/x",
+            model="m",
+            device="cpu",
+            dtype="float32",
+            params_total=1,
+            params_trainable=1,
+            total_steps=1,
+            tokens_per_epoch=1,
+        )
         release.wait(10)
         yield RunFinished(step=0, run_dir="/tmp/x", adapter_dir="", final_loss=1.0, elapsed=0.1, stopped=True)
 

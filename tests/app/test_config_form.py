@@ -52,9 +52,16 @@ def test_every_field_has_an_editor_built_from_its_metadata(qtbot):
 def test_form_round_trips_a_config_and_set_config_emits_nothing(qtbot):
     form = ConfigForm()
     qtbot.addWidget(form)
-    config = RunConfig().with_overrides(["lora.r=64", "train.lr=3e-5", "speed.checkpoint=\"offload\"",
-                                         "lora.targets=\"q_proj,v_proj\"", "lora.rslora=true",
-                                         "data.train=[\"a.jsonl\", \"b.jsonl\"]"])
+    config = RunConfig().with_overrides(
+        [
+            "lora.r=64",
+            "train.lr=3e-5",
+            'speed.checkpoint="offload"',
+            'lora.targets="q_proj,v_proj"',
+            "lora.rslora=true",
+            'data.train=["a.jsonl", "b.jsonl"]',
+        ]
+    )
     changes = []
     form.changed.connect(lambda: changes.append(1))
     form.set_config(config)
@@ -125,8 +132,18 @@ def test_moe_backend_is_disabled_for_dense_models_and_explains_auto(qtbot, windo
     assert combo.isEnabled() and "Auto" in page.form.note(key)
     from hone.core.events import RunStarted
 
-    window.state.session.event.emit(RunStarted(run_dir="r", model="m", device="cuda", dtype="bfloat16",
-                                               params_total=1, params_trainable=1, total_steps=1,
-                                               tokens_per_epoch=1, is_moe=True,
-                                               speed_paths={"moe": "grouped_mm (probed 3.1 ms vs triton 3.4 ms)"}))
+    window.state.session.event.emit(
+        RunStarted(
+            run_dir="r",
+            model="m",
+            device="cuda",
+            dtype="bfloat16",
+            params_total=1,
+            params_trainable=1,
+            total_steps=1,
+            tokens_per_epoch=1,
+            is_moe=True,
+            speed_paths={"moe": "grouped_mm (probed 3.1 ms vs triton 3.4 ms)"},
+        )
+    )
     assert "grouped_mm (probed" in page.form.note(key)

@@ -14,8 +14,10 @@ pytest.importorskip("hone.core.data.inspect", reason="the dataset inspector has 
 
 
 def _write_rows(path):
-    good = [{"messages": [{"role": "user", "content": f"Say {w}"}, {"role": "assistant", "content": f"{w}!"}]}
-            for w in ("alpha", "beta", "gamma")]
+    good = [
+        {"messages": [{"role": "user", "content": f"Say {w}"}, {"role": "assistant", "content": f"{w}!"}]}
+        for w in ("alpha", "beta", "gamma")
+    ]
     lines = [json.dumps(r) for r in good]
     lines.insert(1, '{"messages": [{"role": "user", "content": "cut off')  # broken JSON
     lines.append(json.dumps({"messages": [{"role": "user", "content": "no answer"}]}))  # nothing to train
@@ -97,10 +99,15 @@ def test_every_skip_reason_is_in_view_and_eval_data_is_checked_too(qtbot, window
     from PySide6.QtWidgets import QApplication
 
     window.state.update(f'model.name_or_path="{tiny_model_dir("tiny-dense").as_posix()}"')
-    rows = [b'{"messages": [{"role": "user", "content": "cut off', b"[1, 2]", b'{"a": 1}',
-            json.dumps({"messages": [{"role": "user", "content": "no answer"}]}).encode(), b'{"messages": "\xff"}',
-            json.dumps({"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "y"}]}),
-            json.dumps({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "y"}]})]
+    rows = [
+        b'{"messages": [{"role": "user", "content": "cut off',
+        b"[1, 2]",
+        b'{"a": 1}',
+        json.dumps({"messages": [{"role": "user", "content": "no answer"}]}).encode(),
+        b'{"messages": "\xff"}',
+        json.dumps({"messages": [{"role": "wizard", "content": "x"}, {"role": "assistant", "content": "y"}]}),
+        json.dumps({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "y"}]}),
+    ]
     train = tmp_path / "train.jsonl"
     train.write_bytes(b"\n".join(r if isinstance(r, bytes) else r.encode() for r in rows) + b"\n")
     held = tmp_path / "held.jsonl"

@@ -71,12 +71,20 @@ def test_the_chosen_type_reaches_the_exported_file(qtbot, window, tiny_run, fmt,
 
 
 def test_checks_become_pass_and_fail_rows():
-    checks = {"gguf.logits.max_abs_diff": 0.2, "gguf.logits.max_rel_diff": 0.5, "gguf.logits.tolerance": 0.03,
-              "gguf.tokenizer.encoding": "ok", "gguf.metadata": "FAILED: the file has no general.name",
-              "gguf.tensors.q4_0.max_rel_error": 0.09, "gguf.tensors.q4_0.tolerance": 0.14,
-              "gguf.vocab.pre_tokenizer": "gpt-2"}
-    failures = ["logits of the GGUF: 0.5 exceeds the tolerance 0.03 (gguf.logits.max_rel_diff)",
-                "the file has no general.name"]
+    checks = {
+        "gguf.logits.max_abs_diff": 0.2,
+        "gguf.logits.max_rel_diff": 0.5,
+        "gguf.logits.tolerance": 0.03,
+        "gguf.tokenizer.encoding": "ok",
+        "gguf.metadata": "FAILED: the file has no general.name",
+        "gguf.tensors.q4_0.max_rel_error": 0.09,
+        "gguf.tensors.q4_0.tolerance": 0.14,
+        "gguf.vocab.pre_tokenizer": "gpt-2",
+    }
+    failures = [
+        "logits of the GGUF: 0.5 exceeds the tolerance 0.03 (gguf.logits.max_rel_diff)",
+        "the file has no general.name",
+    ]
     assert check_rows(checks, failures) == [
         CheckRow(False, "gguf › logits", "max rel diff 0.5 > tolerance 0.03"),
         CheckRow(True, "gguf › tokenizer › encoding"),

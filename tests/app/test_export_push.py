@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hone.app.threads import TaskError
+from hone.app.workers import TaskError
 from tests.helpers.fake_hub import use_fake_hub
 
 WRITE_TOKEN = "hf_write_token_alice"
@@ -71,8 +71,7 @@ def test_push_an_export_and_see_its_url(qtbot, window, tiny_run, hub, monkeypatc
     qtbot.waitUntil(page.push_button.isEnabled, timeout=5000)  # ready for another push
 
 
-def test_a_token_that_cannot_write_shows_the_refusal_and_advice(qtbot, window, tiny_run, hub, monkeypatch,
-                                                               tmp_path):
+def test_a_token_that_cannot_write_shows_the_refusal_and_advice(qtbot, window, tiny_run, hub, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", "hf_read_token")
     page = window.page("export")
     _export(qtbot, page, tiny_run, tmp_path / "adapter")

@@ -20,8 +20,13 @@ def hub(monkeypatch, tmp_path, request):
     hub = use_fake_hub(monkeypatch, tmp_path)
     request.addfinalizer(hub.stop)
     config = make_config("tiny-dense").to_json_string().encode()
-    hub.add_model("org/tiny-chat", {"config.json": config, "model.safetensors": WEIGHTS}, downloads=42,
-                  license="apache-2.0", parameters={"BF16": 1_500_000})
+    hub.add_model(
+        "org/tiny-chat",
+        {"config.json": config, "model.safetensors": WEIGHTS},
+        downloads=42,
+        license="apache-2.0",
+        parameters={"BF16": 1_500_000},
+    )
     hub.add_model("org/tiny-gated", {"config.json": config}, downloads=7, gated="manual", license="llama3")
     return hub
 
@@ -118,4 +123,3 @@ def test_a_gated_model_and_an_unreachable_hub_are_explained_in_the_dialog(qtbot,
     dialog.query.clear()
     _search(qtbot, dialog, "tiny")
     assert "cannot be reached" in dialog.status.text() and dialog.status.property("role") == "error"
-

@@ -14,8 +14,9 @@ def estimate_on(qtbot, window, memory):
     earlier = train.estimate_task
     window.show_page("train")
     train._estimate_timer.start()
-    qtbot.waitUntil(lambda: train.estimate_task not in (None, earlier) and not train.estimate_task.is_running(),
-                    timeout=60_000)
+    qtbot.waitUntil(
+        lambda: train.estimate_task not in (None, earlier) and not train.estimate_task.is_running(), timeout=60_000
+    )
     qtbot.wait(50)  # the result's callback, queued to this thread
     return train
 
@@ -26,8 +27,10 @@ def test_a_run_that_fits_says_how_much_of_the_gpu_it_needs(qtbot, make_window, t
     qtbot.waitUntil(lambda: window.state.model_info is not None, timeout=60_000)
     train = estimate_on(qtbot, window, Memory(24 * GIB, "NVIDIA GeForce RTX 4090"))
     assert train.memory.fits is True
-    assert train.memory.text.text().startswith("Needs ≈ ") and "of 24.0 GiB on NVIDIA GeForce RTX 4090" in \
-        train.memory.text.text()
+    assert (
+        train.memory.text.text().startswith("Needs ≈ ")
+        and "of 24.0 GiB on NVIDIA GeForce RTX 4090" in train.memory.text.text()
+    )
     assert "each MLP is back-propagated whole" in train.memory.text.text()  # a tiny model: memory to spare
     assert not train.memory.fix_button.isVisible()
     assert [name for name, _ in train.memory.bar.parts][:2] == ["weights", "vocabulary tables"]

@@ -7,8 +7,8 @@ import pytest
 from PySide6.QtCore import QPoint, QRect, Qt
 from PySide6.QtWidgets import QAbstractButton, QAbstractScrollArea, QApplication, QScrollArea
 
-from hone.app.run_checks import Machine
 from hone.app.window import PAGE_NAMES
+from hone.core.api import MachineFacts
 
 
 def _visible_area(widget, window) -> QRect:
@@ -21,7 +21,7 @@ def _visible_area(widget, window) -> QRect:
             top_left = viewport.mapTo(window, QPoint(0, 0))
             area = QRect(top_left, viewport.size())
             # vertical scrolling reaches everything: judge only the sides
-            return QRect(area.left(), -10**6, area.width(), 2 * 10**6)
+            return QRect(area.left(), -(10**6), area.width(), 2 * 10**6)
         parent = parent.parentWidget()
     return window.rect()
 
@@ -31,10 +31,16 @@ def clipped_buttons(window) -> list[str]:
     for area in window.findChildren(QScrollArea):
         content = area.widget()
         fixed_width = area.horizontalScrollBarPolicy() == Qt.ScrollBarAlwaysOff
-        if area.isVisibleTo(window) and content is not None and fixed_width \
-                and content.width() > area.viewport().width():
-            problems.append(f"the page is {content.width()} px wide in a {area.viewport().width()} px view: its right "
-                            "side is cut off")
+        if (
+            area.isVisibleTo(window)
+            and content is not None
+            and fixed_width
+            and content.width() > area.viewport().width()
+        ):
+            problems.append(
+                f"the page is {content.width()} px wide in a {area.viewport().width()} px view: its right "
+                "side is cut off"
+            )
     for button in window.findChildren(QAbstractButton):
         if not button.isVisibleTo(window) or button.window() is not window:
             continue
@@ -49,7 +55,7 @@ def clipped_buttons(window) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGE_NAMES)
 def test_no_button_is_cut_off_at_the_minimum_size(make_window, page):
-    window = make_window(machine=Machine(gpu=""))
+    window = make_window(machine=MachineFacts(gpu=""))
     window.resize(980, 640)
     window.show_page(page)
     for _ in range(3):

@@ -26,9 +26,21 @@ def test_a_model_that_cannot_be_read_keeps_the_previous_one(qtbot, make_window, 
 
 
 def test_tiles_show_the_cached_model_at_start(make_window, settings):
-    info = {"name": "Org/Some-Model-1B", "params": 1_234_000_000, "source_kind": "hub", "is_moe": True,
-            "num_experts": 8, "experts_per_token": 2, "is_vision": False, "layers": 16, "hidden_size": 2048,
-            "vocab_size": 32000, "context_length": 4096, "architecture": "X", "model_type": "x"}
+    info = {
+        "name": "Org/Some-Model-1B",
+        "params": 1_234_000_000,
+        "source_kind": "hub",
+        "is_moe": True,
+        "num_experts": 8,
+        "experts_per_token": 2,
+        "is_vision": False,
+        "layers": 16,
+        "hidden_size": 2048,
+        "vocab_size": 32000,
+        "context_length": 4096,
+        "architecture": "X",
+        "model_type": "x",
+    }
     config = settings.config()
     config.model.name_or_path = info["name"]
     settings.set_config(config)
@@ -52,8 +64,15 @@ def test_changing_the_model_elsewhere_brings_its_own_details(make_window, settin
 def test_an_moe_model_shows_its_family_row_and_a_dense_one_hides_it(make_window, settings):
     """The family table's row (router, attention, what stays on transformers' path) for GLM-4.7-Flash; an MoE
     family without a row says so; a dense model shows no family card."""
-    info = {"name": "zai-org/GLM-4.7-Flash", "params": 30_000_000_000, "source_kind": "hub", "is_moe": True,
-            "num_experts": 64, "experts_per_token": 4, "model_type": "glm4_moe_lite"}
+    info = {
+        "name": "zai-org/GLM-4.7-Flash",
+        "params": 30_000_000_000,
+        "source_kind": "hub",
+        "is_moe": True,
+        "num_experts": 64,
+        "experts_per_token": 4,
+        "model_type": "glm4_moe_lite",
+    }
     window = make_window()
     page = window.page("model")
     page._show_info(info)

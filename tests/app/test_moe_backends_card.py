@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from hone.app.pages import train
-from hone.app.run_checks import Machine
+from hone.core.api import MachineFacts
 from hone.core.bench.moe_backends import measure_model_backends
 from hone.core.models.load import count_params, info_from_config
 from hone.core.models.shapes import build_model
@@ -22,9 +22,10 @@ def _moe_folder(tmp_path):
 def test_measuring_shows_each_backend_and_keeps_the_fastest(qtbot, make_window, tmp_path, monkeypatch):
     folder, info = _moe_folder(tmp_path)
     on_cpu = functools.partial(measure_model_backends, device="cpu", tokens=64, steps=1, warmup=0)
-    monkeypatch.setattr(train, "measure_backends", lambda model_cfg, progress=None: on_cpu(model_cfg,
-                                                                                            progress=progress))
-    window = make_window(machine=Machine(gpu="Test GPU"))
+    monkeypatch.setattr(
+        train, "measure_backends", lambda model_cfg, progress=None: on_cpu(model_cfg, progress=progress)
+    )
+    window = make_window(machine=MachineFacts(gpu="Test GPU"))
     window.state.set_model(str(folder), info)
     page = window.page("train")
     assert not page.moe_card.isHidden() and page.measure_button.isEnabled()
@@ -39,7 +40,7 @@ def test_measuring_shows_each_backend_and_keeps_the_fastest(qtbot, make_window, 
 
 def test_the_card_hides_for_dense_models_and_needs_a_gpu(make_window, tmp_path):
     folder, info = _moe_folder(tmp_path)
-    window = make_window(machine=Machine(gpu="", reason="no NVIDIA GPU"))
+    window = make_window(machine=MachineFacts(gpu="", reason="no NVIDIA GPU"))
     page = window.page("train")
     window.state.set_model(str(folder), info)
     assert not page.moe_card.isHidden()

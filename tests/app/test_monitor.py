@@ -16,18 +16,43 @@ GIB = 2**30
 
 
 def _started(t0: float, is_moe: bool = False) -> RunStarted:
-    return RunStarted(run_dir="/runs/r1", model="tiny", device="cpu", dtype="float32", params_total=1000,
-                      params_trainable=10, total_steps=TOTAL, tokens_per_epoch=5000, is_moe=is_moe,
-                      speed_paths={"attention": "sdpa (CPU)"}, time=t0)
+    return RunStarted(
+        run_dir="/runs/r1",
+        model="tiny",
+        device="cpu",
+        dtype="float32",
+        params_total=1000,
+        params_trainable=10,
+        total_steps=TOTAL,
+        tokens_per_epoch=5000,
+        is_moe=is_moe,
+        speed_paths={"attention": "sdpa (CPU)"},
+        time=t0,
+    )
 
 
 def _steps(t0: float, experts: int = 0) -> list[StepMetrics]:
     rng = np.random.default_rng(0)
-    return [StepMetrics(step=s, total_steps=TOTAL, epoch=s / TOTAL, loss=float(3.0 / s + rng.uniform(0, 0.3)),
-                        lr=2e-4 * (1 - s / TOTAL), grad_norm=1.0, tokens=1000, trained_tokens=400,
-                        tokens_per_s=1000.0 + s, step_time=0.5, elapsed=0.5 * s, mem_allocated=s * GIB // 8,
-                        mem_reserved=2 * GIB, expert_load=[s % 3, 1, 2, 3][:experts] if experts else [],
-                        time=t0 + 0.5 * s) for s in range(1, TOTAL + 1)]
+    return [
+        StepMetrics(
+            step=s,
+            total_steps=TOTAL,
+            epoch=s / TOTAL,
+            loss=float(3.0 / s + rng.uniform(0, 0.3)),
+            lr=2e-4 * (1 - s / TOTAL),
+            grad_norm=1.0,
+            tokens=1000,
+            trained_tokens=400,
+            tokens_per_s=1000.0 + s,
+            step_time=0.5,
+            elapsed=0.5 * s,
+            mem_allocated=s * GIB // 8,
+            mem_reserved=2 * GIB,
+            expert_load=[s % 3, 1, 2, 3][:experts] if experts else [],
+            time=t0 + 0.5 * s,
+        )
+        for s in range(1, TOTAL + 1)
+    ]
 
 
 def _reference_smoothing(values, beta=SMOOTHING):
@@ -122,8 +147,21 @@ def test_charts_redraw_at_most_ten_times_a_second(qtbot, window):
     burst = 300
     start = time.monotonic()
     for step in range(1, burst + 1):  # a burst of steps, with the event loop running in between
-        monitor.handle(StepMetrics(step=step, total_steps=10**6, epoch=0.0, loss=1.0, lr=1e-4, grad_norm=1.0,
-                                   tokens=1, trained_tokens=1, tokens_per_s=1.0, step_time=0.001, elapsed=0.0))
+        monitor.handle(
+            StepMetrics(
+                step=step,
+                total_steps=10**6,
+                epoch=0.0,
+                loss=1.0,
+                lr=1e-4,
+                grad_norm=1.0,
+                tokens=1,
+                trained_tokens=1,
+                tokens_per_s=1.0,
+                step_time=0.001,
+                elapsed=0.0,
+            )
+        )
         if step % 3 == 0:
             qtbot.wait(1)
     qtbot.wait(150)
@@ -149,15 +187,24 @@ def test_hidden_charts_accumulate_without_drawing(qtbot, window):
     assert len(calls) == 1 and len(curve.getData()[0]) == 5, "showing it draws every point at once"
 
 
-@pytest.mark.parametrize("advice, expected", [
-    ("lower train.batch_tokens, set speed.checkpoint = offload", "Lower train.batch_tokens"),
-    ("", "fewer tokens per batch"),  # core gave no advice: the app's own for out-of-memory
-])
+@pytest.mark.parametrize(
+    "advice, expected",
+    [
+        ("lower train.batch_tokens, set speed.checkpoint = offload", "Lower train.batch_tokens"),
+        ("", "fewer tokens per batch"),  # core gave no advice: the app's own for out-of-memory
+    ],
+)
 def test_a_failed_run_opens_a_dialog_with_reason_and_advice(qtbot, window, advice, expected):
     monitor = window.monitor
     monitor.handle(_started(time.time()))
-    monitor.handle(RunFailed(reason="CUDA out of memory. Tried to allocate 2.00 GiB", advice=advice, step=3,
-                             details="Traceback (most recent call last): ..."))
+    monitor.handle(
+        RunFailed(
+            reason="CUDA out of memory. Tried to allocate 2.00 GiB",
+            advice=advice,
+            step=3,
+            details="Traceback (most recent call last): ...",
+        )
+    )
     dialog = monitor.failure_dialog
     assert dialog is not None and dialog.isVisible()
     assert "out of memory" in dialog.text()
@@ -174,9 +221,18 @@ def test_a_past_run_replays_from_its_folder(window, tmp_path):
     writer = RunWriter(run_dir, RunConfig())
     t0 = time.time()
     steps = _steps(t0)
-    for event in [_started(t0), Notice(topic="attention", message="fell back to sdpa"), *steps,
-                  RunFinished(step=TOTAL, run_dir=str(run_dir), adapter_dir=str(run_dir / "adapter"),
-                              final_loss=steps[-1].loss, elapsed=20.0)]:
+    for event in [
+        _started(t0),
+        Notice(topic="attention", message="fell back to sdpa"),
+        *steps,
+        RunFinished(
+            step=TOTAL,
+            run_dir=str(run_dir),
+            adapter_dir=str(run_dir / "adapter"),
+            final_loss=steps[-1].loss,
+            elapsed=20.0,
+        ),
+    ]:
         writer.write(event)
     writer.close()
     window.monitor.show_run(run_dir)
@@ -186,10 +242,12 @@ def test_a_past_run_replays_from_its_folder(window, tmp_path):
     assert not window.monitor.pause_button.isEnabled() and not window.monitor.stop_button.isEnabled()
 
 
-@pytest.mark.parametrize(("source", "label"), [("gpu", "of 8.0 GiB"), ("system", "of 8.0 GiB (system)"),
-                                               ("unified", "of 8.0 GiB (unified memory)")])
+@pytest.mark.parametrize(
+    ("source", "label"),
+    [("gpu", "of 8.0 GiB"), ("system", "of 8.0 GiB (system)"), ("unified", "of 8.0 GiB (unified memory)")],
+)
 def test_memory_tile_names_where_memory_comes_from(window, source, label):
-    from hone.core.telemetry import TelemetrySample
+    from hone.core.machine.telemetry import TelemetrySample
 
     window.monitor.telemetry(TelemetrySample("NVIDIA GB10", source, 2 << 30, 8 << 30, 12.0, 50.0, 30.0))
     window.monitor.flush()

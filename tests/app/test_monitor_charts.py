@@ -28,13 +28,39 @@ def _rect_in(widget, ancestor) -> QRect:
 
 def _cosine_run(monitor, t0: float) -> list[float]:
     """A run of TOTAL steps with the usual cosine schedule from 2e-4 to 0, memory rising to the top right."""
-    monitor.handle(RunStarted(run_dir="/runs/r", model="tiny", device="cuda", dtype="bfloat16", params_total=10,
-                              params_trainable=1, total_steps=TOTAL, tokens_per_epoch=100, time=t0))
+    monitor.handle(
+        RunStarted(
+            run_dir="/runs/r",
+            model="tiny",
+            device="cuda",
+            dtype="bfloat16",
+            params_total=10,
+            params_trainable=1,
+            total_steps=TOTAL,
+            tokens_per_epoch=100,
+            time=t0,
+        )
+    )
     lrs = [1e-4 * (1 + math.cos(math.pi * s / TOTAL)) for s in range(1, TOTAL + 1)]
     for s, lr in enumerate(lrs, 1):
-        monitor.handle(StepMetrics(step=s, total_steps=TOTAL, epoch=s / TOTAL, loss=1.0, lr=lr, grad_norm=1.0,
-                                   tokens=10, trained_tokens=5, tokens_per_s=100.0, step_time=0.1, elapsed=0.1 * s,
-                                   mem_allocated=s * GIB // 10, mem_reserved=(s + 5) * GIB // 10, time=t0 + 0.1 * s))
+        monitor.handle(
+            StepMetrics(
+                step=s,
+                total_steps=TOTAL,
+                epoch=s / TOTAL,
+                loss=1.0,
+                lr=lr,
+                grad_norm=1.0,
+                tokens=10,
+                trained_tokens=5,
+                tokens_per_s=100.0,
+                step_time=0.1,
+                elapsed=0.1 * s,
+                mem_allocated=s * GIB // 10,
+                mem_reserved=(s + 5) * GIB // 10,
+                time=t0 + 0.1 * s,
+            )
+        )
     monitor.flush()
     _settle()
     return lrs
@@ -111,9 +137,34 @@ def test_the_learning_rate_headline_reads_like_its_ticks(window):
     window.show_page("monitor")
     monitor = window.monitor
     t0 = time.time()
-    monitor.handle(RunStarted(run_dir="/runs/r", model="tiny", device="cpu", dtype="float32", params_total=10,
-                              params_trainable=1, total_steps=10, tokens_per_epoch=100, time=t0))
-    monitor.handle(StepMetrics(step=1, total_steps=10, epoch=0.1, loss=1.0, lr=1.5e-4, grad_norm=1.0, tokens=10,
-                               trained_tokens=5, tokens_per_s=100.0, step_time=0.1, elapsed=0.1, time=t0 + 0.1))
+    monitor.handle(
+        RunStarted(
+            run_dir="/runs/r",
+            model="tiny",
+            device="cpu",
+            dtype="float32",
+            params_total=10,
+            params_trainable=1,
+            total_steps=10,
+            tokens_per_epoch=100,
+            time=t0,
+        )
+    )
+    monitor.handle(
+        StepMetrics(
+            step=1,
+            total_steps=10,
+            epoch=0.1,
+            loss=1.0,
+            lr=1.5e-4,
+            grad_norm=1.0,
+            tokens=10,
+            trained_tokens=5,
+            tokens_per_s=100.0,
+            step_time=0.1,
+            elapsed=0.1,
+            time=t0 + 0.1,
+        )
+    )
     monitor.flush()
     assert monitor.lr_chart.headline.text() == "1.50×10⁻⁴"

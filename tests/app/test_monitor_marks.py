@@ -19,30 +19,65 @@ GIB = 2**30
 TOTAL = 6
 STEP_S = 0.5  # seconds per step in the events below
 OOM = "out of GPU memory at step 3: running each micro-batch as 2 smaller ones"
-FIT = ("a step needs ≈ 9.3 GiB; 7.6 GiB free on NVIDIA GeForce RTX 4060: it does not fit as set, so the run uses "
-       "activation offload (≈ 6.1 GiB; train.fit_memory = false keeps the settings as they are)")
+FIT = (
+    "a step needs ≈ 9.3 GiB; 7.6 GiB free on NVIDIA GeForce RTX 4060: it does not fit as set, so the run uses "
+    "activation offload (≈ 6.1 GiB; train.fit_memory = false keeps the settings as they are)"
+)
 
 
 def _started(run_dir, t0: float) -> RunStarted:
-    return RunStarted(run_dir=str(run_dir), model="tiny", device="cuda", dtype="bfloat16", params_total=10,
-                      params_trainable=1, total_steps=TOTAL, tokens_per_epoch=100, time=t0)
+    return RunStarted(
+        run_dir=str(run_dir),
+        model="tiny",
+        device="cuda",
+        dtype="bfloat16",
+        params_total=10,
+        params_trainable=1,
+        total_steps=TOTAL,
+        tokens_per_epoch=100,
+        time=t0,
+    )
 
 
 def _step(s: int, t0: float) -> StepMetrics:
-    return StepMetrics(step=s, total_steps=TOTAL, epoch=s / TOTAL, loss=1.0 / s, lr=1e-4, grad_norm=1.0, tokens=10,
-                       trained_tokens=5, tokens_per_s=100.0, step_time=STEP_S, elapsed=STEP_S * s,
-                       mem_allocated=(4 if s < 3 else 2) * GIB, mem_reserved=5 * GIB, time=t0 + STEP_S * s)
+    return StepMetrics(
+        step=s,
+        total_steps=TOTAL,
+        epoch=s / TOTAL,
+        loss=1.0 / s,
+        lr=1e-4,
+        grad_norm=1.0,
+        tokens=10,
+        trained_tokens=5,
+        tokens_per_s=100.0,
+        step_time=STEP_S,
+        elapsed=STEP_S * s,
+        mem_allocated=(4 if s < 3 else 2) * GIB,
+        mem_reserved=5 * GIB,
+        time=t0 + STEP_S * s,
+    )
 
 
 def _events(run_dir, t0: float, early: list[Notice] = ()) -> list:
     """A run whose step 3 ran out of memory and went on with split micro-batches, with notices that mark nothing."""
-    return [*early, _started(run_dir, t0), _step(1, t0), _step(2, t0),
-            Notice(topic="memory", message=OOM, level="warning", step=3, time=t0 + 2.6 * STEP_S),
-            *[_step(s, t0) for s in range(3, TOTAL + 1)],
-            Notice(topic="memory", message="peak 3.9 GiB of 7.6 GiB", time=t0 + 4 * STEP_S),  # step None
-            Notice(topic="attention", message="fell back to sdpa from step 5", step=5, time=t0 + 4 * STEP_S),
-            RunFinished(step=TOTAL, run_dir=str(run_dir), adapter_dir="", final_loss=1.0 / TOTAL,
-                        elapsed=TOTAL * STEP_S, time=t0 + (TOTAL + 1) * STEP_S)]
+    return [
+        *early,
+        _started(run_dir, t0),
+        _step(1, t0),
+        _step(2, t0),
+        Notice(topic="memory", message=OOM, level="warning", step=3, time=t0 + 2.6 * STEP_S),
+        *[_step(s, t0) for s in range(3, TOTAL + 1)],
+        Notice(topic="memory", message="peak 3.9 GiB of 7.6 GiB", time=t0 + 4 * STEP_S),  # step None
+        Notice(topic="attention", message="fell back to sdpa from step 5", step=5, time=t0 + 4 * STEP_S),
+        RunFinished(
+            step=TOTAL,
+            run_dir=str(run_dir),
+            adapter_dir="",
+            final_loss=1.0 / TOTAL,
+            elapsed=TOTAL * STEP_S,
+            time=t0 + (TOTAL + 1) * STEP_S,
+        ),
+    ]
 
 
 def _lines(chart) -> list[pg.InfiniteLine]:
@@ -119,10 +154,13 @@ def test_a_replan_before_the_first_step_is_marked_at_the_start(window, tmp_path)
 
 def test_notices_without_a_step_or_about_other_things_mark_nothing(window, tmp_path):
     t0 = time.time()
-    for event in [_started(tmp_path, t0), _step(1, t0),
-                  Notice(topic="memory", message="peak 3.9 GiB of 7.6 GiB", time=t0 + 1),
-                  Notice(topic="attention", message="fell back to sdpa", level="warning", step=2, time=t0 + 1),
-                  _step(2, t0)]:
+    for event in [
+        _started(tmp_path, t0),
+        _step(1, t0),
+        Notice(topic="memory", message="peak 3.9 GiB of 7.6 GiB", time=t0 + 1),
+        Notice(topic="attention", message="fell back to sdpa", level="warning", step=2, time=t0 + 1),
+        _step(2, t0),
+    ]:
         window.monitor.handle(event)
     window.monitor.flush()
     assert window.monitor.memory_chart.marks == [] and _lines(window.monitor.memory_chart) == []

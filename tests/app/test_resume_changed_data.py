@@ -30,8 +30,14 @@ def _stopped_run(tiny_model_dir, chat_files, tmp_path):
     the test then edits)."""
     train = tmp_path / "train.jsonl"
     shutil.copy(chat_files[0], train)
-    config = make_tiny_config(tiny_model_dir("tiny-dense"), (train, chat_files[1]), tmp_path / "runs",
-                              "train.max_steps=4", "output.checkpoint_every=2", "output.name=\"edited\"")
+    config = make_tiny_config(
+        tiny_model_dir("tiny-dense"),
+        (train, chat_files[1]),
+        tmp_path / "runs",
+        "train.max_steps=4",
+        "output.checkpoint_every=2",
+        'output.name="edited"',
+    )
     control = RunControl()
     for event in Trainer(config, control, device="cpu").run():
         if isinstance(event, events.CheckpointSaved):
@@ -39,8 +45,9 @@ def _stopped_run(tiny_model_dir, chat_files, tmp_path):
     return tmp_path / "runs" / "edited", train
 
 
-def test_a_resume_on_changed_data_asks_how_to_go_on_and_goes_on_as_chosen(qtbot, make_window, tiny_model_dir,
-                                                                          chat_files, tmp_path):
+def test_a_resume_on_changed_data_asks_how_to_go_on_and_goes_on_as_chosen(
+    qtbot, make_window, tiny_model_dir, chat_files, tmp_path
+):
     run_dir, train = _stopped_run(tiny_model_dir, chat_files, tmp_path)
     rows = train.read_text(encoding="utf-8").splitlines()
     train.write_text("\n".join(rows[:-2]) + "\n", encoding="utf-8")  # the user dropped two rows meanwhile
@@ -68,8 +75,9 @@ def test_a_resume_on_changed_data_asks_how_to_go_on_and_goes_on_as_chosen(qtbot,
 
 def test_cancel_leaves_the_run_as_it_was(qtbot, make_window, tiny_model_dir, chat_files, tmp_path):
     run_dir, train = _stopped_run(tiny_model_dir, chat_files, tmp_path)
-    train.write_text(train.read_text(encoding="utf-8") + train.read_text(encoding="utf-8").splitlines()[0] + "\n",
-                     encoding="utf-8")
+    train.write_text(
+        train.read_text(encoding="utf-8") + train.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8"
+    )
     window = make_window()
     with qtbot.waitSignal(window.monitor.failure_shown, timeout=120_000):
         window.state.session.resume_run(run_dir)
@@ -78,6 +86,8 @@ def test_cancel_leaves_the_run_as_it_was(qtbot, make_window, tiny_model_dir, cha
     window.monitor.failure_dialog.button(QMessageBox.Cancel).click()
     qtbot.wait(200)
     assert not window.state.session.is_running
-    assert ((run_dir / "checkpoints").stat().st_mtime_ns,
-            sorted(p.name for p in (run_dir / "checkpoints").iterdir())) == before
+    assert (
+        (run_dir / "checkpoints").stat().st_mtime_ns,
+        sorted(p.name for p in (run_dir / "checkpoints").iterdir()),
+    ) == before
     assert json.loads((run_dir / "run.json").read_text())["status"] == "stopped"  # the refused resume wrote nothing

@@ -7,12 +7,12 @@ import time
 import pytest
 
 from hone.app.presets import PRESETS, PRESETS_BY_NAME
-from hone.app.run_checks import Machine
+from hone.core.api import MachineFacts
 from hone.core.config import RunConfig
 from hone.core.errors import ConfigError
 
-NO_GPU = Machine(gpu="", bitsandbytes=True, reason="no NVIDIA GPU found")
-GPU = Machine(gpu="NVIDIA H200", bitsandbytes=True)
+NO_GPU = MachineFacts(gpu="", bitsandbytes=True, reason="no NVIDIA GPU found")
+GPU = MachineFacts(gpu="NVIDIA H200", bitsandbytes=True)
 
 
 def _problems(page) -> str:
@@ -51,7 +51,7 @@ def test_the_same_preset_starts_on_a_gpu_machine_and_asks_for_bitsandbytes_witho
     page = window.page("train")
     page.preset_buttons["Laptop 8 GB"].click()
     assert page.start_button.isEnabled(), _problems(page)
-    window.state.set_machine(Machine(gpu="NVIDIA H200", bitsandbytes=False))
+    window.state.set_machine(MachineFacts(gpu="NVIDIA H200", bitsandbytes=False))
     assert not page.start_button.isEnabled()
     assert "bitsandbytes" in _problems(page) and 'pip install "hone-studio[gpu]"' in _problems(page)
 

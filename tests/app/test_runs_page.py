@@ -18,13 +18,34 @@ ADVICE = "use fewer tokens per batch (Train > train.batch_tokens)"
 
 
 def _started(run_dir: Path, total: int, t: float) -> RunStarted:
-    return RunStarted(run_dir=str(run_dir), model="bundled:tiny", device="cpu", dtype="float32", params_total=10,
-                      params_trainable=1, total_steps=total, tokens_per_epoch=100, time=t)
+    return RunStarted(
+        run_dir=str(run_dir),
+        model="bundled:tiny",
+        device="cpu",
+        dtype="float32",
+        params_total=10,
+        params_trainable=1,
+        total_steps=total,
+        tokens_per_epoch=100,
+        time=t,
+    )
 
 
 def _step(s: int, total: int, loss: float, t: float) -> StepMetrics:
-    return StepMetrics(step=s, total_steps=total, epoch=s / total, loss=loss, lr=1e-4, grad_norm=1.0, tokens=10,
-                       trained_tokens=5, tokens_per_s=100.0, step_time=0.1, elapsed=0.1 * s, time=t + 0.1 * s)
+    return StepMetrics(
+        step=s,
+        total_steps=total,
+        epoch=s / total,
+        loss=loss,
+        lr=1e-4,
+        grad_norm=1.0,
+        tokens=10,
+        trained_tokens=5,
+        tokens_per_s=100.0,
+        step_time=0.1,
+        elapsed=0.1 * s,
+        time=t + 0.1 * s,
+    )
 
 
 def _write(run_dir: Path, events) -> Path:
@@ -39,15 +60,27 @@ def _write(run_dir: Path, events) -> Path:
 
 def _finished(run_dir: Path, losses: list[float], t: float) -> Path:
     total = len(losses)
-    return _write(run_dir, [_started(run_dir, total, t), *[_step(s, total, loss, t) for s, loss in
-                                                           enumerate(losses, 1)],
-                            RunFinished(step=total, run_dir=str(run_dir), adapter_dir="", final_loss=losses[-1],
-                                        elapsed=1.0, time=t + 5)])
+    return _write(
+        run_dir,
+        [
+            _started(run_dir, total, t),
+            *[_step(s, total, loss, t) for s, loss in enumerate(losses, 1)],
+            RunFinished(
+                step=total, run_dir=str(run_dir), adapter_dir="", final_loss=losses[-1], elapsed=1.0, time=t + 5
+            ),
+        ],
+    )
 
 
 def _failed(run_dir: Path, t: float) -> Path:
-    return _write(run_dir, [_started(run_dir, 10, t), *[_step(s, 10, 2.0 / s, t) for s in (1, 2, 3)],
-                            RunFailed(reason=REASON, advice=ADVICE, step=3, details="Traceback ...", time=t + 1)])
+    return _write(
+        run_dir,
+        [
+            _started(run_dir, 10, t),
+            *[_step(s, 10, 2.0 / s, t) for s in (1, 2, 3)],
+            RunFailed(reason=REASON, advice=ADVICE, step=3, details="Traceback ...", time=t + 1),
+        ],
+    )
 
 
 def _lock_note(run_dir: Path, pid: int) -> None:
@@ -55,8 +88,9 @@ def _lock_note(run_dir: Path, pid: int) -> None:
     import json
     import socket
 
-    (run_dir / "run.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "since": time.time()})
-                                      + "\n")
+    (run_dir / "run.lock").write_text(
+        json.dumps({"pid": pid, "host": socket.gethostname(), "since": time.time()}) + "\n"
+    )
 
 
 def _row(page, name: str) -> int:
@@ -83,8 +117,9 @@ def test_a_failed_run_says_why_it_failed_in_the_list_and_the_detail(page, tmp_pa
     assert status.toolTip() == f"{REASON}\nWhat to do: {ADVICE}"
     page.select([row])
     assert page.detail.isVisibleTo(page)
-    assert page.detail.text() == (f"Failed at step 3: {REASON}.\n"
-                                  f"What to do: Use fewer tokens per batch (Train > train.batch_tokens).")
+    assert page.detail.text() == (
+        f"Failed at step 3: {REASON}.\nWhat to do: Use fewer tokens per batch (Train > train.batch_tokens)."
+    )
     page.select([_row(page, "fine")])
     assert "Failed" not in page.detail.text()
     assert page.table.item(_row(page, "fine"), 2).toolTip() == ""
@@ -95,8 +130,9 @@ def test_a_running_run_shows_its_latest_loss_never_a_final_one(page, tmp_path):
     t = time.time()
     _finished(runs / "done", [3.0, 2.5, 1.25], t)
     # 12 of 40 steps and no end yet: run.json was last written at step 10
-    _write(runs / "going", [_started(runs / "going", 40, t + 10),
-                            *[_step(s, 40, 1.0 / s, t + 10) for s in range(1, 13)]])
+    _write(
+        runs / "going", [_started(runs / "going", 40, t + 10), *[_step(s, 40, 1.0 / s, t + 10) for s in range(1, 13)]]
+    )
     _lock_note(runs / "going", os.getpid())  # its trainer is alive (here: this process)
     page.refresh()
     assert page.table.horizontalHeaderItem(4).text() == "Loss"
@@ -175,8 +211,9 @@ def test_the_run_in_training_cannot_be_deleted(qtbot, make_window, tmp_path, mon
             event = _step(step, 1000, 1.0, t)
             writer.write(event)
             yield event
-        finished = RunFinished(step=step, run_dir=str(run_dir), adapter_dir="", final_loss=1.0, elapsed=1.0,
-                               stopped=True)
+        finished = RunFinished(
+            step=step, run_dir=str(run_dir), adapter_dir="", final_loss=1.0, elapsed=1.0, stopped=True
+        )
         writer.write(finished)
         writer.close()
         yield finished
@@ -231,8 +268,10 @@ def test_a_run_whose_process_was_killed_shows_as_interrupted_and_can_be_deleted(
     row = _row(page, "cut")
     assert page.table.item(row, 2).text() == "interrupted"
     page.select([row])
-    assert page.detail.text() == ("Interrupted at step 10 of 40 (latest loss 0.1000): the process training it ended "
-                                  "before the run did. Resume goes on from its newest checkpoint.")
+    assert page.detail.text() == (
+        "Interrupted at step 10 of 40 (latest loss 0.1000): the process training it ended "
+        "before the run did. Resume goes on from its newest checkpoint."
+    )
     assert page.delete_button.isEnabled()
 
 
@@ -249,8 +288,9 @@ def test_a_run_training_in_another_process_cannot_be_deleted(page, tmp_path, mon
         page.select([_row(page, "elsewhere")])
         assert page.table.item(_row(page, "elsewhere"), 2).text() == "running"
         assert not page.delete_button.isEnabled()
-        assert page.delete_button.toolTip() == ("This run is training in another process: stop it there before "
-                                                "deleting it.")
+        assert page.delete_button.toolTip() == (
+            "This run is training in another process: stop it there before deleting it."
+        )
         answers = _Answers(monkeypatch, reply=QMessageBox.Yes)
         page.delete_selected()
         assert answers.questions == [] and "in another process" in answers.warnings[0]

@@ -18,7 +18,7 @@ def _distinct_colours(image: QImage, x0: int = 0) -> int:
     """Distinct colours right of x0 (the sidebar is left of it); text alone brings dozens of antialiased shades."""
     image = image.convertToFormat(QImage.Format_RGB32)
     pixels = np.frombuffer(image.constBits(), np.uint32).reshape(image.height(), image.bytesPerLine() // 4)
-    return len(np.unique(pixels[:, x0:image.width()]))
+    return len(np.unique(pixels[:, x0 : image.width()]))
 
 
 def test_every_page_renders_a_non_blank_png(qapp, tmp_path):
@@ -26,8 +26,9 @@ def test_every_page_renders_a_non_blank_png(qapp, tmp_path):
 
     for page in PAGES:
         path = tmp_path / f"{page}.png"
-        args = argparse.Namespace(screenshot=str(path), page=page, size=(1100, 720), theme="light", model=None,
-                                  data=None, run=None)
+        args = argparse.Namespace(
+            screenshot=str(path), page=page, size=(1100, 720), theme="light", model=None, data=None, run=None
+        )
         assert run(args) == 0
         image = QImage(str(path))
         assert (image.width(), image.height()) == (1100, 720), page
@@ -38,9 +39,26 @@ def test_every_page_renders_a_non_blank_png(qapp, tmp_path):
 def test_hone_studio_command_writes_the_screenshot(tmp_path):
     path = tmp_path / "train-dark.png"
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "hone.core.cli", "studio", "--screenshot", str(path), "--page",
-                          "train", "--size", "1024x700", "--theme", "dark"], capture_output=True, text=True,
-                         env=env, timeout=240)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hone.core.cli",
+            "studio",
+            "--screenshot",
+            str(path),
+            "--page",
+            "train",
+            "--size",
+            "1024x700",
+            "--theme",
+            "dark",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     image = QImage(str(path))
     assert (image.width(), image.height()) == (1024, 700)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from hone.app.setup_check import show_findings, start_setup_check
 from hone.core.install.runtime import ERROR, OK, WARNING, Finding
 
-OLD_DRIVER = Finding(ERROR, "The NVIDIA driver 560.94 is too old for this PyTorch.", "Update the driver.",
-                     "torch 2.11.0+cu130")
+OLD_DRIVER = Finding(
+    ERROR, "The NVIDIA driver 560.94 is too old for this PyTorch.", "Update the driver.", "torch 2.11.0+cu130"
+)
 CPU_ONLY = Finding(WARNING, "No NVIDIA GPU was found: training runs on the CPU.", "Install the driver.")
 
 

@@ -86,8 +86,13 @@ def test_train_pause_resume_stop_then_chat_and_export(qtbot, make_window, tiny_m
     # Data and Train pages
     window.page("data").set_files([DEMO_TRAIN_DATA])
     train = window.page("train")
-    for key, value in [("train.max_steps", 500), ("train.batch_tokens", 256), ("data.max_length", 256),
-                       ("speed.checkpoint", "off"), ("output.checkpoint_every", 0)]:
+    for key, value in [
+        ("train.max_steps", 500),
+        ("train.batch_tokens", 256),
+        ("data.max_length", 256),
+        ("speed.checkpoint", "off"),
+        ("output.checkpoint_every", 0),
+    ]:
         _set(train.form, key, value)
     assert train.problem_list() == [] and train.start_button.isEnabled()
 
@@ -95,7 +100,8 @@ def test_train_pause_resume_stop_then_chat_and_export(qtbot, make_window, tiny_m
     window.state.session.event.connect(events.append)
     window.state.session.event.connect(lambda e: arrived.setdefault(type(e).__name__, time.monotonic()))
     window.state.session.event.connect(
-        lambda e: arrived.__setitem__("last step", time.monotonic()) if isinstance(e, StepMetrics) else None)
+        lambda e: arrived.__setitem__("last step", time.monotonic()) if isinstance(e, StepMetrics) else None
+    )
     steps = lambda: [e for e in events if isinstance(e, StepMetrics)]  # noqa: E731
     heartbeat = Heartbeat()
     # The objects earlier tests left behind go to the permanent generation: a full collection over them, triggered
@@ -145,8 +151,10 @@ def test_train_pause_resume_stop_then_chat_and_export(qtbot, make_window, tiny_m
     loading = heartbeat.longest(before=arrived["RunStarted"])
     training = heartbeat.longest(after=arrived["RunStarted"], before=last_step)
     saving = heartbeat.longest(after=last_step)
-    print(f"GUI thread: longest stall {loading * 1000:.0f} ms while the model and data loaded, "
-          f"{training * 1000:.0f} ms while training, {saving * 1000:.0f} ms while saving")
+    print(
+        f"GUI thread: longest stall {loading * 1000:.0f} ms while the model and data loaded, "
+        f"{training * 1000:.0f} ms while training, {saving * 1000:.0f} ms while saving"
+    )
     if window.state.session.in_child:
         assert loading < MAX_STALL_S, f"the GUI thread stalled {loading * 1000:.0f} ms while the run loaded"
     assert training < MAX_STALL_S, f"the GUI thread stalled {training * 1000:.0f} ms during training steps"
@@ -230,9 +238,12 @@ window.close()
 
 
 def test_torch_loads_only_once_a_model_is_chosen(tiny_model_dir, tmp_path):
-    out = subprocess.run([sys.executable, "-c", TORCH_PROBE, str(tiny_model_dir("tiny-dense")),
-                          str(tmp_path / "settings.ini")], capture_output=True, text=True, timeout=300,
-                         env={"QT_QPA_PLATFORM": "offscreen", "HF_HUB_OFFLINE": "1", "PATH": "",
-                              "HOME": str(tmp_path)})
+    out = subprocess.run(
+        [sys.executable, "-c", TORCH_PROBE, str(tiny_model_dir("tiny-dense")), str(tmp_path / "settings.ini")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"QT_QPA_PLATFORM": "offscreen", "HF_HUB_OFFLINE": "1", "PATH": "", "HOME": str(tmp_path)},
+    )
     lines = [line for line in out.stdout.splitlines() if line.startswith(("before", "after"))]
     assert lines == ["before False", "after True True"], out.stdout + out.stderr

@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from hone.app.run_checks import Machine
+from hone.core.api import MachineFacts
 from hone.core.events import StepMetrics
-from hone.core.telemetry import GpuListing
+from hone.core.machine.telemetry import GpuListing
 
 
 def ready_to_start(window, tiny_model_dir) -> None:
@@ -22,18 +22,24 @@ def ready_to_start(window, tiny_model_dir) -> None:
     from hone.core.models.shapes import build_model
 
     model = build_model("tiny-dense")
-    window.state.set_model(str(tiny_model_dir("tiny-dense")),
-                           info_from_config(model.config, "tiny-dense", "folder", count_params(model)))
-    window.state.update(f"data.train=[{json.dumps(DEMO_TRAIN_DATA)}]", "train.max_steps=2", "train.batch_tokens=256",
-                        "data.max_length=256")
+    window.state.set_model(
+        str(tiny_model_dir("tiny-dense")), info_from_config(model.config, "tiny-dense", "folder", count_params(model))
+    )
+    window.state.update(
+        f"data.train=[{json.dumps(DEMO_TRAIN_DATA)}]",
+        "train.max_steps=2",
+        "train.batch_tokens=256",
+        "data.max_length=256",
+    )
 
 
-TWO_GPUS = Machine(gpu="NVIDIA H200", gpus=(GpuListing(0, "NVIDIA H200", 141 * 2**30),
-                                            GpuListing(1, "NVIDIA H200", 141 * 2**30)))
+TWO_GPUS = MachineFacts(
+    gpu="NVIDIA H200", gpus=(GpuListing(0, "NVIDIA H200", 141 * 2**30), GpuListing(1, "NVIDIA H200", 141 * 2**30))
+)
 
 
 def test_one_gpu_shows_no_choice(make_window):
-    window = make_window(machine=Machine(gpu="NVIDIA H200", gpus=(GpuListing(0, "NVIDIA H200", 2**34),)))
+    window = make_window(machine=MachineFacts(gpu="NVIDIA H200", gpus=(GpuListing(0, "NVIDIA H200", 2**34),)))
     page = window.page("train")
     assert page.gpu_card.isHidden() and page.selected_gpus() == []
 
@@ -71,9 +77,22 @@ def test_per_gpu_memory_is_one_line_per_gpu(make_window):
     window = make_window(machine=TWO_GPUS)
     monitor = window.page("monitor")
     monitor.live = True
-    step = StepMetrics(step=1, total_steps=4, epoch=0.0, loss=1.0, lr=1e-4, grad_norm=1.0, tokens=512,
-                       trained_tokens=400, tokens_per_s=1000.0, step_time=0.5, elapsed=0.5,
-                       mem_allocated=3 * 2**30, mem_reserved=4 * 2**30, mem_by_gpu=[3 * 2**30, 5 * 2**30])
+    step = StepMetrics(
+        step=1,
+        total_steps=4,
+        epoch=0.0,
+        loss=1.0,
+        lr=1e-4,
+        grad_norm=1.0,
+        tokens=512,
+        trained_tokens=400,
+        tokens_per_s=1000.0,
+        step_time=0.5,
+        elapsed=0.5,
+        mem_allocated=3 * 2**30,
+        mem_reserved=4 * 2**30,
+        mem_by_gpu=[3 * 2**30, 5 * 2**30],
+    )
     monitor._step(step)
     chart = monitor.memory_chart
     assert [name for name, _ in chart.legend_entries() if name.startswith("GPU")] == ["GPU 0 (peak)", "GPU 1 (peak)"]

@@ -55,5 +55,6 @@ def test_two_invalid_fields_are_both_named_in_the_forms_order(qtbot, page):
     _type(qtbot, page.form.editors["data.eval_fraction"], "0.9")  # above its maximum of 0.5
     _type(qtbot, page.form.editors["train.lr"], "5")
     qtbot.waitUntil(lambda: bool(page.form.error_text("train.lr") and page.form.error_text("data.eval_fraction")))
-    assert page.summary_text.text() == ("The form has invalid values in “Learning rate” and “Eval fraction”: fix "
-                                        "them to see this run.")
+    assert page.summary_text.text() == (
+        "The form has invalid values in “Learning rate” and “Eval fraction”: fix them to see this run."
+    )

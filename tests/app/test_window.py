@@ -20,13 +20,36 @@ def _write_run(folder, losses):
 
     writer = RunWriter(folder, RunConfig())
     t0 = time.time()
-    writer.write(RunStarted(run_dir=str(folder), model="m", device="cpu", dtype="float32", params_total=1,
-                            params_trainable=1, total_steps=len(losses), tokens_per_epoch=1, time=t0))
+    writer.write(
+        RunStarted(
+            run_dir=str(folder),
+            model="m",
+            device="cpu",
+            dtype="float32",
+            params_total=1,
+            params_trainable=1,
+            total_steps=len(losses),
+            tokens_per_epoch=1,
+            time=t0,
+        )
+    )
     for step, loss in enumerate(losses, start=1):
-        writer.write(StepMetrics(step=step, total_steps=len(losses), epoch=0.0, loss=loss, lr=1e-4, grad_norm=1.0,
-                                 tokens=1, trained_tokens=1, tokens_per_s=1.0, step_time=0.1, elapsed=0.1 * step))
-    writer.write(RunFinished(step=len(losses), run_dir=str(folder), adapter_dir="", final_loss=losses[-1],
-                             elapsed=1.0))
+        writer.write(
+            StepMetrics(
+                step=step,
+                total_steps=len(losses),
+                epoch=0.0,
+                loss=loss,
+                lr=1e-4,
+                grad_norm=1.0,
+                tokens=1,
+                trained_tokens=1,
+                tokens_per_s=1.0,
+                step_time=0.1,
+                elapsed=0.1 * step,
+            )
+        )
+    writer.write(RunFinished(step=len(losses), run_dir=str(folder), adapter_dir="", final_loss=losses[-1], elapsed=1.0))
     writer.close()
 
 
@@ -74,17 +97,37 @@ def test_settings_persist_page_geometry_recents_and_theme(qtbot, make_window, se
 
 def _slow_trainer(config, control, resume=None):
     """Real event objects at a steady pace, obeying the control object like the core trainer does."""
-    yield RunStarted(run_dir="/tmp/x", model="m", device="cpu", dtype="float32", params_total=1,
-                     params_trainable=1, total_steps=1000, tokens_per_epoch=1)
+    yield RunStarted(
+        run_dir="/tmp/x",
+        model="m",
+        device="cpu",
+        dtype="float32",
+        params_total=1,
+        params_trainable=1,
+        total_steps=1000,
+        tokens_per_epoch=1,
+    )
     for step in range(1, 1001):
         control.wait_while_paused()
         if control.stop_requested:
-            yield RunFinished(step=step - 1, run_dir="/tmp/x", adapter_dir="/tmp/x/adapter", final_loss=1.0,
-                              elapsed=0.1, stopped=True)
+            yield RunFinished(
+                step=step - 1, run_dir="/tmp/x", adapter_dir="/tmp/x/adapter", final_loss=1.0, elapsed=0.1, stopped=True
+            )
             return
         time.sleep(0.02)
-        yield StepMetrics(step=step, total_steps=1000, epoch=0.0, loss=1.0, lr=1e-4, grad_norm=1.0, tokens=1,
-                          trained_tokens=1, tokens_per_s=1.0, step_time=0.02, elapsed=0.02 * step)
+        yield StepMetrics(
+            step=step,
+            total_steps=1000,
+            epoch=0.0,
+            loss=1.0,
+            lr=1e-4,
+            grad_norm=1.0,
+            tokens=1,
+            trained_tokens=1,
+            tokens_per_s=1.0,
+            step_time=0.02,
+            elapsed=0.02 * step,
+        )
 
 
 def test_closing_during_a_run_asks_then_stops_saves_and_closes(qtbot, make_window, monkeypatch):
@@ -106,8 +149,16 @@ def test_closing_during_a_run_asks_then_stops_saves_and_closes(qtbot, make_windo
 
 def test_an_exception_in_the_trainer_becomes_a_failed_event(qtbot, make_window):
     def broken(config, control, resume=None):
-        yield RunStarted(run_dir="/tmp/x", model="m", device="cpu", dtype="float32", params_total=1,
-                         params_trainable=1, total_steps=10, tokens_per_epoch=1)
+        yield RunStarted(
+            run_dir="/tmp/x",
+            model="m",
+            device="cpu",
+            dtype="float32",
+            params_total=1,
+            params_trainable=1,
+            total_steps=10,
+            tokens_per_epoch=1,
+        )
         raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     window = make_window(trainer=broken)

@@ -25,11 +25,20 @@ def chat_files(tmp_path_factory):
 
 def make_tiny_config(model_dir, chat_files, runs_dir, *overrides) -> RunConfig:
     train, eval_file = chat_files
-    return RunConfig().with_overrides([
-        f"model.name_or_path={json.dumps(str(model_dir))}", f"data.train=[{json.dumps(str(train))}]",
-        f"data.eval=[{json.dumps(str(eval_file))}]", f"output.runs_dir={json.dumps(str(runs_dir))}",
-        "data.max_length=256", "train.batch_tokens=256", "train.max_steps=3", "train.lr=1e-3",
-        "train.warmup_steps=1", *overrides])
+    return RunConfig().with_overrides(
+        [
+            f"model.name_or_path={json.dumps(str(model_dir))}",
+            f"data.train=[{json.dumps(str(train))}]",
+            f"data.eval=[{json.dumps(str(eval_file))}]",
+            f"output.runs_dir={json.dumps(str(runs_dir))}",
+            "data.max_length=256",
+            "train.batch_tokens=256",
+            "train.max_steps=3",
+            "train.lr=1e-3",
+            "train.warmup_steps=1",
+            *overrides,
+        ]
+    )
 
 
 @pytest.fixture

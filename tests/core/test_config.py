@@ -10,7 +10,7 @@ from hone.core.errors import ConfigError
 
 def test_defaults_are_valid_and_round_trip_through_toml(tmp_path):
     config = RunConfig()
-    config.data.columns = {"messages": "dialog", "prompt": "a \"quoted\" name"}
+    config.data.columns = {"messages": "dialog", "prompt": 'a "quoted" name'}
     config.lora.targets = ["q_proj", "v_proj"]
     path = tmp_path / "run.toml"
     config.save(path)
@@ -18,9 +18,16 @@ def test_defaults_are_valid_and_round_trip_through_toml(tmp_path):
 
 
 def test_non_default_values_round_trip(tmp_path):
-    config = RunConfig().with_overrides(["train.lr=3e-5", "speed.checkpoint=offload-double",
-                                         'data.train=["a b.jsonl", "c\\"d.csv"]', "lora.rslora=true",
-                                         "train.max_steps=7", "model.name_or_path=C:\\models\\x"])
+    config = RunConfig().with_overrides(
+        [
+            "train.lr=3e-5",
+            "speed.checkpoint=offload-double",
+            'data.train=["a b.jsonl", "c\\"d.csv"]',
+            "lora.rslora=true",
+            "train.max_steps=7",
+            "model.name_or_path=C:\\models\\x",
+        ]
+    )
     path = tmp_path / "run.toml"
     config.save(path)
     loaded = RunConfig.load(path)
@@ -37,15 +44,18 @@ def test_overrides_parse_by_field_type():
     assert config.data.train == ["a", "b"]
 
 
-@pytest.mark.parametrize("assignment, words", [
-    ("train.lr=-1", ["train.lr", "minimum"]),
-    ("speed.checkpoint=fast", ["speed.checkpoint", "offload-double"]),
-    ("train.batch_tokens=many", ["train.batch_tokens", "int"]),
-    ("train.warmup_step=1", ["train.warmup_step", "did you mean 'warmup_steps'"]),
-    ("trian.lr=1", ["trian", "did you mean 'train'"]),
-    ("lr=1", ["section.key=value"]),
-    ("train.max_steps=0", ["both 0"]),
-])
+@pytest.mark.parametrize(
+    "assignment, words",
+    [
+        ("train.lr=-1", ["train.lr", "minimum"]),
+        ("speed.checkpoint=fast", ["speed.checkpoint", "offload-double"]),
+        ("train.batch_tokens=many", ["train.batch_tokens", "int"]),
+        ("train.warmup_step=1", ["train.warmup_step", "did you mean 'warmup_steps'"]),
+        ("trian.lr=1", ["trian", "did you mean 'train'"]),
+        ("lr=1", ["section.key=value"]),
+        ("train.max_steps=0", ["both 0"]),
+    ],
+)
 def test_bad_values_name_the_field_and_what_to_do(assignment, words):
     base = RunConfig().with_overrides(["train.epochs=0", "train.max_steps=3"])
     with pytest.raises(ConfigError) as info:
@@ -140,8 +150,9 @@ BAD_NUMBERS = [
 ]
 
 
-@pytest.mark.parametrize("section, name, value, words", BAD_NUMBERS,
-                         ids=[f"{s}.{n}={v!r}" for s, n, v, _ in BAD_NUMBERS])
+@pytest.mark.parametrize(
+    "section, name, value, words", BAD_NUMBERS, ids=[f"{s}.{n}={v!r}" for s, n, v, _ in BAD_NUMBERS]
+)
 def test_each_bad_number_is_refused_naming_the_field(section, name, value, words):
     with pytest.raises(ConfigError) as e:
         RunConfig.from_dict({section: {name: value}})
@@ -208,9 +219,27 @@ def test_a_folder_given_as_the_config_is_a_config_error(tmp_path):
         RunConfig.load(tmp_path)
 
 
-BAD_NAMES = ["../../x", "..", ".", "a/b", "a\\b", "/abs", "run\nPARAMETER temperature 99", "tab\tname",
-             "nul\x00", "line\u2028sep", "x" * 101, "é" * 51, "   ", ".hidden", "name.", "name ", "a:b",
-             'say"hi"', "what?"]
+BAD_NAMES = [
+    "../../x",
+    "..",
+    ".",
+    "a/b",
+    "a\\b",
+    "/abs",
+    "run\nPARAMETER temperature 99",
+    "tab\tname",
+    "nul\x00",
+    "line\u2028sep",
+    "x" * 101,
+    "é" * 51,
+    "   ",
+    ".hidden",
+    "name.",
+    "name ",
+    "a:b",
+    'say"hi"',
+    "what?",
+]
 
 
 @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)

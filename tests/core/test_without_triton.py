@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 # Run in a fresh interpreter in which `import triton` fails, as where it is not installed.
-SCRIPT = r'''
+SCRIPT = r"""
 import importlib, importlib.abc, pkgutil, sys
 
 class NoTriton(importlib.abc.MetaPathFinder):
@@ -34,14 +34,20 @@ got = list(Trainer(config, device="cpu").run())
 assert isinstance(got[-1], events.RunFinished), got[-1]
 started = next(e for e in got if isinstance(e, events.RunStarted))
 print("finished", got[-1].step, started.speed_paths.get("moe", ""))
-'''
+"""
 
 
 def test_hone_imports_and_trains_on_a_cpu_without_triton(tiny_model_dir, chat_files, tiny_config, tmp_path):
-    config = tiny_config(tiny_model_dir("tiny-moe-qwen3"), chat_files, tmp_path / "runs", "train.max_steps=2",
-                         "train.optimizer=\"adamw-bf16\"")
+    config = tiny_config(
+        tiny_model_dir("tiny-moe-qwen3"),
+        chat_files,
+        tmp_path / "runs",
+        "train.max_steps=2",
+        'train.optimizer="adamw-bf16"',
+    )
     config.save(tmp_path / "run.toml")
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run.toml")], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "run.toml")], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("finished 2 "), done.stdout

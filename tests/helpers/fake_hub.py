@@ -66,10 +66,19 @@ class FakeModel:
         return hashlib.sha256(self.files[name]).hexdigest()
 
     def summary(self) -> dict:
-        data = {"id": self.repo_id, "_id": self.sha[:24], "modelId": self.repo_id, "downloads": self.downloads,
-                "likes": self.likes, "gated": self.gated, "pipeline_tag": self.pipeline_tag,
-                "lastModified": self.last_modified, "library_name": "transformers", "private": self.private,
-                "tags": ["transformers", "safetensors"] + ([f"license:{self.license}"] if self.license else [])}
+        data = {
+            "id": self.repo_id,
+            "_id": self.sha[:24],
+            "modelId": self.repo_id,
+            "downloads": self.downloads,
+            "likes": self.likes,
+            "gated": self.gated,
+            "pipeline_tag": self.pipeline_tag,
+            "lastModified": self.last_modified,
+            "library_name": "transformers",
+            "private": self.private,
+            "tags": ["transformers", "safetensors"] + ([f"license:{self.license}"] if self.license else []),
+        }
         if self.parameters:
             data["safetensors"] = {"parameters": dict(self.parameters), "total": sum(self.parameters.values())}
         return data
@@ -83,8 +92,12 @@ class FakeModel:
                 if name.endswith(".safetensors"):
                     sibling["lfs"] = {"size": len(content), "sha256": self.etag(name), "pointerSize": 134}
             siblings.append(sibling)
-        return {**self.summary(), "sha": self.sha, "siblings": siblings,
-                "cardData": {"license": self.license} if self.license else {}}
+        return {
+            **self.summary(),
+            "sha": self.sha,
+            "siblings": siblings,
+            "cardData": {"license": self.license} if self.license else {},
+        }
 
 
 @dataclass(frozen=True)
@@ -146,8 +159,7 @@ class FakeHub:
         Handler.hub = hub
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-hub",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-hub", daemon=True)
         self._thread.start()
         return self
 
@@ -165,8 +177,11 @@ class FakeHub:
 
     def ranges(self, file: str) -> list[str]:
         """The Range headers of the GET requests for `file` (empty strings for whole-file requests)."""
-        return [headers.get("range", "") for method, path, headers in self.requests
-                if method == "GET" and "/resolve/" in path and unquote(path).endswith("/" + file)]
+        return [
+            headers.get("range", "")
+            for method, path, headers in self.requests
+            if method == "GET" and "/resolve/" in path and unquote(path).endswith("/" + file)
+        ]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -234,10 +249,16 @@ class _Handler(BaseHTTPRequestHandler):
             given = self.headers.get("Authorization", "")
             if given != f"Bearer {self.hub.token}":
                 status = 403 if given else 401
-                return self._error(status, "GatedRepo", f"Access to model {repo} is restricted. You must have access "
-                                   "to it and be authenticated to access it. Please log in.", body, model.sha)
+                return self._error(
+                    status,
+                    "GatedRepo",
+                    f"Access to model {repo} is restricted. You must have access "
+                    "to it and be authenticated to access it. Please log in.",
+                    body,
+                    model.sha,
+                )
         if file not in model.files:
-            return self._error(404, "EntryNotFound", f"{file} does not exist on \"{revision}\"", body, model.sha)
+            return self._error(404, "EntryNotFound", f'{file} does not exist on "{revision}"', body, model.sha)
         content = model.files[file]
         start, status = 0, 200
         asked = self.headers.get("Range", "")
@@ -275,15 +296,23 @@ class _Handler(BaseHTTPRequestHandler):
     def _may_write(self, user: FakeUser, namespace: str) -> bool:
         if user.write and namespace in (user.name, *user.orgs):
             return True
-        self._error(403, "", f"You don't have the rights to create a model under the namespace \"{namespace}\"")
+        self._error(403, "", f'You don\'t have the rights to create a model under the namespace "{namespace}"')
         return False
 
     def _whoami(self) -> None:
         user = self._user()
         if user is not None:
-            self._json({"type": "user", "name": user.name, "orgs": [{"name": org} for org in user.orgs],
-                        "auth": {"type": "access_token",
-                                 "accessToken": {"displayName": "test", "role": "write" if user.write else "read"}}})
+            self._json(
+                {
+                    "type": "user",
+                    "name": user.name,
+                    "orgs": [{"name": org} for org in user.orgs],
+                    "auth": {
+                        "type": "access_token",
+                        "accessToken": {"displayName": "test", "role": "write" if user.write else "read"},
+                    },
+                }
+            )
 
     def _create(self, asked: dict) -> None:
         user = self._user()
@@ -308,8 +337,14 @@ class _Handler(BaseHTTPRequestHandler):
         files = []
         for entry in asked["files"]:
             found = model.files.get(entry["path"])
-            files.append({"path": entry["path"], "uploadMode": "regular", "shouldIgnore": False,
-                          "oid": _git_oid(found) if found is not None else None})
+            files.append(
+                {
+                    "path": entry["path"],
+                    "uploadMode": "regular",
+                    "shouldIgnore": False,
+                    "oid": _git_oid(found) if found is not None else None,
+                }
+            )
         self._json({"files": files, "commitOid": model.sha})
 
     def _commit(self, model: FakeModel, data: bytes) -> None:
@@ -324,8 +359,13 @@ class _Handler(BaseHTTPRequestHandler):
         model.files.update(added)
         model.sha = hashlib.sha1(model.sha.encode() + data).hexdigest()
         self.hub.commits.append(FakeCommit(model.repo_id, summary, model.sha, tuple(added)))
-        self._json({"commitUrl": f"{self.hub.url}/{model.repo_id}/commit/{model.sha}", "commitOid": model.sha,
-                    "pullRequestUrl": None})
+        self._json(
+            {
+                "commitUrl": f"{self.hub.url}/{model.repo_id}/commit/{model.sha}",
+                "commitOid": model.sha,
+                "pullRequestUrl": None,
+            }
+        )
 
     def _repo(self, repo: str, revision: str | None) -> FakeModel | None:
         model = self.hub.models.get(repo)

@@ -11,8 +11,15 @@ from hone.core.models.shapes import build_model
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def lora_model(shape: str = "tiny-dense", *, vocab: int, layers: int = 2, seed: int = 0, dropout: float = 0.0,
-               dtype: torch.dtype | None = None):
+def lora_model(
+    shape: str = "tiny-dense",
+    *,
+    vocab: int,
+    layers: int = 2,
+    seed: int = 0,
+    dropout: float = 0.0,
+    dtype: torch.dtype | None = None,
+):
     model = build_model(shape, layers=layers, seed=seed, vocab_size=vocab)  # a small vocabulary keeps CPU steps fast
     if dtype is not None:
         model = model.to(dtype)

@@ -15,8 +15,9 @@ def lora_model(base, *, dropout: float = 0.0, rank: int = 4, seed: int = 1):
     would leave every A gradient zero and the test blind to them)."""
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
-                                            lora_dropout=dropout))
+    model = get_peft_model(
+        base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=dropout)
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -28,8 +29,13 @@ def lora_model(base, *, dropout: float = 0.0, rank: int = 4, seed: int = 1):
 def packed_batch(lengths, seed: int = 0, vocab: int = 1000):
     """A packed batch of random rows (every token trained), with the cu_seq_lens / max_length kwargs."""
     generator = torch.Generator().manual_seed(seed)
-    rows = [SimpleNamespace(input_ids=torch.randint(0, vocab, (n,), generator=generator).tolist(),
-                            labels=torch.randint(0, vocab, (n,), generator=generator).tolist()) for n in lengths]
+    rows = [
+        SimpleNamespace(
+            input_ids=torch.randint(0, vocab, (n,), generator=generator).tolist(),
+            labels=torch.randint(0, vocab, (n,), generator=generator).tolist(),
+        )
+        for n in lengths
+    ]
     return collate_packed(rows)
 
 
@@ -40,8 +46,11 @@ def loss_and_grads(model, batch, *, seed: int = 7, autocast_dtype=None):
     if torch.cuda.is_available():
         torch.cuda.manual_seed(seed)
     device = next(model.parameters()).device
-    context = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
-               else torch.autocast(device.type, enabled=False))
+    context = (
+        torch.autocast(device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else torch.autocast(device.type, enabled=False)
+    )
     with context:
         loss = loss_sum(model, batch.to(device))
     loss.backward()

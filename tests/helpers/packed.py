@@ -20,7 +20,6 @@ class Row:
     images: list = field(default_factory=list)
 
 
-
 def random_rows(lengths, vocab=49152, seed=0, prompt=2):
     """Rows with random ids; the first `prompt` tokens carry no loss (like a user turn)."""
     g = torch.Generator().manual_seed(seed)
@@ -82,14 +81,17 @@ def rows_attention(q, k, v, cu, scale=None):
     return torch.cat(outs)
 
 
-def bidirectional_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), is_causal=False,
-                         **kwargs):
+def bidirectional_varlen(
+    q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), is_causal=False, **kwargs
+):
     """A stand-in for torch's `varlen_attn` (CUDA only) as an image encoder calls it: attention both ways within
     each segment of (T, H, D) tensors, one SDPA call per segment; checks the call is bidirectional and that max_q is
     the longest segment."""
     assert window_size == (-1, -1) and not is_causal, "the encoder attends both ways"
     assert int((cu_q[1:] - cu_q[:-1]).max()) == max_q, "max_q is the longest segment"
     bounds = cu_q.tolist()
-    outs = [F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (q, k, v)), scale=scale).transpose(0, 1)
-            for a, b in itertools.pairwise(bounds)]
+    outs = [
+        F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (q, k, v)), scale=scale).transpose(0, 1)
+        for a, b in itertools.pairwise(bounds)
+    ]
     return torch.cat(outs)

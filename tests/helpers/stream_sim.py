@@ -199,7 +199,8 @@ class StreamSim:
                 self.races.append(
                     f"a {_size(state.nbytes)} storage (from {state.born}) was freed without record_stream while "
                     f"side stream {index} may still run {access.any_op} on it: the allocator may hand it to the "
-                    "compute stream at once")
+                    "compute stream at once"
+                )
 
     def _check_frees(self) -> None:
         for state in [s for s in self._side_used.values() if s.ref.expired()]:
@@ -212,12 +213,17 @@ class StreamSim:
                 continue
             last, last_op = (seen.any, seen.any_op) if write else (seen.write, seen.write_op)
             if last > clock.get(other, 0):
-                before = (f"was just allocated by {last_op} on the compute stream (compute work queued before may "
-                          "still use the block)" if last_op == state.born and other == COMPUTE else
-                          f"{last_op} on {self._streams[other]} {'uses' if write else 'writes'}")
-                self.races.append(f"{op} on {self._streams[index]} {'writes' if write else 'reads'} a "
-                                  f"{_size(state.nbytes)} storage (from {state.born}) that {before}, and nothing "
-                                  "orders the two")
+                before = (
+                    f"was just allocated by {last_op} on the compute stream (compute work queued before may "
+                    "still use the block)"
+                    if last_op == state.born and other == COMPUTE
+                    else f"{last_op} on {self._streams[other]} {'uses' if write else 'writes'}"
+                )
+                self.races.append(
+                    f"{op} on {self._streams[index]} {'writes' if write else 'reads'} a "
+                    f"{_size(state.nbytes)} storage (from {state.born}) that {before}, and nothing "
+                    "orders the two"
+                )
         access = state.per_stream.setdefault(index, _Access())
         access.any, access.any_op = clock[index], op
         if write:
@@ -260,8 +266,11 @@ class StreamSim:
 
 
 def _tensors(value) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.device.type != "meta"
-            and t.untyped_storage().nbytes() > 0]
+    return [
+        t
+        for t in tree_leaves(value)
+        if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.untyped_storage().nbytes() > 0
+    ]
 
 
 def _size(nbytes: int) -> str:

@@ -43,5 +43,6 @@ def interpreter_fault() -> str | None:
     if done.returncode == 0:
         return None
     last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-    return (f"Triton {triton.__version__}'s interpreter cannot run a kernel here (NumPy {numpy.__version__}): "
-            f"{last[:300]}")
+    return (
+        f"Triton {triton.__version__}'s interpreter cannot run a kernel here (NumPy {numpy.__version__}): {last[:300]}"
+    )

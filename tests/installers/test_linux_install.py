@@ -27,8 +27,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="in
 
 
 def without_uv(path: str) -> str:
-    return os.pathsep.join(folder for folder in path.split(os.pathsep)
-                           if folder and not (Path(folder) / "uv").exists())
+    return os.pathsep.join(folder for folder in path.split(os.pathsep) if folder and not (Path(folder) / "uv").exists())
 
 
 class Home:
@@ -50,8 +49,9 @@ class Home:
 
     def run(self, label: str, *command, timeout: int = 900) -> subprocess.CompletedProcess:
         start = time.monotonic()
-        done = subprocess.run([str(c) for c in command], env=self.env, cwd=self.root, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(
+            [str(c) for c in command], env=self.env, cwd=self.root, capture_output=True, text=True, timeout=timeout
+        )
         self.seconds[label] = time.monotonic() - start
         print(f"{label}: {self.seconds[label]:.0f} s")
         return done
@@ -64,8 +64,23 @@ def torch_wheels(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("wheels")
     version = torch.__version__.split("+")[0]
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                           "-d", str(folder), f"torch=={version}"], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(folder),
+            f"torch=={version}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     wheels = list(folder.glob("torch-*.whl"))
     if done.returncode != 0 or not wheels or "+cpu" not in wheels[0].name:
         pytest.skip(f"pip finds no CPU wheel of torch {version} here: {done.stderr.strip()[-300:]}")
@@ -75,8 +90,9 @@ def torch_wheels(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory, torch_wheels) -> tuple[Home, subprocess.CompletedProcess]:
     home = Home(tmp_path_factory.mktemp("install"))
-    done = home.run("install from the checkout", "bash", INSTALL_SH, "--cpu", "--python", sys.executable,
-                    "--wheels", torch_wheels)
+    done = home.run(
+        "install from the checkout", "bash", INSTALL_SH, "--cpu", "--python", sys.executable, "--wheels", torch_wheels
+    )
     return home, done
 
 
@@ -93,8 +109,9 @@ def test_the_launchers_work(installed):
     home, _ = installed
     version = home.run("hone --version", home.bin / "hone", "--version")
     assert version.stdout.strip() == f"hone {__version__}"
-    demo = home.run("hone demo", home.bin / "hone", "demo", "--steps", "2", "--eval-rows", "4", "--runs-dir",
-                    home.root / "runs")
+    demo = home.run(
+        "hone demo", home.bin / "hone", "demo", "--steps", "2", "--eval-rows", "4", "--runs-dir", home.root / "runs"
+    )
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     assert "+ Hone LoRA" in demo.stderr and "/4 (" in demo.stderr  # the demo reports on stderr
     shot = home.root / "studio.png"
@@ -125,15 +142,22 @@ def test_upgrade_in_place_from_the_release_archive_then_uninstall(installed, tor
     (runs / "metrics.jsonl").write_text("{}\n")
     venv_config = (home.data / "venv" / "pyvenv.cfg").read_text()
 
-    build = home.run("build the release archive", "bash", ROOT / "installers" / "linux" / "build.sh", "--out",
-                     tmp_path)
+    build = home.run("build the release archive", "bash", ROOT / "installers" / "linux" / "build.sh", "--out", tmp_path)
     assert build.returncode == 0, build.stderr
     [archive] = tmp_path.glob(f"hone-studio-{__version__}-linux.tar.gz")
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
     unpacked = tmp_path / f"hone-studio-{__version__}"
-    again = home.run("upgrade from the archive", "bash", unpacked / "install.sh", "--cpu", "--python",
-                     sys.executable, "--wheels", torch_wheels)
+    again = home.run(
+        "upgrade from the archive",
+        "bash",
+        unpacked / "install.sh",
+        "--cpu",
+        "--python",
+        sys.executable,
+        "--wheels",
+        torch_wheels,
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "Fetching uv" not in again.stdout  # the uv fetched the first time is reused
     assert "Building Hone's wheel" not in again.stdout and f"hone_studio-{__version__}-py3-none-any.whl" in again.stdout

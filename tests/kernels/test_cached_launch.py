@@ -79,8 +79,9 @@ def test_second_call_launches_the_compiled_kernel_with_the_full_signature(cached
     assert args[9:] == (x, out, 64, 0.25, 32, False)
 
 
-@pytest.mark.parametrize("change", ["alignment", "int one", "int multiple of 16", "int64", "dtype", "constexpr",
-                                    "option"])
+@pytest.mark.parametrize(
+    "change", ["alignment", "int one", "int multiple of 16", "int64", "dtype", "constexpr", "option"]
+)
 def test_a_different_specialization_goes_through_triton_again(cached, change):
     kernel, launch = cached
     x, out = torch.zeros(64), torch.zeros(64)

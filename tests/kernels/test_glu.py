@@ -9,8 +9,11 @@ from hone.kernels.glu import glu
 from hone.kernels.reference import glu_reference
 
 # bf16: the interpreter rounds toward zero (the GPU to nearest); values reach ~30, one unit there is 0.125.
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=1e-2, rtol=4e-3),
-       torch.bfloat16: dict(atol=1.3e-1, rtol=2e-2)}
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=1e-2, rtol=4e-3),
+    torch.bfloat16: dict(atol=1.3e-1, rtol=2e-2),
+}
 SHAPES = [(1, 1), (3, 1031), (2, 3, 77)]
 # exp(-g) overflows to inf for very negative gates in the interpreter's numpy; that limit is the intended value.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp")

@@ -27,11 +27,13 @@ from hone.kernels.reference import (
 from hone.kernels.rms_norm import add_rms_norm, rms_norm
 from hone.kernels.rope import apply_rotary
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=4e-3, rtol=4e-3),
-       torch.bfloat16: dict(atol=3e-2, rtol=1.6e-2)}
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=4e-3, rtol=4e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=1.6e-2),
+}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -47,11 +49,15 @@ def _randn(*shape, dtype, scale=1.0, grad=True, seed=0):
 
 # Each distinct (dtype, width, style) compiles its own kernels: the grid covers every width class in bf16 and
 # the other dtypes at the hidden width, to keep the GPU suite's compile time short.
-RMS_CASES = ([(rows, hidden, torch.bfloat16, style) for rows, hidden in [(1, 4096), (4099, 4096), (777, 1000),
-                                                                       (2048 * 32, 128), (3, 16384)]
-              for style in ("llama", "gemma")]
-             + [(4099, 4096, dtype, "llama") for dtype in (torch.float32, torch.float16)]
-             + [(2048 * 32, 128, torch.float32, "gemma")])
+RMS_CASES = (
+    [
+        (rows, hidden, torch.bfloat16, style)
+        for rows, hidden in [(1, 4096), (4099, 4096), (777, 1000), (2048 * 32, 128), (3, 16384)]
+        for style in ("llama", "gemma")
+    ]
+    + [(4099, 4096, dtype, "llama") for dtype in (torch.float32, torch.float16)]
+    + [(2048 * 32, 128, torch.float32, "gemma")]
+)
 
 
 @pytest.mark.parametrize(("rows", "hidden", "dtype", "style"), RMS_CASES)
@@ -80,16 +86,25 @@ def test_add_rms_norm(dtype):
     h_ref, y_ref = add_rms_norm_reference(residual, x, w, 1e-6)
     assert torch.equal(h, h_ref), "the residual sum must be bit-identical to torch's add"
     _close(y, y_ref, dtype, "add_rms_norm y")
-    for got, want, name in zip(torch.autograd.grad((h, y), (residual, x), (dh, dy)),
-                               torch.autograd.grad((h_ref, y_ref), (residual, x), (dh, dy)), ("dres", "dx"),
-                               strict=True):
+    for got, want, name in zip(
+        torch.autograd.grad((h, y), (residual, x), (dh, dy)),
+        torch.autograd.grad((h_ref, y_ref), (residual, x), (dh, dy)),
+        ("dres", "dx"),
+        strict=True,
+    ):
         _close(got, want, dtype, name)
 
 
-@pytest.mark.parametrize(("tokens", "hq", "hk", "head_dim", "dtype"),
-                         [(1, 32, 8, 128, torch.bfloat16), (4099, 32, 8, 128, torch.bfloat16),
-                          (333, 14, 2, 64, torch.bfloat16), (4099, 32, 8, 128, torch.float32),
-                          (333, 14, 2, 64, torch.float16)])
+@pytest.mark.parametrize(
+    ("tokens", "hq", "hk", "head_dim", "dtype"),
+    [
+        (1, 32, 8, 128, torch.bfloat16),
+        (4099, 32, 8, 128, torch.bfloat16),
+        (333, 14, 2, 64, torch.bfloat16),
+        (4099, 32, 8, 128, torch.float32),
+        (333, 14, 2, 64, torch.float16),
+    ],
+)
 def test_rope_in_place(tokens, hq, hk, head_dim, dtype):
     positions = torch.cat([torch.arange(n) for n in (tokens // 3, tokens - tokens // 3)]).cuda()[None]
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim))
@@ -97,31 +112,49 @@ def test_rope_in_place(tokens, hq, hk, head_dim, dtype):
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     outs = {}
     for name, fn in (("hone", apply_rotary), ("reference", rope_reference)):
-        q_flat, k_flat = _randn(1, tokens, hq * head_dim, dtype=dtype), _randn(1, tokens, hk * head_dim, dtype=dtype,
-                                                                               seed=1)
+        q_flat, k_flat = (
+            _randn(1, tokens, hq * head_dim, dtype=dtype),
+            _randn(1, tokens, hk * head_dim, dtype=dtype, seed=1),
+        )
         q = (q_flat * 1).view(1, tokens, hq, head_dim).transpose(1, 2)
         k = (k_flat * 1).view(1, tokens, hk, head_dim).transpose(1, 2)
         q_out, k_out = fn(q, k, cos, sin)
         if name == "hone":
             assert q_out is q and k_out is k, "rope must rotate in place"
-        dq, dk = _randn(*q_out.shape, dtype=dtype, grad=False, seed=2), _randn(*k_out.shape, dtype=dtype, grad=False,
-                                                                              seed=3)
-        outs[name] = (q_out.detach().clone(), k_out.detach().clone(),
-                      *torch.autograd.grad((q_out, k_out), (q_flat, k_flat), (dq, dk)))
+        dq, dk = (
+            _randn(*q_out.shape, dtype=dtype, grad=False, seed=2),
+            _randn(*k_out.shape, dtype=dtype, grad=False, seed=3),
+        )
+        outs[name] = (
+            q_out.detach().clone(),
+            k_out.detach().clone(),
+            *torch.autograd.grad((q_out, k_out), (q_flat, k_flat), (dq, dk)),
+        )
     for got, want, name in zip(outs["hone"], outs["reference"], ("q", "k", "dq", "dk"), strict=True):
         _close(got, want, dtype, f"rope {name}")
 
 
-@pytest.mark.parametrize(("dtype", "activation"), [(torch.bfloat16, "silu"), (torch.bfloat16, "gelu_tanh"),
-                                                   (torch.bfloat16, "gelu"), (torch.float32, "silu"),
-                                                   (torch.float16, "gelu_tanh")])
+@pytest.mark.parametrize(
+    ("dtype", "activation"),
+    [
+        (torch.bfloat16, "silu"),
+        (torch.bfloat16, "gelu_tanh"),
+        (torch.bfloat16, "gelu"),
+        (torch.float32, "silu"),
+        (torch.float16, "gelu_tanh"),
+    ],
+)
 def test_glu(dtype, activation):
     gate, up = _randn(4099, 12288, dtype=dtype, scale=3.0), _randn(4099, 12288, dtype=dtype, seed=1)
     dout = _randn(4099, 12288, dtype=dtype, grad=False, seed=2)
     out, ref = glu(gate, up, activation), glu_reference(gate, up, activation)
     _close(out, ref, dtype, f"{activation} out")
-    for got, want, name in zip(torch.autograd.grad(out, (gate, up), dout),
-                               torch.autograd.grad(ref, (gate, up), dout), ("dgate", "dup"), strict=True):
+    for got, want, name in zip(
+        torch.autograd.grad(out, (gate, up), dout),
+        torch.autograd.grad(ref, (gate, up), dout),
+        ("dgate", "dup"),
+        strict=True,
+    ):
         _close(got, want, dtype, f"{activation} {name}", scale=2.0)
 
 
@@ -129,15 +162,21 @@ def _random_nf4(out_features, in_features, nested=True, seed=0) -> NF4Weight:
     g = torch.Generator(device="cuda").manual_seed(seed)
     numel = out_features * in_features
     blocks = -(-numel // 64)
-    absmax = (torch.randint(0, 256, (blocks,), dtype=torch.uint8, device="cuda", generator=g) if nested
-              else torch.rand(blocks, device="cuda", generator=g) * 0.1)
-    return NF4Weight(packed=torch.randint(0, 256, ((numel + 1) // 2, 1), dtype=torch.uint8, device="cuda",
-                                          generator=g),
-                     absmax=absmax, code=torch.tensor(NF4_CODE, device="cuda"), shape=(out_features, in_features),
-                     dtype=torch.bfloat16,
-                     absmax2=torch.rand(-(-blocks // 256), device="cuda", generator=g) * 0.01 if nested else None,
-                     code2=torch.linspace(-1, 1, 256, device="cuda") if nested else None,
-                     offset=torch.tensor(0.013, device="cuda") if nested else None)
+    absmax = (
+        torch.randint(0, 256, (blocks,), dtype=torch.uint8, device="cuda", generator=g)
+        if nested
+        else torch.rand(blocks, device="cuda", generator=g) * 0.1
+    )
+    return NF4Weight(
+        packed=torch.randint(0, 256, ((numel + 1) // 2, 1), dtype=torch.uint8, device="cuda", generator=g),
+        absmax=absmax,
+        code=torch.tensor(NF4_CODE, device="cuda"),
+        shape=(out_features, in_features),
+        dtype=torch.bfloat16,
+        absmax2=torch.rand(-(-blocks // 256), device="cuda", generator=g) * 0.01 if nested else None,
+        code2=torch.linspace(-1, 1, 256, device="cuda") if nested else None,
+        offset=torch.tensor(0.013, device="cuda") if nested else None,
+    )
 
 
 @pytest.mark.parametrize("nested", [True, False])
@@ -149,16 +188,25 @@ def test_nf4_dequantize_is_bit_exact(shape, nested):
     for dtype in DTYPES:
         got = weight.dequantize(dtype)
         want = nf4_dequantize_reference(weight.packed, absmax, weight.code, 64, shape, dtype)
-        assert torch.equal(got, want), f"{shape} nested={nested} {dtype}: " \
-            f"{(got.float() - want.float()).ne(0).sum().item()} elements differ"
+        assert torch.equal(got, want), (
+            f"{shape} nested={nested} {dtype}: {(got.float() - want.float()).ne(0).sum().item()} elements differ"
+        )
 
 
 def test_nf4_dequantize_matches_bitsandbytes_cuda():
     bnb_functional = pytest.importorskip("bitsandbytes.functional")
     weight = 0.05 * torch.randn(4096, 1536, device="cuda")
     packed, state = bnb_functional.quantize_4bit(weight, blocksize=64, compress_statistics=True, quant_type="nf4")
-    ours = NF4Weight(packed=packed, absmax=state.absmax, code=state.code, shape=tuple(state.shape),
-                     dtype=state.dtype, absmax2=state.state2.absmax, code2=state.state2.code, offset=state.offset)
+    ours = NF4Weight(
+        packed=packed,
+        absmax=state.absmax,
+        code=state.code,
+        shape=tuple(state.shape),
+        dtype=state.dtype,
+        absmax2=state.state2.absmax,
+        code2=state.state2.code,
+        offset=state.offset,
+    )
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         state.dtype = dtype
         assert torch.equal(ours.dequantize(dtype), bnb_functional.dequantize_4bit(packed, state)), dtype
@@ -180,8 +228,12 @@ def test_lora_linear(quantized):
         out = lora_linear(x, a, b, 2.0, weight=dense)
     ref = lora_linear_reference(x, dense, None, a, b, 2.0)
     _close(out, ref, torch.bfloat16, "lora out")
-    for got, want, name in zip(torch.autograd.grad(out, (x, a, b), dout),
-                               torch.autograd.grad(ref, (x, a, b), dout), ("dx", "dA", "dB"), strict=True):
+    for got, want, name in zip(
+        torch.autograd.grad(out, (x, a, b), dout),
+        torch.autograd.grad(ref, (x, a, b), dout),
+        ("dx", "dA", "dB"),
+        strict=True,
+    ):
         assert got.dtype == want.dtype, name
         err = ((got.float() - want.float()).norm() / want.float().norm()).item()
         assert err < 1e-2, f"{name}: relative error {err:.2e}"
@@ -193,8 +245,14 @@ def test_benchmark_runs_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     assert main(["--json", str(out), "--tokens", "1024", "--no-compiled-reference"]) == 0
     rows = json.loads(out.read_text())
-    assert {r["kernel"] for r in rows} >= {"rms_norm", "rope (q and k)", "swiglu", "lora_linear (fp32 adapters)",
-                                            "nf4_dequantize", "qlora_linear (nf4 base)"}
+    assert {r["kernel"] for r in rows} >= {
+        "rms_norm",
+        "rope (q and k)",
+        "swiglu",
+        "lora_linear (fp32 adapters)",
+        "nf4_dequantize",
+        "qlora_linear (nf4 base)",
+    }
     assert all(r["hone_ms"] > 0 and r["reference_ms"] > 0 for r in rows), rows
 
 
@@ -231,8 +289,10 @@ def test_cached_launch_matches_tritons_own_launch_and_spends_less_host_time(monk
             run(x[:4096])
         seconds[cached] = (time.perf_counter() - start) / 200
         torch.cuda.synchronize()
-    print(f"\ngrouped GEMM host time per launch: Triton {seconds[False] * 1e6:.1f} us, cached "
-          f"{seconds[True] * 1e6:.1f} us")
+    print(
+        f"\ngrouped GEMM host time per launch: Triton {seconds[False] * 1e6:.1f} us, cached "
+        f"{seconds[True] * 1e6:.1f} us"
+    )
 
 
 @pytest.mark.parametrize(("experts", "top_k", "normalize"), [(128, 8, True), (60, 4, False), (7, 7, True)])

@@ -39,8 +39,9 @@ class _Tiny(torch.nn.Module):
 def _peft_layer(k=37, n=19, *, bias=True, dropout=0.0, rslora=False, dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
     model = _Tiny(k, n, bias).to(dtype)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=12, lora_dropout=dropout, use_rslora=rslora,
-                                             target_modules=["proj"]))
+    model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=12, lora_dropout=dropout, use_rslora=rslora, target_modules=["proj"])
+    )
     layer = model.base_model.model.proj
     torch.nn.init.normal_(layer.lora_B["default"].weight, std=0.1)  # peft starts B at zero; make it count
     return model, layer
@@ -98,9 +99,14 @@ def test_peft_states_that_are_not_the_plain_case_use_peft_forward():
         base = torch.nn.functional.linear(x, layer.base_layer.weight, layer.base_layer.bias)
         with model.disable_adapter():
             torch.testing.assert_close(layer(x), base)
-        lora = lora_linear_reference(x, layer.base_layer.weight, layer.base_layer.bias,
-                                     layer.lora_A["default"].weight, layer.lora_B["default"].weight,
-                                     layer.scaling["default"])
+        lora = lora_linear_reference(
+            x,
+            layer.base_layer.weight,
+            layer.base_layer.bias,
+            layer.lora_A["default"].weight,
+            layer.lora_B["default"].weight,
+            layer.scaling["default"],
+        )
         torch.testing.assert_close(layer(x), lora)
         layer.merge()
         torch.testing.assert_close(layer(x), lora, atol=1e-5, rtol=1e-5)
@@ -125,10 +131,12 @@ def test_qlora_layer_matches_peft_linear4bit(monkeypatch):
     class Quantized(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.proj = bnb.nn.Linear4bit(128, 24, bias=False, compute_dtype=torch.float32, quant_type="nf4",
-                                          compress_statistics=True)
-            self.proj.weight = bnb.nn.Params4bit(0.05 * torch.randn(24, 128), requires_grad=False,
-                                                 quant_type="nf4", compress_statistics=True)
+            self.proj = bnb.nn.Linear4bit(
+                128, 24, bias=False, compute_dtype=torch.float32, quant_type="nf4", compress_statistics=True
+            )
+            self.proj.weight = bnb.nn.Params4bit(
+                0.05 * torch.randn(24, 128), requires_grad=False, quant_type="nf4", compress_statistics=True
+            )
 
         def forward(self, x):
             return self.proj(x)
@@ -156,8 +164,11 @@ class _WeightCasts(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         source = args[0]
-        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.mul.out) and source.dtype == torch.float32 \
-                and tuple(source.shape) in self.shapes:
+        if (
+            func in (torch.ops.aten._to_copy.default, torch.ops.aten.mul.out)
+            and source.dtype == torch.float32
+            and tuple(source.shape) in self.shapes
+        ):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -191,8 +202,14 @@ def test_adapter_casts_are_made_once_inside_a_step_and_afresh_after_it():
         a.add_(0.5)
     with reuse_weight_casts():
         got = layer(x).detach()
-    reference = lora_linear_reference(x.detach(), layer.base_layer.weight, layer.base_layer.bias, a.to(x.dtype),
-                                      b.to(x.dtype), layer.scaling["default"])
+    reference = lora_linear_reference(
+        x.detach(),
+        layer.base_layer.weight,
+        layer.base_layer.bias,
+        a.to(x.dtype),
+        b.to(x.dtype),
+        layer.scaling["default"],
+    )
     _assert_close(got, reference, torch.bfloat16, "after the adapter changed")
     assert not torch.equal(got, want)
 
@@ -216,8 +233,9 @@ def test_a_layer_follows_adapter_changes_made_between_its_calls():
     weight, bias = layer.base_layer.weight, layer.base_layer.bias
 
     def expected(name):
-        return lora_linear_reference(x, weight, bias, layer.lora_A[name].weight, layer.lora_B[name].weight,
-                                     layer.scaling[name])
+        return lora_linear_reference(
+            x, weight, bias, layer.lora_A[name].weight, layer.lora_B[name].weight, layer.scaling[name]
+        )
 
     model.eval()
     with torch.no_grad():

@@ -53,8 +53,9 @@ def test_dequantize_matches_bitsandbytes(shape, nested):
             # The interpreter rounds fp32 -> bf16 toward zero (CUDA rounds to nearest): within one bf16 unit.
             assert ((got.float() - expected.float()).abs() <= _bf16_ulp(expected)).all(), (shape, nested)
         else:
-            assert torch.equal(got, expected), f"{shape} nested={nested} {dtype}: max diff " \
-                f"{(got.float() - expected.float()).abs().max().item():.3g}"
+            assert torch.equal(got, expected), (
+                f"{shape} nested={nested} {dtype}: max diff {(got.float() - expected.float()).abs().max().item():.3g}"
+            )
 
 
 @pytest.mark.parametrize("nested", [True, False])
@@ -70,10 +71,12 @@ def test_reference_dequantize_is_bit_exact(monkeypatch, nested):
 def test_nf4_linear_matches_bitsandbytes_linear4bit():
     """Base matmul of the QLoRA path (LoRA scale 0) against bnb's own Linear4bit: values and input gradient."""
     torch.manual_seed(0)
-    layer = bnb.nn.Linear4bit(130, 24, bias=True, compute_dtype=torch.float32, quant_type="nf4",
-                              compress_statistics=True)
-    layer.weight = bnb.nn.Params4bit(0.05 * torch.randn(24, 130), requires_grad=False, quant_type="nf4",
-                                     compress_statistics=True)
+    layer = bnb.nn.Linear4bit(
+        130, 24, bias=True, compute_dtype=torch.float32, quant_type="nf4", compress_statistics=True
+    )
+    layer.weight = bnb.nn.Params4bit(
+        0.05 * torch.randn(24, 130), requires_grad=False, quant_type="nf4", compress_statistics=True
+    )
     layer = layer.to("cpu")
     layer.bias.requires_grad_(False)
     x = torch.randn(3, 5, 130, requires_grad=True)

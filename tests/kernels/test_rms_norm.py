@@ -10,8 +10,11 @@ from hone.kernels.rms_norm import FusedRMSNorm, add_rms_norm, rms_norm
 
 # The interpreter rounds fp32 -> bf16 toward zero (the GPU rounds to nearest), so bf16 allows two units in the
 # last place of values up to ~4 (normalized rows times weights).
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=4e-3, rtol=4e-3),
-       torch.bfloat16: dict(atol=6e-2, rtol=2e-2)}
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=4e-3, rtol=4e-3),
+    torch.bfloat16: dict(atol=6e-2, rtol=2e-2),
+}
 # (leading shape, hidden): odd widths, one token, several short rows in one program, a long row.
 SHAPES = [((1,), 7), ((3, 5), 33), ((9,), 128), ((2,), 4099)]
 

@@ -8,8 +8,11 @@ import torch
 from hone.kernels.reference import rope_reference
 from hone.kernels.rope import apply_rotary
 
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=4e-3, rtol=4e-3),
-       torch.bfloat16: dict(atol=3e-2, rtol=2e-2)}
+TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=4e-3, rtol=4e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=2e-2),
+}
 # (batch, seq, q heads, kv heads, head_dim, cos batch): one token, GQA with odd head counts, a head_dim whose
 # half is not a power of two, per-row cos/sin, a long row.
 SHAPES = [(1, 1, 4, 2, 16, 1), (2, 7, 3, 1, 24, 2), (1, 9, 8, 8, 64, 1), (1, 300, 2, 1, 32, 1)]

@@ -44,8 +44,9 @@ def _train(config_path: str, run_dir: Path, resume: bool, fault_at: str | None, 
     if resume:  # as `hone train --resume` does: the run's own config
         config = RunConfig.load(run_dir / "config.toml")
     else:
-        config = RunConfig.load(config_path).with_overrides([f"output.name={json.dumps(run_dir.name)}",
-                                                             f"output.runs_dir={json.dumps(str(run_dir.parent))}"])
+        config = RunConfig.load(config_path).with_overrides(
+            [f"output.name={json.dumps(run_dir.name)}", f"output.runs_dir={json.dumps(str(run_dir.parent))}"]
+        )
     control = RunControl()
     if stop == "at-once":
         control.stop()
@@ -87,9 +88,12 @@ def _chain(config_path: str, chain: dict) -> int:
     killed = _fork(_train, config_path, run_dir, chain["resume"], str(chain["fault_at"]), chain.get("stop", ""))
     complete, broken = checkpoint_report(run_dir)
     root = run_dir / "checkpoints"
-    result = {"killed": killed, "newest": complete[-1].name if complete else None,
-              "broken": {str(k): v for k, v in broken.items()},
-              "after_kill": sorted(p.name for p in root.iterdir()) if root.is_dir() else []}
+    result = {
+        "killed": killed,
+        "newest": complete[-1].name if complete else None,
+        "broken": {str(k): v for k, v in broken.items()},
+        "after_kill": sorted(p.name for p in root.iterdir()) if root.is_dir() else [],
+    }
     result["resumed"] = _fork(_train, config_path, run_dir, True, None)
     Path(f"{run_dir}.json").write_text(json.dumps(result))
     return 0
@@ -128,12 +132,22 @@ def main(config_path: str, work: str, scenarios: str) -> None:
     chains = []
     if "save" in scenarios:
         ops = int((work / "reference.ops").read_text())
-        chains += [{"run_dir": str(work / f"save-{k}"), "copy_from": None, "resume": False, "fault_at": k}
-                   for k in range(1, ops + 1)]
+        chains += [
+            {"run_dir": str(work / f"save-{k}"), "copy_from": None, "resume": False, "fault_at": k}
+            for k in range(1, ops + 1)
+        ]
     if "rewrite" in scenarios:
         ops = int((work / "stopped-again.ops").read_text())
-        chains += [{"run_dir": str(work / f"rewrite-{k}"), "copy_from": str(stopped), "resume": True,
-                    "fault_at": k, "stop": "at-once"} for k in range(1, ops + 1)]
+        chains += [
+            {
+                "run_dir": str(work / f"rewrite-{k}"),
+                "copy_from": str(stopped),
+                "resume": True,
+                "fault_at": k,
+                "stop": "at-once",
+            }
+            for k in range(1, ops + 1)
+        ]
     _run_chains(config_path, chains)
 
 

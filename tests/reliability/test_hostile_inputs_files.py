@@ -26,8 +26,14 @@ ROW = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "co
 
 def _hone(*args: str, cwd, prefix: tuple[str, ...] = ()):
     start = time.monotonic()
-    out = subprocess.run([*prefix, sys.executable, "-m", "hone.core.cli", *args], capture_output=True, text=True,
-                         cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    out = subprocess.run(
+        [*prefix, sys.executable, "-m", "hone.core.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
     return out, time.monotonic() - start
 
 
@@ -56,13 +62,21 @@ def test_data_check_with_a_cut_gguf_says_it_is_damaged(cut_ggufs, tmp_path):
     data, in_weights, in_header = cut_ggufs
     size = smollm2_gguf().stat().st_size
     out, elapsed = _hone("data", "check", str(data), "--model", str(in_weights), cwd=tmp_path)
-    _assert_refused_at_once(out, elapsed, f"{in_weights} is damaged: it is cut short: it should have {size:,} bytes",
-                            "download or copy the file again")
+    _assert_refused_at_once(
+        out,
+        elapsed,
+        f"{in_weights} is damaged: it is cut short: it should have {size:,} bytes",
+        "download or copy the file again",
+    )
     assert f"but has 2,000,000 ({size - 2_000_000:,} missing)" in out.stderr
     assert "architecture" not in out.stderr
     out, elapsed = _hone("data", "check", str(data), "--model", str(in_header), cwd=tmp_path)
-    _assert_refused_at_once(out, elapsed, f"{in_header} is damaged: it ends inside its GGUF header (the file has "
-                            "1,000 bytes", "download or copy the file again")
+    _assert_refused_at_once(
+        out,
+        elapsed,
+        f"{in_header} is damaged: it ends inside its GGUF header (the file has 1,000 bytes",
+        "download or copy the file again",
+    )
 
 
 @pytest.mark.parametrize("which", ["in-weights", "in-header"])
@@ -70,8 +84,11 @@ def test_train_with_a_cut_gguf_says_it_is_damaged_and_writes_nothing(cut_ggufs, 
     data, *_ = cut_ggufs
     config = tmp_path / "run.toml"
     runs = (tmp_path / "runs").as_posix()
-    config.write_text(f'[model]\nname_or_path = "{(tmp_path / which).as_posix()}.gguf"\n'
-                      f'[data]\ntrain = ["{data.as_posix()}"]\n[output]\nruns_dir = "{runs}"\n', encoding="utf-8")
+    config.write_text(
+        f'[model]\nname_or_path = "{(tmp_path / which).as_posix()}.gguf"\n'
+        f'[data]\ntrain = ["{data.as_posix()}"]\n[output]\nruns_dir = "{runs}"\n',
+        encoding="utf-8",
+    )
     out, elapsed = _hone("train", str(config), cwd=tmp_path)
     _assert_refused_at_once(out, elapsed, f"{which}.gguf is damaged: it ", "download or copy the file again")
     assert "architecture" not in out.stderr
@@ -86,23 +103,46 @@ def _run_folder(root):
     (run / "adapter").mkdir(parents=True)
     RunConfig().save(run / "config.toml")
     rng = np.random.default_rng(0)
-    save_file({f"base_model.model.model.layers.0.self_attn.q_proj.lora_{m}.weight":
-               rng.standard_normal((8, 64), dtype=np.float32) for m in "AB"}, str(run / "adapter" /
-                                                                                  "adapter_model.safetensors"))
-    (run / "adapter" / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"],
-         "base_model_name_or_path": "bundled:smollm2-135m-instruct"}), encoding="utf-8")
-    (run / "run.json").write_text(json.dumps({"run_dir": str(run), "name": "run", "model": "m",
-                                              "status": "finished"}), encoding="utf-8")
+    save_file(
+        {
+            f"base_model.model.model.layers.0.self_attn.q_proj.lora_{m}.weight": rng.standard_normal(
+                (8, 64), dtype=np.float32
+            )
+            for m in "AB"
+        },
+        str(run / "adapter" / "adapter_model.safetensors"),
+    )
+    (run / "adapter" / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": 8,
+                "lora_alpha": 16,
+                "target_modules": ["q_proj"],
+                "base_model_name_or_path": "bundled:smollm2-135m-instruct",
+            }
+        ),
+        encoding="utf-8",
+    )
+    (run / "run.json").write_text(
+        json.dumps({"run_dir": str(run), "name": "run", "model": "m", "status": "finished"}), encoding="utf-8"
+    )
     return run
 
 
-@pytest.mark.parametrize("file, cut, words", [
-    ("adapter_model.safetensors", 0.5, "it is cut short: it should have {whole:,} bytes (to the end of the last of "
-     "its 2 tensors) but has {size:,} ({missing:,} missing)"),
-    ("adapter_model.safetensors", 0.001, "it has {size} bytes, fewer than the 8 that give a safetensors header's"),
-    ("adapter_config.json", 0.5, "it is not valid JSON (Unterminated string"),
-])
+@pytest.mark.parametrize(
+    "file, cut, words",
+    [
+        (
+            "adapter_model.safetensors",
+            0.5,
+            "it is cut short: it should have {whole:,} bytes (to the end of the last of "
+            "its 2 tensors) but has {size:,} ({missing:,} missing)",
+        ),
+        ("adapter_model.safetensors", 0.001, "it has {size} bytes, fewer than the 8 that give a safetensors header's"),
+        ("adapter_config.json", 0.5, "it is not valid JSON (Unterminated string"),
+    ],
+)
 def test_export_of_a_damaged_adapter_names_the_file(tmp_path, file, cut, words):
     run = _run_folder(tmp_path)
     path = run / "adapter" / file
@@ -135,10 +175,15 @@ def test_export_into_a_read_only_folder_says_so(tmp_path, out_name):
     locked.mkdir()
     locked.chmod(0o555)
     try:
-        out, elapsed = _hone("export", str(run), "--format", "adapter", "--out", str(locked / out_name),
-                             cwd=tmp_path, prefix=prefix)
+        out, elapsed = _hone(
+            "export", str(run), "--format", "adapter", "--out", str(locked / out_name), cwd=tmp_path, prefix=prefix
+        )
     finally:
         locked.chmod(0o755)
-    _assert_refused_at_once(out, elapsed, f"cannot write the export to {locked / out_name}: {locked} is read-only",
-                            "choose an --out folder you can write to")
+    _assert_refused_at_once(
+        out,
+        elapsed,
+        f"cannot write the export to {locked / out_name}: {locked} is read-only",
+        "choose an --out folder you can write to",
+    )
     assert list(locked.iterdir()) == []

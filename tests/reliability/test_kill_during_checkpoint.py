@@ -25,13 +25,21 @@ from hone.core.train.run_dir import read_events
 from tests.core.conftest import make_tiny_config, write_rows
 
 # slow: about 45 runs of the tiny model (~1.5 min of CPU); the default suite and .ci/run still run it.
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not hasattr(os, "fork"), reason="the runner forks a process per run (POSIX)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="the runner forks a process per run (POSIX)"),
+]
 
 RUNNER = Path(__file__).with_name("fault_runner.py")
-SETTINGS = ["train.max_steps=2", "output.checkpoint_every=1", "output.keep_checkpoints=1", "data.max_length=128",
-            "train.batch_tokens=128", "lora.dropout=0.1",  # dropout: the RNG states must come back too
-            "data.eval=[]"]
+SETTINGS = [
+    "train.max_steps=2",
+    "output.checkpoint_every=1",
+    "output.keep_checkpoints=1",
+    "data.max_length=128",
+    "train.batch_tokens=128",
+    "lora.dropout=0.1",  # dropout: the RNG states must come back too
+    "data.eval=[]",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +52,12 @@ def fault_runs(tmp_path_factory, tiny_model_dir):
     train = write_rows(work / "train.jsonl", rows)
     config = make_tiny_config(tiny_model_dir("tiny-dense"), (train, train), work / "unused", *SETTINGS)
     config.save(work / "run.toml")
-    done = subprocess.run([sys.executable, str(RUNNER), str(work / "run.toml"), str(work), "save,rewrite"],
-                          capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(
+        [sys.executable, str(RUNNER), str(work / "run.toml"), str(work), "save,rewrite"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return work
 
@@ -110,7 +122,8 @@ def test_a_kill_at_any_point_of_a_same_step_rewrite_keeps_the_step_and_resumes(f
     for k, result in chains:
         assert result["killed"] == -9, f"kill at change {k}: the run ended with {result['killed']}"
         assert _step(result["newest"]) == 1 and not result["broken"], (
-            f"kill at change {k} of the rewrite left {result['after_kill']}: {result['broken']}")
+            f"kill at change {k} of the rewrite left {result['after_kill']}: {result['broken']}"
+        )
         assert result["resumed"] == 0, f"the resume after a kill at change {k} failed"
         _assert_like_the_reference(work, work / f"rewrite-{k}")
     # The kill between the two renames: the old step-1 set aside, the new one not renamed in; found all the same.

@@ -21,14 +21,17 @@ from hone.core.train.trainer import Trainer
 from tests.core.conftest import make_tiny_config, write_rows
 
 # A second process taking the run folder's lock: prints "locked" (or the refusal) and waits for its stdin to close.
-HOLD = ("import sys\nfrom hone.core.train.run_lock import RunLock\nfrom hone.core.errors import HoneError\n"
-        "try:\n    RunLock.acquire(sys.argv[1])\nexcept HoneError as e:\n    print(e.message, flush=True)\n"
-        "    raise SystemExit(1)\nprint('locked', flush=True)\nsys.stdin.read()\n")
+HOLD = (
+    "import sys\nfrom hone.core.train.run_lock import RunLock\nfrom hone.core.errors import HoneError\n"
+    "try:\n    RunLock.acquire(sys.argv[1])\nexcept HoneError as e:\n    print(e.message, flush=True)\n"
+    "    raise SystemExit(1)\nprint('locked', flush=True)\nsys.stdin.read()\n"
+)
 
 
 def _hone(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hone.core.cli", *args], capture_output=True, text=True,
-                          timeout=600, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "hone.core.cli", *args], capture_output=True, text=True, timeout=600, **kwargs
+    )
 
 
 def _shows(out: subprocess.CompletedProcess, text: str) -> bool:
@@ -69,23 +72,26 @@ def finished_run(tmp_path_factory, tiny_model_dir, data):
 def test_a_second_process_on_a_run_folder_stops_at_once_saying_who_holds_it(finished_run, tmp_path):
     run_dir = tmp_path / "done"
     shutil.copytree(finished_run, run_dir)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         before = _snapshot(run_dir)
         out = _hone("train", "--resume", str(run_dir))
         assert out.returncode == 2, out.stderr[-2000:]  # refused before the resume reads a checkpoint
-        assert _shows(out, f"the run folder {run_dir} is in use: pid {holder.pid} on host {socket.gethostname()!r} "
-                      "since "), out.stdout[-2000:]
+        assert _shows(
+            out, f"the run folder {run_dir} is in use: pid {holder.pid} on host {socket.gethostname()!r} since "
+        ), out.stdout[-2000:]
         assert _shows(out, "wait for that run to end or stop it") and "Traceback" not in out.stdout + out.stderr
         assert _snapshot(run_dir) == before  # not a byte written: no event, no log line, no run.json
     finally:
         holder.kill()  # SIGKILL: the OS drops its lock; its run.lock file stays behind
         holder.wait()
     assert read_holder(run_dir)["pid"] == holder.pid
-    again = subprocess.run([sys.executable, "-c", HOLD, str(run_dir)], input="", capture_output=True, text=True,
-                           timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-c", HOLD, str(run_dir)], input="", capture_output=True, text=True, timeout=120
+    )
     assert again.stdout == "locked\n", again.stdout + again.stderr  # a stale lock file blocks nobody
 
 
@@ -95,19 +101,20 @@ def test_a_training_run_holds_its_folder_until_it_ends(tiny_model_dir, data, tmp
     for event in run:
         if isinstance(event, events.StepMetrics):
             break  # the run is paused mid-way, in this process
-    other = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path / "held")], input="", capture_output=True,
-                           text=True, timeout=120)
+    other = subprocess.run(
+        [sys.executable, "-c", HOLD, str(tmp_path / "held")], input="", capture_output=True, text=True, timeout=120
+    )
     assert other.returncode == 1 and f"is in use: pid {os.getpid()} on host" in other.stdout, other.stdout
     rest = list(run)
     assert isinstance(rest[-1], events.RunFinished), rest[-1]
-    other = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path / "held")], input="", capture_output=True,
-                           text=True, timeout=120)
+    other = subprocess.run(
+        [sys.executable, "-c", HOLD, str(tmp_path / "held")], input="", capture_output=True, text=True, timeout=120
+    )
     assert other.stdout == "locked\n", other.stdout + other.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="RLIMIT_FSIZE as on Linux")
-def test_a_full_disk_fails_the_run_once_clearly_and_the_run_goes_on_once_there_is_room(tiny_model_dir, data,
-                                                                                        tmp_path):
+def test_a_full_disk_fails_the_run_once_clearly_and_the_run_goes_on_once_there_is_room(tiny_model_dir, data, tmp_path):
     import resource
 
     limit = 100_000  # bytes per file: the step-2 checkpoint's weights (135 kB) do not fit, the logs do
@@ -115,8 +122,14 @@ def test_a_full_disk_fails_the_run_once_clearly_and_the_run_goes_on_once_there_i
     def small_disk():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    config = make_tiny_config(tiny_model_dir("tiny-dense"), data, tmp_path / "runs", "output.name=full",
-                              "train.max_steps=4", "output.checkpoint_every=2")
+    config = make_tiny_config(
+        tiny_model_dir("tiny-dense"),
+        data,
+        tmp_path / "runs",
+        "output.name=full",
+        "train.max_steps=4",
+        "output.checkpoint_every=2",
+    )
     config.save(tmp_path / "full.toml")
     run_dir = tmp_path / "runs" / "full"
     out = _hone("train", str(tmp_path / "full.toml"), preexec_fn=small_disk)
@@ -166,8 +179,9 @@ writer.close()
 @pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="RLIMIT_FSIZE as on Linux")
 def test_metrics_that_hit_a_full_disk_stay_whole_lines_and_run_json_says_failed(tmp_path):
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-c", WRITE_UNTIL_FULL, str(run_dir)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", WRITE_UNTIL_FULL, str(run_dir)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     written, message = done.stdout.split(" ", 1)
     assert message.startswith(f"the disk is full: the StepMetrics event could not be written in {run_dir}: ")
@@ -207,16 +221,22 @@ def test_a_pickle_payload_in_a_checkpoint_is_refused_on_resume_and_never_runs(fi
 
     probe = tmp_path / "probe.pt"
     shutil.copy(state, probe)
-    done = subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(probe)!r}, weights_only=False)"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", f"import torch; torch.load({str(probe)!r}, weights_only=False)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert marker.read_text() == "ran", done.stderr[-2000:]  # the payload is live: a loader that unpickles runs it
     marker.unlink()
 
     out = _hone("train", "--resume", str(run_dir), "--set", "train.max_steps=4")  # longer: it has finished
     assert out.returncode == 1, out.stderr[-2000:]
-    assert _shows(out, f"{state} holds Python objects besides tensors and plain values, and loading it could run "
-                  "code, so Hone does not (Unsupported global: GLOBAL exec was not an allowed global by default)"), (
-        out.stdout[-2000:])
+    assert _shows(
+        out,
+        f"{state} holds Python objects besides tensors and plain values, and loading it could run "
+        "code, so Hone does not (Unsupported global: GLOBAL exec was not an allowed global by default)",
+    ), out.stdout[-2000:]
     assert "Traceback" not in out.stdout + out.stderr and not marker.exists()
 
 
@@ -228,11 +248,22 @@ def test_a_run_whose_process_was_killed_reads_as_interrupted_and_one_training_el
 
     run_dir = tmp_path / "runs" / "cut"
     writer = RunWriter(run_dir, RunConfig())
-    writer.write(events.RunStarted(run_dir=str(run_dir), model="m", device="cpu", dtype="float32", params_total=10,
-                                   params_trainable=1, total_steps=40, tokens_per_epoch=100))
+    writer.write(
+        events.RunStarted(
+            run_dir=str(run_dir),
+            model="m",
+            device="cpu",
+            dtype="float32",
+            params_total=10,
+            params_trainable=1,
+            total_steps=40,
+            tokens_per_epoch=100,
+        )
+    )
     writer.close()  # as far as run.json goes, a run that never ended
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         assert in_use(run_dir) is True
@@ -262,8 +293,9 @@ def test_only_process_0_of_a_torchrun_refuses_a_folder_in_use(tmp_path, monkeypa
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         monkeypatch.setenv("WORLD_SIZE", "2")
@@ -286,6 +318,7 @@ def test_a_released_lock_leaves_no_holder_even_where_the_note_cannot_be_shortene
         lock = run_lock.RunLock.acquire(run_dir)
         assert run_lock.read_holder(run_dir)["pid"] == os.getpid()
         if refuse_truncate:  # as Windows may for a file with a locked range
+
             def refuse(fd, length):
                 raise PermissionError(13, "the file has a locked range")
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from hone.core import cli
+from hone.core.cli import dispatch as cli
 from hone.core.config import DataConfig
 from hone.core.data import check_data, load_training_data
 
@@ -50,8 +50,10 @@ def test_row_nested_a_thousand_deep_is_skipped_by_the_check_and_the_run(tmp_path
     lines = [good, nested_row(1000), good, nested_row(200), nested_row(MAX_DEPTH)]
     assert [bracket_depth(line) for line in lines] == [3, 1000, 3, 200, 64]
     path = write_lines(tmp_path / "d.jsonl", lines)
-    expected = [f"{path}:2: the line is not a usable row: {TOO_DEEP_WHY}; fix or remove it",
-                f"{path}:4: the line is not a usable row: {TOO_DEEP_WHY}; fix or remove it"]
+    expected = [
+        f"{path}:2: the line is not a usable row: {TOO_DEEP_WHY}; fix or remove it",
+        f"{path}:4: the line is not a usable row: {TOO_DEEP_WHY}; fix or remove it",
+    ]
 
     report, _ = check_data(DataConfig(train=[str(path)]))
     assert (report.rows_read, report.rows_kept, report.skipped) == (5, 3, {"nested too deeply": 2})
@@ -84,12 +86,16 @@ def test_deep_json_in_a_json_file_and_in_a_csv_cell(tmp_path):
     report, _ = check_data(DataConfig(train=[str(whole), str(listed)]))
     assert report.rows_kept == 1 and report.problems == [
         f"{whole} cannot be read: somewhere it nests objects and lists hundreds of levels deep (a row needs a few); "
-        "convert it to JSONL, where such a row skips only itself"]
+        "convert it to JSONL, where such a row skips only itself"
+    ]
 
     cells = tmp_path / "rows.csv"
     deep_list = "[" * 300 + "]" * 300
-    cells.write_text('messages\n"[{""role"": ""user"", ""content"": ""Hi""}, {""role"": ""assistant"", '
-                     '""content"": ""Yes""}]"\n"' + deep_list + '"\n', encoding="utf-8")
+    cells.write_text(
+        'messages\n"[{""role"": ""user"", ""content"": ""Hi""}, {""role"": ""assistant"", '
+        '""content"": ""Yes""}]"\n"' + deep_list + '"\n',
+        encoding="utf-8",
+    )
     report, _ = check_data(DataConfig(train=[str(cells)]))
     assert (report.rows_kept, report.skipped) == (1, {"nested too deeply": 1})
     assert report.skipped_examples == [f"{cells}:3: messages: is a JSON list that cannot be used: {TOO_DEEP_WHY}"]
@@ -126,8 +132,9 @@ _BIG_ROW_PROBE = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_a_50_mb_row_is_handled_in_seconds_without_tokenizing_it_whole(tmp_path, smollm2_tokenizer_dir,
-                                                                       smollm2_tokenizer):
+def test_a_50_mb_row_is_handled_in_seconds_without_tokenizing_it_whole(
+    tmp_path, smollm2_tokenizer_dir, smollm2_tokenizer
+):
     """Before: 434 s and a 6.4 GB peak (tokenizing 10 million tokens) to drop it. The row is checked by its length in
     characters first: with max_length 256, 256 x 32 = 8,192 characters are all a row can use."""
     big = "word " * 10_000_000  # 50,000,000 characters
@@ -136,8 +143,13 @@ def test_a_50_mb_row_is_handled_in_seconds_without_tokenizing_it_whole(tmp_path,
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     probe = tmp_path / "probe.py"
     probe.write_text(_BIG_ROW_PROBE, encoding="utf-8")
-    out = subprocess.run([sys.executable, str(probe), str(smollm2_tokenizer_dir), str(data), str(tmp_path / "cache")],
-                         capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, str(probe), str(smollm2_tokenizer_dir), str(data), str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     dropped, truncated = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
     for result in (dropped, truncated):
         assert result["seconds"] < 10, result
@@ -149,7 +161,8 @@ def test_a_50_mb_row_is_handled_in_seconds_without_tokenizing_it_whole(tmp_path,
     assert dropped["examples"] == [
         f"{data}:1: has {len(rendered):,} characters, far more than data.max_length = 256 tokens can hold (it would "
         "need over 32 characters per token), so it was not tokenized; shorten the row or set data.overlong = "
-        "\"truncate\""]
+        '"truncate"'
+    ]
     assert dropped["ids"] == [small]
 
     # Reference: the first 256 tokens of the rendered row, from a prefix long enough to hold them (the tokenizer
@@ -157,8 +170,10 @@ def test_a_50_mb_row_is_handled_in_seconds_without_tokenizing_it_whole(tmp_path,
     reference = smollm2_tokenizer(rendered[:4096], add_special_tokens=False)["input_ids"][:256]
     assert (truncated["kept"], truncated["skipped"], truncated["truncated"]) == (2, {}, 1)
     assert truncated["ids"] == [reference, small]
-    assert f"1 row had more than data.max_length x 32 characters; only that many were tokenized, then truncated " \
-           f"(kept): {data}:1" in truncated["notes"]
+    assert (
+        f"1 row had more than data.max_length x 32 characters; only that many were tokenized, then truncated "
+        f"(kept): {data}:1" in truncated["notes"]
+    )
 
 
 def test_image_paths_outside_the_data_folder_are_kept_and_listed(tmp_path):
@@ -171,14 +186,25 @@ def test_image_paths_outside_the_data_folder_are_kept_and_listed(tmp_path):
     (folder / "pics" / "link.png").symlink_to(tmp_path / "abs.png")
 
     def row(image):
-        return {"messages": [{"role": "user", "content": [{"type": "image", "image": image}, "Color?"]},
-                             {"role": "assistant", "content": "Red."}]}
+        return {
+            "messages": [
+                {"role": "user", "content": [{"type": "image", "image": image}, "Color?"]},
+                {"role": "assistant", "content": "Red."},
+            ]
+        }
 
-    rows = [row("pics/in.png"), row("../up.png"), GOOD, row(str(tmp_path / "abs.png")), row("pics/../pics/in.png"),
-            row("pics/link.png")]
+    rows = [
+        row("pics/in.png"),
+        row("../up.png"),
+        GOOD,
+        row(str(tmp_path / "abs.png")),
+        row("pics/../pics/in.png"),
+        row("pics/link.png"),
+    ]
     data = folder / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     report, _ = check_data(DataConfig(train=[str(data)]))
     assert (report.rows_read, report.rows_kept, report.skipped) == (6, 6, {})
-    assert f"3 rows read an image from outside the data file's folder (kept): {data}:2, {data}:4, {data}:6" \
-        in report.notes
+    assert (
+        f"3 rows read an image from outside the data file's folder (kept): {data}:2, {data}:4, {data}:6" in report.notes
+    )

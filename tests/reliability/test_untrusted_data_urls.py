@@ -111,7 +111,7 @@ class LocalServer:
         for i in range(len(data)):
             if self.stop.is_set():
                 return
-            h.wfile.write(data[i:i + 1])
+            h.wfile.write(data[i : i + 1])
             h.wfile.flush()
             time.sleep(DRIP_S)
 
@@ -150,18 +150,29 @@ def llava_processor(smollm2_tokenizer_dir):
 
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['content'] is string %}"
-                "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}{{ '<image>' }}"
-                "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}")
+    template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['content'] is string %}"
+        "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}{{ '<image>' }}"
+        "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\n' }}{% endfor %}"
+    )
     images = ImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
-    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=14,
-                          vision_feature_select_strategy="default", image_token="<image>", chat_template=template)
+    return LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        chat_template=template,
+    )
 
 
 def image_row(ref: str) -> dict:
-    return {"messages": [{"role": "user", "content": [{"type": "image", "image": ref},
-                                                      {"type": "text", "text": "Color?"}]},
-                         {"role": "assistant", "content": "Red."}]}
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "image": ref}, {"type": "text", "text": "Color?"}]},
+            {"role": "assistant", "content": "Red."},
+        ]
+    }
 
 
 def text_row() -> dict:
@@ -181,6 +192,7 @@ def fetch_error(fetcher: UrlFetcher, url: str) -> tuple[str, float]:
 
 
 # --- the fetcher against each hostile response ---------------------------------------------------------------------
+
 
 def test_endless_response_stops_at_the_size_cap(servers, tmp_path):
     a, _ = servers
@@ -250,22 +262,35 @@ def test_loopback_is_refused_by_default_without_a_request(servers, tmp_path):
     a, _ = servers
     fetcher = UrlFetcher(tmp_path / "urls")
     why, _ = fetch_error(fetcher, f"{a.url}/img.png")
-    assert why == ("127.0.0.1 is a loopback address; set data.allow_private_urls = true to fetch from hosts on this "
-                   "machine or network")
+    assert why == (
+        "127.0.0.1 is a loopback address; set data.allow_private_urls = true to fetch from hosts on this "
+        "machine or network"
+    )
     why, _ = fetch_error(fetcher, f"http://localhost:{a.port}/img.png")
     assert why.startswith("localhost resolves to ") and "which is a loopback address" in why
     assert sum(a.requests.values()) == 0
 
 
-@pytest.mark.parametrize(("address", "words"), [
-    ("127.0.0.1", "a loopback address"), ("127.8.9.10", "a loopback address"), ("::1", "a loopback address"),
-    ("::ffff:127.0.0.1", "a loopback address"), ("169.254.169.254", "a link-local address"),
-    ("fe80::1", "a link-local address"), ("10.1.2.3", "a private-network address"),
-    ("172.16.0.1", "a private-network address"), ("192.168.1.1", "a private-network address"),
-    ("fd00::1", "a private-network address"), ("0.0.0.0", "an unspecified address"),
-    ("224.0.0.1", "a multicast address"), ("100.64.0.1", "not a public address"), ("93.184.215.14", None),
-    ("2606:2800:21f:cb07:6820:80da:af6b:8b2c", None),
-])
+@pytest.mark.parametrize(
+    ("address", "words"),
+    [
+        ("127.0.0.1", "a loopback address"),
+        ("127.8.9.10", "a loopback address"),
+        ("::1", "a loopback address"),
+        ("::ffff:127.0.0.1", "a loopback address"),
+        ("169.254.169.254", "a link-local address"),
+        ("fe80::1", "a link-local address"),
+        ("10.1.2.3", "a private-network address"),
+        ("172.16.0.1", "a private-network address"),
+        ("192.168.1.1", "a private-network address"),
+        ("fd00::1", "a private-network address"),
+        ("0.0.0.0", "an unspecified address"),
+        ("224.0.0.1", "a multicast address"),
+        ("100.64.0.1", "not a public address"),
+        ("93.184.215.14", None),
+        ("2606:2800:21f:cb07:6820:80da:af6b:8b2c", None),
+    ],
+)
 def test_address_policy(tmp_path, address, words):
     refused = UrlFetcher(tmp_path).refusal("host.example", address, 80)
     if words is None:
@@ -277,6 +302,7 @@ def test_address_policy(tmp_path, address, words):
 
 # --- through the data pipeline: the report, the cache, the run -------------------------------------------------------
 
+
 def test_refused_url_skips_its_row_with_file_row_field_url_and_why(servers, tmp_path):
     a, _ = servers
     (tmp_path / "red.png").write_bytes(PNG)
@@ -285,17 +311,24 @@ def test_refused_url_skips_its_row_with_file_row_field_url_and_why(servers, tmp_
     assert (report.rows_read, report.rows_kept, report.skipped) == (3, 2, {"image URL not fetched": 1})
     assert report.skipped_examples == [
         f"{path}:2: image 1: image URL {a.url}/img.png was not fetched: 127.0.0.1 is a loopback address; set "
-        "data.allow_private_urls = true to fetch from hosts on this machine or network"]
+        "data.allow_private_urls = true to fetch from hosts on this machine or network"
+    ]
     assert sum(a.requests.values()) == 0
 
 
 def test_failed_urls_skip_only_their_rows_and_the_run_goes_on(servers, tmp_path, llava_processor):
     a, _ = servers
-    rows = [image_row(f"{a.url}/img.png"), image_row(f"{a.url}/huge"), image_row(f"{a.url}/to-file"),
-            image_row(f"{a.url}/nothing-here"), text_row()]
+    rows = [
+        image_row(f"{a.url}/img.png"),
+        image_row(f"{a.url}/huge"),
+        image_row(f"{a.url}/to-file"),
+        image_row(f"{a.url}/nothing-here"),
+        text_row(),
+    ]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    data = load_training_data(DataConfig(train=[str(path)], allow_private_urls=True), llava_processor,
-                              cache_dir=tmp_path / "cache")
+    data = load_training_data(
+        DataConfig(train=[str(path)], allow_private_urls=True), llava_processor, cache_dir=tmp_path / "cache"
+    )
     report = data.reports[0]
     assert (report.rows_read, report.rows_kept, report.skipped) == (5, 2, {"image URL not fetched": 3})
     assert report.skipped_examples == [
@@ -303,13 +336,15 @@ def test_failed_urls_skip_only_their_rows_and_the_run_goes_on(servers, tmp_path,
         f"{MAX_IMAGE_BYTES:,}-byte limit for an image",
         f"{path}:3: image 1: image URL {a.url}/to-file was not fetched: it redirects to file:///etc/passwd; only "
         "http and https redirects are followed",
-        f"{path}:4: image 1: image URL {a.url}/nothing-here was not fetched: the server answered 404 Not Found"]
+        f"{path}:4: image 1: image URL {a.url}/nothing-here was not fetched: the server answered 404 Not Found",
+    ]
     assert [row.source for row in data.train] == [f"{path}:1", f"{path}:5"]
     assert any("not cached, so the next run tries those URLs again" in note for note in report.notes)
 
 
-def test_allowed_private_url_is_fetched_once_and_every_later_use_reads_the_cache(servers, tmp_path, own_cache,
-                                                                              llava_processor):
+def test_allowed_private_url_is_fetched_once_and_every_later_use_reads_the_cache(
+    servers, tmp_path, own_cache, llava_processor
+):
     a, _ = servers
     url = f"{a.url}/img.png"
     path = write_jsonl(tmp_path / "d.jsonl", [image_row(url), text_row(), image_row(url)])

@@ -17,8 +17,13 @@ from pathlib import Path
 import torch
 
 # Calls that wait for the GPU: their time is the device catching up with the host.
-_WAITS = ("method 'item'", "method 'synchronize'", "built-in method torch._C._cuda_synchronize", "method 'tolist'",
-          "method 'cpu'")
+_WAITS = (
+    "method 'item'",
+    "method 'synchronize'",
+    "built-in method torch._C._cuda_synchronize",
+    "method 'tolist'",
+    "method 'cpu'",
+)
 _PACKAGES = ("hone", "torch", "transformers", "peft", "triton", "bitsandbytes")
 
 
@@ -48,7 +53,7 @@ def _locate(filename: str) -> tuple[str, str]:
     path = filename.replace("\\", "/")
     for folder, prefix in _HONE_FOLDERS.items():  # an editable install's folders need not be named "hone"
         if path.startswith(folder):
-            return "hone", prefix + path[len(folder):]
+            return "hone", prefix + path[len(folder) :]
     parts = path.split("/")
     for index in range(len(parts) - 2, -1, -1):  # the innermost package folder holding the file
         if parts[index] in _PACKAGES:
@@ -113,10 +118,12 @@ def host_profile_lines(name: str, summary: dict) -> list[str]:
     if "error" in summary:
         return [f"host profile of {name}: {summary['error']}"]
     packages = ", ".join(f"{k} {v:.1f} ms" for k, v in summary["packages"].items())
-    lines = [f"host profile of {name}: one step {summary['wall_ms']:.1f} ms wall under cProfile, "
-             f"{summary['waiting_ms']:.1f} ms of it waiting for the GPU, {summary['function_calls']:,} calls; "
-             f"self time by package: {packages}",
-             f"{'self ms':>9} {'cum ms':>9} {'calls':>8}  function"]
+    lines = [
+        f"host profile of {name}: one step {summary['wall_ms']:.1f} ms wall under cProfile, "
+        f"{summary['waiting_ms']:.1f} ms of it waiting for the GPU, {summary['function_calls']:,} calls; "
+        f"self time by package: {packages}",
+        f"{'self ms':>9} {'cum ms':>9} {'calls':>8}  function",
+    ]
     for row in summary["functions"]:
         lines.append(f"{row['self_ms']:9.1f} {row['cumulative_ms']:9.1f} {row['calls']:8,}  {row['function']}")
     return lines

@@ -95,9 +95,11 @@ def memory_lines(name: str, summary: dict) -> list[str]:
     """Printable lines of one run's trace."""
     if "error" in summary:
         return [f"memory at the peak of {name}: {summary['error']}"]
-    lines = [f"memory at the peak of {name}: {summary['peak_gib']:.2f} GiB = {summary['before_gib']:.2f} before the "
-             f"step + {summary['step_gib_at_peak']:.2f} made by it; the peak's allocation: "
-             f"{summary['peak_allocation']}"]
+    lines = [
+        f"memory at the peak of {name}: {summary['peak_gib']:.2f} GiB = {summary['before_gib']:.2f} before the "
+        f"step + {summary['step_gib_at_peak']:.2f} made by it; the peak's allocation: "
+        f"{summary['peak_allocation']}"
+    ]
     lines += [f"  {row['gib']:7.3f} GiB {row['blocks']:5d} blocks  {row['where']}" for row in summary["sites"]]
     if summary.get("other_gib"):
         lines.append(f"  {summary['other_gib']:7.3f} GiB elsewhere")

@@ -42,7 +42,7 @@ def module_label(name: str) -> str:
     indices = [i for i, p in enumerate(parts) if p.isdigit()]
     if indices:
         last = indices[-1]
-        return ".".join(parts[last + 1:]) or "decoder layer"
+        return ".".join(parts[last + 1 :]) or "decoder layer"
     return ".".join(parts[-2:]) or "model"
 
 
@@ -119,9 +119,9 @@ def launch_group(event) -> str:
         if name.startswith(_OPTIMIZER_RANGE):
             return "optimizer"
         if module is None and name.startswith(MODULE_RANGE):
-            module = (depth, name[len(MODULE_RANGE):])
+            module = (depth, name[len(MODULE_RANGE) :])
         elif node is None and name.startswith(_NODE_RANGE):
-            node = (depth, name[len(_NODE_RANGE):])
+            node = (depth, name[len(_NODE_RANGE) :])
     if module is not None and (node is None or module[0] < node[0]):
         return ("recompute " if node is not None else "forward ") + module[1]
     if node is not None:
@@ -143,8 +143,18 @@ def _launches(events, cuda: bool):
 
 
 # ATen ops that are one GEMM (or a batch of them); on a CPU their own time stands in for a matmul kernel.
-_MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
-                         "aten::_grouped_mm", "aten::_scaled_mm"})
+_MATMUL_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::addmm_",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::baddbmm_",
+        "aten::_grouped_mm",
+        "aten::_scaled_mm",
+    }
+)
 
 
 def matmul_flops(op: str, shapes) -> int:
@@ -168,8 +178,17 @@ def _matmul_table(launches, top: int) -> list[dict]:
     flops, tflops, the kernel and the launch group that took most of the row's time."""
     rows: dict = {}
     for op, shapes, kernel, us, group in launches:
-        row = rows.setdefault((op, str(shapes)), {"op": op, "shapes": shapes, "calls": 0, "us": 0.0,
-                                                  "kernels": defaultdict(float), "groups": defaultdict(float)})
+        row = rows.setdefault(
+            (op, str(shapes)),
+            {
+                "op": op,
+                "shapes": shapes,
+                "calls": 0,
+                "us": 0.0,
+                "kernels": defaultdict(float),
+                "groups": defaultdict(float),
+            },
+        )
         row["calls"] += 1
         row["us"] += us
         row["kernels"][kernel] += us
@@ -177,17 +196,27 @@ def _matmul_table(launches, top: int) -> list[dict]:
     out = []
     for row in sorted(rows.values(), key=lambda r: r["us"], reverse=True)[:top]:
         flops = row["calls"] * matmul_flops(row["op"], row["shapes"])
-        out.append({"op": row["op"], "shapes": row["shapes"], "calls": row["calls"], "total_ms": row["us"] / 1000,
-                    "flops": flops, "tflops": flops / row["us"] / 1e6 if row["us"] else 0.0,
-                    "kernel": max(row["kernels"].items(), key=lambda kv: kv[1])[0],
-                    "where": max(row["groups"].items(), key=lambda kv: kv[1])[0]})
+        out.append(
+            {
+                "op": row["op"],
+                "shapes": row["shapes"],
+                "calls": row["calls"],
+                "total_ms": row["us"] / 1000,
+                "flops": flops,
+                "tflops": flops / row["us"] / 1e6 if row["us"] else 0.0,
+                "kernel": max(row["kernels"].items(), key=lambda kv: kv[1])[0],
+                "where": max(row["groups"].items(), key=lambda kv: kv[1])[0],
+            }
+        )
     return out
 
 
 def _table(totals: dict, counts: dict, whole_us: float, top: int) -> list[dict]:
     rows = sorted(totals.items(), key=lambda kv: kv[1], reverse=True)[:top]
-    return [{"name": name, "calls": counts[name], "total_ms": us / 1000,
-             "share": us / whole_us if whole_us else 0.0} for name, us in rows]
+    return [
+        {"name": name, "calls": counts[name], "total_ms": us / 1000, "share": us / whole_us if whole_us else 0.0}
+        for name, us in rows
+    ]
 
 
 def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
@@ -231,14 +260,19 @@ def summarize(events, *, cuda: bool, wall_s: float, top: int = 25) -> dict:
         if event.name in _HOST_WAITS:
             waits[event.name][0] += 1
             waits[event.name][1] += event.time_range.elapsed_us() / 1000
-    return {"wall_ms": wall_s * 1000, "device_ms": device_us / 1000, "attributed_ms": attributed / 1000,
-            "host_waits": {name: {"calls": calls, "ms": ms} for name, (calls, ms) in waits.items()},
-            "kernel_launches": sum(kernel_calls.values()), "device": "cuda" if cuda else "cpu (ATen ops)",
-            "kernels": _table(kernel_us, kernel_calls, device_us, top),
-            "groups": _table(group_us, group_calls, device_us, top),
-            "phases": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
-            "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
-            "matmuls": _matmul_table(matmuls, top)}
+    return {
+        "wall_ms": wall_s * 1000,
+        "device_ms": device_us / 1000,
+        "attributed_ms": attributed / 1000,
+        "host_waits": {name: {"calls": calls, "ms": ms} for name, (calls, ms) in waits.items()},
+        "kernel_launches": sum(kernel_calls.values()),
+        "device": "cuda" if cuda else "cpu (ATen ops)",
+        "kernels": _table(kernel_us, kernel_calls, device_us, top),
+        "groups": _table(group_us, group_calls, device_us, top),
+        "phases": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
+        "categories": dict(sorted(categories.items(), key=lambda kv: -kv[1])),
+        "matmuls": _matmul_table(matmuls, top),
+    }
 
 
 def _annotation(event) -> bool:
@@ -248,8 +282,9 @@ def _annotation(event) -> bool:
 
 
 # CUDA runtime calls that can make the host wait for the device (the step's own final synchronize is one).
-_HOST_WAITS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-                         "cudaFree", "cudaMalloc"})
+_HOST_WAITS = frozenset(
+    {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaFree", "cudaMalloc"}
+)
 
 
 class StepProfile:
@@ -284,8 +319,11 @@ class StepProfile:
             if self._ranges is not None:
                 self._ranges.remove()
         self.summary = summarize(self._profiler.events(), cuda=self.cuda, wall_s=wall, top=self.top)
-        self.summary["note"] = "" if self._ranges is not None or self.model is None else (
-            "compiled blocks: no module ranges (grouped by autograd node and range only)")
+        self.summary["note"] = (
+            ""
+            if self._ranges is not None or self.model is None
+            else ("compiled blocks: no module ranges (grouped by autograd node and range only)")
+        )
 
 
 def profile_step(runner, device: str, *, top: int = 25) -> dict:
@@ -309,13 +347,17 @@ def profile_tables(name: str, summary: dict):
     if "error" in summary:
         return [f"profile of {name}: failed: {summary['error']}"]
     device_ms = summary["device_ms"]
-    head = (f"profile of {name}: one step {summary['wall_ms']:.1f} ms wall, {device_ms:.1f} ms in "
-            f"{summary['kernel_launches']:,} {summary['device']} kernels; by phase: "
-            + ", ".join(f"{k} {v:.1f} ms" for k, v in summary["phases"].items())
-            + "; by kind: " + ", ".join(f"{k} {v:.1f} ms" for k, v in summary["categories"].items()))
+    head = (
+        f"profile of {name}: one step {summary['wall_ms']:.1f} ms wall, {device_ms:.1f} ms in "
+        f"{summary['kernel_launches']:,} {summary['device']} kernels; by phase: "
+        + ", ".join(f"{k} {v:.1f} ms" for k, v in summary["phases"].items())
+        + "; by kind: "
+        + ", ".join(f"{k} {v:.1f} ms" for k, v in summary["categories"].items())
+    )
     if summary.get("host_waits"):
-        head += "; CUDA runtime calls: " + ", ".join(f"{k} {v['calls']} x {v['ms']:.1f} ms"
-                                                      for k, v in summary["host_waits"].items())
+        head += "; CUDA runtime calls: " + ", ".join(
+            f"{k} {v['calls']} x {v['ms']:.1f} ms" for k, v in summary["host_waits"].items()
+        )
     if summary.get("note"):
         head += f" ({summary['note']})"
     out = [head]
@@ -343,6 +385,12 @@ def _matmul_rich_table(name: str, rows: list[dict]):
         table.add_column(column, justify="right")
     for row in rows:
         shapes = " x ".join(str(tuple(s)) for s in row["shapes"])
-        table.add_row(f"{row['op']} {shapes}", row["kernel"], row["where"], f"{row['calls']:,}",
-                      f"{row['total_ms']:.2f}", f"{row['tflops']:.3g}" if row["flops"] else "-")
+        table.add_row(
+            f"{row['op']} {shapes}",
+            row["kernel"],
+            row["where"],
+            f"{row['calls']:,}",
+            f"{row['total_ms']:.2f}",
+            f"{row['tflops']:.3g}" if row["flops"] else "-",
+        )
     return table

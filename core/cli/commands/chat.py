@@ -24,31 +24,49 @@ _HELP = "/reset starts a new conversation, /exit (or Ctrl-D) quits, Ctrl-C stops
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
     """--base, --system, --max-new-tokens, --temperature, --seed: shared by `hone chat` and `hone generate`."""
-    from hone.core.chat import GenerationSettings
+    from hone.core.api import GenerationSettings
 
     defaults = GenerationSettings()
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder `hone train` wrote (holds config.toml and "
-                   "adapter/)")
-    p.add_argument("--base", action="store_true", help="the base model without the run's adapter (same chat "
-                   "template), to compare")
+    p.add_argument(
+        "run_dir", metavar="RUN_DIR", help="the run folder `hone train` wrote (holds config.toml and adapter/)"
+    )
+    p.add_argument(
+        "--base", action="store_true", help="the base model without the run's adapter (same chat template), to compare"
+    )
     p.add_argument("--system", default="", metavar="TEXT", help="a system message to start every conversation with")
-    p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, metavar="N",
-                   help=f"longest reply in tokens (default: {defaults.max_new_tokens})")
-    p.add_argument("--temperature", type=float, default=defaults.temperature, metavar="T",
-                   help=f"0 = greedy, the same reply every time; higher samples more freely (default: "
-                   f"{defaults.temperature:g})")
-    p.add_argument("--seed", type=int, default=defaults.seed, help="sampling seed when the temperature is above 0 "
-                   f"(default: {defaults.seed})")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=defaults.max_new_tokens,
+        metavar="N",
+        help=f"longest reply in tokens (default: {defaults.max_new_tokens})",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=defaults.temperature,
+        metavar="T",
+        help=f"0 = greedy, the same reply every time; higher samples more freely (default: {defaults.temperature:g})",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=defaults.seed,
+        help=f"sampling seed when the temperature is above 0 (default: {defaults.seed})",
+    )
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("chat", help="chat with a fine-tuned run in the terminal (streaming)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Chat with a run's fine-tuned model: its base model with the adapter, prompts in "
-                       "the chat template the run trained with, replies streamed as they are generated.\n\n"
-                       f"In the chat: {_HELP}.\nWith stdin a pipe (`hone chat RUN < questions.txt`): no prompts or "
-                       "notes, one reply per non-empty input line, the conversation kept across lines.\n\n"
-                       "exit codes: 0 done, 2 not a run folder / no adapter yet / base model missing")
+    p = sub.add_parser(
+        "chat",
+        help="chat with a fine-tuned run in the terminal (streaming)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Chat with a run's fine-tuned model: its base model with the adapter, prompts in "
+        "the chat template the run trained with, replies streamed as they are generated.\n\n"
+        f"In the chat: {_HELP}.\nWith stdin a pipe (`hone chat RUN < questions.txt`): no prompts or "
+        "notes, one reply per non-empty input line, the conversation kept across lines.\n\n"
+        "exit codes: 0 done, 2 not a run folder / no adapter yet / base model missing",
+    )
     add_generation_options(p)
     return p
 
@@ -63,9 +81,8 @@ def open_chat_run(run_dir: str, base: bool) -> tuple[Path, object]:
     Raises:
         HoneError: not a run folder, no adapter yet (unless `base`), or the base model is gone; with what to do.
     """
+    from hone.core.api import ADAPTER_DIR, CONFIG_FILE, INTERRUPTED, check_model, live_summary
     from hone.core.config import RunConfig
-    from hone.core.train.input_checks import check_model
-    from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, INTERRUPTED, live_summary
 
     path = Path(run_dir).expanduser()
     if path.name == ADAPTER_DIR and (path.parent / CONFIG_FILE).is_file():
@@ -73,31 +90,38 @@ def open_chat_run(run_dir: str, base: bool) -> tuple[Path, object]:
     if not path.is_dir():
         raise HoneError(f"{path} does not exist", "give the folder of a run (runs/<name>)")
     if not (path / CONFIG_FILE).is_file():
-        raise HoneError(f"{path} is not a run folder (it has no {CONFIG_FILE})",
-                        "give the folder `hone train` wrote for the run (runs/<name>)")
+        raise HoneError(
+            f"{path} is not a run folder (it has no {CONFIG_FILE})",
+            "give the folder `hone train` wrote for the run (runs/<name>)",
+        )
     config = RunConfig.load(path / CONFIG_FILE)
     if not base and not (path / ADAPTER_DIR / "adapter_config.json").is_file():
         summary = live_summary(path)
         status = summary.status if summary else "unknown"
         if status == "running":
-            advice = ("the run is still training: wait for it to finish or stop it (stopping saves the adapter); "
-                      "--base chats with the base model meanwhile")
+            advice = (
+                "the run is still training: wait for it to finish or stop it (stopping saves the adapter); "
+                "--base chats with the base model meanwhile"
+            )
         elif status == INTERRUPTED:
-            advice = (f"the run was interrupted at step {summary.step} ({summary.reason}): resume it with "
-                      f"`hone train --resume {path}`, or use --base")
+            advice = (
+                f"the run was interrupted at step {summary.step} ({summary.reason}): resume it with "
+                f"`hone train --resume {path}`, or use --base"
+            )
         elif status == "failed":
             advice = f"the run failed ({summary.reason}); fix that and train again, or use --base"
         else:
             advice = f"finish or resume the run first (`hone train --resume {path}`), or use --base"
-        raise HoneError(f"run {path.name} has no adapter yet ({path / ADAPTER_DIR / 'adapter_config.json'} is "
-                        "missing)", advice)
+        raise HoneError(
+            f"run {path.name} has no adapter yet ({path / ADAPTER_DIR / 'adapter_config.json'} is missing)", advice
+        )
     check_model(config.model, given_as=f"model.name_or_path in {path / CONFIG_FILE}")
     return path, config
 
 
 def load_chat_models(run_dir: Path, config, base: bool, console):
     """ChatModels for the run (its adapter unless `base`), loaded under progress lines on `console`."""
-    from hone.core.chat import ChatModels
+    from hone.core.api import ChatModels
     from hone.core.cli.console import Phase, convert_gguf_once
 
     convert_gguf_once(config.model, console)  # the base's first load here: a GGUF conversion
@@ -108,7 +132,7 @@ def load_chat_models(run_dir: Path, config, base: bool, console):
 
 def settings_from(args):
     """GenerationSettings from the options (a ConfigError, exit 2, for a value that cannot work)."""
-    from hone.core.chat import GenerationSettings
+    from hone.core.api import GenerationSettings
 
     return GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
 
@@ -126,8 +150,7 @@ def run(args) -> int:
             import readline  # noqa: F401  (line editing and history for input())
         model = "base model, no adapter" if args.base else "fine-tuned"
         console.print(f"chatting with {run_dir.name} ({model}); {_HELP}", highlight=False, soft_wrap=True)
-    return chat_loop(models, settings, args.system, use_adapter=not args.base, interactive=interactive,
-                     console=console)
+    return chat_loop(models, settings, args.system, use_adapter=not args.base, interactive=interactive, console=console)
 
 
 def chat_loop(models, settings, system: str, *, use_adapter: bool, interactive: bool, console) -> int:

@@ -16,23 +16,30 @@ from hone.core.errors import ConfigError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("data", help="check a dataset or inspect its rows",
-                                   description="Validate datasets and see rows as the model will.")
+    parser = subparsers.add_parser(
+        "data",
+        help="check a dataset or inspect its rows",
+        description="Validate datasets and see rows as the model will.",
+    )
     sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
 
     check = sub.add_parser("check", help="print the validation report of one or more data files")
     check.add_argument("files", nargs="+", metavar="FILE", help="dataset files, folders or Hugging Face ids")
-    check.add_argument("--model", "-m", help="model (or tokenizer folder) whose chat template and tokenizer to "
-                       "use; without it only the structure is checked, no token counts")
+    check.add_argument(
+        "--model",
+        "-m",
+        help="model (or tokenizer folder) whose chat template and tokenizer to "
+        "use; without it only the structure is checked, no token counts",
+    )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     _data_options(check)
 
-    inspect = sub.add_parser("inspect", help="show rows rendered with the chat template, trained tokens "
-                             "highlighted")
+    inspect = sub.add_parser("inspect", help="show rows rendered with the chat template, trained tokens highlighted")
     inspect.add_argument("file", metavar="FILE", help="a dataset file, folder or Hugging Face id")
     inspect.add_argument("--model", "-m", required=True, help="model (or tokenizer folder)")
-    inspect.add_argument("--row", "-r", default="1", help="row number as the report prints it (1-based), or a "
-                         "range like 3-7")
+    inspect.add_argument(
+        "--row", "-r", default="1", help="row number as the report prints it (1-based), or a range like 3-7"
+    )
     inspect.add_argument("--tokens", action="store_true", help="also list the token ids (* = trained)")
     inspect.add_argument("--no-color", action="store_true", help="mark trained text with [[...]] instead of color")
     _data_options(inspect)
@@ -41,14 +48,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _data_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=DATA_FORMATS, default="auto", help="row format (default: detect)")
-    parser.add_argument("--column", action="append", default=[], metavar="NAME=YOURS",
-                        help="map a column, e.g. --column messages=dialog (repeatable)")
+    parser.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="NAME=YOURS",
+        help="map a column, e.g. --column messages=dialog (repeatable)",
+    )
     parser.add_argument("--max-length", type=int, default=DataConfig().max_length, help="longest row in tokens")
     parser.add_argument("--overlong", choices=("truncate", "drop"), default="truncate")
     parser.add_argument("--train-on", choices=("assistant", "all"), default="assistant")
-    parser.add_argument("--chat-template", default="", metavar="NAME_OR_FILE",
-                        help="chat template as data.chat_template takes it: chatml or a Jinja file (default: the "
-                        "model's own)")
+    parser.add_argument(
+        "--chat-template",
+        default="",
+        metavar="NAME_OR_FILE",
+        help="chat template as data.chat_template takes it: chatml or a Jinja file (default: the model's own)",
+    )
 
 
 def _config(args, files: list[str]) -> DataConfig:
@@ -56,19 +71,25 @@ def _config(args, files: list[str]) -> DataConfig:
     for item in args.column:
         name, sep, yours = item.partition("=")
         if not sep or not name or not yours:
-            raise ConfigError(f"--column {item!r} is not of the form NAME=YOURS", "write e.g. --column "
-                              "messages=dialog")
+            raise ConfigError(f"--column {item!r} is not of the form NAME=YOURS", "write e.g. --column messages=dialog")
         columns[name.strip()] = yours.strip()
-    return DataConfig(train=files, format=args.format, columns=columns, max_length=args.max_length,
-                      overlong=args.overlong, train_on=args.train_on, chat_template=args.chat_template)
+    return DataConfig(
+        train=files,
+        format=args.format,
+        columns=columns,
+        max_length=args.max_length,
+        overlong=args.overlong,
+        train_on=args.train_on,
+        chat_template=args.chat_template,
+    )
 
 
 def load_tokenizer(name: str):
     """The tokenizer (or, for vision models, the processor) that training with model `name` would use: a model
     folder, .gguf file, `bundled:` name, Hugging Face id, or a folder holding only tokenizer files. No weights are
-    read; the Studio's Data page loads it the same way (`hone.core.models.load.tokenizer_for`)."""
+    read; the Studio's Data page loads it the same way (`hone.core.api.tokenizer_for`)."""
+    from hone.core.api import tokenizer_for
     from hone.core.config import ModelConfig
-    from hone.core.models.load import tokenizer_for
 
     return tokenizer_for(ModelConfig(name_or_path=name))
 
@@ -79,11 +100,14 @@ def check_inputs(files: list[str], model: str | None) -> None:
     and says at once what is missing."""
     from pathlib import Path
 
+    from hone.core.api import check_data_files, check_model
     from hone.core.config import ModelConfig
-    from hone.core.train.input_checks import check_data_files, check_model
 
-    check_data_files(files, "train", "check the file names (a data file, a folder, a bundled: name or a Hugging Face "
-                     "dataset id like org/name)")
+    check_data_files(
+        files,
+        "train",
+        "check the file names (a data file, a folder, a bundled: name or a Hugging Face dataset id like org/name)",
+    )
     if model and not Path(model).expanduser().is_dir():
         check_model(ModelConfig(name_or_path=model), given_as="--model")
 
@@ -91,8 +115,8 @@ def check_inputs(files: list[str], model: str | None) -> None:
 def _tokenizer(model: str, console, template: str = ""):
     """`load_tokenizer` under a progress line (building a GGUF's tokenizer from its metadata takes a while), with
     the chat template `--chat-template` asks for."""
+    from hone.core.api import apply_template_setting
     from hone.core.cli.console import Phase
-    from hone.core.data.template import apply_template_setting
 
     with Phase(console, f"loading the tokenizer of {model}"):
         tokenizer = load_tokenizer(model)
@@ -105,7 +129,6 @@ def _tokenizer(model: str, console, template: str = ""):
 def run(args) -> int:
     from rich.console import Console
 
-
     files = list(args.files) if args.data_command == "check" else [args.file]
     check_inputs(files, args.model)
     console = Console(stderr=True)  # progress on stderr: stdout is the report (or its JSON)
@@ -115,8 +138,8 @@ def run(args) -> int:
 
 
 def _check(args, console) -> int:
+    from hone.core.api import check_data, format_report
     from hone.core.cli.console import Phase
-    from hone.core.data import check_data, format_report
     from hone.core.events import to_dict
 
     cfg = _config(args, list(args.files))
@@ -149,14 +172,15 @@ def _rows_read(phase, text: str) -> None:
 
 
 def _inspect(args, console) -> int:
-    from hone.core.data.inspect import format_view, inspect_rows
+    from hone.core.api import format_view, inspect_rows
 
     first, sep, last = args.row.partition("-")
     try:
         rows = list(range(int(first), int(last) + 1)) if sep else [int(first)]
     except ValueError:
-        raise ConfigError(f"--row {args.row!r} is not a row number or a range like 3-7", "write e.g. --row 17") \
-            from None
+        raise ConfigError(
+            f"--row {args.row!r} is not a row number or a range like 3-7", "write e.g. --row 17"
+        ) from None
     if not rows or min(rows) < 1:
         raise ConfigError(f"--row {args.row!r} has no row numbers of 1 or more", "rows are numbered from 1")
     cfg = _config(args, [args.file])

@@ -1,5 +1,5 @@
 """`hone eval RUN_DIR [--data FILE] [--rows N] [--out FILE]`: held-out prompts answered by the base model and the
-fine-tune, scored against their references (hone.core.evaluate)."""
+fine-tune, scored against their references (hone.core.inference.evaluate)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,30 @@ from hone.core.errors import HoneError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("eval", help="score the base model and the fine-tune on held-out prompts",
-                       description="Answer held-out prompts with the run's base model and with its fine-tune "
-                       "(greedy, up to the longest reference and a few tokens more) and score each answer against "
-                       "the row's reference reply: exact match and word F1 (the overlap of the answer's words with "
-                       "the reference's). Rows: JSONL with a final assistant turn ({\"messages\": [...]}) or "
-                       "{\"prompt\", \"completion\"}; rows without a reference are left out.\n\n"
-                       "exit codes: 0 done, 2 bad input (no run, no adapter, no rows with a reference)")
+    p = sub.add_parser(
+        "eval",
+        help="score the base model and the fine-tune on held-out prompts",
+        description="Answer held-out prompts with the run's base model and with its fine-tune "
+        "(greedy, up to the longest reference and a few tokens more) and score each answer against "
+        "the row's reference reply: exact match and word F1 (the overlap of the answer's words with "
+        'the reference\'s). Rows: JSONL with a final assistant turn ({"messages": [...]}) or '
+        '{"prompt", "completion"}; rows without a reference are left out.\n\n'
+        "exit codes: 0 done, 2 bad input (no run, no adapter, no rows with a reference)",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder `hone train` wrote")
     p.add_argument("--data", metavar="FILE", help="the held-out rows (default: the run's first data.eval file)")
-    p.add_argument("--rows", type=int, default=20, metavar="N", help="score the first N rows with a reference "
-                   "(default 20; 0 = all)")
-    p.add_argument("--out", metavar="FILE", help="also write one JSONL row per prompt: question, reference, both "
-                   "answers and their scores")
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=20,
+        metavar="N",
+        help="score the first N rows with a reference (default 20; 0 = all)",
+    )
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="also write one JSONL row per prompt: question, reference, both answers and their scores",
+    )
     return p
 
 
@@ -31,11 +42,9 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from hone.core.chat import BASE, TUNED
+    from hone.core.api import BASE, TUNED, compare, held_out_file, read_prompts, with_references
     from hone.core.cli.commands.chat import load_chat_models, open_chat_run
     from hone.core.cli.console import Phase
-    from hone.core.evaluate import compare, held_out_file, with_references
-    from hone.core.prompts import read_prompts
 
     if args.rows < 0:
         raise HoneError(f"--rows is {args.rows}", "give a number of rows, or 0 for all")
@@ -47,8 +56,12 @@ def run(args) -> int:
     for line in skipped:
         console.print(f"hone: skipped {line}", highlight=False, markup=False)
     models = load_chat_models(run_dir, config, False, console)
-    with Phase(console, f"answering {len(prompts)} held-out prompts with the base and the fine-tune",
-               total=len(prompts), unit="prompts") as phase:
+    with Phase(
+        console,
+        f"answering {len(prompts)} held-out prompts with the base and the fine-tune",
+        total=len(prompts),
+        unit="prompts",
+    ) as phase:
         result = compare(models, prompts, progress=lambda done, _total: phase.update(done))
     table = Table(title=f"{run_dir.name} on {len(result.answered)} rows of {data.name}")
     table.add_column("model")
@@ -60,9 +73,22 @@ def run(args) -> int:
     if args.out:
         with Path(args.out).expanduser().open("w", encoding="utf-8") as f:
             for a in result.answered:
-                f.write(json.dumps({"row": a.row, "question": a.question, "reference": a.reference,
-                                    "base": a.base, "tuned": a.tuned, "base_exact": a.exact(BASE),
-                                    "tuned_exact": a.exact(TUNED), "base_f1": round(a.f1(BASE), 4),
-                                    "tuned_f1": round(a.f1(TUNED), 4)}, ensure_ascii=False) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "row": a.row,
+                            "question": a.question,
+                            "reference": a.reference,
+                            "base": a.base,
+                            "tuned": a.tuned,
+                            "base_exact": a.exact(BASE),
+                            "tuned_exact": a.exact(TUNED),
+                            "base_f1": round(a.f1(BASE), 4),
+                            "tuned_f1": round(a.f1(TUNED), 4),
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
         console.print(f"wrote {len(result.answered)} rows to {args.out}", highlight=False)
     return 0

@@ -12,30 +12,33 @@ import json
 import sys
 from pathlib import Path
 
+from hone.core.api import read_prompts
 from hone.core.errors import HoneError
-from hone.core.prompts import read_prompts
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     from hone.core.cli.commands.chat import add_generation_options
 
-    p = sub.add_parser("generate", help="answer a file of prompts with a fine-tuned run (batch inference)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Answer every prompt of a file with a run's fine-tuned model (greedy by default, "
-                       "so the same file gives the same answers) and write one JSONL row per prompt, in order.\n\n"
-                       "prompts (--prompts FILE):\n"
-                       "  JSONL (.jsonl, or lines starting with '{'), one object per line:\n"
-                       '    {"prompt": "..."}                      a user message\n'
-                       '    {"messages": [{"role": "user", "content": "..."}, ...]}   a conversation to continue\n'
-                       "    a final assistant turn (or a \"completion\") is not sent: it is written as \"reference\"\n"
-                       "  plain text (.txt, or a first line not starting with '{'): each non-empty line is one user "
-                       "message\n\n"
-                       "output (--out FILE), one JSON object per prompt:\n"
-                       '  {"row": N, "prompt" (or "messages"): as given, "completion": "...", "reference": ...}\n\n'
-                       "A row that cannot be a prompt is named on stderr (file:row: why), skipped and counted at the "
-                       "end; the others are still answered.\n\n"
-                       "exit codes: 0 done, 2 bad input (no run, no adapter, missing model or prompts file, no "
-                       "usable prompt, --out in the way)")
+    p = sub.add_parser(
+        "generate",
+        help="answer a file of prompts with a fine-tuned run (batch inference)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Answer every prompt of a file with a run's fine-tuned model (greedy by default, "
+        "so the same file gives the same answers) and write one JSONL row per prompt, in order.\n\n"
+        "prompts (--prompts FILE):\n"
+        "  JSONL (.jsonl, or lines starting with '{'), one object per line:\n"
+        '    {"prompt": "..."}                      a user message\n'
+        '    {"messages": [{"role": "user", "content": "..."}, ...]}   a conversation to continue\n'
+        '    a final assistant turn (or a "completion") is not sent: it is written as "reference"\n'
+        "  plain text (.txt, or a first line not starting with '{'): each non-empty line is one user "
+        "message\n\n"
+        "output (--out FILE), one JSON object per prompt:\n"
+        '  {"row": N, "prompt" (or "messages"): as given, "completion": "...", "reference": ...}\n\n'
+        "A row that cannot be a prompt is named on stderr (file:row: why), skipped and counted at the "
+        "end; the others are still answered.\n\n"
+        "exit codes: 0 done, 2 bad input (no run, no adapter, missing model or prompts file, no "
+        "usable prompt, --out in the way)",
+    )
     add_generation_options(p)
     p.add_argument("--prompts", required=True, metavar="FILE", help="the prompts: JSONL or plain text lines")
     p.add_argument("--out", required=True, metavar="FILE", help="where the JSONL results go")
@@ -68,16 +71,20 @@ def run(args) -> int:
     for line in skipped:
         print(f"hone: skipped {line}", file=sys.stderr)
     if not prompts:
-        raise HoneError(f"{prompts_path} holds no usable prompt" + (f" ({len(skipped)} rows skipped, listed above)"
-                                                                   if skipped else ""),
-                        'give one prompt per line, as plain text or JSONL rows like {"prompt": "..."}')
+        raise HoneError(
+            f"{prompts_path} holds no usable prompt"
+            + (f" ({len(skipped)} rows skipped, listed above)" if skipped else ""),
+            'give one prompt per line, as plain text or JSONL rows like {"prompt": "..."}',
+        )
 
     console = Console(stderr=True)  # progress on stderr
     models = load_chat_models(run_dir, config, args.base, console)
     done = 0
     try:
-        with out.open("w", encoding="utf-8") as f, \
-                Phase(console, f"answering {len(prompts)} prompts", total=len(prompts), unit="prompts") as phase:
+        with (
+            out.open("w", encoding="utf-8") as f,
+            Phase(console, f"answering {len(prompts)} prompts", total=len(prompts), unit="prompts") as phase,
+        ):
             for prompt in prompts:
                 completion = "".join(models.stream(prompt.messages, settings, use_adapter=not args.base))
                 row = {"row": prompt.row, prompt.key: prompt.given, "completion": completion}
@@ -92,6 +99,8 @@ def run(args) -> int:
         return 130
     print(f"wrote {done} rows to {out}", file=sys.stderr)
     if skipped:
-        print(f"hone: {len(skipped)} of {len(prompts) + len(skipped)} rows of {prompts_path} skipped (listed "
-              "above)", file=sys.stderr)
+        print(
+            f"hone: {len(skipped)} of {len(prompts) + len(skipped)} rows of {prompts_path} skipped (listed above)",
+            file=sys.stderr,
+        )
     return 0

@@ -25,8 +25,17 @@ COMMON: dict[str, tuple[str, ...]] = {
     "model": ("name_or_path", "dtype"),
     "data": ("train", "eval", "eval_fraction", "format", "columns", "max_length", "train_on"),
     "lora": ("r", "alpha", "dropout", "targets", "qlora"),
-    "train": ("max_steps", "epochs", "lr", "schedule", "warmup_ratio", "batch_tokens", "grad_accum", "seed",
-              "eval_every"),
+    "train": (
+        "max_steps",
+        "epochs",
+        "lr",
+        "schedule",
+        "warmup_ratio",
+        "batch_tokens",
+        "grad_accum",
+        "seed",
+        "eval_every",
+    ),
     "speed": ("packing", "attention", "checkpoint", "kernels", "compile"),
     "output": ("runs_dir", "name", "checkpoint_every", "keep_checkpoints"),
 }
@@ -57,18 +66,33 @@ class Detection:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("init", help="print a commented starter run config (TOML) for a model and data files",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Print a starter run config: every section with its commonly edited keys, each "
-                       "with a one-line comment, defaults from Hone's config. With --data, the data files' format "
-                       "is detected and, when their columns need it, a data.columns mapping is filled in.\n\n"
-                       "  hone init --model Qwen/Qwen3-0.6B --data chats.jsonl > run.toml\n"
-                       "  hone train run.toml\n\n"
-                       "exit codes: 0 written, 2 a missing model or data file, or --out in the way")
-    p.add_argument("--model", "-m", default=None, metavar="ID_OR_PATH", help="model to fine-tune: a Hugging Face "
-                   "id, a local model folder, a .gguf file or a bundled: name (default: the bundled demo model)")
-    p.add_argument("--data", "-d", nargs="+", default=[], metavar="FILE", help="training data files, folders or "
-                   "Hugging Face dataset ids (default: the bundled demo task)")
+    p = sub.add_parser(
+        "init",
+        help="print a commented starter run config (TOML) for a model and data files",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print a starter run config: every section with its commonly edited keys, each "
+        "with a one-line comment, defaults from Hone's config. With --data, the data files' format "
+        "is detected and, when their columns need it, a data.columns mapping is filled in.\n\n"
+        "  hone init --model Qwen/Qwen3-0.6B --data chats.jsonl > run.toml\n"
+        "  hone train run.toml\n\n"
+        "exit codes: 0 written, 2 a missing model or data file, or --out in the way",
+    )
+    p.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        metavar="ID_OR_PATH",
+        help="model to fine-tune: a Hugging Face "
+        "id, a local model folder, a .gguf file or a bundled: name (default: the bundled demo model)",
+    )
+    p.add_argument(
+        "--data",
+        "-d",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="training data files, folders or Hugging Face dataset ids (default: the bundled demo task)",
+    )
     p.add_argument("--out", "-o", default=None, metavar="FILE", help="write the config to FILE instead of stdout")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     return p
@@ -80,20 +104,34 @@ def detect(entry: str) -> list[Detection]:
     Raises:
         HoneError: the entry names nothing readable.
     """
-    from hone.core.data.formats import ColumnNames, detect_format
-    from hone.core.data.loaders import DUPLICATES_KEY, SourceError, read_records, resolve_sources
-    from hone.core.data.rows import RowError
+    from hone.core.api import (
+        DUPLICATES_KEY,
+        ColumnNames,
+        RowError,
+        SourceError,
+        detect_format,
+        read_records,
+        resolve_sources,
+    )
 
     try:
         sources = resolve_sources([entry])
     except SourceError as e:
-        raise HoneError(e.message, "check the --data paths (a data file, a folder, a bundled: name or a Hugging "
-                        "Face dataset id like org/name)") from None
+        raise HoneError(
+            e.message,
+            "check the --data paths (a data file, a folder, a bundled: name or a Hugging "
+            "Face dataset id like org/name)",
+        ) from None
     found = []
     for source in sources:
         if source.kind == "hub":
-            found.append(Detection(source.name, note="a Hugging Face dataset id, not read here (no download); "
-                                   "format = \"auto\" detects it when the run starts"))
+            found.append(
+                Detection(
+                    source.name,
+                    note="a Hugging Face dataset id, not read here (no download); "
+                    'format = "auto" detects it when the run starts',
+                )
+            )
             continue
         records = []
         try:
@@ -120,16 +158,18 @@ def detect(entry: str) -> list[Detection]:
                 detection.format, detection.columns = formats.most_common(1)[0][0], mapping
                 break
         if not detection.format:
-            detection.note = (f"no known format in its columns ({_names(detection.found)}): map yours in "
-                              "data.columns (Hone's name = your column)")
+            detection.note = (
+                f"no known format in its columns ({_names(detection.found)}): map yours in "
+                "data.columns (Hone's name = your column)"
+            )
         found.append(detection)
     return found
 
 
 def _suggested_mapping(names: list[str]) -> dict[str, str] | None:
     """The data.columns the loader suggests for these columns, or None when it can only suggest placeholders."""
+    from hone.core.api import suggest_columns
     from hone.core.config import tomllib
-    from hone.core.data.formats import suggest_columns
 
     mapping = tomllib.loads(f"columns = {suggest_columns(names)}")["columns"]
     return mapping if all(v in names for v in mapping.values()) else None
@@ -151,10 +191,14 @@ def starter_toml(model: str | None, data: list[str], detections: list[Detection]
     columns = next((d.columns for d in detections if d.columns), {})
     values["data"]["columns"] = dict(columns)
 
-    lines = ["# Hone run config written by `hone init`: the commonly edited settings at their defaults, the model "
-             "and data you gave,", "# and the data format detected from your files. Train with `hone train "
-             "THIS_FILE`. Every setting is in README.md's", "# \"Config reference\"; keys left out keep their "
-             "defaults.", ""]
+    lines = [
+        "# Hone run config written by `hone init`: the commonly edited settings at their defaults, the model "
+        "and data you gave,",
+        "# and the data format detected from your files. Train with `hone train "
+        "THIS_FILE`. Every setting is in README.md's",
+        '# "Config reference"; keys left out keep their defaults.',
+        "",
+    ]
     for section, cls in SECTIONS.items():
         fields = {f.name: f for f in dataclasses.fields(cls)}
         lines.append(f"[{section}]  # {_first_sentence(cls.__doc__ or '')}")
@@ -181,8 +225,10 @@ def _notes(section: str, model: str | None, data: list[str], detections: list[De
     if section != "data":
         return []
     if not data:
-        return ["# (the bundled demo task: give --data, or set train below; relative paths are read from the folder "
-                "`hone train` runs in)"]
+        return [
+            "# (the bundled demo task: give --data, or set train below; relative paths are read from the folder "
+            "`hone train` runs in)"
+        ]
     notes = ["# relative paths are read from the folder `hone train` runs in"]
     for d in detections:
         if d.format:
@@ -192,8 +238,10 @@ def _notes(section: str, model: str | None, data: list[str], detections: list[De
             notes.append(f"# {d.entry}: {d.note}")
     mappings = {tuple(sorted(d.columns.items())) for d in detections if d.format}
     if len(mappings) > 1:
-        notes.append("# these files need different column mappings: one run reads them all with the one below, so "
-                     "rename columns to match (or train on them separately)")
+        notes.append(
+            "# these files need different column mappings: one run reads them all with the one below, so "
+            "rename columns to match (or train on them separately)"
+        )
     return notes
 
 
@@ -213,8 +261,8 @@ def _first_sentence(text: str) -> str:
 
 
 def run(args) -> int:
+    from hone.core.api import resolve_source
     from hone.core.config import RunConfig, tomllib
-    from hone.core.models.load import resolve_source
 
     if args.model:
         try:  # a missing folder or .gguf, a bundled: typo; a Hub id is not looked up (no network)

@@ -8,10 +8,13 @@ import sys
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("models", help="search the Hugging Face Hub and download models",
-                       description="Search the Hugging Face Hub by name and download a model into the Hugging Face "
-                       "cache, where training finds it by its id. HF_ENDPOINT points at a mirror. A stopped download "
-                       "(Ctrl-C) continues where it stopped when run again.")
+    p = sub.add_parser(
+        "models",
+        help="search the Hugging Face Hub and download models",
+        description="Search the Hugging Face Hub by name and download a model into the Hugging Face "
+        "cache, where training finds it by its id. HF_ENDPOINT points at a mirror. A stopped download "
+        "(Ctrl-C) continues where it stopped when run again.",
+    )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     search = actions.add_parser("search", help="models whose id contains TEXT, most downloaded first")
     search.add_argument("text", metavar="TEXT", help="part of the model's id, e.g. qwen3 or smollm2")
@@ -19,8 +22,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     download = actions.add_parser("download", help="download a model into the Hugging Face cache")
     download.add_argument("repo_id", metavar="ID", help="the model's id, e.g. Qwen/Qwen3-0.6B")
     download.add_argument("--revision", default="", metavar="R", help="a branch, tag or commit (default: main)")
-    download.add_argument("--all-files", action="store_true", help="every file of the repo, not only what "
-                          "transformers needs (other frameworks' weights, ONNX, original checkpoints)")
+    download.add_argument(
+        "--all-files",
+        action="store_true",
+        help="every file of the repo, not only what "
+        "transformers needs (other frameworks' weights, ONNX, original checkpoints)",
+    )
     login = actions.add_parser("login", help="keep a Hugging Face token in the OS keyring (for gated models)")
     login.add_argument("--token-stdin", action="store_true", help="read the token from standard input")
     actions.add_parser("logout", help="remove the token Hone keeps in the OS keyring")
@@ -37,7 +44,7 @@ def run(args) -> int:
 def _search(args, console) -> int:
     from rich.table import Table
 
-    from hone.core.hub.search import search_models
+    from hone.core.api import search_models
 
     found = search_models(args.text, limit=args.limit)
     if not found:
@@ -45,12 +52,19 @@ def _search(args, console) -> int:
         return 1
     table = Table(show_edge=False, header_style="bold")
     for column in ("model", "parameters", "weights", "downloads", "likes", "license", "gated"):
-        table.add_column(column, justify="right" if column in ("parameters", "weights", "downloads", "likes")
-                         else "left")
+        table.add_column(
+            column, justify="right" if column in ("parameters", "weights", "downloads", "likes") else "left"
+        )
     for model in found:
-        table.add_row(model.id, human_count(model.parameters) if model.parameters else "?",
-                      human_size(model.weight_bytes) if model.weight_bytes else "?", f"{model.downloads:,}",
-                      f"{model.likes:,}", model.license or "—", model.gated or "no")
+        table.add_row(
+            model.id,
+            human_count(model.parameters) if model.parameters else "?",
+            human_size(model.weight_bytes) if model.weight_bytes else "?",
+            f"{model.downloads:,}",
+            f"{model.likes:,}",
+            model.license or "—",
+            model.gated or "no",
+        )
     console.print(table)
     console.print("download one with `hone models download ID`", style="dim")
     return 0
@@ -59,9 +73,8 @@ def _search(args, console) -> int:
 def _download(args, console) -> int:
     import threading
 
+    from hone.core.api import download_model, model_files
     from hone.core.cli.console import Phase
-    from hone.core.hub.download import download_model
-    from hone.core.hub.search import model_files
 
     listing = model_files(args.repo_id, args.revision)  # errors (no such model, offline) before the bar
     files = listing.files if args.all_files else listing.wanted
@@ -70,8 +83,13 @@ def _download(args, console) -> int:
     text = f"downloading {args.repo_id} ({len(files)} files, {human_size(total)})"
     try:
         with Phase(console, text, total=max(1, round(total / 1e6)), unit="MB") as phase:
-            result = download_model(args.repo_id, args.revision, all_files=args.all_files, stop=stop,
-                                    progress=lambda p: phase.update(round(p.done / 1e6)))
+            result = download_model(
+                args.repo_id,
+                args.revision,
+                all_files=args.all_files,
+                stop=stop,
+                progress=lambda p: phase.update(round(p.done / 1e6)),
+            )
     except KeyboardInterrupt:
         print("hone: download stopped; run the same command again to continue where it stopped", file=sys.stderr)
         return 130
@@ -84,20 +102,27 @@ def _download(args, console) -> int:
 def _login(args, console) -> int:
     import getpass
 
-    from hone.core.hub.token import save_token
+    from hone.core.api import save_token
 
-    token = sys.stdin.readline() if args.token_stdin else getpass.getpass(
-        "Hugging Face token (from huggingface.co/settings/tokens; input hidden): ")
+    token = (
+        sys.stdin.readline()
+        if args.token_stdin
+        else getpass.getpass("Hugging Face token (from huggingface.co/settings/tokens; input hidden): ")
+    )
     save_token(token)
     console.print("the token is kept in the OS keyring; Hone never writes it into a config", highlight=False)
     return 0
 
 
 def _logout(args, console) -> int:
-    from hone.core.hub.token import forget_token
+    from hone.core.api import forget_token
 
-    console.print("the token was removed from the OS keyring" if forget_token() else "Hone keeps no token in the OS "
-                  "keyring (HF_TOKEN and `hf auth login` are not changed)", highlight=False)
+    console.print(
+        "the token was removed from the OS keyring"
+        if forget_token()
+        else "Hone keeps no token in the OS keyring (HF_TOKEN and `hf auth login` are not changed)",
+        highlight=False,
+    )
     return 0
 
 

@@ -10,35 +10,60 @@ import os
 import signal
 from pathlib import Path
 
+from hone.core.api import CONFIG_FILE, DATA_CHANGED, check_resume
 from hone.core.cli import launch as launcher
 from hone.core.config import RunConfig
 from hone.core.errors import HoneError
-from hone.core.train.resume_checks import DATA_CHANGED, check_resume
-from hone.core.train.run_dir import CONFIG_FILE
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("train", help="fine-tune a model as a config file describes",
-                       description="Fine-tune a model. Ctrl-C stops after the current step and saves a checkpoint "
-                       "and the adapter; a second Ctrl-C aborts.")
+    p = sub.add_parser(
+        "train",
+        help="fine-tune a model as a config file describes",
+        description="Fine-tune a model. Ctrl-C stops after the current step and saves a checkpoint "
+        "and the adapter; a second Ctrl-C aborts.",
+    )
     p.add_argument("config", nargs="?", help="a run config (TOML); optional with --resume")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set train.lr=1e-4 (repeatable)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint, with the run's "
-                   "config.toml (or CONFIG) and --set: the learning rate, schedule and length (train.lr, max_steps, "
-                   "epochs, warmup) are laid out anew from the next step, how steps run or save (speed.*, "
-                   "output.checkpoint_every, ...) may change, and a setting that changes what is trained or where "
-                   "in the data the run is (model, lora, data, batch_tokens, seed, ...) is refused; the run's "
-                   "config.toml is updated (the one before kept as config.N.toml) and train.log says what changed")
-    p.add_argument("--data-changed", choices=DATA_CHANGED, metavar="MODE",
-                   help="with --resume, when the training files differ from those the checkpoint was trained on "
-                   "(size and sha256 of each): refuse (the default) stops and names them; restart-epoch trains on "
-                   "the new data from the start of the current epoch; continue keeps the place in the data order")
-    several = p.add_argument_group("several GPUs", "one process per GPU through torchrun; each step's rows are "
-                                   "shared out, so a step trains the same tokens as on one GPU")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.lr=1e-4 (repeatable)",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its newest checkpoint, with the run's "
+        "config.toml (or CONFIG) and --set: the learning rate, schedule and length (train.lr, max_steps, "
+        "epochs, warmup) are laid out anew from the next step, how steps run or save (speed.*, "
+        "output.checkpoint_every, ...) may change, and a setting that changes what is trained or where "
+        "in the data the run is (model, lora, data, batch_tokens, seed, ...) is refused; the run's "
+        "config.toml is updated (the one before kept as config.N.toml) and train.log says what changed",
+    )
+    p.add_argument(
+        "--data-changed",
+        choices=DATA_CHANGED,
+        metavar="MODE",
+        help="with --resume, when the training files differ from those the checkpoint was trained on "
+        "(size and sha256 of each): refuse (the default) stops and names them; restart-epoch trains on "
+        "the new data from the start of the current epoch; continue keeps the place in the data order",
+    )
+    several = p.add_argument_group(
+        "several GPUs",
+        "one process per GPU through torchrun; each step's rows are "
+        "shared out, so a step trains the same tokens as on one GPU",
+    )
     several.add_argument("--gpus", type=int, default=1, metavar="N", help="GPUs of this machine to train on")
-    several.add_argument("--nnodes", type=int, default=1, metavar="M", help="machines taking part (the same "
-                         "command on each, with its --node-rank; the run folder on storage they share)")
+    several.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        metavar="M",
+        help="machines taking part (the same "
+        "command on each, with its --node-rank; the run folder on storage they share)",
+    )
     several.add_argument("--node-rank", type=int, default=0, metavar="K", help="this machine's number, 0 to M-1")
     several.add_argument("--master-addr", metavar="HOST", help="address of machine 0 (with --nnodes > 1)")
     several.add_argument("--master-port", type=int, default=29500, metavar="PORT", help="its port (default 29500)")
@@ -59,7 +84,7 @@ def load_run_config(config_path: str | None, resume: str | None, overrides: list
 
 
 def run(args) -> int:
-    from hone.core.train.input_checks import check_inputs
+    from hone.core.api import check_inputs
 
     if args.data_changed and not args.resume:
         raise HoneError("--data-changed only applies with --resume", "drop it, or add --resume RUN_DIR")
@@ -71,14 +96,13 @@ def run(args) -> int:
         check_resume(args.resume, config, data_changed)  # a change it refuses: one message, exit 2, nothing written
     if launch:
         return launcher.run_torchrun(args)
+    from hone.core.api import Trainer, process_world
     from hone.core.cli.console import EventPrinter
     from hone.core.control import PAUSE_FILE_ENV, RunControl, follow_pause_file
     from hone.core.events import RunFailed
-    from hone.core.train import distributed
-    from hone.core.train.trainer import Trainer
 
     control = RunControl()
-    world = distributed.from_environment()
+    world = process_world()
 
     previous = signal.signal(signal.SIGINT, launcher.StopOnInterrupt(control, merge_repeats=world.launched))
     launcher.watch_stop_file(control, os.environ.get(launcher.STOP_FILE_ENV))  # set by `hone train --gpus N`

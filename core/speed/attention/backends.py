@@ -63,6 +63,7 @@ def reset_stats() -> AttentionStats:
 
 # ---- metadata ----------------------------------------------------------------------------------------------------
 
+
 def _packed_metadata(kwargs: dict) -> tuple[torch.Tensor, int] | None:
     cu = kwargs.get("cu_seq_lens_q")
     max_len = kwargs.get("max_length_q")
@@ -150,6 +151,7 @@ def _position_mask(position_ids: torch.Tensor, total: int, window: int | None) -
 
 # ---- shared helpers ----------------------------------------------------------------------------------------------
 
+
 def _window(sliding_window) -> int | None:
     return int(sliding_window) if sliding_window else None
 
@@ -157,8 +159,10 @@ def _window(sliding_window) -> int | None:
 def _check_supported(kwargs: dict, sinks: bool = False) -> None:
     """Soft-capping is never handled; sink logits (`s_aux`, gpt-oss) only by varlen with `sinks=True`."""
     if kwargs.get("softcap") is not None or (kwargs.get("s_aux") is not None and not sinks):
-        raise ValueError("this packed attention does not handle attention soft-capping or sink logits; "
-                         "configure() keeps transformers' attention for such models")
+        raise ValueError(
+            "this packed attention does not handle attention soft-capping or sink logits; "
+            "configure() keeps transformers' attention for such models"
+        )
 
 
 def _to_varlen(x: torch.Tensor) -> torch.Tensor:
@@ -183,8 +187,11 @@ def _hf_sdpa(module, query, key, value, attention_mask, **kwargs):
     sinks = kwargs.get("s_aux")
     if sinks is not None:  # transformers' SDPA has no sink logits: the dense form, causal over each row
         if attention_mask is not None and attention_mask.dim() == 4:  # a full mask: used as given
-            mask = attention_mask if attention_mask.dtype == torch.bool else \
-                attention_mask > torch.finfo(attention_mask.dtype).min / 2  # additive: large negatives are masked
+            mask = (
+                attention_mask
+                if attention_mask.dtype == torch.bool
+                else attention_mask > torch.finfo(attention_mask.dtype).min / 2
+            )  # additive: large negatives are masked
         else:
             whole = torch.tensor([0, key.shape[2]], dtype=torch.int32, device=query.device)
             mask = block_causal_mask(whole, key.shape[2], window)[..., -total:, :]
@@ -192,8 +199,7 @@ def _hf_sdpa(module, query, key, value, attention_mask, **kwargs):
                 mask = mask & attention_mask.bool()[:, None, None, :]
         dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
         return dense_sink_attention(query, key, value, mask, sinks, kwargs.get("scaling"), dropout), None
-    if (attention_mask is None and window is not None and window < total == key.shape[2]
-            and _is_causal(module, kwargs)):
+    if attention_mask is None and window is not None and window < total == key.shape[2] and _is_causal(module, kwargs):
         whole = torch.tensor([0, total], dtype=torch.int32, device=query.device)
         attention_mask = block_causal_mask(whole, total, window)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -220,8 +226,9 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
 
 
-def dense_sink_attention(query, key, value, mask: torch.Tensor, sinks: torch.Tensor | None, scaling=None,
-                         dropout: float = 0.0) -> torch.Tensor:
+def dense_sink_attention(
+    query, key, value, mask: torch.Tensor, sinks: torch.Tensor | None, scaling=None, dropout: float = 0.0
+) -> torch.Tensor:
     """Attention with per-head sink logits (gpt-oss) computed densely, as transformers' eager gpt-oss attention
     does (its dtype, its memory) but under the given boolean mask: (B, H, T, D) query, (B, Hkv, T, D) key / value,
     a mask broadcastable to (B, H, T, T) (True = attend), (H,) sinks (None: plain attention, for references).
@@ -242,6 +249,7 @@ def dense_sink_attention(query, key, value, mask: torch.Tensor, sinks: torch.Ten
 
 
 # ---- varlen (torch) ----------------------------------------------------------------------------------------------
+
 
 def varlen_available() -> bool:
     """Whether this torch has `torch.nn.attention.varlen.varlen_attn` (torch >= 2.10)."""
@@ -277,8 +285,11 @@ def varlen_signature() -> VarlenOptions:
     from torch.nn.attention import varlen
 
     params = inspect.signature(varlen.varlen_attn).parameters
-    return VarlenOptions(window="window_size" in params, gqa_flag="enable_gqa" in params,
-                         lse="return_aux" in params and hasattr(varlen, "AuxRequest"))
+    return VarlenOptions(
+        window="window_size" in params,
+        gqa_flag="enable_gqa" in params,
+        lse="return_aux" in params and hasattr(varlen, "AuxRequest"),
+    )
 
 
 class SinkRescale(torch.autograd.Function):
@@ -317,8 +328,9 @@ def _rows_by_heads(lse: torch.Tensor, tokens: int, heads: int) -> torch.Tensor:
     return lse if lse.shape == (tokens, heads) else lse.transpose(0, 1)
 
 
-def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options: VarlenOptions | None = None,
-            module=None):
+def _varlen(
+    query, key, value, cu, max_len, scaling, window, sinks=None, options: VarlenOptions | None = None, module=None
+):
     from torch.nn.attention.varlen import varlen_attn
 
     value_dim = value.shape[-1]
@@ -327,8 +339,18 @@ def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options
         # Zero columns added to v give zero output columns, cut off again.
         if value_dim > query.shape[-1]:
             raise ValueError(f"value head dim {value_dim} is larger than the query's {query.shape[-1]}")
-        out = _varlen(query, key, F.pad(value, (0, query.shape[-1] - value_dim)), cu, max_len, scaling, window,
-                      sinks, options, module)
+        out = _varlen(
+            query,
+            key,
+            F.pad(value, (0, query.shape[-1] - value_dim)),
+            cu,
+            max_len,
+            scaling,
+            window,
+            sinks,
+            options,
+            module,
+        )
         return out[..., :value_dim]
     options = options or varlen_signature()
     q, k, v = _to_varlen(query), _to_varlen(key), _to_varlen(value)
@@ -352,8 +374,13 @@ def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
     long = options.long_rows
-    if (long is not None and sinks is None and window is None and not options.grouped_backward
-            and max_len >= long.threshold):
+    if (
+        long is not None
+        and sinks is None
+        and window is None
+        and not options.grouped_backward
+        and max_len >= long.threshold
+    ):
         from hone.core.speed.attention import long_rows
 
         span_list = long_rows.spans(cu, long.threshold)
@@ -362,8 +389,10 @@ def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options
 
     if sinks is not None:
         if not options.lse or options.grouped_backward:
-            raise ValueError("attention sinks need varlen_attn's log-sum-exp (torch >= 2.10) and whole-batch "
-                             "backward; configure() keeps transformers' attention otherwise")
+            raise ValueError(
+                "attention sinks need varlen_attn's log-sum-exp (torch >= 2.10) and whole-batch "
+                "backward; configure() keeps transformers' attention otherwise"
+            )
         from torch.nn.attention.varlen import AuxRequest
 
         out, lse = varlen_attn(q, k, v, cu, cu, max_len, max_len, return_aux=AuxRequest(lse=True), **kwargs)
@@ -375,11 +404,32 @@ def _varlen(query, key, value, cu, max_len, scaling, window, sinks=None, options
     return attention(q, k, v, cu, max_len, attend)
 
 
-def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, options=None, scaling=None,
-                    dropout=0.0, sliding_window=None, **kwargs):
+def _varlen_forward(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    *,
+    per_layer,
+    options=None,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    **kwargs,
+):
     if _needs_fallback(module, query, kwargs, per_layer):
-        return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                        sliding_window=sliding_window, **kwargs)
+        return _hf_sdpa(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     _check_supported(kwargs, sinks=True)
     if dropout and module.training:
         raise ValueError("varlen attention has no attention dropout; configure() keeps SDPA for such models")
@@ -388,8 +438,18 @@ def _varlen_forward(module, query, key, value, attention_mask, *, per_layer, opt
     else:
         cu, max_len = _packed_metadata(kwargs)
     _count("packed_calls")
-    out = _varlen(query, key, value, cu, max_len, scaling, _window(sliding_window), sinks=kwargs.get("s_aux"),
-                  options=options, module=module)
+    out = _varlen(
+        query,
+        key,
+        value,
+        cu,
+        max_len,
+        scaling,
+        _window(sliding_window),
+        sinks=kwargs.get("s_aux"),
+        options=options,
+        module=module,
+    )
     return out.view(query.shape[0], query.shape[2], query.shape[1], -1), None
 
 
@@ -399,13 +459,15 @@ def varlen_attention(module, query, key, value, attention_mask, *, options: Varl
     return _varlen_forward(module, query, key, value, attention_mask, per_layer=False, options=options, **kwargs)
 
 
-def varlen_attention_per_layer(module, query, key, value, attention_mask, *, options: VarlenOptions | None = None,
-                               **kwargs):
+def varlen_attention_per_layer(
+    module, query, key, value, attention_mask, *, options: VarlenOptions | None = None, **kwargs
+):
     """As `varlen_attention`, rebuilding cu_seqlens/max from position_ids in every layer (benchmark only)."""
     return _varlen_forward(module, query, key, value, attention_mask, per_layer=True, options=options, **kwargs)
 
 
 # ---- flash-attn package ------------------------------------------------------------------------------------------
+
 
 def fa2_available() -> bool:
     """Whether the flash-attn package (with its varlen function) is importable."""
@@ -416,13 +478,23 @@ def fa2_available() -> bool:
     return True
 
 
-def _fa2_forward(module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0,
-                 sliding_window=None, **kwargs):
+def _fa2_forward(
+    module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0, sliding_window=None, **kwargs
+):
     from flash_attn import flash_attn_varlen_func
 
     if _needs_fallback(module, query, kwargs, per_layer):
-        return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                        sliding_window=sliding_window, **kwargs)
+        return _hf_sdpa(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     if kwargs.get("s_aux") is not None:
         raise ValueError("flash-attn has no sink logits; configure() keeps transformers' attention for such models")
     if per_layer:
@@ -432,9 +504,19 @@ def _fa2_forward(module, query, key, value, attention_mask, *, per_layer, scalin
     _count("packed_calls")
     window = _window(sliding_window)
     out = flash_attn_varlen_func(
-        _to_varlen(query), _to_varlen(key), _to_varlen(value), cu, cu, max_len, max_len,
-        dropout_p=dropout if module.training else 0.0, softmax_scale=scaling, causal=True,
-        window_size=(window - 1, 0) if window is not None else (-1, -1), softcap=kwargs.get("softcap") or 0.0)
+        _to_varlen(query),
+        _to_varlen(key),
+        _to_varlen(value),
+        cu,
+        cu,
+        max_len,
+        max_len,
+        dropout_p=dropout if module.training else 0.0,
+        softmax_scale=scaling,
+        causal=True,
+        window_size=(window - 1, 0) if window is not None else (-1, -1),
+        softcap=kwargs.get("softcap") or 0.0,
+    )
     return out.view(query.shape[0], query.shape[2], query.shape[1], -1), None
 
 
@@ -450,11 +532,22 @@ def fa2_attention_per_layer(module, query, key, value, attention_mask, **kwargs)
 
 # ---- SDPA with one shared block mask -----------------------------------------------------------------------------
 
-def _blockmask_forward(module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0,
-                       sliding_window=None, **kwargs):
+
+def _blockmask_forward(
+    module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0, sliding_window=None, **kwargs
+):
     if _needs_fallback(module, query, kwargs, per_layer):
-        return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                        sliding_window=sliding_window, **kwargs)
+        return _hf_sdpa(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     _check_supported(kwargs, sinks=True)
     batch, _, total, _ = query.shape
     if batch != 1:
@@ -466,11 +559,18 @@ def _blockmask_forward(module, query, key, value, attention_mask, *, per_layer, 
         mask = _shared_mask(_packed_metadata(kwargs)[0], total, window)
     _count("packed_calls")
     if kwargs.get("s_aux") is not None:
-        return dense_sink_attention(query, key, value, mask, kwargs["s_aux"], scaling,
-                                    dropout if module.training else 0.0), None
+        return dense_sink_attention(
+            query, key, value, mask, kwargs["s_aux"], scaling, dropout if module.training else 0.0
+        ), None
     groups = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(query, _repeat_kv(key, groups), _repeat_kv(value, groups), attn_mask=mask,
-                                         dropout_p=dropout if module.training else 0.0, scale=scaling)
+    out = F.scaled_dot_product_attention(
+        query,
+        _repeat_kv(key, groups),
+        _repeat_kv(value, groups),
+        attn_mask=mask,
+        dropout_p=dropout if module.training else 0.0,
+        scale=scaling,
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -487,11 +587,22 @@ def blockmask_attention_per_layer(module, query, key, value, attention_mask, **k
 
 # ---- SDPA on each packed row -------------------------------------------------------------------------------------
 
-def _rows_forward(module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0,
-                  sliding_window=None, **kwargs):
+
+def _rows_forward(
+    module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0, sliding_window=None, **kwargs
+):
     if _needs_fallback(module, query, kwargs, per_layer):
-        return _hf_sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                        sliding_window=sliding_window, **kwargs)
+        return _hf_sdpa(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     _check_supported(kwargs)
     batch = query.shape[0]
     if batch != 1:
@@ -511,8 +622,17 @@ def _rows_forward(module, query, key, value, attention_mask, *, per_layer, scali
         if window is not None and window < length:
             distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]
             mask = ((distance >= 0) & (distance < window)).to(q.device)
-        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                                   dropout_p=dropout if module.training else 0.0, scale=scaling))
+        outs.append(
+            F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=mask is None,
+                dropout_p=dropout if module.training else 0.0,
+                scale=scaling,
+            )
+        )
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 

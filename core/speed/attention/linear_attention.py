@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from hone.core.speed.checkpointing.layer_groups import registered
+from hone.core.data.batch_lengths import registered
 
 CONV, RULE = "causal_conv1d_fn", "torch_chunk_gated_delta_rule"
 _SWAPPED = "_hone_packed_linear_attention"
@@ -36,8 +36,10 @@ def unsupported(model) -> str | None:
         module = sys.modules.get(name)
         missing = [f for f in (CONV, RULE) if not callable(getattr(module, f, None))]
         if missing:
-            return (f"its Gated DeltaNet (linear attention) layers call no {' / '.join(missing)} in {name} that Hone "
-                    "can make keep packed sequences apart (another transformers version)")
+            return (
+                f"its Gated DeltaNet (linear attention) layers call no {' / '.join(missing)} in {name} that Hone "
+                "can make keep packed sequences apart (another transformers version)"
+            )
     return None
 
 
@@ -55,11 +57,13 @@ def install(model, device: torch.device | str) -> str | None:
             rule = getattr(module, RULE)
             refused = None
             if reads_offsets(rule):
-                refused = (probe_native(rule, torch.device(device)) if torch.device(device).type == "cuda" else
-                           "flash-linear-attention's kernels need a CUDA GPU")
+                refused = (
+                    probe_native(rule, torch.device(device))
+                    if torch.device(device).type == "cuda"
+                    else "flash-linear-attention's kernels need a CUDA GPU"
+                )
             setattr(module, CONV, packed_conv(getattr(module, CONV)))
-            setattr(module, RULE, packed_rule(rule, native=reads_offsets(rule) and refused is None,
-                                              refused=refused))
+            setattr(module, RULE, packed_rule(rule, native=reads_offsets(rule) and refused is None, refused=refused))
             setattr(module, _SWAPPED, True)
         said.append(getattr(module, RULE).hone_says)
     return "Gated DeltaNet layers: the convolution per packed sequence, then " + "; ".join(sorted(set(said)))
@@ -84,8 +88,7 @@ def _gap_positions(cu_seqlens: torch.Tensor, tokens: int, gap: int) -> torch.Ten
     if found is not None and key in found[1]:
         return found[1][key]
     counts = torch.diff(cu_seqlens)
-    sequence = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
-                                       output_size=tokens)
+    sequence = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts, output_size=tokens)
     positions = torch.arange(tokens, device=counts.device) + gap * (sequence + 1)
     if found is not None:
         found[1][key] = positions
@@ -106,8 +109,7 @@ def packed_conv(original):
         gap = weight.shape[-1] - 1
         sequences = cu_seqlens.numel() - 1
         positions = _gap_positions(cu_seqlens, tokens, gap)
-        spread = hidden_states.new_zeros(1, channels, tokens + gap * sequences).index_copy(2, positions,
-                                                                                          hidden_states)
+        spread = hidden_states.new_zeros(1, channels, tokens + gap * sequences).index_copy(2, positions, hidden_states)
         out = F.conv1d(spread.to(weight.dtype), weight.unsqueeze(1), bias, groups=channels)
         out = out.index_select(2, positions - gap)  # a token's window ends at it: it starts `gap` earlier
         if activation is not None:
@@ -141,8 +143,7 @@ def probe_native(rule, device: torch.device) -> str | None:
     gen = torch.Generator(device=device).manual_seed(0)
     lengths, heads, dim = (40, 24), 2, 32
     tokens = sum(lengths)
-    q, k, v = (torch.randn(1, tokens, heads, dim, device=device, generator=gen, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (torch.randn(1, tokens, heads, dim, device=device, generator=gen, requires_grad=True) for _ in range(3))
     g = (-torch.rand(1, tokens, heads, device=device, generator=gen)).requires_grad_()
     beta = torch.rand(1, tokens, heads, device=device, generator=gen).requires_grad_()
     inputs = (q, k, v, g, beta)
@@ -155,8 +156,9 @@ def probe_native(rule, device: torch.device) -> str | None:
     plain, outs, start = _torch_rule(rule), [], 0
     for length in lengths:
         rows = slice(start, start + length)
-        outs.append(plain(q[:, rows], k[:, rows], v[:, rows], g=g[:, rows], beta=beta[:, rows],
-                          use_qk_l2norm_in_kernel=True)[0])
+        outs.append(
+            plain(q[:, rows], k[:, rows], v[:, rows], g=g[:, rows], beta=beta[:, rows], use_qk_l2norm_in_kernel=True)[0]
+        )
         start += length
     out = torch.cat(outs, dim=1)
     want = [out, *torch.autograd.grad(out.square().sum(), inputs)]
@@ -189,6 +191,9 @@ def packed_rule(original, *, native: bool, refused: str | None = None):
         return torch.cat(outs, dim=1), None
 
     why = refused or "flash-linear-attention is not installed"
-    rule.hone_says = ("flash-linear-attention's delta rule over the whole row" if native else
-                      f"transformers' torch delta rule one sequence at a time ({why})")
+    rule.hone_says = (
+        "flash-linear-attention's delta rule over the whole row"
+        if native
+        else f"transformers' torch delta rule one sequence at a time ({why})"
+    )
     return rule

@@ -3,7 +3,7 @@
 On Hopper, cuDNN's attention (reached through SDPA) runs a long causal sequence much faster than the
 FlashAttention-2 kernel behind torch's `varlen_attn`, while for short sequences one varlen call over the whole batch
 beats a call per sequence (docs/performance/attention.md). `spans` cuts a registered batch (its host-side lengths,
-`layer_groups.register_batch`) into runs of short sequences and single long ones, once per batch; `attention` runs
+`hone.core.data.batch_lengths`) into runs of short sequences and single long ones, once per batch; `attention` runs
 each span with its kernel and writes the pieces into one output, and in backward one gradient per input, with no
 host sync. The one thing to know: a long sequence runs rounded up to a bucket length, so cuDNN builds one plan per
 bucket instead of one per length; the extra rows are the tokens after it (zeros at the end of the batch), which
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hone.core.speed.checkpointing.layer_groups import registered
+from hone.core.data.batch_lengths import registered
 
 # Sequences at least this long go to the dense kernel under `speed.long_row_attention = auto`. Below it, one
 # varlen call over the batch is faster than a dense call per sequence (docs/performance/attention.md).
@@ -53,8 +53,12 @@ class LongRows:
 
     def tag(self) -> str:
         """A short spelling for the registered attention name."""
-        flags = [("_repeat", not self.gqa_flag), ("_contiguous", self.contiguous), ("_any", not self.cudnn),
-                 ("_keep", self.keep)]
+        flags = [
+            ("_repeat", not self.gqa_flag),
+            ("_contiguous", self.contiguous),
+            ("_any", not self.cudnn),
+            ("_keep", self.keep),
+        ]
         return f"long{self.threshold}" + "".join(word for word, on in flags if on)
 
 
@@ -98,9 +102,17 @@ def build_spans(cu_seqlens: torch.Tensor, seq_lens, threshold: int) -> list[Span
 
     def flush(last: int) -> None:
         if last > first:
-            local = cu_seqlens[first:last + 1] - cu_seqlens[first]
-            spans.append(Span(offsets[first], offsets[last], False, local, max(seq_lens[first:last]),
-                              offsets[last] - offsets[first]))
+            local = cu_seqlens[first : last + 1] - cu_seqlens[first]
+            spans.append(
+                Span(
+                    offsets[first],
+                    offsets[last],
+                    False,
+                    local,
+                    max(seq_lens[first:last]),
+                    offsets[last] - offsets[first],
+                )
+            )
 
     for index, n in enumerate(seq_lens):
         if n >= threshold:
@@ -125,6 +137,7 @@ def spans(cu_seqlens: torch.Tensor, threshold: int) -> list[Span] | None:
 
 
 # ---- the dense kernel --------------------------------------------------------------------------------------------
+
 
 def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, how: LongRows):
     """Causal attention over one sequence: (L, Hq, D) query, (L, Hkv, D) key / value -> (L, Hq, D)."""
@@ -151,8 +164,8 @@ def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 def _padded(t: torch.Tensor, span: Span) -> torch.Tensor:
     """A long span's tokens at its bucket length: the following tokens where the batch has them, else zeros."""
     if span.start + span.padded <= t.shape[0]:
-        return t[span.start:span.start + span.padded]
-    piece = t[span.start:span.end]
+        return t[span.start : span.start + span.padded]
+    piece = t[span.start : span.end]
     return F.pad(piece, (0, 0, 0, 0, 0, span.padded - piece.shape[0]))
 
 
@@ -165,7 +178,7 @@ def _run(span: Span, q, k, v, scale, attend_short: ShortAttend, how: LongRows) -
 def _inputs(span: Span, q, k, v) -> list[torch.Tensor]:
     if span.long:
         return [_padded(t, span) for t in (q, k, v)]
-    return [t[span.start:span.end] for t in (q, k, v)]
+    return [t[span.start : span.end] for t in (q, k, v)]
 
 
 def _graphs(span_list: list[Span], q, k, v, scale, attend_short: ShortAttend, how: LongRows, wanted: list[bool]):
@@ -177,7 +190,7 @@ def _graphs(span_list: list[Span], q, k, v, scale, attend_short: ShortAttend, ho
         inputs = [t.detach().requires_grad_(w) for t, w in zip(_inputs(span, q, k, v), wanted, strict=True)]
         with torch.enable_grad():
             piece = _run(span, *inputs, scale, attend_short, how)
-        out[span.start:span.end] = piece[:span.end - span.start].detach()
+        out[span.start : span.end] = piece[: span.end - span.start].detach()
         graphs.append((inputs, piece))
     return out, graphs
 
@@ -205,20 +218,22 @@ class _SpanAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        targets = [torch.empty(shape, dtype=dtype, device=device) if w else None
-                   for (shape, dtype, device), w in zip(ctx.like, ctx.wanted, strict=True)]
+        targets = [
+            torch.empty(shape, dtype=dtype, device=device) if w else None
+            for (shape, dtype, device), w in zip(ctx.like, ctx.wanted, strict=True)
+        ]
         for index, span in enumerate(ctx.spans):
             inputs, piece = ctx.graphs[index]
             ctx.graphs[index] = None  # this span's saved tensors go once its gradient is written
             rows = span.end - span.start
-            grad = grad_out[span.start:span.end]
+            grad = grad_out[span.start : span.end]
             if piece.shape[0] != rows:  # the bucket's extra rows were dropped: their gradient is zero
                 grad = F.pad(grad, (0, 0, 0, 0, 0, piece.shape[0] - rows))
             chosen = [t for t, w in zip(inputs, ctx.wanted, strict=True) if w]
             grads = iter(torch.autograd.grad(piece, chosen, grad))
             for target, w in zip(targets, ctx.wanted, strict=True):
                 if w:
-                    target[span.start:span.end] = next(grads)[:rows]
+                    target[span.start : span.end] = next(grads)[:rows]
             del piece, inputs, grads
         ctx.graphs = ctx.spans = None
         return (*targets, None, None, None, None, None)
@@ -251,8 +266,17 @@ def _memo(cu_seqlens: torch.Tensor) -> dict | None:
     return None if found is None else found[1]
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, span_list: list[Span],
-              scale: float | None, attend_short: ShortAttend, how: LongRows, module=None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    span_list: list[Span],
+    scale: float | None,
+    attend_short: ShortAttend,
+    how: LongRows,
+    module=None,
+) -> torch.Tensor:
     """Packed causal attention by spans: (T, Hq, D) query, (T, Hkv, D) key / value in varlen layout -> (T, Hq, D).
 
     With `how.keep` and the attention `module` given, a checkpointed layer's first forward keeps its graphs in the
@@ -275,5 +299,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: tor
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     for span in span_list:
         piece = _run(span, *_inputs(span, q, k, v), scale, attend_short, how)
-        out[span.start:span.end] = piece[:span.end - span.start]
+        out[span.start : span.end] = piece[: span.end - span.start]
     return out

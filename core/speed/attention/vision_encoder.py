@@ -20,12 +20,27 @@ from hone.core.speed.attention import backends
 # "flash" in the name on purpose (unlike Hone's language-model names): it is what makes the encoder pass cu_seqlens.
 VISION_IMPLEMENTATION = "hone_flash_varlen_encoder"
 # Encoders that take cu_seqlens (module class names of transformers' vision attention).
-VARLEN_ENCODERS = ("Qwen2_5_VLVisionAttention", "Qwen3VLVisionAttention", "Qwen3VLMoeVisionAttention",
-                   "VisionAttention")
+VARLEN_ENCODERS = (
+    "Qwen2_5_VLVisionAttention",
+    "Qwen3VLVisionAttention",
+    "Qwen3VLMoeVisionAttention",
+    "VisionAttention",
+)
 
 
-def encoder_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, cu_seq_lens_q=None,
-                      max_length_q=None, **kwargs):
+def encoder_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    *,
+    scaling=None,
+    dropout=0.0,
+    cu_seq_lens_q=None,
+    max_length_q=None,
+    **kwargs,
+):
     """Bidirectional attention over every image of the batch at once.
 
     Args:
@@ -56,8 +71,11 @@ def encoder_attention(module, query, key, value, attention_mask, *, scaling=None
 
 def varlen_encoder_modules(model) -> list[str]:
     """Names of the image encoder's attention modules that take the batch's cu_seqlens (Qwen-VL)."""
-    return [name for name, module in model.named_modules() if type(module).__name__ in VARLEN_ENCODERS
-            and ".visual." in f".{name}."]
+    return [
+        name
+        for name, module in model.named_modules()
+        if type(module).__name__ in VARLEN_ENCODERS and ".visual." in f".{name}."
+    ]
 
 
 # The language model's packed metadata, in the model call's keyword arguments: not the encoder's.
@@ -95,8 +113,10 @@ def _set_encoder_implementation(hf_model, name: str) -> None:
     hf_model.config.vision_config._attn_implementation = name
     encoder = _encoder(hf_model)
     if encoder.config._attn_implementation != name:
-        raise RuntimeError(f"{type(hf_model).__name__}'s image encoder does not read its implementation from "
-                           "config.vision_config: Hone cannot put it on varlen attention")
+        raise RuntimeError(
+            f"{type(hf_model).__name__}'s image encoder does not read its implementation from "
+            "config.vision_config: Hone cannot put it on varlen attention"
+        )
 
 
 def apply_encoder_attention(hf_model) -> str | None:

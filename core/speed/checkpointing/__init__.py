@@ -1,10 +1,10 @@
 """Activation checkpointing of decoder layers: the inputs kept on the GPU or offloaded to pinned host memory.
 
-    checkpointer.py     the checkpointing wrapper and its modes (off, gpu, offload, offload-double)
-    offload_buffers.py  pinned host slots, GPU reload buffers and the copy streams
-    policy.py           which mode a run uses, and the cost model behind `auto`
-    layer_groups.py     a checkpointed layer recomputed a group of whole sequences at a time
-    tiled_mlp.py        a checkpointed layer's MLP back-propagated a tile of tokens at a time
+checkpointer.py     the checkpointing wrapper and its modes (off, gpu, offload, offload-double)
+offload_buffers.py  pinned host slots, GPU reload buffers and the copy streams
+policy.py           which mode a run uses, and the cost model behind `auto`
+layer_groups.py     a checkpointed layer recomputed a group of whole sequences at a time
+tiled_mlp.py        a checkpointed layer's MLP back-propagated a tile of tokens at a time
 """
 
 __all__: list[str] = []

@@ -87,6 +87,7 @@ def _pieces(enabled: bool):
 # The checkpoint function
 # ---------------------------------------------------------------------------------------------------------------
 
+
 @dataclass(eq=False)
 class _SavedInput:
     """One layer input waiting for its backward pass: kept on the device, or in a host slot (and maybe already
@@ -123,9 +124,12 @@ def _capture_state(device: torch.device) -> _ForwardState:
     cuda = device.type == "cuda"
     kinds = ("cpu", "cuda") if cuda else ("cpu",)
     return _ForwardState(
-        cpu_rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state(device) if cuda else None, device=device,
+        cpu_rng=torch.get_rng_state(),
+        cuda_rng=torch.cuda.get_rng_state(device) if cuda else None,
+        device=device,
         autocast=[(k, torch.is_autocast_enabled(k), torch.get_autocast_dtype(k)) for k in kinds],
-        autocast_cache=torch.is_autocast_cache_enabled())
+        autocast_cache=torch.is_autocast_cache_enabled(),
+    )
 
 
 @contextlib.contextmanager
@@ -141,8 +145,9 @@ def _replayed(state: _ForwardState):
     try:
         with contextlib.ExitStack() as stack:
             for kind, enabled, dtype in state.autocast:
-                stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled,
-                                                   cache_enabled=state.autocast_cache))
+                stack.enter_context(
+                    torch.autocast(kind, dtype=dtype, enabled=enabled, cache_enabled=state.autocast_cache)
+                )
             yield
     finally:
         _RECOMPUTING -= 1
@@ -178,8 +183,10 @@ class _CheckpointedLayer(torch.autograd.Function):
         if hidden._version != version:
             # The copy saved for backward (queued on another stream, or this very tensor) would not be the input
             # the forward saw: the recompute would silently differ.
-            raise RuntimeError(f"{layer} wrote into its input in place during forward; activation checkpointing "
-                               "needs the layer input unchanged (set speed.checkpoint = off for this model)")
+            raise RuntimeError(
+                f"{layer} wrote into its input in place during forward; activation checkpointing "
+                "needs the layer input unchanged (set speed.checkpoint = off for this model)"
+            )
         return out
 
     @staticmethod
@@ -207,8 +214,9 @@ def _recompute_and_backward(ctx, x: torch.Tensor, grads: tuple) -> None:
     with torch.enable_grad(), _replayed(ctx.state):
         out = ctx.run(x)
     outs = out if isinstance(out, tuple) else (out,)
-    pairs = [(o, g) for o, g in zip(outs, grads, strict=False)
-             if torch.is_tensor(o) and o.requires_grad and g is not None]
+    pairs = [
+        (o, g) for o, g in zip(outs, grads, strict=False) if torch.is_tensor(o) and o.requires_grad and g is not None
+    ]
     if pairs:
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
@@ -223,14 +231,14 @@ def _backward_in_groups(ctx, x: torch.Tensor, grad_out: torch.Tensor, groups) ->
     only one group's activations and gradients exist at once. Returns the input gradient (None if not needed)."""
     grad_in = torch.empty_like(x) if ctx.input_requires_grad else None
     for group, call in groups:
-        piece = x[:, group.start:group.end].requires_grad_(ctx.input_requires_grad)
+        piece = x[:, group.start : group.end].requires_grad_(ctx.input_requires_grad)
         with torch.enable_grad(), _replayed(ctx.state):
             out = call(piece)
         out = out[0] if isinstance(out, tuple) else out
         if out.requires_grad:
-            torch.autograd.backward(out, grad_out[:, group.start:group.end])
+            torch.autograd.backward(out, grad_out[:, group.start : group.end])
         if grad_in is not None:
-            grad_in[:, group.start:group.end] = piece.grad
+            grad_in[:, group.start : group.end] = piece.grad
         del out, piece  # this group's graph goes before the next group's is built
     return grad_in
 
@@ -301,8 +309,17 @@ class Checkpointer:
             hidden size. `grouped_layers` counts the layer backward passes that ran in groups.
     """
 
-    def __init__(self, mode: str, device, *, max_buffer_bytes: int | None = None, note=None, streams=None,
-                 verify: bool = False, group_tokens: int = 0):
+    def __init__(
+        self,
+        mode: str,
+        device,
+        *,
+        max_buffer_bytes: int | None = None,
+        note=None,
+        streams=None,
+        verify: bool = False,
+        group_tokens: int = 0,
+    ):
         if mode not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint mode {mode!r} is not one of {CHECKPOINT_MODES}")
         self.device = torch.device(device)
@@ -341,8 +358,14 @@ class Checkpointer:
         return sum(b.capacity for b in self.buffers)
 
     def __call__(self, function, *args, **kwargs):
-        if (not args or not torch.is_tensor(args[0]) or not args[0].is_floating_point()
-                or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or is_recomputing()):
+        if (
+            not args
+            or not torch.is_tensor(args[0])
+            or not args[0].is_floating_point()
+            or not torch.is_grad_enabled()
+            or torch.is_inference_mode_enabled()
+            or is_recomputing()
+        ):
             # A checkpointed layer nested in one being recomputed runs plainly: its input is already recomputed,
             # and a nested reload could pick the buffer the outer layer's backward still reads.
             return function(*args, **kwargs)
@@ -392,8 +415,11 @@ class Checkpointer:
             slot = self.host.acquire(saved.nbytes)
         except RuntimeError as e:  # pinned host memory ran out: keep inputs on the device from now on
             self._host_failed = True
-            self._say(f"pinned host memory for layer inputs could not be allocated ({e}); they stay on the GPU "
-                      "(gpu checkpointing) for the rest of the run", "warning")
+            self._say(
+                f"pinned host memory for layer inputs could not be allocated ({e}); they stay on the GPU "
+                "(gpu checkpointing) for the rest of the run",
+                "warning",
+            )
             saved.kept = hidden.detach()
             return saved
         self.copier.to_host(hidden.detach(), slot.view(saved.shape, saved.dtype))
@@ -460,10 +486,13 @@ class Checkpointer:
 
     def _fill(self, saved: _SavedInput, buffer: ReloadBuffer | None) -> ReloadBuffer:
         if buffer is None or buffer.reading:
-            raise RuntimeError("internal error: no reload buffer free for a layer input (a buffer still being read "
-                               "would be overwritten)")
-        saved.ready = self.copier.to_device(saved.slot.view(saved.shape, saved.dtype),
-                                            buffer.view(saved.shape, saved.dtype))
+            raise RuntimeError(
+                "internal error: no reload buffer free for a layer input (a buffer still being read "
+                "would be overwritten)"
+            )
+        saved.ready = self.copier.to_device(
+            saved.slot.view(saved.shape, saved.dtype), buffer.view(saved.shape, saved.dtype)
+        )
         buffer.owner, saved.buffer = saved.seq, buffer
         return buffer
 
@@ -471,14 +500,18 @@ class Checkpointer:
         """With `verify`: compare what the recompute reads with the input as saved (and the host copy, once)."""
         if saved.check is None:
             return
-        self.integrity.append(IntegrityCheck(saved.layer, saved.seq, where, _differing_bytes(on_device, saved.check),
-                                             saved.nbytes))
+        self.integrity.append(
+            IntegrityCheck(saved.layer, saved.seq, where, _differing_bytes(on_device, saved.check), saved.nbytes)
+        )
         if where == "reload buffer" and saved.slot is not None:
             # The compute stream has waited for the reload, and the comparison above made the host wait for the
             # compute stream: both copies through the slot are complete, the host may read it.
             host = saved.slot.view(saved.shape, saved.dtype)
-            self.integrity.append(IntegrityCheck(saved.layer, saved.seq, "pinned host copy",
-                                                 _differing_bytes(host, saved.check.cpu()), saved.nbytes))
+            self.integrity.append(
+                IntegrityCheck(
+                    saved.layer, saved.seq, "pinned host copy", _differing_bytes(host, saved.check.cpu()), saved.nbytes
+                )
+            )
 
     def _next_buffer(self, nbytes: int, avoid: ReloadBuffer | None) -> ReloadBuffer | None:
         """The reload buffer the next copy goes into, allocated or grown to hold `nbytes`.
@@ -501,8 +534,13 @@ class Checkpointer:
 
     def _add_buffer(self, nbytes: int, second: bool) -> bool:
         if second:
-            reason = second_buffer_decision(reload_buffer_bytes(nbytes), self.buffers[0].capacity,
-                                             self.max_buffer_bytes, self._headroom(), HEADROOM_MARGIN_BYTES)
+            reason = second_buffer_decision(
+                reload_buffer_bytes(nbytes),
+                self.buffers[0].capacity,
+                self.max_buffer_bytes,
+                self._headroom(),
+                HEADROOM_MARGIN_BYTES,
+            )
             if reason is not None:
                 self._fall_back(reason)
                 return False
@@ -520,9 +558,13 @@ class Checkpointer:
         """Reallocate `buffer` for a bigger input. The second buffer gives way (fallback) when it does not fit."""
         second = len(self.buffers) > 1 and buffer is self.buffers[1]
         if second:
-            reason = second_buffer_decision(reload_buffer_bytes(nbytes), self.buffers[0].capacity,
-                                            self.max_buffer_bytes, self._headroom(buffer.capacity),
-                                            HEADROOM_MARGIN_BYTES)
+            reason = second_buffer_decision(
+                reload_buffer_bytes(nbytes),
+                self.buffers[0].capacity,
+                self.max_buffer_bytes,
+                self._headroom(buffer.capacity),
+                HEADROOM_MARGIN_BYTES,
+            )
             if reason is not None:
                 self._fall_back(reason)
                 return False
@@ -554,8 +596,11 @@ class Checkpointer:
         if len(self.buffers) > 1:
             dropped = self.buffers.pop(1)
             dropped.data, dropped.owner = None, -1
-        self._say(f"offload-double falls back to one reload buffer: {reason}. Steps lose the copy/compute "
-                  "overlap (copies are no longer hidden)", "warning")
+        self._say(
+            f"offload-double falls back to one reload buffer: {reason}. Steps lose the copy/compute "
+            "overlap (copies are no longer hidden)",
+            "warning",
+        )
 
     def _say(self, message: str, level: str) -> None:
         self.notes.append(message)
@@ -569,13 +614,20 @@ class Checkpointer:
         Call after the step's work is synchronized (the trainer does); then nothing here waits for the GPU. Also
         gives up the second buffer when the step's peak left less than `HEADROOM_MARGIN_BYTES` free.
         """
-        out = dict(offload_bytes=self.copier.counters.offload_bytes, copy_stall_s=self.copier.read_stall_s(),
-                   buffer_bytes=self.buffer_bytes)
+        out = dict(
+            offload_bytes=self.copier.counters.offload_bytes,
+            copy_stall_s=self.copier.read_stall_s(),
+            buffer_bytes=self.buffer_bytes,
+        )
         self.copier.counters.offload_bytes = 0
         if self.cuda and self.double and len(self.buffers) > 1:
             free, _total = torch.cuda.mem_get_info(self.device)
-            reason = tight_memory_reason(free, torch.cuda.memory_reserved(self.device),
-                                         torch.cuda.max_memory_allocated(self.device), HEADROOM_MARGIN_BYTES)
+            reason = tight_memory_reason(
+                free,
+                torch.cuda.memory_reserved(self.device),
+                torch.cuda.max_memory_allocated(self.device),
+                HEADROOM_MARGIN_BYTES,
+            )
             if reason is not None:
                 self._fall_back(reason)
         return out
@@ -599,8 +651,17 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return [m for m in _base_model(model).modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | None = None, note=None,
-                        streams=None, verify: bool = False, group_tokens: int = 0) -> Checkpointer | None:
+def apply_checkpointing(
+    model,
+    mode: str,
+    device,
+    *,
+    max_buffer_bytes: int | None = None,
+    note=None,
+    streams=None,
+    verify: bool = False,
+    group_tokens: int = 0,
+) -> Checkpointer | None:
     """Checkpoint every decoder layer of `model` (a transformers model, possibly peft-wrapped) in `mode`.
 
     transformers decoder layers are `GradientCheckpointingLayer`s that, when their `gradient_checkpointing` flag is
@@ -621,15 +682,32 @@ def apply_checkpointing(model, mode: str, device, *, max_buffer_bytes: int | Non
     layers = decoder_layers(base)
     if not layers:
         if note is not None:
-            note("checkpoint", f"{type(base).__name__} has no decoder layers transformers can checkpoint; activation "
-                               "checkpointing is off for this run", "warning")
+            note(
+                "checkpoint",
+                f"{type(base).__name__} has no decoder layers transformers can checkpoint; activation "
+                "checkpointing is off for this run",
+                "warning",
+            )
         return None
-    checkpointer = Checkpointer(mode, device, max_buffer_bytes=max_buffer_bytes, note=note, streams=streams,
-                                verify=verify, group_tokens=group_tokens)
+    checkpointer = Checkpointer(
+        mode,
+        device,
+        max_buffer_bytes=max_buffer_bytes,
+        note=note,
+        streams=streams,
+        verify=verify,
+        group_tokens=group_tokens,
+    )
     ids = {id(layer) for layer in layers}
     checkpointer.layer_names = {id(m): name for name, m in base.named_modules() if id(m) in ids}
-    previous = [(layer, layer.__dict__.get("gradient_checkpointing", _UNSET),
-                 layer.__dict__.get("_gradient_checkpointing_func", _UNSET)) for layer in layers]
+    previous = [
+        (
+            layer,
+            layer.__dict__.get("gradient_checkpointing", _UNSET),
+            layer.__dict__.get("_gradient_checkpointing_func", _UNSET),
+        )
+        for layer in layers
+    ]
     for layer in layers:
         layer.gradient_checkpointing = True
         layer._gradient_checkpointing_func = checkpointer

@@ -3,18 +3,19 @@
 What a recomputed layer saves for its backward, and the gradients its backward makes, then exist for one group
 instead of the whole batch (docs/performance/memory.md); every FLOP still runs once, since in a packed batch only
 attention mixes tokens and it never crosses a sequence boundary. The one thing to know: group boundaries come from
-the host-side sequence lengths `register_batch` records (`PackedBatch.model_inputs` calls it), so choosing them
-asks the GPU nothing, and a batch that was not registered is back-propagated whole. `LayerCall.groups` says when
-grouping applies; the checkpointer runs the groups (`speed.layer_group_tokens`).
+the host-side sequence lengths each batch registers (hone.core.data.batch_lengths), so choosing them asks the GPU
+nothing, and a batch that was not registered is back-propagated whole. `LayerCall.groups` says when grouping
+applies; the checkpointer runs the groups (`speed.layer_group_tokens`).
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass
 
 import torch
+
+from hone.core.data.batch_lengths import registered
 
 # Elements of one (group tokens x hidden) activation: 2**24 = 32 MiB in bf16 (a hidden size of 4,096 gives 4,096
 # tokens per group).
@@ -62,49 +63,22 @@ class SequenceGroup:
     max_len: int
 
 
-@dataclass
-class _Batch:
-    cu: weakref.ref
-    seq_lens: tuple[int, ...]
-    groups: dict  # max_tokens -> list[SequenceGroup]; other keys: see `registered`
-
-
-# Packed batches in flight, keyed by the identity of their device `cu_seqlens` (what every layer call carries).
-# Entries go when their batch is freed; a few cover a forward overlapping the previous batch's backward.
-_BATCHES: list[_Batch] = []
-_KEEP = 4
-
-
-def register_batch(cu_seqlens: torch.Tensor, seq_lens: list[int] | tuple[int, ...]) -> None:
-    """Remember the host-side sequence lengths behind a batch's `cu_seqlens` (the tensor the model call gets)."""
-    _BATCHES[:] = [b for b in _BATCHES if b.cu() is not None and b.cu() is not cu_seqlens]
-    _BATCHES.insert(0, _Batch(weakref.ref(cu_seqlens), tuple(int(n) for n in seq_lens), {}))
-    del _BATCHES[_KEEP:]
-
-
-def registered(cu_seqlens: torch.Tensor) -> tuple[tuple[int, ...], dict] | None:
-    """(host-side sequence lengths, a dict that lives as long as the batch) of a registered batch, else None.
-
-    The dict is where what is derived from the lengths once per batch is kept (keyed by its maker)."""
-    batch = next((b for b in _BATCHES if b.cu() is cu_seqlens), None)
-    return None if batch is None else (batch.seq_lens, batch.groups)
-
-
 def groups_for(cu_seqlens: torch.Tensor, max_tokens: int) -> list[SequenceGroup] | None:
     """The groups of a registered batch (built once per batch and group size), or None for an unknown batch."""
-    batch = next((b for b in _BATCHES if b.cu() is cu_seqlens), None)
-    if batch is None:
+    found = registered(cu_seqlens)
+    if found is None:
         return None
-    if max_tokens not in batch.groups:
+    seq_lens, derived = found
+    if max_tokens not in derived:
         groups, offsets = [], [0]
-        for n in batch.seq_lens:
+        for n in seq_lens:
             offsets.append(offsets[-1] + n)
-        for first, last in group_sequences(batch.seq_lens, max_tokens):
+        for first, last in group_sequences(seq_lens, max_tokens):
             # Sliced from the device offsets: the values never travel back to the host.
-            local = cu_seqlens[first:last + 1] - cu_seqlens[first]
-            groups.append(SequenceGroup(offsets[first], offsets[last], local, max(batch.seq_lens[first:last])))
-        batch.groups[max_tokens] = groups
-    return batch.groups[max_tokens]
+            local = cu_seqlens[first : last + 1] - cu_seqlens[first]
+            groups.append(SequenceGroup(offsets[first], offsets[last], local, max(seq_lens[first:last])))
+        derived[max_tokens] = groups
+    return derived[max_tokens]
 
 
 def _has_dropout(layer: torch.nn.Module | None) -> bool:
@@ -127,8 +101,9 @@ def _slice(value, start: int, end: int):
 
 def _token_major(value, total: int) -> bool:
     """None, or a (1, T, ...) tensor: what `_slice` can cut (not e.g. multimodal rotary tables (3, 1, T, D))."""
-    return value is None or (torch.is_tensor(value) and value.dim() >= 2 and value.shape[0] == 1
-                             and value.shape[1] == total)
+    return value is None or (
+        torch.is_tensor(value) and value.dim() >= 2 and value.shape[0] == 1 and value.shape[1] == total
+    )
 
 
 class LayerCall:
@@ -189,11 +164,16 @@ class LayerCall:
         calls = []
         for group in groups:
             own = {name: _slice(bound[name], group.start, group.end) for name in _SLICED if bound.get(name) is not None}
-            own.update(cu_seq_lens_q=group.cu_seqlens, cu_seq_lens_k=group.cu_seqlens, max_length_q=group.max_len,
-                       max_length_k=group.max_len)
+            own.update(
+                cu_seq_lens_q=group.cu_seqlens,
+                cu_seq_lens_k=group.cu_seqlens,
+                max_length_q=group.max_len,
+                max_length_k=group.max_len,
+            )
             if isinstance(self.function, functools.partial):
-                function = functools.partial(self.function.func, *self.function.args,
-                                             **{**self.function.keywords, **own})
+                function = functools.partial(
+                    self.function.func, *self.function.args, **{**self.function.keywords, **own}
+                )
                 kwargs = {k: v for k, v in self.kwargs.items() if k not in own}
             else:
                 function, kwargs = self.function, {**self.kwargs, **own}

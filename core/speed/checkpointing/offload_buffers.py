@@ -137,8 +137,9 @@ def size_text(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
 
 
-def second_buffer_decision(buffer_bytes: int, held_bytes: int, limit_bytes: int | None, headroom_bytes: int | None,
-                           margin_bytes: int) -> str | None:
+def second_buffer_decision(
+    buffer_bytes: int, held_bytes: int, limit_bytes: int | None, headroom_bytes: int | None, margin_bytes: int
+) -> str | None:
     """Whether a second reload buffer of `buffer_bytes` may be allocated, or why not.
 
     Args:
@@ -152,16 +153,20 @@ def second_buffer_decision(buffer_bytes: int, held_bytes: int, limit_bytes: int 
         None when it may be allocated, else the reason in words.
     """
     if limit_bytes is not None and held_bytes + buffer_bytes > limit_bytes:
-        return (f"two reload buffers need {size_text(held_bytes + buffer_bytes)}, over the "
-                f"{size_text(limit_bytes)} allowed")
+        return (
+            f"two reload buffers need {size_text(held_bytes + buffer_bytes)}, over the {size_text(limit_bytes)} allowed"
+        )
     if headroom_bytes is not None and headroom_bytes - buffer_bytes < margin_bytes:
-        return (f"only {size_text(headroom_bytes)} of GPU memory is free and a second buffer needs "
-                f"{size_text(buffer_bytes)} plus {size_text(margin_bytes)} kept free")
+        return (
+            f"only {size_text(headroom_bytes)} of GPU memory is free and a second buffer needs "
+            f"{size_text(buffer_bytes)} plus {size_text(margin_bytes)} kept free"
+        )
     return None
 
 
-def tight_memory_reason(free_bytes: int, reserved_bytes: int, peak_allocated_bytes: int,
-                        margin_bytes: int) -> str | None:
+def tight_memory_reason(
+    free_bytes: int, reserved_bytes: int, peak_allocated_bytes: int, margin_bytes: int
+) -> str | None:
     """Why memory counts as tight after a step (less than `margin_bytes` was left at its peak), or None.
 
     Args:
@@ -173,8 +178,9 @@ def tight_memory_reason(free_bytes: int, reserved_bytes: int, peak_allocated_byt
     left = free_bytes + reserved_bytes - peak_allocated_bytes
     if left >= margin_bytes:
         return None
-    return (f"memory got tight: only {size_text(left)} was free at the last step's peak "
-            f"(under {size_text(margin_bytes)})")
+    return (
+        f"memory got tight: only {size_text(left)} was free at the last step's peak (under {size_text(margin_bytes)})"
+    )
 
 
 @dataclass

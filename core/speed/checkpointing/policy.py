@@ -84,7 +84,8 @@ def layer_cost(config) -> LayerCost:
         expert_size = int(getattr(text, "moe_intermediate_size", None) or text.intermediate_size)
         mlp = top_k * 3 * h * expert_size + h * experts
         shared = getattr(text, "shared_expert_intermediate_size", None) or (
-            (getattr(text, "n_shared_experts", 0) or 0) * expert_size)
+            (getattr(text, "n_shared_experts", 0) or 0) * expert_size
+        )
         mlp += 3 * h * int(shared or 0)
     else:
         mlp = 3 * h * int(text.intermediate_size)
@@ -107,8 +108,9 @@ def is_integrated_gpu(device) -> bool:
     return bool(torch.cuda.get_device_properties(torch.device(device)).is_integrated)
 
 
-def choose_mode(requested: str, device, mean_row_tokens: float, model_config,
-                integrated: bool | None = None) -> ModeChoice:
+def choose_mode(
+    requested: str, device, mean_row_tokens: float, model_config, integrated: bool | None = None
+) -> ModeChoice:
     """The checkpoint mode for a run.
 
     `auto`: `off` on the CPU (memory is plentiful there and recompute costs a third more time); on a GPU, `gpu`
@@ -133,25 +135,36 @@ def choose_mode(requested: str, device, mean_row_tokens: float, model_config,
             return ModeChoice("off", "on the CPU memory is plentiful and recompute costs a third more time")
         if requested == "gpu":
             return ModeChoice("gpu", "recompute each decoder layer in backward from its saved input")
-        return ModeChoice("gpu", "recompute each decoder layer in backward (offloading needs a CUDA GPU)",
-                          notice=f"speed.checkpoint = {requested} needs a CUDA GPU and this run is on the CPU: "
-                                 "decoder layers are recomputed from inputs kept in memory (gpu mode) instead",
-                          level="warning")
+        return ModeChoice(
+            "gpu",
+            "recompute each decoder layer in backward (offloading needs a CUDA GPU)",
+            notice=f"speed.checkpoint = {requested} needs a CUDA GPU and this run is on the CPU: "
+            "decoder layers are recomputed from inputs kept in memory (gpu mode) instead",
+            level="warning",
+        )
     if requested != "auto":
         return ModeChoice(requested, _describe(requested))
     cost = layer_cost(model_config)
     ratio = cost.copy_ratio(mean_row_tokens)
     if ratio > MAX_COPY_RATIO:
-        return ModeChoice("gpu", f"rows average {mean_row_tokens:.0f} tokens: reloading a layer's input would take "
-                                 f"{ratio:.0%} of its recompute (offloading pays from ~{cost.min_row_tokens()} tokens "
-                                 f"per row for this model); recompute each decoder layer from an input kept on the GPU")
+        return ModeChoice(
+            "gpu",
+            f"rows average {mean_row_tokens:.0f} tokens: reloading a layer's input would take "
+            f"{ratio:.0%} of its recompute (offloading pays from ~{cost.min_row_tokens()} tokens "
+            f"per row for this model); recompute each decoder layer from an input kept on the GPU",
+        )
     if integrated if integrated is not None else is_integrated_gpu(device):
         # "Host" memory is the same physical memory as the GPU's here: moving layer inputs there frees nothing.
-        return ModeChoice("gpu", "unified memory (the GPU shares system memory): offloading layer inputs to host "
-                                 "memory would free nothing, so " + _describe("gpu"))
-    return ModeChoice("offload-double", f"reloading a layer's input takes ~{ratio:.0%} of its recompute, hidden "
-                                        "behind it by two buffers (one if memory is short); "
-                                        + _describe("offload-double"))
+        return ModeChoice(
+            "gpu",
+            "unified memory (the GPU shares system memory): offloading layer inputs to host "
+            "memory would free nothing, so " + _describe("gpu"),
+        )
+    return ModeChoice(
+        "offload-double",
+        f"reloading a layer's input takes ~{ratio:.0%} of its recompute, hidden "
+        "behind it by two buffers (one if memory is short); " + _describe("offload-double"),
+    )
 
 
 def _describe(mode: str) -> str:
@@ -159,5 +172,5 @@ def _describe(mode: str) -> str:
         "gpu": "recompute each decoder layer in backward from its input kept on the GPU",
         "offload": "layer inputs in pinned host memory, reloaded into one GPU buffer before each recompute",
         "offload-double": "layer inputs in pinned host memory, the next layer's reload overlapping the current "
-                          "layer's recompute (two GPU buffers)",
+        "layer's recompute (two GPU buffers)",
     }[mode]

@@ -135,10 +135,10 @@ def mlp_in_pieces(mlp: torch.nn.Module, hidden: torch.Tensor, tile: int) -> torc
     flat = hidden.reshape(-1, hidden.shape[-1])
     out = None
     for start in range(0, flat.shape[0], tile):
-        piece = mlp(flat[start:start + tile])
+        piece = mlp(flat[start : start + tile])
         if out is None:
             out = piece.new_empty(flat.shape[0], piece.shape[-1])
-        out[start:start + tile] = piece
+        out[start : start + tile] = piece
         del piece
     return out.view(*hidden.shape[:-1], out.shape[-1])
 
@@ -183,12 +183,12 @@ class TiledMLP(torch.autograd.Function):
         enabled, dtype = ctx.autocast
         device_type = hidden.device.type
         for start in range(0, flat.shape[0], ctx.tile):
-            piece = flat[start:start + ctx.tile].detach().requires_grad_(True)
+            piece = flat[start : start + ctx.tile].detach().requires_grad_(True)
             replay = torch.autocast(device_type, dtype=dtype) if enabled else contextlib.nullcontext()
             with torch.enable_grad(), replay:
                 out = ctx.mlp(piece)
-            torch.autograd.backward(out, grad[start:start + ctx.tile])
-            grad_hidden[start:start + ctx.tile] = piece.grad
+            torch.autograd.backward(out, grad[start : start + ctx.tile])
+            grad_hidden[start : start + ctx.tile] = piece.grad
             del out, piece  # this tile's activations go before the next tile's exist
         ctx.mlp = None
         return grad_hidden.view(hidden.shape), None, None, None

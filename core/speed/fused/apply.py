@@ -27,23 +27,37 @@ from hone.core.speed.fused.patching import (
     swap_forward,
     with_globals,
 )
-from hone.core.speed.fused.router import patch_router, router_reason
+from hone.core.speed.moe.fused_router import patch_router, router_reason
 
 # transformers model type -> the family it is reported as; the norm, rope, MLP and decoder patches run on these types
 # only. For the MoE families (Qwen2-MoE, Qwen3-MoE, Mixtral) that covers the attention, norms and residual adds (and
-# Qwen2-MoE's shared expert): expert layers are left to the MoE backends (`hone.core.moe`). Any other model type gets
-# only its peft LoRA layers and routers fused.
+# Qwen2-MoE's shared expert): expert layers are left to the MoE backends (`hone.core.speed.moe`). Any other model
+# type gets only its peft LoRA layers and routers fused.
 FAMILIES = {
-    "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma",
-    "qwen2_moe": "qwen2-moe", "qwen3_moe": "qwen3-moe", "mixtral": "mixtral",
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gemma3_text": "gemma",
+    "qwen2_moe": "qwen2-moe",
+    "qwen3_moe": "qwen3-moe",
+    "mixtral": "mixtral",
     # Qwen-VL: the language model's (and the image encoder's) norms and gated MLPs, the decoder adds; rope where
     # the attention calls the plain `apply_rotary_pos_emb` (the 3-D positions are folded into cos/sin before it)
-    "qwen2_5_vl_text": "qwen2.5-vl", "qwen3_vl_text": "qwen3-vl", "qwen3_vl_moe_text": "qwen3-vl-moe",
+    "qwen2_5_vl_text": "qwen2.5-vl",
+    "qwen3_vl_text": "qwen3-vl",
+    "qwen3_vl_moe_text": "qwen3-vl-moe",
     # MoE families with pre-norm decoder layers: norms (MLA's q/kv norms too), the middle add, first dense layers
     # and shared experts. Multi-head latent attention (no k_proj) keeps transformers' rope.
-    "glm4_moe": "glm-4.5", "glm4_moe_lite": "glm-4.7-flash", "deepseek_v3": "deepseek-v3",
-    "olmoe": "olmoe", "ernie4_5_moe": "ernie-4.5-moe", "minimax_m2": "minimax-m2",
+    "glm4_moe": "glm-4.5",
+    "glm4_moe_lite": "glm-4.7-flash",
+    "deepseek_v3": "deepseek-v3",
+    "olmoe": "olmoe",
+    "ernie4_5_moe": "ernie-4.5-moe",
+    "minimax_m2": "minimax-m2",
 }
 _ROPE_PARAMETERS = ["q", "k", "cos", "sin", "unsqueeze_dim"]
 _GLU_MLP_NAMES = {"down_proj", "act_fn", "gate_proj", "up_proj"}
@@ -91,8 +105,13 @@ class KernelReport:
         return f"{head}; skipped {skipped} ({'; '.join(self.skipped)})" if skipped else head
 
     def to_dict(self) -> dict:
-        return {"model_type": self.model_type, "family": self.family, "backend": self.backend,
-                "patched": dict(self.patched), "skipped": {k: list(v) for k, v in self.skipped.items()}}
+        return {
+            "model_type": self.model_type,
+            "family": self.family,
+            "backend": self.backend,
+            "patched": dict(self.patched),
+            "skipped": {k: list(v) for k, v in self.skipped.items()},
+        }
 
     def _add(self, kind: str) -> None:
         self.patched[kind] = self.patched.get(kind, 0) + 1
@@ -115,7 +134,7 @@ def apply_kernels(model: torch.nn.Module, *, tile_mlp: bool = False) -> KernelRe
     - peft LoRA linear layers (any model family) -> one autograd node for base + scaled B(A x), dense or nf4 base
       (`hone.core.speed.fused.lora_layers`);
     - peft-wrapped Qwen-style MoE routers (softmax -> top-k) -> that LoRA linear for the logits and one kernel for
-      the top-k each way (`hone.core.speed.fused.router`).
+      the top-k each way (`hone.core.speed.moe.fused_router`).
     The norm, rope, MLP and decoder patches apply to the model types in `FAMILIES`. On the CPU (without
     `TRITON_INTERPRET=1`) and inside `torch.compile` the patched modules run plain torch.
 
@@ -160,8 +179,11 @@ def revert_kernels(model: torch.nn.Module) -> int:
         else:
             stuck.append(undo.label)
     if stuck:
-        warnings.warn(f"revert_kernels: {len(stuck)} modules were replaced again after apply_kernels and were left "
-                      f"as they are: {', '.join(stuck[:5])}", stacklevel=2)
+        warnings.warn(
+            f"revert_kernels: {len(stuck)} modules were replaced again after apply_kernels and were left "
+            f"as they are: {', '.join(stuck[:5])}",
+            stacklevel=2,
+        )
     return restored
 
 
@@ -192,6 +214,7 @@ def _backend(model: torch.nn.Module) -> str:
 
 
 # ---- family patches -------------------------------------------------------------------------------------------
+
 
 def _patch_family(base: torch.nn.Module, report: KernelReport, undos: list[Undo], tile_mlp: bool) -> None:
     from hone.kernels.rms_norm import FusedRMSNorm
@@ -265,8 +288,10 @@ def _patch_attention(name: str, module: torch.nn.Module, report: KernelReport, u
         if list(inspect.signature(plain).parameters) != _ROPE_PARAMETERS:
             raise UnsupportedForward("apply_rotary_pos_emb takes other arguments than (q, k, cos, sin, unsqueeze_dim)")
         _probe_rope(original)
-        forward = _shared_forward(("rope", cls), lambda: replace_innermost(
-            cls.forward, lambda fn: with_globals(fn, {"apply_rotary_pos_emb": apply_rotary})))
+        forward = _shared_forward(
+            ("rope", cls),
+            lambda: replace_innermost(cls.forward, lambda fn: with_globals(fn, {"apply_rotary_pos_emb": apply_rotary})),
+        )
     except UnsupportedForward as exc:
         report._skip(f"attention: {exc}", name)
         return
@@ -298,8 +323,9 @@ def _probe_rope(original) -> None:
         original(q.clone(), k.clone(), cos[..., :2].repeat(1, 1, 2), sin[..., :2].repeat(1, 1, 2), 1)
     except Exception:
         return  # like the kernel, it takes cos/sin as wide as the head only
-    raise UnsupportedForward("apply_rotary_pos_emb rotates part of each head (partial rotary); the rope kernel "
-                             "rotates all of it")
+    raise UnsupportedForward(
+        "apply_rotary_pos_emb rotates part of each head (partial rotary); the rope kernel rotates all of it"
+    )
 
 
 def _patch_mlp(name: str, module: torch.nn.Module, report: KernelReport, undos: list[Undo]) -> None:
@@ -348,8 +374,7 @@ def _probe_activation(act_fn) -> str | None:
     return None
 
 
-def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, undos: list[Undo],
-                   tile_mlp: bool) -> None:
+def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, undos: list[Undo], tile_mlp: bool) -> None:
     from hone.kernels.rms_norm import FusedRMSNorm, add_rms_norm
 
     try:
@@ -388,8 +413,9 @@ def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, und
         return prenorm_decoder_forward
 
     try:
-        forward = _shared_forward(("decoder", type(module)), lambda: replace_innermost(type(module).forward,
-                                                                                      make_forward))
+        forward = _shared_forward(
+            ("decoder", type(module)), lambda: replace_innermost(type(module).forward, make_forward)
+        )
     except UnsupportedForward as exc:
         report._skip(f"decoder: {exc}", name)
         return

@@ -80,25 +80,44 @@ def lora_plan(self) -> _Plan | None:
     disabled or merged adapters, the active adapter, the set of adapters, training mode.
     """
     active = self.active_adapter
-    key = (self.disable_adapters, self.merged, active if isinstance(active, str) else tuple(active),
-           len(self.lora_A), self.training)
+    key = (
+        self.disable_adapters,
+        self.merged,
+        active if isinstance(active, str) else tuple(active),
+        len(self.lora_A),
+        self.training,
+    )
     cached = self.__dict__.get(_PLAN_ATTR)
     if cached is not None and cached[0] == key:
         return cached[1]
     plan = None
     names = [name for name in self.active_adapters if name in self.lora_A]
-    if not self.disable_adapters and not self.merged and len(names) == 1 \
-            and names[0] not in getattr(self, "lora_variant", {}):
+    if (
+        not self.disable_adapters
+        and not self.merged
+        and len(names) == 1
+        and names[0] not in getattr(self, "lora_variant", {})
+    ):
         name = names[0]
         lora_a, lora_b = self.lora_A[name], self.lora_B[name]
-        if type(lora_a) is torch.nn.Linear and type(lora_b) is torch.nn.Linear and lora_a.bias is None \
-                and lora_b.bias is None:
+        if (
+            type(lora_a) is torch.nn.Linear
+            and type(lora_b) is torch.nn.Linear
+            and lora_a.bias is None
+            and lora_b.bias is None
+        ):
             dropout = self.lora_dropout[name]
             if not self.training or isinstance(dropout, torch.nn.Identity) or getattr(dropout, "p", 1.0) <= 0:
                 dropout = None
             base = self.base_layer
-            plan = _Plan(lora_a.weight, lora_b.weight, float(self.scaling[name]), base,
-                         hasattr(base.weight, "quant_state"), dropout)
+            plan = _Plan(
+                lora_a.weight,
+                lora_b.weight,
+                float(self.scaling[name]),
+                base,
+                hasattr(base.weight, "quant_state"),
+                dropout,
+            )
     self.__dict__[_PLAN_ATTR] = (key, plan)
     return plan
 
@@ -142,8 +161,15 @@ def _fused_lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         bias = bias.to(compute_dtype)
     x_in = x if x.dtype == compute_dtype else x.to(compute_dtype)
     if plan.quantized:
-        out = lora_linear(x_in, plan.lora_a, plan.lora_b, plan.scaling, bias=bias, x_lora=x_lora,
-                          nf4=NF4Weight.from_params4bit(weight))
+        out = lora_linear(
+            x_in,
+            plan.lora_a,
+            plan.lora_b,
+            plan.scaling,
+            bias=bias,
+            x_lora=x_lora,
+            nf4=NF4Weight.from_params4bit(weight),
+        )
     else:
         out = lora_linear(x_in, plan.lora_a, plan.lora_b, plan.scaling, bias=bias, x_lora=x_lora, weight=weight)
     return out if out.dtype == x.dtype else out.to(x.dtype)

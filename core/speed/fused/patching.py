@@ -64,10 +64,16 @@ def swap_forward(module: torch.nn.Module, function: Callable, label: str) -> Und
     return Undo(module, "forward", previous, bound, is_child=False, label=label)
 
 
-def _copy_function(fn: types.FunctionType, *, globals_: dict | None = None,
-                   closure: tuple | None = None) -> types.FunctionType:
-    new = types.FunctionType(fn.__code__, fn.__globals__ if globals_ is None else globals_, fn.__name__,
-                             fn.__defaults__, fn.__closure__ if closure is None else closure)
+def _copy_function(
+    fn: types.FunctionType, *, globals_: dict | None = None, closure: tuple | None = None
+) -> types.FunctionType:
+    new = types.FunctionType(
+        fn.__code__,
+        fn.__globals__ if globals_ is None else globals_,
+        fn.__name__,
+        fn.__defaults__,
+        fn.__closure__ if closure is None else closure,
+    )
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
     new.__dict__.update(fn.__dict__)

@@ -14,18 +14,47 @@ from hone.kernels._triton import tl, triton
 
 @triton.jit
 def _grouped_gemm_kernel(
-    x_ptr, w_ptr, out_ptr, group_ends_ptr, tile_ends_ptr,
-    gather_ptr, scatter_ptr, row_scale_ptr, bias_ptr, lora_x_ptr, lora_w_ptr,
-    num_groups, n_cols, k_dim, lora_rank, lora_scale,
-    stride_xm, stride_xk,
-    stride_we, stride_wk, stride_wn,
-    stride_om, stride_on,
-    stride_be, stride_bn,
-    stride_lxm, stride_lxr,
-    stride_lwe, stride_lwr, stride_lwn,
-    HAS_GATHER: tl.constexpr, HAS_SCATTER: tl.constexpr, HAS_ROW_SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    group_ends_ptr,
+    tile_ends_ptr,
+    gather_ptr,
+    scatter_ptr,
+    row_scale_ptr,
+    bias_ptr,
+    lora_x_ptr,
+    lora_w_ptr,
+    num_groups,
+    n_cols,
+    k_dim,
+    lora_rank,
+    lora_scale,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_om,
+    stride_on,
+    stride_be,
+    stride_bn,
+    stride_lxm,
+    stride_lxr,
+    stride_lwe,
+    stride_lwr,
+    stride_lwn,
+    HAS_GATHER: tl.constexpr,
+    HAS_SCATTER: tl.constexpr,
+    HAS_ROW_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_LORA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_G: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) output tile of one expert group.
@@ -66,10 +95,16 @@ def _grouped_gemm_kernel(
         for k0 in range(0, k_dim, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_mask = ks < k_dim
-            a = tl.load(x_ptr + src_rows[:, None] * stride_xm + ks[None, :] * stride_xk,
-                        mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            b = tl.load(w_group + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                        mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+            a = tl.load(
+                x_ptr + src_rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+                mask=row_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                w_group + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+                mask=k_mask[:, None] & col_mask[None, :],
+                other=0.0,
+            )
             if UPCAST:
                 a, b = a.to(tl.float32), b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
@@ -80,10 +115,16 @@ def _grouped_gemm_kernel(
             for r0 in range(0, lora_rank, BLOCK_R):
                 rs = r0 + tl.arange(0, BLOCK_R)
                 r_mask = rs < lora_rank
-                la = tl.load(lora_x_ptr + rows64[:, None] * stride_lxm + rs[None, :] * stride_lxr,
-                             mask=row_mask[:, None] & r_mask[None, :], other=0.0)
-                lb = tl.load(lora_group + rs[:, None] * stride_lwr + cols[None, :] * stride_lwn,
-                             mask=r_mask[:, None] & col_mask[None, :], other=0.0)
+                la = tl.load(
+                    lora_x_ptr + rows64[:, None] * stride_lxm + rs[None, :] * stride_lxr,
+                    mask=row_mask[:, None] & r_mask[None, :],
+                    other=0.0,
+                )
+                lb = tl.load(
+                    lora_group + rs[:, None] * stride_lwr + cols[None, :] * stride_lwn,
+                    mask=r_mask[:, None] & col_mask[None, :],
+                    other=0.0,
+                )
                 if UPCAST:
                     la, lb = la.to(tl.float32), lb.to(tl.float32)
                 lora_acc = tl.dot(la, lb, lora_acc, input_precision=DOT_PRECISION)
@@ -99,19 +140,37 @@ def _grouped_gemm_kernel(
             dst_rows = tl.load(scatter_ptr + rows64, mask=row_mask, other=0).to(tl.int64)
         else:
             dst_rows = rows64
-        tl.store(out_ptr + dst_rows[:, None] * stride_om + cols[None, :] * stride_on,
-                 acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+        tl.store(
+            out_ptr + dst_rows[:, None] * stride_om + cols[None, :] * stride_on,
+            acc.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & col_mask[None, :],
+        )
 
 
 @triton.jit
 def _grouped_gemm_wgrad_kernel(
-    p_ptr, q_ptr, out_ptr, group_ends_ptr, gather_p_ptr, gather_q_ptr,
-    m_dim, n_dim,
-    stride_pm, stride_pk,
-    stride_qm, stride_qn,
-    stride_oe, stride_om, stride_on,
-    HAS_GATHER_P: tl.constexpr, HAS_GATHER_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    p_ptr,
+    q_ptr,
+    out_ptr,
+    group_ends_ptr,
+    gather_p_ptr,
+    gather_q_ptr,
+    m_dim,
+    n_dim,
+    stride_pm,
+    stride_pk,
+    stride_qm,
+    stride_qn,
+    stride_oe,
+    stride_om,
+    stride_on,
+    HAS_GATHER_P: tl.constexpr,
+    HAS_GATHER_Q: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) tile of out[e] = p[rows of e]^T @ q[rows of e]; an empty group writes zeros.
 
@@ -144,14 +203,23 @@ def _grouped_gemm_wgrad_kernel(
             q_rows = tl.load(gather_q_ptr + rows64, mask=row_mask, other=0).to(tl.int64)
         else:
             q_rows = rows64
-        a = tl.load(p_ptr + p_rows[None, :] * stride_pm + ms[:, None] * stride_pk,
-                    mask=m_mask[:, None] & row_mask[None, :], other=0.0)
-        b = tl.load(q_ptr + q_rows[:, None] * stride_qm + ns[None, :] * stride_qn,
-                    mask=row_mask[:, None] & n_mask[None, :], other=0.0)
+        a = tl.load(
+            p_ptr + p_rows[None, :] * stride_pm + ms[:, None] * stride_pk,
+            mask=m_mask[:, None] & row_mask[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            q_ptr + q_rows[:, None] * stride_qm + ns[None, :] * stride_qn,
+            mask=row_mask[:, None] & n_mask[None, :],
+            other=0.0,
+        )
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     out = out_ptr + group.to(tl.int64) * stride_oe
-    tl.store(out + ms[:, None] * stride_om + ns[None, :] * stride_on, acc.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(
+        out + ms[:, None] * stride_om + ns[None, :] * stride_on,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & n_mask[None, :],
+    )

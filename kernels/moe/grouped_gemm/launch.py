@@ -106,21 +106,49 @@ def grouped_gemm_forward(
         lw = lora_w if lora_w is not None else w
         bs = bias if bias is not None else w
         launcher(_grouped_gemm_kernel, x.device)[grid](
-            x, w, out, group_ends, tile_ends,
-            gather if gather is not None else dummy, scatter if scatter is not None else dummy,
-            row_scale if row_scale is not None else dummy, bs, lx, lw,
-            num_groups, n_cols, k_dim, rank, float(lora_scale),
-            x.stride(0), x.stride(1),
-            w.stride(0), w.stride(1), w.stride(2),
-            out.stride(0), out.stride(1),
-            bs.stride(0), bs.stride(-1),
-            lx.stride(0), lx.stride(1),
-            lw.stride(0), lw.stride(1), lw.stride(2),
-            HAS_GATHER=flags[0], HAS_SCATTER=flags[1], HAS_ROW_SCALE=flags[2], HAS_BIAS=flags[3],
-            HAS_LORA=flags[4], **_dot_options(x.dtype),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            BLOCK_R=max(16, next_power_of_2(max(rank, 1))), BLOCK_G=next_power_of_2(num_groups),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            x,
+            w,
+            out,
+            group_ends,
+            tile_ends,
+            gather if gather is not None else dummy,
+            scatter if scatter is not None else dummy,
+            row_scale if row_scale is not None else dummy,
+            bs,
+            lx,
+            lw,
+            num_groups,
+            n_cols,
+            k_dim,
+            rank,
+            float(lora_scale),
+            x.stride(0),
+            x.stride(1),
+            w.stride(0),
+            w.stride(1),
+            w.stride(2),
+            out.stride(0),
+            out.stride(1),
+            bs.stride(0),
+            bs.stride(-1),
+            lx.stride(0),
+            lx.stride(1),
+            lw.stride(0),
+            lw.stride(1),
+            lw.stride(2),
+            HAS_GATHER=flags[0],
+            HAS_SCATTER=flags[1],
+            HAS_ROW_SCALE=flags[2],
+            HAS_BIAS=flags[3],
+            HAS_LORA=flags[4],
+            **_dot_options(x.dtype),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            BLOCK_R=max(16, next_power_of_2(max(rank, 1))),
+            BLOCK_G=next_power_of_2(num_groups),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
 
     cfg = pick_config("forward", x.device, x.dtype, rows, n_cols, k_dim, flags, launch, interpreting())
@@ -163,15 +191,29 @@ def grouped_gemm_wgrad(
     def launch(cfg: KernelConfig) -> None:
         grid = (cdiv(m_dim, cfg.block_m) * cdiv(n_dim, cfg.block_n), num_groups)
         launcher(_grouped_gemm_wgrad_kernel, p.device)[grid](
-            p, q, out, group_ends,
-            gather_p if gather_p is not None else p, gather_q if gather_q is not None else q,
-            m_dim, n_dim,
-            p.stride(0), p.stride(1),
-            q.stride(0), q.stride(1),
-            out.stride(0), out.stride(1), out.stride(2),
-            HAS_GATHER_P=flags[0], HAS_GATHER_Q=flags[1], **_dot_options(p.dtype),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            p,
+            q,
+            out,
+            group_ends,
+            gather_p if gather_p is not None else p,
+            gather_q if gather_q is not None else q,
+            m_dim,
+            n_dim,
+            p.stride(0),
+            p.stride(1),
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            HAS_GATHER_P=flags[0],
+            HAS_GATHER_Q=flags[1],
+            **_dot_options(p.dtype),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
 
     cfg = pick_config("wgrad", p.device, p.dtype, rows, m_dim, n_dim, flags, launch, interpreting())
@@ -216,9 +258,14 @@ def grouped_gemm_reference(
     return out
 
 
-def grouped_gemm_wgrad_reference(p: torch.Tensor, q: torch.Tensor, group_ends: torch.Tensor, *,
-                                 gather_p: torch.Tensor | None = None,
-                                 gather_q: torch.Tensor | None = None) -> torch.Tensor:
+def grouped_gemm_wgrad_reference(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    group_ends: torch.Tensor,
+    *,
+    gather_p: torch.Tensor | None = None,
+    gather_q: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`grouped_gemm_wgrad` computed expert by expert in float32 (returns float32)."""
     p_rows = p[gather_p] if gather_p is not None else p
     q_rows = q[gather_q] if gather_q is not None else q
@@ -228,5 +275,11 @@ def grouped_gemm_wgrad_reference(p: torch.Tensor, q: torch.Tensor, group_ends: t
     return out
 
 
-__all__ = ["grouped_gemm_forward", "grouped_gemm_reference", "grouped_gemm_wgrad",
-           "grouped_gemm_wgrad_reference", "interpreting", "triton_runs_on"]
+__all__ = [
+    "grouped_gemm_forward",
+    "grouped_gemm_reference",
+    "grouped_gemm_wgrad",
+    "grouped_gemm_wgrad_reference",
+    "interpreting",
+    "triton_runs_on",
+]

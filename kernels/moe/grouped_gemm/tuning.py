@@ -3,7 +3,7 @@
 The first call with a new (GPU, kernel, dtype, N, K, row bucket, fused options) key times a short list of
 candidate configs and keeps the fastest, in memory and, once `set_cache_dir` has named a folder, in
 `<folder>/grouped_gemm.json`, so later runs start tuned. Hone's core names its user cache's `triton` folder when it
-sets up the MoE backend (`hone.core.moe.choice.configure`). Timing synchronizes the GPU, once per key. Set
+sets up the MoE backend (`hone.core.speed.moe.choice.configure`). Timing synchronizes the GPU, once per key. Set
 `HONE_TRITON_AUTOTUNE=0` to skip timing and use the built-in heuristic.
 """
 
@@ -60,8 +60,9 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
 
 def _fit(cfg: KernelConfig, m_cap: int, n_cap: int, k_cap: int) -> KernelConfig:
     """Shrink blocks that exceed the problem (no point in a 128-wide tile for a rank-16 LoRA output)."""
-    return KernelConfig(min(cfg.block_m, m_cap), min(cfg.block_n, n_cap), min(cfg.block_k, k_cap),
-                        cfg.num_warps, cfg.num_stages)
+    return KernelConfig(
+        min(cfg.block_m, m_cap), min(cfg.block_n, n_cap), min(cfg.block_k, k_cap), cfg.num_warps, cfg.num_stages
+    )
 
 
 def candidates(kind: str, rows: int, n: int, k: int) -> list[KernelConfig]:
@@ -70,15 +71,30 @@ def candidates(kind: str, rows: int, n: int, k: int) -> list[KernelConfig]:
     m_cap, n_cap, k_cap = _pow2_at_least(rows), _pow2_at_least(n), _pow2_at_least(k)
     # Shared memory per stage is (BM*BK + BK*BN) * bytes; every list stays under ~100 KB at 3 stages in bf16 so
     # that sm75-sm89 parts (64-100 KB per block) have valid entries, and adds larger tiles Hopper can hold.
-    wide = [KernelConfig(128, 128, 32, 8, 3), KernelConfig(128, 128, 64, 8, 3), KernelConfig(128, 64, 64, 4, 3),
-            KernelConfig(64, 128, 64, 4, 3), KernelConfig(64, 64, 64, 4, 4), KernelConfig(128, 256, 64, 8, 3),
-            KernelConfig(256, 128, 64, 8, 3)]
-    narrow = [KernelConfig(64, 32, 64, 4, 3), KernelConfig(128, 32, 64, 4, 3), KernelConfig(128, 32, 128, 8, 3),
-              KernelConfig(32, 32, 128, 4, 3), KernelConfig(256, 32, 64, 8, 3)]
+    wide = [
+        KernelConfig(128, 128, 32, 8, 3),
+        KernelConfig(128, 128, 64, 8, 3),
+        KernelConfig(128, 64, 64, 4, 3),
+        KernelConfig(64, 128, 64, 4, 3),
+        KernelConfig(64, 64, 64, 4, 4),
+        KernelConfig(128, 256, 64, 8, 3),
+        KernelConfig(256, 128, 64, 8, 3),
+    ]
+    narrow = [
+        KernelConfig(64, 32, 64, 4, 3),
+        KernelConfig(128, 32, 64, 4, 3),
+        KernelConfig(128, 32, 128, 8, 3),
+        KernelConfig(32, 32, 128, 4, 3),
+        KernelConfig(256, 32, 64, 8, 3),
+    ]
     pool = narrow if n <= 32 else wide
     if kind == "wgrad" and rows <= 32:  # a LoRA factor's rank is the output's M: tile across N instead
-        pool = [KernelConfig(32, 128, 64, 4, 3), KernelConfig(32, 64, 128, 4, 3), KernelConfig(32, 256, 64, 8, 3),
-                KernelConfig(16, 128, 128, 4, 3)]
+        pool = [
+            KernelConfig(32, 128, 64, 4, 3),
+            KernelConfig(32, 64, 128, 4, 3),
+            KernelConfig(32, 256, 64, 8, 3),
+            KernelConfig(16, 128, 128, 4, 3),
+        ]
     seen, out = set(), []
     for cfg in pool:
         fitted = _fit(cfg, m_cap, n_cap, k_cap)
@@ -142,8 +158,17 @@ def _row_bucket(rows: int) -> int:
     return _pow2_at_least(rows, 256)
 
 
-def pick_config(kind: str, device: torch.device, dtype: torch.dtype, rows: int, n: int, k: int,
-                flags: tuple[bool, ...], launch: Callable[[KernelConfig], None], interpreting: bool) -> KernelConfig:
+def pick_config(
+    kind: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    rows: int,
+    n: int,
+    k: int,
+    flags: tuple[bool, ...],
+    launch: Callable[[KernelConfig], None],
+    interpreting: bool,
+) -> KernelConfig:
     """The block config for one launch, tuned on first use of its key (see the module docstring).
 
     Args:
@@ -171,8 +196,16 @@ _recent: dict[tuple, KernelConfig] = {}
 _RECENT_LIMIT = 4096
 
 
-def _pick_config(kind: str, device: torch.device, dtype: torch.dtype, rows: int, n: int, k: int,
-                 flags: tuple[bool, ...], launch: Callable[[KernelConfig], None]) -> KernelConfig:
+def _pick_config(
+    kind: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    rows: int,
+    n: int,
+    k: int,
+    flags: tuple[bool, ...],
+    launch: Callable[[KernelConfig], None],
+) -> KernelConfig:
     if kind == "wgrad":
         m_dim, n_dim, red = rows, n, k
         shape_key = f"m{m_dim}|n{n_dim}|rows{_row_bucket(red)}"
@@ -181,8 +214,10 @@ def _pick_config(kind: str, device: torch.device, dtype: torch.dtype, rows: int,
         shape_key = f"rows{_row_bucket(rows)}|n{n}|k{k}"
         pool_args = (rows, n, k)
     props = torch.cuda.get_device_properties(device)
-    key = f"{kind}|{props.name}|sm{props.major}{props.minor}|{str(dtype).removeprefix('torch.')}|{shape_key}|" + \
-        "".join("1" if f else "0" for f in flags)
+    key = (
+        f"{kind}|{props.name}|sm{props.major}{props.minor}|{str(dtype).removeprefix('torch.')}|{shape_key}|"
+        + "".join("1" if f else "0" for f in flags)
+    )
     if key in _memory:
         return _memory[key]
     _load_disk()

@@ -26,8 +26,14 @@ class DoubleRunner:
 
     kind = "hone"
 
-    def __init__(self, name: str = "double", *, fail_at: int | None = None, error: BaseException | None = None,
-                 losses=(3.0, 2.5, 2.0, 1.5, 1.0, 0.5)):
+    def __init__(
+        self,
+        name: str = "double",
+        *,
+        fail_at: int | None = None,
+        error: BaseException | None = None,
+        losses=(3.0, 2.5, 2.0, 1.5, 1.0, 0.5),
+    ):
         self.name, self.fail_at, self.error, self.losses = name, fail_at, error, list(losses)
         self.weights = None
         self.weights_ref = self.activations_ref = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from hone.core.bench.meta.anatomy import ModuleLabels, StepAnatomy, causal_attention_flops
-from hone.core.bench.meta.step_plan import plan_moe_step
+from hone.core.bench.meta_device.anatomy import ModuleLabels, StepAnatomy, causal_attention_flops
+from hone.core.bench.meta_device.step_plan import plan_moe_step
 
 
 def test_live_memory_peak_and_op_costs_are_exact():
@@ -36,7 +36,11 @@ def test_module_labels_follow_forward_and_backward():
         model(torch.empty(5, 8, device="meta", requires_grad=True)).sum().backward()
     assert labels.stack == [], "every module's forward was closed"
     assert {(r.phase, r.op, r.module) for r in anatomy.records if r.flops} >= {
-        ("forward", "addmm", "0"), ("forward", "addmm", "2"), ("backward", "mm", "2"), ("backward", "mm", "0")}
+        ("forward", "addmm", "0"),
+        ("forward", "addmm", "2"),
+        ("backward", "mm", "2"),
+        ("backward", "mm", "0"),
+    }
 
 
 def test_planned_moe_step_counts_the_expert_gemms():

@@ -75,13 +75,15 @@ def test_a_real_cuda_oom_is_recorded_and_the_next_run_starts_on_an_empty_gpu():
     after = measure_run(_AllocatingRunner("next", fail=False), settings)
     assert after.status == "ok"
     assert after.memory_before_gib < before + 0.1, (
-        f"the next run started with {after.memory_before_gib:.2f} GiB allocated (before: {before:.2f})")
+        f"the next run started with {after.memory_before_gib:.2f} GiB allocated (before: {before:.2f})"
+    )
 
 
 def test_a_small_real_shape_benchmark_measures_every_number():
     """llama-1b with 2 layers on 4,096 tokens: reference, Hone with every path off and with all on."""
-    options = BenchOptions(scenario="llama-1b", layers=2, tokens=4096, steps=2, warmup=1,
-                           only=["hone-base", "all"], micro="on")
+    options = BenchOptions(
+        scenario="llama-1b", layers=2, tokens=4096, steps=2, warmup=1, only=["hone-base", "all"], micro="on"
+    )
     report = run_bench(options)
     from rich.console import Console
 
@@ -93,8 +95,10 @@ def test_a_small_real_shape_benchmark_measures_every_number():
         assert run.peak_allocated_gib > 0 and run.peak_reserved_gib >= run.peak_allocated_gib
         assert 0 < run.mfu < 1, f"{name}: MFU {run.mfu}"
         assert isinstance(run.syncs_fwd_bwd, int), f"{name}: syncs not counted"
-        assert run.parity, (f"{name}: first-step loss {run.first_loss} vs reference {runs['reference'].first_loss}, "
-                            f"grad-norm difference {run.grad_norm_rel_diff}")
+        assert run.parity, (
+            f"{name}: first-step loss {run.first_loss} vs reference {runs['reference'].first_loss}, "
+            f"grad-norm difference {run.grad_norm_rel_diff}"
+        )
     assert report.matmul_tflops > 50
     assert report.environment["gpu"] and report.environment["packages"]["torch"]
     micro = report.attention_micro
@@ -105,8 +109,17 @@ def test_a_small_real_shape_benchmark_measures_every_number():
 def test_a_memory_cap_binds_every_run_and_is_lifted_afterwards():
     """llama-1b with 2 layers under a 2 GiB cap: the reference (HF checkpointing, untiled loss over 8,192 tokens)
     cannot fit, Hone's `all` can; the process's own limit is back to the whole GPU afterwards."""
-    options = BenchOptions(scenario="llama-1b", layers=2, tokens=8192, steps=1, warmup=1, only=["all"],
-                           micro="off", count_syncs=False, memory_cap=2.0 * GIB)
+    options = BenchOptions(
+        scenario="llama-1b",
+        layers=2,
+        tokens=8192,
+        steps=1,
+        warmup=1,
+        only=["all"],
+        micro="off",
+        count_syncs=False,
+        memory_cap=2.0 * GIB,
+    )
     runs = {r.name: r for r in run_bench(options).runs}
     assert runs["reference"].status == "oom", f"{runs['reference'].status}: peak {runs['reference'].peak_reserved_gib}"
     assert runs["all"].ok, f"{runs['all'].status}: {runs['all'].reason}"

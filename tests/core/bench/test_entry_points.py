@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from hone.core.bench import attention_step
-from hone.core.bench.meta import step_plan
+from hone.core.bench.meta_device import step_plan
 
 
 def test_the_attention_entry_point_runs_attention_alone_and_writes_json(tmp_path, capsys):

@@ -39,12 +39,32 @@ def test_package_names_come_from_the_path():
 
 def test_bench_host_profile_option_prints_and_records_the_extra_step(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["bench", "tiny-dense", "--tokens", "48", "--steps", "1", "--warmup", "0", "--only", "hone-base",
-                 "--baseline", "hone-base", "--micro", "off", "--no-sync-count", "--host-profile", "--profile-top",
-                 "5", "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "tiny-dense",
+            "--tokens",
+            "48",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--only",
+            "hone-base",
+            "--baseline",
+            "hone-base",
+            "--micro",
+            "off",
+            "--no-sync-count",
+            "--host-profile",
+            "--profile-top",
+            "5",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     assert "host profile of hone-base: one step" in capsys.readouterr().out
     summary = json.loads(out.read_text())["runs"][0]["host_profile"]
     assert len(summary["functions"]) == 5 and summary["function_calls"] > 100
     assert summary["packages"]["hone"] > 0 and summary["packages"]["torch"] > 0
-

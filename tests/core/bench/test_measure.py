@@ -44,8 +44,13 @@ def test_without_warmup_the_first_timed_step_gives_the_first_loss(double_runner)
 
 
 def test_out_of_memory_is_recorded_and_the_run_memory_released(double_runner):
-    runner = double_runner("big", fail_at=4, error=torch.cuda.OutOfMemoryError(
-        "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 139.8 GiB total capacity)"))
+    runner = double_runner(
+        "big",
+        fail_at=4,
+        error=torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 139.8 GiB total capacity)"
+        ),
+    )
     result = measure_run(runner, settings())
     assert result.status == "oom"
     assert result.reason.startswith("CUDA out of memory. Tried to allocate 20.00 GiB")
@@ -64,8 +69,7 @@ def test_other_failures_are_recorded_with_their_traceback(double_runner):
     assert "Traceback" in result.details and "ValueError" in result.details
 
 
-@pytest.mark.parametrize("error", [SkipRun("needs a CUDA GPU"),
-                                   ConfigError("needs a CUDA GPU", "use auto")])
+@pytest.mark.parametrize("error", [SkipRun("needs a CUDA GPU"), ConfigError("needs a CUDA GPU", "use auto")])
 def test_a_path_that_cannot_run_here_is_skipped(double_runner, error):
     result = measure_run(double_runner(fail_at=1, error=error), settings())
     assert result.status == "skipped" and result.reason == "needs a CUDA GPU"
@@ -104,4 +108,3 @@ def test_without_a_roof_a_run_has_no_mfu(double_runner):
     result = measure_run(double_runner(), settings(peak_flops=None))
     assert result.status == "ok" and result.tokens_per_s > 0
     assert result.mfu is None
-

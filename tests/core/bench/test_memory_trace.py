@@ -39,8 +39,28 @@ def test_the_peak_is_found_and_its_live_blocks_grouped_by_our_innermost_frame():
 
 def test_bench_memory_trace_option_records_why_it_cannot_trace_on_a_cpu(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["bench", "tiny-dense", "--tokens", "48", "--steps", "1", "--warmup", "0", "--only", "hone-base",
-                 "--baseline", "hone-base", "--micro", "off", "--no-sync-count", "--memory-trace", "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "tiny-dense",
+            "--tokens",
+            "48",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--only",
+            "hone-base",
+            "--baseline",
+            "hone-base",
+            "--micro",
+            "off",
+            "--no-sync-count",
+            "--memory-trace",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     why = "the allocator history needs a CUDA device"
     assert f"memory at the peak of hone-base: {why}" in capsys.readouterr().out

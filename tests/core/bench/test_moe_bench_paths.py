@@ -18,10 +18,12 @@ from hone.core.cli import main
 
 
 def test_runs_are_also_compared_with_the_eager_reference():
-    runs = [RunResult("reference", "reference", tokens_per_s=20_000.0, peak_allocated_gib=26.0),
-            RunResult("reference-eager", "reference", tokens_per_s=5_000.0, peak_allocated_gib=28.0),
-            RunResult("all", "hone", tokens_per_s=55_000.0, peak_allocated_gib=12.0),
-            RunResult("oom", "hone", status="oom")]
+    runs = [
+        RunResult("reference", "reference", tokens_per_s=20_000.0, peak_allocated_gib=26.0),
+        RunResult("reference-eager", "reference", tokens_per_s=5_000.0, peak_allocated_gib=28.0),
+        RunResult("all", "hone", tokens_per_s=55_000.0, peak_allocated_gib=12.0),
+        RunResult("oom", "hone", status="oom"),
+    ]
     compare(runs, "reference", "bfloat16", also=("reference-eager",))
     assert runs[2].speed_ratio == pytest.approx(2.75)
     assert runs[2].speed_ratios == {"reference-eager": pytest.approx(11.0)}
@@ -42,8 +44,16 @@ def test_no_eager_column_without_an_eager_run():
 
 def test_all_lean_trains_with_the_flat_bf16_optimizer():
     lean = next(v for v in VARIANTS if v.name == "all-lean")
-    runner = HoneRunner(lean, get_scenario("tiny-moe-qwen3"), None, make_batch(64, 100), lora_r=4, seed=0,
-                        dtype=torch.float32, device="cpu")
+    runner = HoneRunner(
+        lean,
+        get_scenario("tiny-moe-qwen3"),
+        None,
+        make_batch(64, 100),
+        lora_r=4,
+        seed=0,
+        dtype=torch.float32,
+        device="cpu",
+    )
     config = runner.run_config()
     assert config.train.optimizer == "adamw-bf16" and config.speed.moe_backend == "auto"
     assert "train.optimizer = 'adamw9'" in unavailable(Variant("x", {}, "", train={"optimizer": "adamw9"}), "cpu")
@@ -51,8 +61,23 @@ def test_all_lean_trains_with_the_flat_bf16_optimizer():
 
 def test_tiny_moe_all_lean_matches_the_reference_and_reports_the_eager_ratio(tmp_path):
     out = tmp_path / "bench.json"
-    code = main(["bench", "tiny-moe-qwen3", "--tokens", "96", "--steps", "1", "--warmup", "1", "--no-sync-count",
-                 "--only", "reference-eager,all-lean", "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "tiny-moe-qwen3",
+            "--tokens",
+            "96",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--no-sync-count",
+            "--only",
+            "reference-eager,all-lean",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     runs = {r["name"]: r for r in json.loads(out.read_text())["runs"]}
     lean = runs["all-lean"]

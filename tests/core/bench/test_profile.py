@@ -57,14 +57,21 @@ def test_one_step_is_profiled_and_grouped_by_module_node_and_optimizer():
     assert runner.steps == 1
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in runner.model.modules()), "hooks left behind"
     groups = {row["name"]: row for row in summary["groups"]}
-    for expected in ("forward self_attn.q_proj.base_layer", "recompute self_attn.q_proj.base_layer",
-                     "forward mlp.down_proj.lora_A", "recompute mlp.down_proj.lora_B", "optimizer"):
+    for expected in (
+        "forward self_attn.q_proj.base_layer",
+        "recompute self_attn.q_proj.base_layer",
+        "forward mlp.down_proj.lora_A",
+        "recompute mlp.down_proj.lora_B",
+        "optimizer",
+    ):
         assert expected in groups, f"{expected!r} missing from {sorted(groups)}"
         assert groups[expected]["calls"] >= 1 and groups[expected]["total_ms"] > 0, groups[expected]
     assert any(name.startswith("backward ") for name in groups), sorted(groups)
     # Two layers ran the q_proj base GEMM once in forward and once more when recomputed.
-    assert groups["forward self_attn.q_proj.base_layer"]["calls"] == groups[
-        "recompute self_attn.q_proj.base_layer"]["calls"]
+    assert (
+        groups["forward self_attn.q_proj.base_layer"]["calls"]
+        == groups["recompute self_attn.q_proj.base_layer"]["calls"]
+    )
     kernels = summary["kernels"]
     assert [k["total_ms"] for k in kernels] == sorted((k["total_ms"] for k in kernels), reverse=True)
     assert "aten::mm" in {k["name"] for k in kernels} or "aten::addmm" in {k["name"] for k in kernels}
@@ -76,9 +83,15 @@ def test_one_step_is_profiled_and_grouped_by_module_node_and_optimizer():
 
 
 def _event(name, parent=None, kernels=(), device=DeviceType.CPU, us=0.0):
-    return SimpleNamespace(name=name, cpu_parent=parent, kernels=list(kernels), device_type=device,
-                           time_range=SimpleNamespace(elapsed_us=lambda: us), cpu_children=[],
-                           self_cpu_time_total=0.0)
+    return SimpleNamespace(
+        name=name,
+        cpu_parent=parent,
+        kernels=list(kernels),
+        device_type=device,
+        time_range=SimpleNamespace(elapsed_us=lambda: us),
+        cpu_children=[],
+        self_cpu_time_total=0.0,
+    )
 
 
 def test_cuda_kernels_are_attributed_through_their_launching_op():
@@ -89,12 +102,17 @@ def test_cuda_kernels_are_attributed_through_their_launching_op():
     lora = _event("autograd::engine::evaluate_function: LoRALinearFunctionBackward", parent=node)
     mm2 = _event("aten::mm", parent=lora, kernels=[kernel(name="nvjet_gemm", device=0, duration=500.0)])
     forward = _event("hone.module::self_attn")
-    fa = _event("aten::_flash_attention_forward", parent=forward,
-                kernels=[kernel(name="flash_fwd_kernel", device=0, duration=200.0)])
-    device = [_event("nvjet_gemm", device=DeviceType.CUDA, us=300.0), _event("nvjet_gemm", device=DeviceType.CUDA,
-                                                                             us=500.0),
-              _event("flash_fwd_kernel", device=DeviceType.CUDA, us=200.0),
-              _event("Memcpy HtoD (Pinned -> Device)", device=DeviceType.CUDA, us=100.0)]  # a side-stream copy
+    fa = _event(
+        "aten::_flash_attention_forward",
+        parent=forward,
+        kernels=[kernel(name="flash_fwd_kernel", device=0, duration=200.0)],
+    )
+    device = [
+        _event("nvjet_gemm", device=DeviceType.CUDA, us=300.0),
+        _event("nvjet_gemm", device=DeviceType.CUDA, us=500.0),
+        _event("flash_fwd_kernel", device=DeviceType.CUDA, us=200.0),
+        _event("Memcpy HtoD (Pinned -> Device)", device=DeviceType.CUDA, us=100.0),
+    ]  # a side-stream copy
     # a module range as the profiler also puts it on the GPU's timeline: it spans kernels, it is none
     spans = _event("hone.module::self_attn", device=DeviceType.CUDA, us=900.0)
     spans.is_user_annotation = True
@@ -103,8 +121,11 @@ def test_cuda_kernels_are_attributed_through_their_launching_op():
     assert summary["device_ms"] == 1.1 and summary["attributed_ms"] == 1.0
     assert summary["kernels"][0] == {"name": "nvjet_gemm", "calls": 2, "total_ms": 0.8, "share": 0.8 / 1.1}
     groups = {row["name"]: row["total_ms"] for row in summary["groups"]}
-    assert groups == {"backward LoRALinearFunctionBackward": 0.5, "recompute mlp.gate_proj": 0.3,
-                      "forward self_attn": 0.2}
+    assert groups == {
+        "backward LoRALinearFunctionBackward": 0.5,
+        "recompute mlp.gate_proj": 0.3,
+        "forward self_attn": 0.2,
+    }
     assert summary["phases"] == {"backward": 0.5, "recompute": 0.3, "forward": 0.2}
     assert summary["categories"] == {"matmul": 0.8, "attention": 0.2, "copy": 0.1}
 
@@ -116,23 +137,47 @@ def test_labels_and_categories():
     assert module_label("") == "model"
     assert launch_group(_event("aten::add_", parent=_event("Optimizer.step#AdamW.step"))) == "optimizer"
     assert launch_group(_event("aten::norm", parent=_event("aten::_foreach_norm"))) == "other aten::_foreach_norm"
-    for name, category in (("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"), ("_rms_norm_forward_kernel", "triton"),
-                           ("triton_poi_fused_add_mul_0", "triton"), ("flash_fwd_kernel", "attention"),
-                           ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, cutlass::bfloat16_t>>",
-                            "attention"),
-                           ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "attention"),
-                           ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add>",
-                            "elementwise"),
-                           ("void at::native::reduce_kernel<512, 1>", "reduction"),
-                           ("Memcpy DtoH (Device -> Pinned)", "copy"), ("some_vendor_thing", "other")):
+    for name, category in (
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"),
+        ("_rms_norm_forward_kernel", "triton"),
+        ("triton_poi_fused_add_mul_0", "triton"),
+        ("flash_fwd_kernel", "attention"),
+        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, cutlass::bfloat16_t>>", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "attention"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add>", "elementwise"),
+        ("void at::native::reduce_kernel<512, 1>", "reduction"),
+        ("Memcpy DtoH (Device -> Pinned)", "copy"),
+        ("some_vendor_thing", "other"),
+    ):
         assert kernel_category(name) == category, name
 
 
 def test_bench_profile_option_prints_and_records_the_tables(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["bench", "tiny-dense", "--tokens", "48", "--steps", "1", "--warmup", "0", "--only", "hone-base",
-                 "--baseline", "hone-base", "--micro", "off", "--no-sync-count", "--profile", "--profile-top", "5",
-                 "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "tiny-dense",
+            "--tokens",
+            "48",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--only",
+            "hone-base",
+            "--baseline",
+            "hone-base",
+            "--micro",
+            "off",
+            "--no-sync-count",
+            "--profile",
+            "--profile-top",
+            "5",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "profile of hone-base" in printed and "top kernels" in printed and "launched from" in printed
@@ -172,8 +217,13 @@ def test_matmul_flops_per_op():
 def test_cuda_matmul_kernels_are_listed_with_the_launching_ops_shapes():
     kernel = SimpleNamespace
     node = _event("autograd::engine::evaluate_function: LoRALinearFunctionBackward")
-    mm = _event("aten::mm", parent=node, kernels=[
-        kernel(name="cutlass_80_tensorop_bf16_s16816gemm_bf16_128x64_64x3_nn_align2", device=0, duration=600.0)])
+    mm = _event(
+        "aten::mm",
+        parent=node,
+        kernels=[
+            kernel(name="cutlass_80_tensorop_bf16_s16816gemm_bf16_128x64_64x3_nn_align2", device=0, duration=600.0)
+        ],
+    )
     mm.input_shapes = [[8175, 3420], [3420, 1280]]
     fa = _event("aten::_flash_attention_forward", kernels=[kernel(name="flash_fwd_kernel", device=0, duration=9.0)])
     fa.input_shapes = [[1, 2]]

@@ -17,8 +17,9 @@ def run(name, kind="hone", **kw) -> RunResult:
 
 
 def test_ratios_and_parity_against_the_baseline():
-    base = run("reference", "reference", tokens_per_s=1000.0, peak_allocated_gib=40.0, first_loss=12.0,
-               first_grad_norm=2.0)
+    base = run(
+        "reference", "reference", tokens_per_s=1000.0, peak_allocated_gib=40.0, first_loss=12.0, first_grad_norm=2.0
+    )
     fast = run("all", tokens_per_s=3500.0, peak_allocated_gib=2.0, first_loss=12.006, first_grad_norm=2.01)
     off = run("broken", tokens_per_s=900.0, peak_allocated_gib=40.0, first_loss=13.0, first_grad_norm=2.0)
     bad_grad = run("grad", tokens_per_s=900.0, peak_allocated_gib=40.0, first_loss=12.0, first_grad_norm=3.0)
@@ -45,8 +46,9 @@ def test_fp32_tolerance_is_tight_and_the_peer_is_judged_on_its_loss_only():
 
 
 def test_a_run_training_other_parameters_has_no_parity_and_says_why():
-    base = run("reference", "reference", tokens_per_s=10.0, first_loss=10.0, first_grad_norm=1.0,
-               trainable_params=166_000_000)
+    base = run(
+        "reference", "reference", tokens_per_s=10.0, first_loss=10.0, first_grad_norm=1.0, trainable_params=166_000_000
+    )
     same = run("all", tokens_per_s=30.0, first_loss=10.0, first_grad_norm=1.0, trainable_params=166_000_000)
     peer = run("unsloth", "peer", tokens_per_s=20.0, first_loss=10.0, trainable_params=2_200_000)
     compare([base, same, peer], "reference", "bfloat16")
@@ -68,9 +70,11 @@ def test_a_failed_baseline_leaves_every_ratio_empty():
 
 
 def test_table_shows_every_run_and_notes_say_why_runs_did_not_finish():
-    runs = [run("reference", "reference", tokens_per_s=10976.0, peak_allocated_gib=35.2, first_loss=12.0),
-            run("ckpt-offload", status="skipped", reason="needs a CUDA GPU"),
-            run("all", status="oom", reason="CUDA out of memory")]
+    runs = [
+        run("reference", "reference", tokens_per_s=10976.0, peak_allocated_gib=35.2, first_loss=12.0),
+        run("ckpt-offload", status="skipped", reason="needs a CUDA GPU"),
+        run("all", status="oom", reason="CUDA out of memory"),
+    ]
     compare(runs, "reference", "bfloat16")
     console = Console(record=True, width=200)
     console.print(ratio_table(runs, "reference", "title"))
@@ -80,19 +84,33 @@ def test_table_shows_every_run_and_notes_say_why_runs_did_not_finish():
 
 
 def test_json_turns_non_finite_numbers_into_null(tmp_path):
-    path = write_json({"runs": [run("a", first_loss=math.nan, tokens_per_s=math.inf).to_dict()]},
-                      tmp_path / "deep" / "b.json")
+    path = write_json(
+        {"runs": [run("a", first_loss=math.nan, tokens_per_s=math.inf).to_dict()]}, tmp_path / "deep" / "b.json"
+    )
     data = json.loads(path.read_text())
     assert data["runs"][0]["first_loss"] is None and data["runs"][0]["tokens_per_s"] is None
     assert not list(path.parent.glob("*.tmp"))
 
 
 def test_the_reason_names_what_only_one_of_the_runs_adapts():
-    base = run("reference", "reference", tokens_per_s=10.0, first_loss=10.0, trainable_params=102_670_336,
-               speed_paths={"adapted": "experts.down_proj, experts.gate_up_proj, kv_b_proj, o_proj, q_a_proj"})
-    peer = run("unsloth", "peer", tokens_per_s=20.0, first_loss=10.0, trainable_params=67_764_224,
-               speed_paths={"adapted": "experts.down_proj, experts.gate_up_proj, o_proj, shared_experts"})
+    base = run(
+        "reference",
+        "reference",
+        tokens_per_s=10.0,
+        first_loss=10.0,
+        trainable_params=102_670_336,
+        speed_paths={"adapted": "experts.down_proj, experts.gate_up_proj, kv_b_proj, o_proj, q_a_proj"},
+    )
+    peer = run(
+        "unsloth",
+        "peer",
+        tokens_per_s=20.0,
+        first_loss=10.0,
+        trainable_params=67_764_224,
+        speed_paths={"adapted": "experts.down_proj, experts.gate_up_proj, o_proj, shared_experts"},
+    )
     compare([base, peer], "reference", "bfloat16")
     assert peer.parity is False
-    assert peer.parity_reason.endswith("not the same run; LoRA only in reference on: kv_b_proj, q_a_proj; "
-                                       "LoRA only in unsloth on: shared_experts"), peer.parity_reason
+    assert peer.parity_reason.endswith(
+        "not the same run; LoRA only in reference on: kv_b_proj, q_a_proj; LoRA only in unsloth on: shared_experts"
+    ), peer.parity_reason

@@ -12,16 +12,34 @@ import torch
 from hone.core.bench.scaling import ScalingRun, efficiency
 from hone.core.cli import main
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name != "posix",
-                                reason="torch.distributed with gloo")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or os.name != "posix", reason="torch.distributed with gloo"
+)
 
 
 def test_two_processes_against_one(tmp_path, capsys, monkeypatch):
     """With --parallel fsdp (the data-parallel step is the same code without the split)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "scaling.json"
-    assert main(["bench", "tiny-dense", "--gpus", "2", "--parallel", "fsdp", "--steps", "2", "--warmup", "1",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "tiny-dense",
+                "--gpus",
+                "2",
+                "--parallel",
+                "fsdp",
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     one, two = (ScalingRun(**run) for run in data["runs"])
     assert (one.processes, two.processes) == (1, 2)
@@ -44,10 +62,12 @@ def test_efficiency_is_tokens_per_second_per_process_against_one():
 
 
 def test_what_scaling_does_not_measure_is_refused(capsys):
-    for argv, said in ((["--gpus", "1"], "scaling is measured from 2 processes on"),
-                       (["--gpus", "2", "--peer", "unsloth"], "it does not take --peer"),
-                       (["--gpus", "2", "--qlora"], "it does not take --qlora"),
-                       (["--gpus", "2", "--no-sync-count"], "it does not take --no-sync-count")):
+    for argv, said in (
+        (["--gpus", "1"], "scaling is measured from 2 processes on"),
+        (["--gpus", "2", "--peer", "unsloth"], "it does not take --peer"),
+        (["--gpus", "2", "--qlora"], "it does not take --qlora"),
+        (["--gpus", "2", "--no-sync-count"], "it does not take --no-sync-count"),
+    ):
         assert main(["bench", "tiny-dense", *argv]) == 2
         assert said in capsys.readouterr().err
     assert main(["bench", "vision-smolvlm", "--gpus", "2"]) == 2
@@ -61,12 +81,17 @@ def test_a_failed_launch_names_what_the_processes_said_before_torchruns_summary(
     process that failed printed comes before it, and the message keeps both."""
     from hone.core.bench.scaling import failure_text
 
-    child = ("[rank1]: terminate called after throwing an instance of 'gloo::IoException'\n"
-             "[rank1]:   what():  Connection reset by peer\n")
-    summary = ("Traceback (most recent call last):\n  File \"torch/distributed/run.py\", line 1, in main\n"
-               + "    frame\n" * 200 + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
-               "Root Cause (first observed failure):\n  rank      : 1 (local_rank: 1)\n"
-               "  traceback : Signal 6 (SIGABRT) received by PID 8836\n")
+    child = (
+        "[rank1]: terminate called after throwing an instance of 'gloo::IoException'\n"
+        "[rank1]:   what():  Connection reset by peer\n"
+    )
+    summary = (
+        'Traceback (most recent call last):\n  File "torch/distributed/run.py", line 1, in main\n'
+        + "    frame\n" * 200
+        + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "Root Cause (first observed failure):\n  rank      : 1 (local_rank: 1)\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 8836\n"
+    )
     text = failure_text("W1202 setup noise\n" * 500 + child + summary)
     assert "Connection reset by peer" in text and "gloo::IoException" in text
     assert "Signal 6 (SIGABRT)" in text and "rank      : 1" in text

@@ -75,8 +75,14 @@ def test_the_text_benchmark_refuses_a_vision_scenario():
 
 
 def _steps(times, tokens, losses, peak_gib):
-    return vision.RunSteps(times=times, tokens=tokens, losses=losses, peak_allocated=int(peak_gib * 2**30),
-                         peak_reserved=int((peak_gib + 1) * 2**30), speed_paths={"attention": "double"})
+    return vision.RunSteps(
+        times=times,
+        tokens=tokens,
+        losses=losses,
+        peak_allocated=int(peak_gib * 2**30),
+        peak_reserved=int((peak_gib + 1) * 2**30),
+        speed_paths={"attention": "double"},
+    )
 
 
 def test_the_two_runs_become_ratios_and_a_json_record(monkeypatch, tmp_path):
@@ -88,6 +94,7 @@ def test_the_two_runs_become_ratios_and_a_json_record(monkeypatch, tmp_path):
         def run(*args, **kwargs):
             calls[name] = kwargs
             return steps_out
+
         return run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -99,11 +106,36 @@ def test_the_two_runs_become_ratios_and_a_json_record(monkeypatch, tmp_path):
     monkeypatch.setattr(vision, "hone_steps", run_double(hone, "hone"))
     monkeypatch.setattr(vision, "reference_steps", run_double(reference, "reference"))
     out = tmp_path / "vision.json"
-    assert main(["bench", SCENARIO, "--layers", "4", "--steps", "3", "--warmup", "2", "--tokens", "4096",
-                 "--tokenizer", str(tmp_path), "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                SCENARIO,
+                "--layers",
+                "4",
+                "--steps",
+                "3",
+                "--warmup",
+                "2",
+                "--tokens",
+                "4096",
+                "--tokenizer",
+                str(tmp_path),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
 
-    assert calls["hone"] == {"steps": 5, "warmup": 2, "batch_tokens": 4096, "lora_r": 16, "overrides": (),
-                             "profile_top": 0}
+    assert calls["hone"] == {
+        "steps": 5,
+        "warmup": 2,
+        "batch_tokens": 4096,
+        "lora_r": 16,
+        "overrides": (),
+        "profile_top": 0,
+    }
     assert calls["reference"] == {"steps": 5, "warmup": 2, "batch_tokens": 4096, "lora_r": 16}
     data = json.loads(out.read_text())
     runs = {r["name"]: r for r in data["runs"]}
@@ -141,11 +173,32 @@ def test_only_picks_hone_runs_with_memory_paths_turned_off(monkeypatch, tmp_path
         return _steps([9.0, 1.0], [100, 400], [2.0, 1.9], peak_gib=2.0)
 
     monkeypatch.setattr(vision, "hone_steps", hone)
-    monkeypatch.setattr(vision, "reference_steps",
-                        lambda *a, **k: _steps([9.0, 4.0], [100, 400], [2.0, 2.0], peak_gib=8.0))
+    monkeypatch.setattr(
+        vision, "reference_steps", lambda *a, **k: _steps([9.0, 4.0], [100, 400], [2.0, 2.0], peak_gib=8.0)
+    )
     out = tmp_path / "vision.json"
-    assert main(["bench", SCENARIO, "--steps", "1", "--warmup", "1", "--only", "hone,hone-spare", "--tokenizer",
-                 str(tmp_path), "--json", str(out), "--profile", "--profile-top", "3"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                SCENARIO,
+                "--steps",
+                "1",
+                "--warmup",
+                "1",
+                "--only",
+                "hone,hone-spare",
+                "--tokenizer",
+                str(tmp_path),
+                "--json",
+                str(out),
+                "--profile",
+                "--profile-top",
+                "3",
+            ]
+        )
+        == 0
+    )
     runs = [r["name"] for r in json.loads(out.read_text())["runs"]]
     assert runs == ["hone", "hone-spare", "reference"]
     assert all(kwargs["profile_top"] == 3 for kwargs in asked.values())  # --profile: one more step, profiled
@@ -168,8 +221,11 @@ def test_the_unsloth_peer_is_a_third_run_against_the_same_reference(monkeypatch,
     hone = _steps([9.0, 1.0, 1.0], [100, 400, 400], [2.0, 1.9, 1.8], peak_gib=2.0)
     hone.data_wait = [0.5, 0.0, 0.25]
     monkeypatch.setattr(vision, "hone_steps", lambda *a, **k: hone)
-    monkeypatch.setattr(vision, "reference_steps",
-                        lambda *a, **k: _steps([9.0, 4.0, 4.0], [100, 400, 400], [2.0, 2.0, 2.0], peak_gib=8.0))
+    monkeypatch.setattr(
+        vision,
+        "reference_steps",
+        lambda *a, **k: _steps([9.0, 4.0, 4.0], [100, 400, 400], [2.0, 2.0, 2.0], peak_gib=8.0),
+    )
     asked = {}
 
     def peer(model_dir, data, family, **kwargs):
@@ -178,8 +234,25 @@ def test_the_unsloth_peer_is_a_third_run_against_the_same_reference(monkeypatch,
 
     monkeypatch.setattr(peer_unsloth_vision, "unsloth_vision_steps", peer)
     out = tmp_path / "vision.json"
-    assert main(["bench", SCENARIO, "--steps", "2", "--warmup", "1", "--peer", "unsloth", "--tokenizer",
-                 str(tmp_path), "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                SCENARIO,
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--peer",
+                "unsloth",
+                "--tokenizer",
+                str(tmp_path),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert asked == {"steps": 3, "warmup": 1, "batch_tokens": 8192, "lora_r": 16, "family": "qwen2_5_vl"}
     data = json.loads(out.read_text())
     runs = {r["name"]: r for r in data["runs"]}
@@ -195,10 +268,12 @@ def test_without_unsloth_the_peer_run_says_so_and_the_others_are_measured(monkey
     _doubles(monkeypatch)
     monkeypatch.setattr(peer_unsloth, "unsloth_available", lambda: False)
     monkeypatch.setattr(vision, "hone_steps", lambda *a, **k: _steps([1.0, 1.0], [10, 10], [2.0, 2.0], peak_gib=1.0))
-    monkeypatch.setattr(vision, "reference_steps",
-                        lambda *a, **k: _steps([1.0, 2.0], [10, 10], [2.0, 2.0], peak_gib=2.0))
-    report = vision.run_vision_bench(vision.VisionOptions(SCENARIO, steps=1, warmup=1, tokenizer=str(tmp_path),
-                                                          peer="unsloth"))
+    monkeypatch.setattr(
+        vision, "reference_steps", lambda *a, **k: _steps([1.0, 2.0], [10, 10], [2.0, 2.0], peak_gib=2.0)
+    )
+    report = vision.run_vision_bench(
+        vision.VisionOptions(SCENARIO, steps=1, warmup=1, tokenizer=str(tmp_path), peer="unsloth")
+    )
     peer = report.run("unsloth")
     assert peer.status == "failed" and "unsloth is not installed" in peer.reason
     assert report.run("hone").speed_ratio == pytest.approx(2.0)
@@ -211,8 +286,9 @@ def test_a_failed_run_is_recorded_and_the_other_still_measured(monkeypatch, tmp_
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB")
 
     monkeypatch.setattr(vision, "hone_steps", out_of_memory)
-    monkeypatch.setattr(vision, "reference_steps",
-                        lambda *a, **k: _steps([1.0, 1.0, 2.0], [10, 10, 30], [2.0, 2.0, 2.0], peak_gib=1.0))
+    monkeypatch.setattr(
+        vision, "reference_steps", lambda *a, **k: _steps([1.0, 1.0, 2.0], [10, 10, 30], [2.0, 2.0, 2.0], peak_gib=1.0)
+    )
     report = vision.run_vision_bench(vision.VisionOptions(SCENARIO, steps=1, warmup=2, tokenizer=str(tmp_path)))
     hone, reference = report.run("hone"), report.run("reference")
     assert (hone.status, hone.reason) == ("oom", "CUDA out of memory. Tried to allocate 3.00 GiB")

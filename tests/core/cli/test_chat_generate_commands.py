@@ -13,16 +13,18 @@ import time
 
 import pytest
 
-from hone.core.prompts import read_prompts
+from hone.core.inference.prompts import read_prompts
 
 # As in test_command_input_checks: a mistake found before torch loads answers in well under this.
 FAST_S = 6.0
 MAX_NEW = 12
 # The run's own template (what `data.chat_template` would save with the adapter): ChatML without SmolLM2's default
 # system message, so a prompt rendered with the base model's template differs from one rendered with the run's.
-RUN_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-                "'<|im_end|>\\n' }}{% endfor %}"
-                "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+RUN_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 Q1, Q2, Q3 = "What is 7 + 5?", "And 2 + 2?", "Name a colour."
 
 
@@ -38,10 +40,20 @@ def run_dir(tiny_model_dir, chat_files, tmp_path_factory):
 
     train, eval_file = chat_files
     runs = tmp_path_factory.mktemp("runs")
-    config = RunConfig().with_overrides([
-        f"model.name_or_path={json.dumps(str(tiny_model_dir('tiny-dense')))}", f"data.train=[{json.dumps(str(train))}]",
-        f"data.eval=[{json.dumps(str(eval_file))}]", f"output.runs_dir={json.dumps(str(runs))}", "output.name=r",
-        "data.max_length=256", "train.batch_tokens=256", "train.max_steps=4", "train.lr=2e-2", "train.warmup_steps=1"])
+    config = RunConfig().with_overrides(
+        [
+            f"model.name_or_path={json.dumps(str(tiny_model_dir('tiny-dense')))}",
+            f"data.train=[{json.dumps(str(train))}]",
+            f"data.eval=[{json.dumps(str(eval_file))}]",
+            f"output.runs_dir={json.dumps(str(runs))}",
+            "output.name=r",
+            "data.max_length=256",
+            "train.batch_tokens=256",
+            "train.max_steps=4",
+            "train.lr=2e-2",
+            "train.warmup_steps=1",
+        ]
+    )
     last = list(Trainer(config, device="cpu").run())[-1]
     assert isinstance(last, events.RunFinished), last
     adapter = runs / "r" / "adapter"
@@ -63,21 +75,36 @@ def reference(run_dir):
     base_dir = RunConfig.load(run_dir / "config.toml").model.name_or_path
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
-    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
-                                      run_dir / "adapter").eval()
-    stop = sorted({tokenizer.eos_token_id, *([base.generation_config.eos_token_id]
-                                              if isinstance(base.generation_config.eos_token_id, int)
-                                              else base.generation_config.eos_token_id or [])})
+    tuned = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), run_dir / "adapter"
+    ).eval()
+    stop = sorted(
+        {
+            tokenizer.eos_token_id,
+            *(
+                [base.generation_config.eos_token_id]
+                if isinstance(base.generation_config.eos_token_id, int)
+                else base.generation_config.eos_token_id or []
+            ),
+        }
+    )
 
     def reply(messages, adapter=True, template=RUN_TEMPLATE):
         model = tuned if adapter else base
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                               chat_template=template)
+        prompt = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, chat_template=template
+        )
         ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
-                                 do_sample=False, eos_token_id=stop, pad_token_id=tokenizer.eos_token_id)
-        return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                eos_token_id=stop,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
     reply.base_template = AutoTokenizer.from_pretrained(base_dir).chat_template
     return reply
@@ -87,8 +114,9 @@ def _hone(cwd, *argv, stdin: bytes = b""):
     """Run `python -m hone.core.cli ARGV` with `stdin` piped in; stdout as bytes (a reply may hold a bare \\r)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "hone.core.cli", *argv], input=stdin, capture_output=True, cwd=cwd,
-                         env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "hone.core.cli", *argv], input=stdin, capture_output=True, cwd=cwd, env=env, timeout=300
+    )
     return out, time.monotonic() - start
 
 
@@ -116,24 +144,36 @@ def test_chat_through_a_pipe_keeps_the_conversation_and_uses_the_runs_template(r
 def test_chat_base_answers_without_the_adapter_until_end_of_input(run_dir, reference, tmp_path):
     base = reference(_user(Q3), adapter=False)
     assert base != reference(_user(Q3)), "the trained adapter must change the reply, else --base is untested"
-    out, _ = _hone(tmp_path, "chat", str(run_dir), "--base", "--max-new-tokens", str(MAX_NEW),
-                   stdin=f"{Q3}\n".encode())  # no /exit: end of input ends the chat
+    out, _ = _hone(
+        tmp_path, "chat", str(run_dir), "--base", "--max-new-tokens", str(MAX_NEW), stdin=f"{Q3}\n".encode()
+    )  # no /exit: end of input ends the chat
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode("utf-8") == f"{base}\n"
 
 
 @pytest.mark.slow
 def test_generate_answers_jsonl_prompts_in_order_and_counts_skipped_rows(run_dir, reference, tmp_path):
-    rows = [json.dumps({"prompt": Q1}),
-            json.dumps({"messages": [*_user(Q1, "12", Q2), {"role": "assistant", "content": "4"}]}),
-            "{not json",
-            json.dumps({"question": Q3}),
-            "",
-            json.dumps({"prompt": Q3, "completion": "red"}),
-            json.dumps({"messages": _user(Q1, "12")[1:]})]  # an assistant turn only: nothing to answer
+    rows = [
+        json.dumps({"prompt": Q1}),
+        json.dumps({"messages": [*_user(Q1, "12", Q2), {"role": "assistant", "content": "4"}]}),
+        "{not json",
+        json.dumps({"question": Q3}),
+        "",
+        json.dumps({"prompt": Q3, "completion": "red"}),
+        json.dumps({"messages": _user(Q1, "12")[1:]}),
+    ]  # an assistant turn only: nothing to answer
     (tmp_path / "prompts.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    out, _ = _hone(tmp_path, "generate", str(run_dir), "--prompts", "prompts.jsonl", "--out", "out.jsonl",
-                   "--max-new-tokens", str(MAX_NEW))
+    out, _ = _hone(
+        tmp_path,
+        "generate",
+        str(run_dir),
+        "--prompts",
+        "prompts.jsonl",
+        "--out",
+        "out.jsonl",
+        "--max-new-tokens",
+        str(MAX_NEW),
+    )
     err = out.stderr.decode()
     assert out.returncode == 0, err
     got = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -151,17 +191,38 @@ def test_generate_answers_jsonl_prompts_in_order_and_counts_skipped_rows(run_dir
 @pytest.mark.slow
 def test_generate_base_with_plain_text_prompts(run_dir, reference, tmp_path):
     (tmp_path / "prompts.txt").write_text(f"{Q1}\n\n{Q3}\n", encoding="utf-8")
-    out, _ = _hone(tmp_path, "generate", str(run_dir), "--base", "--prompts", "prompts.txt", "--out", "base.jsonl",
-                   "--max-new-tokens", str(MAX_NEW), "--system", "Be brief.")
+    out, _ = _hone(
+        tmp_path,
+        "generate",
+        str(run_dir),
+        "--base",
+        "--prompts",
+        "prompts.txt",
+        "--out",
+        "base.jsonl",
+        "--max-new-tokens",
+        str(MAX_NEW),
+        "--system",
+        "Be brief.",
+    )
     assert out.returncode == 0, out.stderr.decode()
     got = [json.loads(line) for line in (tmp_path / "base.jsonl").read_text(encoding="utf-8").splitlines()]
     system = [{"role": "system", "content": "Be brief."}]
-    assert got == [{"row": 1, "prompt": Q1, "completion": reference(system + _user(Q1), adapter=False)},
-                   {"row": 3, "prompt": Q3, "completion": reference(system + _user(Q3), adapter=False)}]
+    assert got == [
+        {"row": 1, "prompt": Q1, "completion": reference(system + _user(Q1), adapter=False)},
+        {"row": 3, "prompt": Q3, "completion": reference(system + _user(Q3), adapter=False)},
+    ]
 
 
-def _fake_run(tmp_path, name: str, *, model_exists: bool = True, adapter: bool = True, status: str = "finished",
-              live: bool = False):
+def _fake_run(
+    tmp_path,
+    name: str,
+    *,
+    model_exists: bool = True,
+    adapter: bool = True,
+    status: str = "finished",
+    live: bool = False,
+):
     """A run folder as `hone train` leaves it, whose files the checks never read past: config.toml naming a model
     folder (with config.json, or gone), run.json, and adapter/ once the run saved one; `live`: run.lock names a
     process that is alive (this one), as while `hone train` runs."""
@@ -171,8 +232,9 @@ def _fake_run(tmp_path, name: str, *, model_exists: bool = True, adapter: bool =
         model.mkdir()
         (model / "config.json").write_text("{}", encoding="utf-8")
     (run / "config.toml").write_text(f"[model]\nname_or_path = {json.dumps(str(model))}\n", encoding="utf-8")
-    (run / "run.json").write_text(json.dumps({"run_dir": str(run), "name": name, "model": str(model),
-                                              "status": status}), encoding="utf-8")
+    (run / "run.json").write_text(
+        json.dumps({"run_dir": str(run), "name": name, "model": str(model), "status": status}), encoding="utf-8"
+    )
     if live:
         (run / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
     if adapter:
@@ -182,21 +244,39 @@ def _fake_run(tmp_path, name: str, *, model_exists: bool = True, adapter: bool =
 
 
 @pytest.mark.parametrize("command", ["chat", "generate"])
-@pytest.mark.parametrize("case, make, message, advice", [
-    ("not a run", lambda tmp: tmp, "is not a run folder", "give the folder `hone train` wrote"),
-    ("missing folder", lambda tmp: tmp / "runs" / "nope", "does not exist", "give the folder of a run"),
-    ("no adapter yet", lambda tmp: _fake_run(tmp, "r", adapter=False, status="running", live=True),
-     "has no adapter yet", "still training"),
-    ("killed before its adapter", lambda tmp: _fake_run(tmp, "r", adapter=False, status="running"),
-     "has no adapter yet", "the run was interrupted at step 0"),
-    ("base model gone", lambda tmp: _fake_run(tmp, "r", model_exists=False), "r-model does not exist",
-     "model.name_or_path in"),
-])
+@pytest.mark.parametrize(
+    "case, make, message, advice",
+    [
+        ("not a run", lambda tmp: tmp, "is not a run folder", "give the folder `hone train` wrote"),
+        ("missing folder", lambda tmp: tmp / "runs" / "nope", "does not exist", "give the folder of a run"),
+        (
+            "no adapter yet",
+            lambda tmp: _fake_run(tmp, "r", adapter=False, status="running", live=True),
+            "has no adapter yet",
+            "still training",
+        ),
+        (
+            "killed before its adapter",
+            lambda tmp: _fake_run(tmp, "r", adapter=False, status="running"),
+            "has no adapter yet",
+            "the run was interrupted at step 0",
+        ),
+        (
+            "base model gone",
+            lambda tmp: _fake_run(tmp, "r", model_exists=False),
+            "r-model does not exist",
+            "model.name_or_path in",
+        ),
+    ],
+)
 def test_run_folder_mistakes_exit_2_before_loading(command, case, make, message, advice, tmp_path):
     (tmp_path / "p.txt").write_text("hi\n", encoding="utf-8")
     folder = make(tmp_path)
-    argv = ["chat", str(folder)] if command == "chat" else ["generate", str(folder), "--prompts", "p.txt", "--out",
-                                                            "o.jsonl"]
+    argv = (
+        ["chat", str(folder)]
+        if command == "chat"
+        else ["generate", str(folder), "--prompts", "p.txt", "--out", "o.jsonl"]
+    )
     out, took = _hone(tmp_path, *argv, stdin=b"hi\n")
     err = out.stderr.decode()
     assert out.returncode == 2, err
@@ -238,25 +318,49 @@ def test_read_prompts_formats_and_reasons(tmp_path):
     assert skipped == [f"{text}:4: not UTF-8 text (byte 1)"]
 
     rows = tmp_path / "p.jsonl"
-    rows.write_text("\n".join(json.dumps(r) for r in [
-        {"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}]},
-        {"messages": [{"role": "system", "content": "own"}, {"role": "user", "content": "q"}]},
-        {"messages": [{"role": "robot", "content": "q"}]},
-        {"messages": [{"role": "user", "content": 3}]},
-        {"prompt": 5}]) + "\n", encoding="utf-8")
+    rows.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "yo"}]},
+                {"messages": [{"role": "system", "content": "own"}, {"role": "user", "content": "q"}]},
+                {"messages": [{"role": "robot", "content": "q"}]},
+                {"messages": [{"role": "user", "content": 3}]},
+                {"prompt": 5},
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     prompts, skipped = read_prompts(rows, system="S")
     assert [(p.row, p.reference) for p in prompts] == [(1, "yo"), (2, None)]
     assert prompts[1].messages[0] == {"role": "system", "content": "own"}  # a row's own system message stays
     assert [line.split(": ", 1)[1] for line in skipped] == [
         "messages[1].role is 'robot'; use one of system, user, assistant",
-        "messages[1].content is not a string", "prompt is a number, not a string"]
+        "messages[1].content is not a string",
+        "prompt is a number, not a string",
+    ]
 
 
-@pytest.mark.parametrize("command, words", [
-    ("chat", ["--base", "--system", "--max-new-tokens", "--temperature", "/reset", "/exit", "pipe"]),
-    ("generate", ["--prompts", "--out", "--base", "--temperature", '{"prompt": "..."}', '{"messages"', "reference",
-                  "skipped"]),
-])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        ("chat", ["--base", "--system", "--max-new-tokens", "--temperature", "/reset", "/exit", "pipe"]),
+        (
+            "generate",
+            [
+                "--prompts",
+                "--out",
+                "--base",
+                "--temperature",
+                '{"prompt": "..."}',
+                '{"messages"',
+                "reference",
+                "skipped",
+            ],
+        ),
+    ],
+)
 def test_help_says_how_to_use_it(command, words, tmp_path):
     out, _ = _hone(tmp_path, command, "--help")
     text = out.stdout.decode()
@@ -267,7 +371,7 @@ def test_eval_answers_with_both_models_and_scores_them(run_dir, reference, tmp_p
     """`hone eval` on the run's own eval file: each answer is plain transformers + peft's greedy reply (which, at
     MAX_NEW tokens, begins it), and the scores are the answers' against the references."""
     from hone.core.cli import main
-    from hone.core.evaluate import word_f1
+    from hone.core.inference.evaluate import word_f1
 
     out = tmp_path / "eval.jsonl"
     assert main(["eval", str(run_dir), "--rows", "2", "--out", str(out)]) == 0
@@ -291,9 +395,9 @@ def test_eval_answers_with_both_models_and_scores_them(run_dir, reference, tmp_p
 def test_eval_stops_between_prompts_and_needs_references(run_dir, tmp_path, capsys):
     import threading
 
-    from hone.core.chat import ChatModels
     from hone.core.cli import main
-    from hone.core.evaluate import compare, with_references
+    from hone.core.inference.chat import ChatModels
+    from hone.core.inference.evaluate import compare, with_references
 
     no_references = tmp_path / "questions.txt"
     no_references.write_text("What is 2 + 2?\nName a colour.\n")
@@ -304,14 +408,15 @@ def test_eval_stops_between_prompts_and_needs_references(run_dir, tmp_path, caps
     rows.write_text("".join(json.dumps({"prompt": q, "completion": "4"}) + "\n" for q in (Q1, Q2, Q3)))
     prompts = with_references(read_prompts(rows)[0])
     stop = threading.Event()
-    result = compare(ChatModels.for_run(run_dir, device="cpu"), prompts, progress=lambda done, total: stop.set(),
-                     stop=stop)
+    result = compare(
+        ChatModels.for_run(run_dir, device="cpu"), prompts, progress=lambda done, total: stop.set(), stop=stop
+    )
     assert not result.complete and len(result.answered) == 1 and result.asked == 3
     assert "stopped after 1 of 3" in result.summary()
 
 
 def test_word_f1_counts_shared_words():
-    from hone.core.evaluate import word_f1
+    from hone.core.inference.evaluate import word_f1
 
     assert word_f1("The cat sat", "the cat sat") == 1.0
     assert word_f1("a b c", "a b d") == pytest.approx(2 / 3)

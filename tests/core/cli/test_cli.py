@@ -9,15 +9,24 @@ from importlib.metadata import Distribution
 
 import pytest
 
-from hone.core import cli
+from hone.core.cli import dispatch as cli
 from hone.core.cli import main
 from hone.core.version import __version__
 
 
 def test_version_and_help_run_without_torch():
-    out = subprocess.run([sys.executable, "-c", "import sys; from hone.core.cli import main\n"
-                          "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-                          "print('torch' in sys.modules)"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from hone.core.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "train" in out.stdout and "demo" in out.stdout
     assert out.stdout.strip().endswith("False")  # `hone --help` stays fast: no torch import
     with pytest.raises(SystemExit):
@@ -30,11 +39,14 @@ def test_version_string(capsys):
     assert capsys.readouterr().out.strip() == f"hone {__version__}"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "missing.toml"], "config file missing.toml does not exist"),
-    (["train"], "no config given"),
-    (["train", "--resume", "."], "is not a run folder"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "missing.toml"], "config file missing.toml does not exist"),
+        (["train"], "no config given"),
+        (["train", "--resume", "."], "is not a run folder"),
+    ],
+)
 def test_user_mistakes_are_one_line_with_advice(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
@@ -58,16 +70,36 @@ def test_help_lists_built_in_commands_then_studio(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert _command_names(capsys.readouterr().out) == [
-        "train", "demo", "bench", "data", "export", "push", "chat", "generate", "eval", "init", "plan", "models",
-        "studio"]
+        "train",
+        "demo",
+        "bench",
+        "data",
+        "export",
+        "push",
+        "chat",
+        "generate",
+        "eval",
+        "init",
+        "plan",
+        "models",
+        "studio",
+    ]
 
 
 def test_studio_help_comes_from_the_entry_point_without_qt_or_torch():
-    out = subprocess.run([sys.executable, "-c", "import sys; from hone.core.cli import main\n"
-                          "try:\n    main(['studio', '--help'])\nexcept SystemExit:\n    pass\n"
-                          "print(sorted({m.split('.')[0] for m in sys.modules} & "
-                          "{'torch', 'PySide6', 'shiboken6', 'pyqtgraph'}))"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from hone.core.cli import main\n"
+            "try:\n    main(['studio', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'torch', 'PySide6', 'shiboken6', 'pyqtgraph'}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "--screenshot" in out.stdout and "--page" in out.stdout  # the app's own options reached `hone`
     assert out.stdout.strip().endswith("[]")
 
@@ -86,8 +118,10 @@ class _Plugin(Distribution):
     """An installed package as importlib.metadata sees it: a name and an entry_points.txt."""
 
     def __init__(self, name: str, entry_points_txt: str):
-        self._files = {"METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
-                       "entry_points.txt": entry_points_txt}
+        self._files = {
+            "METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+            "entry_points.txt": entry_points_txt,
+        }
 
     def read_text(self, filename):
         return self._files.get(filename)
@@ -97,8 +131,9 @@ class _Plugin(Distribution):
 
 
 def test_a_broken_entry_point_leaves_the_other_commands_working(capsys, monkeypatch, tmp_path):
-    plugin = _Plugin("hone-broken-plugin", "[hone.commands]\nbroken = hone_tests_no_such_module\n"
-                     "train = hone_tests_no_such_module\n")  # a plugin cannot replace a built-in command
+    plugin = _Plugin(
+        "hone-broken-plugin", "[hone.commands]\nbroken = hone_tests_no_such_module\ntrain = hone_tests_no_such_module\n"
+    )  # a plugin cannot replace a built-in command
     installed = list(cli.distributions())
     monkeypatch.setattr(cli, "distributions", lambda: [plugin, *installed])
     with pytest.raises(SystemExit):

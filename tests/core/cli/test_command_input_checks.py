@@ -20,8 +20,14 @@ FAST_S = 6.0
 def _hone(tmp_path, *argv: str):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HONE_CACHE": str(tmp_path / "cache")}
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "hone.core.cli", *argv], capture_output=True, text=True,
-                         cwd=tmp_path, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hone.core.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     return out, time.monotonic() - start
 
 
@@ -42,30 +48,65 @@ def _run_folder(tmp_path, model: str, adapter: bool):
 
 
 CASES = [
-    ("demo missing model folder", ["demo", "--model", "./no-such-model"], "no-such-model does not exist",
-     "give --model a local model folder"),
+    (
+        "demo missing model folder",
+        ["demo", "--model", "./no-such-model"],
+        "no-such-model does not exist",
+        "give --model a local model folder",
+    ),
     ("demo missing gguf", ["demo", "--model", "./weights/model.gguf"], "model.gguf does not exist", "check the path"),
-    ("demo bundled typo", ["demo", "--model", "bundled:smollm2"], "bundled:smollm2 is not a bundled model",
-     "bundled:smollm2-135m-instruct"),
-    ("demo unknown hub id offline", ["demo", "--model", "nobody-here/no-such-model-26"], "HF_HUB_OFFLINE",
-     "give --model a local model folder"),
-    ("data check missing file", ["data", "check", "good.jsonl", "nowhere.jsonl"], "nowhere.jsonl does not exist",
-     "check the file names"),
-    ("data check missing model", ["data", "check", "good.jsonl", "--model", "./no-such-model"],
-     "no-such-model does not exist", "give --model"),
-    ("data check hub id offline", ["data", "check", "good.jsonl", "--model", "nobody-here/no-such-model-26"],
-     "HF_HUB_OFFLINE", "give --model"),
-    ("data inspect missing file", ["data", "inspect", "nowhere.jsonl", "--model", "bundled:smollm2-135m-instruct"],
-     "nowhere.jsonl does not exist", "check the file names"),
-    ("data inspect bundled typo", ["data", "inspect", "good.jsonl", "--model", "bundled:smollm2"],
-     "is not a bundled model", "bundled:smollm2-135m-instruct"),
+    (
+        "demo bundled typo",
+        ["demo", "--model", "bundled:smollm2"],
+        "bundled:smollm2 is not a bundled model",
+        "bundled:smollm2-135m-instruct",
+    ),
+    (
+        "demo unknown hub id offline",
+        ["demo", "--model", "nobody-here/no-such-model-26"],
+        "HF_HUB_OFFLINE",
+        "give --model a local model folder",
+    ),
+    (
+        "data check missing file",
+        ["data", "check", "good.jsonl", "nowhere.jsonl"],
+        "nowhere.jsonl does not exist",
+        "check the file names",
+    ),
+    (
+        "data check missing model",
+        ["data", "check", "good.jsonl", "--model", "./no-such-model"],
+        "no-such-model does not exist",
+        "give --model",
+    ),
+    (
+        "data check hub id offline",
+        ["data", "check", "good.jsonl", "--model", "nobody-here/no-such-model-26"],
+        "HF_HUB_OFFLINE",
+        "give --model",
+    ),
+    (
+        "data inspect missing file",
+        ["data", "inspect", "nowhere.jsonl", "--model", "bundled:smollm2-135m-instruct"],
+        "nowhere.jsonl does not exist",
+        "check the file names",
+    ),
+    (
+        "data inspect bundled typo",
+        ["data", "inspect", "good.jsonl", "--model", "bundled:smollm2"],
+        "is not a bundled model",
+        "bundled:smollm2-135m-instruct",
+    ),
     ("export missing run", ["export", "runs/no-such-run"], "no-such-run does not exist", "give the folder of a run"),
     ("export not a run", ["export", "."], "is not a run folder", "hone train"),
-    ("export unknown format", ["export", "runs/r1", "--format", "safetensorz"], "unknown export format",
-     "adapter, merged, gguf"),
+    (
+        "export unknown format",
+        ["export", "runs/r1", "--format", "safetensorz"],
+        "unknown export format",
+        "adapter, merged, gguf",
+    ),
     ("export no adapter", ["export", "runs/r1"], "has no adapter to export", "hone train --resume"),
-    ("export base model gone", ["export", "runs/r1", "--format", "merged"], "gone-model does not exist",
-     "config.toml"),
+    ("export base model gone", ["export", "runs/r1", "--format", "merged"], "gone-model does not exist", "config.toml"),
 ]
 
 

@@ -24,8 +24,14 @@ FAST_S = 6.0
 def _hone(tmp_path, *argv: str):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HONE_CACHE": str(tmp_path / "cache")}
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "hone.core.cli", "init", *argv], capture_output=True, text=True,
-                         cwd=tmp_path, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "hone.core.cli", "init", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     return out, time.monotonic() - start
 
 
@@ -57,8 +63,10 @@ def test_csv_with_question_and_answer_gets_the_prompt_completion_mapping(tmp_pat
     assert config.model.name_or_path == model and config.data.train == ["qa.csv"]
     assert config.data.columns == {"prompt": "question", "completion": "answer"}
     assert config.data.format == "prompt-completion"
-    assert '# qa.csv: detected prompt-completion, with columns = {prompt = "question", completion = "answer"}' \
+    assert (
+        '# qa.csv: detected prompt-completion, with columns = {prompt = "question", completion = "answer"}'
         in out.stdout
+    )
     # The mapping goes the right way: the data loader keeps every row with it (none without it).
     monkeypatch.chdir(tmp_path)  # data.train is relative, as the user wrote it
     report, _ = check_data(config.data, None)
@@ -76,7 +84,7 @@ def test_without_options_it_is_runconfigs_defaults_with_one_comment_per_key(tmp_
     section = None
     for k, line in enumerate(lines):
         if line.startswith("["):
-            section = line[1:line.index("]")]
+            section = line[1 : line.index("]")]
         elif line and not line.startswith("#"):
             key = line.split(" = ", 1)[0]
             written.setdefault(section, []).append(key)
@@ -97,14 +105,25 @@ def test_every_common_key_is_a_config_field():
         assert set(keys) <= fields, f"hone init names {sorted(set(keys) - fields)} in [{section}]: renamed?"
 
 
-@pytest.mark.parametrize("name, content, fmt, columns", [
-    ("chats.jsonl", json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                             {"role": "assistant", "content": "yo"}]}) + "\n", "messages", {}),
-    ("dialogs.jsonl", json.dumps({"dialog": [{"role": "user", "content": "hi"},
-                                             {"role": "assistant", "content": "yo"}]}) + "\n", "messages",
-     {"messages": "dialog"}),
-    ("alpaca.json", json.dumps([{"instruction": "say hi", "output": "hi"}]), "alpaca", {}),
-])
+@pytest.mark.parametrize(
+    "name, content, fmt, columns",
+    [
+        (
+            "chats.jsonl",
+            json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+            + "\n",
+            "messages",
+            {},
+        ),
+        (
+            "dialogs.jsonl",
+            json.dumps({"dialog": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n",
+            "messages",
+            {"messages": "dialog"},
+        ),
+        ("alpaca.json", json.dumps([{"instruction": "say hi", "output": "hi"}]), "alpaca", {}),
+    ],
+)
 def test_detected_format_and_mapping(name, content, fmt, columns, tmp_path):
     (tmp_path / name).write_text(content, encoding="utf-8")
     out, _ = _hone(tmp_path, "--data", name)
@@ -135,12 +154,15 @@ def test_out_writes_the_file_and_never_replaces_one_without_force(tmp_path):
     assert out.returncode == 0 and RunConfig.load(tmp_path / "run.toml") == RunConfig()
 
 
-@pytest.mark.parametrize("argv, message, advice", [
-    (["--data", "nowhere.jsonl"], "nowhere.jsonl does not exist", "check the --data paths"),
-    (["--model", "./no-such-model"], "no-such-model does not exist", "give --model"),
-    (["--model", "bundled:smollm2"], "bundled:smollm2 is not a bundled model", "bundled:smollm2-135m-instruct"),
-    (["--out", "."], "is a folder", "--out run.toml"),
-])
+@pytest.mark.parametrize(
+    "argv, message, advice",
+    [
+        (["--data", "nowhere.jsonl"], "nowhere.jsonl does not exist", "check the --data paths"),
+        (["--model", "./no-such-model"], "no-such-model does not exist", "give --model"),
+        (["--model", "bundled:smollm2"], "bundled:smollm2 is not a bundled model", "bundled:smollm2-135m-instruct"),
+        (["--out", "."], "is a folder", "--out run.toml"),
+    ],
+)
 def test_mistakes_exit_2_with_advice_and_print_nothing(argv, message, advice, tmp_path):
     out, took = _hone(tmp_path, *argv)
     lines = out.stderr.strip().splitlines()

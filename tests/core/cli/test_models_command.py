@@ -16,8 +16,13 @@ WEIGHTS = os.urandom(1024 * 1024 + 77)
 def hub(monkeypatch, tmp_path, request):
     hub = use_fake_hub(monkeypatch, tmp_path)
     request.addfinalizer(hub.stop)
-    hub.add_model("org/tiny-chat", {"config.json": b"{}", "model.safetensors": WEIGHTS}, downloads=1234,
-                  license="apache-2.0", parameters={"BF16": 2_500_000})
+    hub.add_model(
+        "org/tiny-chat",
+        {"config.json": b"{}", "model.safetensors": WEIGHTS},
+        downloads=1234,
+        license="apache-2.0",
+        parameters={"BF16": 2_500_000},
+    )
     hub.add_model("org/tiny-gated", {"config.json": b"{}"}, gated="auto", license="llama3")
     return hub
 

@@ -69,10 +69,13 @@ def test_gguf_conversion_is_announced_only_the_first_time(tmp_path, monkeypatch)
         (converted / "config.json").write_text("{}")
         return converted
 
+    import hone.core.api.models as door
     import hone.core.models.load as load
 
-    monkeypatch.setattr(load, "gguf_conversion_folder", lambda path: converted)
-    monkeypatch.setattr(load, "gguf_folder", convert)
+    # the console converts through the door (hone.core.api); pending_conversion reads the loader's own name
+    for module in (load, door):
+        monkeypatch.setattr(module, "gguf_conversion_folder", lambda path: converted)
+    monkeypatch.setattr(door, "gguf_folder", convert)
     console, out = _plain_console()
     convert_gguf_once(ModelConfig(name_or_path=str(gguf)), console)
     convert_gguf_once(ModelConfig(name_or_path=str(gguf)), console)
@@ -83,19 +86,35 @@ def test_gguf_conversion_is_announced_only_the_first_time(tmp_path, monkeypatch)
 
 
 def test_data_check_with_model_prints_progress_lines_off_a_terminal(tmp_path, smollm2_tokenizer_dir):
-    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
-            for i in range(3)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]} for i in range(3)
+    ]
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "hone.core.cli", "data", "check", "a.jsonl", "--model",
-                          str(smollm2_tokenizer_dir), "--json"], capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "HONE_CACHE": str(tmp_path / "cache")},
-                         timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hone.core.cli",
+            "data",
+            "check",
+            "a.jsonl",
+            "--model",
+            str(smollm2_tokenizer_dir),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HONE_CACHE": str(tmp_path / "cache")},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["rows_kept"] == 3  # stdout stays the report alone
     lines = out.stderr.strip().splitlines()
     assert lines[0] == f"loading the tokenizer of {smollm2_tokenizer_dir} ..."
     assert lines[1].startswith(f"loading the tokenizer of {smollm2_tokenizer_dir}: done in ")
     assert lines[2] == f"tokenizing every row with the chat template of {smollm2_tokenizer_dir} ..."
-    assert lines[3].startswith(f"tokenizing every row with the chat template of {smollm2_tokenizer_dir}: 3 rows, "
-                               "done in ")
+    assert lines[3].startswith(
+        f"tokenizing every row with the chat template of {smollm2_tokenizer_dir}: 3 rows, done in "
+    )
     assert len(lines) == 4, out.stderr

@@ -9,14 +9,17 @@ import sys
 
 
 def hone(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "hone.core.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hone.core.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def write_run(tmp_path, model, batch_tokens=16384, max_length=2048):
     run = tmp_path / "run.toml"
-    run.write_text(f'[model]\nname_or_path = "{model}"\n[train]\nbatch_tokens = {batch_tokens}\n'
-                   f"[data]\nmax_length = {max_length}\n")
+    run.write_text(
+        f'[model]\nname_or_path = "{model}"\n[train]\nbatch_tokens = {batch_tokens}\n'
+        f"[data]\nmax_length = {max_length}\n"
+    )
     return run
 
 

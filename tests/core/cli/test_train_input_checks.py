@@ -24,24 +24,45 @@ def _train(tmp_path, *settings: str, env: dict | None = None):
     for setting in settings:
         args += ["--set", setting]
     start = time.monotonic()
-    out = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **(env or {})},
-                         timeout=120)
+    out = subprocess.run(
+        args, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **(env or {})}, timeout=120
+    )
     return out, time.monotonic() - start
 
 
 CASES = [
-    ("missing model folder", ["model.name_or_path=./no-such-model"], "no-such-model does not exist",
-     "local model folder"),
+    (
+        "missing model folder",
+        ["model.name_or_path=./no-such-model"],
+        "no-such-model does not exist",
+        "local model folder",
+    ),
     ("missing gguf", ["model.name_or_path=./weights/model.gguf"], "model.gguf does not exist", "check the path"),
     ("missing data file", ["data.train=['nowhere.jsonl']"], "nowhere.jsonl does not exist", "data.train"),
-    ("max_length over batch_tokens", ["data.max_length=4096", "train.batch_tokens=1024"],
-     "data.max_length (4096) is larger than train.batch_tokens (1024)", "raise train.batch_tokens"),
-    ("bundled typo", ["model.name_or_path=bundled:smollm2"], "bundled:smollm2 is not a bundled model",
-     "bundled:smollm2-135m-instruct"),
-    ("bundled data typo", ["data.train=['bundled:json_extract/trian.jsonl']"], "is not a bundled file",
-     DEMO_TRAIN_DATA),
-    ("unknown hub id offline", ["model.name_or_path=nobody-here/no-such-model-26"], "HF_HUB_OFFLINE",
-     "local model folder"),
+    (
+        "max_length over batch_tokens",
+        ["data.max_length=4096", "train.batch_tokens=1024"],
+        "data.max_length (4096) is larger than train.batch_tokens (1024)",
+        "raise train.batch_tokens",
+    ),
+    (
+        "bundled typo",
+        ["model.name_or_path=bundled:smollm2"],
+        "bundled:smollm2 is not a bundled model",
+        "bundled:smollm2-135m-instruct",
+    ),
+    (
+        "bundled data typo",
+        ["data.train=['bundled:json_extract/trian.jsonl']"],
+        "is not a bundled file",
+        DEMO_TRAIN_DATA,
+    ),
+    (
+        "unknown hub id offline",
+        ["model.name_or_path=nobody-here/no-such-model-26"],
+        "HF_HUB_OFFLINE",
+        "local model folder",
+    ),
 ]
 
 

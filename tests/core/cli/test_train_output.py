@@ -15,8 +15,18 @@ from hone.core.cli.console import dataset_table
 
 
 def _rows(n: int) -> str:
-    return "".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + {i}?"},
-                                            {"role": "assistant", "content": str(2 * i)}]}) + "\n" for i in range(n))
+    return "".join(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": f"What is {i} + {i}?"},
+                    {"role": "assistant", "content": str(2 * i)},
+                ]
+            }
+        )
+        + "\n"
+        for i in range(n)
+    )
 
 
 @pytest.mark.slow
@@ -25,10 +35,18 @@ def test_piped_run_prints_step_lines_and_writes_a_readable_log(tmp_path, tiny_mo
     (tmp_path / "run.toml").write_text(
         f'[model]\nname_or_path = "{tiny_model_dir("tiny-dense").as_posix()}"\n'
         '[data]\ntrain = ["train.jsonl"]\nmax_length = 64\n'
-        '[train]\nmax_steps = 3\nbatch_tokens = 256\n'
-        '[output]\nruns_dir = "runs"\nname = "r"\n', encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "hone.core.cli", "train", "run.toml"], capture_output=True, text=True,
-                         cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}, timeout=300)
+        "[train]\nmax_steps = 3\nbatch_tokens = 256\n"
+        '[output]\nruns_dir = "runs"\nname = "r"\n',
+        encoding="utf-8",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "hone.core.cli", "train", "run.toml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=300,
+    )
     shown = out.stdout + out.stderr
     assert out.returncode == 0, shown
     for step in (1, 3):  # the first and the last step always get a line
@@ -38,18 +56,29 @@ def test_piped_run_prints_step_lines_and_writes_a_readable_log(tmp_path, tiny_mo
     assert "gemm_4bit" not in shown and "is_gradient_checkpointing" not in shown
 
     log = (tmp_path / "runs" / "r" / "train.log").read_text(encoding="utf-8")
-    for words in ("train data", "12 kept, 1 skipped (1 invalid JSON)", "started: ", "step 1/3  loss",
-                  "step 3/3  loss", "checkpoint at step 3", "finished after 3 steps"):
+    for words in (
+        "train data",
+        "12 kept, 1 skipped (1 invalid JSON)",
+        "started: ",
+        "step 1/3  loss",
+        "step 3/3  loss",
+        "checkpoint at step 3",
+        "finished after 3 steps",
+    ):
         assert words in log, (words, log)
     assert "{'" not in log and "Notice:" not in log  # no raw event dicts
 
 
-
 def test_data_table_counts_every_skipped_row_and_says_where_the_list_is():
-    report = events.DatasetReport(split="train", files=["a.jsonl"], rows_read=10, rows_kept=3,
-                                  skipped={"invalid JSON": 4, "empty content": 3},
-                                  skipped_examples=[f"a.jsonl:{i}: bad" for i in range(1, 8)],
-                                  notes=["1 row had two user turns in a row, merged into one turn (kept): a.jsonl:9"])
+    report = events.DatasetReport(
+        split="train",
+        files=["a.jsonl"],
+        rows_read=10,
+        rows_kept=3,
+        skipped={"invalid JSON": 4, "empty content": 3},
+        skipped_examples=[f"a.jsonl:{i}: bad" for i in range(1, 8)],
+        notes=["1 row had two user turns in a row, merged into one turn (kept): a.jsonl:9"],
+    )
     console = Console(record=True, width=200)
     console.print(dataset_table(report))
     text = console.export_text()
@@ -60,9 +89,19 @@ def test_data_table_counts_every_skipped_row_and_says_where_the_list_is():
 
 
 def _step(step: int, total: int = 5) -> events.StepMetrics:
-    return events.StepMetrics(step=step, total_steps=total, epoch=0.1, loss=2.5 - step / 10, lr=1e-4, grad_norm=1.0,
-                              tokens=100, trained_tokens=50, tokens_per_s=1000.0, step_time=0.1,
-                              elapsed=0.1 * (step - 2))
+    return events.StepMetrics(
+        step=step,
+        total_steps=total,
+        epoch=0.1,
+        loss=2.5 - step / 10,
+        lr=1e-4,
+        grad_norm=1.0,
+        tokens=100,
+        trained_tokens=50,
+        tokens_per_s=1000.0,
+        step_time=0.1,
+        elapsed=0.1 * (step - 2),
+    )
 
 
 def test_plain_console_prints_first_and_last_step_with_eta():
@@ -70,9 +109,20 @@ def test_plain_console_prints_first_and_last_step_with_eta():
 
     console = Console(record=True, width=200, force_terminal=False)
     printer = EventPrinter(console)
-    printer.handle(events.RunStarted(run_dir="r", model="m", device="cpu", dtype="float32", params_total=10,
-                                     params_trainable=1, total_steps=5, tokens_per_epoch=100, resumed_from_step=2,
-                                     speed_paths={"embeddings": "on the GPU: only on a GPU (on the CPU ...)"}))
+    printer.handle(
+        events.RunStarted(
+            run_dir="r",
+            model="m",
+            device="cpu",
+            dtype="float32",
+            params_total=10,
+            params_trainable=1,
+            total_steps=5,
+            tokens_per_epoch=100,
+            resumed_from_step=2,
+            speed_paths={"embeddings": "on the GPU: only on a GPU (on the CPU ...)"},
+        )
+    )
     for step in (3, 4, 5):
         printer.handle(_step(step))
     text = console.export_text()
@@ -86,12 +136,28 @@ def test_train_log_is_words_not_dicts(tmp_path):
     from hone.core.train.run_dir import RunWriter
 
     writer = RunWriter(tmp_path, RunConfig())
-    started = events.RunStarted(run_dir=str(tmp_path), model="m", device="cpu", dtype="float32", params_total=10,
-                                params_trainable=1, total_steps=5, tokens_per_epoch=100, resumed_from_step=2)
+    started = events.RunStarted(
+        run_dir=str(tmp_path),
+        model="m",
+        device="cpu",
+        dtype="float32",
+        params_total=10,
+        params_trainable=1,
+        total_steps=5,
+        tokens_per_epoch=100,
+        resumed_from_step=2,
+    )
     notice = events.Notice(topic="resume", message="continuing")
-    for event in (started, notice, _step(3), _step(4), _step(5), events.EvalMetrics(step=5, loss=1.5, tokens=9),
-                  events.CheckpointSaved(step=5, path="ck/step-5"),
-                  events.RunFinished(step=5, run_dir="r", adapter_dir="r/adapter", final_loss=2.0, elapsed=3.0)):
+    for event in (
+        started,
+        notice,
+        _step(3),
+        _step(4),
+        _step(5),
+        events.EvalMetrics(step=5, loss=1.5, tokens=9),
+        events.CheckpointSaved(step=5, path="ck/step-5"),
+        events.RunFinished(step=5, run_dir="r", adapter_dir="r/adapter", final_loss=2.0, elapsed=3.0),
+    ):
         writer.write(event)
     writer.close()
     log = (tmp_path / "train.log").read_text(encoding="utf-8")

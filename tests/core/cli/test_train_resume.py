@@ -20,8 +20,13 @@ from tests.core.conftest import make_tiny_config
 
 
 def _hone(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hone.core.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "400"})  # one console line per notice
+    return subprocess.run(
+        [sys.executable, "-m", "hone.core.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "400"},
+    )  # one console line per notice
 
 
 def _snapshot(folder) -> dict[str, bytes]:

@@ -52,8 +52,9 @@ def llama3_tokenizer(smollm2_tokenizer_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
-    tok.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
-                            "additional_special_tokens": LLAMA3_TOKENS[1:3]})
+    tok.add_special_tokens(
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "additional_special_tokens": LLAMA3_TOKENS[1:3]}
+    )
     tok.chat_template = LLAMA3_TEMPLATE
     return tok
 
@@ -92,6 +93,11 @@ def llava_processor(smollm2_tokenizer_dir):
     tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
     images = ImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
-    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=14,
-                          vision_feature_select_strategy="default", image_token="<image>",
-                          chat_template=VISION_TEMPLATE)
+    return LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        chat_template=VISION_TEMPLATE,
+    )

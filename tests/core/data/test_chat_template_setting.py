@@ -14,8 +14,10 @@ from hone.core.data.template import FALLBACK_TEMPLATE, ChatTemplate, apply_templ
 from hone.core.errors import DataError
 from hone.core.train.input_checks import check_inputs
 
-MARKED = ("{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
-          "{% if add_generation_prompt %}### assistant: {% endif %}")
+MARKED = (
+    "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}### assistant: {% endif %}"
+)
 
 
 def test_the_setting_names_a_template_or_a_file(tmp_path):
@@ -50,8 +52,9 @@ def test_a_file_template_is_what_the_rows_are_rendered_with(smollm2_tokenizer, t
     tokenizer = copy.deepcopy(smollm2_tokenizer)
     assert apply_template_setting(tokenizer, str(path)) == f"chat template: from {path}"
     text, spans = ChatTemplate.for_tokenizer(tokenizer).render_with_spans(
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
-    assert text.startswith("### user: hi") and text[spans[0][0]:spans[0][1]].startswith("hello")
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    )
+    assert text.startswith("### user: hi") and text[spans[0][0] : spans[0][1]].startswith("hello")
 
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}", encoding="utf-8")
@@ -65,16 +68,22 @@ def test_a_missing_template_file_stops_the_run_before_anything_loads(tmp_path):
         check_inputs(config)
 
 
-def test_a_run_trains_with_the_chosen_template_and_its_adapter_keeps_it(tiny_model_dir, chat_files, tiny_config,
-                                                                        tmp_path):
+def test_a_run_trains_with_the_chosen_template_and_its_adapter_keeps_it(
+    tiny_model_dir, chat_files, tiny_config, tmp_path
+):
     from hone.core import events
     from hone.core.train.trainer import Trainer
 
     path = tmp_path / "marked.jinja"
     path.write_text(MARKED, encoding="utf-8")
     runs = tmp_path / "runs"
-    config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, runs, "train.max_steps=1",
-                         f"data.chat_template={json.dumps(str(path))}")
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"),
+        chat_files,
+        runs,
+        "train.max_steps=1",
+        f"data.chat_template={json.dumps(str(path))}",
+    )
     seen = list(Trainer(config, device="cpu").run())
     assert isinstance(seen[-1], events.RunFinished), seen[-1]
     assert any(isinstance(e, events.Notice) and e.message == f"chat template: from {path}" for e in seen)

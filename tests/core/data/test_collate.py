@@ -92,8 +92,10 @@ def test_to_moves_every_tensor_and_keeps_cpu_metadata():
     batch = collate_packed(ROWS)
     moved = batch.to("meta")
     assert isinstance(moved, PackedBatch)
-    assert all(t.device.type == "meta" for t in (moved.input_ids, moved.position_ids, moved.targets,
-                                                  moved.cu_seqlens, moved.trained_positions))
+    assert all(
+        t.device.type == "meta"
+        for t in (moved.input_ids, moved.position_ids, moved.targets, moved.cu_seqlens, moved.trained_positions)
+    )
     assert moved.max_seqlen == 4 and moved.seq_lens == [4, 2, 3] and moved.num_trained == 4
     padded = collate_padded(ROWS, pad_id=0).to("meta")
     assert isinstance(padded, PaddedBatch) and padded.attention_mask.device.type == "meta"

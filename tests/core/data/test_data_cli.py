@@ -8,7 +8,7 @@ import re
 import pytest
 from data_helpers import chat, write_jsonl
 
-from hone.core import cli
+from hone.core.cli import dispatch as cli
 
 
 @pytest.fixture
@@ -54,12 +54,15 @@ def test_inspect_prints_trained_text(tmp_path, hone, smollm2_tokenizer_dir):
     assert code == 0 and "[[first<|im_end|>]]" in out and "[[second<|im_end|>]]" in out
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--row", "x"], ["--row 'x'"]),
-    (["--row", "0"], ["numbered from 1"]),
-    (["--row", "9"], ["has no row 9"]),
-    (["--column", "nonsense"], ["NAME=YOURS"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--row", "x"], ["--row 'x'"]),
+        (["--row", "0"], ["numbered from 1"]),
+        (["--row", "9"], ["has no row 9"]),
+        (["--column", "nonsense"], ["NAME=YOURS"]),
+    ],
+)
 def test_inspect_mistakes_are_one_line_errors(tmp_path, hone, smollm2_tokenizer_dir, argv, words):
     path = write_jsonl(tmp_path / "a.jsonl", [chat("q", "a")])
     code, _, err = hone("data", "inspect", path, "--model", smollm2_tokenizer_dir, *argv)

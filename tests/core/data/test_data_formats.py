@@ -18,25 +18,56 @@ WITH_SYSTEM = [{"role": "system", "content": "Be brief."}, *EXPECTED]
 
 CASES = [
     ("messages", {"messages": EXPECTED}, {}, EXPECTED),
-    ("messages with text parts", {"messages": [{"role": "user", "content": [{"type": "text", "text": "Name a "},
-                                                                            "prime number."]},
-                                               {"role": "assistant", "content": [{"type": "text", "text": A}]}]},
-     {}, EXPECTED),
-    ("sharegpt", {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": Q},
-                                    {"from": "gpt", "value": A}]}, {}, WITH_SYSTEM),
-    ("sharegpt with system column", {"system": "Be brief.", "conversations": [{"from": "human", "value": Q},
-                                                                              {"from": "gpt", "value": A}]},
-     {}, WITH_SYSTEM),
+    (
+        "messages with text parts",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Name a "}, "prime number."]},
+                {"role": "assistant", "content": [{"type": "text", "text": A}]},
+            ]
+        },
+        {},
+        EXPECTED,
+    ),
+    (
+        "sharegpt",
+        {
+            "conversations": [
+                {"from": "system", "value": "Be brief."},
+                {"from": "human", "value": Q},
+                {"from": "gpt", "value": A},
+            ]
+        },
+        {},
+        WITH_SYSTEM,
+    ),
+    (
+        "sharegpt with system column",
+        {"system": "Be brief.", "conversations": [{"from": "human", "value": Q}, {"from": "gpt", "value": A}]},
+        {},
+        WITH_SYSTEM,
+    ),
     ("alpaca without input", {"instruction": Q, "input": "", "output": A}, {}, EXPECTED),
-    ("alpaca with input", {"instruction": "Name a", "input": "prime number.", "output": A}, {},
-     [{"role": "user", "content": "Name a\n\nprime number."}, EXPECTED[1]]),
+    (
+        "alpaca with input",
+        {"instruction": "Name a", "input": "prime number.", "output": A},
+        {},
+        [{"role": "user", "content": "Name a\n\nprime number."}, EXPECTED[1]],
+    ),
     ("alpaca with system", {"instruction": Q, "output": A, "system": "Be brief."}, {}, WITH_SYSTEM),
     ("prompt-completion", {"prompt": Q, "completion": A}, {}, EXPECTED),
-    ("prompt-completion as messages", {"prompt": [{"role": "user", "content": Q}],
-                                       "completion": [{"role": "assistant", "content": A}]}, {}, EXPECTED),
-    ("mapped messages and turn keys", {"dialog": [{"speaker": "user", "utterance": Q},
-                                                  {"speaker": "assistant", "utterance": A}]},
-     {"messages": "dialog", "role": "speaker", "content": "utterance"}, EXPECTED),
+    (
+        "prompt-completion as messages",
+        {"prompt": [{"role": "user", "content": Q}], "completion": [{"role": "assistant", "content": A}]},
+        {},
+        EXPECTED,
+    ),
+    (
+        "mapped messages and turn keys",
+        {"dialog": [{"speaker": "user", "utterance": Q}, {"speaker": "assistant", "utterance": A}]},
+        {"messages": "dialog", "role": "speaker", "content": "utterance"},
+        EXPECTED,
+    ),
     ("mapped alpaca", {"q": Q, "a": A}, {"instruction": "q", "output": "a"}, EXPECTED),
     ("role aliases", {"messages": [{"role": "Human", "content": Q}, {"role": "model", "content": A}]}, {}, EXPECTED),
 ]
@@ -81,14 +112,21 @@ def test_files_of_different_formats_mix_in_one_split(tmp_path, smollm2_tokenizer
 
 
 def test_tool_turns_and_tool_calls_reach_the_template(tmp_path, smollm2_tokenizer):
-    source = ("{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}{% if m.tool_calls %}"
-              "{{ m.tool_calls | tojson }}{% endif %}|{% endfor %}")
+    source = (
+        "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}{% if m.tool_calls %}"
+        "{{ m.tool_calls | tojson }}{% endif %}|{% endfor %}"
+    )
     smollm2_tokenizer_copy = type(smollm2_tokenizer).from_pretrained(smollm2_tokenizer.name_or_path)
     smollm2_tokenizer_copy.chat_template = source
     calls = [{"type": "function", "function": {"name": "add", "arguments": {"a": 1}}}]
-    row = {"messages": [{"role": "user", "content": "add"}, {"role": "assistant", "content": None,
-                                                             "tool_calls": calls},
-                        {"role": "tool", "content": "1"}, {"role": "assistant", "content": "It is 1."}]}
+    row = {
+        "messages": [
+            {"role": "user", "content": "add"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "content": "1"},
+            {"role": "assistant", "content": "It is 1."},
+        ]
+    }
     path = write_jsonl(tmp_path / "a.jsonl", [row])
     data = load_training_data(DataConfig(train=[str(path)]), smollm2_tokenizer_copy)
     text = smollm2_tokenizer_copy.decode(data.train[0].input_ids)

@@ -71,12 +71,23 @@ def _vision_rows(tmp_path):
     _png(tmp_path / "red.png")
     _png(tmp_path / "blue.png", (40, 90), "blue")
     return [
-        {"messages": [{"role": "user", "content": [{"type": "image", "image": "red.png"},
-                                                   {"type": "text", "text": "Color?"}]},
-                      {"role": "assistant", "content": "Red."}]},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "image": "red.png"}, {"type": "text", "text": "Color?"}],
+                },
+                {"role": "assistant", "content": "Red."},
+            ]
+        },
         chat("Text only here", "Fine."),
-        {"messages": [{"role": "user", "content": "Compare <image> and <image>."},
-                      {"role": "assistant", "content": "Red, then blue."}], "images": ["red.png", "blue.png"]},
+        {
+            "messages": [
+                {"role": "user", "content": "Compare <image> and <image>."},
+                {"role": "assistant", "content": "Red, then blue."},
+            ],
+            "images": ["red.png", "blue.png"],
+        },
     ]
 
 
@@ -95,9 +106,19 @@ def test_vision_rows_expand_like_the_processor_and_never_train_image_tokens(tmp_
         k = int(row.source.rsplit(":", 1)[1]) - 1
         messages = rows[k]["messages"]
         if k == 2:
-            messages = [{"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "image"},
-                                                     {"type": "text", "text": " and "}, {"type": "image"},
-                                                     {"type": "text", "text": "."}]}, messages[1]]
+            messages = [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Compare "},
+                        {"type": "image"},
+                        {"type": "text", "text": " and "},
+                        {"type": "image"},
+                        {"type": "text", "text": "."},
+                    ],
+                },
+                messages[1],
+            ]
         text = llava_processor.apply_chat_template(messages, tokenize=False)
         pictures = [Image.open(tmp_path / n) for n in names] or None
         reference = llava_processor(text=[text], images=pictures)["input_ids"][0]
@@ -113,14 +134,20 @@ def test_vision_rows_expand_like_the_processor_and_never_train_image_tokens(tmp_
 
 def test_truncation_never_cuts_an_image_in_half(tmp_path, llava_processor):
     _png(tmp_path / "red.png")
-    row = {"messages": [{"role": "user", "content": "Look: <image> then <image>"},
-                        {"role": "assistant", "content": "ok " * 40}], "images": ["red.png", "red.png"]}
+    row = {
+        "messages": [
+            {"role": "user", "content": "Look: <image> then <image>"},
+            {"role": "assistant", "content": "ok " * 40},
+        ],
+        "images": ["red.png", "red.png"],
+    }
     path = write_jsonl(tmp_path / "v.jsonl", [row])
     full = load_training_data(DataConfig(train=[str(path)], max_length=4096), llava_processor).train[0]
     image_id = llava_processor.tokenizer.convert_tokens_to_ids("<image>")
     second = [i for i, t in enumerate(full.input_ids) if t == image_id][15]  # first token of the second image
-    cut = load_training_data(DataConfig(train=[str(path)], max_length=second + 5, overlong="truncate",
-                                        train_on="all"), llava_processor)
+    cut = load_training_data(
+        DataConfig(train=[str(path)], max_length=second + 5, overlong="truncate", train_on="all"), llava_processor
+    )
     kept = cut.train[0]
     assert kept.input_ids == full.input_ids[:second], "the row should end right before the second image"
     assert len(kept.images) == 1 and cut.reports[0].truncated == 1

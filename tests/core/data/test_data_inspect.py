@@ -46,15 +46,17 @@ def test_image_placeholders_with_token_counts(tmp_path, llava_processor):
     from PIL import Image
 
     Image.new("RGB", (30, 20), "red").save(tmp_path / "red.png")
-    row = {"messages": [{"role": "user", "content": "<image>Color?"}, {"role": "assistant", "content": "Red."}],
-           "images": ["red.png"]}
+    row = {
+        "messages": [{"role": "user", "content": "<image>Color?"}, {"role": "assistant", "content": "Red."}],
+        "images": ["red.png"],
+    }
     path = write_jsonl(tmp_path / "a.jsonl", [row])
     (view,) = inspect_rows(str(path), llava_processor, [1])
     (image,) = view.images
     assert (image.width, image.height, image.tokens) == (30, 20, 15)
     piece = next(p for p in view.pieces if p.kind == "image")
     assert piece.text == "<image>" and piece.tokens == 15 and not piece.trained
-    assert view.token_ids[image.first_token:image.first_token + 15] == [llava_processor.image_token_id] * 15
+    assert view.token_ids[image.first_token : image.first_token + 15] == [llava_processor.image_token_id] * 15
     assert "".join(p.text for p in view.pieces) == view.text
     assert "[image 15 tokens]" in format_view(view, color=False)
 

@@ -62,8 +62,10 @@ def test_trained_tokens_are_exactly_the_assistant_turns(tmp_path, template_case)
             expected |= (starts >= match.start(1)) & (starts < match.end(1))
         trained = np.array(row.labels) != IGNORE_INDEX
         wrong = np.flatnonzero(trained != expected)
-        assert not len(wrong), (f"{name} row {k}: tokens {wrong.tolist()} disagree; trained text "
-                                f"{tokenizer.decode(np.array(row.input_ids)[trained])!r}")
+        assert not len(wrong), (
+            f"{name} row {k}: tokens {wrong.tolist()} disagree; trained text "
+            f"{tokenizer.decode(np.array(row.input_ids)[trained])!r}"
+        )
         assert np.array_equal(np.array(row.labels)[trained], np.array(row.input_ids)[trained])
 
 
@@ -79,8 +81,9 @@ def test_token_ids_match_apply_chat_template(tmp_path, template_case):
 
 def test_train_on_all_trains_every_token(tmp_path, smollm2_tokenizer):
     path = write_jsonl(tmp_path / "chat.jsonl", CONVERSATIONS[:2])
-    data = load_training_data(DataConfig(train=[str(path)], train_on="all"), smollm2_tokenizer,
-                              cache_dir=tmp_path / "c")
+    data = load_training_data(
+        DataConfig(train=[str(path)], train_on="all"), smollm2_tokenizer, cache_dir=tmp_path / "c"
+    )
     for row in data.train:
         assert row.labels == row.input_ids
     assert data.train.num_trained == data.train.num_tokens
@@ -94,16 +97,19 @@ def test_template_rendering_matches_transformers_including_generation_prompt(tem
         assert template.render(messages) == tokenizer.apply_chat_template(messages, tokenize=False)
         head = messages[:-1]
         assert template.render(head, add_generation_prompt=True) == tokenizer.apply_chat_template(
-            head, tokenize=False, add_generation_prompt=True), name
+            head, tokenize=False, add_generation_prompt=True
+        ), name
 
 
 def test_template_that_rewrites_earlier_turns_still_finds_them(smollm2_tokenizer):
     """A template that renders the last assistant turn differently (as reasoning templates do) breaks the prefix
     property; the fallback still trains exactly the content and end marker of each turn."""
-    source = ("{% for m in messages %}{% if m['role'] == 'assistant' and loop.last %}"
-              "{{ '<|im_start|>assistant\n[final] ' + m['content'] + '<|im_end|>\n' }}"
-              "{% else %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}"
-              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    source = (
+        "{% for m in messages %}{% if m['role'] == 'assistant' and loop.last %}"
+        "{{ '<|im_start|>assistant\n[final] ' + m['content'] + '<|im_end|>\n' }}"
+        "{% else %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
     template = ChatTemplate(source=source, variables={})
     messages = chat("a", "first answer", "b", "second answer")["messages"]
     text, spans = template.render_with_spans(messages)

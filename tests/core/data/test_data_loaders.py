@@ -54,7 +54,7 @@ def test_json_single_conversation_object_is_one_row(tmp_path):
 @pytest.mark.parametrize("suffix, sep", [(".csv", ","), (".tsv", "\t")])
 def test_csv_and_tsv_with_quoted_multiline_fields(tmp_path, suffix, sep):
     path = tmp_path / f"a{suffix}"
-    rows = [*ROWS[:2], {"instruction": f"line one{sep} still\n\"line two\"", "output": "x"}]
+    rows = [*ROWS[:2], {"instruction": f'line one{sep} still\n"line two"', "output": "x"}]
     body = "".join(sep.join('"' + v.replace('"', '""') + '"' for v in r.values()) + "\n" for r in rows)
     path.write_text(sep.join(rows[0]) + "\n" + body)
     # Spreadsheet numbering: the header is row 1.
@@ -103,9 +103,12 @@ def test_datasets_image_columns_come_undecoded(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (4, 4), "red").save(tmp_path / "red.png")
-    ds = datasets.Dataset.from_dict({"messages": [[{"role": "user", "content": "<image>What color?"},
-                                                   {"role": "assistant", "content": "Red."}]],
-                                     "images": [[str(tmp_path / "red.png")]]})
+    ds = datasets.Dataset.from_dict(
+        {
+            "messages": [[{"role": "user", "content": "<image>What color?"}, {"role": "assistant", "content": "Red."}]],
+            "images": [[str(tmp_path / "red.png")]],
+        }
+    )
     ds = ds.cast_column("images", datasets.Sequence(datasets.Image()))
     ds.save_to_disk(str(tmp_path / "vision"))
     report, _ = check_data(DataConfig(train=[str(tmp_path / "vision")]))

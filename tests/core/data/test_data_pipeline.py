@@ -112,8 +112,7 @@ def test_nothing_usable_raises_a_data_error_naming_the_reason(tmp_path, smollm2_
     assert "hone data check" in info.value.advice
 
 
-def test_second_run_reads_the_cache_and_a_changed_file_does_not(tmp_path, smollm2_tokenizer, monkeypatch,
-                                                                  hone_cache):
+def test_second_run_reads_the_cache_and_a_changed_file_does_not(tmp_path, smollm2_tokenizer, monkeypatch, hone_cache):
     path = write_jsonl(tmp_path / "a.jsonl", [*_rows(8), {"bad": 1}])
     cfg = DataConfig(train=[str(path)])
     first = load_training_data(cfg, smollm2_tokenizer)

@@ -42,15 +42,26 @@ def _rows_of(tmp_path, rows, **cfg):
 
 # (case, row, "merge" | "keep" | "skip", what the report must say about that row)
 CASES = [
-    ("two user turns", _turns(("user", "q1"), ("user", "q2"), ("assistant", "a")), "merge",
-     "two user turns in a row"),
-    ("two assistant turns", _turns(("user", "q"), ("assistant", "a1"), ("assistant", "a2")), "merge",
-     "two assistant turns in a row"),
-    ("system mid-conversation", _turns(("user", "q"), ("assistant", "a"), ("system", "s"), ("user", "q2"),
-                                       ("assistant", "a2")), "skip", "messages[2].role"),
+    ("two user turns", _turns(("user", "q1"), ("user", "q2"), ("assistant", "a")), "merge", "two user turns in a row"),
+    (
+        "two assistant turns",
+        _turns(("user", "q"), ("assistant", "a1"), ("assistant", "a2")),
+        "merge",
+        "two assistant turns in a row",
+    ),
+    (
+        "system mid-conversation",
+        _turns(("user", "q"), ("assistant", "a"), ("system", "s"), ("user", "q2"), ("assistant", "a2")),
+        "skip",
+        "messages[2].role",
+    ),
     ("assistant first, user last", _turns(("assistant", "a"), ("user", "q")), "skip", "messages[0].role"),
-    ("assistant first, then answered", _turns(("assistant", "hi"), ("user", "q"), ("assistant", "a")), "keep",
-     "starts with an assistant turn"),
+    (
+        "assistant first, then answered",
+        _turns(("assistant", "hi"), ("user", "q"), ("assistant", "a")),
+        "keep",
+        "starts with an assistant turn",
+    ),
     ("user last", _turns(("user", "q"), ("assistant", "a"), ("user", "thanks")), "keep", "ends with a user turn"),
     ("empty user prompt", _turns(("user", "  "), ("assistant", "a")), "skip", "messages[0].content"),
 ]
@@ -72,26 +83,41 @@ def test_turn_order_rule_is_applied_and_the_row_is_reported(tmp_path, case):
 
 
 def test_consecutive_turns_are_merged_with_a_blank_line(tmp_path):
-    rows = _rows_of(tmp_path, [_turns(("system", "s"), ("user", "q1"), ("user", "q2"), ("assistant", "a1"),
-                                      ("assistant", "a2"))])
-    assert rows[1].messages == [{"role": "system", "content": "s"}, {"role": "user", "content": "q1\n\nq2"},
-                                {"role": "assistant", "content": "a1\n\na2"}]
+    rows = _rows_of(
+        tmp_path, [_turns(("system", "s"), ("user", "q1"), ("user", "q2"), ("assistant", "a1"), ("assistant", "a2"))]
+    )
+    assert rows[1].messages == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q1\n\nq2"},
+        {"role": "assistant", "content": "a1\n\na2"},
+    ]
 
 
 def test_assistant_turns_around_tool_calls_are_not_merged(tmp_path):
-    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
-                                                                "function": {"name": "f", "arguments": "{}"}}]}
-    row = {"messages": [{"role": "user", "content": "q"}, call, {"role": "tool", "content": "42"},
-                        {"role": "assistant", "content": "it is 42"}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    row = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            call,
+            {"role": "tool", "content": "42"},
+            {"role": "assistant", "content": "it is 42"},
+        ]
+    }
     (kept,) = _rows_of(tmp_path, [row]).values()
     assert [m["role"] for m in kept.messages] == ["user", "assistant", "tool", "assistant"] and not kept.notes
 
 
 def test_sharegpt_reversed_speakers_are_skipped_with_the_users_field_names(tmp_path):
-    rows = [{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
-            {"conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}]},
-            {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt"}]},
-            {"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "a"}]}]
+    rows = [
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+        {"conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}]},
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt"}]},
+        {"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "a"}]},
+    ]
     report = _check(tmp_path, rows, name="s.json")
     assert report.rows_kept == 1
     messages = "\n".join(report.skipped_examples)
@@ -101,10 +127,13 @@ def test_sharegpt_reversed_speakers_are_skipped_with_the_users_field_names(tmp_p
     assert ".content" not in messages and ".role" not in messages
 
 
-@pytest.mark.parametrize("fmt_row, field", [
-    ({"instruction": "", "output": "o"}, "instruction"),
-    ({"prompt": "", "completion": "c"}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "fmt_row, field",
+    [
+        ({"instruction": "", "output": "o"}, "instruction"),
+        ({"prompt": "", "completion": "c"}, "prompt"),
+    ],
+)
 def test_empty_prompt_of_flat_formats_names_the_column(tmp_path, fmt_row, field):
     report = _check(tmp_path, [fmt_row, {**fmt_row, field: "fine"}])
     assert report.rows_kept == 1
@@ -128,12 +157,15 @@ def test_mapping_from_the_suggestion_reads_every_row(tmp_path):
     assert report.rows_kept == 5
 
 
-@pytest.mark.parametrize("columns, suggestion", [
-    (["question", "answer"], '{prompt = "question", completion = "answer"}'),
-    (["input", "response", "id"], '{prompt = "input", completion = "response"}'),
-    (["dialog"], '{messages = "dialog"}'),
-    (["body"], '{text = "body"}'),
-])
+@pytest.mark.parametrize(
+    "columns, suggestion",
+    [
+        (["question", "answer"], '{prompt = "question", completion = "answer"}'),
+        (["input", "response", "id"], '{prompt = "input", completion = "response"}'),
+        (["dialog"], '{messages = "dialog"}'),
+        (["body"], '{text = "body"}'),
+    ],
+)
 def test_suggest_columns(columns, suggestion):
     assert suggest_columns(columns) == suggestion
 

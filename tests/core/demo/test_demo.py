@@ -33,11 +33,13 @@ def test_demo_command_runs_end_to_end(tmp_path, capsys, monkeypatch):
     from hone.core.demo import text
 
     held_out = tmp_path / "eval.jsonl"
-    held_out.write_text("".join(json.dumps(row) + "\n" for row in text.load_rows(DEMO_EVAL_DATA)[:2]),
-                        encoding="utf-8")
+    held_out.write_text("".join(json.dumps(row) + "\n" for row in text.load_rows(DEMO_EVAL_DATA)[:2]), encoding="utf-8")
     shipped = text.demo_config
-    monkeypatch.setattr(text, "demo_config", lambda *args, **kwargs: shipped(*args, **kwargs).with_overrides(
-        [f"data.eval=[{json.dumps(str(held_out))}]"]))
+    monkeypatch.setattr(
+        text,
+        "demo_config",
+        lambda *args, **kwargs: shipped(*args, **kwargs).with_overrides([f"data.eval=[{json.dumps(str(held_out))}]"]),
+    )
     runs = tmp_path / "runs"
     code = main(["demo", "--runs-dir", str(runs), "--steps", "1", "--eval-rows", "2"])
     err = capsys.readouterr().err

@@ -29,10 +29,22 @@ def test_dataset_mixes_text_rows_and_holds_out_images_and_facts():
     train, held_out, images = make_dataset()
     text_rows = [r for r in train if isinstance(r["messages"][0]["content"], str)]
     assert 0.15 < len(text_rows) / len(train) < 0.25
-    train_images = {p["image"] for r in train for m in r["messages"] if isinstance(m["content"], list)
-                    for p in m["content"] if p["type"] == "image"}
-    held_images = {p["image"] for q in held_out for m in q.row["messages"] if isinstance(m["content"], list)
-                   for p in m["content"] if p["type"] == "image"}
+    train_images = {
+        p["image"]
+        for r in train
+        for m in r["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if p["type"] == "image"
+    }
+    held_images = {
+        p["image"]
+        for q in held_out
+        for m in q.row["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if p["type"] == "image"
+    }
     assert not train_images & held_images and len(images) == len(train_images) + len(held_images)
     assert {q.answer for q in held_out if q.kind == "color"} <= set(COLORS)
     assert {q.answer for q in held_out if q.kind == "shape"} <= set(SHAPES)
@@ -71,11 +83,16 @@ def test_demo_model_has_smollm2_weights_and_a_random_vision_encoder():
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         names = list(f.keys())
         find = lambda suffix: f.get_tensor(next(n for n in names if n.endswith(suffix)))  # noqa: E731
-        embed = find("embed_tokens.weight") if any(n.endswith("embed_tokens.weight") for n in names) \
+        embed = (
+            find("embed_tokens.weight")
+            if any(n.endswith("embed_tokens.weight") for n in names)
             else find("lm_head.weight")
-        down = find("language_model.layers.29.mlp.down_proj.weight") if any(
-            n.endswith("language_model.layers.29.mlp.down_proj.weight") for n in names) \
+        )
+        down = (
+            find("language_model.layers.29.mlp.down_proj.weight")
+            if any(n.endswith("language_model.layers.29.mlp.down_proj.weight") for n in names)
             else find("model.layers.29.mlp.down_proj.weight")
+        )
     assert torch.equal(embed[: smol["lm_head.weight"].shape[0]], smol["lm_head.weight"])
     assert torch.equal(down, smol["model.layers.29.mlp.down_proj.weight"])
     assert any("vision_tower." in n for n in names) and any("multi_modal_projector." in n for n in names)

@@ -25,22 +25,51 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-_CORPUS = ["The capital of France is Paris.", "What is the capital of France? Answer in one word.",
-           "You are a careful assistant. Be brief.", "Two lines: first and second. Name a color: blue.",
-           "12 + 30 = 42, and the sky is blue. Thanks! Got it.", "Hello, how are you today?"]
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_CORPUS = [
+    "The capital of France is Paris.",
+    "What is the capital of France? Answer in one word.",
+    "You are a careful assistant. Be brief.",
+    "Two lines: first and second. Name a color: blue.",
+    "12 + 30 = 42, and the sky is blue. Thanks! Got it.",
+    "Hello, how are you today?",
+]
 # No tiny dense Qwen2 or Llama-3-style model in hone.core.models.shapes: same sizes as tiny-dense.
-_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+_SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+)
 TINY_SHAPES = {
     "tiny-dense": SHAPES["tiny-dense"],  # Qwen3: q/k norms, tied embeddings
     "tiny-llama": SHAPES["tiny-llama"],  # untied embeddings
-    "tiny-qwen2": Shape("qwen2", dict(_SMALL, rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=False),
-                        "tiny Qwen2 (q/k/v biases)"),
-    "tiny-llama3": Shape("llama", dict(_SMALL, rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=500000.0,
-                                       rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                                         high_freq_factor=4.0, original_max_position_embeddings=64)),
-                         "tiny Llama 3.2 (llama3 rope scaling, tied embeddings)"),
+    "tiny-qwen2": Shape(
+        "qwen2",
+        dict(_SMALL, rms_norm_eps=1e-6, rope_theta=1_000_000.0, tie_word_embeddings=False),
+        "tiny Qwen2 (q/k/v biases)",
+    ),
+    "tiny-llama3": Shape(
+        "llama",
+        dict(
+            _SMALL,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        ),
+        "tiny Llama 3.2 (llama3 rope scaling, tied embeddings)",
+    ),
     "tiny-mistral-swa": SHAPES["tiny-mistral-swa"],  # an architecture GGUF export does not support
 }
 # Scale of the random LoRA B entries: big enough that the adapter moves the logits by ~10% of their range, small
@@ -56,11 +85,20 @@ def build_tiny_tokenizer(folder):
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     backend.train_from_iterator(_CORPUS * 4, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                        unk_token="<|endoftext|>", pad_token="<|im_end|>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+    )
     tokenizer.chat_template = CHATML_TEMPLATE
     tokenizer.save_pretrained(folder)
     return folder
@@ -81,9 +119,19 @@ def tiny_dense_run(root):
     return write_run(root / "runs" / "my-run", str(base))
 
 
-def write_run(run_dir, model_name: str, *, r: int = 8, alpha: float = 16.0, rslora: bool = False,
-              qlora: bool = False, targets: tuple[str, ...] = ("all-linear",), seed: int = 1, model=None,
-              tokenizer=None):
+def write_run(
+    run_dir,
+    model_name: str,
+    *,
+    r: int = 8,
+    alpha: float = 16.0,
+    rslora: bool = False,
+    qlora: bool = False,
+    targets: tuple[str, ...] = ("all-linear",),
+    seed: int = 1,
+    model=None,
+    tokenizer=None,
+):
     """Write a run folder whose adapter is a real peft LoRA with random (seeded) A and B matrices."""
     import torch
 
@@ -92,8 +140,10 @@ def write_run(run_dir, model_name: str, *, r: int = 8, alpha: float = 16.0, rslo
     from hone.core.train.adapter_dir import save_adapter
     from hone.core.train.lora import apply_lora
 
-    config = RunConfig(model=ModelConfig(name_or_path=model_name),
-                       lora=LoraConfig(r=r, alpha=alpha, rslora=rslora, qlora=qlora, targets=list(targets)))
+    config = RunConfig(
+        model=ModelConfig(name_or_path=model_name),
+        lora=LoraConfig(r=r, alpha=alpha, rslora=rslora, qlora=qlora, targets=list(targets)),
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     config.save(run_dir / "config.toml")
     if model is None:
@@ -107,9 +157,19 @@ def write_run(run_dir, model_name: str, *, r: int = 8, alpha: float = 16.0, rslo
             if "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * B_STD)
     save_adapter(peft_model, tokenizer, run_dir / "adapter", config, steps=10, final_loss=1.0)
-    (run_dir / "run.json").write_text(json.dumps({"run_dir": str(run_dir), "name": run_dir.name,
-                                                  "model": model_name, "status": "finished", "step": 10,
-                                                  "total_steps": 10, "final_loss": 1.0}))
+    (run_dir / "run.json").write_text(
+        json.dumps(
+            {
+                "run_dir": str(run_dir),
+                "name": run_dir.name,
+                "model": model_name,
+                "status": "finished",
+                "step": 10,
+                "total_steps": 10,
+                "final_loss": 1.0,
+            }
+        )
+    )
     return run_dir
 
 
@@ -162,8 +222,10 @@ class Reference:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(run_dir / "adapter")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "Hello, how are you today?"},
-                                              {"role": "assistant", "content": "Blue."}], tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hello, how are you today?"}, {"role": "assistant", "content": "Blue."}],
+            tokenize=False,
+        )
         return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
     @staticmethod
@@ -180,17 +242,25 @@ def rel_diff(a, b) -> float:
 
 
 # Chat templates of other families, for the template rewriting tests.
-LLAMA3 = ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' "
-          "+ m['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
-          "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
-ZEPHYR = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + eos_token + '\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
-LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set sys = '<<SYS>>\\n' + messages[0]['content'] + "
-          "'\\n<</SYS>>\\n\\n' %}{% set msgs = messages[1:] %}{% else %}{% set sys = '' %}{% set msgs = messages %}"
-          "{% endif %}{% for m in msgs %}{% if m['role'] == 'user' %}{{ '[INST] ' + (sys if loop.first else '') + "
-          "m['content'] + ' [/INST]' }}{% else %}{{ ' ' + m['content'] + ' </s>' }}{% endif %}{% endfor %}")
-NO_SYSTEM = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
-             "{% endif %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' "
+    "+ m['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+ZEPHYR = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + eos_token + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+LLAMA2 = (
+    "{% if messages[0]['role'] == 'system' %}{% set sys = '<<SYS>>\\n' + messages[0]['content'] + "
+    "'\\n<</SYS>>\\n\\n' %}{% set msgs = messages[1:] %}{% else %}{% set sys = '' %}{% set msgs = messages %}"
+    "{% endif %}{% for m in msgs %}{% if m['role'] == 'user' %}{{ '[INST] ' + (sys if loop.first else '') + "
+    "m['content'] + ' [/INST]' }}{% else %}{{ ' ' + m['content'] + ' </s>' }}{% endif %}{% endfor %}"
+)
+NO_SYSTEM = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+)
 
 
 ARCH = {"tiny-dense": "qwen3", "tiny-llama": "llama", "tiny-qwen2": "qwen2", "tiny-llama3": "llama"}
@@ -223,6 +293,7 @@ def undo_llama_permutation(gguf_name, array, config):
     """llama's q/k rows back in Hugging Face order, by transformers' own GGUF loader code."""
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-    processor = LlamaTensorProcessor(config={"num_attention_heads": config.num_attention_heads,
-                                             "num_key_value_heads": config.num_key_value_heads})
+    processor = LlamaTensorProcessor(
+        config={"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads}
+    )
     return torch.from_numpy(np.ascontiguousarray(processor.process(array.numpy(), gguf_name).weights))

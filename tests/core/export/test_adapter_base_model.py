@@ -27,8 +27,9 @@ def test_bundled_base_is_named_by_its_hub_id_and_loads_with_plain_peft(tmp_path,
     model = AutoModelForCausalLM.from_pretrained(folder)
     from transformers import AutoTokenizer
 
-    run = write_run(tmp_path / "run", "bundled:smollm2-135m-instruct", model=model,
-                    tokenizer=AutoTokenizer.from_pretrained(folder))
+    run = write_run(
+        tmp_path / "run", "bundled:smollm2-135m-instruct", model=model, tokenizer=AutoTokenizer.from_pretrained(folder)
+    )
     assert _adapter_config(run)["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     card = (run / "adapter" / "README.md").read_text(encoding="utf-8")
     assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card

@@ -24,17 +24,21 @@ def ollama_render(layout, template):
     def run(messages):
         if layout.default_system is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": layout.default_system}, *messages]
-        return layout.bos + render(template, {"Messages": [{"Role": m["role"], "Content": m["content"]}
-                                                           for m in messages]})
+        return layout.bos + render(
+            template, {"Messages": [{"Role": m["role"], "Content": m["content"]} for m in messages]}
+        )
+
     return run
 
 
 def test_chatml_with_a_default_system_prompt(tokenizer):
     layout = infer_layout(tokenizer)
     assert layout.bos == ""
-    assert layout.wrap == {"system": ("<|im_start|>system\n", "<|im_end|>\n"),
-                           "user": ("<|im_start|>user\n", "<|im_end|>\n"),
-                           "assistant": ("<|im_start|>assistant\n", "<|im_end|>\n")}
+    assert layout.wrap == {
+        "system": ("<|im_start|>system\n", "<|im_end|>\n"),
+        "user": ("<|im_start|>user\n", "<|im_end|>\n"),
+        "assistant": ("<|im_start|>assistant\n", "<|im_end|>\n"),
+    }
     assert layout.generation_prompt == "<|im_start|>assistant\n"
     assert layout.default_system == "You are a helpful assistant."
     assert layout.turn_end == "<|im_end|>"
@@ -42,16 +46,27 @@ def test_chatml_with_a_default_system_prompt(tokenizer):
     assert verify_layout(layout, tokenizer, ollama_render(layout, go_template(layout))) == []
 
 
-@pytest.mark.parametrize("template, bos, user, generation", [
-    (LLAMA3, "<|im_start|>", ("<|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
-     "<|start_header_id|>assistant<|end_header_id|>\n\n"),
-    (ZEPHYR, "", ("<|user|>\n", "<|im_end|>\n"), "<|assistant|>\n"),
-])
+@pytest.mark.parametrize(
+    "template, bos, user, generation",
+    [
+        (
+            LLAMA3,
+            "<|im_start|>",
+            ("<|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
+            "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        ),
+        (ZEPHYR, "", ("<|user|>\n", "<|im_end|>\n"), "<|assistant|>\n"),
+    ],
+)
 def test_other_per_message_templates(tokenizer, template, bos, user, generation):
     tokenizer.chat_template = template
     layout = infer_layout(tokenizer)
-    assert (layout.bos, layout.wrap["user"], layout.generation_prompt, layout.default_system) == \
-        (bos, user, generation, None)
+    assert (layout.bos, layout.wrap["user"], layout.generation_prompt, layout.default_system) == (
+        bos,
+        user,
+        generation,
+        None,
+    )
     assert verify_layout(layout, tokenizer, ollama_render(layout, go_template(layout))) == []
 
 
@@ -62,10 +77,13 @@ def test_a_wrong_rewrite_is_caught(tokenizer):
     assert verify_layout(layout, tokenizer, ollama_render(layout, broken))
 
 
-@pytest.mark.parametrize("template, words", [
-    (LLAMA2, "each message|depends on more than their roles"),
-    (NO_SYSTEM, "System role not supported"),
-])
+@pytest.mark.parametrize(
+    "template, words",
+    [
+        (LLAMA2, "each message|depends on more than their roles"),
+        (NO_SYSTEM, "System role not supported"),
+    ],
+)
 def test_templates_that_are_not_per_message_are_refused(tokenizer, template, words):
     tokenizer.chat_template = template
     with pytest.raises(NotPerMessage, match=words):

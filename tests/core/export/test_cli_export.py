@@ -15,10 +15,13 @@ def test_hone_export_gguf_lora(make_run, tmp_path, capsys):
     assert (out / "run-lora-f32.gguf").is_file()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--format", "gguf:q4_k_m"], "llama-quantize"),
-    (["--format", "onnx"], "unknown export format"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--format", "gguf:q4_k_m"], "llama-quantize"),
+        (["--format", "onnx"], "unknown export format"),
+    ],
+)
 def test_hone_export_mistakes_are_one_line(make_run, capsys, args, words):
     assert main(["export", str(make_run("tiny-llama")), *args]) == 2
     assert words in capsys.readouterr().err

@@ -20,8 +20,14 @@ def test_adapter_export_reloads_with_the_adapter_s_meaning(make_run, reference, 
     result = export_run(run, "adapter", tmp_path / "adapter")
     assert result.passed, result.failures
     names = {p.name for p in result.files}
-    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "tokenizer_config.json",
-            "README.md", "export.json"} <= names
+    assert {
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "export.json",
+    } <= names
     assert result.checks["adapter.reload.logits.max_rel_diff"] == 0.0
     ids = reference.ids(run)
     by_hand = reference.logits(reference.merged(run), ids)
@@ -33,8 +39,9 @@ def test_adapter_export_reloads_with_the_adapter_s_meaning(make_run, reference, 
     assert manifest["format"] == "adapter" and manifest["passed"] and manifest["checks"] == result.checks
 
 
-@pytest.mark.parametrize("shape, fmt, dtype", [("tiny-dense", "merged", torch.bfloat16),
-                                               ("tiny-llama", "merged:f16", torch.float16)])
+@pytest.mark.parametrize(
+    "shape, fmt, dtype", [("tiny-dense", "merged", torch.bfloat16), ("tiny-llama", "merged:f16", torch.float16)]
+)
 def test_merged_export_holds_the_rounded_merged_weights(make_run, reference, tmp_path, shape, fmt, dtype):
     from transformers import AutoModelForCausalLM
 
@@ -49,7 +56,7 @@ def test_merged_export_holds_the_rounded_merged_weights(make_run, reference, tmp
     tied = by_hand.config.tie_word_embeddings
     assert ("lm_head.weight" in keys) != tied
     reloaded = AutoModelForCausalLM.from_pretrained(result.path, dtype=torch.float32)
-    ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    ulp = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
     for name, expected in by_hand.state_dict().items():
         got = reloaded.state_dict()[name]
         assert rel_diff(got, expected.to(dtype).float()) <= ulp, name  # one rounding step at most
@@ -62,10 +69,26 @@ def test_merged_export_holds_the_rounded_merged_weights(make_run, reference, tmp
 
 
 # NF4 code values (QLoRA paper, appendix E): what bitsandbytes maps each 64-weight block onto, scaled by its absmax.
-NF4 = torch.tensor([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-                    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-                    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-                    0.7229568362236023, 1.0])
+NF4 = torch.tensor(
+    [
+        -1.0,
+        -0.6961928009986877,
+        -0.5250730514526367,
+        -0.39491748809814453,
+        -0.28444138169288635,
+        -0.18477343022823334,
+        -0.09105003625154495,
+        0.0,
+        0.07958029955625534,
+        0.16093020141124725,
+        0.24611230194568634,
+        0.33791524171829224,
+        0.44070982933044434,
+        0.5626170039176941,
+        0.7229568362236023,
+        1.0,
+    ]
+)
 
 
 def nf4_round_trip(weight):

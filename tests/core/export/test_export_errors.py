@@ -20,15 +20,24 @@ def test_missing_folder_and_non_run_folder(tmp_path):
         export_run(tmp_path, "adapter")
 
 
-@pytest.mark.parametrize("status, live, advice", [
-    ("running", True, "still training"), ("running", False, "the run was interrupted at step 0"),
-    ("failed", False, "out of memory"), ("stopped", False, "hone train --resume")])
+@pytest.mark.parametrize(
+    "status, live, advice",
+    [
+        ("running", True, "still training"),
+        ("running", False, "the run was interrupted at step 0"),
+        ("failed", False, "out of memory"),
+        ("stopped", False, "hone train --resume"),
+    ],
+)
 def test_run_without_adapter_says_so(tmp_path, status, live, advice):
     run = tmp_path / "run"
     run.mkdir()
     RunConfig(model=ModelConfig(name_or_path="some/model")).save(run / "config.toml")
-    (run / "run.json").write_text(json.dumps({"run_dir": str(run), "name": "run", "model": "some/model",
-                                              "status": status, "reason": "out of memory"}))
+    (run / "run.json").write_text(
+        json.dumps(
+            {"run_dir": str(run), "name": "run", "model": "some/model", "status": status, "reason": "out of memory"}
+        )
+    )
     if live:  # the lock note of a process that is alive: this one
         (run / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n")
     with pytest.raises(ExportError, match="has no adapter to export") as e:
@@ -100,16 +109,27 @@ def _damaged_copy(make_run, tmp_path, file: str, damage) -> object:
     return run
 
 
-@pytest.mark.parametrize("file, damage, words", [
-    ("adapter_model.safetensors", lambda b: b[: len(b) // 2], "it is cut short: it should have"),
-    ("adapter_model.safetensors", lambda b: b[:5], "it has 5 bytes, fewer than the 8"),
-    ("adapter_model.safetensors", lambda b: b[:8] + b"{not json" + b[17:], "not the JSON table of tensors"),
-    ("adapter_model.safetensors", lambda b: (10**12).to_bytes(8, "little") + b[8:], "announce a 1,000,000,000,000"),
-    ("adapter_config.json", lambda b: b[: len(b) // 2], "it is not valid JSON"),
-    ("adapter_config.json", lambda b: b"[1, 2]", "it holds a JSON list, not an object"),
-    ("adapter_config.json", lambda b: b"\xff\xfe" + b, "byte 0 is not UTF-8 text"),
-], ids=["safetensors-cut", "safetensors-5-bytes", "safetensors-header", "safetensors-length", "json-cut",
-        "json-list", "json-not-utf8"])
+@pytest.mark.parametrize(
+    "file, damage, words",
+    [
+        ("adapter_model.safetensors", lambda b: b[: len(b) // 2], "it is cut short: it should have"),
+        ("adapter_model.safetensors", lambda b: b[:5], "it has 5 bytes, fewer than the 8"),
+        ("adapter_model.safetensors", lambda b: b[:8] + b"{not json" + b[17:], "not the JSON table of tensors"),
+        ("adapter_model.safetensors", lambda b: (10**12).to_bytes(8, "little") + b[8:], "announce a 1,000,000,000,000"),
+        ("adapter_config.json", lambda b: b[: len(b) // 2], "it is not valid JSON"),
+        ("adapter_config.json", lambda b: b"[1, 2]", "it holds a JSON list, not an object"),
+        ("adapter_config.json", lambda b: b"\xff\xfe" + b, "byte 0 is not UTF-8 text"),
+    ],
+    ids=[
+        "safetensors-cut",
+        "safetensors-5-bytes",
+        "safetensors-header",
+        "safetensors-length",
+        "json-cut",
+        "json-list",
+        "json-not-utf8",
+    ],
+)
 def test_a_damaged_adapter_file_is_named_before_anything_loads(make_run, tmp_path, file, damage, words):
     run = _damaged_copy(make_run, tmp_path, file, damage)
     with pytest.raises(ExportError) as e:
@@ -122,8 +142,11 @@ def test_a_damaged_adapter_file_is_named_before_anything_loads(make_run, tmp_pat
 def test_a_cut_adapter_says_how_long_it_should_be(make_run, tmp_path):
     whole = (make_run("tiny-dense") / "adapter" / "adapter_model.safetensors").stat().st_size
     run = _damaged_copy(make_run, tmp_path, "adapter_model.safetensors", lambda b: b[:-1])
-    with pytest.raises(ExportError, match=f"it should have {whole:,} bytes .* but has {whole - 1:,} "
-                                          r"\(1 missing\)"):
+    with pytest.raises(
+        ExportError,
+        match=f"it should have {whole:,} bytes .* but has {whole - 1:,} "
+        r"\(1 missing\)",
+    ):
         export_run(run, "gguf-lora", tmp_path / "out")
 
 

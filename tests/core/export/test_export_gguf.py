@@ -22,13 +22,17 @@ def llama3_factors(config):
     old = p["original_max_position_embeddings"]
     low_wl, high_wl = old / p["low_freq_factor"], old / p["high_freq_factor"]
     smooth = (old / wavelen - p["low_freq_factor"]) / (p["high_freq_factor"] - p["low_freq_factor"])
-    scaled = torch.where(wavelen < high_wl, inv, torch.where(wavelen > low_wl, inv / p["factor"],
-                                                              (1 - smooth) * inv / p["factor"] + smooth * inv))
+    scaled = torch.where(
+        wavelen < high_wl,
+        inv,
+        torch.where(wavelen > low_wl, inv / p["factor"], (1 - smooth) * inv / p["factor"] + smooth * inv),
+    )
     return inv / scaled
 
 
-@pytest.mark.parametrize("shape, qtype", [("tiny-dense", "q8_0"), ("tiny-llama", "f16"), ("tiny-qwen2", "bf16"),
-                                          ("tiny-llama3", "q4_0")])
+@pytest.mark.parametrize(
+    "shape, qtype", [("tiny-dense", "q8_0"), ("tiny-llama", "f16"), ("tiny-qwen2", "bf16"), ("tiny-llama3", "q4_0")]
+)
 def test_gguf_export(make_run, reference, tmp_path, shape, qtype):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -45,16 +49,24 @@ def test_gguf_export(make_run, reference, tmp_path, shape, qtype):
 
     # metadata llama.cpp reads
     assert fields["general.architecture"] == arch and fields["general.type"] == "model"
-    expected = {"block_count": 2, "embedding_length": 64, "feed_forward_length": 128, "attention.head_count": 4,
-                "attention.head_count_kv": 2, "attention.key_length": 16,
-                "context_length": config.max_position_embeddings, "vocab_size": TINY_VOCAB}
+    expected = {
+        "block_count": 2,
+        "embedding_length": 64,
+        "feed_forward_length": 128,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+        "attention.key_length": 16,
+        "context_length": config.max_position_embeddings,
+        "vocab_size": TINY_VOCAB,
+    }
     assert {k: fields[f"{arch}.{k}"] for k in expected} == expected
     assert fields[f"{arch}.rope.freq_base"] == pytest.approx(config.rope_parameters["rope_theta"])
     assert fields[f"{arch}.attention.layer_norm_rms_epsilon"] == pytest.approx(config.rms_norm_eps)
     assert fields["tokenizer.ggml.model"] == "gpt2"
     tokens = fields["tokenizer.ggml.tokens"]
-    assert len(tokens) == TINY_VOCAB and tokens[:len(tokenizer)] == tokenizer.convert_ids_to_tokens(
-        list(range(len(tokenizer))))
+    assert len(tokens) == TINY_VOCAB and tokens[: len(tokenizer)] == tokenizer.convert_ids_to_tokens(
+        list(range(len(tokenizer)))
+    )
     assert fields["tokenizer.ggml.eos_token_id"] == tokenizer.eos_token_id
     assert fields["tokenizer.ggml.eot_token_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert fields["tokenizer.chat_template"] == tokenizer.chat_template
@@ -82,8 +94,9 @@ def test_gguf_export(make_run, reference, tmp_path, shape, qtype):
     loaded_config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     loaded_config.head_dim = fields[f"{arch}.attention.key_length"]
     loaded_config.rope_parameters = config.rope_parameters
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=loaded_config,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, config=loaded_config, dtype=torch.float32
+    )
     ids = reference.ids(run)
     assert rel_diff(reference.logits(model, ids), reference.logits(merged, ids)) <= LOGITS_TOLERANCE[qtype]
 
@@ -106,16 +119,20 @@ def test_other_gguf_types(make_run, tmp_path, qtype):
 
 def test_hone_reader_agrees_with_the_gguf_package(make_run, tmp_path):
     """The export checks read files with gguf_read.py; it must see what gguf.GGUFReader sees."""
-    from hone.core.export.gguf_read import read_gguf
+    from hone.core.models.gguf_read import read_gguf
 
     result = export_run(make_run("tiny-llama"), "gguf:q4_1", tmp_path / "gguf")
     path = next(p for p in result.files if p.suffix == ".gguf")
     fields, tensors = read(path)
     mine = read_gguf(path)
     assert mine.metadata == {k: v for k, v in fields.items() if not k.startswith("GGUF.")}
-    assert (mine.version, len(mine.tensors), len(mine.metadata)) == \
-        (fields["GGUF.version"], fields["GGUF.tensor_count"], fields["GGUF.kv_count"])
-    assert {n: (t.shape, t.type) for n, t in mine.tensors.items()} == \
-        {n: (tuple(int(d) for d in t.shape), int(t.tensor_type)) for n, t in tensors.items()}
+    assert (mine.version, len(mine.tensors), len(mine.metadata)) == (
+        fields["GGUF.version"],
+        fields["GGUF.tensor_count"],
+        fields["GGUF.kv_count"],
+    )
+    assert {n: (t.shape, t.type) for n, t in mine.tensors.items()} == {
+        n: (tuple(int(d) for d in t.shape), int(t.tensor_type)) for n, t in tensors.items()
+    }
     for name, tensor in tensors.items():
         assert torch.equal(torch.from_numpy(mine.array(name)).reshape(-1), values(tensor).reshape(-1)), name

@@ -38,9 +38,14 @@ def apply_like_llama_cpp(model, fields, tensors, arch):
     return applied
 
 
-@pytest.mark.parametrize("shape, kwargs, fmt", [("tiny-llama", {}, "gguf-lora"),
-                                                ("tiny-dense", {"rslora": True, "r": 4}, "gguf-lora"),
-                                                ("tiny-qwen2", {}, "gguf-lora:bf16")])
+@pytest.mark.parametrize(
+    "shape, kwargs, fmt",
+    [
+        ("tiny-llama", {}, "gguf-lora"),
+        ("tiny-dense", {"rslora": True, "r": 4}, "gguf-lora"),
+        ("tiny-qwen2", {}, "gguf-lora:bf16"),
+    ],
+)
 def test_gguf_lora(make_run, reference, tmp_path, shape, kwargs, fmt):
     run = make_run(shape, **kwargs)
     result = export_run(run, fmt, tmp_path / "lora")

@@ -39,7 +39,9 @@ def test_cpu_nf4_round_trip_equals_the_cuda_qlora_weights(base_model_dir):
             ours = cpu.get_submodule(name).weight.detach()
             differing = (gpu != ours).float().mean().item()
             worst = (gpu - ours).abs().max().item()
-            assert differing <= 1e-3, (f"{name}: {differing:.2%} of weights differ (max {worst:.3g}) between the "
-                                       "CPU nf4 round trip and the CUDA 4-bit weights")
+            assert differing <= 1e-3, (
+                f"{name}: {differing:.2%} of weights differ (max {worst:.3g}) between the "
+                "CPU nf4 round trip and the CUDA 4-bit weights"
+            )
             compared += 1
     assert compared == changed > 0, (compared, changed)

@@ -42,12 +42,15 @@ def test_chatml_modelfile(make_run, tmp_path):
     assert text == CHATML_MODELFILE
     template = next(c.args for c in parse(text) if c.name == "template")
     tokenizer = AutoTokenizer.from_pretrained(run / "adapter")
-    talk = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+    talk = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi\nthere"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"},
+    ]
     go = render(template, {"Messages": [{"Role": m["role"], "Content": m["content"]} for m in talk]})
     assert go == tokenizer.apply_chat_template(talk, tokenize=False, add_generation_prompt=True)
-    for check in ("ollama.commands", "ollama.template", "ollama.stop_tokens", "ollama.from",
-                  "gguf.tokenizer.encoding"):
+    for check in ("ollama.commands", "ollama.template", "ollama.stop_tokens", "ollama.from", "gguf.tokenizer.encoding"):
         assert result.checks[check] == "ok"
 
 
@@ -79,8 +82,12 @@ def test_a_template_ollama_cannot_express_is_refused_before_any_work(base_model_
     folder = base_model_dir("tiny-llama")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.chat_template = LLAMA2
-    run = write_run(tmp_path / "llama2-run", str(folder), tokenizer=tokenizer,
-                    model=AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))
+    run = write_run(
+        tmp_path / "llama2-run",
+        str(folder),
+        tokenizer=tokenizer,
+        model=AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+    )
     with pytest.raises(ExportError) as e:
         export_run(run, "ollama", tmp_path / "ollama")
     assert "message" in e.value.message and "fixed text" in e.value.advice
@@ -98,7 +105,8 @@ def test_a_run_name_with_line_ends_adds_no_command_to_the_modelfile(make_run, tm
     assert result.passed, result.failures
     assert result.checks["ollama.commands"] == "ok"
     text = (result.path / "Modelfile").read_text()
-    assert text.splitlines()[0] == ("# Modelfile written by Hone Studio for run run\\nPARAMETER temperature 99\\n"
-                                    "MESSAGE user hi.")
+    assert text.splitlines()[0] == (
+        "# Modelfile written by Hone Studio for run run\\nPARAMETER temperature 99\\nMESSAGE user hi."
+    )
     gguf = "run-PARAMETER-temperature-99-MESSAGE-user-hi-q8_0.gguf"
     assert parse(text) == parse(CHATML_MODELFILE.replace("run-q8_0.gguf", gguf))

@@ -10,13 +10,22 @@ from export_helpers import write_run
 
 from hone.core.config import DEMO_MODEL
 from hone.core.export import export_run
-from hone.core.export.gguf_read import read_gguf
+from hone.core.models.gguf_read import read_gguf
 from hone.core.resources import smollm2_gguf
 
 pytestmark = pytest.mark.slow
-ARCH_KEYS = ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
-             "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "vocab_size",
-             "rope.dimension_count")
+ARCH_KEYS = (
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "rope.freq_base",
+    "attention.layer_norm_rms_epsilon",
+    "vocab_size",
+    "rope.dimension_count",
+)
 # eos is left out: transformers 5.17 reads this file's EOS as <|im_start|>, and the export writes the tokenizer's
 TOKENIZER_KEYS = ("model", "pre", "tokens", "token_type", "merges", "bos_token_id")
 

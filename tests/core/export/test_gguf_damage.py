@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hone.core.errors import ModelError
-from hone.core.export.gguf_read import TYPE_SIZES, GgufDamaged, gguf_damage, read_gguf
+from hone.core.models.gguf_read import TYPE_SIZES, GgufDamaged, gguf_damage, read_gguf
 from hone.core.models.load import resolve_source
 
 
@@ -54,8 +54,10 @@ def test_a_file_cut_in_its_data_says_how_long_it_should_be(small_gguf, tmp_path)
     data_start = read_gguf(small_gguf, keys=set()).data_start
     for size in (whole - 1, data_start + 100, data_start):
         reason = gguf_damage(_cut(small_gguf, size, tmp_path))
-        assert reason == (f"it is cut short: it should have {whole:,} bytes (to the end of the last of the 2 tensors "
-                          f"its header lists) but has {size:,} ({whole - size:,} missing)")
+        assert reason == (
+            f"it is cut short: it should have {whole:,} bytes (to the end of the last of the 2 tensors "
+            f"its header lists) but has {size:,} ({whole - size:,} missing)"
+        )
 
 
 def test_a_file_cut_in_its_header_says_so(small_gguf, tmp_path):
@@ -85,7 +87,8 @@ def test_loading_a_damaged_gguf_stops_at_resolving_the_model(small_gguf, tmp_pat
     for name, gguf_file in ((str(cut), ""), (str(folder), ""), (str(folder), cut.name)):
         with pytest.raises(ModelError) as e:
             resolve_source(name, gguf_file)
-        assert e.value.message.startswith(f"{cut} is damaged: it is cut short: it should have "
-                                          f"{smollm2_gguf().stat().st_size:,} bytes")
+        assert e.value.message.startswith(
+            f"{cut} is damaged: it is cut short: it should have {smollm2_gguf().stat().st_size:,} bytes"
+        )
         assert "but has 2,000,000" in e.value.message
         assert "download or copy the file again" in e.value.advice

@@ -17,8 +17,12 @@ def tokenizer_with(pre_tokenizer=None, model=None, added=("<|im_start|>", "<|im_
     backend.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     if model is None:
-        trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=list(added), show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(
+            vocab_size=280,
+            special_tokens=list(added),
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
         backend.train_from_iterator(["hello world", "hello there world"] * 5, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=added[-1], bos_token=bos)
     tokenizer.add_tokens(["<think>"])  # a user-defined (not special) added token
@@ -48,7 +52,8 @@ def test_bos_flag_follows_what_the_tokenizer_does():
     tokenizer = tokenizer_with(bos="<|im_start|>")
     assert not build_vocab(tokenizer, len(tokenizer)).add_bos
     tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<|im_start|> $A", special_tokens=[("<|im_start|>", 0)])
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", 0)]
+    )
     assert build_vocab(tokenizer, len(tokenizer)).add_bos
     assert build_vocab(tokenizer_with(bos="<|im_start|>"), 300, bos_in_template=True).add_bos
 
@@ -57,24 +62,33 @@ def test_bos_flag_follows_what_the_tokenizer_does():
 def test_split_regex_pre_tokenizers(regex, expected):
     from tokenizers import Regex, pre_tokenizers
 
-    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     assert build_vocab(tokenizer_with(pre), 300).pre == expected
 
 
 def test_smollm_pre_tokenizer():
     from tokenizers import pre_tokenizers
 
-    pre = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                   pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    pre = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     assert build_vocab(tokenizer_with(pre), 300).pre == "smollm"
 
 
 def test_unknown_pre_tokenizer_is_refused_not_guessed():
     from tokenizers import Regex, pre_tokenizers
 
-    pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\w+|\s+"), behavior="isolated"),
-                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\w+|\s+"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     with pytest.raises(ExportError, match="pre-tokenizer") as e:
         build_vocab(tokenizer_with(pre), 300)
     assert "llama-bpe" in e.value.advice and "qwen2" in e.value.advice

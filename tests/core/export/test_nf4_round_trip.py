@@ -33,8 +33,11 @@ def tiny_llama():
     """(name, bf16 weight) for every Linear QLoRA quantizes, and the model put through the round trip."""
     model = build_model(TINY_SHAPES["tiny-llama"], seed=0, vocab_size=TINY_VOCAB)
     output = model.get_output_embeddings()
-    weights = {name: module.weight.detach().to(torch.bfloat16).clone() for name, module in model.named_modules()
-               if isinstance(module, torch.nn.Linear) and module is not output}
+    weights = {
+        name: module.weight.detach().to(torch.bfloat16).clone()
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not output
+    }
     assert qlora_round_trip(model, "bfloat16") == len(weights)
     return weights, model
 
@@ -55,7 +58,7 @@ def _by_nearest_codes(weight: torch.Tensor) -> torch.Tensor:
     offset = absmax.mean()
     centred = torch.nn.functional.pad(absmax - offset, (0, -absmax.numel() % 256)).view(-1, 256)
     absmax2 = centred.abs().amax(1)
-    q = _nearest(centred * (1.0 / absmax2)[:, None], scale_code).reshape(-1)[:absmax.numel()].to(torch.uint8)
+    q = _nearest(centred * (1.0 / absmax2)[:, None], scale_code).reshape(-1)[: absmax.numel()].to(torch.uint8)
     scales = nf4_absmax_reference(q, absmax2, scale_code, offset, 256)
     return nf4_dequantize_reference(packed, scales, code, 64, tuple(weight.shape), torch.bfloat16)
 
@@ -66,8 +69,10 @@ def test_round_trip_quantizes_each_value_and_scale_to_its_nearest_code(tiny_llam
         got = model.get_submodule(name).weight.detach()
         want = _by_nearest_codes(weight).float()
         differing = got.ne(want)
-        assert not differing.any(), (f"{name}: {differing.float().mean():.2%} of weights differ (max "
-                                     f"{(got - want).abs().max():.3g}) from nf4 by nearest codes")
+        assert not differing.any(), (
+            f"{name}: {differing.float().mean():.2%} of weights differ (max "
+            f"{(got - want).abs().max():.3g}) from nf4 by nearest codes"
+        )
     # the case bitsandbytes' CPU quantizer got wrong is in this model: a centred scale nearer a code midpoint than
     # its lookup table resolves
     absmax = weights["model.layers.0.mlp.gate_proj"].float().reshape(-1, 64).abs().amax(1)
@@ -88,9 +93,18 @@ def test_round_trip_equals_hone_dequantize_of_the_quantized_state(tiny_llama, mo
     scale_code = bnbf.create_dynamic_map().float()
     for i, (name, weight) in enumerate(weights.items()):
         state = nf4_quantize_reference(weight, scale_code)
-        nf4 = NF4Weight(packed=state.packed, absmax=state.scale_codes, code=state.code, shape=state.shape,
-                        dtype=torch.bfloat16, blocksize=64, absmax2=state.scale_absmax, code2=state.scale_code,
-                        offset=state.offset, blocksize2=256)
+        nf4 = NF4Weight(
+            packed=state.packed,
+            absmax=state.scale_codes,
+            code=state.code,
+            shape=state.shape,
+            dtype=torch.bfloat16,
+            blocksize=64,
+            absmax2=state.scale_absmax,
+            code2=state.scale_code,
+            offset=state.offset,
+            blocksize2=256,
+        )
         got = model.get_submodule(name).weight.detach()
         monkeypatch.setenv("TRITON_INTERPRET", "0")
         assert torch.equal(got, nf4.dequantize().float()), f"{name}: differs from Hone's nf4 reference"
@@ -101,10 +115,17 @@ def test_round_trip_equals_hone_dequantize_of_the_quantized_state(tiny_llama, mo
             kernel = nf4.dequantize(torch.float32)
             assert torch.equal(got, kernel.to(torch.bfloat16).float()), f"{name}: differs from Hone's nf4 kernel"
         quant_state = bnbf.QuantState(
-            absmax=state.scale_codes, shape=weight.shape, dtype=torch.bfloat16, blocksize=64, code=state.code,
-            quant_type="nf4", offset=state.offset,
-            state2=bnbf.QuantState(absmax=state.scale_absmax, code=state.scale_code, blocksize=256,
-                                   dtype=torch.float32))
+            absmax=state.scale_codes,
+            shape=weight.shape,
+            dtype=torch.bfloat16,
+            blocksize=64,
+            code=state.code,
+            quant_type="nf4",
+            offset=state.offset,
+            state2=bnbf.QuantState(
+                absmax=state.scale_absmax, code=state.scale_code, blocksize=256, dtype=torch.float32
+            ),
+        )
         assert torch.equal(got, bnbf.dequantize_4bit(state.packed, quant_state).float()), name
 
 
@@ -127,10 +148,23 @@ def test_scale_codes_are_the_nearest_entries_even_next_to_a_midpoint():
 def test_nibbles_follow_the_kernel_thresholds_and_a_zero_block_gets_code_zero():
     """dQuantizeNF4's thresholds are the code book's fp32 midpoints; an all-zero block (0 * 1/0 = NaN) passes none
     of them, as in the kernel: code 0."""
-    thresholds = (-0.8480964004993439, -0.6106329262256622, -0.4599952697753906, -0.33967943489551544,
-                  -0.23460740596055984, -0.13791173323988914, -0.045525018125772476, 0.03979014977812767,
-                  0.1202552504837513, 0.2035212516784668, 0.2920137718319893, 0.3893125355243683,
-                  0.5016634166240692, 0.6427869200706482, 0.8614784181118011)  # csrc/kernels.cu, dQuantizeNF4
+    thresholds = (
+        -0.8480964004993439,
+        -0.6106329262256622,
+        -0.4599952697753906,
+        -0.33967943489551544,
+        -0.23460740596055984,
+        -0.13791173323988914,
+        -0.045525018125772476,
+        0.03979014977812767,
+        0.1202552504837513,
+        0.2035212516784668,
+        0.2920137718319893,
+        0.3893125355243683,
+        0.5016634166240692,
+        0.6427869200706482,
+        0.8614784181118011,
+    )  # csrc/kernels.cu, dQuantizeNF4
     code = torch.tensor(NF4_CODE)
     assert torch.equal((code[:-1] + code[1:]) / 2, torch.tensor(thresholds))
     weight = (0.02 * torch.randn(3, 128, generator=torch.Generator().manual_seed(1))).to(torch.bfloat16)

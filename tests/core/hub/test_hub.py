@@ -26,14 +26,28 @@ def keyring_store():
 def hub(monkeypatch, tmp_path, request, keyring_store):
     hub = use_fake_hub(monkeypatch, tmp_path, keyring_store)
     request.addfinalizer(hub.stop)
-    hub.add_model("org/tiny-chat", {"config.json": CONFIG, "model.safetensors": WEIGHTS,
-                                    "pytorch_model.bin": b"pickled copy", "onnx/model.onnx": b"onnx copy",
-                                    "README.md": b"# tiny"},
-                  downloads=500, likes=7, license="apache-2.0", parameters={"BF16": 1_000_000, "F32": 10})
+    hub.add_model(
+        "org/tiny-chat",
+        {
+            "config.json": CONFIG,
+            "model.safetensors": WEIGHTS,
+            "pytorch_model.bin": b"pickled copy",
+            "onnx/model.onnx": b"onnx copy",
+            "README.md": b"# tiny",
+        },
+        downloads=500,
+        likes=7,
+        license="apache-2.0",
+        parameters={"BF16": 1_000_000, "F32": 10},
+    )
     hub.add_model("org/tiny-base", {"config.json": CONFIG}, downloads=9000, license="mit")
     hub.add_model("other/unrelated", {"config.json": CONFIG}, downloads=10**6)
-    hub.add_model("org/tiny-gated", {"config.json": CONFIG, "model.safetensors": b"secret weights"},
-                  gated="manual", license="llama3")
+    hub.add_model(
+        "org/tiny-gated",
+        {"config.json": CONFIG, "model.safetensors": b"secret weights"},
+        gated="manual",
+        license="llama3",
+    )
     return hub
 
 
@@ -69,8 +83,9 @@ def test_download_fills_the_hf_cache_byte_exact_and_loads_by_id(hub, tmp_path):
     from hone.core.hub.search import model_files
 
     listing = model_files("org/tiny-chat")
-    assert [f.name for f in listing.wanted] == ["config.json", "model.safetensors", "README.md"], \
+    assert [f.name for f in listing.wanted] == ["config.json", "model.safetensors", "README.md"], (
         "the pickled and ONNX copies beside safetensors are not needed"
+    )
     seen = []
     result = download_model("org/tiny-chat", progress=seen.append)
     total = len(CONFIG) + len(WEIGHTS) + len(b"# tiny")
@@ -204,7 +219,7 @@ def test_unknown_model_and_revision(hub):
 def test_the_fit_verdict_comes_from_the_memory_planner_on_the_models_config(hub, tmp_path):
     """The planner's own prediction for the model's config decides; a gated model's config cannot be read."""
     from hone.core.config import RunConfig
-    from hone.core.hub.fit import fits_this_machine
+    from hone.core.hub.machine_fit import fits_this_machine
     from hone.core.memory.estimate import GIB
     from hone.core.memory.run_plan import Memory, plan_run
     from hone.core.models.shapes import make_config

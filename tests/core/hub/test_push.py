@@ -66,8 +66,7 @@ def test_an_adapter_export_lands_byte_exact_with_its_card(hub, adapter_export, m
     assert sent == {f"Bearer {WRITE_TOKEN}"}
 
 
-def test_pushing_again_to_an_existing_repo_commits_the_changed_file_only(hub, adapter_export, monkeypatch,
-                                                                       tmp_path):
+def test_pushing_again_to_an_existing_repo_commits_the_changed_file_only(hub, adapter_export, monkeypatch, tmp_path):
     from hone.core.hub.push import push_folder
 
     monkeypatch.setenv("HF_TOKEN", WRITE_TOKEN)
@@ -92,14 +91,19 @@ def test_a_gguf_export_without_a_card_gets_hones(hub, monkeypatch, tmp_path):
     folder.mkdir(parents=True)
     (folder / "my-run-q4_0.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 4)
     (folder / "Modelfile").write_text("FROM ./my-run-q4_0.gguf\n", encoding="utf-8")
-    (folder / "export.json").write_text(json.dumps({"format": "ollama:q4_0", "run": str(tmp_path / "runs" / "my-run"),
-                                                    "base_model": "org/tiny-base"}), encoding="utf-8")
+    (folder / "export.json").write_text(
+        json.dumps({"format": "ollama:q4_0", "run": str(tmp_path / "runs" / "my-run"), "base_model": "org/tiny-base"}),
+        encoding="utf-8",
+    )
     result = push_folder(folder / "my-run-q4_0.gguf", "alice/my-run-gguf")  # the file stands for its folder
     expected = model_card("ollama:q4_0", "org/tiny-base", "my-run", "my-run-q4_0.gguf")
     assert result.card_written and (folder / "README.md").read_text(encoding="utf-8") == expected
     files = hub.models["alice/my-run-gguf"].files
-    assert files == {"my-run-q4_0.gguf": (folder / "my-run-q4_0.gguf").read_bytes(),
-                     "Modelfile": b"FROM ./my-run-q4_0.gguf\n", "README.md": expected.encode()}
+    assert files == {
+        "my-run-q4_0.gguf": (folder / "my-run-q4_0.gguf").read_bytes(),
+        "Modelfile": b"FROM ./my-run-q4_0.gguf\n",
+        "README.md": expected.encode(),
+    }
     assert "ollama create my-run -f Modelfile" in expected and "base_model: org/tiny-base" in expected
 
 
@@ -114,13 +118,17 @@ def test_without_a_token_it_says_how_to_log_in_before_any_request(hub, adapter_e
     assert hub.requests == []
 
 
-@pytest.mark.parametrize(("token", "repo_id", "code", "words"), [
-    (READ_TOKEN, "alice/x", "hub-write", "may not write to alice/x (403)"),
-    (WRITE_TOKEN, "bob/x", "hub-write", "may not write to bob/x (403)"),
-    ("hf_unknown", "alice/x", "hub-token", "did not accept the token from HF_TOKEN (401"),
-])
-def test_a_token_that_cannot_write_there_is_refused_in_words(hub, adapter_export, monkeypatch, token, repo_id, code,
-                                                             words):
+@pytest.mark.parametrize(
+    ("token", "repo_id", "code", "words"),
+    [
+        (READ_TOKEN, "alice/x", "hub-write", "may not write to alice/x (403)"),
+        (WRITE_TOKEN, "bob/x", "hub-write", "may not write to bob/x (403)"),
+        ("hf_unknown", "alice/x", "hub-token", "did not accept the token from HF_TOKEN (401"),
+    ],
+)
+def test_a_token_that_cannot_write_there_is_refused_in_words(
+    hub, adapter_export, monkeypatch, token, repo_id, code, words
+):
     from hone.core.hub.connection import HubError
     from hone.core.hub.push import push_folder
 
@@ -143,18 +151,21 @@ def test_a_closed_port_gives_the_offline_message(hub, adapter_export, monkeypatc
     assert caught.value.code == "hub-offline" and "cannot be reached" in caught.value.message
 
 
-def test_hf_hub_offline_and_bad_names_and_non_exports_are_refused_before_any_request(hub, adapter_export,
-                                                                                     monkeypatch, tmp_path):
+def test_hf_hub_offline_and_bad_names_and_non_exports_are_refused_before_any_request(
+    hub, adapter_export, monkeypatch, tmp_path
+):
     from hone.core.hub.connection import HubError
     from hone.core.hub.push import push_folder
 
     monkeypatch.setenv("HF_TOKEN", WRITE_TOKEN)
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("x", encoding="utf-8")
-    for folder, repo_id, words in ((tmp_path / "notes", "alice/x", "is not an export Hone made"),
-                                   (tmp_path / "missing", "alice/x", "is not a folder"),
-                                   (adapter_export, "my-adapter", "is not a repository name"),
-                                   (adapter_export, "alice/bad name", "is not a repository name")):
+    for folder, repo_id, words in (
+        (tmp_path / "notes", "alice/x", "is not an export Hone made"),
+        (tmp_path / "missing", "alice/x", "is not a folder"),
+        (adapter_export, "my-adapter", "is not a repository name"),
+        (adapter_export, "alice/bad name", "is not a repository name"),
+    ):
         with pytest.raises(HubError, match=words):
             push_folder(folder, repo_id)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -202,5 +213,7 @@ def test_hone_push_prints_the_url_and_refuses_in_one_line(hub, adapter_export, m
     assert out.strip() == f"{hub.url}/alice/cli-adapter", "stdout holds the URL alone"
     assert f"in commit {hub.models['alice/cli-adapter'].sha[:12]}" in err
     assert hub.models["alice/cli-adapter"].private
-    assert hub.models["alice/cli-adapter"].files["adapter_config.json"] == \
-        (adapter_export / "adapter_config.json").read_bytes()
+    assert (
+        hub.models["alice/cli-adapter"].files["adapter_config.json"]
+        == (adapter_export / "adapter_config.json").read_bytes()
+    )

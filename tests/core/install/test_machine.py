@@ -20,6 +20,7 @@ TWO_GPUS_QUERY = "NVIDIA GeForce RTX 4090, 570.133.07, 24564 MiB, 8.9\n" * 2
 def recorded(query: str, summary: str = H200_SUMMARY):
     def run(command):
         return query if len(command) > 1 else summary
+
     return run
 
 
@@ -55,8 +56,12 @@ def test_no_nvidia_smi_means_no_driver():
 
 def test_nvidia_smi_failing_means_no_driver():
     def failing(command):
-        raise subprocess.CalledProcessError(9, command, output="", stderr="NVIDIA-SMI has failed because it couldn't "
-                                                                          "communicate with the NVIDIA driver.")
+        raise subprocess.CalledProcessError(
+            9,
+            command,
+            output="",
+            stderr="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        )
 
     machine = probe_machine(failing)
     assert not machine.has_nvidia_driver
@@ -64,8 +69,12 @@ def test_nvidia_smi_failing_means_no_driver():
 
 
 def test_architectures_are_spelled_the_linux_way():
-    assert [normalize_arch(name) for name in ("AMD64", "x86_64", "ARM64", "aarch64")] == \
-        ["x86_64", "x86_64", "aarch64", "aarch64"]
+    assert [normalize_arch(name) for name in ("AMD64", "x86_64", "ARM64", "aarch64")] == [
+        "x86_64",
+        "x86_64",
+        "aarch64",
+        "aarch64",
+    ]
 
 
 def test_this_machine_reads_without_raising():

@@ -16,29 +16,66 @@ GB10 = Gpu("NVIDIA GB10", None, (12, 1))
 # name -> (machine, expected build, expected torch, a phrase the error must contain or None)
 MACHINES = {
     "windows + RTX 4060 laptop, CUDA 12.9 driver": (
-        Machine("windows", "x86_64", (RTX_4060_LAPTOP,), "576.02", (12, 9)), "cu128", TESTED_TORCH_CUDA, None),
+        Machine("windows", "x86_64", (RTX_4060_LAPTOP,), "576.02", (12, 9)),
+        "cu128",
+        TESTED_TORCH_CUDA,
+        None,
+    ),
     "windows + RTX 4060 laptop, CUDA 13.0 driver": (
-        Machine("windows", "x86_64", (RTX_4060_LAPTOP,), "581.57", (13, 0)), "cu130", TESTED_TORCH_CUDA, None),
+        Machine("windows", "x86_64", (RTX_4060_LAPTOP,), "581.57", (13, 0)),
+        "cu130",
+        TESTED_TORCH_CUDA,
+        None,
+    ),
     "windows without NVIDIA": (Machine("windows", "x86_64"), "cpu", TESTED_TORCH_CPU, None),
     "ubuntu 24.04 x86_64 + RTX 4090": (
-        Machine("linux", "x86_64", (RTX_4090,), "580.95.05", (13, 0), (2, 39)), "cu130", TESTED_TORCH_CUDA, None),
+        Machine("linux", "x86_64", (RTX_4090,), "580.95.05", (13, 0), (2, 39)),
+        "cu130",
+        TESTED_TORCH_CUDA,
+        None,
+    ),
     "DGX Spark": (
-        Machine("linux", "aarch64", (GB10,), "580.95.05", (13, 0), (2, 39)), "cu130", TESTED_TORCH_CUDA, None),
+        Machine("linux", "aarch64", (GB10,), "580.95.05", (13, 0), (2, 39)),
+        "cu130",
+        TESTED_TORCH_CUDA,
+        None,
+    ),
     "aarch64 with glibc 2.35": (
-        Machine("linux", "aarch64", (GB10,), "580.95.05", (13, 0), (2, 35)), "cpu", TESTED_TORCH_CPU,
-        "glibc 2.39"),
+        Machine("linux", "aarch64", (GB10,), "580.95.05", (13, 0), (2, 35)),
+        "cpu",
+        TESTED_TORCH_CPU,
+        "glibc 2.39",
+    ),
     "DGX Spark with a CUDA 12.8 driver": (
-        Machine("linux", "aarch64", (GB10,), "570.86", (12, 8), (2, 39)), "cpu", TESTED_TORCH_CPU, "needs CUDA 13.0"),
+        Machine("linux", "aarch64", (GB10,), "570.86", (12, 8), (2, 39)),
+        "cpu",
+        TESTED_TORCH_CPU,
+        "needs CUDA 13.0",
+    ),
     "RTX 5090 with a CUDA 12.6 driver": (
-        Machine("linux", "x86_64", (RTX_5090,), "560.35", (12, 6), (2, 39)), "cpu", TESTED_TORCH_CPU,
-        "needs CUDA 12.8 (driver 570.26"),
+        Machine("linux", "x86_64", (RTX_5090,), "560.35", (12, 6), (2, 39)),
+        "cpu",
+        TESTED_TORCH_CPU,
+        "needs CUDA 12.8 (driver 570.26",
+    ),
     "GTX 1080 with a CUDA 13.0 driver": (
-        Machine("linux", "x86_64", (GTX_1080,), "580.95.05", (13, 0), (2, 35)), "cu126", TESTED_TORCH_CUDA, None),
+        Machine("linux", "x86_64", (GTX_1080,), "580.95.05", (13, 0), (2, 35)),
+        "cu126",
+        TESTED_TORCH_CUDA,
+        None,
+    ),
     "old x86_64 driver": (
-        Machine("windows", "x86_64", (RTX_4090,), "552.22", (12, 4)), "cpu", TESTED_TORCH_CPU, "driver 560.76"),
+        Machine("windows", "x86_64", (RTX_4090,), "552.22", (12, 4)),
+        "cpu",
+        TESTED_TORCH_CPU,
+        "driver 560.76",
+    ),
     "driver without a CUDA version": (
-        Machine("linux", "x86_64", (RTX_4090,), "580.95.05", None, (2, 39)), "cpu", TESTED_TORCH_CPU,
-        "does not say which CUDA version"),
+        Machine("linux", "x86_64", (RTX_4090,), "580.95.05", None, (2, 39)),
+        "cpu",
+        TESTED_TORCH_CPU,
+        "does not say which CUDA version",
+    ),
     "macOS": (Machine("darwin", "aarch64"), "cpu", TESTED_TORCH_CPU, "macOS"),
     "windows on ARM": (Machine("windows", "aarch64"), "cpu", TESTED_TORCH_CPU, "Windows on x86_64"),
 }
@@ -68,8 +105,9 @@ def test_no_driver_says_how_to_get_the_gpu_build():
 def test_unified_memory_is_noted_and_offload_is_ruled_out():
     plan = plan_install(MACHINES["DGX Spark"][0])
     assert any("Unified memory" in note.text and "offload" in note.text for note in plan.notes)
-    assert not any("Unified memory" in note.text for note in plan_install(MACHINES["ubuntu 24.04 x86_64 + RTX 4090"][0])
-                   .notes)
+    assert not any(
+        "Unified memory" in note.text for note in plan_install(MACHINES["ubuntu 24.04 x86_64 + RTX 4090"][0]).notes
+    )
 
 
 def test_cpu_asked_for_on_a_gpu_machine():

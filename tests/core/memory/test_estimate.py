@@ -11,8 +11,9 @@ from hone.core.memory.shape import ModelShape
 from hone.core.models.shapes import make_config
 
 # 2 layers, hidden 64, MLP 128, 4 query heads and 2 key/value heads of 16, vocabulary 1000, untied head.
-SMALL = ModelShape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, vocab=1000,
-                   tied_embeddings=False)
+SMALL = ModelShape(
+    layers=2, hidden=64, intermediate=128, heads=4, kv_heads=2, head_dim=16, vocab=1000, tied_embeddings=False
+)
 
 
 def test_parameter_counts_by_hand():
@@ -25,8 +26,15 @@ def test_parameter_counts_by_hand():
 
 
 def test_small_peak_by_hand():
-    settings = MemorySettings(batch_tokens=512, lora_rank=4, checkpoint="gpu", host_embeddings=False,
-                              host_lm_head=False, tiled_mlp=False, chunked_loss=False)
+    settings = MemorySettings(
+        batch_tokens=512,
+        lora_rank=4,
+        checkpoint="gpu",
+        host_embeddings=False,
+        host_lm_head=False,
+        tiled_mlp=False,
+        chunked_loss=False,
+    )
     estimate = estimate_peak(SMALL, settings)
     trainable = SMALL.lora_params(4)
     assert estimate.part("weights") == 73728 * 2
@@ -36,8 +44,14 @@ def test_small_peak_by_hand():
     # the backward of a recomputed layer: LoRA gradients, two hidden-size tensors, the attention half's saved
     # tensors (3 x hidden + 3 x (q + kv) widths), flash's workspace (8 bytes per query value + dq, dk, dv) and the
     # untiled MLP (6 tensors of the intermediate width)
-    backward = (trainable * 4 + 2 * 512 * 64 * 2 + 512 * 2 * (3 * 64 + 3 * (64 + 32)) + 512 * 64 * 8
-                + 512 * (64 + 64) * 2 + 512 * 2 * 6 * 128)
+    backward = (
+        trainable * 4
+        + 2 * 512 * 64 * 2
+        + 512 * 2 * (3 * 64 + 3 * (64 + 32))
+        + 512 * 64 * 8
+        + 512 * (64 + 64) * 2
+        + 512 * 2 * 6 * 128
+    )
     # the plain loss: every logit in fp32 plus its bf16 copy and gradient, and the final hidden states
     loss = 512 * 1000 * (4 + 4) + 512 * 64 * 2
     assert estimate.phase == "loss" and estimate.part("step") == loss > backward
@@ -57,10 +71,17 @@ def test_qwen3_8b_defaults_match_the_measured_composition():
     assert estimate.peak_gib == pytest.approx(16.74, rel=0.10)
 
 
-@pytest.mark.parametrize(("change", "smaller"), [
-    ({"qlora": True}, True), ({"optimizer": "adamw8bit"}, True), ({"checkpoint": "gpu"}, False),
-    ({"host_lm_head": False}, False), ({"tiled_mlp": False}, False), ({"batch_tokens": 4096}, True),
-])
+@pytest.mark.parametrize(
+    ("change", "smaller"),
+    [
+        ({"qlora": True}, True),
+        ({"optimizer": "adamw8bit"}, True),
+        ({"checkpoint": "gpu"}, False),
+        ({"host_lm_head": False}, False),
+        ({"tiled_mlp": False}, False),
+        ({"batch_tokens": 4096}, True),
+    ],
+)
 def test_each_lever_moves_the_peak_the_right_way(change, smaller):
     shape = ModelShape.from_config(make_config("dense-8b"))
     base = MemorySettings(batch_tokens=16384)

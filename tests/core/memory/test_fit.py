@@ -59,8 +59,16 @@ def test_a_row_too_long_names_the_longest_that_fits():
 
 
 # The default config on the CPU: float32, no GPU paths, checkpointing off.
-CPU_DEFAULT = MemorySettings(batch_tokens=8192, weight_bytes=4, checkpoint="off", host_embeddings=False,
-                             host_lm_head=False, tiled_mlp=False, kernels=False, cpu=True)
+CPU_DEFAULT = MemorySettings(
+    batch_tokens=8192,
+    weight_bytes=4,
+    checkpoint="off",
+    host_embeddings=False,
+    host_lm_head=False,
+    tiled_mlp=False,
+    kernels=False,
+    cpu=True,
+)
 
 
 def test_a_cpu_run_counts_its_resident_memory_beyond_its_tensors():

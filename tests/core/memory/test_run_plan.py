@@ -8,8 +8,9 @@ from hone.core.memory.run_plan import MEMORY_ENV, Memory, detect_memory, fit_run
 
 
 def qwen3_8b(batch_tokens=16384, max_length=2048) -> RunConfig:
-    return RunConfig().with_overrides(['model.name_or_path="dense-8b"', f"train.batch_tokens={batch_tokens}",
-                                       f"data.max_length={max_length}"])
+    return RunConfig().with_overrides(
+        ['model.name_or_path="dense-8b"', f"train.batch_tokens={batch_tokens}", f"data.max_length={max_length}"]
+    )
 
 
 def test_a_run_that_fits_is_kept_and_said_to_fit():
@@ -61,14 +62,15 @@ def test_the_gpu_is_named_once_with_its_free_memory(monkeypatch):
     """The fit line reads "… 139.2 GiB free on NVIDIA H200: it fits", not "… free on NVIDIA H200 (139.2 GiB free)"."""
     from types import SimpleNamespace
 
-    from hone.core import telemetry
+    from hone.core.machine import telemetry
 
     class OneGpu:
         has_gpu = True
 
         def sample(self):
-            return SimpleNamespace(device="NVIDIA H200", memory_total=140 * GIB, memory_used=0.8 * GIB,
-                                   memory_source=telemetry.GPU)
+            return SimpleNamespace(
+                device="NVIDIA H200", memory_total=140 * GIB, memory_used=0.8 * GIB, memory_source=telemetry.GPU
+            )
 
         def close(self):
             pass

@@ -12,10 +12,10 @@ bnb = pytest.importorskip("bitsandbytes")
 
 
 def quantized_linear(storage: torch.dtype) -> torch.nn.Module:
-    layer = bnb.nn.Linear4bit(32, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4",
-                              quant_storage=storage)
-    layer.weight = bnb.nn.Params4bit(torch.randn(64, 32, dtype=torch.bfloat16), requires_grad=False,
-                                     quant_type="nf4", quant_storage=storage)
+    layer = bnb.nn.Linear4bit(32, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4", quant_storage=storage)
+    layer.weight = bnb.nn.Params4bit(
+        torch.randn(64, 32, dtype=torch.bfloat16), requires_grad=False, quant_type="nf4", quant_storage=storage
+    )
     return layer.to("cpu")  # quantizes
 
 

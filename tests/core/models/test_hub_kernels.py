@@ -48,8 +48,9 @@ def test_bitsandbytes_is_imported_without_the_hub_unless_asked(tmp_path, request
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "__init__.py").write_text("def get_kernel(repo_id, **kwargs):\n    return True\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "USE_HUB_KERNELS": requested}
-    done = subprocess.run([sys.executable, "-c", GUARDED_IMPORT], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", GUARDED_IMPORT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, fetched, "")
 
 
@@ -86,8 +87,11 @@ def model_loads_without_the_options() -> list[str]:
     missing = []
     for path in sorted((ROOT / "core").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "from_pretrained"):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "from_pretrained"
+            ):
                 continue
             receiver = ast.unparse(node.func.value)
             if receiver in _NOT_HONES or any(word in receiver for word in _NOT_A_MODEL):

@@ -26,12 +26,15 @@ def test_resolve_source_kinds(tmp_path, tiny_model_dir):
     assert resolve_source(str(tmp_path), gguf_file="n.gguf").path.endswith("n.gguf")
 
 
-@pytest.mark.parametrize("name, words", [
-    ("", "no model chosen"),
-    ("./missing-folder", "does not exist"),
-    ("C:\\models\\x", "does not exist"),
-    ("not a model id!", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("", "no model chosen"),
+        ("./missing-folder", "does not exist"),
+        ("C:\\models\\x", "does not exist"),
+        ("not a model id!", "does not exist"),
+    ],
+)
 def test_bad_names_explain_themselves(name, words):
     with pytest.raises(ModelError, match=words) as info:
         resolve_source(name)
@@ -96,7 +99,7 @@ def test_bundled_gguf_is_converted_once_and_answers(smollm2_tokenizer):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = second.model.generate(**enc, max_new_tokens=12, do_sample=False)
-    assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1]:])
+    assert "Paris" in tok.decode(out[0, enc["input_ids"].shape[1] :])
 
 
 def test_a_gguf_not_yet_converted_is_announced_once(tmp_path, monkeypatch):

@@ -109,7 +109,7 @@ def test_tables_stay_on_the_device_with_the_reason():
 
 def test_the_trainer_collation_attaches_rows_and_close_restores():
     """StepRunner.collate looks the rows up when the setup holds a host table; close() puts the tables back."""
-    from hone.core.speed import SpeedSetup
+    from hone.core.speed.paths import SpeedSetup
     from hone.core.train.step import StepRunner
 
     model = _model()
@@ -117,11 +117,13 @@ def test_the_trainer_collation_attaches_rows_and_close_restores():
     host = tables.embedding
     setup = SpeedSetup(host_tables=tables)
     tokenizer = type("Tok", (), {"pad_token_id": 0})()
-    runner = StepRunner(model, tokenizer, None, None, None, [], RunConfig(speed=SpeedConfig()), "cpu",
-                        torch.float32, setup)
+    runner = StepRunner(
+        model, tokenizer, None, None, None, [], RunConfig(speed=SpeedConfig()), "cpu", torch.float32, setup
+    )
     rows = packed_batch([7, 5])
-    batch = runner.collate([type("Row", (), {"input_ids": rows.input_ids[0, :7].tolist(),
-                                            "labels": rows.input_ids[0, :7].tolist()})()])
+    batch = runner.collate(
+        [type("Row", (), {"input_ids": rows.input_ids[0, :7].tolist(), "labels": rows.input_ids[0, :7].tolist()})()]
+    )
     torch.testing.assert_close(batch.input_rows, host.table[batch.input_ids])
     runner.close()
     assert isinstance(model.get_input_embeddings(), torch.nn.Embedding)

@@ -12,8 +12,8 @@ import torch
 from hone.core.bench.measure import count_syncs
 from hone.core.config import RunConfig, SpeedConfig
 from hone.core.models.shapes import build_model
-from hone.core.speed import SpeedSetup, install_memory_and_kernels
 from hone.core.speed.host_tables import HostEmbedding, HostLMHead
+from hone.core.speed.paths import SpeedSetup, install_memory_and_kernels
 from hone.core.train.loss import loss_sum
 from tests.helpers.offload import lora_model, packed_batch
 
@@ -66,19 +66,22 @@ def test_host_table_frees_its_memory_and_trains_the_same():
     runner = StepRunner(model, tokenizer, None, None, None, [], config, "cuda", torch.bfloat16, setup)
     ids = rows.input_ids[0].tolist()
     bounds = [0, 700, 1000, 1500]
-    batch = runner.collate([type("Row", (), {"input_ids": ids[a:b], "labels": ids[a:b]})()
-                            for a, b in itertools.pairwise(bounds)])
+    batch = runner.collate(
+        [type("Row", (), {"input_ids": ids[a:b], "labels": ids[a:b]})() for a, b in itertools.pairwise(bounds)]
+    )
     assert batch.input_rows is not None and batch.input_rows.is_pinned()
     batch.targets = rows.targets  # the same targets as the reference (packed_batch draws random labels)
     got_loss, got = _loss_and_grads(model, batch)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-3, atol=1e-3)
     worst = max(want, key=lambda n: _rel(got[n], want[n]))
     assert _rel(got[worst], want[worst]) <= tolerance, (
-        f"{worst}: relative error {_rel(got[worst], want[worst]):.2e}, noise floor {noise:.2e}")
+        f"{worst}: relative error {_rel(got[worst], want[worst]):.2e}, noise floor {noise:.2e}"
+    )
 
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() < before - 2 * table_bytes + table_bytes // 4, (
-        "the head's device copy outlived the step")
+        "the head's device copy outlived the step"
+    )
 
     on_device = batch.to("cuda")
     syncs = count_syncs(lambda: loss_sum(model, on_device).backward(), "cuda")

@@ -50,7 +50,10 @@ def _names(run_dir) -> list[str]:
 def test_a_checkpoint_counts_only_when_every_file_matches_its_manifest(tmp_path):
     good = _save(tmp_path, 4)
     assert set(json.loads((good / "manifest.json").read_text())["files"]) == {
-        "trainable.safetensors", "training_state.pt", "state.json"}
+        "trainable.safetensors",
+        "training_state.pt",
+        "state.json",
+    }
     # What a kill inside the old same-step rewrite left: step-N with state.json but no weights, counted complete.
     killed = tmp_path / "checkpoints" / "step-000008"
     shutil.copytree(good, killed)
@@ -58,8 +61,9 @@ def test_a_checkpoint_counts_only_when_every_file_matches_its_manifest(tmp_path)
     assert latest_checkpoint(tmp_path) == good
     path, skipped = resumable_checkpoint(tmp_path)
     assert path == good
-    assert skipped == ["checkpoint step-000008 is incomplete (trainable.safetensors is missing); resuming from step 4 "
-                       "instead"]
+    assert skipped == [
+        "checkpoint step-000008 is incomplete (trainable.safetensors is missing); resuming from step 4 instead"
+    ]
 
     shutil.rmtree(killed)
     shutil.copytree(good, killed)
@@ -67,7 +71,8 @@ def test_a_checkpoint_counts_only_when_every_file_matches_its_manifest(tmp_path)
     size = state.stat().st_size
     state.write_bytes(state.read_bytes()[:-1])
     assert checkpoint_report(tmp_path)[1] == {
-        8: f"damaged (training_state.pt is {size - 1:,} bytes, the manifest says {size})"}
+        8: f"damaged (training_state.pt is {size - 1:,} bytes, the manifest says {size})"
+    }
 
     shutil.rmtree(killed)
     shutil.copytree(good, killed)
@@ -75,7 +80,8 @@ def test_a_checkpoint_counts_only_when_every_file_matches_its_manifest(tmp_path)
     weights[-1] ^= 0x01  # one bit of one weight: same size, other content
     (killed / "trainable.safetensors").write_bytes(bytes(weights))
     assert checkpoint_report(tmp_path)[1] == {
-        8: "damaged (trainable.safetensors does not match its sha256 in the manifest)"}
+        8: "damaged (trainable.safetensors does not match its sha256 in the manifest)"
+    }
     assert latest_checkpoint(tmp_path) == good
 
     manifest = (killed / "manifest.json").read_bytes()
@@ -145,8 +151,9 @@ def test_training_state_loads_with_weights_only_and_brings_back_every_rng(tmp_pa
     assert state == {"position": 0, "step": 1}
     assert (random.random(), np.random.rand(3).tolist(), torch.rand(3).tolist()) == after_save
     assert torch.equal(fresh_model[1].weight, model[1].weight)
-    assert torch.equal(fresh_optimizer.state_dict()["state"][1]["exp_avg_sq"],
-                       optimizer.state_dict()["state"][1]["exp_avg_sq"])
+    assert torch.equal(
+        fresh_optimizer.state_dict()["state"][1]["exp_avg_sq"], optimizer.state_dict()["state"][1]["exp_avg_sq"]
+    )
     assert fresh_scheduler.last_epoch == scheduler.last_epoch == 1
 
 
@@ -196,11 +203,19 @@ def test_a_checkpoint_from_before_manifests_is_named_and_not_resumed(tmp_path):
     folder = tmp_path / "checkpoints" / "step-000010"
     folder.mkdir(parents=True)
     _, optimizer, scheduler = _training()
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": None,
-                "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}},
-               folder / "training_state.pt")  # the old format: numpy's state as an ndarray, a full pickle
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": None,
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+        },
+        folder / "training_state.pt",
+    )  # the old format: numpy's state as an ndarray, a full pickle
     (folder / "state.json").write_text(json.dumps({"step": 10, "position": 20}))
     with pytest.raises(HoneError) as e:
         resumable_checkpoint(tmp_path)
-    assert ("step-000010 is written by an earlier Hone without manifest.json: it cannot be resumed safely"
-            in e.value.message)
+    assert (
+        "step-000010 is written by an earlier Hone without manifest.json: it cannot be resumed safely"
+        in e.value.message
+    )

@@ -17,8 +17,9 @@ from hone.core.control import RunControl
 from hone.core.train import child_run
 from hone.core.train.run_dir import read_events
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name != "posix",
-                                reason="torch.distributed with gloo, POSIX signals")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or os.name != "posix", reason="torch.distributed with gloo, POSIX signals"
+)
 
 
 REAL_COMMAND = child_run.command_for
@@ -28,16 +29,34 @@ def two_cpu_processes(config_path, resume, gpus, data_changed):
     """What `command_for` runs, with torchrun's two gloo processes in place of the launcher's GPUs."""
     assert REAL_COMMAND(config_path, resume, gpus, data_changed)[-2:] == ["--gpus", "2"]
     args = [str(config_path)] if config_path else ["--resume", str(resume)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-            "hone.core.cli", "train", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hone.core.cli",
+        "train",
+        *args,
+    ]
 
 
-def test_events_arrive_as_written_and_stop_ends_after_a_step(tiny_model_dir, chat_files, tiny_config, tmp_path,
-                                                             monkeypatch):
+def test_events_arrive_as_written_and_stop_ends_after_a_step(
+    tiny_model_dir, chat_files, tiny_config, tmp_path, monkeypatch
+):
     monkeypatch.setattr(child_run, "command_for", two_cpu_processes)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", "train.max_steps=500",
-                         "data.max_length=128", "train.batch_tokens=256", "output.checkpoint_every=0")
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"),
+        chat_files,
+        tmp_path / "runs",
+        "train.max_steps=500",
+        "data.max_length=128",
+        "train.batch_tokens=256",
+        "output.checkpoint_every=0",
+    )
     control = RunControl()
     seen = []
     for event in child_run.train_in_child(config, control, gpus=[0, 1]):
@@ -65,8 +84,15 @@ def test_a_child_that_refuses_to_start_is_a_failed_run(tiny_model_dir, chat_file
 
 
 def test_a_detached_run_goes_on_in_its_own_process(tiny_model_dir, chat_files, tiny_config, tmp_path):
-    config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", "train.max_steps=40",
-                         "data.max_length=128", "train.batch_tokens=256", "output.checkpoint_every=0")
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"),
+        chat_files,
+        tmp_path / "runs",
+        "train.max_steps=40",
+        "data.max_length=128",
+        "train.batch_tokens=256",
+        "output.checkpoint_every=0",
+    )
     control = RunControl()
     seen = []
     for event in child_run.train_in_child(config, control):

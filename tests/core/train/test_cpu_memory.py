@@ -7,13 +7,14 @@ from hone.core import events
 from hone.core.memory.estimate import GIB
 from hone.core.memory.fit import HEADROOM
 from hone.core.memory.run_plan import Memory
-from hone.core.train import step as step_module
+from hone.core.train.objectives import sft as objective_module
 from hone.core.train.trainer import Trainer
 
 
 def test_a_cpu_run_is_fitted_to_system_memory(tiny_model_dir, chat_files, tiny_config, tmp_path):
-    trainer = Trainer(tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=1"),
-                      device="cpu")
+    trainer = Trainer(
+        tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=1"), device="cpu"
+    )
     got = list(trainer.run())
     assert isinstance(got[-1], events.RunFinished), got[-1]
     [fit] = [e for e in got if isinstance(e, events.Notice) and e.message.startswith("a step needs")]
@@ -24,8 +25,9 @@ def test_a_cpu_run_is_fitted_to_system_memory(tiny_model_dir, chat_files, tiny_c
 def test_a_cpu_run_that_would_not_fit_recomputes(tiny_model_dir, chat_files, tiny_config, tmp_path):
     from hone.core.memory.run_plan import plan_run
 
-    config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=1",
-                         'speed.checkpoint="off"')
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=1", 'speed.checkpoint="off"'
+    )
     off = plan_run(config, Memory(64 * GIB, "cpu", gpu=False)).estimate.peak_bytes
     on = plan_run(config.with_overrides(['speed.checkpoint="gpu"']), Memory(64 * GIB, "cpu", gpu=False))
     trainer = Trainer(config, device="cpu")
@@ -37,13 +39,16 @@ def test_a_cpu_run_that_would_not_fit_recomputes(tiny_model_dir, chat_files, tin
     assert "activation checkpointing (recompute)" in fit.message and fit.step == 0
 
 
-def test_the_cpu_allocator_running_out_ends_the_run_with_advice(monkeypatch, tiny_model_dir, chat_files, tiny_config,
-                                                                 tmp_path):
+def test_the_cpu_allocator_running_out_ends_the_run_with_advice(
+    monkeypatch, tiny_model_dir, chat_files, tiny_config, tmp_path
+):
     def loss_sum(model, batch, **kwargs):  # what torch raises when malloc fails on Linux
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you "
-                           "tried to allocate 17179869184 bytes.")
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you "
+            "tried to allocate 17179869184 bytes."
+        )
 
-    monkeypatch.setattr(step_module, "loss_sum", loss_sum)
+    monkeypatch.setattr(objective_module, "loss_sum", loss_sum)
     got = list(Trainer(tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path), device="cpu").run())
     failed = got[-1]
     assert isinstance(failed, events.RunFailed) and failed.reason.startswith("the computer ran out of memory")

@@ -46,8 +46,10 @@ def test_fused_lora_linear_runs_under_cuda_autocast(monkeypatch):
     original = lora_layers.lora_linear
     monkeypatch.setattr(lora_layers, "lora_linear", lambda *a, **k: calls.append(1) or original(*a, **k))
     got = _loss(model)
-    assert len(calls) == 14, (f"the fused LoRA linear ran {len(calls)} times under CUDA autocast, expected 14 "
-                              "(2 layers x 7 linears): peft's eager path is running instead")
+    assert len(calls) == 14, (
+        f"the fused LoRA linear ran {len(calls)} times under CUDA autocast, expected 14 "
+        "(2 layers x 7 linears): peft's eager path is running instead"
+    )
     assert abs(got - want) < 3e-2 * abs(want), f"loss {got} with the fused LoRA vs {want} with peft's"
 
 

@@ -25,18 +25,35 @@ from hone.core.train.checkpoints import complete_checkpoints
 from hone.core.train.run_dir import read_events
 from hone.core.train.trainer import Trainer
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name != "posix",
-                                reason="torch.distributed with gloo, POSIX signals")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or os.name != "posix", reason="torch.distributed with gloo, POSIX signals"
+)
 
-SETTINGS = ["train.max_steps=6", "data.max_length=128", "train.batch_tokens=256", "train.grad_accum=1",
-            "output.checkpoint_every=2", "output.keep_checkpoints=5", "train.eval_every=3"]
+SETTINGS = [
+    "train.max_steps=6",
+    "data.max_length=128",
+    "train.batch_tokens=256",
+    "train.grad_accum=1",
+    "output.checkpoint_every=2",
+    "output.keep_checkpoints=5",
+    "train.eval_every=3",
+]
 HELPER = Path(__file__).resolve().parents[2] / "helpers" / "train_process.py"
 
 
 def torchrun(*args: str, processes: int = 2, script: Path | None = None, **popen) -> list[str]:
     program = [str(script)] if script else ["-m", "hone.core.cli"]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-            *program, "train", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(processes),
+        *program,
+        "train",
+        *args,
+    ]
 
 
 def env() -> dict:
@@ -73,16 +90,18 @@ def two_process_run(tiny_model_dir, chat_files, tmp_path_factory):
     from tests.core.conftest import make_tiny_config
 
     root = tmp_path_factory.mktemp("two")
-    config = make_tiny_config(tiny_model_dir("tiny-dense"), chat_files, root / "runs", *SETTINGS,
-                              "lora.dropout=0.1", "output.name=both")
+    config = make_tiny_config(
+        tiny_model_dir("tiny-dense"), chat_files, root / "runs", *SETTINGS, "lora.dropout=0.1", "output.name=both"
+    )
     config.save(root / "run.toml")
     done = subprocess.run(torchrun(str(root / "run.toml")), capture_output=True, text=True, timeout=600, env=env())
     assert done.returncode == 0, done.stderr[-4000:]
     return root, config, root / "runs" / "both", done
 
 
-def test_two_processes_train_what_one_process_trains_and_only_process_0_writes(two_process_run, tiny_config,
-                                                                               tiny_model_dir, chat_files, tmp_path):
+def test_two_processes_train_what_one_process_trains_and_only_process_0_writes(
+    two_process_run, tiny_config, tiny_model_dir, chat_files, tmp_path
+):
     root, _, run_dir, done = two_process_run
     assert [p.name for p in (root / "runs").iterdir()] == ["both"]  # one run folder, written once
     logged = read_events(run_dir)
@@ -98,8 +117,16 @@ def test_two_processes_train_what_one_process_trains_and_only_process_0_writes(t
 
     # One process with the same packs per step: micro-batches of 128 tokens, two per step. Without dropout the
     # two runs must agree to float32 rounding (the gradient sums run in another order).
-    one = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", *SETTINGS, "lora.dropout=0",
-                      "output.name=one", "train.batch_tokens=128", "train.grad_accum=2")
+    one = tiny_config(
+        tiny_model_dir("tiny-dense"),
+        chat_files,
+        tmp_path / "runs",
+        *SETTINGS,
+        "lora.dropout=0",
+        "output.name=one",
+        "train.batch_tokens=128",
+        "train.grad_accum=2",
+    )
     two = one.with_overrides(["output.name=two", "train.batch_tokens=256", "train.grad_accum=1"])
     two.save(tmp_path / "two.toml")
     ran = subprocess.run(torchrun(str(tmp_path / "two.toml")), capture_output=True, text=True, timeout=600, env=env())
@@ -119,8 +146,13 @@ def test_kill_and_resume_on_two_processes_is_exact(two_process_run, tmp_path):
     killed = config.with_overrides(["output.name=killed", f"output.runs_dir={json.dumps(str(tmp_path))}"])
     killed.save(tmp_path / "killed.toml")
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(torchrun(str(tmp_path / "killed.toml"), script=HELPER), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True, env=dict(env(), HONE_TEST_HANG_STEP="4"))
+    proc = subprocess.Popen(
+        torchrun(str(tmp_path / "killed.toml"), script=HELPER),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=dict(env(), HONE_TEST_HANG_STEP="4"),
+    )
     deadline = time.time() + 300  # the processes wait before step 4, after the checkpoint of step 2
     while time.time() < deadline and proc.poll() is None and not complete_checkpoints(run_dir):
         time.sleep(0.05)
@@ -162,8 +194,13 @@ def test_a_failing_process_ends_the_others_with_a_clear_message(tiny_model_dir, 
     config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", *SETTINGS, "output.name=fails")
     config.save(tmp_path / "fails.toml")
     started = time.monotonic()
-    done = subprocess.run(torchrun(str(tmp_path / "fails.toml"), script=HELPER), capture_output=True, text=True,
-                          timeout=300, env=dict(env(), HONE_TEST_FAIL_RANK="1", HONE_TEST_FAIL_STEP="3"))
+    done = subprocess.run(
+        torchrun(str(tmp_path / "fails.toml"), script=HELPER),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(env(), HONE_TEST_FAIL_RANK="1", HONE_TEST_FAIL_STEP="3"),
+    )
     assert done.returncode != 0
     assert time.monotonic() - started < 240  # torchrun ended process 0 instead of leaving it waiting
     assert "[process 1] run failed: RuntimeError: process 1 failed in step 3 on purpose" in done.stderr
@@ -174,8 +211,7 @@ def test_a_failing_process_ends_the_others_with_a_clear_message(tiny_model_dir, 
     assert "hone train --resume" in failed.advice
 
 
-def test_gpus_asks_for_gpus_this_machine_has(tmp_path, capsys, tiny_config, tiny_model_dir, chat_files,
-                                               monkeypatch):
+def test_gpus_asks_for_gpus_this_machine_has(tmp_path, capsys, tiny_config, tiny_model_dir, chat_files, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs")
     config.save(tmp_path / "run.toml")
@@ -186,16 +222,63 @@ def test_gpus_asks_for_gpus_this_machine_has(tmp_path, capsys, tiny_config, tiny
 
 
 def test_torchrun_command_passes_the_run_on():
-    args = Namespace(gpus=4, nnodes=1, node_rank=0, master_addr=None, master_port=29500, config="run.toml",
-                     overrides=["train.lr=1e-4"], resume=None, data_changed=None)
+    args = Namespace(
+        gpus=4,
+        nnodes=1,
+        node_rank=0,
+        master_addr=None,
+        master_port=29500,
+        config="run.toml",
+        overrides=["train.lr=1e-4"],
+        resume=None,
+        data_changed=None,
+    )
     command = launch.torchrun_command(args, python="python")
-    assert command == ["python", "-m", "torch.distributed.run", "--nproc-per-node", "4", "--standalone", "-m",
-                       "hone.core.cli", "train", "run.toml", "--set", "train.lr=1e-4"]
-    two_machines = Namespace(**dict(vars(args), nnodes=2, node_rank=1, master_addr="10.0.0.1", config=None,
-                                    overrides=[], resume="runs/a", data_changed="continue"))
+    assert command == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "4",
+        "--standalone",
+        "-m",
+        "hone.core.cli",
+        "train",
+        "run.toml",
+        "--set",
+        "train.lr=1e-4",
+    ]
+    two_machines = Namespace(
+        **dict(
+            vars(args),
+            nnodes=2,
+            node_rank=1,
+            master_addr="10.0.0.1",
+            config=None,
+            overrides=[],
+            resume="runs/a",
+            data_changed="continue",
+        )
+    )
     assert launch.torchrun_command(two_machines, python="python")[3:] == [
-        "--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port",
-        "29500", "-m", "hone.core.cli", "train", "--resume", "runs/a", "--data-changed", "continue"]
+        "--nproc-per-node",
+        "4",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "29500",
+        "-m",
+        "hone.core.cli",
+        "train",
+        "--resume",
+        "runs/a",
+        "--data-changed",
+        "continue",
+    ]
 
 
 def test_the_world_comes_from_torchrun_s_environment():

@@ -17,8 +17,11 @@ from hone.kernels.adamw import adamw_step_, adamw_step_reference, sum_squares
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:
     gen = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(5, 7, generator=gen)), torch.nn.Parameter(torch.randn(130, generator=gen)),
-            torch.nn.Parameter(torch.randn(3, 1, 2, generator=gen))]
+    return [
+        torch.nn.Parameter(torch.randn(5, 7, generator=gen)),
+        torch.nn.Parameter(torch.randn(130, generator=gen)),
+        torch.nn.Parameter(torch.randn(3, 1, 2, generator=gen)),
+    ]
 
 
 def _loss(params) -> torch.Tensor:
@@ -87,10 +90,11 @@ def test_bf16_moments_decay_without_bias_by_stochastic_rounding():
     m = torch.zeros(n, dtype=torch.bfloat16)
     v = torch.ones(n, dtype=torch.bfloat16)
     for step in range(1, steps + 1):
-        adamw_step_(p, g, m, v, torch.ones(1), lr=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                    step=step, seed=step)
+        adamw_step_(
+            p, g, m, v, torch.ones(1), lr=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, step=step, seed=step
+        )
     mean = v.float().mean().item()
-    assert mean == pytest.approx(0.999**steps, rel=2e-4), f"mean of v {mean} vs {0.999 ** steps}"
+    assert mean == pytest.approx(0.999**steps, rel=2e-4), f"mean of v {mean} vs {0.999**steps}"
     nearest = torch.ones(1, dtype=torch.bfloat16)
     for _ in range(steps):
         nearest = (nearest.float() * 0.999).to(torch.bfloat16)
@@ -136,8 +140,12 @@ def test_state_dict_round_trip_continues_identically():
 def test_kernels_under_the_interpreter_match_the_torch_path(monkeypatch, state_dtype):
     gen = torch.Generator().manual_seed(3)
     n = 5000  # three 2048-value programs, the last one partial
-    tensors = (torch.randn(n, generator=gen), torch.randn(n, generator=gen).to(torch.bfloat16),
-               (0.1 * torch.randn(n, generator=gen)).to(state_dtype), torch.rand(n, generator=gen).to(state_dtype))
+    tensors = (
+        torch.randn(n, generator=gen),
+        torch.randn(n, generator=gen).to(torch.bfloat16),
+        (0.1 * torch.randn(n, generator=gen)).to(state_dtype),
+        torch.rand(n, generator=gen).to(state_dtype),
+    )
     kernel, torch_path = [t.clone() for t in tensors], [t.clone() for t in tensors]
     settings = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -153,8 +161,14 @@ def test_kernels_under_the_interpreter_match_the_torch_path(monkeypatch, state_d
 def test_trainer_trains_and_checkpoints_with_adamw_bf16(tiny_model_dir, chat_files, tiny_config, tmp_path):
     """A short run: gradient norms come from the flat buffer, and a checkpoint holds the flat optimizer state and
     the LoRA weights (views of one buffer, written as separate tensors)."""
-    settings = ["train.optimizer=\"adamw-bf16\"", "train.max_steps=2", "output.checkpoint_every=1",
-                "data.max_length=128", "train.batch_tokens=128", "output.name=run"]
+    settings = [
+        'train.optimizer="adamw-bf16"',
+        "train.max_steps=2",
+        "output.checkpoint_every=1",
+        "data.max_length=128",
+        "train.batch_tokens=128",
+        "output.name=run",
+    ]
     got = list(Trainer(tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, *settings), device="cpu").run())
     assert isinstance(got[-1], events.RunFinished), got[-1]
     steps = [e for e in got if isinstance(e, events.StepMetrics)]

@@ -22,8 +22,9 @@ from hone.core.train.distributed import World
 from hone.core.train.run_dir import read_events
 from hone.core.train.trainer import Trainer
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or os.name != "posix",
-                                reason="torch.distributed with gloo, POSIX signals")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or os.name != "posix", reason="torch.distributed with gloo, POSIX signals"
+)
 
 TWO = World(rank=0, size=2, launched=True, local_size=2)
 # recompute checkpointing on, so the layers' weights are gathered again for the recompute in backward
@@ -35,16 +36,24 @@ def fsdp_run(tiny_model_dir, chat_files, tmp_path_factory):
     from tests.core.conftest import make_tiny_config
 
     root = tmp_path_factory.mktemp("fsdp")
-    config = make_tiny_config(tiny_model_dir("tiny-dense"), chat_files, root / "runs", *FSDP, "output.name=split",
-                              "train.batch_tokens=256", "train.grad_accum=1")
+    config = make_tiny_config(
+        tiny_model_dir("tiny-dense"),
+        chat_files,
+        root / "runs",
+        *FSDP,
+        "output.name=split",
+        "train.batch_tokens=256",
+        "train.grad_accum=1",
+    )
     config.save(root / "run.toml")
     done = subprocess.run(torchrun(str(root / "run.toml")), capture_output=True, text=True, timeout=600, env=env())
     assert done.returncode == 0, done.stderr[-4000:]
     return root, root / "runs" / "split"
 
 
-def test_two_sharded_processes_train_what_one_process_trains(fsdp_run, tiny_config, tiny_model_dir, chat_files,
-                                                             tmp_path):
+def test_two_sharded_processes_train_what_one_process_trains(
+    fsdp_run, tiny_config, tiny_model_dir, chat_files, tmp_path
+):
     _, run_dir = fsdp_run
     logged = read_events(run_dir)
     started = next(e for e in logged if isinstance(e, events.RunStarted))
@@ -52,8 +61,15 @@ def test_two_sharded_processes_train_what_one_process_trains(fsdp_run, tiny_conf
     assert started.speed_paths["parallel"].startswith("FSDP2 over 2 processes"), started.speed_paths
     assert "train.parallel = fsdp" in started.speed_paths["parallel"]
 
-    one = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", *FSDP, "output.name=one",
-                      "train.batch_tokens=128", "train.grad_accum=2")
+    one = tiny_config(
+        tiny_model_dir("tiny-dense"),
+        chat_files,
+        tmp_path / "runs",
+        *FSDP,
+        "output.name=one",
+        "train.batch_tokens=128",
+        "train.grad_accum=2",
+    )
     single = list(Trainer(one, device="cpu").run())
     assert isinstance(single[-1], events.RunFinished), single[-1]
     assert "parallel" not in next(e for e in single if isinstance(e, events.RunStarted)).speed_paths
@@ -102,4 +118,3 @@ def test_fsdp_asked_for_what_it_cannot_split_is_refused_by_name():
         sharding.choose(_config("train.parallel=fsdp"), TWO, is_vision=True, fits_whole=True)
     with pytest.raises(ConfigError, match="not one of auto, ddp, fsdp"):
         _config("train.parallel=zero3")
-

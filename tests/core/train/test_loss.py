@@ -85,8 +85,9 @@ def test_frozen_head_gets_no_weight_gradient_and_no_grad_mode_works():
     assert got[2] == {} and head.weight.grad is None
     torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-6)
     with torch.no_grad():
-        torch.testing.assert_close(chunked_head_loss(hidden, targets, head, chunk_tokens=6), want[0],
-                                   rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(
+            chunked_head_loss(hidden, targets, head, chunk_tokens=6), want[0], rtol=1e-5, atol=1e-4
+        )
 
 
 def test_chunked_wrapped_head_matches_cross_entropy():
@@ -126,8 +127,9 @@ def test_loss_sum_chunked_equals_plain_on_models(shape):
 def test_loss_sum_chunked_equals_plain_with_lora():
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(model_of("tiny-llama"), LoraConfig(r=4, target_modules="all-linear",
-                                                                 init_lora_weights=False))
+    model = get_peft_model(
+        model_of("tiny-llama"), LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)
+    )
     batch = collate_packed(random_rows([9, 14], seed=3))
     want = loss_sum(model, batch, mode="plain")
     want.backward()
@@ -140,17 +142,28 @@ def test_loss_sum_chunked_equals_plain_with_lora():
     assert_grads_close(grads(model), want_grads)
 
 
-@pytest.mark.parametrize(("model_type", "kwargs", "expect"), [
-    ("gemma2", dict(final_logit_softcapping=2.0), "soft-cap 2"),
-    ("granite", dict(logits_scaling=4.0), "logit scale 0.25"),
-    ("cohere", dict(logit_scale=0.5), "logit scale 0.5"),
-])
+@pytest.mark.parametrize(
+    ("model_type", "kwargs", "expect"),
+    [
+        ("gemma2", dict(final_logit_softcapping=2.0), "soft-cap 2"),
+        ("granite", dict(logits_scaling=4.0), "logit scale 0.25"),
+        ("cohere", dict(logit_scale=0.5), "logit scale 0.5"),
+    ],
+)
 def test_logit_post_processing_follows_the_model(model_type, kwargs, expect):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(model_type, vocab_size=500, hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                  **kwargs)
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=500,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        **kwargs,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     assert expect in describe(model)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hone.core import events
-from hone.core.train import step as step_module
+from hone.core.train.objectives import sft as objective_module
 from hone.core.train.step import split_packs
 from hone.core.train.trainer import Trainer
 
@@ -23,7 +23,7 @@ def test_split_packs_keeps_rows_and_order():
 
 def inject_oom(monkeypatch, above_tokens: int, times: int):
     """The first `times` micro-batches holding more than `above_tokens` tokens raise like a full GPU."""
-    real, raised = step_module.loss_sum, []
+    real, raised = objective_module.loss_sum, []
 
     def loss_sum(model, batch, **kwargs):
         if batch.num_tokens > above_tokens and len(raised) < times:
@@ -31,7 +31,7 @@ def inject_oom(monkeypatch, above_tokens: int, times: int):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(model, batch, **kwargs)
 
-    monkeypatch.setattr(step_module, "loss_sum", loss_sum)
+    monkeypatch.setattr(objective_module, "loss_sum", loss_sum)
     return raised
 
 
@@ -53,8 +53,11 @@ def test_a_run_continues_on_smaller_micro_batches(monkeypatch, tiny_model_dir, c
 
 def test_at_the_floor_the_run_stops_with_a_checkpoint(monkeypatch, tiny_model_dir, chat_files, tiny_config, tmp_path):
     inject_oom(monkeypatch, above_tokens=0, times=10**6)
-    got = list(Trainer(tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=4"),
-                       device="cpu").run())
+    got = list(
+        Trainer(
+            tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=4"), device="cpu"
+        ).run()
+    )
     failed = got[-1]
     assert isinstance(failed, events.RunFailed) and "even with one row per micro-batch" in failed.reason
     assert "hone plan" in failed.advice

@@ -14,8 +14,8 @@ import torch
 from hone.core import events
 from hone.core.data.tokenized import IGNORE_INDEX, TokenizedRow
 from hone.core.memory.run_plan import Memory
-from hone.core.train import step as step_module
 from hone.core.train.checkpoints import latest_checkpoint
+from hone.core.train.objectives import sft as objective_module
 from hone.core.train.optim import FlatAdamW
 from hone.core.train.preflight import ALLOCATOR_MARGIN, Trial, largest_micro_batch, pending_optimizer_bytes, split_for
 from hone.core.train.trainer import Trainer
@@ -28,14 +28,14 @@ class TokenMeter:
 
     def __init__(self, monkeypatch, resident: float, per_token: float):
         self.resident, self.per_token, self.tokens, self.trials, self.seen = resident, per_token, 0, [], []
-        real = step_module.loss_sum
+        real = objective_module.loss_sum
 
         def loss_sum(model, batch, **kwargs):
             self.tokens = batch.num_tokens
             self.seen.append(batch.num_tokens)  # every micro-batch, the preflight's first
             return real(model, batch, **kwargs)
 
-        monkeypatch.setattr(step_module, "loss_sum", loss_sum)
+        monkeypatch.setattr(objective_module, "loss_sum", loss_sum)
 
     def start(self) -> float:
         self.tokens = 0
@@ -59,14 +59,18 @@ def losses(got):
 
 def memory_notices(got):
     """The preflight's notices (the planner's own fit says its piece first)."""
-    return [e for e in got if isinstance(e, events.Notice) and e.topic == "memory"
-            and e.message.startswith("measured before step 1")]
+    return [
+        e
+        for e in got
+        if isinstance(e, events.Notice) and e.topic == "memory" and e.message.startswith("measured before step 1")
+    ]
 
 
 @pytest.fixture
 def config(tiny_model_dir, chat_files, tiny_config, tmp_path):
-    return lambda name, *more: tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / name,
-                                           "train.max_steps=4", *more)
+    return lambda name, *more: tiny_config(
+        tiny_model_dir("tiny-dense"), chat_files, tmp_path / name, "train.max_steps=4", *more
+    )
 
 
 def test_a_run_that_fits_is_measured_once_and_trains_as_without(monkeypatch, config):
@@ -101,8 +105,7 @@ def test_a_run_that_does_not_fit_is_split_and_measured_again(monkeypatch, config
 
 def test_a_resumed_run_keeps_its_split(monkeypatch, config):
     meter = TokenMeter(monkeypatch, resident=100 * MIB, per_token=MIB)
-    first, _ = run(config("resume", "output.checkpoint_every=2", "train.max_steps=2"), meter=meter,
-                   available=300 * MIB)
+    first, _ = run(config("resume", "output.checkpoint_every=2", "train.max_steps=2"), meter=meter, available=300 * MIB)
     trainer = Trainer(config("resume", "train.max_steps=4"), device="cpu", resume_dir=first.writer.run_dir)
     got = list(trainer.run())
     assert isinstance(got[-1], events.RunFinished) and trainer.split == 2  # no meter here: only the checkpoint
@@ -110,7 +113,7 @@ def test_a_resumed_run_keeps_its_split(monkeypatch, config):
 
 def test_a_trial_out_of_memory_is_split_without_losing_the_run(monkeypatch, config):
     meter = TokenMeter(monkeypatch, resident=100 * MIB, per_token=MIB / 8)
-    real, raised = step_module.loss_sum, []
+    real, raised = objective_module.loss_sum, []
 
     def loss_sum(model, batch, **kwargs):  # the preflight's full micro-batch fails like a full GPU
         if batch.num_tokens > 150 and not raised:
@@ -118,7 +121,7 @@ def test_a_trial_out_of_memory_is_split_without_losing_the_run(monkeypatch, conf
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(model, batch, **kwargs)
 
-    monkeypatch.setattr(step_module, "loss_sum", loss_sum)
+    monkeypatch.setattr(objective_module, "loss_sum", loss_sum)
     trainer, got = run(config("oom"), meter=meter, available=1024 * MIB)
     assert len(raised) == 1 and isinstance(got[-1], events.RunFinished), got[-1]
     [notice] = memory_notices(got)

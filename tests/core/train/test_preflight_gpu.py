@@ -12,7 +12,7 @@ import torch
 
 from hone.core import events
 from hone.core.memory.run_plan import MEMORY_ENV
-from hone.core.train import step as step_module
+from hone.core.train.objectives import sft as objective_module
 from hone.core.train.trainer import Trainer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -30,8 +30,9 @@ def steps(got):
     return [e for e in got if isinstance(e, events.StepMetrics)]
 
 
-def test_the_preflight_measures_what_the_steps_then_need(monkeypatch, tiny_model_dir, chat_files, tiny_config,
-                                                        tmp_path):
+def test_the_preflight_measures_what_the_steps_then_need(
+    monkeypatch, tiny_model_dir, chat_files, tiny_config, tmp_path
+):
     monkeypatch.setenv(MEMORY_ENV, "8GiB")
     got = run(tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=4"))
     [measured] = [e for e in got if isinstance(e, events.Notice) and e.message.startswith("measured before step 1")]
@@ -52,12 +53,14 @@ def fill_memory(ballast: list, smallest: int = 512) -> None:
             size //= 2
 
 
-def test_an_out_of_memory_step_under_a_cap_continues_with_the_same_curve(monkeypatch, tiny_model_dir, chat_files,
-                                                                          tiny_config, tmp_path):
-    config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=6",
-                         "train.fit_memory=false")
+def test_an_out_of_memory_step_under_a_cap_continues_with_the_same_curve(
+    monkeypatch, tiny_model_dir, chat_files, tiny_config, tmp_path
+):
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"), chat_files, tmp_path, "train.max_steps=6", "train.fit_memory=false"
+    )
     clean = [e.loss for e in steps(run(config))]
-    real, calls, ballast = step_module.loss_sum, [], []
+    real, calls, ballast = objective_module.loss_sum, [], []
 
     def loss_sum(model, batch, **kwargs):  # step 3's first micro-batch: the rest of the cap is taken
         calls.append(1)
@@ -72,7 +75,7 @@ def test_an_out_of_memory_step_under_a_cap_continues_with_the_same_curve(monkeyp
     total = torch.cuda.get_device_properties(0).total_memory
     cap = 4 * GIB
     torch.cuda.set_per_process_memory_fraction(cap / total)
-    monkeypatch.setattr(step_module, "loss_sum", loss_sum)
+    monkeypatch.setattr(objective_module, "loss_sum", loss_sum)
     try:
         got = run(config.with_overrides([f"output.runs_dir={json.dumps(str(tmp_path / 'oom'))}"]))
     finally:

@@ -22,12 +22,21 @@ def test_report_to_takes_each_known_reporter_once(value):
     with pytest.raises(ConfigError, match=r"output\.report_to"):
         RunConfig().with_overrides([f"output.report_to={value}"])
     assert RunConfig().with_overrides(['output.report_to=["tensorboard", "wandb"]']).output.report_to == [
-        "tensorboard", "wandb"]
+        "tensorboard",
+        "wandb",
+    ]
 
 
 def _run(tiny_model_dir, chat_files, tiny_config, tmp_path, *settings):
-    config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", "train.max_steps=3",
-                         "train.eval_every=2", "output.name=\"r\"", *settings)
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"),
+        chat_files,
+        tmp_path / "runs",
+        "train.max_steps=3",
+        "train.eval_every=2",
+        'output.name="r"',
+        *settings,
+    )
     return list(Trainer(config, device="cpu").run()), tmp_path / "runs" / "r"
 
 
@@ -73,8 +82,9 @@ class _FakeWandb:
         return Run()
 
 
-def test_wandb_gets_one_run_named_after_the_folder_with_every_step(monkeypatch, tiny_model_dir, chat_files,
-                                                                   tiny_config, tmp_path):
+def test_wandb_gets_one_run_named_after_the_folder_with_every_step(
+    monkeypatch, tiny_model_dir, chat_files, tiny_config, tmp_path
+):
     fake = _FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake.module())
     got, run_dir = _run(tiny_model_dir, chat_files, tiny_config, tmp_path, 'output.report_to=["wandb"]')
@@ -87,11 +97,13 @@ def test_wandb_gets_one_run_named_after_the_folder_with_every_step(monkeypatch, 
     assert any("eval/loss" in data for _, data in fake.logged) and fake.finished == 1
 
 
-def test_a_reporter_that_is_not_installed_stops_the_run_before_anything_is_written(monkeypatch, tiny_model_dir,
-                                                                                  chat_files, tiny_config, tmp_path):
+def test_a_reporter_that_is_not_installed_stops_the_run_before_anything_is_written(
+    monkeypatch, tiny_model_dir, chat_files, tiny_config, tmp_path
+):
     real = importlib.util.find_spec
-    monkeypatch.setattr(reporting.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    monkeypatch.setattr(
+        reporting.importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a)
+    )
     [failed], _ = _run(tiny_model_dir, chat_files, tiny_config, tmp_path, 'output.report_to=["tensorboard"]')
     assert isinstance(failed, events.RunFailed)
     assert failed.reason == "output.report_to asks for tensorboard, which is not installed"

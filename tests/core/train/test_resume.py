@@ -29,8 +29,13 @@ def _hone(*args: str) -> list[str]:
 @pytest.mark.skipif(os.name != "posix", reason="SIGKILL is POSIX")
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_model_dir, chat_files, tiny_config, tmp_path):
     model_dir = tiny_model_dir("tiny-dense")
-    settings = ["train.max_steps=30", "output.checkpoint_every=4", "data.max_length=128",
-                "train.batch_tokens=128", "lora.dropout=0.1"]  # dropout: the RNG state must be restored too
+    settings = [
+        "train.max_steps=30",
+        "output.checkpoint_every=4",
+        "data.max_length=128",
+        "train.batch_tokens=128",
+        "lora.dropout=0.1",
+    ]  # dropout: the RNG state must be restored too
     config = tiny_config(model_dir, chat_files, tmp_path / "runs", *settings, "output.name=killed")
     config_path = tmp_path / "killed.toml"
     config.save(config_path)
@@ -55,7 +60,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tiny_model_dir, chat_
     done = subprocess.run(_hone("train", "--resume", str(run_dir)), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     logged = read_events(run_dir)
-    after = logged[max(i for i, e in enumerate(logged) if isinstance(e, events.RunStarted)):]
+    after = logged[max(i for i, e in enumerate(logged) if isinstance(e, events.RunStarted)) :]
     # Steps the kill cut off after the checkpoint were trained again: metrics.jsonl holds each step once.
     assert [e.step for e in logged if isinstance(e, events.StepMetrics)] == list(range(1, 31))
     started = next(e for e in after if isinstance(e, events.RunStarted))

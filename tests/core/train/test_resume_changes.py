@@ -46,12 +46,14 @@ def _sha256(path) -> str:
 
 
 def test_a_new_lr_and_more_steps_apply_from_the_next_step_and_the_folder_says_so(
-        tiny_model_dir, chat_files, tiny_config, tmp_path):
+    tiny_model_dir, chat_files, tiny_config, tmp_path
+):
     config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", "output.name=r")
     run_dir = tmp_path / "runs" / "r"
     first = _run(config)  # lr 1e-3, one warmup step, 3 steps, cosine; finishes with a checkpoint at step 3
     assert [e.lr for e in first if isinstance(e, events.StepMetrics)] == pytest.approx(
-        [_cosine(k, 1e-3, 1, 3) for k in range(3)])
+        [_cosine(k, 1e-3, 1, 3) for k in range(3)]
+    )
 
     wanted = RunConfig.load(run_dir / "config.toml").with_overrides(["train.lr=1e-4", "train.max_steps=6"])
     after = _run(wanted, resume_dir=run_dir)
@@ -77,11 +79,13 @@ def test_a_new_lr_and_more_steps_apply_from_the_next_step_and_the_folder_says_so
 
 
 def test_changed_training_data_is_refused_and_each_accepting_mode_does_what_it_says(
-        tiny_model_dir, chat_files, tiny_config, tmp_path):
+    tiny_model_dir, chat_files, tiny_config, tmp_path
+):
     train = tmp_path / "train.jsonl"
     shutil.copy(chat_files[0], train)
-    config = tiny_config(tiny_model_dir("tiny-dense"), (train, chat_files[1]), tmp_path / "runs",
-                         "output.name=r", "train.max_steps=20")
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"), (train, chat_files[1]), tmp_path / "runs", "output.name=r", "train.max_steps=20"
+    )
     run_dir = tmp_path / "runs" / "r"
     before = _run(config, stop_after=2)  # a checkpoint at step 2: two packs of epoch 0 consumed
     old_progress = next(e.epoch for e in before if isinstance(e, events.StepMetrics) and e.step == 2)

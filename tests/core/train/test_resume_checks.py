@@ -20,10 +20,18 @@ from hone.core.train import resume_checks as rc
 
 
 def _config(tmp_path: Path, *overrides: str) -> RunConfig:
-    return RunConfig().with_overrides([
-        f"data.train=[{json.dumps(str(tmp_path / 'train.jsonl'))}]", "model.name_or_path=\"some/model\"",
-        "train.max_steps=10", "train.lr=1e-3", "train.warmup_steps=1", "data.max_length=64",
-        "train.batch_tokens=256", *overrides])
+    return RunConfig().with_overrides(
+        [
+            f"data.train=[{json.dumps(str(tmp_path / 'train.jsonl'))}]",
+            'model.name_or_path="some/model"',
+            "train.max_steps=10",
+            "train.lr=1e-3",
+            "train.warmup_steps=1",
+            "data.max_length=64",
+            "train.batch_tokens=256",
+            *overrides,
+        ]
+    )
 
 
 def _run_folder(tmp_path: Path, config: RunConfig, step: int = 4, **state) -> Path:
@@ -33,8 +41,15 @@ def _run_folder(tmp_path: Path, config: RunConfig, step: int = 4, **state) -> Pa
     folder = run / "checkpoints" / f"step-{step:06d}"
     folder.mkdir(parents=True)
     config.save(run / "config.toml")
-    record = {"step": step, "position": step, "split": 1, "config": config.to_dict(),
-              "data": rc.data_fingerprint(config.data), "epoch": 0, "total_steps": config.train.max_steps}
+    record = {
+        "step": step,
+        "position": step,
+        "split": 1,
+        "config": config.to_dict(),
+        "data": rc.data_fingerprint(config.data),
+        "epoch": 0,
+        "total_steps": config.train.max_steps,
+    }
     (folder / "state.json").write_text(json.dumps({**record, **state}), encoding="utf-8")
     return run
 
@@ -51,6 +66,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 # ---- each setting's rule ----
 
+
 def test_every_setting_has_its_own_rule_on_resume():
     keys = [f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
     missing = [k for k in keys if k not in rc.ON_RESUME]
@@ -58,8 +74,19 @@ def test_every_setting_has_its_own_rule_on_resume():
     assert set(rc.ON_RESUME) == set(keys), "ON_RESUME names settings the config does not have"
     assert all(rule.kind in rc.KINDS and rule.why for rule in rc.ON_RESUME.values())
     kinds = {key: rc.ON_RESUME[key].kind for key in keys}
-    for key in ("model.name_or_path", "lora.r", "lora.targets", "data.train", "data.max_length", "train.seed",
-                "train.batch_tokens", "train.grad_accum", "train.optimizer", "speed.packing", "output.name"):
+    for key in (
+        "model.name_or_path",
+        "lora.r",
+        "lora.targets",
+        "data.train",
+        "data.max_length",
+        "train.seed",
+        "train.batch_tokens",
+        "train.grad_accum",
+        "train.optimizer",
+        "speed.packing",
+        "output.name",
+    ):
         assert kinds[key] == "refused", key
     for key in ("train.lr", "train.max_steps", "train.epochs", "train.schedule", "train.warmup_steps"):
         assert kinds[key] == "schedule", key
@@ -89,8 +116,10 @@ def test_safe_and_schedule_changes_are_applied_and_said(tmp_path):
     run = _run_folder(tmp_path, trained)
     check = _check(run, trained.with_overrides(["train.lr=1e-5", "output.checkpoint_every=2"]))
     assert check.step == 4
-    assert [(c.key, c.rule.kind) for c in check.changes] == [("train.lr", "schedule"),
-                                                        ("output.checkpoint_every", "safe")]
+    assert [(c.key, c.rule.kind) for c in check.changes] == [
+        ("train.lr", "schedule"),
+        ("output.checkpoint_every", "safe"),
+    ]
     said = [n for n in check.notices if n.topic == "resume"]
     assert any("output.checkpoint_every 0 → 2" in n.message and n.step == 5 for n in said)
 
@@ -115,8 +144,12 @@ def test_a_finished_run_resumed_at_the_same_length_is_refused_before_anything_is
     trained = _config(tmp_path)
     run = _run_folder(tmp_path, trained, step=10)  # total_steps 10: the final checkpoint
     _check(run, trained)  # killed after its last checkpoint, before it finished: the resume saves the adapter
-    (run / "run.json").write_text(json.dumps({"run_dir": str(run), "name": "run", "model": "m", "status": "finished",
-                                              "step": 10, "total_steps": 10}), encoding="utf-8")
+    (run / "run.json").write_text(
+        json.dumps(
+            {"run_dir": str(run), "name": "run", "model": "m", "status": "finished", "step": 10, "total_steps": 10}
+        ),
+        encoding="utf-8",
+    )
     before = _snapshot(run)
     with pytest.raises(HoneError, match=r"has already finished: its newest checkpoint is step 10 of 10") as e:
         _check(run, trained)
@@ -138,6 +171,7 @@ def test_a_checkpoint_without_a_record_is_compared_with_config_toml_and_said_unv
 
 
 # ---- the data fingerprint ----
+
 
 def test_file_digest_is_size_and_sha256_and_sees_a_same_size_edit(tmp_path):
     path = tmp_path / "rows.jsonl"
@@ -186,11 +220,11 @@ def test_a_changed_eval_file_is_a_warning(tmp_path):
     run = _run_folder(tmp_path, trained)
     (tmp_path / "eval.jsonl").write_text('{"text": "f"}\n{"text": "g"}\n', encoding="utf-8")
     check = _check(run, trained)
-    assert any("eval.jsonl" in n.message and "evaluation" in n.message and n.level == "warning"
-               for n in check.notices)
+    assert any("eval.jsonl" in n.message and "evaluation" in n.message and n.level == "warning" for n in check.notices)
 
 
 # ---- the config history ----
+
 
 def test_the_effective_config_is_written_and_the_old_one_kept(tmp_path):
     trained = _config(tmp_path)
@@ -208,6 +242,7 @@ def test_the_effective_config_is_written_and_the_old_one_kept(tmp_path):
 
 
 # ---- the schedule and the data position ----
+
 
 def _cosine(step: int, lr: float, warmup: int, total: int) -> float:
     """Reference: linear warmup, then cosine decay to 0, for 0-based optimizer step `step`."""
@@ -283,8 +318,7 @@ def test_a_tokenization_change_under_unchanged_files_is_refused(tmp_path):
 
 def test_a_resume_packs_rows_as_the_run_did_whatever_the_memory_fit_picks(tmp_path):
     trained = _config(tmp_path)
-    run = _run_folder(tmp_path, trained, layout=rc.layout_of(np.array([50]), trained, batch_tokens=192,
-                                                              tokenizer="t"))
+    run = _run_folder(tmp_path, trained, layout=rc.layout_of(np.array([50]), trained, batch_tokens=192, tokenizer="t"))
     check = _check(run, trained)
     fitted = trained.with_overrides(["train.batch_tokens=128", 'speed.checkpoint="offload"'])
     kept, notices = check.keep_pack_order(fitted)

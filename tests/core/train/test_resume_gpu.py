@@ -19,12 +19,14 @@ def losses(got) -> dict[int, float]:
     return {e.step: e.loss for e in got if isinstance(e, events.StepMetrics)}
 
 
-def test_a_stopped_run_resumes_with_the_losses_of_one_that_never_stopped(tiny_model_dir, chat_files, tiny_config,
-                                                                        tmp_path):
+def test_a_stopped_run_resumes_with_the_losses_of_one_that_never_stopped(
+    tiny_model_dir, chat_files, tiny_config, tmp_path
+):
     model_dir = tiny_model_dir("tiny-dense")
     settings = ["train.max_steps=8", "output.checkpoint_every=3", "lora.dropout=0.1"]
-    straight = losses(Trainer(tiny_config(model_dir, chat_files, tmp_path, *settings, "output.name=straight"),
-                              device="cuda").run())
+    straight = losses(
+        Trainer(tiny_config(model_dir, chat_files, tmp_path, *settings, "output.name=straight"), device="cuda").run()
+    )
 
     config = tiny_config(model_dir, chat_files, tmp_path, *settings, "output.name=stopped")
     control = RunControl()

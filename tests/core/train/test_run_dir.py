@@ -16,6 +16,7 @@ from hone.core.train.trainer import Trainer
 
 def _strict(text: str):
     """json.loads that refuses NaN and Infinity, as every JSON reader outside Python does."""
+
     def refuse(constant):
         raise ValueError(f"{constant} is not JSON")
 
@@ -23,13 +24,33 @@ def _strict(text: str):
 
 
 def _step(step: int, loss: float, grad_norm: float = 1.0) -> events.StepMetrics:
-    return events.StepMetrics(step=step, total_steps=6, epoch=step / 6, loss=loss, lr=1e-3, grad_norm=grad_norm,
-                              tokens=100, trained_tokens=50, tokens_per_s=10.0, step_time=0.1, elapsed=0.1 * step)
+    return events.StepMetrics(
+        step=step,
+        total_steps=6,
+        epoch=step / 6,
+        loss=loss,
+        lr=1e-3,
+        grad_norm=grad_norm,
+        tokens=100,
+        trained_tokens=50,
+        tokens_per_s=10.0,
+        step_time=0.1,
+        elapsed=0.1 * step,
+    )
 
 
 def _started(resumed: int = 0) -> events.RunStarted:
-    return events.RunStarted(run_dir="r", model="m", device="cpu", dtype="float32", params_total=10,
-                             params_trainable=2, total_steps=6, tokens_per_epoch=100, resumed_from_step=resumed)
+    return events.RunStarted(
+        run_dir="r",
+        model="m",
+        device="cpu",
+        dtype="float32",
+        params_total=10,
+        params_trainable=2,
+        total_steps=6,
+        tokens_per_epoch=100,
+        resumed_from_step=resumed,
+    )
 
 
 def _report() -> events.DatasetReport:
@@ -38,9 +59,15 @@ def _report() -> events.DatasetReport:
 
 def test_a_resume_keeps_each_step_once_and_everything_else_in_order(tmp_path):
     writer = RunWriter(tmp_path, RunConfig())
-    first = [_report(), _started(), *[_step(s, 10.0 - s) for s in range(1, 6)],
-             events.CheckpointSaved(step=4, path="c4"), events.EvalMetrics(step=5, loss=4.0, tokens=9),
-             events.Notice(topic="memory", message="re-planned", step=5), events.Notice(topic="x", message="whole run")]
+    first = [
+        _report(),
+        _started(),
+        *[_step(s, 10.0 - s) for s in range(1, 6)],
+        events.CheckpointSaved(step=4, path="c4"),
+        events.EvalMetrics(step=5, loss=4.0, tokens=9),
+        events.Notice(topic="memory", message="re-planned", step=5),
+        events.Notice(topic="x", message="whole run"),
+    ]
     for event in first:
         writer.write(event)
     writer.close()  # killed after step 5; the newest checkpoint is step 4
@@ -60,7 +87,8 @@ def test_a_resume_keeps_each_step_once_and_everything_else_in_order(tmp_path):
     kept = [e for e in first if not (getattr(e, "step", None) or 0) > 4]
     got = read_events(tmp_path)
     assert [(type(e).__name__, getattr(e, "step", None)) for e in got] == [
-        (type(e).__name__, getattr(e, "step", None)) for e in [*kept, _report(), *second]]
+        (type(e).__name__, getattr(e, "step", None)) for e in [*kept, _report(), *second]
+    ]
     assert [e.loss for e in got if isinstance(e, events.StepMetrics)] == [9.0, 8.0, 7.0, 6.0, 5.5, 4.5]
     assert all(_strict(line) for line in metrics.read_text().splitlines())
 
@@ -89,8 +117,7 @@ def test_numbers_that_are_not_finite_are_written_as_null_and_read_back_as_nan(tm
     writer = RunWriter(tmp_path, RunConfig())
     writer.write(_started())
     writer.write(_step(6, math.nan, grad_norm=math.inf))  # the last step: run.json is rewritten
-    writer.write(events.RunFinished(step=6, run_dir=str(tmp_path), adapter_dir="a", final_loss=math.nan,
-                                    elapsed=1.0))
+    writer.write(events.RunFinished(step=6, run_dir=str(tmp_path), adapter_dir="a", final_loss=math.nan, elapsed=1.0))
     writer.close()
     lines = [_strict(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines[1]["loss"] is None and lines[1]["grad_norm"] is None and lines[2]["final_loss"] is None
@@ -101,12 +128,15 @@ def test_numbers_that_are_not_finite_are_written_as_null_and_read_back_as_nan(tm
     assert "finished after 6 steps in 1 s: no loss recorded" in (tmp_path / "train.log").read_text()
 
 
-@pytest.mark.parametrize(("last", "kept"), [
-    (None, False),
-    (events.RunFailed(reason="the data has no usable rows"), False),
-    (events.RunFailed(reason="ValueError: boom", details="Traceback ...\n"), True),  # train.log has the traceback
-    (_started(), True),
-])
+@pytest.mark.parametrize(
+    ("last", "kept"),
+    [
+        (None, False),
+        (events.RunFailed(reason="the data has no usable rows"), False),
+        (events.RunFailed(reason="ValueError: boom", details="Traceback ...\n"), True),  # train.log has the traceback
+        (_started(), True),
+    ],
+)
 def test_a_folder_made_for_a_run_is_removed_when_the_run_never_started(tmp_path, last, kept):
     run_dir = tmp_path / "new-run"
     writer = RunWriter(run_dir, RunConfig(), created=True)

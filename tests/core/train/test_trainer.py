@@ -40,8 +40,15 @@ def test_a_short_run_emits_events_and_writes_its_folder(tiny_model_dir, chat_fil
     assert finished.final_loss == steps[-1].loss
     run_dir = tmp_path / next(tmp_path.iterdir()).name
     assert read_events(run_dir) == got  # metrics.jsonl holds exactly what was yielded
-    for name in ("config.toml", "train.log", "run.json", "adapter/adapter_model.safetensors",
-                 "adapter/adapter_config.json", "adapter/tokenizer.json", "adapter/README.md"):
+    for name in (
+        "config.toml",
+        "train.log",
+        "run.json",
+        "adapter/adapter_model.safetensors",
+        "adapter/adapter_config.json",
+        "adapter/tokenizer.json",
+        "adapter/README.md",
+    ):
         assert (run_dir / name).is_file(), name
     assert RunConfig.load(run_dir / "config.toml") == config
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
@@ -62,8 +69,15 @@ def test_loss_is_token_weighted_across_micro_batches(smollm2_tokenizer_dir, chat
     build_model("tiny-llama", initializer_range=0.5).save_pretrained(model_dir)
     for f in smollm2_tokenizer_dir.iterdir():
         shutil.copy(f, model_dir / f.name)
-    config = tiny_config(model_dir, chat_files, tmp_path / "runs", "train.grad_accum=2", "train.batch_tokens=160",
-                         "data.max_length=160", "train.max_steps=1")
+    config = tiny_config(
+        model_dir,
+        chat_files,
+        tmp_path / "runs",
+        "train.grad_accum=2",
+        "train.batch_tokens=160",
+        "data.max_length=160",
+        "train.max_steps=1",
+    )
     trainer = Trainer(config, device="cpu")
     got = run_all(trainer)
     step = next(e for e in got if isinstance(e, events.StepMetrics))
@@ -124,8 +138,11 @@ def test_saved_adapter_reproduces_the_trained_logits(tiny_model_dir, chat_files,
     trainer.model.eval()
     with torch.no_grad():
         trained = trainer.model(input_ids=ids).logits
-        reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir),
-                                             finished.adapter_dir).eval()(input_ids=ids).logits
+        reloaded = (
+            PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), finished.adapter_dir)
+            .eval()(input_ids=ids)
+            .logits
+        )
         base = AutoModelForCausalLM.from_pretrained(model_dir).eval()(input_ids=ids).logits
     assert (trained - base).abs().max() > 1e-4  # training changed the model
     torch.testing.assert_close(reloaded, trained, rtol=0, atol=1e-6)

@@ -21,8 +21,13 @@ from torch.utils._pytree import tree_flatten
 # Tensor methods that read a value on the host.
 _READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__"}
 # Ops whose output size depends on the input's values.
-_SIZED_BY_VALUES = {"aten.nonzero.default", "aten.masked_select.default", "aten.unique_consecutive.default",
-                    "aten._unique2.default", "aten.unique_dim.default"}
+_SIZED_BY_VALUES = {
+    "aten.nonzero.default",
+    "aten.masked_select.default",
+    "aten.unique_consecutive.default",
+    "aten._unique2.default",
+    "aten.unique_dim.default",
+}
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -90,8 +95,11 @@ class HostReads:
             if frame.f_code in self._host_code:
                 return
             frame = frame.f_back
-        stack = [f for f in traceback.extract_stack()[:-2] if "host_reads.py" not in f.filename
-                 and "/torch/" not in f.filename]
+        stack = [
+            f
+            for f in traceback.extract_stack()[:-2]
+            if "host_reads.py" not in f.filename and "/torch/" not in f.filename
+        ]
         where = f"{stack[-1].filename.rsplit('/', 3)[-1]}:{stack[-1].lineno}" if stack else "?"
         self.found.append((what, where))
 

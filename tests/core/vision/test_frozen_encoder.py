@@ -20,8 +20,9 @@ from hone.core.train.loss import loss_sum
 
 def _lora_on_the_language_model(model):
     exclude, _ = vision_plan(model, HoneLora())
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                                            exclude_modules=exclude))
+    return get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], exclude_modules=exclude)
+    )
 
 
 def _encoder_blocks(model):
@@ -34,8 +35,7 @@ def _encoder_blocks(model):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_frozen_encoder_blocks_run_once_and_the_adapters_train_as_without_checkpointing(kind, vision_kit,
-                                                                                         mixed_rows):
+def test_frozen_encoder_blocks_run_once_and_the_adapters_train_as_without_checkpointing(kind, vision_kit, mixed_rows):
     processor, tiny_model = vision_kit(kind)
     model = _lora_on_the_language_model(copy.deepcopy(tiny_model))
     folder, rows = mixed_rows
@@ -69,8 +69,10 @@ def test_frozen_encoder_blocks_run_once_and_the_adapters_train_as_without_checkp
     finally:
         for hook in hooks:
             hook.remove()
-    assert len(runs) == plain_runs, f"{kind}: the encoder's layers ran {len(runs)} times, {plain_runs} without " \
+    assert len(runs) == plain_runs, (
+        f"{kind}: the encoder's layers ran {len(runs)} times, {plain_runs} without "
         "checkpointing (recomputed in backward)"
+    )
     assert not any(outputs), f"{kind}: a frozen encoder block's output requires grad"
     torch.testing.assert_close(loss, loss_plain, rtol=1e-6, atol=0)
     assert grads.keys() == grads_plain.keys()

@@ -81,8 +81,9 @@ def test_forward_and_backward_read_nothing_back_from_the_device(kind, on_hone_pa
     host_code = [host_merge._qwen_encoder_metadata, bidirectional_varlen, backends._shared_lengths]
 
     def reads(batch):
-        with HostReads(host=[batch.pixels[k] for k in ("image_grid_thw",) if k in batch.pixels],
-                       host_code=host_code) as seen:
+        with HostReads(
+            host=[batch.pixels[k] for k in ("image_grid_thw",) if k in batch.pixels], host_code=host_code
+        ) as seen:
             loss_sum(model, batch, mode="plain").backward()
         return seen.found
 

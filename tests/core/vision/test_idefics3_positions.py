@@ -19,8 +19,14 @@ SIDE, PATCH = 56, 14  # the tiny family's image_size and patch_size: 4 patches a
 @pytest.fixture(scope="module")
 def embeddings():
     torch.manual_seed(0)
-    config = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                  image_size=SIDE, patch_size=PATCH)
+    config = Idefics3VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=SIDE,
+        patch_size=PATCH,
+    )
     return Idefics3VisionEmbeddings(config).eval()
 
 
@@ -29,8 +35,9 @@ def device_forward(embeddings, pixels):
     seen = []
     handle = embeddings.position_embedding.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
     try:
-        every_patch = torch.ones((pixels.shape[0], pixels.shape[2] // PATCH, pixels.shape[3] // PATCH),
-                                 dtype=torch.bool)
+        every_patch = torch.ones(
+            (pixels.shape[0], pixels.shape[2] // PATCH, pixels.shape[3] // PATCH), dtype=torch.bool
+        )
         out = embeddings(pixel_values=pixels, patch_attention_mask=every_patch)
     finally:
         handle.remove()
@@ -61,6 +68,7 @@ def test_the_encoder_reads_nothing_from_the_device_and_matches_transformers(smol
         features = _idefics3_features(model.model, HostImages(pixel_values=pixels, positions=torch.arange(0)))
     assert seen.found == []
     with torch.no_grad():
-        out = model.model.get_image_features(pixel_values=pixels,
-                                             pixel_attention_mask=torch.ones((2, 1, SIDE, SIDE), dtype=torch.bool))
+        out = model.model.get_image_features(
+            pixel_values=pixels, pixel_attention_mask=torch.ones((2, 1, SIDE, SIDE), dtype=torch.bool)
+        )
     torch.testing.assert_close(features, _flat(getattr(out, "pooler_output", out)), rtol=1e-6, atol=1e-6)

@@ -35,14 +35,21 @@ def encode(processor, folder, rows):
     for row, enc in zip(parsed, encoder.encode(parsed), strict=True):
         assert hasattr(enc, "ids"), enc
         labels = np.where(enc.trained, enc.ids, -100)
-        out.append(TokenizedRow(input_ids=enc.ids.tolist(), labels=labels.tolist(), source=row.source,
-                                images=enc.images))
+        out.append(
+            TokenizedRow(input_ids=enc.ids.tolist(), labels=labels.tolist(), source=row.source, images=enc.images)
+        )
     return out
 
 
 def collator(processor, model, packing):
-    return VisionCollator(family_of(model), processor, model.config, image_max_side=MAX_SIDE, packing=packing,
-                          pad_id=processor.tokenizer.pad_token_id)
+    return VisionCollator(
+        family_of(model),
+        processor,
+        model.config,
+        image_max_side=MAX_SIDE,
+        packing=packing,
+        pad_id=processor.tokenizer.pad_token_id,
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -70,7 +77,8 @@ def test_image_tokens_match_the_transformers_processor(kind, vision_kit, mixed_r
     encoder = RowEncoder(processor, max_length=512, image_max_side=MAX_SIDE)
     for record, row in zip(rows, encode(processor, folder, rows), strict=True):
         text, _ = encoder.template.render_with_spans(
-            normalize(dict(record), "messages", ColumnNames({}), "x:1", folder, True).messages)
+            normalize(dict(record), "messages", ColumnNames({}), "x:1", folder, True).messages
+        )
         images = [load_image(ref, MAX_SIDE) for ref in row.images]
         reference = processor(text=[text], images=images or None, add_special_tokens=False)["input_ids"][0]
         ours = [t for t in row.input_ids if t in markers]
@@ -107,8 +115,11 @@ def test_mixed_batch_runs_forward_and_backward(kind, vision_kit, mixed_rows):
     patches = [g for n, g in grads.items() if "patch_embed" in n and n.endswith("weight")]
     assert patches, "the image encoder's first layer is not in the graph"
     family = family_of(model)
-    vision = sum(g.abs().sum() for n, g in grads.items() if any(f".{v}." in n for v in
-                                                                 family.vision_modules + family.projector_modules))
+    vision = sum(
+        g.abs().sum()
+        for n, g in grads.items()
+        if any(f".{v}." in n for v in family.vision_modules + family.projector_modules)
+    )
     # (Gemma 3 initializes its projection to zeros, so on a fresh model only the projection itself moves)
     assert vision > 0, "no gradient reached the vision side"
     assert model.get_output_embeddings().weight.grad.abs().sum() > 0
@@ -145,8 +156,10 @@ def assert_batched_equals_rows_alone(kind, model, make, tokenized) -> None:
     # relative to each parameter's own gradient, with a floor for gradients that are zero in exact arithmetic (a
     # key bias: softmax ignores it) and only rounding noise here
     scale = max(g.abs().max().item() for g in grads_alone.values())
-    worst = max((grads_together[n] - grads_alone[n]).abs().max().item()
-                / (grads_alone[n].abs().max().item() + 1e-4 * scale) for n in grads_alone)
+    worst = max(
+        (grads_together[n] - grads_alone[n]).abs().max().item() / (grads_alone[n].abs().max().item() + 1e-4 * scale)
+        for n in grads_alone
+    )
     assert worst < 1e-3, f"{kind}: gradients differ by {worst:.2e} (relative)"
 
 

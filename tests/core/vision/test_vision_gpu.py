@@ -22,8 +22,26 @@ def test_vision_bench_runs_both_paths(tmp_path):
     out = tmp_path / "bench.json"
     tokenizer = ["--tokenizer", os.environ["HONE_TEST_TOKENIZER"]] if os.environ.get("HONE_TEST_TOKENIZER") else []
     # 5 optimizer steps per path, the first 2 untimed
-    assert main(["bench", "vision-qwen2.5-vl", "--layers", "4", "--warmup", "2", "--steps", "3", "--tokens", "4096",
-                 "--json", str(out), *tokenizer]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "vision-qwen2.5-vl",
+                "--layers",
+                "4",
+                "--warmup",
+                "2",
+                "--steps",
+                "3",
+                "--tokens",
+                "4096",
+                "--json",
+                str(out),
+                *tokenizer,
+            ]
+        )
+        == 0
+    )
     data = json.loads(out.read_text())
     runs = {r["name"]: r for r in data["runs"]}
     hone, ref = runs["hone"], runs["reference"]
@@ -35,7 +53,8 @@ def test_vision_bench_runs_both_paths(tmp_path):
     # the same data and model: the first losses agree to within the different batchings (packed vs padded)
     assert abs(hone["first_loss"] - ref["first_loss"]) / ref["first_loss"] < 0.15, data["losses"]
     assert hone["peak_allocated_gib"] <= ref["peak_allocated_gib"] * 1.2, (
-        f"Hone peak {hone['peak_allocated_gib']:.1f} GiB vs {ref['peak_allocated_gib']:.1f}")
+        f"Hone peak {hone['peak_allocated_gib']:.1f} GiB vs {ref['peak_allocated_gib']:.1f}"
+    )
 
 
 def _packed_on_gpu(kind, vision_kit, mixed_rows):
@@ -83,8 +102,10 @@ def test_varlen_on_the_language_model_equals_rows_one_by_one(kind, vision_kit, m
     alone.backward()
     grads_alone = _grads(model)
     assert torch.allclose(together.float(), alone.float(), rtol=2e-2), (float(together), float(alone))
-    worst = max(((grads_together[n].float() - grads_alone[n].float()).norm()
-                 / (grads_alone[n].float().norm() + 1e-6)).item() for n in grads_alone)
+    worst = max(
+        ((grads_together[n].float() - grads_alone[n].float()).norm() / (grads_alone[n].float().norm() + 1e-6)).item()
+        for n in grads_alone
+    )
     assert worst < 5e-2, f"{kind}: gradients differ by {worst:.2e} (relative norm)"
 
 
@@ -118,8 +139,9 @@ def test_triton_kernels_on_qwen_vl_train_like_the_plain_model(kind, vision_kit, 
         results.append((loss.detach().float(), _grads(model)))
     (loss_plain, grads_plain), (loss_fused, grads_fused) = results
     assert torch.allclose(loss_fused, loss_plain, rtol=1e-2), (float(loss_fused), float(loss_plain))
-    worst = max(((grads_fused[n].float() - g.float()).norm() / (g.float().norm() + 1e-6)).item()
-                for n, g in grads_plain.items())
+    worst = max(
+        ((grads_fused[n].float() - g.float()).norm() / (g.float().norm() + 1e-6)).item() for n, g in grads_plain.items()
+    )
     assert worst < 5e-2, f"{kind}: gradients differ by {worst:.2e} (relative norm): {report.summary()}"
 
 

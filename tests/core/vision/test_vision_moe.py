@@ -12,9 +12,10 @@ import pytest
 import torch
 from vision_helpers import write_jsonl
 
-from hone.core import events, moe
+from hone.core import events
 from hone.core.config import LoraConfig, RunConfig
 from hone.core.models.load import info_from_config
+from hone.core.speed import moe
 from hone.core.train.lora import apply_lora
 from hone.core.train.trainer import Trainer
 from hone.core.vision import tiny
@@ -58,10 +59,19 @@ def test_the_trainer_runs_mixed_rows_through_its_moe_path(smollm2_tokenizer_dir,
     folder, rows = mixed_rows
     model_dir = tiny.save_vision_model(tmp_path / "model", KIND, smollm2_tokenizer_dir)
     data = write_jsonl(folder / f"train-{KIND}.jsonl", rows + rows)
-    config = RunConfig().with_overrides([
-        f"model.name_or_path={json.dumps(str(model_dir))}", f"data.train=[{json.dumps(str(data))}]",
-        f"output.runs_dir={json.dumps(str(tmp_path / 'runs'))}", "data.max_length=128", "data.image_max_side=64",
-        "train.batch_tokens=160", "train.max_steps=2", "lora.r=4", "speed.moe_backend=torch"])
+    config = RunConfig().with_overrides(
+        [
+            f"model.name_or_path={json.dumps(str(model_dir))}",
+            f"data.train=[{json.dumps(str(data))}]",
+            f"output.runs_dir={json.dumps(str(tmp_path / 'runs'))}",
+            "data.max_length=128",
+            "data.image_max_side=64",
+            "train.batch_tokens=160",
+            "train.max_steps=2",
+            "lora.r=4",
+            "speed.moe_backend=torch",
+        ]
+    )
     seen = list(Trainer(config, device="cpu").run())
     failed = [e for e in seen if isinstance(e, events.RunFailed)]
     assert not failed, failed[0].reason + "\n" + failed[0].details[-2000:]

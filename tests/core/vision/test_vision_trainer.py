@@ -17,9 +17,12 @@ from hone.core.train.trainer import Trainer
 
 def broken_rows(folder):
     (folder / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really a png" * 8)
-    ask = lambda image: {"messages": [  # noqa: E731
-        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Color?"}]},
-        {"role": "assistant", "content": "red"}]}
+    ask = lambda image: {  # noqa: E731
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Color?"}]},
+            {"role": "assistant", "content": "red"},
+        ]
+    }
     return [ask("missing.png"), ask("corrupt.png")]
 
 
@@ -27,11 +30,21 @@ def broken_rows(folder):
 def test_trainer_runs_mixed_data_and_skips_broken_images(kind, vision_model_dir, mixed_rows, tmp_path):
     folder, rows = mixed_rows
     data = write_jsonl(folder / f"train-{kind}.jsonl", rows + broken_rows(folder) + rows)
-    config = RunConfig().with_overrides([
-        f"model.name_or_path={json.dumps(str(vision_model_dir(kind)))}", f"data.train=[{json.dumps(str(data))}]",
-        f"output.runs_dir={json.dumps(str(tmp_path))}", "data.max_length=128", "data.image_max_side=64",
-        "train.batch_tokens=160", "train.max_steps=3", "train.lr=1e-3", "train.warmup_steps=1",
-        "lora.r=4", "lora.train_projector=true"])
+    config = RunConfig().with_overrides(
+        [
+            f"model.name_or_path={json.dumps(str(vision_model_dir(kind)))}",
+            f"data.train=[{json.dumps(str(data))}]",
+            f"output.runs_dir={json.dumps(str(tmp_path))}",
+            "data.max_length=128",
+            "data.image_max_side=64",
+            "train.batch_tokens=160",
+            "train.max_steps=3",
+            "train.lr=1e-3",
+            "train.warmup_steps=1",
+            "lora.r=4",
+            "lora.train_projector=true",
+        ]
+    )
     seen = list(Trainer(config).run())
     failed = [e for e in seen if isinstance(e, events.RunFailed)]
     assert not failed, failed[0].reason + "\n" + failed[0].details[-2000:]
@@ -65,8 +78,9 @@ def test_the_vision_benchmark_profiles_one_more_step_of_the_trainer(vision_model
 
     folder, rows = mixed_rows
     data = write_jsonl(folder / "bench.jsonl", rows * 3)
-    out = hone_steps(vision_model_dir("qwen2_5_vl"), data, tmp_path, steps=2, warmup=1, batch_tokens=256, lora_r=4,
-                     profile_top=5)
+    out = hone_steps(
+        vision_model_dir("qwen2_5_vl"), data, tmp_path, steps=2, warmup=1, batch_tokens=256, lora_r=4, profile_top=5
+    )
     assert len(out.times) == len(out.losses) == 2
     profile = out.profile
     assert profile["device"] == "cpu (ATen ops)" and profile["wall_ms"] > 0 and len(profile["kernels"]) == 5

@@ -24,8 +24,12 @@ def draw(path, size, color, shape="square"):
 
 
 def user(*parts):
-    return {"role": "user", "content": [{"type": "image", "image": p} if p.endswith(".png") else
-                                        {"type": "text", "text": p} for p in parts]}
+    return {
+        "role": "user",
+        "content": [
+            {"type": "image", "image": p} if p.endswith(".png") else {"type": "text", "text": p} for p in parts
+        ],
+    }
 
 
 def reply(text):

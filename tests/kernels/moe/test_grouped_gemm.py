@@ -39,6 +39,7 @@ def _untuned_triton(monkeypatch):
     """Triton block sizes from the heuristic: tuning every test shape would spend GPU minutes compiling."""
     monkeypatch.setenv("HONE_TRITON_AUTOTUNE", "0")
 
+
 def _require(device: str) -> None:
     if device == "cpu" and not interpreting():
         pytest.skip("CPU runs need TRITON_INTERPRET=1 at import (test_moe_triton_cpu.py runs them)")
@@ -73,8 +74,9 @@ def test_forward_with_every_fusion_matches_reference(device, dtype, layout):
     lora_x = torch.randn(rows, rank, generator=gen).to(device, dtype)
     lora_w = torch.randn(experts, rank, n_cols, generator=gen).to(device, dtype)
     ends = _group_ends(counts, device)
-    kwargs = dict(gather=gather, scatter=scatter, row_scale=row_scale, bias=bias, lora_x=lora_x, lora_w=lora_w,
-                  lora_scale=0.5)
+    kwargs = dict(
+        gather=gather, scatter=scatter, row_scale=row_scale, bias=bias, lora_x=lora_x, lora_w=lora_w, lora_scale=0.5
+    )
     got = grouped_gemm_forward(x, w, ends, num_rows=rows, **kwargs)
     ref = grouped_gemm_reference(x, w, ends, **kwargs)
     assert got.shape == (rows, n_cols) and got.dtype == dtype
@@ -126,8 +128,9 @@ def test_wgrad_gathers_the_left_operand(device):
     q = torch.randn(sum(counts), 16, generator=gen).to(device)
     gather_p = torch.randint(0, 5, (sum(counts),), generator=gen).to(device)
     ends = _group_ends(counts, device)
-    err = _rel_err(grouped_gemm_wgrad(p, q, ends, gather_p=gather_p),
-                   grouped_gemm_wgrad_reference(p, q, ends, gather_p=gather_p))
+    err = _rel_err(
+        grouped_gemm_wgrad(p, q, ends, gather_p=gather_p), grouped_gemm_wgrad_reference(p, q, ends, gather_p=gather_p)
+    )
     assert err <= TOLERANCE[torch.float32], f"wgrad with gathered p off by {err:.3g}"
 
 

@@ -24,6 +24,7 @@ def _untuned_triton(monkeypatch):
     """Triton block sizes from the heuristic: tuning every test shape would spend GPU minutes compiling."""
     monkeypatch.setenv("HONE_TRITON_AUTOTUNE", "0")
 
+
 def qwen_activation(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -50,8 +51,9 @@ def _routing(pattern: str, experts: int, tokens: int, top_k: int, gen: torch.Gen
         index = torch.stack([torch.randperm(experts, generator=gen) for _ in range(tokens)])
     else:
         pool = [e for e in range(experts) if not (pattern == "skip1" and e == 1)]
-        index = torch.stack([torch.tensor(pool)[torch.randperm(len(pool), generator=gen)[:top_k]]
-                             for _ in range(tokens)])
+        index = torch.stack(
+            [torch.tensor(pool)[torch.randperm(len(pool), generator=gen)[:top_k]] for _ in range(tokens)]
+        )
     weights = torch.rand(tokens, top_k, generator=gen)
     return index, weights / weights.sum(-1, keepdim=True)
 
@@ -64,12 +66,19 @@ def _problem(case, dtype: torch.dtype, device: str):
     def rnd(*shape, std=0.3):
         return (torch.randn(*shape, generator=gen) * std).to(device, dtype).requires_grad_(True)
 
-    leaves = {"x": rnd(tokens, hidden, std=1.0), "up": rnd(experts, 2 * inter, hidden),
-              "down": rnd(experts, hidden, inter)}
+    leaves = {
+        "x": rnd(tokens, hidden, std=1.0),
+        "up": rnd(experts, 2 * inter, hidden),
+        "down": rnd(experts, hidden, inter),
+    }
     if layout == "gptoss":
         leaves["up_bias"], leaves["down_bias"] = rnd(experts, 2 * inter), rnd(experts, hidden)
-    leaves |= {"a1": rnd(experts, hidden, rank), "b1": rnd(experts, rank, 2 * inter),
-               "a2": rnd(experts, inter, rank), "b2": rnd(experts, rank, hidden)}
+    leaves |= {
+        "a1": rnd(experts, hidden, rank),
+        "b1": rnd(experts, rank, 2 * inter),
+        "a2": rnd(experts, inter, rank),
+        "b2": rnd(experts, rank, hidden),
+    }
     index, weights = _routing(pattern, experts, tokens, top_k, gen)
     leaves["routing_weights"] = weights.to(device).requires_grad_(True)
     return leaves, index.to(device), layout
@@ -78,11 +87,22 @@ def _problem(case, dtype: torch.dtype, device: str):
 def _run(fn, leaves: dict, index: torch.Tensor, layout: str, grad_out: torch.Tensor, silu_halves: bool = False):
     activation = gptoss_activation if layout == "gptoss" else qwen_activation
     # Qwen stores (E, out, in): pass transposed views, as the transformers glue does.
-    weights = ExpertWeights(up=leaves["up"].transpose(1, 2), down=leaves["down"].transpose(1, 2),
-                            up_bias=leaves.get("up_bias"), down_bias=leaves.get("down_bias"), activation=activation,
-                            silu_halves=silu_halves)
-    out = fn(leaves["x"], index, leaves["routing_weights"], weights, LoraFactors(leaves["a1"], leaves["b1"], 0.75),
-             LoraFactors(leaves["a2"], leaves["b2"], 1.25))
+    weights = ExpertWeights(
+        up=leaves["up"].transpose(1, 2),
+        down=leaves["down"].transpose(1, 2),
+        up_bias=leaves.get("up_bias"),
+        down_bias=leaves.get("down_bias"),
+        activation=activation,
+        silu_halves=silu_halves,
+    )
+    out = fn(
+        leaves["x"],
+        index,
+        leaves["routing_weights"],
+        weights,
+        LoraFactors(leaves["a1"], leaves["b1"], 0.75),
+        LoraFactors(leaves["a2"], leaves["b2"], 1.25),
+    )
     out.backward(grad_out.to(out.dtype))
     return out, {name: t.grad for name, t in leaves.items()}
 
@@ -91,10 +111,21 @@ def _check(backend: str, case, dtype: torch.dtype, device: str, silu_halves: boo
     leaves, index, layout = _problem(case, dtype, device)
     reference_leaves = {k: v.detach().float().requires_grad_(True) for k, v in leaves.items()}
     grad_out = torch.randn(leaves["x"].shape, generator=torch.Generator().manual_seed(5)).to(device)
-    ref_out, ref_grads = _run(lambda *a: moe_experts_reference(*a[:4], lora_up=a[4], lora_down=a[5]),
-                              reference_leaves, index, layout, grad_out)
-    out, grads = _run(lambda *a: moe_experts(*a[:4], make_ops(backend), lora_up=a[4], lora_down=a[5]),
-                      leaves, index, layout, grad_out, silu_halves)
+    ref_out, ref_grads = _run(
+        lambda *a: moe_experts_reference(*a[:4], lora_up=a[4], lora_down=a[5]),
+        reference_leaves,
+        index,
+        layout,
+        grad_out,
+    )
+    out, grads = _run(
+        lambda *a: moe_experts(*a[:4], make_ops(backend), lora_up=a[4], lora_down=a[5]),
+        leaves,
+        index,
+        layout,
+        grad_out,
+        silu_halves,
+    )
     assert out.dtype == dtype and out.shape == ref_out.shape
     tol = TOLERANCE[dtype]
     errors = {"output": ((out.float() - ref_out).abs().max() / ref_out.abs().max()).item()}
@@ -163,9 +194,11 @@ def test_fused_silu_gate_triton_matches_reference_interpreter(dtype):
 
 
 # Under the interpreter each case runs in one dtype (the kernel grid in test_grouped_gemm.py covers all three).
-@pytest.mark.parametrize(("case", "dtype"), list(zip(CASES, [torch.bfloat16, torch.float32, torch.float16,
-                                                             torch.bfloat16], strict=True)),
-                         ids=lambda v: v[0] if isinstance(v, tuple) else str(v).removeprefix("torch."))
+@pytest.mark.parametrize(
+    ("case", "dtype"),
+    list(zip(CASES, [torch.bfloat16, torch.float32, torch.float16, torch.bfloat16], strict=True)),
+    ids=lambda v: v[0] if isinstance(v, tuple) else str(v).removeprefix("torch."),
+)
 def test_triton_backend_matches_reference_interpreter(case, dtype):
     if not interpreting():
         pytest.skip("CPU runs need TRITON_INTERPRET=1 at import (test_moe_triton_cpu.py runs them)")
@@ -182,7 +215,7 @@ def test_gpu_backends_match_reference(backend, case, dtype):
     if backend == "triton" and not triton_runs_on("cuda"):
         pytest.skip("Triton not installed")
     if backend == "grouped_mm":
-        from hone.core.moe.choice import probe
+        from hone.core.speed.moe.choice import probe
 
         failure = probe("grouped_mm", torch.device("cuda", torch.cuda.current_device()), dtype)
         if failure is not None:
@@ -201,16 +234,31 @@ def test_backward_matches_finite_differences(dropout, silu_halves):
     def rnd(*shape):
         return torch.randn(*shape, dtype=torch.float64).mul(0.5).requires_grad_(True)
 
-    inputs = (rnd(tokens, hidden), torch.rand(tokens, top_k, dtype=torch.float64).requires_grad_(True),
-              rnd(experts, hidden, 2 * inter), rnd(experts, 2 * inter), rnd(experts, inter, hidden),
-              rnd(experts, hidden),
-              rnd(experts, hidden, rank), rnd(experts, rank, 2 * inter), rnd(experts, inter, rank),
-              rnd(experts, rank, hidden))
+    inputs = (
+        rnd(tokens, hidden),
+        torch.rand(tokens, top_k, dtype=torch.float64).requires_grad_(True),
+        rnd(experts, hidden, 2 * inter),
+        rnd(experts, 2 * inter),
+        rnd(experts, inter, hidden),
+        rnd(experts, hidden),
+        rnd(experts, hidden, rank),
+        rnd(experts, rank, 2 * inter),
+        rnd(experts, inter, rank),
+        rnd(experts, rank, hidden),
+    )
 
     def layer(x, w, up, up_b, down, down_b, a1, b1, a2, b2):
         torch.manual_seed(1)
         weights = ExpertWeights(up, down, up_b, down_b, qwen_activation, silu_halves=silu_halves)
-        return moe_experts(x, index, w, weights, make_ops("torch"), lora_up=LoraFactors(a1, b1, 0.5, dropout),
-                           lora_down=LoraFactors(a2, b2, 2.0, dropout), training=True)
+        return moe_experts(
+            x,
+            index,
+            w,
+            weights,
+            make_ops("torch"),
+            lora_up=LoraFactors(a1, b1, 0.5, dropout),
+            lora_down=LoraFactors(a2, b2, 2.0, dropout),
+            training=True,
+        )
 
     assert torch.autograd.gradcheck(layer, inputs, eps=1e-6, atol=1e-5, fast_mode=True)

@@ -49,8 +49,12 @@ def test_kernels_match_float32_autograd(rows, width, dtype):
     h = swiglu_halves_forward(gate_up)
     h2, d_gate_up, dots = swiglu_halves_backward(gate_up, g, w)
     assert h.dtype == h2.dtype == d_gate_up.dtype == dtype and dots.dtype == torch.float32
-    errors = {"h": _rel(h, h_truth), "h (backward)": _rel(h2, h_truth), "d gate_up": _rel(d_gate_up, d_truth),
-              "row dots": _rel(dots, dots_truth)}
+    errors = {
+        "h": _rel(h, h_truth),
+        "h (backward)": _rel(h2, h_truth),
+        "d gate_up": _rel(d_gate_up, d_truth),
+        "row dots": _rel(dots, dots_truth),
+    }
     bad = {k: f"{v:.2g}" for k, v in errors.items() if not v <= TOL[dtype]}
     assert not bad, f"{rows}x{width} {dtype}: relative errors above {TOL[dtype]}: {bad}"
 
@@ -60,8 +64,7 @@ def test_triton_and_torch_forms_agree_on_strided_rows():
     gen = torch.Generator().manual_seed(3)
     wide = torch.randn(6, 40, generator=gen)
     gate_up, g, w = wide[:, :32], torch.randn(6, 16, generator=gen), torch.rand(6, generator=gen)
-    for got, want in zip(swiglu_halves_grad(gate_up, g, w), swiglu_halves_grad_reference(gate_up, g, w),
-                         strict=True):
+    for got, want in zip(swiglu_halves_grad(gate_up, g, w), swiglu_halves_grad_reference(gate_up, g, w), strict=True):
         assert _rel(got, want) <= 2e-6
     assert _rel(swiglu_halves(gate_up), F.silu(gate_up[:, :16]) * gate_up[:, 16:]) <= 2e-6
 

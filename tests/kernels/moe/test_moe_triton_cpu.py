@@ -17,8 +17,11 @@ import pytest
 from tests.helpers.triton_interpreter import interpreter_fault
 
 ROOT = Path(__file__).resolve().parents[3]
-FILES = ["tests/kernels/moe/test_grouped_gemm.py", "tests/kernels/moe/test_moe_experts.py",
-         "tests/core/moe/test_moe_module_backends.py"]
+FILES = [
+    "tests/kernels/moe/test_grouped_gemm.py",
+    "tests/kernels/moe/test_moe_experts.py",
+    "tests/core/speed/moe/test_moe_module_backends.py",
+]
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="already inside the interpreted run")
@@ -28,9 +31,26 @@ def test_triton_kernels_pass_under_the_cpu_interpreter():
         pytest.skip(fault)
     env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "-k", "interpreter",
-         "-rs", *FILES],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not gpu",
+            "-k",
+            "interpreter",
+            "-rs",
+            *FILES,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     tail = result.stdout[-4000:] + result.stderr[-2000:]
     assert result.returncode == 0, f"interpreted Triton tests failed:\n{tail}"
     summary = result.stdout.strip().splitlines()[-1]

@@ -14,8 +14,11 @@ from hone.kernels.moe.router import (
     router_top_k_reference,
 )
 
-TOL = {torch.float32: dict(atol=2e-6, rtol=2e-5), torch.bfloat16: dict(atol=8e-3, rtol=1.6e-2),
-       torch.float16: dict(atol=1e-3, rtol=2e-3)}
+TOL = {
+    torch.float32: dict(atol=2e-6, rtol=2e-5),
+    torch.bfloat16: dict(atol=8e-3, rtol=1.6e-2),
+    torch.float16: dict(atol=1e-3, rtol=2e-3),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +42,7 @@ def _truth(logits: torch.Tensor, top_k: int, normalize: bool, d_weights: torch.T
 
 
 # prime expert counts, k = 1 and k = E, a router of 128 experts with top-8 as Qwen3-30B-A3B has
-CASES = [(37, 7, 1, True), (37, 7, 7, True), (37, 7, 3, False), (5, 128, 8, True), (70, 60, 4, True),
-         (3, 2, 2, False)]
+CASES = [(37, 7, 1, True), (37, 7, 7, True), (37, 7, 3, False), (5, 128, 8, True), (70, 60, 4, True), (3, 2, 2, False)]
 
 
 @pytest.mark.parametrize(("rows", "experts", "top_k", "normalize"), CASES)

@@ -9,8 +9,8 @@ import torch
 
 from hone.core.config import SpeedConfig
 from hone.core.data.collate import collate_packed
-from hone.core.speed import attention
 from hone.core.speed.attention import backends
+from hone.core.speed.attention import choice as attention
 from hone.core.train.loss import loss_sum
 from tests.helpers.packed import assert_grads_close, grads, model_of, per_sequence_loss, random_rows
 
@@ -19,13 +19,16 @@ SHAPES = ["tiny-llama", "tiny-dense", "tiny-mistral-swa"]
 
 def test_block_causal_mask_by_hand():
     cu = torch.tensor([0, 3, 5], dtype=torch.int32)
-    want = torch.tensor([
-        [1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-        [1, 1, 1, 0, 0],
-        [0, 0, 0, 1, 0],
-        [0, 0, 0, 1, 1],
-    ], dtype=torch.bool)
+    want = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [0, 0, 0, 1, 0],
+            [0, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(backends.block_causal_mask(cu, 5)[0, 0], want)
     windowed = want & ~torch.tensor([[0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0] * 5, [0] * 5]).bool()
     assert torch.equal(backends.block_causal_mask(cu, 5, sliding_window=2)[0, 0], windowed)
@@ -87,8 +90,7 @@ def test_metadata_built_once_per_batch_and_transformers_builds_no_mask(monkeypat
 
     calls = []
     real = masking_utils.find_packed_sequence_indices
-    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda *a, **k: calls.append(1) or real(*a,
-                                                                                                            **k))
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = model_of("tiny-dense")
     batch = collate_packed(random_rows([6, 9, 4], seed=4))
     layers = model.config.num_hidden_layers
@@ -284,14 +286,20 @@ def test_sink_models_on_a_gpu_take_varlen_through_its_sink_probe_else_the_block_
 
 def _cpu_varlen(seen: list):
     """Stand-in for the CUDA varlen kernel on the CPU: packed causal SDPA, recording the options of each call."""
+
     def attend(query, key, value, cu, max_len, scaling, window, sinks=None, options=None, module=None):
         seen.append(options)
         total = query.shape[2]
         groups = query.shape[1] // key.shape[1]
         out = torch.nn.functional.scaled_dot_product_attention(
-            query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1),
-            attn_mask=backends.block_causal_mask(cu, total, window), scale=scaling)
+            query,
+            key.repeat_interleave(groups, 1),
+            value.repeat_interleave(groups, 1),
+            attn_mask=backends.block_causal_mask(cu, total, window),
+            scale=scaling,
+        )
         return out.transpose(1, 2).reshape(total, query.shape[1], query.shape[3])
+
     return attend
 
 
@@ -310,12 +318,12 @@ def test_two_models_in_one_process_keep_their_own_varlen_options(monkeypatch):
     monkeypatch.setattr(attention, "probe_varlen", probe)
     first, second = model_of("tiny-llama"), model_of("tiny-llama")
     probed["next"] = backends.VarlenOptions(window=True, gqa_flag=False, repeat_kv=True)
-    choice_first = attention.configure(first, SpeedConfig(attention="varlen", grouped_attention_backward=True),
-                                       "cuda")
+    choice_first = attention.configure(first, SpeedConfig(attention="varlen", grouped_attention_backward=True), "cuda")
     probed["next"] = backends.VarlenOptions(window=True, gqa_flag=True)
     choice_second = attention.configure(second, SpeedConfig(attention="varlen"), "cuda")
-    assert choice_first.varlen == backends.VarlenOptions(window=True, gqa_flag=False, repeat_kv=True,
-                                                         grouped_backward=True)
+    assert choice_first.varlen == backends.VarlenOptions(
+        window=True, gqa_flag=False, repeat_kv=True, grouped_backward=True
+    )
     assert choice_second.varlen == backends.VarlenOptions(window=True, gqa_flag=True)
     assert choice_first.implementation != choice_second.implementation
     assert "group of whole sequences" in choice_first.reason and "group" not in choice_second.reason

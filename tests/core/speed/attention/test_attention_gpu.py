@@ -35,7 +35,7 @@ def per_sequence_attention(q, k, v, lengths, window):
     outs, start = [], 0
     groups = q.shape[1] // k.shape[1]
     for n in lengths:
-        qs, ks, vs = (t[:, :, start:start + n].float() for t in (q, k, v))
+        qs, ks, vs = (t[:, :, start : start + n].float() for t in (q, k, v))
         ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
         i = torch.arange(n, device=q.device)
         mask = i[:, None] >= i[None, :]
@@ -61,12 +61,22 @@ def _check_backend(fn, heads, kv_heads, head_dim, window, lengths=(1, 17, 300, 6
     batch = collate_packed(random_rows(lengths, vocab=100)).to(DEVICE)
     total = batch.num_tokens
     g = torch.Generator().manual_seed(heads * 31 + head_dim)
-    q, k, v = (torch.randn(1, h, total, head_dim, generator=g).to(DEVICE, torch.bfloat16).requires_grad_()
-               for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(1, h, total, head_dim, generator=g).to(DEVICE, torch.bfloat16).requires_grad_()
+        for h in (heads, kv_heads, kv_heads)
+    )
     grad_out = torch.randn(1, total, heads, head_dim, generator=g).to(DEVICE, torch.bfloat16)
     layer = _Layer(heads // kv_heads).to(DEVICE).train()
-    out, _ = fn(layer, q, k, v, None, scaling=head_dim ** -0.5, sliding_window=window,
-                **{key: val for key, val in batch.model_inputs().items() if key not in ("input_ids", "use_cache")})
+    out, _ = fn(
+        layer,
+        q,
+        k,
+        v,
+        None,
+        scaling=head_dim**-0.5,
+        sliding_window=window,
+        **{key: val for key, val in batch.model_inputs().items() if key not in ("input_ids", "use_cache")},
+    )
     out.backward(grad_out)
     got = [out.detach(), q.grad, k.grad, v.grad]
 
@@ -77,8 +87,7 @@ def _check_backend(fn, heads, kv_heads, head_dim, window, lengths=(1, 17, 300, 6
     for name, a, b in zip(("output", "dq", "dk", "dv"), got, want, strict=True):
         err = relative_error(a, b)
         label = getattr(fn, "__name__", None) or fn.func.__name__
-        assert err < 2e-2, (f"{label} {heads}/{kv_heads}x{head_dim} window={window}: {name} relative error "
-                            f"{err:.3g}")
+        assert err < 2e-2, f"{label} {heads}/{kv_heads}x{head_dim} window={window}: {name} relative error {err:.3g}"
 
 
 GEOMETRIES = [(16, 8, 128), (4, 4, 64), (8, 1, 64), (16, 8, 256)]
@@ -109,10 +118,19 @@ def test_varlen_backward_in_sequence_groups_equals_per_sequence(heads, kv_heads,
     monkeypatch.setattr(grouped_backward, "WORKSPACE_BYTES", 2048 * heads * head_dim * 8)
     calls = []
     original = grouped_backward.GroupedBackwardAttention.backward
-    monkeypatch.setattr(grouped_backward.GroupedBackwardAttention, "backward",
-                        staticmethod(lambda ctx, g: calls.append(len(ctx.groups)) or original(ctx, g)))
-    _check_backend(functools.partial(backends.varlen_attention, options=replace(options, grouped_backward=grouped)),
-                   heads, kv_heads, head_dim, None, lengths=(1500, 700, 1800, 40, 900, 2100))
+    monkeypatch.setattr(
+        grouped_backward.GroupedBackwardAttention,
+        "backward",
+        staticmethod(lambda ctx, g: calls.append(len(ctx.groups)) or original(ctx, g)),
+    )
+    _check_backend(
+        functools.partial(backends.varlen_attention, options=replace(options, grouped_backward=grouped)),
+        heads,
+        kv_heads,
+        head_dim,
+        None,
+        lengths=(1500, 700, 1800, 40, 900, 2100),
+    )
     assert calls == ([5] if grouped else []), calls
 
 
@@ -129,8 +147,9 @@ def test_flash_attn_package_equals_per_sequence(heads, kv_heads, head_dim, windo
 def test_varlen_with_sinks_passes_its_probe_at_gptoss_shapes(heads, kv_heads, head_dim):
     """Outputs and the gradients of q, k, v and the sinks against the dense fp32 reference (gpt-oss-20b's heads,
     its 128-token window and full attention)."""
-    options = attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None, 128],
-                                     sinks=True)
+    options = attention.probe_varlen(
+        torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None, 128], sinks=True
+    )
     assert isinstance(options, backends.VarlenOptions), options
 
 
@@ -154,8 +173,9 @@ def test_varlen_packed_model_equals_sequences_run_one_by_one(shape):
     got_grads = grads(model)
     assert got_grads.keys() == want_grads.keys()
     # bf16 on both sides, different kernels: the whole gradient agrees to a few percent, each tensor to 10%
-    overall = relative_error(torch.cat([g.flatten() for g in got_grads.values()]),
-                             torch.cat([want_grads[n].flatten() for n in got_grads]))
+    overall = relative_error(
+        torch.cat([g.flatten() for g in got_grads.values()]), torch.cat([want_grads[n].flatten() for n in got_grads])
+    )
     assert overall < 3e-2, f"{shape}: gradients relative error {overall:.3g}"
     for name, g in got_grads.items():
         err = relative_error(g, want_grads[name])

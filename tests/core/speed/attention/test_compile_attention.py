@@ -21,8 +21,9 @@ def _sdpa_varlen(query, key, value, cu, max_len, scaling, window, sinks=None, op
     total = query.shape[2]
     mask = backends.block_causal_mask(cu, total, window)
     groups = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1),
-                                         attn_mask=mask, scale=scaling)
+    out = F.scaled_dot_product_attention(
+        query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1), attn_mask=mask, scale=scaling
+    )
     return out.transpose(1, 2).reshape(total, query.shape[1], query.shape[3])
 
 
@@ -30,8 +31,18 @@ class _Attention(torch.nn.Module):
     is_causal = True
 
     def forward(self, query, key, value, cu, max_len):
-        return backends.varlen_attention(self, query, key, value, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-                                         max_length_q=max_len, max_length_k=max_len, scaling=0.25)[0]
+        return backends.varlen_attention(
+            self,
+            query,
+            key,
+            value,
+            None,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=max_len,
+            max_length_k=max_len,
+            scaling=0.25,
+        )[0]
 
 
 def _inputs(seed: int):

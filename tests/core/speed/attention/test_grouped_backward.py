@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hone.core.data.batch_lengths import register_batch
 from hone.core.speed.attention import grouped_backward
 from hone.core.speed.attention.grouped_backward import GroupedBackwardAttention, attention, group_tokens
-from hone.core.speed.checkpointing.layer_groups import register_batch
 
 LENGTHS = [23, 41, 9, 30, 5]
 
@@ -26,9 +26,12 @@ def reference_attend(calls: list):
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         bounds = cu.tolist()
-        outs = [F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
-                                               v[a:b].transpose(0, 1), is_causal=True).transpose(0, 1)
-                for a, b in itertools.pairwise(bounds)]
+        outs = [
+            F.scaled_dot_product_attention(
+                q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=True
+            ).transpose(0, 1)
+            for a, b in itertools.pairwise(bounds)
+        ]
         return torch.cat(outs)
 
     return attend
@@ -44,8 +47,10 @@ def small_groups(monkeypatch):
 def _inputs(heads=4, kv_heads=2, dim=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
     total = sum(LENGTHS)
-    q, k, v = (torch.randn(total, h, dim, generator=gen, dtype=torch.float64, requires_grad=True)
-               for h in (heads, kv_heads, kv_heads))
+    q, k, v = (
+        torch.randn(total, h, dim, generator=gen, dtype=torch.float64, requires_grad=True)
+        for h in (heads, kv_heads, kv_heads)
+    )
     cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
     register_batch(cu, LENGTHS)
     return q, k, v, cu, torch.randn(total, heads, dim, generator=gen, dtype=torch.float64)
@@ -74,8 +79,10 @@ def test_whole_where_grouping_cannot_help_or_apply(small_groups, monkeypatch):
     attend = reference_attend(calls)
     with torch.no_grad():  # a checkpointed layer's forward: nothing to back-propagate
         attention(q, k, v, cu, max(LENGTHS), attend)
-    assert attention(q, k, v, cu.clone(), max(LENGTHS), attend).grad_fn.__class__.__name__ != \
-        "GroupedBackwardAttentionBackward", "a batch the packer did not register runs whole"
+    assert (
+        attention(q, k, v, cu.clone(), max(LENGTHS), attend).grad_fn.__class__.__name__
+        != "GroupedBackwardAttentionBackward"
+    ), "a batch the packer did not register runs whole"
     monkeypatch.setattr(grouped_backward, "WORKSPACE_BYTES", 10**9)  # one group would hold every token
     out = attention(q, k, v, cu, max(LENGTHS), attend)
     assert not isinstance(out.grad_fn, GroupedBackwardAttention._backward_cls)

@@ -8,8 +8,8 @@ import functools
 import pytest
 import torch
 
+from hone.core.data.batch_lengths import register_batch
 from hone.core.speed.attention import linear_attention
-from hone.core.speed.checkpointing.layer_groups import register_batch
 
 qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 LENGTHS = [5, 1, 9, 3]
@@ -24,8 +24,11 @@ def _offsets(lengths, registered: bool) -> torch.Tensor:
 
 def _original(name: str):
     function = getattr(qwen3_next, name)
-    return getattr(function, "__wrapped__", function) if getattr(qwen3_next, "_hone_packed_linear_attention",
-                                                                 False) else function
+    return (
+        getattr(function, "__wrapped__", function)
+        if getattr(qwen3_next, "_hone_packed_linear_attention", False)
+        else function
+    )
 
 
 @pytest.mark.parametrize("registered", [True, False])
@@ -61,14 +64,18 @@ def test_the_delta_rule_runs_a_sequence_at_a_time_and_unpacked_calls_are_untouch
     rule = linear_attention.packed_rule(original, native=False)
     assert not linear_attention.reads_offsets(original)  # no flash-linear-attention here
 
-    got, state = rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True,
-                      cu_seqlens=_offsets(LENGTHS, registered=True))
+    got, state = rule(
+        q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cu_seqlens=_offsets(LENGTHS, registered=True)
+    )
     assert state is None
     want, start = [], 0
     for n in LENGTHS:
         rows = slice(start, start + n)
-        want.append(original(q[:, rows], k[:, rows], v[:, rows], g=g[:, rows], beta=beta[:, rows],
-                             use_qk_l2norm_in_kernel=True)[0])
+        want.append(
+            original(
+                q[:, rows], k[:, rows], v[:, rows], g=g[:, rows], beta=beta[:, rows], use_qk_l2norm_in_kernel=True
+            )[0]
+        )
         start += n
     torch.testing.assert_close(got, torch.cat(want, dim=1))
     plain = rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
@@ -91,8 +98,14 @@ def _delta_rule_inputs(seed: int):
     gen = torch.Generator().manual_seed(seed)
     tokens, heads, dim = sum(LENGTHS), 2, 8
     q, k, v = (torch.randn(1, tokens, heads, dim, generator=gen) for _ in range(3))
-    return dict(query=q, key=k, value=v, g=-torch.rand(1, tokens, heads, generator=gen),
-                beta=torch.rand(1, tokens, heads, generator=gen), use_qk_l2norm_in_kernel=True)
+    return dict(
+        query=q,
+        key=k,
+        value=v,
+        g=-torch.rand(1, tokens, heads, generator=gen),
+        beta=torch.rand(1, tokens, heads, generator=gen),
+        use_qk_l2norm_in_kernel=True,
+    )
 
 
 def test_an_installed_kernel_that_fails_its_probe_is_not_used_for_packed_or_unpacked_rows():
@@ -110,10 +123,12 @@ def test_an_installed_kernel_that_fails_its_probe_is_not_used_for_packed_or_unpa
 
     cpu = torch.device("cpu")
     refused = linear_attention.probe_native(_kernel_behind(torch_rule, refusing), cpu)
-    assert refused == ("flash-linear-attention's delta rule fails here (this Triton produces incorrect results on "
-                       "this GPU)")
+    assert refused == (
+        "flash-linear-attention's delta rule fails here (this Triton produces incorrect results on this GPU)"
+    )
     assert "differs from transformers' torch rule" in linear_attention.probe_native(
-        _kernel_behind(torch_rule, wrong), cpu)
+        _kernel_behind(torch_rule, wrong), cpu
+    )
     assert linear_attention.probe_native(_kernel_behind(torch_rule, per_sequence), cpu) is None
 
     kernel = _kernel_behind(torch_rule, refusing)

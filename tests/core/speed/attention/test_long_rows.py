@@ -10,9 +10,9 @@ import functools
 import pytest
 import torch
 
+from hone.core.data.batch_lengths import register_batch
 from hone.core.speed.attention import backends, long_rows
 from hone.core.speed.attention.long_rows import LongRows, bucket, build_spans
-from hone.core.speed.checkpointing.layer_groups import register_batch
 from tests.helpers.packed import rows_attention
 
 
@@ -43,7 +43,12 @@ def test_spans_keep_short_runs_together_and_give_each_long_sequence_its_own():
     cu = _cu(lengths)
     spans = build_spans(cu, lengths, threshold=10)
     assert [(s.start, s.end, s.long, s.max_len) for s in spans] == [
-        (0, 3, False, 3), (3, 13, True, 10), (13, 15, False, 2), (15, 27, True, 12), (27, 31, False, 4)]
+        (0, 3, False, 3),
+        (3, 13, True, 10),
+        (13, 15, False, 2),
+        (15, 27, True, 12),
+        (27, 31, False, 4),
+    ]
     assert spans[0].cu_seqlens.tolist() == [0, 3] and spans[2].cu_seqlens.tolist() == [0, 2]
     assert spans[1].padded == 256
     assert build_spans(cu, lengths, threshold=13) is None  # nothing long: one varlen call
@@ -60,10 +65,14 @@ def test_spans_are_built_once_per_registered_batch_and_unknown_batches_get_none(
     assert long_rows.spans(cu, 1000) is None
 
 
-@pytest.mark.parametrize("how", [LongRows(64, cudnn=False), LongRows(64, gqa_flag=False, cudnn=False),
-                                 LongRows(64, contiguous=True, cudnn=False)], ids=lambda h: h.tag())
-@pytest.mark.parametrize("lengths", [[7, 300, 5, 260, 9], [300, 70], [70, 300], [300]],
-                         ids=["mixed", "long-first", "long-last", "one"])
+@pytest.mark.parametrize(
+    "how",
+    [LongRows(64, cudnn=False), LongRows(64, gqa_flag=False, cudnn=False), LongRows(64, contiguous=True, cudnn=False)],
+    ids=lambda h: h.tag(),
+)
+@pytest.mark.parametrize(
+    "lengths", [[7, 300, 5, 260, 9], [300, 70], [70, 300], [300]], ids=["mixed", "long-first", "long-last", "one"]
+)
 def test_output_and_gradients_equal_each_sequence_alone(lengths, how):
     torch.manual_seed(0)
     total, heads, kv_heads, dim = sum(lengths), 4, 2, 8
@@ -137,8 +146,9 @@ def test_a_checkpointed_layer_keeps_its_attention_for_the_backward_and_attends_o
     assert ("kept attention", id(module)) not in long_rows._memo(cu)
     calls.clear()
     with checkpointer._replayed(checkpointer._capture_state(torch.device("cpu"))):
-        long_rows.attention(*[t.clone().requires_grad_() for t in (q, k, v)], cu, spans, None, _rows_attend, how,
-                            module)
+        long_rows.attention(
+            *[t.clone().requires_grad_() for t in (q, k, v)], cu, spans, None, _rows_attend, how, module
+        )
     assert len(calls) == 4
 
 

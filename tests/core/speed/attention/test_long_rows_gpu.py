@@ -29,8 +29,7 @@ DEVICE = "cuda"
 def _probed(heads, kv_heads, head_dim, threshold):
     varlen = attention.probe_varlen(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, [None])
     assert isinstance(varlen, backends.VarlenOptions), varlen
-    long = attention.probe_long_rows(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, varlen,
-                                     threshold)
+    long = attention.probe_long_rows(torch.device(DEVICE), torch.bfloat16, heads, kv_heads, head_dim, varlen, threshold)
     assert isinstance(long, long_rows.LongRows), long
     print(f"{heads}/{kv_heads}x{head_dim}: {long.tag()}")
     return replace(varlen, long_rows=long)
@@ -39,8 +38,14 @@ def _probed(heads, kv_heads, head_dim, threshold):
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(32, 8, 128), (16, 8, 128), (8, 1, 64), (4, 4, 64)])
 def test_long_and_short_sequences_equal_each_alone(heads, kv_heads, head_dim):
     options = _probed(heads, kv_heads, head_dim, threshold=1024)
-    _check_backend(functools.partial(backends.varlen_attention, options=options), heads, kv_heads, head_dim, None,
-                   lengths=(1500, 17, 300, 1024, 64, 1100))
+    _check_backend(
+        functools.partial(backends.varlen_attention, options=options),
+        heads,
+        kv_heads,
+        head_dim,
+        None,
+        lengths=(1500, 17, 300, 1024, 64, 1100),
+    )
 
 
 def test_auto_takes_cudnn_for_long_rows_on_hopper_and_says_so():
@@ -50,8 +55,9 @@ def test_auto_takes_cudnn_for_long_rows_on_hopper_and_says_so():
     assert choice.name == "varlen", choice.reason
     assert (choice.varlen.long_rows is not None) == hopper, choice.reason
     assert ("through cuDNN attention" in choice.reason) == hopper, choice.reason
-    off = attention.configure(model_of("tiny-dense").to(DEVICE, torch.bfloat16),
-                              SpeedConfig(long_row_attention="off"), DEVICE)
+    off = attention.configure(
+        model_of("tiny-dense").to(DEVICE, torch.bfloat16), SpeedConfig(long_row_attention="off"), DEVICE
+    )
     assert off.varlen.long_rows is None and "long_row_attention = off" in off.reason
 
 
@@ -65,8 +71,9 @@ def test_a_step_with_long_rows_makes_no_host_sync(monkeypatch):
     assert choice.varlen is not None and choice.varlen.long_rows is not None, choice.reason
     calls = []
     original = long_rows._SpanAttention.forward
-    monkeypatch.setattr(long_rows._SpanAttention, "forward",
-                        staticmethod(lambda ctx, *a: calls.append(len(a[3])) or original(ctx, *a)))
+    monkeypatch.setattr(
+        long_rows._SpanAttention, "forward", staticmethod(lambda ctx, *a: calls.append(len(a[3])) or original(ctx, *a))
+    )
     loss = step_without_sync(model, collate_packed(random_rows([600, 37, 511, 90, 3], seed=12), pin_memory=True))
     assert math.isfinite(loss.item())
     assert calls and set(calls) == {4}  # [600] [37] [511] [90, 3]
@@ -96,15 +103,16 @@ def test_checkpointed_layers_keep_long_row_attention_and_train_the_same(monkeypa
         torch.manual_seed(0)
         model = _lora_model(False)
         apply_checkpointing(model, "gpu", DEVICE)
-        choice = attention.configure(model, SpeedConfig(long_row_attention="on", keep_long_row_attention=keep),
-                                     DEVICE)
+        choice = attention.configure(model, SpeedConfig(long_row_attention="on", keep_long_row_attention=keep), DEVICE)
         assert choice.varlen.long_rows.keep == keep, choice.reason
         calls.clear()
         loss = _step(model, cpu_batch)
         layers = model.get_base_model().config.num_hidden_layers
         assert len(calls) == 2 * layers * (1 if keep else 2), (keep, len(calls))
-        results[keep] = (loss.item(), {n: p.grad.float().clone() for n, p in model.named_parameters()
-                                        if p.grad is not None})
+        results[keep] = (
+            loss.item(),
+            {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None},
+        )
     assert results[True][0] == pytest.approx(results[False][0], rel=1e-6)
     assert results[True][1].keys() == results[False][1].keys()
     for name, grad in results[True][1].items():

@@ -24,8 +24,10 @@ def test_values_narrower_than_queries_are_padded_for_the_kernel_and_cut_back(mon
     lengths = [5, 11, 3]
     total, heads, kv_heads, qk_dim, v_dim = sum(lengths), 4, 2, 24, 16
     cu = torch.tensor([0, 5, 16, 19], dtype=torch.int32)
-    q, k, v = (torch.randn(1, h, total, d, dtype=torch.float64, requires_grad=True)
-               for h, d in ((heads, qk_dim), (kv_heads, qk_dim), (kv_heads, v_dim)))
+    q, k, v = (
+        torch.randn(1, h, total, d, dtype=torch.float64, requires_grad=True)
+        for h, d in ((heads, qk_dim), (kv_heads, qk_dim), (kv_heads, v_dim))
+    )
     options = backends.VarlenOptions(window=True, gqa_flag=True)
     out = backends._varlen(q, k, v, cu, max(lengths), 0.2, None, options=options)
     assert out.shape == (total, heads, v_dim)
@@ -42,5 +44,13 @@ def test_values_narrower_than_queries_are_padded_for_the_kernel_and_cut_back(mon
 def test_values_wider_than_queries_are_refused():
     q, k = torch.zeros(1, 2, 4, 8), torch.zeros(1, 2, 4, 8)
     with pytest.raises(ValueError, match="larger than the query"):
-        backends._varlen(q, k, torch.zeros(1, 2, 4, 16), torch.tensor([0, 4], dtype=torch.int32), 4, None, None,
-                         options=backends.VarlenOptions(window=True, gqa_flag=True))
+        backends._varlen(
+            q,
+            k,
+            torch.zeros(1, 2, 4, 16),
+            torch.tensor([0, 4], dtype=torch.int32),
+            4,
+            None,
+            None,
+            options=backends.VarlenOptions(window=True, gqa_flag=True),
+        )

@@ -82,8 +82,9 @@ def test_on_the_gpu_the_encoder_takes_torch_varlen_and_configure_installs_it(kin
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    model = tiny.build_vision_model(kind, tiny.vision_tokenizer(kind, smollm2_tokenizer_dir), dtype=torch.bfloat16,
-                                    device="cuda").eval()
+    model = tiny.build_vision_model(
+        kind, tiny.vision_tokenizer(kind, smollm2_tokenizer_dir), dtype=torch.bfloat16, device="cuda"
+    ).eval()
     pixels, grid = encoder_inputs(model, [[1, 4, 8], [1, 8, 4], [1, 4, 4]])
     pixels, grid = pixels.to("cuda", torch.bfloat16), grid.to("cuda")
     with torch.no_grad():

@@ -66,8 +66,10 @@ def lora_models():
 # Equality with training without checkpointing, on real tiny models
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("shape", "backend"), [("tiny-dense", "sdpa"), ("tiny-llama", "hf"),
-                                               ("tiny-moe-qwen3", "sdpa")])
+
+@pytest.mark.parametrize(
+    ("shape", "backend"), [("tiny-dense", "sdpa"), ("tiny-llama", "hf"), ("tiny-moe-qwen3", "sdpa")]
+)
 def test_every_mode_gives_the_loss_and_lora_gradients_of_no_checkpointing(shape, backend, lora_models):
     model = lora_models(shape, backend)
     batch = packed_batch([23, 41, 9])  # packed: cu_seq_lens_q/k and max_length_q/k flow through every layer
@@ -128,6 +130,7 @@ def test_qlora_4bit_base_matches_without_checkpointing(tmp_path):
 # The checkpoint function on a chain of toy layers: buffers, prefetch order, growth, fallback
 # ---------------------------------------------------------------------------------------------------------------
 
+
 class LoggingCopier(SyncCopier):
     """Synchronous copies that record which buffer every reload went into."""
 
@@ -180,8 +183,13 @@ def test_buffers_are_reused_across_steps_and_grow_for_a_bigger_batch():
         assert torch.equal(loss, ref_loss) and all(torch.equal(g, r) for g, r in zip(grads, ref, strict=True)), tokens
         metrics = checkpointer.read_and_reset()
         assert metrics["offload_bytes"] == 3 * tokens * 1024 * 4
-        sizes.append((len(checkpointer.host.slots), sorted(s.capacity for s in checkpointer.host.slots),
-                      [b.capacity for b in checkpointer.buffers]))
+        sizes.append(
+            (
+                len(checkpointer.host.slots),
+                sorted(s.capacity for s in checkpointer.host.slots),
+                [b.capacity for b in checkpointer.buffers],
+            )
+        )
     assert sizes[0] == (3, [1 * MiB] * 3, [2 * MiB] * 2)
     grown = (3, [4 * MiB] * 3, [4 * MiB] * 2)  # 700 x 1024 x 4 bytes = 2.73 MiB
     assert sizes[1] == grown and sizes[2] == grown and sizes[3] == grown
@@ -191,8 +199,12 @@ def test_double_falls_back_to_one_buffer_when_buffer_memory_is_limited():
     layers, x = toy_chain(4), torch.randn(1, 50, 256)  # 50 KiB inputs: 2 MiB buffers
     ref_loss, ref = chain_grads(layers, x)
     notes = []
-    checkpointer = Checkpointer("offload-double", "cpu", max_buffer_bytes=3 * MiB,
-                                note=lambda topic, message, level: notes.append((topic, message, level)))
+    checkpointer = Checkpointer(
+        "offload-double",
+        "cpu",
+        max_buffer_bytes=3 * MiB,
+        note=lambda topic, message, level: notes.append((topic, message, level)),
+    )
     loss, grads = chain_grads(layers, x, checkpointer)
     assert torch.equal(loss, ref_loss) and all(torch.equal(g, r) for g, r in zip(grads, ref, strict=True))
     assert checkpointer.mode == "offload" and len(checkpointer.buffers) == 1
@@ -277,13 +289,14 @@ def test_revert_restores_every_layer(lora_models):
     base = model.get_base_model()
     assert base.config.use_cache is True and not any(layer.gradient_checkpointing for layer in layers)
     checkpointer = apply_checkpointing(model, "offload", "cpu")
-    assert all(layer.gradient_checkpointing and layer._gradient_checkpointing_func is checkpointer
-               for layer in layers)
+    assert all(layer.gradient_checkpointing and layer._gradient_checkpointing_func is checkpointer for layer in layers)
     assert base.config.use_cache is False
     revert_checkpointing(model)
     assert base.config.use_cache is True
-    assert not any("gradient_checkpointing" in layer.__dict__ or "_gradient_checkpointing_func" in layer.__dict__
-                   for layer in layers)
+    assert not any(
+        "gradient_checkpointing" in layer.__dict__ or "_gradient_checkpointing_func" in layer.__dict__
+        for layer in layers
+    )
     counts, remove = layer_call_counter(model)
     loss_and_grads(model, packed_batch([10]))
     remove()
@@ -293,6 +306,7 @@ def test_revert_restores_every_layer(lora_models):
 # ---------------------------------------------------------------------------------------------------------------
 # Sizing and decisions
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def test_buffer_sizes():
     assert host_slot_bytes(1) == 1 * MiB and host_slot_bytes(MiB + 1) == 2 * MiB
@@ -350,8 +364,9 @@ def test_auto_follows_the_copy_compute_ratio():
 
     assert layer_cost(small).copy_ratio(512) == pytest.approx(ratio_by_hand(p_small, 576, 576, 512))
     threshold = layer_cost(small).min_row_tokens()
-    assert ratio_by_hand(p_small, 576, 576, threshold) <= MAX_COPY_RATIO < ratio_by_hand(
-        p_small, 576, 576, threshold - 1)
+    assert (
+        ratio_by_hand(p_small, 576, 576, threshold) <= MAX_COPY_RATIO < ratio_by_hand(p_small, 576, 576, threshold - 1)
+    )
     assert 4000 < threshold < 6000  # ~4.8K tokens for a 135M model on the reference GPU
 
     short = choose_mode("auto", "cuda", 512, small, integrated=False)
@@ -374,10 +389,11 @@ def test_auto_follows_the_copy_compute_ratio():
 # In a run on the CPU
 # ---------------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("requested", ["offload", "offload-double"])
 def test_cuda_modes_degrade_to_gpu_recompute_on_the_cpu_with_a_notice(requested, lora_models):
     from hone.core.model_info import ModelInfo
-    from hone.core.speed import SpeedSetup, install_memory_and_kernels
+    from hone.core.speed.paths import SpeedSetup, install_memory_and_kernels
 
     model = lora_models("tiny-dense")
     setup = SpeedSetup()
@@ -393,17 +409,23 @@ def test_cuda_modes_degrade_to_gpu_recompute_on_the_cpu_with_a_notice(requested,
         revert_checkpointing(model)
     for requested_off in ("auto", "off"):
         setup = SpeedSetup()
-        install_memory_and_kernels(model, SpeedConfig(checkpoint=requested_off), info, "cpu", setup,
-                                   mean_row_tokens=100.0)
+        install_memory_and_kernels(
+            model, SpeedConfig(checkpoint=requested_off), info, "cpu", setup, mean_row_tokens=100.0
+        )
         assert setup.choices["checkpoint"].startswith("off:") and setup.offload is None and not setup.notices
 
 
-def test_a_training_run_reports_the_degrade_and_the_offload_metrics(tiny_model_dir, chat_files, tiny_config,
-                                                                    tmp_path):
+def test_a_training_run_reports_the_degrade_and_the_offload_metrics(tiny_model_dir, chat_files, tiny_config, tmp_path):
     from hone.core.train.trainer import Trainer
 
-    config = tiny_config(tiny_model_dir("tiny-dense"), chat_files, tmp_path, "speed.checkpoint=offload-double",
-                         "train.max_steps=1", "data.eval=[]")
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"),
+        chat_files,
+        tmp_path,
+        "speed.checkpoint=offload-double",
+        "train.max_steps=1",
+        "data.eval=[]",
+    )
     got = list(Trainer(config, device="cpu").run())
     assert not any(isinstance(e, events.RunFailed) for e in got), got[-1]
     notices = [e for e in got if isinstance(e, events.Notice) and e.topic == "checkpoint"]

@@ -68,14 +68,18 @@ def verify_report(model, batch, mode: str) -> str:
         loss_and_grads(model, batch, autocast_dtype=torch.bfloat16)
     finally:
         revert_checkpointing(model)
-    bad = [f"{c.layer} {c.where}: {c.differing_bytes} of {c.nbytes} bytes differ"
-           for c in checkpointer.integrity if c.differing_bytes]
+    bad = [
+        f"{c.layer} {c.where}: {c.differing_bytes} of {c.nbytes} bytes differ"
+        for c in checkpointer.integrity
+        if c.differing_bytes
+    ]
     return "; ".join(bad) if bad else f"all {len(checkpointer.integrity)} reload checks byte-identical"
 
 
 def diagnosis(model, batch, mode, grads, ref) -> str:
-    return (f"\n  per layer: {per_layer_errors(grads, ref)}\n  verify re-run ({mode}): "
-            f"{verify_report(model, batch, mode)}")
+    return (
+        f"\n  per layer: {per_layer_errors(grads, ref)}\n  verify re-run ({mode}): {verify_report(model, batch, mode)}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -105,8 +109,10 @@ def test_a_reload_into_fresh_memory_waits_for_compute_work_still_writing_that_me
     target = buffer.view(torch.float32)[:COPY_FLOATS]
     copier.wait(copier.to_device(pinned, target))
     wrong = int((target != 1.0).sum())
-    assert wrong == 0, (f"{wrong} of {COPY_FLOATS} reloaded values were overwritten by compute work queued before the "
-                        f"buffer was allocated (buffer {'reused' if reused else 'did not reuse'} the freed block)")
+    assert wrong == 0, (
+        f"{wrong} of {COPY_FLOATS} reloaded values were overwritten by compute work queued before the "
+        f"buffer was allocated (buffer {'reused' if reused else 'did not reuse'} the freed block)"
+    )
 
 
 def test_an_offload_copies_the_input_as_produced_and_its_memory_is_not_reused_before():
@@ -125,8 +131,9 @@ def test_an_offload_copies_the_input_as_produced_and_its_memory_is_not_reused_be
     later.fill_(9.0)
     torch.cuda.synchronize()
     wrong = int((host != 3.0).sum())
-    assert wrong == 0, (f"{wrong} of {COPY_FLOATS} offloaded values are not the input's (3.0): "
-                        f"{host.unique()[:5].tolist()} found")
+    assert wrong == 0, (
+        f"{wrong} of {COPY_FLOATS} offloaded values are not the input's (3.0): {host.unique()[:5].tolist()} found"
+    )
 
 
 class SleepyLayer(ToyLayer):
@@ -153,9 +160,13 @@ def test_a_slow_toy_chain_reloads_exactly_what_it_saved(mode):
             loss, grads = chain_grads(layers, x, ck)
             errors = [rel_error(g, r) for g, r in zip(grads, ref, strict=True)]
             assert max(errors) <= 1e-4 and rel_error(loss, ref_loss) <= 1e-5, (
-                f"{mode} ({name}), {tokens} tokens: relative errors per parameter {[f'{e:.1e}' for e in errors]}")
-    bad = [f"{c.layer} {c.where}: {c.differing_bytes} of {c.nbytes} bytes" for c in checkpointer.integrity
-           if c.differing_bytes]
+                f"{mode} ({name}), {tokens} tokens: relative errors per parameter {[f'{e:.1e}' for e in errors]}"
+            )
+    bad = [
+        f"{c.layer} {c.where}: {c.differing_bytes} of {c.nbytes} bytes"
+        for c in checkpointer.integrity
+        if c.differing_bytes
+    ]
     assert not bad, "\n".join(bad)
     assert len(checkpointer.integrity) == 3 * 6 * 3
 
@@ -195,8 +206,10 @@ def test_1b_loss_and_gradients_equal_training_without_checkpointing(llama_1b, mo
         revert_checkpointing(llama_1b)
         error, where = worst_error(loss, grads, ref_loss, ref)
         if error > tolerance:
-            pytest.fail(f"{name}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
-                        + diagnosis(llama_1b, batch, name, grads, ref))
+            pytest.fail(
+                f"{name}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
+                + diagnosis(llama_1b, batch, name, grads, ref)
+            )
 
 
 @pytest.mark.parametrize("kernels", [False, True])
@@ -239,8 +252,11 @@ def test_1b_every_reloaded_input_is_byte_identical_to_the_saved_one(llama_1b, mo
     layers = len(decoder_layers(llama_1b))
     stages = 1 if mode == "gpu" else 3
     assert len(checkpointer.integrity) == stages * layers * len(batches), checkpointer.integrity
-    bad = [f"{c.layer} {c.where} (input #{c.seq}): {c.differing_bytes} of {c.nbytes} bytes differ"
-           for c in checkpointer.integrity if c.differing_bytes]
+    bad = [
+        f"{c.layer} {c.where} (input #{c.seq}): {c.differing_bytes} of {c.nbytes} bytes differ"
+        for c in checkpointer.integrity
+        if c.differing_bytes
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -272,9 +288,11 @@ def test_stress_many_steps_with_varying_rows_stay_equal_every_step(llama_1b, mod
             error, where = worst_error(*got, *ref)
             errors.append(error)
             if error > tolerance:
-                pytest.fail(f"step {step}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e}); errors "
-                            f"so far {[f'{e:.1e}' for e in errors]}; batches {[b.num_tokens for b in batches]} tokens"
-                            f"\n  per layer: {per_layer_errors(got[1], ref[1])}")
+                pytest.fail(
+                    f"step {step}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e}); errors "
+                    f"so far {[f'{e:.1e}' for e in errors]}; batches {[b.num_tokens for b in batches]} tokens"
+                    f"\n  per layer: {per_layer_errors(got[1], ref[1])}"
+                )
             largest = max(largest, max(b.num_tokens for b in batches) * llama_1b.config.hidden_size * 2)
             tokens = sum(b.num_tokens for b in batches)
             hidden = llama_1b.config.hidden_size
@@ -324,7 +342,8 @@ def test_metrics_memory_saving_and_copy_stalls(llama_1b):
     saved = gpu["peak"] - double["peak"]
     assert saved >= 0.5 * (layers - 2) * input_bytes, (
         f"offload-double saved {saved / 2**20:.0f} MiB of peak memory; {layers} layer inputs are "
-        f"{layers * input_bytes / 2**20:.0f} MiB")
+        f"{layers * input_bytes / 2**20:.0f} MiB"
+    )
 
 
 def test_double_falls_back_to_one_buffer_when_buffer_memory_is_limited(llama_1b):
@@ -332,9 +351,13 @@ def test_double_falls_back_to_one_buffer_when_buffer_memory_is_limited(llama_1b)
     ref_loss, ref, tolerance = reference(llama_1b, batch)
     input_bytes = batch.num_tokens * llama_1b.config.hidden_size * 2
     notes = []
-    checkpointer = apply_checkpointing(llama_1b, "offload-double", "cuda",
-                                       max_buffer_bytes=reload_buffer_bytes(input_bytes) * 3 // 2,
-                                       note=lambda topic, message, level: notes.append((topic, message, level)))
+    checkpointer = apply_checkpointing(
+        llama_1b,
+        "offload-double",
+        "cuda",
+        max_buffer_bytes=reload_buffer_bytes(input_bytes) * 3 // 2,
+        note=lambda topic, message, level: notes.append((topic, message, level)),
+    )
     try:
         loss, grads = loss_and_grads(llama_1b, batch, autocast_dtype=torch.bfloat16)
         metrics = checkpointer.read_and_reset()
@@ -344,8 +367,9 @@ def test_double_falls_back_to_one_buffer_when_buffer_memory_is_limited(llama_1b)
     assert metrics["buffer_bytes"] == reload_buffer_bytes(input_bytes)
     assert [(t, lvl) for t, _m, lvl in notes] == [("checkpoint", "warning")], notes
     error, where = worst_error(loss, grads, ref_loss, ref)
-    assert error <= tolerance, (f"after the fallback: relative error {error:.2e} in {where}"
-                                f"\n  per layer: {per_layer_errors(grads, ref)}")
+    assert error <= tolerance, (
+        f"after the fallback: relative error {error:.2e} in {where}\n  per layer: {per_layer_errors(grads, ref)}"
+    )
 
 
 def test_no_buffer_under_inference_mode(llama_1b):
@@ -371,8 +395,10 @@ def _equal_to_reference(model, batch, modes=("offload", "offload-double")):
         revert_checkpointing(model)
         error, where = worst_error(loss, grads, ref_loss, ref)
         if error > tolerance:
-            pytest.fail(f"{mode}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
-                        + diagnosis(model, batch, mode, grads, ref))
+            pytest.fail(
+                f"{mode}: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
+                + diagnosis(model, batch, mode, grads, ref)
+            )
 
 
 def test_qlora_4bit_base(tmp_path):
@@ -380,10 +406,16 @@ def test_qlora_4bit_base(tmp_path):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     build_model("llama-1b", layers=3, dtype=torch.bfloat16, vocab_size=8192).save_pretrained(tmp_path)
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                               bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
-    base = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quant, device_map={"": "cuda"},
-                                                dtype=torch.bfloat16)
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_quant_storage=torch.bfloat16,
+    )
+    base = AutoModelForCausalLM.from_pretrained(
+        tmp_path, quantization_config=quant, device_map={"": "cuda"}, dtype=torch.bfloat16
+    )
     torch.manual_seed(0)
     _equal_to_reference(lora_model(with_run_attention(base), rank=16), packed_batch([1200, 900], vocab=8192))
 

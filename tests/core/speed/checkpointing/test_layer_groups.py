@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from hone.core.config import SpeedConfig
+from hone.core.data.batch_lengths import register_batch
 from hone.core.models.shapes import build_model
 from hone.core.speed import attention
 from hone.core.speed.checkpointing.checkpointer import apply_checkpointing, decoder_layers, revert_checkpointing
-from hone.core.speed.checkpointing.layer_groups import auto_group_tokens, group_sequences, groups_for, register_batch
+from hone.core.speed.checkpointing.layer_groups import auto_group_tokens, group_sequences, groups_for
 from tests.helpers.offload import layer_call_counter, lora_model, loss_and_grads, packed_batch
 
 LENGTHS = [23, 41, 9, 30, 5]  # groups of 40 tokens: [23] [41] (longer than a group: alone) [9, 30] [5]
@@ -96,10 +97,13 @@ def test_input_gradient_reaches_the_embeddings_through_every_group(models):
     torch.testing.assert_close(grouped[name], ref[name], rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize(("backend", "dropout", "why"), [
-    ("sdpa", 0.1, "LoRA dropout: a group-wise recompute would draw other masks"),
-    ("hf", 0.0, "transformers' attention gets a mask over the whole row"),
-])
+@pytest.mark.parametrize(
+    ("backend", "dropout", "why"),
+    [
+        ("sdpa", 0.1, "LoRA dropout: a group-wise recompute would draw other masks"),
+        ("hf", 0.0, "transformers' attention gets a mask over the whole row"),
+    ],
+)
 def test_layers_stay_whole_where_groups_would_change_the_result(backend, dropout, why, models):
     model = models("tiny-llama", backend, dropout)
     batch = packed_batch(LENGTHS)

@@ -48,6 +48,7 @@ def exact(loss, grads, ref_loss, ref) -> bool:
 # The simulator itself
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_the_simulator_reports_unordered_accesses_and_accepts_ordered_ones():
     def scenario(wait_before_copy: bool, wait_before_read: bool, record: bool) -> list[str]:
         sim = StreamSim()
@@ -90,8 +91,8 @@ def test_the_simulator_reports_unordered_accesses_and_accepts_ordered_ones():
 # The copy path through training steps
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("mode", "limit"), [("offload", None), ("offload-double", None),
-                                             ("offload-double", 6 * MiB)])
+
+@pytest.mark.parametrize(("mode", "limit"), [("offload", None), ("offload-double", None), ("offload-double", 6 * MiB)])
 def test_no_copy_races_through_steps_that_regrow_buffers_and_fall_back(sim, mode, limit):
     """Three steps of two micro-batches; the inputs outgrow the first 2 MiB buffers in step 2 (with a 6 MiB limit
     two 4 MiB buffers do not fit: offload-double falls back to one buffer in the middle of a backward pass)."""
@@ -163,6 +164,7 @@ def test_a_real_model_through_the_copy_path(sim, monkeypatch, shape):
 # Every rule matters: a copier that breaks one is caught
 # ---------------------------------------------------------------------------------------------------------------
 
+
 class ReloadWithoutWaiting(CudaCopier):
     """What the first H200 run had for a new buffer: a reload that does not wait for the compute stream."""
 
@@ -193,13 +195,19 @@ class RecomputeWithoutWaiting(CudaCopier):
         pass
 
 
-@pytest.mark.parametrize(("broken", "expected"), [
-    (ReloadWithoutWaiting, "aten.copy_ #{} on side stream 2 writes a 2.0 MiB storage (from aten.empty #{}) that was "
-                           "just allocated by aten.empty #{} on the compute stream"),
-    (OffloadWithoutWaiting, "aten.copy_ #{} on side stream 2 reads"),
-    (OffloadWithoutRecordStream, "freed without record_stream"),
-    (RecomputeWithoutWaiting, "on compute stream reads a 2.0 MiB storage (from aten.empty"),
-])
+@pytest.mark.parametrize(
+    ("broken", "expected"),
+    [
+        (
+            ReloadWithoutWaiting,
+            "aten.copy_ #{} on side stream 2 writes a 2.0 MiB storage (from aten.empty #{}) that was "
+            "just allocated by aten.empty #{} on the compute stream",
+        ),
+        (OffloadWithoutWaiting, "aten.copy_ #{} on side stream 2 reads"),
+        (OffloadWithoutRecordStream, "freed without record_stream"),
+        (RecomputeWithoutWaiting, "on compute stream reads a 2.0 MiB storage (from aten.empty"),
+    ],
+)
 @pytest.mark.parametrize("mode", ["offload", "offload-double"])
 def test_a_copier_breaking_an_ordering_rule_is_caught(sim, mode, broken, expected):
     layers, x = toy_chain(3), torch.randn(1, 40, 256)
@@ -213,13 +221,15 @@ def test_a_copier_breaking_an_ordering_rule_is_caught(sim, mode, broken, expecte
     pattern = re.escape(expected).replace(re.escape("#{}"), "#[0-9]+")
     assert any(re.search(pattern, race) for race in sim.races), "\n".join(sim.races) or "no race reported"
     if broken is ReloadWithoutWaiting:  # also a buffer refilled while the last recompute may still read it
-        assert any(re.search(r"side stream 2 writes .* that aten\.\w+ #\d+ on compute stream uses", race)
-                   for race in sim.races), "\n".join(sim.races)
+        assert any(
+            re.search(r"side stream 2 writes .* that aten\.\w+ #\d+ on compute stream uses", race) for race in sim.races
+        ), "\n".join(sim.races)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Poisoning and verify, with synchronous copies
 # ---------------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", ["gpu", "offload", "offload-double"])
 def test_nothing_reads_a_buffer_slot_or_device_input_after_giving_it_up(monkeypatch, mode):
@@ -286,6 +296,7 @@ def test_verify_says_which_copy_went_wrong_for_which_layer(target):
 # ---------------------------------------------------------------------------------------------------------------
 # Guards
 # ---------------------------------------------------------------------------------------------------------------
+
 
 class InPlaceLayer(ToyLayer):
     def forward(self, h, scale=None):

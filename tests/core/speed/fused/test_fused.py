@@ -68,8 +68,13 @@ def test_apply_replaces_what_the_report_says_and_revert_restores_exactly(shape, 
 
     layers = 2
     assert report.family == FAMILIES[model.config.model_type] and report.backend == "torch"
-    assert report.patched == {"rms_norm": norms, "add_rms_norm": layers, "rope": layers, "glu:silu": layers,
-                              "lora_linear": 7 * layers}, report.summary()
+    assert report.patched == {
+        "rms_norm": norms,
+        "add_rms_norm": layers,
+        "rope": layers,
+        "glu:silu": layers,
+        "lora_linear": 7 * layers,
+    }, report.summary()
     assert not report.skipped, report.skipped
     decoder = model.get_base_model().model.layers[0]
     assert isinstance(decoder.input_layernorm, FusedRMSNorm)
@@ -145,24 +150,48 @@ def test_gradient_checkpointing_recomputes_identically(monkeypatch):
         torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
-_TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False)
+_TINY = dict(
+    vocab_size=256,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
 _FAMILY_CONFIGS = {
-    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {},
+    "llama": {},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {},
     "gemma": {"hidden_act": "gelu_pytorch_tanh"},
     "gemma2": {"query_pre_attn_scalar": 8, "sliding_window": 4},
     "gemma3_text": {"query_pre_attn_scalar": 8, "sliding_window": 4},
-    "qwen2_moe": {"moe_intermediate_size": 16, "shared_expert_intermediate_size": 24, "num_experts": 4,
-                  "num_experts_per_tok": 2},
+    "qwen2_moe": {
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 24,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    },
     "qwen3_moe": {"moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
 # Per family: norms per layer (+1 final), whether the decoder is pre-norm (fused add), the GLU activation of
 # the dense/shared MLP (None: MoE experts only).
-_EXPECTED = {"llama": (2, True, "silu"), "mistral": (2, True, "silu"), "qwen2": (2, True, "silu"),
-             "qwen3": (4, True, "silu"), "gemma": (2, True, "gelu_tanh"), "gemma2": (4, False, "gelu_tanh"),
-             "gemma3_text": (6, False, "gelu_tanh"), "qwen2_moe": (2, True, "silu"), "qwen3_moe": (4, True, None),
-             "mixtral": (2, True, None)}
+_EXPECTED = {
+    "llama": (2, True, "silu"),
+    "mistral": (2, True, "silu"),
+    "qwen2": (2, True, "silu"),
+    "qwen3": (4, True, "silu"),
+    "gemma": (2, True, "gelu_tanh"),
+    "gemma2": (4, False, "gelu_tanh"),
+    "gemma3_text": (6, False, "gelu_tanh"),
+    "qwen2_moe": (2, True, "silu"),
+    "qwen3_moe": (4, True, None),
+    "mixtral": (2, True, None),
+}
 
 
 @pytest.mark.parametrize("model_type", list(_FAMILY_CONFIGS))
@@ -226,8 +255,10 @@ def test_revert_leaves_a_later_swap_by_someone_else_alone():
     model = _peft_model("tiny-llama", layers=1)
     report = apply_kernels(model)
     mlp = model.get_base_model().model.layers[0].mlp
+
     def other(x):
         return x
+
     mlp.forward = other  # another speed path replaced our swap after us
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -240,8 +271,14 @@ def test_revert_leaves_a_later_swap_by_someone_else_alone():
 # MoE families whose decoder layers are pre-norm like Llama's: their norms (MLA's q/kv norms too), residual adds,
 # first dense layers and shared experts take the fused kernels; experts stay with the MoE backends, MLA attention
 # (no k_proj) keeps transformers' rope.
-_MOE_FAMILY_SHAPES = ["tiny-moe-glm4", "tiny-moe-glm4-lite", "tiny-moe-deepseek-v3", "tiny-moe-olmoe",
-                      "tiny-moe-ernie", "tiny-moe-minimax-m2"]
+_MOE_FAMILY_SHAPES = [
+    "tiny-moe-glm4",
+    "tiny-moe-glm4-lite",
+    "tiny-moe-deepseek-v3",
+    "tiny-moe-olmoe",
+    "tiny-moe-ernie",
+    "tiny-moe-minimax-m2",
+]
 _MLA_TARGETS = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"]
 
 
@@ -257,8 +294,9 @@ def test_moe_families_take_the_dense_kernels_and_train_the_same(shape):
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.add_(0.2 * torch.randn(param.shape, generator=torch.Generator().manual_seed(1)))
-        glu_mlps = sum(all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-                       for m in model.modules())
+        glu_mlps = sum(
+            all(hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")) for m in model.modules()
+        )
         targets = [t for t in [*TARGETS, *_MLA_TARGETS] if any(n.endswith(f".{t}") for n, _ in model.named_modules())]
         torch.manual_seed(0)
         report = _loss_and_grads(model, targets, ids, pos, fused, results)

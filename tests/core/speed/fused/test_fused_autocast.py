@@ -60,8 +60,7 @@ def test_fused_lora_runs_under_matching_autocast_and_matches_peft(monkeypatch, d
     for name, grad in want.items():
         # Both paths are bf16; they round B(A x), its scale and the sum at different places.
         scale = grad.abs().max().item()
-        torch.testing.assert_close(got[name], grad, rtol=5e-2, atol=5e-2 * scale,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(got[name], grad, rtol=5e-2, atol=5e-2 * scale, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_fused_lora_steps_aside_when_autocast_would_change_the_dtype(monkeypatch):
@@ -88,5 +87,6 @@ def test_lora_outputs_keep_peft_dtype_under_autocast():
         want = type(layer).forward(layer, x)
     assert out.dtype == want.dtype == torch.bfloat16
     assert "LoRALinearFunction" in type(out.grad_fn).__name__ or any(
-        "LoRALinearFunction" in type(fn).__name__ for fn, _ in out.grad_fn.next_functions if fn is not None)
+        "LoRALinearFunction" in type(fn).__name__ for fn, _ in out.grad_fn.next_functions if fn is not None
+    )
     torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=2e-2)

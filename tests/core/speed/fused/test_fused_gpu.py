@@ -15,8 +15,7 @@ from hone.core.models.shapes import build_model
 from hone.core.speed.compile import compile_blocks, uncompile_blocks
 from hone.core.speed.fused.apply import apply_kernels, revert_kernels
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Loss tolerance after a few steps: fp32 differs by summation order only; bf16 by one rounding per op.
@@ -63,8 +62,9 @@ def _train(model, ids, pos, steps: int) -> list[float]:
 
 def _assert_losses_match(fused, plain, dtype, what):
     diffs = [abs(a - b) for a, b in zip(fused, plain, strict=True)]
-    assert max(diffs) <= LOSS_TOL[dtype] * max(1.0, abs(plain[0])), \
+    assert max(diffs) <= LOSS_TOL[dtype] * max(1.0, abs(plain[0])), (
         f"{what}: kernels {fused} vs plain {plain} (max diff {max(diffs):.2e})"
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -74,8 +74,9 @@ def test_tiny_models_train_the_same_with_kernels(shape, dtype):
     plain = _train(_model(shape, dtype), ids, pos, steps=5)
     model = _model(shape, dtype)
     report = apply_kernels(model)
-    assert report.backend == "triton" and report.count("rope") == 2 and report.count("lora_linear") == 14, \
+    assert report.backend == "triton" and report.count("rope") == 2 and report.count("lora_linear") == 14, (
         report.summary()
+    )
     norm = model.get_base_model().model.norm
     probe = torch.randn(3, norm.weight.shape[0], device="cuda", dtype=dtype, requires_grad=True)
     assert type(norm(probe).grad_fn).__name__ == "RMSNormFunctionBackward", "the Triton path is not running"
@@ -124,13 +125,18 @@ def test_qlora_model_trains_the_same_with_kernels(tmp_path):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     build_model("tiny-dense", layers=2, vocab_size=4096).save_pretrained(tmp_path)
-    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                      bnb_4bit_compute_dtype=torch.bfloat16)
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
     ids, pos = _batch(256, 4096, seed=3)
     losses = {}
     for fused in (False, True):
-        model = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quantization,
-                                                     dtype=torch.bfloat16, device_map={"": 0})
+        model = AutoModelForCausalLM.from_pretrained(
+            tmp_path, quantization_config=quantization, dtype=torch.bfloat16, device_map={"": 0}
+        )
         torch.manual_seed(0)
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS))
         if fused:

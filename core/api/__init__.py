@@ -1,0 +1,173 @@
+"""The one door into the engine: what the Studio (hone.app) and the `hone` command line (hone.core.cli) call.
+
+Besides this door they import only core's base modules: config, control (RunControl pauses and stops a run),
+errors, events, model_info, resources, version (tests/test_layering.py checks it). A page or a command that needs
+something new from the engine adds it here, in the submodule of its verb.
+
+    start a run    Trainer(config, control, world=).run() -> events, in this process (torch loads with it);
+                   process_world (torchrun's processes); check_inputs, check_model, check_data_files (before
+                   anything loads); sharding_refusal (why a model cannot be split over GPUs)
+    resume a run   Trainer(config, control, resume_dir=RUN_DIR, data_changed=); check_resume, DATA_CHANGED
+    follow a run   read_events, EventTail, in_use, read_holder, live_summary, step_line, speed_choice, PEER_ADVICE
+    list runs      list_runs -> [RunSummary]; a run folder's names CONFIG_FILE, METRICS_FILE, ADAPTER_DIR,
+                   INTERRUPTED
+    check data     check_data, format_report, inspect_row, inspect_rows, format_view; the readers under them:
+                   resolve_sources, read_records, SourceError, RowError, DUPLICATES_KEY, detect_format,
+                   suggest_columns, ColumnNames, apply_template_setting
+    read a model   inspect_model, tokenizer_for, resolve_source, pending_conversion, gguf_folder,
+                   gguf_conversion_folder, family_of; measure_model_backends (MoE experts backends, timed)
+    plan memory    plan_run, detect_memory, Memory, parse_size, GIB
+    export         export_run, parse_format, SUPPORTED_FORMATS, FORMAT_TYPES, MANIFEST_FILE, open_run,
+                   output_folder
+    chat, evaluate ChatModels, GenerationSettings, BASE, TUNED; read_prompts, with_references, compare,
+                   held_out_file
+    the Hub        search_models, model_files, download_model, save_token, forget_token, push_folder, hub_user,
+                   fits_this_machine
+    this machine   MachineFacts, read_machine; Telemetry, TelemetrySample, GpuListing, list_gpus; check_runtime;
+                   prefer_expandable_segments, guard_bitsandbytes_import (a process's first steps)
+    demos          demo_config, run_demo, vision_demo_config, run_vision_demo, CHANCE
+
+Two corners live in submodules of their own, not re-exported here:
+
+    hone.core.api.child_run  train_in_child: the Studio's run in a child process. The child is
+                             `python -m hone.core.cli`, and the CLI imports this package, so re-exporting it here
+                             would close an import circle.
+    hone.core.api.bench      `hone bench`'s internals (scenarios, variants, runners, reports), the CLI's alone.
+
+Importing this package loads nothing: a name loads its submodule when first used, and a name whose engine module
+needs torch loads it only then, so a Studio page may import any name at module level.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "ADAPTER_DIR",
+            "CONFIG_FILE",
+            "DATA_CHANGED",
+            "INTERRUPTED",
+            "METRICS_FILE",
+            "PEER_ADVICE",
+            "EventTail",
+            "RunSummary",
+            "Trainer",
+            "check_data_files",
+            "check_inputs",
+            "check_model",
+            "check_resume",
+            "in_use",
+            "list_runs",
+            "live_summary",
+            "process_world",
+            "read_events",
+            "read_holder",
+            "sharding_refusal",
+            "speed_choice",
+            "step_line",
+        ),
+        "hone.core.api.runs",
+    ),
+    **dict.fromkeys(
+        (
+            "DUPLICATES_KEY",
+            "ColumnNames",
+            "RowError",
+            "SourceError",
+            "apply_template_setting",
+            "check_data",
+            "detect_format",
+            "format_report",
+            "format_view",
+            "inspect_row",
+            "inspect_rows",
+            "read_records",
+            "resolve_sources",
+            "suggest_columns",
+        ),
+        "hone.core.api.data",
+    ),
+    **dict.fromkeys(
+        (
+            "family_of",
+            "gguf_conversion_folder",
+            "gguf_folder",
+            "inspect_model",
+            "pending_conversion",
+            "resolve_source",
+            "tokenizer_for",
+        ),
+        "hone.core.api.models",
+    ),
+    "measure_model_backends": "hone.core.api.bench",
+    **dict.fromkeys(("GIB", "Memory", "detect_memory", "parse_size", "plan_run"), "hone.core.api.memory"),
+    **dict.fromkeys(
+        (
+            "FORMAT_TYPES",
+            "MANIFEST_FILE",
+            "SUPPORTED_FORMATS",
+            "export_run",
+            "open_run",
+            "output_folder",
+            "parse_format",
+        ),
+        "hone.core.api.export",
+    ),
+    **dict.fromkeys(
+        (
+            "BASE",
+            "TUNED",
+            "ChatModels",
+            "GenerationSettings",
+            "compare",
+            "held_out_file",
+            "read_prompts",
+            "with_references",
+        ),
+        "hone.core.api.chat",
+    ),
+    **dict.fromkeys(
+        (
+            "download_model",
+            "fits_this_machine",
+            "forget_token",
+            "hub_user",
+            "model_files",
+            "push_folder",
+            "save_token",
+            "search_models",
+        ),
+        "hone.core.api.hub",
+    ),
+    **dict.fromkeys(
+        (
+            "GpuListing",
+            "MachineFacts",
+            "Telemetry",
+            "TelemetrySample",
+            "check_runtime",
+            "guard_bitsandbytes_import",
+            "list_gpus",
+            "prefer_expandable_segments",
+            "read_machine",
+        ),
+        "hone.core.api.machine",
+    ),
+    **dict.fromkeys(
+        ("CHANCE", "demo_config", "run_demo", "run_vision_demo", "vision_demo_config"), "hone.core.api.demo"
+    ),
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,126 @@
+"""The speed paths switched on for a run, in order, each choice recorded with its reason.
+
+`install_attention_and_experts` runs before LoRA: the attention backend and the MoE experts backend change how
+the base model computes. `install_memory_and_kernels` runs after LoRA: activation checkpointing (possibly
+offloaded), the fused kernels, compilation and the vocabulary tables in host memory wrap what LoRA produced.
+Each path lives in its own module or subpackage with its reference, probe, undo and tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hone.core.config import SpeedConfig
+from hone.core.events import Notice
+from hone.core.model_info import ModelInfo
+
+
+@dataclass
+class SpeedSetup:
+    """What a run uses: `choices` go into RunStarted.speed_paths, `notices` become Notice events."""
+
+    choices: dict[str, str] = field(default_factory=dict)
+    notices: list[Notice] = field(default_factory=list)
+    attention: object | None = None  # the attention Choice (hone.core.speed.attention): what `revert` undoes
+    expert_meter: object | None = None  # MoE expert-load meter, read once per step
+    offload: object | None = None  # checkpoint offloader, read once per step
+    compile: object | None = None  # CompileReport: compile seconds are taken out of step times
+    host_tables: object | None = None  # HostTables (hone.core.speed.host_tables): vocabulary tables in host memory
+
+    def note(self, topic: str, message: str, level: str = "info") -> None:
+        self.notices.append(Notice(topic=topic, message=message, level=level))
+
+
+def install_attention_and_experts(model, cfg: SpeedConfig, info: ModelInfo, device: str) -> SpeedSetup:
+    """Attention backend and MoE experts implementation, chosen once per run."""
+    from hone.core.speed import attention
+
+    setup = SpeedSetup()
+    choice = setup.attention = attention.configure(model, cfg, device)
+    setup.choices["attention"] = f"{choice.name}: {choice.reason}"
+    if info.is_moe:
+        from hone.core.speed import moe
+        from hone.core.speed.moe.family_report import describe as describe_family
+
+        choice = moe.configure(model, cfg.moe_backend, device, fused_gate=cfg.kernels)
+        setup.choices["moe"] = f"{choice.name}: {choice.reason}"
+        setup.expert_meter = moe.ExpertLoadMeter(model)
+        family = describe_family(model)
+        if family is not None:
+            setup.choices["moe family"] = "; ".join(family.lines())
+    return setup
+
+
+def install_memory_and_kernels(
+    peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup: SpeedSetup, mean_row_tokens: float
+) -> None:
+    """Activation checkpointing (possibly offloaded), then fused kernels and compilation."""
+    from hone.core.speed.checkpointing import checkpointer, policy
+
+    choice = policy.choose_mode(cfg.checkpoint, device, mean_row_tokens, peft_model.get_base_model().config)
+    if choice.notice:
+        setup.note("checkpoint", choice.notice, choice.level)
+    setup.choices["checkpoint"] = f"{choice.mode}: {choice.reason}"
+    if choice.mode != "off":
+        setup.offload = checkpointer.apply_checkpointing(
+            peft_model, choice.mode, device, note=setup.note, group_tokens=cfg.layer_group_tokens
+        )
+        if setup.offload is None:
+            setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"
+        elif cfg.layer_group_tokens:
+            tokens = cfg.layer_group_tokens if cfg.layer_group_tokens > 0 else "auto"
+            setup.choices["checkpoint"] += (
+                f"; packed layers back-propagated in groups of whole sequences (at most {tokens} tokens)"
+            )
+    _kernels_and_compile(peft_model, cfg, device, setup)
+    _embeddings(peft_model, cfg, device, setup)
+
+
+def _embeddings(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:
+    """The frozen vocabulary tables to host memory where they can go (`hone.core.speed.host_tables`)."""
+    from hone.core.speed.host_tables import apply_host_tables
+
+    tables = apply_host_tables(
+        peft_model, device, embedding=cfg.host_embeddings, head=cfg.host_lm_head, chunked_loss=cfg.loss == "chunked"
+    )
+    setup.host_tables = tables
+    if isinstance(tables.embedding, str):
+        setup.choices["embeddings"] = f"on the GPU: {tables.embedding}"
+    else:
+        setup.choices["embeddings"] = (
+            f"input-embedding table ({_gib(tables.embedding.table):.2f} GiB) in pinned "
+            "host memory; each batch's rows looked up on the CPU by the collation"
+        )
+    if isinstance(tables.head, str):
+        setup.choices["lm_head"] = f"on the GPU: {tables.head}"
+    else:
+        shared = " (the tied input table)" if tables.head.table is getattr(tables.embedding, "table", None) else ""
+        setup.choices["lm_head"] = (
+            f"LM head ({_gib(tables.head.table):.2f} GiB){shared} in pinned host memory; "
+            "copied to the GPU once per step, while the forward runs, for the loss"
+        )
+
+
+def _gib(tensor) -> float:
+    return tensor.numel() * tensor.element_size() / 2**30
+
+
+def _kernels_and_compile(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:
+    """Fused kernels (CUDA only: on the CPU the references would run, which is the plain path anyway), then
+    regional compilation of the (possibly fused) decoder blocks."""
+    if cfg.kernels and str(device).startswith("cuda"):
+        from hone.core.speed.fused.apply import apply_kernels
+
+        report = apply_kernels(peft_model, tile_mlp=cfg.tiled_mlp)
+        setup.choices["kernels"] = report.summary()
+        for reason, names in report.skipped.items():
+            setup.note("kernels", f"{len(names)} modules keep transformers' code: {reason}")
+    elif cfg.kernels:
+        setup.choices["kernels"] = "off: Hone's fused kernels need an NVIDIA GPU"
+    else:
+        setup.choices["kernels"] = "off (speed.kernels = false)"
+    if cfg.compile:
+        from hone.core.speed.compile import compile_blocks
+
+        setup.compile = compile_blocks(peft_model)
+        setup.choices["compile"] = f"{setup.compile.blocks} decoder blocks with torch.compile"

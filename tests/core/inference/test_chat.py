@@ -1,0 +1,125 @@
+"""Streaming chat: our token loop reproduces transformers' generate, base and tuned side by side share weights."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hone.core.inference.chat import BASE, TUNED, ChatModels, GenerationSettings, stream_reply, stream_side_by_side
+
+MESSAGES = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def base_and_peft(tiny_model_dir):
+    """A tiny Qwen3 with the SmolLM2 tokenizer, and the same model with a LoRA adapter whose B is random
+    (so the adapter really changes the logits)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tiny_model_dir("tiny-dense")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    tuned = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+        LoraConfig(r=4, lora_alpha=64, target_modules="all-linear", init_lora_weights=False),
+    ).eval()
+    return base, tuned, tokenizer
+
+
+def _reference(model, tokenizer, max_new_tokens, stop_ids):
+    """transformers' own greedy generate, decoded: the independent reference."""
+    import torch
+
+    prompt = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(stop_ids),
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def _stop_ids(model, tokenizer):
+    from hone.core.inference.chat import _stop_token_ids
+
+    return _stop_token_ids(model, tokenizer)
+
+
+def test_greedy_stream_equals_transformers_generate(base_and_peft):
+    base, _, tokenizer = base_and_peft
+    settings = GenerationSettings(max_new_tokens=24)
+    pieces = list(stream_reply(base, tokenizer, MESSAGES, settings))
+    assert len(pieces) > 1, "the reply should arrive in several pieces"
+    assert "".join(pieces) == _reference(base, tokenizer, 24, _stop_ids(base, tokenizer))
+
+
+def test_side_by_side_equals_each_model_alone_and_they_differ(base_and_peft):
+    base, tuned, tokenizer = base_and_peft
+    settings = GenerationSettings(max_new_tokens=16)
+    replies = {BASE: "", TUNED: ""}
+    order = []
+    for side, piece in stream_side_by_side(tuned, tokenizer, MESSAGES, settings):
+        replies[side] += piece
+        order.append(side)
+    stop_ids = _stop_ids(base, tokenizer)
+    assert replies[BASE] == _reference(base, tokenizer, 16, stop_ids)  # adapter off == the plain base model
+    assert replies[TUNED] == _reference(tuned, tokenizer, 16, stop_ids)
+    assert replies[BASE] != replies[TUNED]
+    assert BASE in order[:3] and TUNED in order[:3], f"the two replies should interleave, got {order[:6]}"
+
+
+def test_chat_models_base_only_streams_the_base(base_and_peft):
+    base, _, tokenizer = base_and_peft
+    chat = ChatModels(base, tokenizer, has_adapter=False)
+    sides = {side for side, _ in chat.stream_both(MESSAGES, GenerationSettings(max_new_tokens=4))}
+    assert sides == {BASE}
+
+
+def test_stop_flag_ends_the_stream_early(base_and_peft):
+    _, tuned, tokenizer = base_and_peft
+    stop = threading.Event()
+    chat = ChatModels(tuned, tokenizer, has_adapter=True)
+    got = []
+    for piece in chat.stream(MESSAGES, GenerationSettings(max_new_tokens=50), stop=stop):
+        got.append(piece)
+        if len(got) == 3:
+            stop.set()
+    assert len(got) == 3
+
+
+def test_sampling_is_seeded(base_and_peft):
+    base, _, tokenizer = base_and_peft
+    settings = GenerationSettings(max_new_tokens=12, temperature=1.5, top_p=0.9, seed=7)
+    first = "".join(stream_reply(base, tokenizer, MESSAGES, settings))
+    second = "".join(stream_reply(base, tokenizer, MESSAGES, settings))
+    greedy = "".join(stream_reply(base, tokenizer, MESSAGES, GenerationSettings(max_new_tokens=12)))
+    assert first == second
+    assert first != greedy
+
+
+def test_bad_settings_are_rejected_with_advice():
+    from hone.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="temperature"):
+        GenerationSettings(temperature=-1)
+
+
+def test_tuned_side_can_continue_its_own_conversation(base_and_peft):
+    _, tuned, tokenizer = base_and_peft
+    settings = GenerationSettings(max_new_tokens=8)
+    tuned_history = [*MESSAGES, {"role": "assistant", "content": "Red."}, {"role": "user", "content": "More?"}]
+    got = {BASE: "", TUNED: ""}
+    for side, piece in stream_side_by_side(tuned, tokenizer, MESSAGES, settings, tuned_messages=tuned_history):
+        got[side] += piece
+    alone = "".join(stream_reply(tuned, tokenizer, tuned_history, settings, adapter_enabled=True))
+    assert got[TUNED] == alone
+    assert got[BASE] == "".join(stream_reply(tuned, tokenizer, MESSAGES, settings, adapter_enabled=False))
