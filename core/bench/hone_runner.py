@@ -10,11 +10,13 @@ trainer does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
 from hone.core.bench.batch import TokenBatch
 from hone.core.bench.measure import SkipRun, StepOutcome
+from hone.core.bench.packed_masks import packed_sequences_cross
 from hone.core.bench.scenarios import Scenario
 from hone.core.bench.variants import Variant, speed_config
 from hone.core.bench.weights import (
@@ -183,7 +185,15 @@ class HoneRunner:
         config = self.run_config()
         device = self.device
         model, tokenizer, info = self._load(config)
+        crossing = config.speed.attention == "hf" and packed_sequences_cross(model)
+        if crossing:  # as the reference does for such a model (packed_masks): each sequence attends to itself alone
+            config = dataclasses.replace(config, speed=dataclasses.replace(config.speed, attention="sdpa"))
         setup = install_attention_and_experts(model, config.speed, info, device)
+        if crossing:
+            setup.choices["attention"] += (
+                " (speed.attention = hf asked: the model's own masks let packed sequences attend across, so the "
+                "shared per-sequence block mask, as the reference's)"
+            )
         if self.variant.per_layer_metadata:
             use_per_layer_metadata(model, setup)
         torch.manual_seed(self.seed)  # LoRA init must not depend on what loading consumed (as in Trainer._run)

@@ -14,6 +14,7 @@ import torch
 
 from hone.core.bench.batch import TokenBatch
 from hone.core.bench.measure import StepOutcome
+from hone.core.bench.packed_masks import block_mask_mapping, packed_sequences_cross
 from hone.core.bench.scenarios import Scenario
 from hone.core.bench.weights import (
     active_params,
@@ -52,7 +53,9 @@ class ReferenceRunner:
     - peft LoRA r (alpha 2r, no dropout) on all linear layers, and on the stacked expert weights through
       `target_parameters` for MoE models;
     - one packed row as `DataCollatorWithFlattening` makes it (position ids restarting per sequence, labels -100 at
-      each sequence start), moved to the device once; the model's own loss from `labels`;
+      each sequence start), moved to the device once; the model's own loss from `labels`; where the model's own
+      masks let the sequences attend to one another (gpt-oss builds them without the position ids), per-sequence
+      masks built once (`packed_masks.block_mask_mapping`), so the reference's loss is the sequences' loss;
     - autocast in the weights' dtype on CUDA and fused AdamW, as the HF Trainer does with `bf16=True`;
       gradient clipping at 1.0 (the Trainer's default).
     """
@@ -82,6 +85,7 @@ class ReferenceRunner:
         self.lora_experts = lora_experts
         self.model = self.optimizer = self.inputs = None
         self.params: list = []
+        self.own_masks_cross = False
 
     # ---- building ----
     def _load(self):
@@ -120,6 +124,9 @@ class ReferenceRunner:
         from peft import LoraConfig, get_peft_model
 
         model = self._load()
+        # A model whose own masks let packed sequences attend to one another (gpt-oss) gets per-sequence masks:
+        # what a careful user passes once they see it, and what every other run computes.
+        self.own_masks_cross = packed_sequences_cross(model)
         enable_checkpointing(model)
         torch.manual_seed(self.seed)  # LoRA init independent of what building consumed, as Hone's trainer does
         if self.lora_experts:
@@ -134,6 +141,8 @@ class ReferenceRunner:
         cuda = str(self.device).startswith("cuda")
         self.optimizer = torch.optim.AdamW(self.params, lr=LEARNING_RATE, fused=True if cuda else None)
         self.inputs = {k: torch.from_numpy(v).to(self.device) for k, v in self.batch.flattened().items()}
+        if self.own_masks_cross:
+            self.inputs["attention_mask"] = block_mask_mapping(model, self.inputs["position_ids"])
 
     def _autocast(self):
         if str(self.device).startswith("cuda") and self.dtype != torch.float32:
@@ -165,7 +174,12 @@ class ReferenceRunner:
         config = self.model.get_base_model().config
         facts = architecture_facts(self.scenario, self.layers)
         paths = {
-            "attention": f"{config._attn_implementation} (transformers)",
+            "attention": f"{config._attn_implementation} (transformers)"
+            + (
+                ", per-sequence masks given (the model's own let packed sequences attend across)"
+                if self.own_masks_cross
+                else ""
+            ),
             "checkpoint": "transformers gradient_checkpointing_enable, non-reentrant",
             "loss": "the model's own loss from labels (full logits)",
             "lora": "peft, all linear layers"
