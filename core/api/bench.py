@@ -28,6 +28,8 @@ _LAZY = {
     "host_profile_lines": "hone.core.bench.diagnostics.host_profile",
     "profile_tables": "hone.core.bench.diagnostics.profile",
     "measure_model_backends": "hone.core.bench.moe_backends",
+    "run_max_length": "hone.core.bench.max_length",
+    "max_length_table": "hone.core.bench.max_length",
 }
 
 __all__ = ["SCENARIOS", "VARIANTS", "check_processes", "efficiency", "get_scenario", "run_scaling", *_LAZY]

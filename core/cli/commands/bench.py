@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 PROFILE_TOP = 25  # default rows per --profile, --memory-trace and --host-profile table
+MAX_LENGTH_LIMIT = 1 << 20  # --max-length's default limit (hone.core.bench.max_length.DEFAULT_LIMIT)
 # Flags only the text scenarios read, with their defaults: a vision scenario refuses them rather than ignore them.
 TEXT_ONLY_FLAGS = (
     ("--qlora", "qlora", False),
@@ -26,6 +27,7 @@ TEXT_ONLY_FLAGS = (
     ("--memory-cap", "memory_cap", None),
     ("--lora-experts", "lora_experts", "on"),
     ("--run", "run", None),
+    ("--max-length", "max_length", None),
 )
 
 
@@ -107,6 +109,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="SIZE",
         help="let every run (the peer's too) allocate at most SIZE of GPU memory, e.g. 8GiB, as on a "
         "smaller card; a run that does not fit is reported as out of memory",
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        nargs="?",
+        const=MAX_LENGTH_LIMIT,
+        metavar="LIMIT",
+        help="instead of the speed table: the longest single row each run (the peer's too) trains in one step, "
+        f"under --memory-cap, found by search up to LIMIT tokens (default {MAX_LENGTH_LIMIT:,})",
     )
     p.add_argument("--json", metavar="OUT", help="write every number, the options and the environment to OUT")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
@@ -387,6 +398,8 @@ def _run_text(args, console) -> int:
         memory_cap=args.memory_cap,
         extra_runs=args.run,
     )
+    if args.max_length is not None:
+        return _run_max_length(args, options, console)
 
     started, measured = _progress(console)
     report = run_bench(options, on_result=measured, on_start=started)
@@ -398,6 +411,25 @@ def _run_text(args, console) -> int:
         path = write_json(report.to_dict(), args.json)
         console.print(f"wrote {path}")
     return 0 if any(r.ok for r in report.runs) else 1
+
+
+def _run_max_length(args, options, console) -> int:
+    """--max-length: each run's longest one-step row, as a table."""
+    from hone.core.api.bench import max_length_table, run_max_length, write_json
+
+    def searching(name: str) -> None:
+        console.print(f"searching {name} ...")
+
+    report = run_max_length(options, limit=args.max_length, on_start=searching)
+    title = (
+        f"{report.scenario}: the longest single row trained in one step, LoRA r{options.lora_r}"
+        f"{' QLoRA' if options.qlora else ''}, {report.dtype} on {report.environment.get('gpu', report.device)}"
+        f"{_capped(options.memory_cap)}; searched up to {args.max_length:,} tokens"
+    )
+    console.print(max_length_table(report.runs, title))
+    if args.json:
+        console.print(f"wrote {write_json(report.to_dict(), args.json)}")
+    return 0 if any(r.longest for r in report.runs) else 1
 
 
 def _print_text_report(console, options, report) -> None:
