@@ -16,7 +16,7 @@ something new from the engine adds it here, in the submodule of its verb.
                    suggest_columns, ColumnNames, apply_template_setting
     read a model   inspect_model, tokenizer_for, resolve_source, pending_conversion, gguf_folder,
                    gguf_conversion_folder, family_of; measure_model_backends (MoE experts backends, timed)
-    plan memory    plan_run, detect_memory, Memory, parse_size, GIB
+    plan memory    plan_run, detect_memory, Memory, parse_size, GIB, estimate_host
     export         export_run, parse_format, SUPPORTED_FORMATS, FORMAT_TYPES, MANIFEST_FILE, open_run,
                    output_folder
     chat, evaluate ChatModels, GenerationSettings, BASE, TUNED; read_prompts, with_references, compare,
@@ -102,7 +102,9 @@ _LAZY = {
         "hone.core.api.models",
     ),
     "measure_model_backends": "hone.core.api.bench",
-    **dict.fromkeys(("GIB", "Memory", "detect_memory", "parse_size", "plan_run"), "hone.core.api.memory"),
+    **dict.fromkeys(
+        ("GIB", "Memory", "detect_memory", "estimate_host", "parse_size", "plan_run"), "hone.core.api.memory"
+    ),
     **dict.fromkeys(
         (
             "FORMAT_TYPES",

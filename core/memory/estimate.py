@@ -1,4 +1,5 @@
-"""Predict the peak GPU memory of one training step from the model's shape and the run's settings.
+"""Predict the peak GPU memory of one training step from the model's shape and the run's settings, and the host
+memory its offloaded parts hold (`estimate_host`).
 
 The step's peak is what stays allocated across steps (weights, LoRA weights and optimizer state, checkpoint
 buffers) plus the largest of three transients: a decoder layer's forward, the first recomputed layer's backward,
@@ -45,6 +46,10 @@ ALLOCATOR_SLACK = 0.04
 # within 9 % (the process itself, freed memory the allocator returns to the system late, float32 temporaries the
 # GPU path runs in bf16); docs/performance/memory-planner.md.
 CPU_RESIDENT_FACTOR = 1.75
+# torch's pinned host allocator rounds each request up to a power of two (at least 1 MiB) and keeps the blocks for
+# the next step (`host_slot_bytes` in core/speed/checkpointing/offload_buffers.py): a layer's offloaded input of 3.1 GiB
+# holds 4 GiB of page-locked memory, which the system cannot swap out.
+PINNED_MINIMUM = 2**20
 
 
 @dataclass(frozen=True)
@@ -193,3 +198,26 @@ def _layer_activations(shape: ModelShape, tokens: int, w: int) -> float:
             + routed * shape.hidden
         )
     )
+
+
+def pinned_bytes(nbytes: float) -> float:
+    """Page-locked memory a pinned host block of `nbytes` holds: the next power of two, at least PINNED_MINIMUM."""
+    return float(max(PINNED_MINIMUM, 1 << max(int(nbytes) - 1, 0).bit_length()))
+
+
+def estimate_host(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate:
+    """The host memory a GPU run's step holds beyond the process itself: each decoder layer's offloaded input in
+    a pinned block of its own (offload modes), and the vocabulary tables kept in host memory."""
+    s, w = settings, settings.weight_bytes
+    row = s.batch_tokens * shape.hidden * w
+    offloaded = shape.layers * pinned_bytes(row) if s.checkpoint in ("offload", "offload-double") else 0.0
+    table = shape.vocab * shape.hidden * w
+    if shape.tied_embeddings:
+        tables = table if (s.host_embeddings or (s.host_lm_head and s.chunked_loss)) else 0.0
+    else:
+        tables = table * (int(s.host_embeddings) + int(s.host_lm_head and s.chunked_loss))
+    parts = (
+        Part("offloaded checkpoints", offloaded, f"{shape.layers} layer inputs in pinned host memory"),
+        Part("vocabulary tables", tables, "input embedding and LM head in host memory"),
+    )
+    return MemoryEstimate(parts, "host")

@@ -2,7 +2,9 @@
 
 Levers are tried in order of what they cost in speed: host vocabulary tables and the tiled MLP cost almost nothing,
 offloaded checkpoints little, recompute from inputs on the GPU nothing but memory, a smaller batch some throughput,
-QLoRA (only when allowed) accuracy and time. The batch never goes below the longest row.
+QLoRA (only when allowed) accuracy and time. The batch never goes below the longest row. Given the host's
+memory, offloaded checkpoints are only chosen where the host holds them (`estimate_host`): where it cannot even at the
+longest row, the run keeps its checkpoints on the GPU.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estimate_peak
+from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estimate_host, estimate_peak
 from hone.core.memory.shape import ModelShape
 
 # Headroom left free beyond the prediction: the calibration's largest error (8.7 %), the caching allocator's
@@ -18,6 +20,7 @@ from hone.core.memory.shape import ModelShape
 # docs/performance/memory-planner.md), and what other processes (the desktop, a second model on the Chat page) take.
 HEADROOM = 0.15
 BATCH_MULTIPLE = 256  # batch sizes tried: multiples of this many tokens
+OFFLOAD_MODES = ("offload", "offload-double")
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,16 @@ def usable(available_bytes: float) -> float:
     return available_bytes * (1 - HEADROOM)
 
 
+def _fits(shape: ModelShape, settings: MemorySettings, budget: float, host_budget: float | None) -> bool:
+    """Whether a step fits `budget` bytes of GPU memory and, when given, what it offloads fits `host_budget`."""
+    if estimate_peak(shape, settings).peak_bytes > budget:
+        return False
+    return host_budget is None or estimate_host(shape, settings).peak_bytes <= host_budget
+
+
 def _levers(settings: MemorySettings, allow_qlora: bool, unified: bool) -> list[tuple[MemorySettings, list[str]]]:
-    """Settings to try, cheapest first, each with what it changed."""
+    """Settings to try, cheapest first, each with what it changed (`unified`: nothing is offloaded, for a GPU that
+    shares system memory or a host too small to hold the checkpoints)."""
     if settings.cpu:  # the vocabulary tables, tiles and offloading are GPU paths; QLoRA needs a GPU
         recompute = ({"checkpoint": "gpu"}, "activation checkpointing (recompute)")
         return _tried(settings, [recompute] if settings.checkpoint == "off" else [])
@@ -82,13 +93,16 @@ def _tried(settings: MemorySettings, steps: list[tuple[dict, str]]) -> list[tupl
     return tried
 
 
-def largest_batch(shape: ModelShape, settings: MemorySettings, budget: float, ceiling: int) -> int:
-    """The largest multiple of BATCH_MULTIPLE up to `ceiling` tokens whose step fits `budget` bytes, or 0."""
+def largest_batch(
+    shape: ModelShape, settings: MemorySettings, budget: float, ceiling: int, host_budget: float | None = None
+) -> int:
+    """The largest multiple of BATCH_MULTIPLE up to `ceiling` tokens whose step fits `budget` bytes (and
+    `host_budget`, when given), or 0."""
     low, high = 0, max(ceiling // BATCH_MULTIPLE, 1)
     while low < high:  # the peak grows with the batch: bisect on multiples
         middle = (low + high + 1) // 2
         trial = dataclasses.replace(settings, batch_tokens=middle * BATCH_MULTIPLE)
-        if estimate_peak(shape, trial).peak_bytes <= budget:
+        if _fits(shape, trial, budget, host_budget):
             low = middle
         else:
             high = middle - 1
@@ -103,15 +117,19 @@ def auto_fit(
     *,
     allow_qlora: bool = False,
     unified: bool = False,
+    host_available: float | None = None,
 ) -> FitResult:
     """Fit the run's step into `available_bytes`: its own settings when they fit, else the cheapest levers and
-    the largest batch (at least `longest_row` tokens, at most the run's own batch)."""
+    the largest batch (at least `longest_row` tokens, at most the run's own batch). With `host_available` (bytes of
+    system memory), offloaded checkpoints must fit there too."""
     budget = usable(available_bytes)
+    host_budget = usable(host_available) if host_available is not None else None
+    settings, forced = _keep_checkpoints_on_gpu(shape, settings, longest_row, host_budget)
     own = estimate_peak(shape, settings)
-    if own.peak_bytes <= budget:
-        return FitResult(True, settings, own, available_bytes)
+    if _fits(shape, settings, budget, host_budget):
+        return FitResult(True, settings, own, available_bytes, tuple(forced))
     ceiling = max(settings.batch_tokens, longest_row)
-    levers = _levers(settings, allow_qlora, unified)
+    levers = _levers(settings, allow_qlora, unified or bool(forced))
     # Every lever that keeps the weights as they are comes before a smaller batch; QLoRA comes last, at the full
     # batch first.
     order = [(c, w, False) for c, w in levers if not c.qlora or settings.qlora]
@@ -119,25 +137,52 @@ def auto_fit(
     if allow_qlora and not settings.qlora and not settings.cpu:
         order += [(levers[-1][0], levers[-1][1], False), (levers[-1][0], levers[-1][1], True)]
     for candidate, changed, shrink in order:
-        batch = (
-            largest_batch(shape, candidate, budget, ceiling)
-            if shrink
-            else (
-                ceiling
-                if estimate_peak(shape, dataclasses.replace(candidate, batch_tokens=ceiling)).peak_bytes <= budget
-                else 0
-            )
-        )
+        whole = dataclasses.replace(candidate, batch_tokens=ceiling)
+        if shrink:
+            batch = largest_batch(shape, candidate, budget, ceiling, host_budget)
+        else:
+            batch = ceiling if _fits(shape, whole, budget, host_budget) else 0
         if batch >= longest_row:
             chosen = dataclasses.replace(candidate, batch_tokens=batch)
-            words = [*changed] + (
+            words = [*forced, *changed] + (
                 [f"batch of {batch:,} tokens (was {settings.batch_tokens:,})"] if batch != settings.batch_tokens else []
             )
             return FitResult(True, chosen, estimate_peak(shape, chosen), available_bytes, tuple(words))
-    cheapest = levers[-1][0]
+    return _nothing_fits(shape, levers[-1][0], available_bytes, longest_row, allow_qlora, host_budget, forced)
+
+
+def _keep_checkpoints_on_gpu(
+    shape: ModelShape, settings: MemorySettings, longest_row: int, host_budget: float | None
+) -> tuple[MemorySettings, list[str]]:
+    """Offloaded checkpoints that the host cannot hold even for a batch of the longest row stay on the GPU
+    (recomputed from inputs kept there): the settings to plan with, and the change in words (none when kept)."""
+    if host_budget is None or settings.checkpoint not in OFFLOAD_MODES:
+        return settings, []
+    at_row = dataclasses.replace(settings, batch_tokens=max(longest_row, BATCH_MULTIPLE))
+    need = estimate_host(shape, at_row).peak_bytes
+    if need <= host_budget:
+        return settings, []
+    words = (
+        f"checkpoints kept on the GPU: offloaded, a batch of {at_row.batch_tokens:,} tokens would hold "
+        f"{need / GIB:.1f} GiB of host memory, {host_budget / GIB:.1f} GiB usable"
+    )
+    return dataclasses.replace(settings, checkpoint="gpu"), [words]
+
+
+def _nothing_fits(
+    shape: ModelShape,
+    cheapest: MemorySettings,
+    available_bytes: float,
+    longest_row: int,
+    allow_qlora: bool,
+    host_budget: float | None,
+    forced: list[str],
+) -> FitResult:
+    """The result when no lever fits: why, and the longest row that would fit with every lever."""
+    budget = usable(available_bytes)
     at_row = dataclasses.replace(cheapest, batch_tokens=max(longest_row, BATCH_MULTIPLE))
     floor = estimate_peak(shape, dataclasses.replace(cheapest, batch_tokens=BATCH_MULTIPLE))
-    longest = largest_batch(shape, cheapest, budget, max(longest_row, BATCH_MULTIPLE))
+    longest = largest_batch(shape, cheapest, budget, max(longest_row, BATCH_MULTIPLE), host_budget)
     if floor.peak_bytes > budget:
         reason = (
             f"even a {BATCH_MULTIPLE}-token batch with every memory lever needs {floor.peak_gib:.1f} GiB, more "
@@ -154,6 +199,8 @@ def auto_fit(
             f"{estimate_peak(shape, at_row).peak_gib:.1f} GiB with every memory lever, more than the "
             f"{budget / GIB:.1f} GiB usable; rows up to {longest:,} tokens would fit (data.max_length)"
         )
+    if forced:
+        reason += "; " + forced[0]
     return FitResult(
         False, cheapest, estimate_peak(shape, at_row), available_bytes, reason=reason, largest_max_length=longest
     )

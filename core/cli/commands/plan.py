@@ -47,7 +47,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from hone.core.api import GIB, Memory, detect_memory, parse_size, plan_run
+    from hone.core.api import GIB, Memory, detect_memory, estimate_host, parse_size, plan_run
     from hone.core.config import RunConfig
 
     config = RunConfig.load(args.config).with_overrides(args.overrides)
@@ -75,6 +75,13 @@ def run(args) -> int:
     for part in plan.estimate.parts:
         table.add_row(part.name, f"{part.bytes / GIB:.2f}", part.note)
     console.print(table)
+    host = estimate_host(shape, plan.fit.settings if plan.fit is not None and plan.fit.fits else settings)
+    if host.peak_bytes:
+        console.print(
+            f"host memory held during the step: {host.peak_gib:.2f} GiB ("
+            + ", ".join(f"{part.name} {part.bytes / GIB:.2f}" for part in host.parts if part.bytes)
+            + ")"
+        )
     code = 0
     if memory is None:
         console.print("No NVIDIA GPU here: give --gpu-memory SIZE to fit the run to a card.")
@@ -109,6 +116,7 @@ def run(args) -> int:
             "peak_gib": plan.estimate.peak_gib,
             "phase": plan.estimate.phase,
             "parts": {part.name: part.bytes / GIB for part in plan.estimate.parts},
+            "host_gib": {part.name: part.bytes / GIB for part in host.parts},
             "memory": dataclasses.asdict(memory) if memory else None,
         }
         if plan.fit is not None:
