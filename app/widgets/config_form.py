@@ -35,9 +35,10 @@ from hone.core.errors import ConfigError
 # Chosen on the Model and Data pages; the form leaves them alone.
 ELSEWHERE = {"model.name_or_path", "model.gguf_file", "data.train", "data.eval", "data.format", "data.columns"}
 
-SECTION_ORDER = ("train", "lora", "speed", "data", "model", "output")
+SECTION_ORDER = ("train", "preference", "lora", "speed", "data", "model", "output")
 SECTION_TITLES = {
     "train": "Training",
+    "preference": "Preference training",
     "lora": "LoRA adapter",
     "speed": "Speed",
     "data": "Data",
@@ -87,6 +88,11 @@ LABELS = {
     "train.eval_every": "Evaluate every (steps)",
     "model.dtype": "Weight type",
     "train.parallel": "Several GPUs",
+    "train.method": "Method",
+    "preference.beta": "Beta",
+    "preference.loss": "DPO loss",
+    "preference.label_smoothing": "Label smoothing",
+    "preference.simpo_gamma": "SimPO gamma",
 }
 # Choices in words; the value the config stores is each item's data (and in its tooltip).
 CHOICE_LABELS = {
@@ -116,6 +122,12 @@ CHOICE_LABELS = {
     "train.schedule": {"cosine": "Cosine decay", "linear": "Linear decay", "constant": "Constant"},
     "train.optimizer": {"adamw": "AdamW", "adamw-bf16": "AdamW, 16-bit state", "adamw8bit": "AdamW 8-bit"},
     "train.parallel": {"auto": "Auto", "ddp": "Whole model on each GPU", "fsdp": "Split the model across GPUs"},
+    "train.method": {
+        "sft": "Supervised fine-tuning",
+        "dpo": "DPO (chosen over rejected)",
+        "simpo": "SimPO (no reference model)",
+    },
+    "preference.loss": {"sigmoid": "Sigmoid (DPO)", "ipo": "IPO", "robust": "Robust (noisy labels)"},
     "model.dtype": {"auto": "Auto", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"},
     "data.overlong": {"truncate": "Truncate", "drop": "Drop the row"},
     "data.train_on": {"assistant": "Assistant replies", "all": "Every token"},

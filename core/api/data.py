@@ -1,6 +1,6 @@
-"""Check and inspect training data: every row validated and reported (`check_data`), a row shown as the model will
-see it (`inspect_row(s)`), and the readers under them for a first look at a file (`resolve_sources`,
-`read_records`, `detect_format`, `suggest_columns`).
+"""Check and inspect training data: every row validated and reported (`check_data`; preference pairs:
+`check_pairs`), a row shown as the model will see it (`inspect_row(s)`), and the readers under them for a first
+look at a file (`resolve_sources`, `read_records`, `detect_format`, `suggest_columns`).
 
 Importing this loads numpy (hone.core.data), never torch; transformers loads when a tokenizer is used.
 """
@@ -11,6 +11,7 @@ from hone.core.data import check_data, format_report
 from hone.core.data.formats import ColumnNames, detect_format, suggest_columns
 from hone.core.data.inspect import format_view, inspect_row, inspect_rows
 from hone.core.data.loaders import DUPLICATES_KEY, SourceError, read_records, resolve_sources
+from hone.core.data.preference import check_pairs
 from hone.core.data.rows import RowError
 from hone.core.data.template import apply_template_setting
 
@@ -21,6 +22,7 @@ __all__ = [
     "SourceError",
     "apply_template_setting",
     "check_data",
+    "check_pairs",
     "detect_format",
     "format_report",
     "format_view",

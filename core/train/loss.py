@@ -50,12 +50,13 @@ def auto_chunk_tokens(vocab_size: int, fused: bool = False) -> int:
     return max(MIN_CHUNK_TOKENS, min(MAX_CHUNK_TOKENS, budget // max(vocab_size, 1)))
 
 
-def _is_linear_head(head: nn.Module) -> bool:
+def is_linear_head(head: nn.Module) -> bool:
     """A head the manual-gradient path computes: a plain `nn.Linear`, or one whose weight is kept in host memory."""
     return type(head) is nn.Linear or isinstance(head, HostLMHead)
 
 
-def _postprocess(logits: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+def postprocess_logits(logits: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    """The logit post-processing transformers models apply after the head: a scale, then a tanh soft-cap."""
     if scale != 1.0:
         logits = logits * scale
     if softcap is not None:
@@ -125,7 +126,7 @@ def _loss_only(hidden, targets, project, scale, softcap, chunk) -> torch.Tensor:
     """Chunked loss without gradients (evaluation); `project` maps hidden states to logits."""
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk):
-        logits = _postprocess(project(hidden[start : start + chunk]), scale, softcap).float()
+        logits = postprocess_logits(project(hidden[start : start + chunk]), scale, softcap).float()
         total += F.cross_entropy(logits, targets[start : start + chunk], ignore_index=IGNORE_INDEX, reduction="sum")
     return total
 
@@ -182,7 +183,7 @@ def _module_chunk(hidden, targets, head, scale, softcap, want_h: bool, params: t
     hidden chunk if wanted, grads of params (None where unused)]). Its logits die when it returns."""
     h = hidden.detach().requires_grad_(want_h)
     with torch.enable_grad():
-        logits = _postprocess(head(h), scale, softcap).float()
+        logits = postprocess_logits(head(h), scale, softcap).float()
         loss = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
         inputs = ([h] if want_h else []) + list(params)
         grads = list(torch.autograd.grad(loss, inputs, allow_unused=True)) if inputs else []
@@ -259,7 +260,7 @@ def chunked_head_loss(
     Returns:
         fp32 scalar; differentiable towards `hidden` and the head's trainable parameters.
     """
-    linear = _is_linear_head(head) and head.weight.dtype.is_floating_point
+    linear = is_linear_head(head) and head.weight.dtype.is_floating_point
     if chunk_tokens is None:
         vocab = getattr(head, "out_features", None) or head.weight.shape[0]
         chunk_tokens = auto_chunk_tokens(vocab, fused=fused and linear and fused_cross_entropy_runs(hidden, targets))
@@ -289,7 +290,8 @@ def plain_loss_sum(model, batch) -> torch.Tensor:
     )
 
 
-def _hidden_states(body: nn.Module, inputs: dict) -> torch.Tensor:
+def hidden_states(body: nn.Module, inputs: dict) -> torch.Tensor:
+    """The (B, T, H) hidden states a model body gives for `inputs`."""
     out = body(**inputs)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 
@@ -323,7 +325,7 @@ def loss_sum(
     plan = head_plan(model) if mode == "chunked" else None
     if not isinstance(plan, HeadPlan):
         return plain_loss_sum(model, batch)
-    hidden = _hidden_states(plan.body, batch.model_inputs())
+    hidden = hidden_states(plan.body, batch.model_inputs())
     hidden = hidden.flatten(0, 1)
     targets = batch.targets.flatten()
     positions = getattr(batch, "trained_positions", None)
@@ -349,7 +351,7 @@ def describe(model, mode: str = "chunked", fused: bool = False) -> str:
         extra.append(f"logit scale {plan.scale:g}")
     if plan.softcap is not None:
         extra.append(f"soft-cap {plan.softcap:g}")
-    linear = _is_linear_head(plan.head)
+    linear = is_linear_head(plan.head)
     how = ("fused cross-entropy kernel" if fused and linear else "manual gradients") if linear else "per-chunk autograd"
     return "chunked cross-entropy (" + ", ".join([how, *extra]) + ")"
 

@@ -76,7 +76,7 @@ def largest_micro_batch(dataset, packs: list[list[int]], packing: bool) -> list[
     size = len(longest.input_ids)
     rows = [longest] * max(tokens // size, 1)
     rest = tokens - size * len(rows)
-    if rest > 0 and not longest.images:
+    if rest > 0 and not longest.images and not hasattr(longest, "sequences"):  # a pair's answers go whole
         rows.append(replace(longest, input_ids=longest.input_ids[:rest], labels=longest.labels[:rest]))
     return rows
 

@@ -137,7 +137,9 @@ class StepRunner:
         return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
 
     def collate(self, rows):
-        """One micro-batch on the host (pinned on a GPU), with its embedding rows when the table lives there."""
+        """One micro-batch on the host (pinned on a GPU), with its embedding rows when the table lives there. A row
+        of several sequences (a preference pair) gives them in order, each a sequence of its own."""
+        rows = [sequence for row in rows for sequence in getattr(row, "sequences", (row,))]
         if self.vision is not None:
             return self.vision.collate(rows, pin_memory=self.pin)
         if self.config.speed.packing:

@@ -103,8 +103,10 @@ def test_max_length_over_batch_tokens_is_refused_with_both_fixes():
 def test_column_names_are_the_ones_the_formats_read():
     from hone.core.config import COLUMN_NAMES
     from hone.core.data.formats import OPTIONAL, REQUIRED
+    from hone.core.data.preference import PREFERENCE_COLUMNS
 
     read = {c for fmt in REQUIRED for c in (*REQUIRED[fmt], *OPTIONAL[fmt])} | {"role", "content"}
+    read |= set(PREFERENCE_COLUMNS)
     assert set(COLUMN_NAMES) == read
 
 
@@ -253,3 +255,11 @@ def test_a_run_name_that_is_not_one_plain_folder_name_is_refused(name):
 @pytest.mark.parametrize("name", ["", "my-run_1.2", "Fine tune 3", "日本語の実行", "x" * 100, "a..b"])
 def test_plain_run_names_are_kept(name):
     assert RunConfig.from_dict({"output": {"name": name}}).output.name == name
+
+
+def test_a_preference_pair_must_fit_one_micro_batch():
+    RunConfig.from_dict({"data": {"max_length": 1024}, "train": {"batch_tokens": 2048, "method": "dpo"}})
+    with pytest.raises(ConfigError) as error:
+        RunConfig.from_dict({"data": {"max_length": 1024}, "train": {"batch_tokens": 1536, "method": "simpo"}})
+    assert "two rows of up to data.max_length (1024)" in error.value.message
+    assert "at least 2048" in error.value.advice and "at most 768" in error.value.advice

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from hone.core.config import DATA_FORMATS, DataConfig
+from hone.core.config import DATA_FORMATS, PREFERENCE_METHODS, TRAINING_METHODS, DataConfig
 from hone.core.errors import ConfigError
 
 
@@ -32,6 +32,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "use; without it only the structure is checked, no token counts",
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument(
+        "--method",
+        choices=TRAINING_METHODS,
+        default="sft",
+        help="the training method the data is for: sft rows, or pairs of chosen and rejected answers for dpo and "
+        "simpo (default sft)",
+    )
     _data_options(check)
 
     inspect = sub.add_parser("inspect", help="show rows rendered with the chat template, trained tokens highlighted")
@@ -138,19 +145,23 @@ def run(args) -> int:
 
 
 def _check(args, console) -> int:
-    from hone.core.api import check_data, format_report
+    from hone.core.api import check_data, check_pairs, format_report
     from hone.core.cli.console import Phase
     from hone.core.events import to_dict
 
     cfg = _config(args, list(args.files))
+    pairs = args.method in PREFERENCE_METHODS
     if args.model:
         tokenizer = _tokenizer(args.model, console, cfg.chat_template)
         with Phase(console, f"tokenizing every row with the chat template of {args.model}", unit="rows") as phase:
-            report, _ = check_data(cfg, tokenizer, progress=lambda text, done: _rows_read(phase, text))
+            if pairs:
+                report = check_pairs(cfg, tokenizer)
+            else:
+                report, _ = check_data(cfg, tokenizer, progress=lambda text, done: _rows_read(phase, text))
             phase.update(report.rows_read)
     else:
         tokenizer = None
-        report, _ = check_data(cfg, None)
+        report = check_pairs(cfg) if pairs else check_data(cfg, None)[0]
     if args.json:
         print(json.dumps(to_dict(report), indent=2))
     else:

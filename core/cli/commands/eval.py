@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hone.core.config import PREFERENCE_METHODS
 from hone.core.errors import HoneError
 
 
@@ -49,6 +50,8 @@ def run(args) -> int:
     if args.rows < 0:
         raise HoneError(f"--rows is {args.rows}", "give a number of rows, or 0 for all")
     run_dir, config = open_chat_run(args.run_dir, base=False)
+    if config.train.method in PREFERENCE_METHODS:
+        return _rank_pairs(args, run_dir, config)
     data = held_out_file(config, args.data)
     prompts, skipped = read_prompts(data)
     prompts = with_references(prompts, args.rows or None)
@@ -91,4 +94,40 @@ def run(args) -> int:
                     + "\n"
                 )
         console.print(f"wrote {len(result.answered)} rows to {args.out}", highlight=False)
+    return 0
+
+
+def _rank_pairs(args, run_dir: Path, config) -> int:
+    """A preference run: how often the base and the fine-tune rank each held-out pair's chosen answer first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from hone.core.api import held_out_pairs, score_pairs
+    from hone.core.cli.commands.chat import load_chat_models
+    from hone.core.cli.console import Phase
+
+    if args.out:
+        raise HoneError("--out writes answers to prompts; a preference run scores pairs", "leave --out out")
+    console = Console(stderr=True)
+    models = load_chat_models(run_dir, config, False, console)
+    pairs = held_out_pairs(config, models.tokenizer, args.data)
+    count = min(args.rows, len(pairs)) if args.rows else len(pairs)
+    with Phase(
+        console, f"ranking {count} held-out pairs with the base and the fine-tune", total=count, unit="pairs"
+    ) as phase:
+        scores = score_pairs(models, pairs, limit=count, progress=lambda done, _total: phase.update(done))
+    table = Table(title=f"{run_dir.name}: the chosen answer ranked first, on {scores.pairs} held-out pairs")
+    table.add_column("model")
+    table.add_column("preference accuracy", justify="right")
+    table.add_column("margin per token", justify="right")
+    for name, tuned, margin in (("base", False, scores.base_margin), ("fine-tuned", True, scores.tuned_margin)):
+        right = scores.tuned_right if tuned else scores.base_right
+        table.add_row(name, f"{right}/{scores.pairs} ({scores.accuracy(tuned):.0%})", f"{margin:+.3f}")
+    out = Console()
+    out.print(table)
+    out.print(
+        f"reward accuracy (the fine-tune gained more over the base on the chosen answer): "
+        f"{scores.reward_right}/{scores.pairs}",
+        highlight=False,
+    )
     return 0

@@ -35,9 +35,11 @@ COMMON: dict[str, tuple[str, ...]] = {
         "grad_accum",
         "seed",
         "eval_every",
+        "method",
     ),
     "speed": ("packing", "attention", "checkpoint", "kernels", "compile"),
-    "output": ("runs_dir", "name", "checkpoint_every", "keep_checkpoints"),
+    "output": ("runs_dir", "name", "checkpoint_minutes", "checkpoint_every", "keep_checkpoints"),
+    "preference": ("beta", "loss"),
 }
 # Rows read from each data file to detect its format: the loader decides on the first row that fits a format, and
 # a few hundred rows tell a stray row from a file-wide mismatch in well under a second.

@@ -7,10 +7,11 @@ from collections.abc import Callable
 from hone.core.config import RunConfig
 from hone.core.errors import ConfigError
 from hone.core.train.objectives.base import Objective
+from hone.core.train.objectives.preference import DirectPreferenceOptimization, SimplePreferenceOptimization
 from hone.core.train.objectives.sft import SupervisedFineTuning
 
 OBJECTIVES: dict[str, Callable[[RunConfig], Objective]] = {
-    SupervisedFineTuning.name: SupervisedFineTuning,
+    method.name: method for method in (SupervisedFineTuning, DirectPreferenceOptimization, SimplePreferenceOptimization)
 }
 
 

@@ -64,3 +64,12 @@ def test_a_gpu_checkpoint_run_ignores_the_host(host):
     settings = MemorySettings(batch_tokens=8192, checkpoint="gpu")
     fit = auto_fit(QWEN3_8B, settings, 80 * GIB, 8192, host_available=host)
     assert fit.fits and fit.changes == ()
+
+
+def test_a_preference_run_plans_for_a_pair_of_the_longest_rows():
+    from hone.core.config import RunConfig
+    from hone.core.memory.run_plan import longest_unit
+
+    sft = RunConfig.from_dict({"data": {"max_length": 2048}, "train": {"batch_tokens": 8192}})
+    dpo = RunConfig.from_dict({"data": {"max_length": 2048}, "train": {"batch_tokens": 8192, "method": "dpo"}})
+    assert (longest_unit(sft), longest_unit(dpo)) == (2048, 4096)

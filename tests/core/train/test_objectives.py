@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hone.core import events
+from hone.core.config import TRAINING_METHODS
 from hone.core.errors import ConfigError
 from hone.core.train.objectives import OBJECTIVES, SupervisedFineTuning, build_objective
 from hone.core.train.trainer import Trainer
@@ -63,7 +64,7 @@ def test_methods_are_found_by_name():
     from hone.core.config import RunConfig
 
     assert isinstance(build_objective("sft", RunConfig()), SupervisedFineTuning)
-    assert set(OBJECTIVES) == {"sft"}
+    assert set(OBJECTIVES) == {"sft", "dpo", "simpo"} == set(TRAINING_METHODS)
     with pytest.raises(ConfigError) as error:
         build_objective("dpo-typo", RunConfig())
     assert "dpo-typo" in error.value.message and "sft" in error.value.advice

@@ -1,0 +1,140 @@
+"""Preference optimization (DPO, SimPO): a step's loss from pairs of a chosen and a rejected answer to one prompt.
+
+A micro-batch holds whole pairs, each as two packed sequences (prompt + chosen, prompt + rejected; see
+hone.core.data.preference). One forward gives every sequence's summed answer log-probability through the chunked
+head (`logprobs.sequence_logprobs`); DPO's reference log-probabilities come from a second, gradient-free forward of
+the same weights with the adapter switched off, so there is never a second copy of the model. The loss is summed
+over the pairs; the trainer divides by the step's pairs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ClassVar
+
+import torch
+
+from hone.core.config import RunConfig
+from hone.core.data.preference import PreferenceData, load_preference_data
+from hone.core.errors import ConfigError
+from hone.core.train.objectives.logprobs import sequence_logprobs
+from hone.core.train.objectives.preference_losses import PairLogprobs, PairLosses, dpo_losses, simpo_losses
+
+
+@contextlib.contextmanager
+def adapter_off(model):
+    """The base model: the same weights with the LoRA adapter switched off (peft's `disable_adapter`)."""
+    disable = getattr(model, "disable_adapter", None)
+    if disable is None:
+        raise ConfigError(
+            "preference training compares the fine-tune with the base model by switching the adapter off, and this "
+            "model has no adapter",
+            "train with LoRA (the [lora] settings)",
+        )
+    with disable():
+        yield
+
+
+class PreferenceOptimization:
+    """A preference method (`Objective`) with the [preference] settings: the pairs' data, log-probabilities, loss and
+    metrics. The subclasses below name the method."""
+
+    name: ClassVar[str]
+    uses_reference: ClassVar[bool]  # whether the loss compares with the base model (the adapter off)
+
+    def __init__(self, config: RunConfig):
+        self.settings = config.preference
+        self.loss_mode = config.speed.loss
+        self.seed = config.train.seed
+        # running sums over a step's micro-batches, on the device: margin, correct rankings, chosen and rejected
+        # log-probabilities, pairs; read once per step (`step_metrics`), after the step's own sync
+        self._sums: torch.Tensor | None = None
+
+    def load_data(self, config: RunConfig, tokenizer) -> PreferenceData:
+        if config.data.format != "auto":
+            raise ConfigError(
+                f"data.format = {config.data.format!r} is a format of supervised rows; preference rows are read by "
+                "their prompt, chosen and rejected fields",
+                'set data.format = "auto" (data.columns maps other column names)',
+            )
+        return load_preference_data(config.data, tokenizer, seed=self.seed)
+
+    def pair_logprobs(self, model, batch) -> PairLogprobs:
+        """Each pair's answer log-probabilities under the model (and the reference, for DPO)."""
+        ref = None
+        if self.uses_reference:
+            with torch.no_grad(), adapter_off(model):
+                ref, _ = sequence_logprobs(model, batch, mode=self.loss_mode)
+        sums, counts = sequence_logprobs(model, batch, mode=self.loss_mode)
+        return PairLogprobs(
+            chosen=sums[0::2],
+            rejected=sums[1::2],
+            chosen_tokens=counts[0::2],
+            rejected_tokens=counts[1::2],
+            ref_chosen=None if ref is None else ref[0::2],
+            ref_rejected=None if ref is None else ref[1::2],
+        )
+
+    def pair_losses(self, pairs: PairLogprobs) -> PairLosses:
+        raise NotImplementedError
+
+    def loss_sum(self, model, batch, *, evaluating: bool = False) -> torch.Tensor:
+        pairs = self.pair_logprobs(model, batch)
+        result = self.pair_losses(pairs)
+        if not evaluating:
+            self._record(pairs, result)
+        return result.losses.sum()
+
+    def _record(self, pairs: PairLogprobs, result: PairLosses) -> None:
+        margin = result.chosen_rewards - result.rejected_rewards
+        sums = torch.stack(
+            [
+                margin.sum(),
+                (margin > 0).float().sum(),
+                pairs.chosen.detach().sum(),
+                pairs.rejected.detach().sum(),
+                torch.tensor(float(margin.numel()), device=margin.device),
+            ]
+        )
+        self._sums = sums if self._sums is None else self._sums + sums
+
+    def units(self, batch) -> int:
+        return len(batch.seq_lens) // 2
+
+    def row_units(self, dataset, rows: list[int]) -> int:
+        return len(rows)
+
+    def step_metrics(self) -> dict:
+        if self._sums is None:
+            return {}
+        margin, correct, chosen, rejected, pairs = (float(v) for v in self._sums.tolist())
+        self._sums = None
+        pairs = max(pairs, 1.0)
+        return {
+            "reward_margin": margin / pairs,
+            "reward_accuracy": correct / pairs,
+            "chosen_logps": chosen / pairs,
+            "rejected_logps": rejected / pairs,
+        }
+
+
+class DirectPreferenceOptimization(PreferenceOptimization):
+    """DPO: the fine-tune's log-ratio against the base model on the chosen answer, minus that on the rejected one."""
+
+    name: ClassVar[str] = "dpo"
+    uses_reference: ClassVar[bool] = True
+
+    def pair_losses(self, pairs: PairLogprobs) -> PairLosses:
+        s = self.settings
+        return dpo_losses(pairs, beta=s.beta, loss=s.loss, label_smoothing=s.label_smoothing)
+
+
+class SimplePreferenceOptimization(PreferenceOptimization):
+    """SimPO: per-token average log-probabilities of the two answers and a target margin; no reference model."""
+
+    name: ClassVar[str] = "simpo"
+    uses_reference: ClassVar[bool] = False
+
+    def pair_losses(self, pairs: PairLogprobs) -> PairLosses:
+        s = self.settings
+        return simpo_losses(pairs, beta=s.beta, gamma=s.simpo_gamma, label_smoothing=s.label_smoothing)

@@ -1,0 +1,78 @@
+"""The preference losses, per pair, from the summed log-probabilities of each pair's chosen and rejected answer.
+
+Every function takes (P,) fp32 tensors and returns the (P,) per-pair losses and the implicit rewards of both
+answers (detached, for the metrics: how far the fine-tune prefers the chosen answer). The trainer sums the losses
+over a step's pairs and divides by their number.
+
+- DPO (Rafailov et al.): the policy's log-ratio against the reference (the same weights, adapter off) on the chosen
+  minus the rejected answer, delta; `sigmoid` -log σ(β·delta), with label smoothing ε the conservative form
+  -(1-ε)·log σ(β·delta) - ε·log σ(-β·delta); `robust` (Chowdhury et al.) the unbiased correction
+  (-(1-ε)·log σ(β·delta) + ε·log σ(-β·delta)) / (1 - 2ε); `ipo` (Azar et al.) (delta' - 1/(2β))² with delta'
+  from per-token averages of the log-probabilities. Rewards: β·(policy - reference) of each answer.
+- SimPO (Meng et al.): no reference; per-token averages, -(1-ε)·log σ(β·m) - ε·log σ(-β·m) with
+  m = avg_chosen - avg_rejected - γ/β. Rewards: β·avg of each answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PairLogprobs:
+    """Per pair: summed log-probabilities of the chosen and rejected answers' tokens, and their token counts;
+    the reference model's sums where the method has one (else None). All (P,) fp32."""
+
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    chosen_tokens: torch.Tensor
+    rejected_tokens: torch.Tensor
+    ref_chosen: torch.Tensor | None = None
+    ref_rejected: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class PairLosses:
+    """(P,) losses, and the (P,) detached rewards of the chosen and the rejected answers."""
+
+    losses: torch.Tensor
+    chosen_rewards: torch.Tensor
+    rejected_rewards: torch.Tensor
+
+
+def _smoothed_sigmoid(x: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """-(1-ε)·log σ(x) - ε·log σ(-x): the logistic loss with an ε share of labels assumed flipped."""
+    loss = -F.logsigmoid(x)
+    return loss if smoothing == 0 else (1 - smoothing) * loss - smoothing * F.logsigmoid(-x)
+
+
+def dpo_losses(pairs: PairLogprobs, *, beta: float, loss: str = "sigmoid", label_smoothing: float = 0.0) -> PairLosses:
+    """DPO's per-pair losses (`loss`: sigmoid, robust or ipo); see the module docstring."""
+    if pairs.ref_chosen is None or pairs.ref_rejected is None:
+        raise ValueError("DPO needs the reference model's log-probabilities")
+    chosen_ratio = pairs.chosen - pairs.ref_chosen
+    rejected_ratio = pairs.rejected - pairs.ref_rejected
+    if loss == "sigmoid":
+        losses = _smoothed_sigmoid(beta * (chosen_ratio - rejected_ratio), label_smoothing)
+    elif loss == "robust":
+        delta = beta * (chosen_ratio - rejected_ratio)
+        eps = label_smoothing
+        losses = (-(1 - eps) * F.logsigmoid(delta) + eps * F.logsigmoid(-delta)) / (1 - 2 * eps)
+    elif loss == "ipo":
+        averaged = chosen_ratio / pairs.chosen_tokens.clamp(min=1) - rejected_ratio / pairs.rejected_tokens.clamp(min=1)
+        losses = (averaged - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO loss {loss!r}")
+    return PairLosses(losses, (beta * chosen_ratio).detach(), (beta * rejected_ratio).detach())
+
+
+def simpo_losses(pairs: PairLogprobs, *, beta: float, gamma: float, label_smoothing: float = 0.0) -> PairLosses:
+    """SimPO's per-pair losses; see the module docstring."""
+    chosen = pairs.chosen / pairs.chosen_tokens.clamp(min=1)
+    rejected = pairs.rejected / pairs.rejected_tokens.clamp(min=1)
+    margin = chosen - rejected - gamma / beta
+    losses = _smoothed_sigmoid(beta * margin, label_smoothing)
+    return PairLosses(losses, (beta * chosen).detach(), (beta * rejected).detach())
