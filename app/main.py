@@ -60,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     window.show()
     from hone.app.setup_check import start_setup_check
+    from hone.app.workers import save_runs_at_session_end
+
+    # logoff or shutdown: the run the Studio follows stops after its step and saves before the session ends
+    app.commitDataRequest.connect(lambda manager: save_runs_at_session_end([window.state.session]))
 
     start_setup_check(window, settings)  # says what is wrong with PyTorch or the GPU, if anything, in plain words
     return app.exec()

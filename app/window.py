@@ -158,6 +158,7 @@ class MainWindow(QMainWindow):
 
         self.telemetry = TelemetryPoller(self)
         self.telemetry.sample.connect(self.monitor.telemetry)
+        self.monitor.run_shown.connect(self._past_run_shown)
         if telemetry:
             self.telemetry.start()
 
@@ -189,12 +190,14 @@ class MainWindow(QMainWindow):
 
     def open_run(self, run_dir: str) -> None:
         """Show a past run in the Monitor (and make it the run Chat and Export offer)."""
-        self.monitor.show_run(run_dir)
-        if not self.state.session.is_running:  # the badge follows a live run first
-            self.badge.show_past_run(Path(run_dir).name, self.monitor.ended, self.monitor.last_step)
+        self.monitor.show_run(run_dir)  # the badge follows once the run is read (_past_run_shown)
         self.pages["chat"].select_run(run_dir)
         self.pages["export"].set_run(run_dir)
         self.show_page("monitor")
+
+    def _past_run_shown(self, run_dir: str) -> None:
+        if not self.state.session.is_running:  # the badge follows a live run first
+            self.badge.show_past_run(Path(run_dir).name, self.monitor.ended, self.monitor.last_step)
 
     def current_page(self) -> str:
         return PAGE_NAMES[self.stack.currentIndex()]

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import inspect
 import os
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from PySide6.QtCore import QMetaObject, QObject, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEventLoop, QMetaObject, QObject, Qt, QThread, QTimer, Signal, Slot
 
 from hone.core.config import RunConfig
 from hone.core.control import RunControl
@@ -350,6 +351,27 @@ class TrainSession(QObject):
         self._worker.deleteLater()
         self._thread = self._worker = None
         self.running_changed.emit(False)
+
+
+# How long the Studio holds a logoff or shutdown for its runs to stop after their step and save. Windows ends an app
+# that holds it past ~5 s unless the user waits on its "apps are preventing shutdown" screen; X11 session managers
+# wait longer. A LoRA run's checkpoint and adapter take a second or two after the step in flight.
+SESSION_END_WAIT_S = 20.0
+
+
+def save_runs_at_session_end(sessions: Iterable[TrainSession], wait_s: float = SESSION_END_WAIT_S) -> bool:
+    """The desktop session ends (QGuiApplication.commitDataRequest: logoff, shutdown): ask each session's run to
+    stop after its step and save, as the Stop button does, and wait up to `wait_s` in all. True when each ended."""
+    running = [session for session in sessions if session.is_running]
+    for session in running:
+        session.stop()
+    deadline = time.monotonic() + wait_s
+    # a run's thread quits through a call queued to this thread, and its last events come the same way: run this
+    # thread's events while waiting (a blocking QThread.wait here would sit out the whole wait)
+    while any(session.is_running for session in running) and time.monotonic() < deadline:
+        QCoreApplication.processEvents(QEventLoop.AllEvents, 50)
+        time.sleep(0.01)
+    return not any(session.is_running for session in running)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -35,6 +35,10 @@ ATTENTION_BACKENDS = ("auto", "varlen", "flash", "sdpa", "hf")
 CHECKPOINT_MODES = ("auto", "off", "gpu", "offload", "offload-double")
 MOE_BACKENDS = ("auto", "grouped_mm", "triton", "torch", "eager")
 DATA_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text")
+# What a run can optimize (hone.core.train.objectives): supervised fine-tuning, or preference methods on pairs.
+TRAINING_METHODS = ("sft", "dpo", "simpo")
+PREFERENCE_METHODS = ("dpo", "simpo")
+DPO_LOSSES = ("sigmoid", "ipo", "robust")
 # Hone's column names, the keys of data.columns (hone.core.data.formats reads them; a test keeps the two in step).
 COLUMN_NAMES = (
     "messages",
@@ -44,6 +48,8 @@ COLUMN_NAMES = (
     "output",
     "prompt",
     "completion",
+    "chosen",
+    "rejected",
     "text",
     "system",
     "images",
@@ -80,6 +86,8 @@ MAX_WEIGHT_DECAY = 1.0
 MAX_SEED = 2**31 - 1
 # Checkpoints kept: each holds the adapter and the optimizer state; a thousand fills any disk long before.
 MAX_KEEP_CHECKPOINTS = 1000
+# output.checkpoint_minutes: a week of training; a larger value is a typo for 0 (off) or a number of steps.
+MAX_CHECKPOINT_MINUTES = 7 * 24 * 60.0
 REPORTERS = ("tensorboard", "wandb")  # what output.report_to may name (hone.core.train.reporting)
 # output.name: run folders hold files named after the run (a GGUF export adds "-q8_0.gguf"), and file names stop at
 # 255 bytes on most file systems; 100 bytes leave room and keep Windows paths under their 260 characters.
@@ -425,6 +433,12 @@ class TrainConfig(_Section):
     eval_every: int = _f(
         0, "Evaluate every N optimizer steps; 0 = only at the end (if there is eval data).", min=0, max=MAX_STEPS
     )
+    method: str = _f(
+        "sft",
+        "What the run optimizes: sft (supervised fine-tuning on the rows' answers), or a preference method on "
+        "rows of chosen and rejected answers: dpo or simpo (settings in [preference]).",
+        choices=TRAINING_METHODS,
+    )
     parallel: str = _f(
         "auto",
         "Several processes (hone train --gpus N): ddp keeps the whole model on every GPU; "
@@ -542,6 +556,14 @@ class OutputConfig(_Section):
         min=0,
         max=MAX_STEPS,
     )
+    checkpoint_minutes: float = _f(
+        10.0,
+        "Also save a resumable checkpoint at the first step after this many minutes of training since the last one, "
+        "so a kill -9, a crash or a power cut costs at most that much; 0 = off. A LoRA run's checkpoint holds only "
+        "the adapter's weights and optimizer state.",
+        min=0.0,
+        max=MAX_CHECKPOINT_MINUTES,
+    )
     keep_checkpoints: int = _f(2, "How many recent checkpoints to keep.", min=1, max=MAX_KEEP_CHECKPOINTS)
     report_to: list[str] = _f(
         [],
@@ -561,6 +583,37 @@ class OutputConfig(_Section):
             )
 
 
+@dataclass
+class PreferenceConfig(_Section):
+    """Preference training (train.method = dpo or simpo): how much the chosen answer is preferred."""
+
+    _name: typing.ClassVar[str] = "preference"
+    beta: float = _f(
+        0.1,
+        "DPO and SimPO's beta: how strongly the policy's log-probability ratios are scaled in the loss (DPO: the "
+        "lower, the further the fine-tune may move from the base model).",
+        min=0.0,
+        above_min=True,
+        max=100.0,
+    )
+    loss: str = _f(
+        "sigmoid",
+        "DPO's loss: sigmoid (the DPO paper), ipo (squared, on per-token averages; beta is its tau), robust "
+        "(sigmoid corrected for label noise at the rate label_smoothing).",
+        choices=DPO_LOSSES,
+    )
+    label_smoothing: float = _f(
+        0.0,
+        "The assumed share of pairs whose labels are flipped (DPO sigmoid and robust, SimPO); 0 = none.",
+        min=0.0,
+        max=0.49,
+    )
+    simpo_gamma: float = _f(
+        0.5, "SimPO's target margin gamma, divided by beta in the loss (per-token average log-probabilities).",
+        min=0.0, max=100.0,
+    )  # fmt: skip
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "model": ModelConfig,
     "data": DataConfig,
@@ -568,6 +621,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "train": TrainConfig,
     "speed": SpeedConfig,
     "output": OutputConfig,
+    "preference": PreferenceConfig,
 }
 
 
@@ -581,6 +635,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():
@@ -590,6 +645,15 @@ class RunConfig:
 
     def check(self) -> None:
         """Checks across sections (each section checks its own fields)."""
+        pairs = self.train.method in PREFERENCE_METHODS
+        if self.speed.packing and pairs and 2 * self.data.max_length > self.train.batch_tokens:
+            raise ConfigError(
+                f"a preference pair holds two rows of up to data.max_length ({self.data.max_length}) tokens, "
+                f"more than train.batch_tokens ({self.train.batch_tokens}), so a pair of the longest allowed rows "
+                "would not fit one micro-batch",
+                f"raise train.batch_tokens to at least {2 * self.data.max_length}, or lower data.max_length to at "
+                f"most {self.train.batch_tokens // 2}",
+            )
         if self.speed.packing and self.data.max_length > self.train.batch_tokens:
             raise ConfigError(
                 f"data.max_length ({self.data.max_length}) is larger than train.batch_tokens "

@@ -1,13 +1,20 @@
 """Events a run emits: frozen dataclasses, stdlib only, one JSON line each in the run's metrics.jsonl.
 
 The trainer yields them; the CLI prints them; the GUI worker re-emits them over a Qt signal. Every event
-round-trips through `to_dict` / `from_dict`, which is how the GUI's run history reads old runs.
+round-trips through `to_dict` / `from_dict`, which is how the GUI's run history reads old runs: `from_line` reads one
+line of metrics.jsonl back, every field checked against its declared type, and refuses (EventError) what no Hone
+wrote.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import time
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +95,11 @@ class StepMetrics(Event):
     data_wait_s: float = 0.0  # time the step waited for its batches (collated in the background, or here)
     expert_load: list[int] = field(default_factory=list)  # tokens per expert (MoE), summed over layers
     mem_by_gpu: list[int] = field(default_factory=list)  # bytes, each process's peak, when several train the run
+    # Preference runs (train.method dpo, simpo), means over the step's pairs; None for other methods.
+    reward_margin: float | None = None  # chosen answer's implicit reward minus the rejected one's
+    reward_accuracy: float | None = None  # share of pairs whose chosen answer has the higher reward
+    chosen_logps: float | None = None  # summed log-probability of the chosen answers' tokens
+    rejected_logps: float | None = None  # the same for the rejected answers
 
     @property
     def waiting_for_data(self) -> float:
@@ -158,6 +170,9 @@ class RunFailed(Event):
     step: int = 0
     details: str = ""  # traceback for the log, never shown as the message
     code: str = ""  # the HoneError's code: a kind of failure a front end can offer to fix ("data-changed")
+    # The machine cut the run off (a GPU that stopped working), not its settings: it goes on from its last complete
+    # checkpoint with `hone train --resume`, and run.json says "interrupted" instead of "failed".
+    interrupted: bool = False
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -182,8 +197,209 @@ def to_dict(event: Event) -> dict[str, Any]:
     return {"event": type(event).__name__, **dataclasses.asdict(event)}
 
 
-def from_dict(data: dict[str, Any]) -> Event:
-    """Rebuild an event written by `to_dict`; unknown keys (from newer versions) are ignored."""
-    cls = EVENT_TYPES[data["event"]]
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+# ---- reading events back (metrics.jsonl) ----
+
+# The longest line a run writes is a RunFailed with its traceback, tens of kB; a longer line is none of Hone's, and
+# a reader drops it without holding it whole (hone.core.train.run_dir.EventTail).
+MAX_LINE_BYTES = 4 << 20
+
+
+class EventError(ValueError):
+    """A line or dict that is no event Hone writes; the message says why, naming the event kind and field."""
+
+
+def quoted(value: Any) -> str:
+    """A value read from a JSON file as a message quotes it: a string in quotes, anything else as JSON writes it
+    (null, true, NaN, [1, 2]), at most 60 characters."""
+    if isinstance(value, str):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError, RecursionError):
+            text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def json_kind(value: Any) -> str:
+    """What kind of JSON value `value` is: object, array, string, number, boolean or null."""
+    if isinstance(value, bool):
+        return "boolean"
+    kinds = {dict: "object", list: "array", str: "string", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+class _Wrong(Exception):
+    """A value of another type than its field's; `path` leads from the field to it ("[0]", "['key']")."""
+
+    def __init__(self, value: Any, expected: str, path: str = ""):
+        super().__init__(expected)
+        self.value, self.expected, self.path = value, expected, path
+
+
+def _as_float(value: Any) -> float:
+    # null is how a number that was not finite is written (a loss that became NaN): it reads back as NaN, as does any
+    # other non-finite value, so every float field holds a float.
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Wrong(value, "not a number")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        return math.nan
+    return number if math.isfinite(number) else math.nan
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Wrong(value, "not a whole number")
+    return value
+
+
+def _as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Wrong(value, "not text")
+    return value
+
+
+def _as_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Wrong(value, "not true or false")
+    return value
+
+
+def _any(value: Any) -> Any:
+    return value
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else check(value)
+
+
+def _list_of(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def checked(value: Any) -> list:
+        if not isinstance(value, list):
+            raise _Wrong(value, "not a list")
+        out = []
+        for i, item in enumerate(value):
+            try:
+                out.append(check(item))
+            except _Wrong as e:
+                raise _Wrong(e.value, e.expected, f"[{i}]{e.path}") from None
+        return out
+
+    return checked
+
+
+def _dict_of(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def checked(value: Any) -> dict:
+        if not isinstance(value, dict):
+            raise _Wrong(value, "not an object")
+        out = {}
+        for key, item in value.items():  # JSON's keys are strings
+            try:
+                out[key] = check(item)
+            except _Wrong as e:
+                raise _Wrong(e.value, e.expected, f"[{key!r}]{e.path}") from None
+        return out
+
+    return checked
+
+
+_PLAIN = {float: _as_float, int: _as_int, str: _as_str, bool: _as_bool}
+
+
+def _checker(hint: Any) -> Callable[[Any], Any]:
+    """The check of a value against a field's declared type: the plain types, `X | None`, `list[X]`,
+    `dict[str, X]` and Any, as the events declare them."""
+    if hint in _PLAIN:
+        return _PLAIN[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return _optional(_checker(inner))
+    if origin is list:
+        return _list_of(_checker(args[0]))
+    if origin is dict:
+        return _dict_of(_checker(args[1]))
+    if hint is Any:
+        return _any
+    raise TypeError(f"no check for a field declared {hint!r}")  # a new event field of a new kind: add its check
+
+
+_FIELDS: dict[str, tuple[tuple[str, Callable[[Any], Any], bool], ...]] = {}  # by class name: built once per class
+
+
+def _fields(cls: type[Event]) -> tuple[tuple[str, Callable[[Any], Any], bool], ...]:
+    """(name, check, required) for each field of an event class."""
+    if cls.__name__ in _FIELDS:
+        return _FIELDS[cls.__name__]
+    hints = typing.get_type_hints(cls)
+    _FIELDS[cls.__name__] = fields = tuple(
+        (
+            f.name,
+            _checker(hints[f.name]),
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+    )
+    return fields
+
+
+def from_dict(data: Any) -> Event:
+    """Rebuild an event written by `to_dict`, every field checked against the type its class declares, so no event
+    with a field of another type leaves here. Keys no field has (from newer versions) are ignored; an int stands for
+    a float; a float field written as null (it was not finite), or not finite, reads back as NaN; `time` must be a
+    finite number (it is shown as a clock time).
+
+    Raises:
+        EventError: `data` is not a dict, its "event" names no event kind, a field is missing or of another type;
+            the message names the kind and the field ("StepMetrics: loss is 'x', not a number").
+    """
+    if not isinstance(data, dict):
+        raise EventError(f"a JSON {json_kind(data)}, not an object")
+    if "event" not in data:
+        raise EventError('a JSON object without an "event" key')
+    kind = data["event"]
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise EventError(f"an event of unknown kind {quoted(kind)}")
+    values = {}
+    for name, check, required in _fields(cls):
+        if name not in data:
+            if required:
+                raise EventError(f"{kind}: {name} is missing")
+            continue
+        try:
+            values[name] = check(data[name])
+        except _Wrong as e:
+            raise EventError(f"{kind}: {name}{e.path} is {quoted(e.value)}, {e.expected}") from None
+    if "time" in values and not math.isfinite(values["time"]):
+        raise EventError(f"{kind}: time is {quoted(data['time'])}, not a time")
+    return cls(**values)
+
+
+def from_line(line: bytes | str) -> Event:
+    """One line of metrics.jsonl (without its newline) as the event it holds: the per-line reader every reader of
+    metrics.jsonl uses.
+
+    Raises:
+        EventError: the line is longer than MAX_LINE_BYTES, not UTF-8, not JSON, or not an event (`from_dict`).
+    """
+    if len(line) > MAX_LINE_BYTES:
+        raise EventError(f"a line of {len(line):,} bytes, longer than the {MAX_LINE_BYTES:,} any event takes")
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise EventError(f"not UTF-8 text (byte 0x{line[e.start]:02x} at offset {e.start})") from None
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise EventError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except ValueError as e:  # an integer of more digits than Python reads
+        raise EventError(f"not valid JSON ({e})") from None
+    except RecursionError:
+        raise EventError("JSON nested too deeply to read") from None
+    return from_dict(data)

@@ -8,10 +8,12 @@ import importlib
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import platformdirs
 
+from hone.core.control import env_error, env_text
 from hone.core.errors import HoneError
 
 BUNDLED_PREFIX = "bundled:"
@@ -31,10 +33,15 @@ def cache_root(*subfolders: str) -> Path:
 
     Args:
         subfolders: path parts under the root, e.g. `cache_root("models")` or `cache_root("triton")`.
+
+    Raises:
+        HoneError: `$HONE_CACHE` is not an absolute path, or names something that is not a folder.
     """
-    override = os.environ.get(CACHE_ENV, "").strip()
+    override = env_text(CACHE_ENV)
     if override:
         root = Path(override).expanduser()
+        if not root.is_absolute() or (root.exists() and not root.is_dir()):
+            raise env_error(CACHE_ENV, override, "the absolute path of a folder (made if missing) you can write to")
     else:
         # Linux (and the other XDG systems) keep the lowercase ~/.cache/hone that earlier versions used, so GGUF
         # conversions and tokenized datasets made before are still found; Windows and macOS name it like their apps.
@@ -42,6 +49,30 @@ def cache_root(*subfolders: str) -> Path:
         # appauthor=False: no "<author>" level on Windows (platformdirs would repeat the app name there).
         root = platformdirs.user_cache_path(name, appauthor=False)
     return root.joinpath(*subfolders)
+
+
+def writable_cache(*subfolders: str) -> Path:
+    """`cache_root(*subfolders)`, made if missing and proven writable (a file created and removed in it): checked
+    before a long job (a GGUF conversion) whose result goes there, so it fails at once, not at its end.
+
+    Raises:
+        HoneError: the folder cannot be made or written; the message names it and whether HONE_CACHE chose it.
+    """
+    folder = cache_root(*subfolders)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".hone-write-check-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as e:
+        override = env_text(CACHE_ENV)
+        chosen = f"{CACHE_ENV}={override}" if override else f"Hone's default cache folder ({CACHE_ENV} is not set)"
+        raise HoneError(
+            f"cannot write to the cache folder {folder} ({e.strerror or e}); it comes from {chosen}",
+            f"set {CACHE_ENV} to a folder you can write to (on a disk with room for a converted model), or make "
+            f"{folder} writable",
+        ) from None
+    return folder
 
 
 def resource_path(relative: str) -> Path:

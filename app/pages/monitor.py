@@ -5,14 +5,17 @@ from __future__ import annotations
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QWidget
 
 from hone.app.pages.base import Page
+from hone.app.pages.monitor_replay import FolderReplay, SmoothedLoss
 from hone.app.theme import Palette, icon
-from hone.app.widgets.charts import BarChart, LiveChart, mark_label, power_of_ten
+from hone.app.widgets.charts import BarChart, LiveChart, SeriesBuffer, mark_label, power_of_ten
 from hone.app.widgets.common import Card, StatTile, human_bytes, human_count, human_duration, label, set_role
 from hone.app.workers import advice_for
 from hone.core.events import (
@@ -28,6 +31,9 @@ from hone.core.events import (
     RunStarted,
     StepMetrics,
 )
+
+if TYPE_CHECKING:
+    from hone.core.api import StepColumns
 
 # One chart redraws per tick, in turn: a chart's repaint costs 10-50 ms of the GUI thread on a loaded CPU, so
 # repainting all of them at once would stall the window; in turn, each of the five redraws about four times a
@@ -49,20 +55,6 @@ GIB = 2**30
 GPU_COLOURS = ("mem_alloc", "mem_device", "speed", "smooth", "eval", "util", "lr", "loss")
 # Plot height: two rows of charts, the numbers and the progress fit a 900-pixel-high window.
 CHART_HEIGHT = 210
-
-
-class SmoothedLoss:
-    """Exponential moving average with bias correction: value_n = EMA_n / (1 - beta^n)."""
-
-    def __init__(self, beta: float = SMOOTHING):
-        self.beta = beta
-        self._ema = 0.0
-        self._n = 0
-
-    def add(self, value: float) -> float:
-        self._n += 1
-        self._ema = self.beta * self._ema + (1 - self.beta) * value
-        return self._ema / (1 - self.beta**self._n)
 
 
 def waiting_text(step: StepMetrics) -> str:
@@ -99,6 +91,7 @@ class MonitorPage(Page):
     icon_name = "monitor"
 
     failure_shown = Signal(object)  # RunFailed, after its dialog opened
+    run_shown = Signal(str)  # a run folder opened with show_run, once all of its metrics.jsonl is in the page
 
     def __init__(self, state, parent: QWidget | None = None):
         super().__init__(state, parent)
@@ -191,10 +184,12 @@ class MonitorPage(Page):
         self._next_chart = 0
         self._tiles_at = 0.0
         self.flush_timer.start()
-        # A run opened from Runs that another process (hone train, another window) is still training: its
-        # metrics.jsonl is read as it grows.
+        # A run opened from Runs is read off the GUI thread when large; one that another process (hone train, another
+        # window) is still training is then followed: its metrics.jsonl is read as it grows.
+        self.replay = FolderReplay(self._take, self._reserve, self)
+        self.replay.done.connect(self._replayed)
+        self.shown_dir: Path | None = None  # the run folder show_run is reading
         self.following: Path | None = None
-        self._tail = None
         self.follow_timer = QTimer(self)
         self.follow_timer.setInterval(FOLLOW_INTERVAL_MS)
         self.follow_timer.timeout.connect(self._follow_tick)
@@ -213,14 +208,14 @@ class MonitorPage(Page):
         self.loss_chart.set_empty_text("Waiting for the first step")
         self.memory_chart.set_empty_text("Device memory appears here while a run trains")
         self.util_chart.set_empty_text("GPU load appears here while a run trains on an NVIDIA GPU")
-        self.smoother = SmoothedLoss()
+        self.smoother = SmoothedLoss(SMOOTHING)
         self.step_times: deque[float] = deque(maxlen=ETA_WINDOW)
         self.started: RunStarted | None = None
         self.t0: float | None = None  # when the run first started: a resumed run's time axis continues from it
         self.last_step: StepMetrics | None = None
         self.ended: RunFinished | RunFailed | None = None
         self.expert_totals: list[float] = []
-        self._step_began: dict[int, float] = {}  # step -> seconds on the memory chart when the step after it began
+        self._began = SeriesBuffer()  # step -> seconds on the memory chart when the step after it began
         self.status = "idle"
         self._log_step_at = 0.0
         self._tiles_dirty = False
@@ -246,7 +241,7 @@ class MonitorPage(Page):
         else:
             self._reset()
             self.t0 = event.time
-        self._step_began[event.resumed_from_step] = self._seconds(event)
+        self._began.append(event.resumed_from_step, self._seconds(event))
         self._place_marks()
         self.started = event
         self.ended = None
@@ -308,6 +303,8 @@ class MonitorPage(Page):
         )
 
     def _on_failed(self, event: RunFailed) -> None:
+        # str() every field shown: a RunFailed built from a damaged line may hold a number or a list where text
+        # belongs, and a non-str reaching a Qt str slot aborts the process.
         self.status = "failed"
         self.ended = event
         self.header.subtitle.setText(f"Failed: {event.reason}")
@@ -317,7 +314,7 @@ class MonitorPage(Page):
         if event.advice:
             self._log(event, f"Advice: {event.advice}")
         if event.details:
-            self.log.appendPlainText(event.details.rstrip())
+            self.log.appendPlainText(str(event.details).rstrip())
         if self.show_dialogs:
             self._show_failure(event)
 
@@ -331,30 +328,81 @@ class MonitorPage(Page):
         seconds = self._seconds(event)
         if len(event.mem_by_gpu) > 1:  # a run on several GPUs: one line per GPU (each process's peak)
             for index, peak in enumerate(event.mem_by_gpu):
-                key = f"gpu{index}"
-                if key not in self.memory_chart.series:
-                    self.memory_chart.add_line(
-                        key,
-                        f"GPU {index} (peak)",
-                        GPU_COLOURS[index % len(GPU_COLOURS)],
-                        width=2.0,
-                        dashed=index >= len(GPU_COLOURS),
-                    )
-                self.memory_chart.append(key, seconds, peak / GIB)
+                self._gpu_line(index)
+                self.memory_chart.append(f"gpu{index}", seconds, peak / GIB)
             self.memory_chart.append("reserved", seconds, event.mem_reserved / GIB)
         elif event.mem_allocated or event.mem_reserved:
             self.memory_chart.append("allocated", seconds, event.mem_allocated / GIB)
             self.memory_chart.append("reserved", seconds, event.mem_reserved / GIB)
-        self._step_began[event.step] = seconds
+        self._began.append(event.step, seconds)
         if self._unplaced_marks:
             self._place_marks()
         if event.expert_load:
-            if len(self.expert_totals) != len(event.expert_load):
-                self.expert_totals = [0.0] * len(event.expert_load)
-            self.expert_totals = [a + b for a, b in zip(self.expert_totals, event.expert_load)]
-            self.expert_chart.set_values(self.expert_totals)
-            self.expert_chart.show()
+            self._add_expert_load(event.expert_load, restart=False)
         self.step_times.append(event.step_time)
+        self._log_step(event)
+
+    def _steps(self, block: StepColumns, last_of_run: bool) -> None:
+        """A run of steps read from the run folder (StepColumns), taken in at once: what `_step` does for each, on
+        whole columns. The numbers and the ETA come from the block's last lines, read whole; so do the log's step
+        lines, and only where no more steps follow (`last_of_run`): a replayed million steps are on the charts, not
+        in the log."""
+        if not len(block):
+            return
+        self.loss_chart.set_empty_text("")
+        steps = block.step.astype(np.float64)
+        self.loss_chart.extend("raw", steps, block.loss)
+        self.loss_chart.extend("smooth", steps, self.smoother.extend(block.loss))
+        self.speed_chart.extend("tps", steps, block.tokens_per_s)
+        self.lr_chart.extend("lr", steps, block.lr)
+        seconds = block.time - self.t0 if self.t0 is not None else np.zeros(len(block))
+        self._memory_points(block, seconds)
+        self._began.extend(steps, seconds)
+        if self._unplaced_marks:
+            self._place_marks()
+        if len(block.expert_load):
+            self._add_expert_load(block.expert_load, restart=block.experts_changed)
+        for event in block.last:
+            self.step_times.append(event.step_time)
+            if last_of_run:
+                self._log_step(event)
+        self.last_step = block.last[-1] if block.last else self.last_step
+
+    def _memory_points(self, block: StepColumns, seconds: np.ndarray) -> None:
+        """The memory chart's points of a block: as `_step` draws them, one line per GPU where a step lists
+        several."""
+        gpus = block.mem_by_gpu
+        several = np.sum(~np.isnan(gpus), axis=1) > 1 if gpus.shape[1] else np.zeros(len(block), dtype=bool)
+        for index in range(gpus.shape[1]):
+            rows = several & ~np.isnan(gpus[:, index])
+            if rows.any():
+                self._gpu_line(index)
+                self.memory_chart.extend(f"gpu{index}", seconds[rows], gpus[rows, index] / GIB)
+        alone = ~several & ((block.mem_allocated != 0) | (block.mem_reserved != 0))
+        self.memory_chart.extend("allocated", seconds[alone], block.mem_allocated[alone] / GIB)
+        reserved = several | alone
+        self.memory_chart.extend("reserved", seconds[reserved], block.mem_reserved[reserved] / GIB)
+
+    def _gpu_line(self, index: int) -> None:
+        key = f"gpu{index}"
+        if key not in self.memory_chart.series:
+            self.memory_chart.add_line(
+                key,
+                f"GPU {index} (peak)",
+                GPU_COLOURS[index % len(GPU_COLOURS)],
+                width=2.0,
+                dashed=index >= len(GPU_COLOURS),
+            )
+
+    def _add_expert_load(self, load, restart: bool) -> None:
+        """Add tokens per expert to the run's totals (which start again when the number of experts changes)."""
+        if restart or len(self.expert_totals) != len(load):
+            self.expert_totals = [0.0] * len(load)
+        self.expert_totals = [float(a) + float(b) for a, b in zip(self.expert_totals, load)]
+        self.expert_chart.set_values(self.expert_totals)
+        self.expert_chart.show()
+
+    def _log_step(self, event: StepMetrics) -> None:
         if event.time - self._log_step_at >= LOG_STEP_EVERY_S:
             self._log_step_at = event.time
             self._log(
@@ -368,12 +416,14 @@ class MonitorPage(Page):
         for step N ("from step N on") stands where step N-1 ended; step 0 (before the first step) at the start."""
         waiting = []
         for notice in self._unplaced_marks:
-            seconds = self._step_began.get(max(notice.step - 1, 0))
-            if seconds is None:
+            began = np.flatnonzero(self._began.x == max(notice.step - 1, 0))
+            if not len(began):
                 waiting.append(notice)
                 continue
+            seconds = float(self._began.y[began[-1]])  # the latest: a resumed run trains a step again
             when = f"Step {notice.step}" if notice.step else "Before the first step"
-            self.memory_chart.add_mark(seconds, mark_label(notice.message), f"{when}: {notice.message}")
+            message = str(notice.message)
+            self.memory_chart.add_mark(seconds, mark_label(message), f"{when}: {message}")
         self._unplaced_marks = waiting
 
     def telemetry(self, sample) -> None:
@@ -479,11 +529,12 @@ class MonitorPage(Page):
         if event.code == "data-changed" and resumed is not None:
             self._ask_how_to_go_on(event, resumed)
             return
-        advice = event.advice or advice_for(event.reason)
-        box = QMessageBox(QMessageBox.Warning, "Training failed", event.reason, QMessageBox.Ok, self)
+        reason = str(event.reason)
+        advice = str(event.advice or advice_for(reason))
+        box = QMessageBox(QMessageBox.Warning, "Training failed", reason, QMessageBox.Ok, self)
         box.setInformativeText(advice[0].upper() + advice[1:] if advice else "See the log on the Monitor page.")
         if event.details:
-            box.setDetailedText(event.details)
+            box.setDetailedText(str(event.details))
         box.setModal(False)
         box.open()
         self.failure_dialog = box
@@ -492,7 +543,8 @@ class MonitorPage(Page):
     def _ask_how_to_go_on(self, event: RunFailed, run_dir: Path) -> None:
         """A resume found other training data than its checkpoint was trained on: offer the two ways on (the CLI's
         --data-changed), or leave the run as it is."""
-        box = QMessageBox(QMessageBox.Question, "The training data changed", event.reason, QMessageBox.Cancel, self)
+        reason = str(event.reason)
+        box = QMessageBox(QMessageBox.Question, "The training data changed", reason, QMessageBox.Cancel, self)
         box.setInformativeText(
             "Go on with this run on the data as it is now? Restarting the epoch begins it again on the new rows. "
             "Going on keeps the run's place in the data order, so some rows may come twice in this epoch, or not "
@@ -617,14 +669,19 @@ class MonitorPage(Page):
     # ---- resumed runs ----
     def _replay_before(self, started: RunStarted) -> None:
         """Take in what the run's folder holds from before this (resumed) start."""
-        from hone.core.api import read_events
+        from hone.core.api import MetricsReader, StepColumns
 
         show_dialogs, self.show_dialogs = self.show_dialogs, False
         try:
-            for earlier in read_events(started.run_dir):
+            items = MetricsReader(started.run_dir).read()
+            for index, earlier in enumerate(items):
                 if isinstance(earlier, RunStarted) and earlier.time >= started.time:
                     break
-                self.handle(earlier)
+                if isinstance(earlier, StepColumns):
+                    following = items[index + 1] if index + 1 < len(items) else None
+                    self._steps(earlier, last_of_run=not isinstance(following, StepColumns))
+                else:
+                    self.handle(earlier)
         finally:
             self.show_dialogs = show_dialogs
 
@@ -633,10 +690,9 @@ class MonitorPage(Page):
         it (they are trained again), and smooth the loss on from the kept points."""
         for chart in (self.loss_chart, self.speed_chart, self.lr_chart):
             chart.keep_until(step)
-        self.smoother = SmoothedLoss()
-        _, raw = self.loss_chart.points("raw")
-        smooth = [self.smoother.add(float(value)) for value in raw]
-        self.loss_chart.set_points("smooth", self.loss_chart.points("raw")[0], smooth)
+        self.smoother = SmoothedLoss(SMOOTHING)
+        steps, raw = self.loss_chart.points("raw")
+        self.loss_chart.set_points("smooth", steps, self.smoother.extend(raw))
         self.step_times.clear()
 
     def _log(self, event: Event, text: str) -> None:
@@ -646,10 +702,9 @@ class MonitorPage(Page):
 
     # ---- past runs ----
     def show_run(self, run_dir: str | Path) -> None:
-        """Replay a run's metrics.jsonl into the charts (no dialogs). A run another process is still training is
-        then followed: what it appends shows as it comes, until it finishes or its process ends."""
-        from hone.core.api import EventTail, in_use
-
+        """Replay a run's metrics.jsonl into the charts (no dialogs): a small one at once, a large one off the GUI
+        thread (`run_shown` says when it is all in). A run another process is still training is then followed: what
+        it appends shows as it comes, until it finishes or its process ends."""
         if self.state.session.is_running:
             return
         self._stop_following()
@@ -657,37 +712,66 @@ class MonitorPage(Page):
         self._unplaced_marks.clear()
         self._reset()
         self.log.clear()
-        self._tail = EventTail(run_dir)
-        self._replay(self._tail.read())
+        self.shown_dir = Path(run_dir)
+        self.loss_chart.set_empty_text("Reading the run's metrics…")
+        self.replay.start(run_dir)
+
+    def _take(self, item, last_of_run: bool) -> None:
+        """One item the replay read: an event, or a run of steps."""
+        from hone.core.api import StepColumns
+
+        show_dialogs, self.show_dialogs = self.show_dialogs, False
+        try:
+            if isinstance(item, StepColumns):
+                self._steps(item, last_of_run)
+                self._tiles_dirty = True
+            else:
+                self.handle(item)
+        finally:
+            self.show_dialogs = show_dialogs
+
+    def _reserve(self, steps: int) -> None:
+        """Room for `steps` more points in every per-step series, made before a large replay is taken in."""
+        for chart in (self.loss_chart, self.speed_chart, self.lr_chart, self.memory_chart):
+            for key, series in chart.series.items():
+                if key != "eval":
+                    series.buffer.reserve(steps)
+        self._began.reserve(steps)
+
+    def _replayed(self) -> None:
+        """All that was read is in the page: draw it; a run opened from Runs is then followed while another process
+        trains it."""
+        from hone.core.api import in_use
+
+        self.flush()
+        run_dir = self.shown_dir
+        if run_dir is None or self.following is not None:
+            return
+        self.shown_dir = None
+        if self.last_step is None and self.ended is None:
+            self.loss_chart.set_empty_text("Waiting for the first step")
+        note = self.replay.reader.skipped_note() if self.replay.reader is not None else ""
+        if note:
+            self.log.appendPlainText(f"{note}: the rest of the run is shown.")
         if self.started is not None and self.ended is None and in_use(run_dir):
-            self.following = Path(run_dir)
+            self.following = run_dir
             self.follow_timer.start()
             self.header.subtitle.setText(
                 self.header.subtitle.text() + " · following live (training in another process)"
             )
             self.log.appendPlainText("Following this run live: another process is training it.")
-
-    def _replay(self, events: list[Event]) -> None:
-        show_dialogs, self.show_dialogs = self.show_dialogs, False
-        try:
-            for event in events:
-                self.handle(event)
-        finally:
-            self.show_dialogs = show_dialogs
-        self.flush()
+        self.run_shown.emit(str(run_dir))
 
     def _follow_tick(self) -> None:
         from hone.core.api import in_use
 
-        if self.following is None:
+        if self.following is None or self.replay.busy:
             return
-        new = self._tail.read()
-        if new:
-            self._replay(new)
+        self.replay.read_more()
         if self.ended is not None:
             self._stop_following()
         elif in_use(self.following) is False:  # the process ended without a final event (killed)
-            self._replay(self._tail.read())
+            self.replay.read_more()
             if self.ended is None:
                 self.status = "stopped"
                 self.log.appendPlainText(
@@ -699,6 +783,8 @@ class MonitorPage(Page):
     def _stop_following(self) -> None:
         self.follow_timer.stop()
         self.following = None
+        self.shown_dir = None
+        self.replay.cancel()
 
     def shown(self) -> None:
         self.flush()

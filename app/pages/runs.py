@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -27,7 +26,9 @@ from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.widgets.charts import LiveChart
 from hone.app.widgets.common import Card, label, set_role
-from hone.core.events import Event, RunFailed, RunStarted, StepMetrics, from_dict
+from hone.core.api import DAMAGED
+from hone.core.errors import HoneError
+from hone.core.events import Event, EventError, RunFailed, RunStarted, StepMetrics, from_line
 
 COLUMNS = ("Run", "Model", "Status", "Steps", "Loss", "Started")
 OVERLAY_KEYS = ("first", "second")
@@ -64,9 +65,9 @@ def last_failure(run_dir: str | Path) -> RunFailed | None:
         if '"RunFailed"' not in line:
             continue
         try:
-            event = from_dict(json.loads(line))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue  # the first line of the tail may be cut; a killed run's last one too
+            event = from_line(line)
+        except EventError:
+            continue  # the first line of the tail may be cut, a killed run's last one too; or a line no Hone wrote
         if isinstance(event, RunFailed):
             return event
     return None
@@ -172,6 +173,10 @@ class RunsPage(Page):
             if failure is not None:
                 advice = f"\nWhat to do: {failure.advice}" if failure.advice else ""
                 self.table.item(row, 2).setToolTip(f"{failure.reason}{advice}")
+            elif summary.status == DAMAGED:
+                self.table.item(row, 2).setToolTip(f"{summary.reason}\nWhat to do: {summary.advice}")
+            elif summary.status == "failed":  # no RunFailed near the end of metrics.jsonl: run.json's reason
+                self.table.item(row, 2).setToolTip(summary.reason)
         self.empty.setText("" if self.summaries else "No runs yet. Runs you start appear here.")
         self.empty.setVisible(not self.summaries)
         self._selection_changed()
@@ -208,7 +213,7 @@ class RunsPage(Page):
         text = self._detail(summary) if summary is not None else ""
         self.detail.setText(text)
         self.detail.setVisible(bool(text))
-        set_role(self.detail, "error" if summary is not None and summary.status == "failed" else "")
+        set_role(self.detail, "error" if summary is not None and summary.status in ("failed", DAMAGED) else "")
 
     def _detail(self, summary: Any) -> str:
         """One run in words: why it failed and what to do, or its final or latest loss."""
@@ -217,6 +222,8 @@ class RunsPage(Page):
             advice = failure.advice.strip().rstrip(".")
             text = f"Failed at step {failure.step}: {failure.reason.rstrip('.')}."
             return text + (f"\nWhat to do: {advice[:1].upper()}{advice[1:]}." if advice else "")
+        if summary.status == DAMAGED:
+            return f"Damaged: {summary.reason}.\nWhat to do: {_sentence(summary.advice)}"
         if summary.status == "failed":  # a folder from before metrics.jsonl kept the advice
             return f"Failed: {summary.reason}" if summary.reason else "Failed."
         loss = summary.final_loss
@@ -246,7 +253,7 @@ class RunsPage(Page):
     def training_elsewhere(self, run_dir: Path) -> bool:
         """Whether another process (`hone train` in a terminal, another studio) trains in `run_dir` now."""
         summary = next((s for s in self.summaries if Path(s.run_dir) == Path(run_dir)), None)
-        if summary is None or summary.status != "running":
+        if summary is None or summary.status not in ("running", DAMAGED):  # a damaged run.json may be mid-run's
             return False
         from hone.core.api import in_use, read_holder
 
@@ -277,16 +284,52 @@ class RunsPage(Page):
         self.overlay.flush()
 
     def open_selected(self) -> None:
+        """Show the selected run in the Monitor; for a damaged one, say first what is damaged (the Monitor reads its
+        metrics.jsonl, not run.json)."""
         chosen = self.selected_dirs()
-        if len(chosen) == 1:
-            self.open_requested.emit(str(chosen[0]))
+        if len(chosen) != 1:
+            return
+        damaged = self._damaged(chosen[0])
+        if damaged is not None:
+            QMessageBox.warning(
+                self,
+                "Open run",
+                f"{damaged.reason}.\n\nThe Monitor shows what the run's metrics.jsonl holds.\n\nWhat to do: "
+                f"{_sentence(damaged.advice)}",
+            )
+        self.open_requested.emit(str(chosen[0]))
 
     def resume_selected(self) -> None:
+        """Continue the selected run from its last checkpoint. A damaged run is resumed only once the user says Yes
+        to what is damaged; a config.toml that cannot be read is said in a dialog, and nothing starts."""
         chosen = self.selected_dirs()
-        if len(chosen) == 1 and not self.state.session.is_running:
-            self._training = chosen[0]  # known before its RunStarted comes: it is being loaded already
+        if len(chosen) != 1 or self.state.session.is_running:
+            return
+        damaged = self._damaged(chosen[0])
+        if damaged is not None:
+            answer = QMessageBox.question(
+                self,
+                "Resume run",
+                f"{damaged.reason}.\n\nA resume reads the run's config.toml and its newest checkpoint, not run.json, "
+                "and writes run.json anew. Resume it?",
+                QMessageBox.Yes | QMessageBox.No,
+                QMessageBox.No,
+            )
+            if answer != QMessageBox.Yes:
+                return
+        self._training = chosen[0]  # known before its RunStarted comes: it is being loaded already
+        try:
             self.state.session.resume_run(chosen[0])
-            self.state.page_requested.emit("monitor")
+        except HoneError as e:  # config.toml cannot be read: nothing started
+            self._training = None
+            advice = f"\n\nWhat to do: {_sentence(e.advice)}" if e.advice else ""
+            QMessageBox.warning(self, "Resume run", f"{e.message}{advice}")
+            return
+        self.state.page_requested.emit("monitor")
+
+    def _damaged(self, run_dir: Path) -> Any:
+        """The summary of `run_dir` when the list shows it damaged, else None."""
+        return next((s for s in self.summaries if s.status == DAMAGED and _same_folder(Path(s.run_dir), run_dir)), None)
 
     def delete_selected(self) -> None:
         """Remove the selected runs' folders from disk, after asking (No unless the user says Yes). The run in
@@ -380,6 +423,12 @@ def _row_texts(summary: Any) -> list[str]:
         loss_text,
         time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "—",
     ]
+
+
+def _sentence(text: str) -> str:
+    """`text` as a sentence: a capital first letter and one full stop."""
+    text = text.strip().rstrip(".")
+    return f"{text[:1].upper()}{text[1:]}." if text else ""
 
 
 def _same_folder(a: Path, b: Path) -> bool:

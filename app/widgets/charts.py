@@ -1,8 +1,10 @@
 """Live pyqtgraph charts: each curve is created once and fed from growing numpy buffers.
 
-Points are appended as events arrive (cheap: a numpy write); `flush()` hands the dirty curves to pyqtgraph.
-The page calls `flush()` from one QTimer (~10 Hz), so a burst of hundreds of steps per second costs ten
-redraws, not hundreds. A chart's legend is a line of text above its plot, where no curve can run through it.
+Points are appended as events arrive (cheap: a numpy write), or a run's worth at once (`extend`); `flush()` hands
+the dirty curves to pyqtgraph, thinned to what a chart can show (hone.core.api.downsample: a million steps draw as a
+few thousand points, every bucket's lowest and highest kept, the newest exactly). The page calls `flush()` from one
+QTimer (~10 Hz), so a burst of hundreds of steps per second costs ten redraws, not hundreds. A chart's legend is a
+line of text above its plot, where no curve can run through it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from PySide6.QtWidgets import QLabel, QWidget
 
 from hone.app.theme import Palette
 from hone.app.widgets.common import Card
+from hone.core.api import downsample
 
 
 class StepAxis(pg.AxisItem):
@@ -127,11 +130,31 @@ class SeriesBuffer:
 
     def append(self, x: float, y: float) -> None:
         if self.n == len(self._x):
-            self._x = np.concatenate([self._x, np.empty(len(self._x))])
-            self._y = np.concatenate([self._y, np.empty(len(self._y))])
+            self._grow(self.n + 1)
         self._x[self.n] = x
         self._y[self.n] = y
         self.n += 1
+
+    def reserve(self, count: int) -> None:
+        """Make room for `count` more points now, while few are held: growing later copies all of them at once."""
+        if self.n + count > len(self._x):
+            self._grow(self.n + count)
+
+    def extend(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        """Append many points at once (a run read from its folder)."""
+        count = len(xs)
+        if self.n + count > len(self._x):
+            self._grow(self.n + count)
+        self._x[self.n : self.n + count] = xs
+        self._y[self.n : self.n + count] = ys
+        self.n += count
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(2 * len(self._x), needed)
+        for name in ("_x", "_y"):
+            grown = np.empty(capacity)
+            grown[: self.n] = getattr(self, name)[: self.n]
+            setattr(self, name, grown)
 
     def replace(self, xs, ys) -> None:
         xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
@@ -219,6 +242,9 @@ class LiveChart(Card):
     ) -> None:
         """Create a curve once; its data comes from `append` / `set_points`."""
         curve = self.plot.plot([], [], name=name)
+        # Drawn as separate segments: an antialiased wide pen over a connected path of thousands of zigzagging points
+        # (a thinned series' bucket extremes) costs Qt's stroker up to a second of the GUI thread; segments, a few ms.
+        curve.curve.setSegmentedLineMode("on")
         self.series[key] = _Series(curve, colour_key, dashed, width, symbol)
         self.names[key] = name
         if self._palette:
@@ -273,6 +299,13 @@ class LiveChart(Card):
         series.buffer.append(x, y)
         series.dirty = True
 
+    def extend(self, key: str, xs: np.ndarray, ys: np.ndarray) -> None:
+        """Append many points at once."""
+        if len(xs):
+            series = self.series[key]
+            series.buffer.extend(xs, ys)
+            series.dirty = True
+
     def set_points(self, key: str, xs, ys) -> None:
         series = self.series[key]
         series.buffer.replace(xs, ys)
@@ -291,11 +324,12 @@ class LiveChart(Card):
         return buffer.x.copy(), buffer.y.copy()
 
     def flush(self) -> int:
-        """Push dirty series to pyqtgraph; returns how many curves were redrawn."""
+        """Push dirty series to pyqtgraph, thinned to `downsample`'s few thousand points; returns how many curves
+        were redrawn."""
         redrawn = 0
         for series in self.series.values():
             if series.dirty:
-                series.curve.setData(series.buffer.x, series.buffer.y)
+                series.curve.setData(*downsample(series.buffer.x, series.buffer.y))
                 series.dirty = False
                 redrawn += 1
         if redrawn:

@@ -8,10 +8,12 @@ something new from the engine adds it here, in the submodule of its verb.
                    process_world (torchrun's processes); check_inputs, check_model, check_data_files (before
                    anything loads); sharding_refusal (why a model cannot be split over GPUs)
     resume a run   Trainer(config, control, resume_dir=RUN_DIR, data_changed=); check_resume, DATA_CHANGED
-    follow a run   read_events, EventTail, in_use, read_holder, live_summary, step_line, speed_choice, PEER_ADVICE
+    follow a run   read_events, EventTail, in_use, read_holder, live_summary, step_line, speed_choice, PEER_ADVICE;
+                   MetricsReader -> StepColumns (a run's chart columns, fast), downsample (what a chart draws)
     list runs      list_runs -> [RunSummary]; a run folder's names CONFIG_FILE, METRICS_FILE, ADAPTER_DIR,
-                   INTERRUPTED
-    check data     check_data, format_report, inspect_row, inspect_rows, format_view; the readers under them:
+                   INTERRUPTED, DAMAGED
+    check data     check_data, check_pairs (preference pairs), format_report, inspect_row, inspect_rows, format_view;
+                   the readers under them:
                    resolve_sources, read_records, SourceError, RowError, DUPLICATES_KEY, detect_format,
                    suggest_columns, ColumnNames, apply_template_setting
     read a model   inspect_model, tokenizer_for, resolve_source, pending_conversion, gguf_folder,
@@ -20,7 +22,7 @@ something new from the engine adds it here, in the submodule of its verb.
     export         export_run, parse_format, SUPPORTED_FORMATS, FORMAT_TYPES, MANIFEST_FILE, open_run,
                    output_folder
     chat, evaluate ChatModels, GenerationSettings, BASE, TUNED; read_prompts, with_references, compare,
-                   held_out_file
+                   held_out_file; preference runs: held_out_pairs, score_pairs -> PreferenceScores
     the Hub        search_models, model_files, download_model, save_token, forget_token, push_folder, hub_user,
                    fits_this_machine
     this machine   MachineFacts, read_machine; Telemetry, TelemetrySample, GpuListing, list_gpus; check_runtime;
@@ -47,11 +49,14 @@ _LAZY = {
         (
             "ADAPTER_DIR",
             "CONFIG_FILE",
+            "DAMAGED",
             "DATA_CHANGED",
             "INTERRUPTED",
             "METRICS_FILE",
+            "MetricsReader",
             "PEER_ADVICE",
             "EventTail",
+            "StepColumns",
             "RunSummary",
             "Trainer",
             "check_data_files",
@@ -67,6 +72,7 @@ _LAZY = {
             "sharding_refusal",
             "speed_choice",
             "step_line",
+            "downsample",
         ),
         "hone.core.api.runs",
     ),
@@ -78,6 +84,7 @@ _LAZY = {
             "SourceError",
             "apply_template_setting",
             "check_data",
+            "check_pairs",
             "detect_format",
             "format_report",
             "format_view",
@@ -123,9 +130,12 @@ _LAZY = {
             "TUNED",
             "ChatModels",
             "GenerationSettings",
+            "PreferenceScores",
             "compare",
             "held_out_file",
+            "held_out_pairs",
             "read_prompts",
+            "score_pairs",
             "with_references",
         ),
         "hone.core.api.chat",

@@ -4,6 +4,9 @@ A run trains in this process (`Trainer(config, control, resume_dir=...).run()`: 
 Windows) or in a child process (hone.core.api.child_run: the Studio on Linux); either way it is a generator of
 events, paused and stopped through a `RunControl` (hone.core.control). A run folder is followed by reading its
 metrics.jsonl (`read_events`, `EventTail`) while its lock says a process trains in it (`in_use`, `read_holder`).
+Every reader of a run folder's files checks what it reads: a run whose run.json cannot be read lists as DAMAGED with
+the reason and what to do, a line of metrics.jsonl that holds no event is skipped and counted (`EventTail.skipped`),
+and a resume of a damaged config.toml or checkpoint stops with one HoneError naming the file.
 
 Light to import: the names whose engine module loads torch or numpy (the trainer, torchrun's world, the input
 checks) load it when first used.
@@ -18,6 +21,7 @@ from hone.core.train.resume_checks import DATA_CHANGED, check_resume
 from hone.core.train.run_dir import (
     ADAPTER_DIR,
     CONFIG_FILE,
+    DAMAGED,
     INTERRUPTED,
     METRICS_FILE,
     EventTail,
@@ -41,11 +45,15 @@ _LAZY = {
     "check_model": "hone.core.train.input_checks",
     "check_data_files": "hone.core.train.input_checks",
     "PEER_ADVICE": "hone.core.train.distributed",
+    "MetricsReader": "hone.core.train.metrics_series",
+    "StepColumns": "hone.core.train.metrics_series",
+    "downsample": "hone.core.train.metrics_series",
 }
 
 __all__ = [
     "ADAPTER_DIR",
     "CONFIG_FILE",
+    "DAMAGED",
     "DATA_CHANGED",
     "INTERRUPTED",
     "METRICS_FILE",

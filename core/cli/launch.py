@@ -3,11 +3,14 @@
 Ctrl-C reaches this launcher only (torchrun runs in a session of its own): it creates a stop file whose path the
 processes are given, and each stops after its current step, saving a checkpoint and the adapter. A signal sent
 through torchrun instead would arrive twice (the terminal's, then torchrun's own), and a second Ctrl-C means
-abort. A second Ctrl-C here ends torchrun and its processes at once.
+abort. A second Ctrl-C here ends torchrun and its processes at once. SIGTERM and SIGHUP (the system's requests to
+end, hone.core.cli.stop_signals) stop them the same way, end them once the grace period is over, and the launcher
+then exits with EXIT_STOPPED_BY_SYSTEM.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -20,6 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from hone.core.cli.stop_signals import DEFAULT_GRACE_S, EXIT_STOPPED_BY_SYSTEM
+from hone.core.control import check_control_file
 from hone.core.errors import HoneError
 
 STOP_FILE_ENV = "HONE_STOP_FILE"
@@ -86,50 +91,72 @@ def torchrun_command(args, python: str = sys.executable) -> list[str]:
     return command
 
 
-def run_torchrun(args) -> int:
-    """Run torchrun to the end; its exit code. Ctrl-C asks the processes to stop at a step boundary."""
+def run_torchrun(args, grace_s: float = DEFAULT_GRACE_S) -> int:
+    """Run torchrun to the end; its exit code (EXIT_STOPPED_BY_SYSTEM when the system asked it to end). Ctrl-C,
+    SIGTERM and SIGHUP ask the processes to stop at a step boundary; a second one, or `grace_s` seconds after the
+    system's, ends them."""
     console = Console(stderr=True)
     stop_dir = Path(tempfile.mkdtemp(prefix="hone-stop-"))
     stop_file = stop_dir / "stop"
     env = dict(os.environ, **{STOP_FILE_ENV: str(stop_file)})
     process = subprocess.Popen(torchrun_command(args), env=env, start_new_session=True)
-    asked = []
+    asked: list[tuple[int, float]] = []  # (signal, when) of each request
 
-    def on_interrupt(signum, frame):
-        if asked:  # the second Ctrl-C: end them now
+    def on_request(signum, frame):
+        asked.append((signum, time.monotonic()))
+        if len(asked) > 1:  # the second request: end them now
             os.killpg(process.pid, signal.SIGTERM)
             return
-        asked.append(time.monotonic())
         stop_file.touch()
         console.print(
             "stopping after the current step (a checkpoint and the adapter are saved); Ctrl-C again "
             "ends the processes now"
         )
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
+    wired = [s for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s]
+    previous = {sig: signal.signal(sig, on_request) for sig in wired}
     try:
-        code = process.wait()
+        code = _wait_for_torchrun(process, asked, grace_s)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         stop_file.unlink(missing_ok=True)
         stop_dir.rmdir()
-    if code != 0:
+    by_system = any(sig != signal.SIGINT for sig, _ in asked)
+    if code != 0 and not by_system:
         console.print(
             f"[red]training on {args.gpus * args.nnodes} processes failed[/red] (torchrun exit code "
             f"{code}): the process that failed says why above, marked [process N]; the run folder keeps "
             "its checkpoints (`hone train --resume RUN_DIR` goes on)"
         )
-    return code
+    return EXIT_STOPPED_BY_SYSTEM if by_system else code
+
+
+def _wait_for_torchrun(process: subprocess.Popen, asked: list[tuple[int, float]], grace_s: float) -> int:
+    """torchrun's exit code; once the system asked to stop, the processes are ended after `grace_s` seconds."""
+    while True:
+        try:
+            return process.wait(timeout=STOP_POLL_S)
+        except subprocess.TimeoutExpired:
+            system = [when for sig, when in asked if sig != signal.SIGINT]
+            if system and time.monotonic() - system[0] > grace_s:
+                os.killpg(process.pid, signal.SIGTERM)
+                grace_s = math.inf  # once
 
 
 def watch_stop_file(control, path: str | None) -> threading.Thread | None:
-    """Stop `control` once the launcher creates `path` (checked every STOP_POLL_S seconds)."""
+    """Stop `control` once the launcher creates `path` (checked every STOP_POLL_S seconds).
+
+    Raises:
+        HoneError: `path` (STOP_FILE_ENV's value) cannot be a file the launcher creates (`check_control_file`).
+    """
+    path = check_control_file(STOP_FILE_ENV, path)
     if not path:
         return None
 
     def watch() -> None:
         while not control.stop_requested:
-            if os.path.exists(path):
+            if os.path.isfile(path):
                 control.stop()
                 return
             time.sleep(STOP_POLL_S)

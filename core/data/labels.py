@@ -3,12 +3,14 @@
 A token is trained when its first character lies inside an assistant span (see hone.core.data.template), or
 always with `train_on = "all"`. Plain `text` rows are tokenized as they are (BOS if the tokenizer adds one, EOS
 appended) and trained throughout. Each image placeholder expands to the tokens the model's processor gives that
-image (hone.core.data.image_tokens), which are never trained.
+image (hone.core.data.image_tokens), which are never trained. A row the tokenizer panics on (a tokenizer.json whose
+pre-tokenizer regex backtracks past its limit) is skipped with the reason; time limits are hone.core.data.parallel's.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,12 +21,13 @@ from hone.core.data.rows import (
     NO_TRAINED_TOKENS,
     TEMPLATE_ERROR,
     TEXT_ONLY_MODEL,
+    TOKENIZER_ERROR,
     TOO_LONG,
     ImageRef,
     Row,
     RowProblem,
 )
-from hone.core.data.template import ChatTemplate, TemplateFailure
+from hone.core.data.template import ChatTemplate, TemplateFailure, TemplateLimit
 
 # A row's text is cut (data.overlong = "truncate") or the row dropped ("drop") before tokenizing when it has more than
 # max_length x this many characters. Tokens average 3-5 characters of prose or code and rarely exceed 16; at 32 the
@@ -101,12 +104,18 @@ class RowEncoder:
         self.has_offsets = bool(getattr(self.tokenizer, "is_fast", False))
         self.backend = getattr(self.tokenizer, "backend_tokenizer", None) if self.has_offsets else None
 
-    def encode(self, rows: list[Row], keep_text: bool = False) -> list[Encoded | RowProblem]:
+    def encode(
+        self, rows: list[Row], keep_text: bool = False, progress: Callable[[int], None] | None = None
+    ) -> list[Encoded | RowProblem]:
         """Encode a batch of rows; each comes back as an Encoded or the RowProblem that skipped it.
 
         A text far longer than max_length could use (over max_length x MAX_CHARS_PER_TOKEN characters) is never
         tokenized whole: with overlong = "drop" the row is skipped, with "truncate" only that many leading characters
         are tokenized (then cut to max_length tokens as usual).
+
+        Args:
+            progress: called with k before row k is rendered and with len(rows) + k before it is tokenized; given,
+                rows are tokenized one at a time, so a watcher (hone.core.data.parallel) knows which row is slow.
         """
         out: list[Encoded | RowProblem | None] = [None] * len(rows)
         texts: list[str] = []
@@ -114,6 +123,8 @@ class RowEncoder:
         precut: set[int] = set()
         limit = self.max_length * MAX_CHARS_PER_TOKEN
         for k, row in enumerate(rows):
+            if progress is not None:
+                progress(k)
             if row.text is not None:
                 if len(row.text) > limit and self._overlong(row, row.text, k, out, precut):
                     continue
@@ -136,6 +147,8 @@ class RowEncoder:
             except TemplateFailure as e:
                 out[k] = RowProblem(row.source, TEMPLATE_ERROR, "", f"the chat template failed on this row: {e}")
                 continue
+            except TemplateLimit as e:
+                raise e.for_row(row.source) from None
             if len(text) > limit:
                 if self._overlong(row, text, k, out, precut):
                     continue
@@ -143,8 +156,13 @@ class RowEncoder:
                 spans = [(s, min(e, limit)) for s, e in spans if s < limit]
             texts.append(text)
             plans.append((k, [(0, len(text))] if self.train_on == "all" else spans, False))
-        encoded = self._tokenize(texts, [p[2] for p in plans], [p[1] for p in plans])
-        for j, ((k, spans, is_text_row), (ids, starts)) in enumerate(zip(plans, encoded, strict=True)):
+        step = None if progress is None else (lambda j: progress(len(rows) + plans[j][0]))
+        encoded = self._tokenize(texts, [p[2] for p in plans], [p[1] for p in plans], step)
+        for j, ((k, spans, is_text_row), result) in enumerate(zip(plans, encoded, strict=True)):
+            if isinstance(result, str):
+                out[k] = RowProblem(rows[k].source, TOKENIZER_ERROR, "", f"the tokenizer failed on this row ({result})")
+                continue
+            ids, starts = result
             out[k] = self._finish(rows[k], ids, starts, spans, texts[j] if keep_text else "", is_text_row, k in precut)
         return out  # type: ignore[return-value]
 
@@ -164,36 +182,74 @@ class RowEncoder:
         precut.add(k)
         return False
 
-    def _tokenize(self, texts: list[str], special: list[bool], spans: list[list[tuple[int, int]]]):
-        """(ids int64 [L], character start of each token int64 [L]) per text, batched per add_special_tokens."""
-        results: list[tuple[np.ndarray, np.ndarray]] = [None] * len(texts)  # type: ignore[list-item]
+    def _tokenize(
+        self,
+        texts: list[str],
+        special: list[bool],
+        spans: list[list[tuple[int, int]]],
+        progress: Callable[[int], None] | None = None,
+    ) -> list[tuple[np.ndarray, np.ndarray] | str]:
+        """(ids int64 [L], character start of each token int64 [L]) per text, batched per add_special_tokens; for a
+        text the tokenizer panics on, the panic's message instead. With `progress`, texts go one at a time and
+        progress(j) is called before text j."""
+        results: list[tuple[np.ndarray, np.ndarray] | str] = [""] * len(texts)
         for flag in (False, True):
             idx = [i for i, s in enumerate(special) if s == flag]
             if not idx:
                 continue
-            batch = [texts[i] for i in idx]
-            if self.backend is not None:
-                # The Rust tokenizer that transformers' fast tokenizers wrap: the same ids, without building
-                # Python dicts of every field for every row. Like the wrapper, switch off any truncation or
-                # padding saved in tokenizer.json (max_length is applied afterwards, and counted).
-                if self.backend.truncation is not None:
-                    self.backend.no_truncation()
-                if self.backend.padding is not None:
-                    self.backend.no_padding()
-                for i, enc in zip(idx, self.backend.encode_batch(batch, add_special_tokens=flag), strict=True):
-                    offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
-                    results[i] = (np.array(enc.ids, dtype=np.int64), offsets[:, 0])
-            elif self.has_offsets:
-                enc = self.tokenizer(
-                    batch, add_special_tokens=flag, return_offsets_mapping=True, return_attention_mask=False
-                )
-                for i, ids, offs in zip(idx, enc["input_ids"], enc["offset_mapping"], strict=True):
-                    starts = np.fromiter((o[0] for o in offs), dtype=np.int64, count=len(offs))
-                    results[i] = (np.asarray(ids, dtype=np.int64), starts)
-            else:
-                for i in idx:
-                    results[i] = _tokenize_in_pieces(self.tokenizer, texts[i], flag, spans[i])
+            if progress is None:
+                try:
+                    batch = self._tokenize_batch([texts[i] for i in idx], flag, [spans[i] for i in idx])
+                    for i, result in zip(idx, batch, strict=True):
+                        results[i] = result
+                    continue
+                except BaseException as e:
+                    if not is_tokenizer_panic(e):
+                        raise
+            for i in idx:  # one at a time: after a panic, to find its row (and keep the others); or to be watched
+                if progress is not None:
+                    progress(i)
+                try:
+                    results[i] = self._tokenize_batch([texts[i]], flag, [spans[i]])[0]
+                except BaseException as e:
+                    if not is_tokenizer_panic(e):
+                        raise
+                    results[i] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return results
+
+    def _tokenize_batch(
+        self, batch: list[str], flag: bool, spans: list[list[tuple[int, int]]] | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Tokenize `batch` with add_special_tokens = `flag` (spans: each text's assistant spans, for tokenizers
+        without offsets)."""
+        if self.backend is not None:
+            # The Rust tokenizer that transformers' fast tokenizers wrap: the same ids, without building
+            # Python dicts of every field for every row. Like the wrapper, switch off any truncation or
+            # padding saved in tokenizer.json (max_length is applied afterwards, and counted).
+            if self.backend.truncation is not None:
+                self.backend.no_truncation()
+            if self.backend.padding is not None:
+                self.backend.no_padding()
+            out = []
+            for enc in self.backend.encode_batch(batch, add_special_tokens=flag):
+                offsets = np.array(enc.offsets, dtype=np.int64).reshape(-1, 2)
+                out.append((np.array(enc.ids, dtype=np.int64), offsets[:, 0]))
+            return out
+        if self.has_offsets:
+            enc = self.tokenizer(
+                batch, add_special_tokens=flag, return_offsets_mapping=True, return_attention_mask=False
+            )
+            return [
+                (
+                    np.asarray(ids, dtype=np.int64),
+                    np.fromiter((o[0] for o in offs), dtype=np.int64, count=len(offs)),
+                )
+                for ids, offs in zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+            ]
+        return [
+            _tokenize_in_pieces(self.tokenizer, text, flag, text_spans)
+            for text, text_spans in zip(batch, spans or [[] for _ in batch], strict=True)
+        ]
 
     def _finish(
         self,
@@ -326,3 +382,10 @@ def _tokenize_in_pieces(
         ids += piece
         starts += [a] * len(piece)
     return np.asarray(ids, dtype=np.int64), np.asarray(starts, dtype=np.int64)
+
+
+def is_tokenizer_panic(error: BaseException) -> bool:
+    """Whether `error` is a panic of Rust code under pyo3 (tokenizers): `pyo3_runtime.PanicException` derives from
+    BaseException, so `except Exception` misses it; matched by name, since pyo3_runtime is not importable."""
+    kind = type(error)
+    return kind.__name__ == "PanicException" and kind.__module__ == "pyo3_runtime"

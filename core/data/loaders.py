@@ -10,7 +10,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +179,9 @@ def _resolve_one(entry: str, side: str) -> list[Source]:
                 ".tsv, .parquet, .arrow) and was not saved by datasets.save_to_disk",
             )
         return [Source(str(Path(entry) / f.name), SUFFIXES[f.suffix.lower()], f, "", path, side) for f in files]
+    other = not_regular_file(path) if path.exists() else None
+    if other:  # stat only: opening a FIFO would wait for a writer, /dev/zero would never end
+        raise SourceError(UNREADABLE_FILE, f"{entry} is {other}, not a data file or a folder")
     looks_like_file = Path(name).suffix.lower() in SUFFIXES
     if (
         "/" in name
@@ -189,6 +194,26 @@ def _resolve_one(entry: str, side: str) -> list[Source]:
     raise SourceError(
         UNREADABLE_FILE, f"{entry} does not exist (not a file, a folder or a Hugging Face dataset id like org/name)"
     )
+
+
+def not_regular_file(path) -> str | None:
+    """What `path` is when it is not a regular file ("a FIFO (named pipe)", "a folder", ...), else None; from its
+    stat, so nothing is opened.
+
+    Raises:
+        OSError: the path cannot be looked at (FileNotFoundError when there is nothing there).
+    """
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return None
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((what for test, what in kinds if test(mode)), "not a regular file")
 
 
 def content_hash(source: Source) -> str:

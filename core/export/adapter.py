@@ -19,6 +19,7 @@ from hone.core.export.source import (
     Progress,
     RunSource,
     Steps,
+    check_space,
     finish,
     open_run,
     output_folder,
@@ -68,7 +69,8 @@ def export_adapter(run_dir, out=None, *, force: bool = False, progress: Progress
     out = output_folder(run, spec, out, force)
     steps = Steps(progress, {"loading the base model": 2, "copying the adapter": 1, "checking the copy": 2})
     log = CheckLog()
-    with staged(out) as folder, quiet_transformers():
+    with staged(out, run.run_dir) as folder, quiet_transformers():
+        check_space(folder, sum(p.stat().st_size for p in run.adapter_dir.iterdir() if p.is_file()))
         steps.start("loading the base model")
         loaded = run.load_base()
         tokenizer = run.tokenizer(fallback=loaded.tokenizer)

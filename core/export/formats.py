@@ -123,6 +123,9 @@ class ExportResult:
             the same name with ".tolerance" in place of the last part.
         passed: every check passed.
         failures: one sentence per failed check (empty when passed).
+        step: the training step the exported adapter was saved at (None when its card does not say).
+        notes: sentences to show besides the checks: the run was still training (so the export is of `step`, not
+            of the training going on), staging folders of cut-short exports removed.
     """
 
     path: Path
@@ -131,3 +134,5 @@ class ExportResult:
     checks: dict[str, float | str]
     passed: bool
     failures: list[str] = field(default_factory=list)
+    step: int | None = None
+    notes: list[str] = field(default_factory=list)

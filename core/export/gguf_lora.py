@@ -14,7 +14,7 @@ from hone.core.export.checks import CheckLog, quiet_transformers
 from hone.core.export.formats import ExportError, ExportResult, ExportSpec
 from hone.core.export.gguf_arch import check_supported, gguf_tensor_name, to_gguf_layout
 from hone.core.export.gguf_model import file_stem
-from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
+from hone.core.export.source import Progress, Steps, check_space, finish, open_run, output_folder, staged
 from hone.core.train.adapter_dir import base_model
 
 # Relative error of scale * B @ A read back vs peft's delta: float32 sums in another order (~1e-6); f16 / bf16
@@ -98,7 +98,7 @@ def export_gguf_lora(
     rank = int(adapter_cfg["r"])
     alpha = float(adapter_cfg["lora_alpha"]) * (math.sqrt(rank) if adapter_cfg.get("use_rslora") else 1.0)
     qtype = gguf.GGMLQuantizationType[spec.type.upper()]
-    with staged(out) as folder, quiet_transformers():
+    with staged(out, run.run_dir) as folder, quiet_transformers():
         steps.start("loading the base model")
         loaded = run.load_base()
         model = loaded.model
@@ -110,6 +110,13 @@ def export_gguf_lora(
         }
         peft_model = PeftModel.from_pretrained(model, run.adapter_dir)
         modules = lora_modules(peft_model)
+        # A and B of every module at the file's type: float32 counts 4 bytes a weight, f16 / bf16 2.
+        width = 4 if spec.type == "f32" else 2
+        check_space(
+            folder,
+            sum(m.lora_A["default"].weight.numel() + m.lora_B["default"].weight.numel() for m in modules.values())
+            * width,
+        )
         steps.start("writing the LoRA")
         path = folder / f"{file_stem(run)}-lora-{spec.type}.gguf"
         writer = gguf.GGUFWriter(path, arch)

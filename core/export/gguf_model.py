@@ -26,7 +26,16 @@ from hone.core.export.gguf_arch import (
 )
 from hone.core.export.gguf_vocab import Vocab, build_vocab
 from hone.core.export.merge import Merged, merge_run
-from hone.core.export.source import Progress, RunSource, Steps, finish, open_run, output_folder, staged
+from hone.core.export.source import (
+    Progress,
+    RunSource,
+    Steps,
+    check_space,
+    finish,
+    open_run,
+    output_folder,
+    staged,
+)
 from hone.core.models.hub_kernels import from_pretrained_options
 from hone.core.train.adapter_dir import base_model
 
@@ -133,6 +142,18 @@ def plan_gguf(model, arch: str, qtype: str, vocab: Vocab, name: str, base: str) 
         **vocab.metadata(),
     }
     return GgufPlan(arch=arch, qtype=qtype, tensors=tensors, metadata=metadata)
+
+
+def planned_size(plan: GgufPlan) -> int:
+    """Bytes of the planned file's tensor data (each type's block size); the header and vocabulary come on top."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES
+
+    total = 0
+    for _, shape, qtype in plan.tensors.values():
+        block, size = GGML_QUANT_SIZES[qtype]
+        total += int(np.prod(shape)) // block * size
+    return total
 
 
 def write_gguf(path: Path, model, plan: GgufPlan, steps: Steps | None = None) -> None:
@@ -374,6 +395,7 @@ def write_checked_gguf(
         log.note(f"gguf.vocab.{key}", value)
     plan = plan_gguf(merged.model, prepared.arch, qtype, prepared.vocab, run.name, base_model(run.config.model).name)
     path = folder / f"{file_stem(run)}-{qtype}.gguf"
+    check_space(folder, planned_size(plan))
     steps.start(f"writing {path.name}")
     write_gguf(path, merged.model, plan, steps)
     steps.start("checking the GGUF")
@@ -401,7 +423,7 @@ def export_gguf(
     prepared = prepare(run)
     steps = Steps(progress, gguf_steps(run, spec.type))
     log = CheckLog()
-    with staged(out) as folder, quiet_transformers():
+    with staged(out, run.run_dir) as folder, quiet_transformers():
         write_checked_gguf(run, prepared, folder, spec.type, log, steps)
         result = finish(folder, out, run, spec, log)
     steps.done()

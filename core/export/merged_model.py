@@ -15,7 +15,7 @@ from hone.core.export.card import write_model_card
 from hone.core.export.checks import CheckLog, compare_logits, logits_of, quiet_transformers
 from hone.core.export.formats import ExportResult, ExportSpec
 from hone.core.export.merge import merge_run
-from hone.core.export.source import Progress, Steps, finish, open_run, output_folder, staged
+from hone.core.export.source import Progress, Steps, check_space, finish, open_run, output_folder, staged
 from hone.core.models.hub_kernels import from_pretrained_options
 from hone.core.train.adapter_dir import base_model
 
@@ -58,7 +58,7 @@ def export_merged(
     spec = ExportSpec("merged", dtype)
     out = output_folder(run, spec, out, force)
     log = CheckLog()
-    with staged(out) as folder, quiet_transformers():
+    with staged(out, run.run_dir) as folder, quiet_transformers():
         steps.start("loading and merging")
         merged = merge_run(run, log, steps)
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16
@@ -68,6 +68,7 @@ def export_merged(
                 param.copy_(param.to(torch_dtype))
         rounded_logits = logits_of(model, merged.ids)
         steps.start("saving safetensors")
+        check_space(folder, sum(p.numel() for p in model.parameters()) * 2)  # 16-bit weights, tied ones once
         model.to(torch_dtype)
         model.config.dtype = torch_dtype
         model.save_pretrained(folder, max_shard_size=MAX_SHARD_SIZE)

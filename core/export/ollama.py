@@ -197,7 +197,7 @@ def export_ollama(
     render(modelfile_commands("model.gguf", layout, stop_strings(layout, tokenizer), {}))
     steps = Steps(progress, gguf_steps(run, spec.type, {"writing the Modelfile": 1}))
     log = CheckLog()
-    with staged(out) as folder, quiet_transformers():
+    with staged(out, run.run_dir) as folder, quiet_transformers():
         path, merged = write_checked_gguf(run, prepared, folder, spec.type, log, steps)
         steps.start("writing the Modelfile")
         parameters = sampling_parameters(merged.loaded.folder)

@@ -1,8 +1,9 @@
 """The run an export reads (config, adapter, base model) and the folder it writes (staged, never clobbered).
 
 An export writes into a hidden sibling folder and renames it into place only when everything was written, so an
-interrupted export leaves no half-written output. An existing output folder is replaced only with `force`, and
-only when an earlier export wrote it (it holds export.json): `--force` never deletes a folder of the user's.
+interrupted export leaves no half-written output (staging.py). An existing output folder is replaced only with
+`force`, and only when an earlier export wrote it (it holds export.json): `--force` never deletes a folder of the
+user's. An export of a run that is still training (a resume going on) names the step its adapter was saved at.
 
 Before anything loads, the run's adapter files are checked (adapter_config.json is a JSON object; the safetensors
 header reads and the file holds every tensor it lists) and the output folder's parent must be writable; a damaged
@@ -11,24 +12,23 @@ file, a read-only folder or a full disk is an ExportError naming the file or fol
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import json
 import os
-import shutil
+import re
 import struct
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from hone.core.config import RunConfig
 from hone.core.export.checks import CheckLog
 from hone.core.export.formats import MANIFEST_FILE, ExportError, ExportResult, ExportSpec
+from hone.core.export.staging import check_space, staged, staging_notes  # noqa: F401  (the exporters take them here)
 from hone.core.train.adapter_dir import base_model
 from hone.core.train.run_dir import ADAPTER_DIR, CONFIG_FILE, INTERRUPTED, live_summary
+from hone.core.train.run_lock import in_use
 from hone.core.version import __version__
 
 Progress = Callable[[str, float], None]
@@ -37,8 +37,8 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 # safetensors refuses headers above 100 MB; a length above it is a damaged file, not a header to read.
 _SAFETENSORS_HEADER_MAX = 100 * 1024 * 1024
-# Errors that mean the output cannot be written where it was asked, whatever file was being written.
-_NO_WRITE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+# The adapter's model card (hone.core.train.adapter_dir) states the step it was saved at in this table row.
+_CARD_STEPS = re.compile(r"^\| steps \| (\d+) \|$", re.MULTILINE)
 
 
 @dataclass
@@ -52,6 +52,29 @@ class RunSource:
     @property
     def name(self) -> str:
         return self.run_dir.name
+
+    @property
+    def adapter_step(self) -> int | None:
+        """The training step the adapter was saved at, from its model card; None when the card does not say."""
+        try:
+            found = _CARD_STEPS.search((self.adapter_dir / "README.md").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            return None
+        return int(found.group(1)) if found else None
+
+    def training_note(self) -> str | None:
+        """A sentence when a process trains in the run folder right now (a resume going on): the export then holds
+        the adapter saved earlier, at `adapter_step`, not the training in progress. None otherwise."""
+        if in_use(self.run_dir) is not True:
+            return None
+        summary = live_summary(self.run_dir)
+        now = f", now at step {summary.step}" if summary and summary.step else ""
+        step = self.adapter_step
+        saved = f"saved at step {step}" if step is not None else "saved before this training started"
+        return (
+            f"run {self.name} is still training{now}: this export holds its adapter {saved}, not the training "
+            "going on; export again once the run has finished for its newer adapter"
+        )
 
     @property
     def adapter_config(self) -> dict:
@@ -199,80 +222,19 @@ def output_folder(run: RunSource, spec: ExportSpec, out: str | Path | None, forc
     return out
 
 
-@contextlib.contextmanager
-def staged(out: Path) -> Iterator[Path]:
-    """A temporary folder next to `out` that replaces `out` when the block ends without an exception.
-
-    Raises:
-        ExportError: the folder cannot be written (read-only, no permission, disk full); nothing is left behind.
-    """
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    except OSError as e:
-        raise _write_error(out, e) from None
-    try:
-        yield tmp
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        writing = e.errno in _NO_WRITE or (
-            e.errno in (errno.EACCES, errno.EPERM) and e.filename is not None and Path(e.filename).is_relative_to(tmp)
-        )
-        if writing:
-            raise _write_error(out, e) from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    try:
-        _apply_umask(tmp)
-        if out.exists():
-            shutil.rmtree(out)  # output_folder() allowed this: forced, and an earlier export wrote it
-        os.replace(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_error(out, e) from None
-
-
-def _write_error(out: Path, e: OSError) -> ExportError:
-    """The ExportError for an OSError met while writing the export to `out`."""
-    where = e.filename or out.parent
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ExportError(
-            f"the disk is full (or over quota) while writing the export to {out} ({where})",
-            "free some space, or choose an --out folder on another disk; nothing was left behind",
-        )
-    if e.errno == errno.EROFS:
-        return ExportError(
-            f"cannot write the export to {out}: {where} is on a read-only file system",
-            "choose an --out folder on a writable disk",
-        )
-    if e.errno in (errno.EACCES, errno.EPERM):
-        return ExportError(
-            f"cannot write the export to {out}: no permission to write {where}",
-            "choose an --out folder you can write to (or make that folder writable)",
-        )
-    return ExportError(f"cannot write the export to {out}: {e.strerror or e} ({where})", "choose another --out folder")
-
-
-def _apply_umask(root: Path) -> None:
-    """Give `root` and everything in it the modes a plain mkdir / open would (mkdtemp and mkstemp make them
-    private: 0700 / 0600), so an export is shared like any other folder the user creates."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in (root, *root.rglob("*")):
-        if not path.is_symlink():
-            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
-
-
 def finish(folder: Path, out: Path, run: RunSource, spec: ExportSpec, log: CheckLog) -> ExportResult:
-    """Write export.json (what, from which run, every check) into the staging `folder` and build the result.
+    """Write export.json (what, from which run and step, every check) into the staging `folder` and build the
+    result. An export of a run that is still training says so in export.json, the result's notes and the model
+    card (README.md) when the export has one.
 
     File paths in the result point at `out`, where `folder` is about to be moved.
     """
+    step, training = run.adapter_step, run.training_note()
     manifest = {
         "format": spec.label,
         "run": str(run.run_dir.resolve()),
+        "adapter_step": step,
+        "run_still_training": training is not None,
         "base_model": base_model(run.config.model).name,
         "hone_version": __version__,
         "written": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -281,6 +243,10 @@ def finish(folder: Path, out: Path, run: RunSource, spec: ExportSpec, log: Check
         "checks": log.checks,
     }
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    card = folder / "README.md"
+    if training is not None and card.is_file():
+        with open(card, "a", encoding="utf-8") as f:
+            f.write(f"\n> Exported while the run was still training: {training}.\n")
     files = sorted(out / p.relative_to(folder) for p in folder.rglob("*") if p.is_file())
     return ExportResult(
         path=out,
@@ -289,6 +255,8 @@ def finish(folder: Path, out: Path, run: RunSource, spec: ExportSpec, log: Check
         checks=dict(log.checks),
         passed=log.passed,
         failures=list(log.failures),
+        step=step,
+        notes=[*([training] if training else []), *staging_notes(folder)],
     )
 
 

@@ -6,11 +6,11 @@ What `hone plan` prints and the Train page shows before Start.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from dataclasses import dataclass
 
-from hone.core.config import RunConfig
+from hone.core.config import PREFERENCE_METHODS, RunConfig
+from hone.core.control import env_error, env_text
 from hone.core.errors import ConfigError
 from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estimate_peak
 from hone.core.memory.fit import FitResult, auto_fit
@@ -28,12 +28,14 @@ WHOLE_MLP_SHARE = 0.5
 @dataclass(frozen=True)
 class Memory:
     """Memory a run can use: `available` bytes on `device` ("NVIDIA H200", "8 GiB as given"), `unified` when
-    the GPU allocates from system memory (DGX Spark), `gpu` False when there is no NVIDIA GPU at all."""
+    the GPU allocates from system memory (DGX Spark), `gpu` False when there is no NVIDIA GPU at all. `host`: the
+    system memory offloaded parts may take (None: read from this computer when planning a GPU run)."""
 
     available: float
     device: str
     unified: bool = False
     gpu: bool = True
+    host: float | None = None
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ class RunPlan:
 
 def parse_size(text: str) -> float:
     """ "8GiB", "12 GB", "24g", "16384MiB" -> bytes (GB and G are read as GiB, as GPU makers' labels mean)."""
-    found = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?b?)\s*", text.lower())
-    if not found:
+    found = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b?)\s*", text.lower())
+    if not found or float(found.group(1)) <= 0:
         raise ConfigError(f"cannot read the memory size {text!r}", "write it like 8GiB, 24GB or 16384MiB")
     scale = {"": GIB, "k": 1024, "m": 1024**2, "g": GIB, "t": 1024**4}[found.group(2)]
     return float(found.group(1)) * scale
@@ -63,9 +65,13 @@ def detect_memory() -> Memory | None:
     """Free memory of the first visible NVIDIA GPU (system memory on unified-memory GPUs); None without a GPU."""
     from hone.core.machine.telemetry import GPU, UNIFIED, Telemetry
 
-    if os.environ.get(MEMORY_ENV, "").strip():
-        limit = parse_size(os.environ[MEMORY_ENV])
-        return Memory(limit, f"the GPU ({MEMORY_ENV}={os.environ[MEMORY_ENV].strip()})")
+    given = env_text(MEMORY_ENV)
+    if given is not None:
+        try:
+            limit = parse_size(given)
+        except ConfigError:
+            raise env_error(MEMORY_ENV, given, "a memory size like 8GiB, 24GB or 16384MiB") from None
+        return Memory(limit, f"the GPU ({MEMORY_ENV}={given})")
     telemetry = Telemetry()
     try:
         if not telemetry.has_gpu:
@@ -130,7 +136,10 @@ def settings_from_config(
 def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = False) -> RunPlan:
     """Predict the run's peak, and fit it into `memory` when given."""
     model = config.model
-    hf_config = load_model_config(model.name_or_path, model.gguf_file, model.revision, model.trust_remote_code)
+    from hone.core.models.load import custom_code_errors
+
+    with custom_code_errors(model.name_or_path):
+        hf_config = load_model_config(model.name_or_path, model.gguf_file, model.revision, model.trust_remote_code)
     shape = ModelShape.from_config(hf_config, model.name_or_path)
     cuda = memory is not None and memory.gpu
     settings, mean_row = settings_from_config(
@@ -140,11 +149,29 @@ def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = Fa
     fit = whole = None
     if memory is not None:
         fit = auto_fit(
-            shape, settings, memory.available, config.data.max_length, allow_qlora=allow_qlora, unified=memory.unified
+            shape,
+            settings,
+            memory.available,
+            longest_unit(config),
+            allow_qlora=allow_qlora,
+            unified=memory.unified,
+            host_available=_host_memory(memory),
         )
         if fit.fits and not fit.changes:
             whole = _whole_mlp(shape, settings, memory)
     return RunPlan(shape, settings, estimate, memory, fit, mean_row, whole)
+
+
+def longest_unit(config: RunConfig) -> int:
+    """The most tokens that must share one micro-batch: the longest row, or for a preference run a pair of them."""
+    return config.data.max_length * (2 if config.train.method in PREFERENCE_METHODS else 1)
+
+
+def _host_memory(memory: Memory) -> float | None:
+    """System memory a GPU run may offload into (None where nothing is offloaded: a CPU run, unified memory)."""
+    if not memory.gpu or memory.unified:
+        return None
+    return memory.host if memory.host is not None else detect_system_memory().available
 
 
 def _whole_mlp(shape: ModelShape, settings: MemorySettings, memory: Memory) -> MemoryEstimate | None:

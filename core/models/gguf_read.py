@@ -7,14 +7,18 @@ for a 50k-token vocabulary; this one decodes only the keys asked for.
 
 `gguf_damage` says whether a file is cut short (a download that stopped, a copy onto a full disk): its header must
 read to the end and the file must hold every tensor the header lists. Model loading calls it before anything else
-reads the file, so a damaged file is reported as damaged rather than as a model transformers cannot read.
+reads the file, so a damaged file is reported as damaged rather than as a model transformers cannot read. Counts
+are checked against the bytes that could hold them before anything is built (a header claiming 2**60 key/values,
+an array of more strings than the file has bytes for), and a vocabulary against the embedding table that must
+hold one row per token: a 16 MB file listing 2 million empty tokens is refused in milliseconds, not after
+transformers spends 3.5 GB building a tokenizer from it.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,18 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 # Magic, version, tensor count and key/value count: the bytes every GGUF file starts with.
 _HEADER_BYTES = 24
+# The fewest bytes one key/value can take (key length, one-byte key... value type, a one-byte value), one tensor
+# info (name length, dimension count, type, offset), and one array item of each type: a count that needs more
+# bytes than the file has left is refused before anything is read or built.
+_MIN_KV_BYTES = 8 + 4 + 1
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+_MIN_STRING_BYTES = 8
+_MIN_ARRAY_BYTES = 4 + 8
+# Most tokens a vocabulary may list: the largest real ones have about 262,000 (Gemma 3); four times that is a file
+# built to exhaust memory, not a model.
+MAX_VOCAB_TOKENS = 1 << 20
+VOCAB_KEY = "tokenizer.ggml.tokens"
+EMBEDDING_TENSOR = "token_embd.weight"
 # GGML type id -> (values per block, bytes per block), ggml's type traits as the GGUF specification lists them; a
 # test keeps this equal to the gguf package's GGML_QUANT_SIZES. Written out so that checking a file's size does not
 # import the gguf package (a few tenths of a second at every `hone train`).
@@ -92,6 +108,7 @@ class GgufFile:
     tensors: dict[str, TensorInfo]
     data_start: int
     header_end: int = 0  # where the tensor infos end; data_start is the next multiple of the alignment
+    array_lengths: dict[str, int] = field(default_factory=dict)  # every array key -> its item count
 
     def array(self, name: str):
         """The tensor's values as float32 numpy, shape in numpy order (outermost first)."""
@@ -158,6 +175,7 @@ def _value(data, pos: int, vtype: int, keep: bool, size: int) -> tuple[Any, int]
     if vtype == _ARRAY:
         etype, count = struct.unpack_from("<IQ", data, pos)
         pos += 12
+        _check_count(count, _item_bytes(etype), size - pos, f"an array at offset {pos - 12:,}", "items")
         if etype in _SCALARS and not keep:
             return None, pos + count * struct.calcsize(_SCALARS[etype])
         if etype == _STRING and not keep:  # a vocabulary: step over the strings without decoding them
@@ -171,6 +189,26 @@ def _value(data, pos: int, vtype: int, keep: bool, size: int) -> tuple[Any, int]
     return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
 
 
+def _item_bytes(vtype: int) -> int:
+    """The fewest bytes one value of GGUF type `vtype` takes."""
+    if vtype in _SCALARS:
+        return struct.calcsize(_SCALARS[vtype])
+    return _MIN_STRING_BYTES if vtype == _STRING else _MIN_ARRAY_BYTES
+
+
+def _check_count(count: int, each: int, left: int, what: str, items: str) -> None:
+    """Refuse a count of things of at least `each` bytes that the `left` bytes of the file cannot hold.
+
+    Raises:
+        struct.error: read_gguf's signal that the header runs past the end of the file.
+    """
+    if count * each > left:
+        raise struct.error(
+            f"{what} says it has {count:,} {items}, which need at least {count * each:,} bytes, "
+            f"but only {left:,} are left"
+        )
+
+
 def _read_header(path: Path, keys: set[str] | None) -> GgufFile:
     size = path.stat().st_size
     if size < _HEADER_BYTES:
@@ -182,9 +220,14 @@ def _read_header(path: Path, keys: set[str] | None) -> GgufFile:
             raise GgufDamaged(path, "it is not a GGUF file (it does not start with the GGUF magic bytes)")
         version, tensor_count, kv_count = struct.unpack_from("<IQQ", data, 4)
         pos = 24
+        _check_count(kv_count, _MIN_KV_BYTES, size - pos, "the header", "key/values")
+        _check_count(tensor_count, _MIN_TENSOR_INFO_BYTES, size - pos, "the header", "tensors")
+        lengths = {}
         for _ in range(kv_count):
             key, pos = _string(data, pos, size)
             (vtype,) = struct.unpack_from("<I", data, pos)
+            if vtype == _ARRAY:
+                lengths[key] = struct.unpack_from("<Q", data, pos + 8)[0]
             keep = keys is None or key in keys or key == "general.alignment"
             item, pos = _value(data, pos + 4, vtype, keep, size)
             types[key] = vtype
@@ -193,6 +236,7 @@ def _read_header(path: Path, keys: set[str] | None) -> GgufFile:
         for _ in range(tensor_count):
             name, pos = _string(data, pos, size)
             (dims,) = struct.unpack_from("<I", data, pos)
+            _check_count(dims, 8, size - pos - 4, f"tensor {name!r}", "dimensions")
             shape = struct.unpack_from(f"<{dims}Q", data, pos + 4)
             ggml_type, offset = struct.unpack_from("<IQ", data, pos + 4 + 8 * dims)
             pos += 4 + 8 * dims + 12
@@ -207,6 +251,7 @@ def _read_header(path: Path, keys: set[str] | None) -> GgufFile:
         tensors=tensors,
         data_start=data_start,
         header_end=pos,
+        array_lengths=lengths,
     )
 
 
@@ -233,6 +278,9 @@ def gguf_damage(path: str | Path) -> str | None:
         file = read_gguf(path, keys=set())
     except GgufDamaged as e:
         return e.reason
+    vocabulary = _vocabulary_damage(file)
+    if vocabulary:
+        return vocabulary
     ends = [
         file.data_start + info.offset + n for info in file.tensors.values() if (n := tensor_bytes(info)) is not None
     ]
@@ -242,4 +290,32 @@ def gguf_damage(path: str | Path) -> str | None:
             f"it is cut short: it should have {expected:,} bytes (to the end of the last of the "
             f"{len(file.tensors)} tensors its header lists) but has {actual:,} ({expected - actual:,} missing)"
         )
+    return None
+
+
+def _vocabulary_damage(file: GgufFile) -> str | None:
+    """Why the file's vocabulary cannot be a model's (too many tokens, or not one embedding row per token)."""
+    tokens = file.array_lengths.get(VOCAB_KEY)
+    if tokens is None:
+        return None
+    if tokens > MAX_VOCAB_TOKENS:
+        return (
+            f"its {VOCAB_KEY} lists {tokens:,} tokens, more than any model's vocabulary (Hone reads up to "
+            f"{MAX_VOCAB_TOKENS:,}; the largest real ones have about 262,000)"
+        )
+    embedding = file.tensors.get(EMBEDDING_TENSOR)
+    if embedding is None:
+        if file.tensors:  # a file of tensors that embeds its tokens elsewhere is left to the loader
+            return None
+        return f"its {VOCAB_KEY} lists {tokens:,} tokens but it holds no tensors (no {EMBEDDING_TENSOR} to embed them)"
+    rows = embedding.shape[1] if len(embedding.shape) > 1 else 0
+    if tokens > rows:  # fewer tokens than rows is a padded table; more cannot be embedded
+        return (
+            f"its {VOCAB_KEY} lists {tokens:,} tokens but its {EMBEDDING_TENSOR} has {rows:,} rows (shape "
+            f"{list(embedding.shape)}); a model has one row per token"
+        )
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        count = file.array_lengths.get(key)
+        if count is not None and count != tokens:
+            return f"its {key} has {count:,} entries for the {tokens:,} tokens of its {VOCAB_KEY}"
     return None

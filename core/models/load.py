@@ -24,7 +24,7 @@ from hone.core.config import ModelConfig
 from hone.core.errors import INSTALL_BITSANDBYTES, ModelError
 from hone.core.model_info import EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, ModelInfo, config_value
 from hone.core.models.hub_kernels import from_pretrained_options, guard_bitsandbytes_import
-from hone.core.resources import BUNDLED_MODELS, BUNDLED_PREFIX, cache_root, resolve_bundled
+from hone.core.resources import BUNDLED_MODELS, BUNDLED_PREFIX, cache_root, resolve_bundled, writable_cache
 
 # A Hugging Face repo id: "name" or "owner/name" with letters, digits, '-', '_', '.'.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -172,6 +172,29 @@ def check_hub_model(name: str, revision: str = "", filename: str = "config.json"
         ) from None
 
 
+def needs_own_code(name: str) -> ModelError:
+    """The ModelError for a model whose config names code of its own (`auto_map`, a `model_type` transformers does
+    not know): Hone runs such code only when the run config asks for it."""
+    return ModelError(
+        f"{name} needs its own Python code to load (its config.json names classes of its own, `auto_map`, for a "
+        "model type transformers does not know); Hone does not run a model's own code unless asked",
+        "if you trust that repository, set model.trust_remote_code = true in the run config (`--set "
+        "model.trust_remote_code=true`, or the same field among the Train page's model settings); otherwise "
+        "choose a model that transformers supports",
+    )
+
+
+@contextlib.contextmanager
+def custom_code_errors(name: str):
+    """Turn transformers' "pass trust_remote_code=True" ValueError into `needs_own_code(name)`."""
+    try:
+        yield
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise needs_own_code(name) from None
+        raise
+
+
 @contextlib.contextmanager
 def _hub_errors(name: str):
     """Turn the hub client's exceptions into one clear ModelError."""
@@ -182,6 +205,8 @@ def _hub_errors(name: str):
     except (OSError, ValueError) as e:
         text = str(e)
         kind = type(e).__name__
+        if isinstance(e, ValueError) and "trust_remote_code" in text:
+            raise needs_own_code(name) from None
         if "RepositoryNotFound" in kind or "404" in text or "is not a valid model identifier" in text:
             raise ModelError(
                 f"there is no model named {name!r} on the Hugging Face Hub (or it is private)",
@@ -239,6 +264,7 @@ def gguf_folder(gguf: Path) -> Path:
     target = gguf_conversion_folder(gguf)
     if (target / "config.json").is_file():
         return target
+    writable_cache("models")  # checked before the conversion, not found out after it
     try:
         tokenizer = gguf_tokenizer(gguf)
         model = AutoModelForCausalLM.from_pretrained(

@@ -8,6 +8,8 @@
     checkpoints.py  resumable checkpoints, written atomically
     resume_checks.py  what a checkpoint records (config, data hashes), and what a resume may change
     run_dir.py      the run folder: config, metrics, log, status summary
+    metrics_series.py  a run's metrics.jsonl as chart columns, read fast; thinning a series for drawing
+    json_checks.py  a run folder's small JSON files (run.json, a checkpoint's state.json) read as possibly damaged
     run_lock.py     one process at a time in a run folder (an OS lock, with who holds it)
     adapter_dir.py  the final adapter folder with tokenizer and model card
 

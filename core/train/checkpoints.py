@@ -32,10 +32,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from safetensors.torch import save as save_tensors
 
+from hone.core.control import env_int
 from hone.core.errors import HoneError
+from hone.core.events import quoted
+from hone.core.train import json_checks
 from hone.core.train.run_dir import CHECKPOINTS_DIR, disk_full_error, is_disk_full
 
 WEIGHTS_FILE = "trainable.safetensors"
@@ -44,6 +48,7 @@ STATE_FILE = "state.json"
 MANIFEST_FILE = "manifest.json"
 _PAYLOAD_FILES = (WEIGHTS_FILE, TRAINING_STATE_FILE, STATE_FILE)
 _FORMAT = 2  # manifest.json's "hone_checkpoint": 1 was the pickle format without a manifest
+FAULT_ENV = "HONE_FAULT_AT"  # the test hook's variable (`_fault_point`); internal
 _TMP, _OLD, _DEL = ".tmp-", ".old-", ".del-"  # prefixes of a folder being written, set aside, being deleted
 
 
@@ -52,11 +57,11 @@ def _fault_point() -> None:
     no cleanup) just before the k-th file-system change of checkpoint saving, counted over the process. Changes are
     mkdir, each file written, each rename and each tree removal (fsyncs change nothing a kill could observe). Unset,
     this is one dictionary lookup per change."""
-    at = os.environ.get("HONE_FAULT_AT")
-    if not at:
+    at = env_int(FAULT_ENV, minimum=1)  # a stray value is a HoneError naming it, never a kill at a wrong place
+    if at is None:
         return
     _fault_point.count = getattr(_fault_point, "count", 0) + 1
-    if _fault_point.count == int(at):
+    if _fault_point.count == at:
         os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
 
 
@@ -325,42 +330,151 @@ def save_checkpoint(
 
 
 # ---- loading ----
-def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None, rank: int = 0) -> dict:
-    """Restore model weights, optimizer, scheduler, scaler and RNG from `path` (one `resumable_checkpoint` chose);
-    returns its state.json. `rank`: which process's random state to take, when several trained the run.
+
+# state.json holds the run config and a line per training file (`resume_checks.data_fingerprint`): a folder of
+# 100,000 files makes it about 20 MB. A larger one is not Hone's.
+MAX_STATE_BYTES = 64 << 20
+_STATE_RULES: dict[str, json_checks.Rule] = {
+    "step": json_checks.count,
+    "position": json_checks.count,
+    "epoch": json_checks.count,
+    "total_steps": json_checks.count,
+    "config": json_checks.an_object,
+    "data": json_checks.an_object,
+    "layout": json_checks.an_object,
+}
+_LAYOUT_RULES = {"rows": json_checks.count, "tokens": json_checks.count, "batch_tokens": json_checks.count}
+_FILE_RULES = {"name": json_checks.text, "size": json_checks.count, "sha256": json_checks.text}
+
+
+def _data_problems(data: dict) -> list[str]:
+    """What is wrong with a state.json's data fingerprint: {"train": [file, ...], "eval": [...]}, each file with its
+    name, and its size and sha256 unless it is a Hub dataset's."""
+    problems = json_checks.field_problems(
+        data, {"train": json_checks.a_list, "eval": json_checks.a_list}, prefix="data."
+    )
+    for side in ("train", "eval"):
+        files = data.get(side)
+        for i, entry in enumerate(files if isinstance(files, list) else []):
+            where = f"data.{side}[{i}]"
+            if not isinstance(entry, dict):
+                problems.append(f"{where} is {quoted(entry)}, not an object")
+                continue
+            required = ("name",) if entry.get("hub") else tuple(_FILE_RULES)
+            problems += json_checks.field_problems(entry, _FILE_RULES, required, prefix=f"{where}.")
+    return problems
+
+
+def _damaged_checkpoint_advice(folder: Path) -> str:
+    return (
+        f"move {folder} out of {folder.parent} to resume from the checkpoint before it (a resume takes the newest "
+        "complete one), or start a new run"
+    )
+
+
+def read_state(folder: Path) -> dict:
+    """A checkpoint's state.json, every field a resume reads checked: step and data position (whole numbers, at
+    least 0), epoch and total_steps, the recorded config, data fingerprint and layout.
 
     Raises:
-        HoneError: training_state.pt holds anything but tensors and plain values (loading it could run code), or
-            cannot be read; a tensor the model lacks.
+        HoneError: state.json is missing, cannot be read whole, is no JSON object, or a field has another type or
+            range; the message names the file and each field.
     """
-    path = Path(path)
-    weights = load_file(path / WEIGHTS_FILE)
-    params = dict(model.named_parameters())
+    path = Path(folder) / STATE_FILE
+    try:
+        state = json_checks.read_object(path, MAX_STATE_BYTES)
+    except json_checks.Damaged as e:
+        raise HoneError(f"{path} {e}", _damaged_checkpoint_advice(Path(folder))) from None
+    if state is None:
+        raise HoneError(f"{path} is missing", _damaged_checkpoint_advice(Path(folder)))
+    problems = json_checks.field_problems(state, _STATE_RULES, required=("step", "position"))
+    if isinstance(state.get("layout"), dict):
+        problems += json_checks.field_problems(state["layout"], _LAYOUT_RULES, prefix="layout.")
+    if isinstance(state.get("data"), dict):
+        problems += _data_problems(state["data"])
+    if problems:
+        raise HoneError(f"{path} is damaged: {'; '.join(problems[:5])}", _damaged_checkpoint_advice(Path(folder)))
+    return state
+
+
+def _read_weights(path: Path, params: dict) -> dict[str, torch.Tensor]:
+    """The checkpoint's trainable tensors, each one a parameter of the model of its shape. Raises HoneError."""
+    try:
+        weights = load_file(path)
+    except (SafetensorError, OSError) as e:
+        raise HoneError(f"{path} cannot be read: {e}", _damaged_checkpoint_advice(path.parent)) from None
     missing = set(weights) - set(params)
     if missing:
         raise HoneError(
-            f"checkpoint {path} has tensors this model lacks: {sorted(missing)[:3]}",
+            f"checkpoint {path.parent} has tensors this model lacks: {sorted(missing)[:3]}",
             "resume with the model and LoRA settings the run was started with",
         )
-    training_file = path / TRAINING_STATE_FILE
+    other = [name for name, tensor in weights.items() if tensor.shape != params[name].shape]
+    if other:
+        name = other[0]
+        raise HoneError(
+            f"{path} holds {name} of shape {tuple(weights[name].shape)}, the model's is {tuple(params[name].shape)}",
+            "resume with the model and LoRA settings the run was started with",
+        )
+    return weights
+
+
+def _read_training_state(path: Path) -> dict:
+    """training_state.pt as tensors and plain values only, with the optimizer, scheduler and RNG states a resume
+    restores. Raises HoneError."""
     try:
-        training = torch.load(training_file, map_location="cpu", weights_only=True)
+        training = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"WeightsUnpickler error: ([^\n]*?)(?:\. |\n|$)", str(e))
         raise HoneError(
-            f"{training_file} holds Python objects besides tensors and plain values, and loading it "
+            f"{path} holds Python objects besides tensors and plain values, and loading it "
             f"could run code, so Hone does not{f' ({found[1]})' if found else ''}",
             "if you did not write this checkpoint, do not trust the folder; start a new run",
         ) from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise HoneError(f"{training_file} cannot be read: {e}", "start a new run") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise HoneError(f"{path} cannot be read: {e}", _damaged_checkpoint_advice(path.parent)) from None
+    if not isinstance(training, dict):
+        raise HoneError(
+            f"{path} holds a {type(training).__name__}, not the training state", _damaged_checkpoint_advice(path.parent)
+        )
+    for key in ("optimizer", "scheduler", "rng"):
+        if not isinstance(training.get(key), dict):
+            raise HoneError(f"{path} has no {key} state", _damaged_checkpoint_advice(path.parent))
+    return training
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None, rank: int = 0) -> dict:
+    """Restore model weights, optimizer, scheduler, scaler and RNG from `path` (one `resumable_checkpoint` chose);
+    returns its state.json (`read_state`). `rank`: which process's random state to take, when several trained the run.
+
+    Raises:
+        HoneError: state.json, the weights or training_state.pt cannot be read or hold what no checkpoint of this
+            run holds (a tensor the model lacks, a state that does not fit its optimizer); training_state.pt holds
+            anything but tensors and plain values (loading it could run code).
+    """
+    path = Path(path)
+    state = read_state(path)  # first: every file is read and checked before the model or optimizer changes
+    params = dict(model.named_parameters())
+    weights = _read_weights(path / WEIGHTS_FILE, params)
+    training_file = path / TRAINING_STATE_FILE
+    training = _read_training_state(training_file)
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor.to(params[name].device))
-    optimizer.load_state_dict(training["optimizer"])
-    scheduler.load_state_dict(training["scheduler"])
-    if scaler is not None and training.get("scaler") is not None:
-        scaler.load_state_dict(training["scaler"])
-    by_rank = training.get("rng_by_rank") or []
-    set_rng_state(by_rank[rank] if rank < len(by_rank) else training["rng"])
-    return json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    what = "optimizer"
+    try:
+        optimizer.load_state_dict(training["optimizer"])
+        what = "scheduler"
+        scheduler.load_state_dict(training["scheduler"])
+        what = "loss scaler"
+        if scaler is not None and training.get("scaler") is not None:
+            scaler.load_state_dict(training["scaler"])
+        what = "random-number (rng)"
+        by_rank = training.get("rng_by_rank") or []
+        set_rng_state(by_rank[rank] if isinstance(by_rank, list) and rank < len(by_rank) else training["rng"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:
+        raise HoneError(
+            f"{training_file} holds a {what} state that cannot be restored ({type(e).__name__}: {str(e)[:200]})",
+            _damaged_checkpoint_advice(path),
+        ) from None
+    return state

@@ -9,11 +9,9 @@ advice in their own words (`--model`, the file arguments). Cross-field config ch
 
 from __future__ import annotations
 
-import os
-
 from hone.core.config import ModelConfig, RunConfig
 from hone.core.data.loaders import SourceError, resolve_sources
-from hone.core.data.template import NAMED_TEMPLATES
+from hone.core.data.template import NAMED_TEMPLATES, check_template_file
 from hone.core.errors import DataError, ModelError
 from hone.core.models.load import check_hub_model, resolve_source
 from hone.core.resources import BUNDLED_PREFIX, resolve_bundled
@@ -29,12 +27,11 @@ def check_inputs(config: RunConfig) -> None:
     """
     check_model(config.model)
     template = config.data.chat_template
-    if template and template not in NAMED_TEMPLATES and not os.path.isfile(template):
-        raise DataError(
-            f"data.chat_template: no file {template!r}",
-            f"give a Jinja template file, {', '.join(NAMED_TEMPLATES)}, or leave it empty for the model's "
-            "own (--set data.chat_template=...)",
-        )
+    if template and template not in NAMED_TEMPLATES:
+        try:
+            check_template_file(template)  # exists, a regular file (a FIFO would hang a reader), not huge
+        except DataError as e:
+            raise DataError(e.message, f"{e.advice} (--set data.chat_template=...)") from None
     for setting, entries in (("data.train", config.data.train), ("data.eval", config.data.eval)):
         check_data_files(
             entries,

@@ -114,6 +114,11 @@ ON_RESUME: dict[str, Rule] = {
     "train.optimizer": Rule("refused", "the checkpoint's optimizer state is the old optimizer's"),
     "train.fit_memory": _HOW,
     "train.parallel": _HOW,
+    "train.method": Rule("refused", "it changes what the run optimizes and the rows it reads (pairs or single rows)"),
+    **{
+        f"preference.{f.name}": Rule("update", "the preference loss's settings")
+        for f in dataclasses.fields(SECTIONS["preference"])
+    },
     "train.max_grad_norm": Rule("update", "gradient clipping"),
     "train.weight_decay": Rule("update", "AdamW weight decay"),
     "train.eval_every": _SAVING,
@@ -122,6 +127,7 @@ ON_RESUME: dict[str, Rule] = {
     "output.runs_dir": _FOLDER,
     "output.name": _FOLDER,
     "output.checkpoint_every": _SAVING,
+    "output.checkpoint_minutes": _SAVING,
     "output.keep_checkpoints": _SAVING,
     "output.report_to": _SAVING,
 }
@@ -476,16 +482,16 @@ def check_resume(
         raise ValueError(f"data_changed must be one of {DATA_CHANGED}, not {data_changed!r}")
     run_dir = Path(run_dir)
     refuse_if_in_use(run_dir)  # a run training there now: say so rather than judge a checkpoint it is writing
-    if checkpoint is None:
-        from hone.core.train.checkpoints import resumable_checkpoint  # the one the trainer will load
+    from hone.core.train.checkpoints import read_state, resumable_checkpoint  # the trainer's own reader and choice
 
+    if checkpoint is None:
         checkpoint = resumable_checkpoint(run_dir)[0]
     stored = _load_config(run_dir / CONFIG_FILE)
     check = ResumeCheck(run_dir, config, data_changed, baseline=stored or config)
     if checkpoint is None:
         return check
     check.checkpoint = Path(checkpoint)
-    check.state = state = json.loads((check.checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    check.state = state = read_state(check.checkpoint)  # a damaged state.json: one HoneError naming it and the field
     check.step = step = int(state["step"])
     recorded = None
     if isinstance(state.get("config"), dict):

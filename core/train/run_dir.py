@@ -11,13 +11,13 @@ Every JSON file here is strict JSON: a number that is not finite (a loss that be
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import math
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from pathlib import Path
 from hone.core import events
 from hone.core.config import RunConfig
 from hone.core.errors import HoneError
+from hone.core.train import json_checks
 from hone.core.train.run_lock import RunLock, in_use
 
 # What RUN_DIR holds:
@@ -39,6 +40,10 @@ ADAPTER_DIR = "adapter"  # the final PEFT adapter folder (adapter_dir.py)
 CHECKPOINTS_DIR = "checkpoints"  # step-NNNNNN/ resumable states (checkpoints.py)
 # run.lock: who trains in the folder now (run_lock.py)
 INTERRUPTED = "interrupted"  # a run that says running, read back while no process trains it
+DAMAGED = "damaged"  # a run whose run.json cannot be read (read_summary says why)
+# What run.json may say. A run is written running, then finished, stopped, failed or interrupted (a GPU that stopped
+# working); interrupted is also what a run that says running is read back as once no process trains it.
+STATUSES = ("running", "finished", "stopped", "failed", INTERRUPTED)
 # train.log gets a step line at most this often (and always for the first and last step): every step of a slow run,
 # a readable trace of a fast one; metrics.jsonl keeps every step.
 LOG_STEP_EVERY_S = 10.0
@@ -51,32 +56,85 @@ class RunSummary:
     run_dir: str
     name: str
     model: str
-    status: str  # running | finished | stopped | failed; read back, also interrupted (live_summary)
+    status: str  # running | finished | stopped | failed; read back, also interrupted (live_summary) or damaged
     step: int = 0
     total_steps: int = 0
     final_loss: float | None = None
     eval_loss: float | None = None
     started: float = 0.0
     updated: float = 0.0
-    reason: str = ""  # why it failed
+    reason: str = ""  # why it failed, or why it is damaged
 
     @property
     def has_adapter(self) -> bool:
         return (Path(self.run_dir) / ADAPTER_DIR / "adapter_config.json").is_file()
+
+    @property
+    def advice(self) -> str:
+        """What to do about a damaged run ("" for any other)."""
+        if self.status != DAMAGED:
+            return ""
+        return (
+            "the run's checkpoints and adapter are untouched: `hone train --resume "
+            f"{self.run_dir}` still works if its config.toml and a checkpoint are intact (and writes run.json anew); "
+            "or delete the folder"
+        )
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "run"
 
 
+# The longest path Hone writes inside a run folder, with room to spare (an export's staging folder holding a
+# sharded model: exports/.merged-bf16.partial-XXXXXXXX/merged-bf16/model-00001-of-00002.safetensors).
+_LONGEST_INSIDE = 120
+
+
+def check_run_path(run_dir: Path) -> None:
+    """Refuse a run folder whose path, or a name in it, is longer than this system allows, or leaves no room for the
+    files a run writes inside it, before anything is written.
+
+    Raises:
+        HoneError: naming the path, its length and the system's limit.
+    """
+    path = Path(os.path.abspath(run_dir))
+    existing = next(p for p in (path, *path.parents) if os.path.exists(p))  # False for a name too long
+    name_max, path_max = 255, 260  # Windows without long paths; NTFS names
+    if hasattr(os, "pathconf"):
+        with contextlib.suppress(OSError, ValueError):
+            name_max = os.pathconf(existing, "PC_NAME_MAX")
+            path_max = os.pathconf(existing, "PC_PATH_MAX")
+    long_name = next((part for part in path.parts if len(part.encode("utf-8")) > name_max), None)
+    if long_name is not None:
+        raise HoneError(
+            f"the run folder {path} has a name of {len(long_name.encode('utf-8'))} bytes in its path "
+            f"({long_name[:40]}...), and this file system allows {name_max}",
+            "choose a shorter output.name or output.runs_dir",
+        )
+    size = len(str(path).encode("utf-8"))
+    if size + _LONGEST_INSIDE >= path_max:
+        raise HoneError(
+            f"the run folder's path is {size} bytes long ({path}); with the {_LONGEST_INSIDE} the files inside it "
+            f"need, that passes this system's limit of {path_max}",
+            f"choose output.runs_dir and output.name so that the run folder's path stays under "
+            f"{path_max - _LONGEST_INSIDE} bytes",
+        )
+
+
 def new_run_dir(config: RunConfig) -> Path:
-    """A fresh folder under output.runs_dir: output.name, or date-time plus model name; never reuses a folder."""
+    """A fresh folder under output.runs_dir: output.name, or date-time plus model name; never reuses a folder.
+
+    Raises:
+        HoneError: the folder's path is too long for this system (`check_run_path`); nothing is made then.
+    """
     root = Path(config.output.runs_dir).expanduser()
     model = Path(config.model.name_or_path.replace(":", "/")).name
     base = config.output.name or f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(model)}"
     candidate, n = root / base, 2
+    check_run_path(candidate)
     while candidate.exists() and any(candidate.iterdir()):
         candidate, n = root / f"{base}-{n}", n + 1
+    check_run_path(candidate)
     candidate.mkdir(parents=True, exist_ok=True)
     return candidate
 
@@ -377,7 +435,7 @@ class RunWriter:
             s.status = "stopped" if event.stopped else "finished"
             s.step = event.step
         elif isinstance(event, events.RunFailed):
-            s.status, s.reason = "failed", event.reason
+            s.status, s.reason = INTERRUPTED if event.interrupted else "failed", event.reason
         else:
             return
         s.updated = time.time()
@@ -394,12 +452,16 @@ class RunWriter:
         for line in earlier.splitlines(keepends=True):
             try:
                 data = json.loads(line)
-            except ValueError:
+                at = data.get("step") if type(data.get("step")) is int else 0  # not a bool, not text
+                later = data.get("event") in _STEP_EVENTS and at > step
+                this = data.get("event") == "StepMetrics" and at == step
+            except (ValueError, RecursionError, AttributeError, TypeError):
+                continue  # no line Hone writes: cut by a kill, or damaged (not an object, an event that is a list)
+            if later:
                 continue
-            if data.get("event") in _STEP_EVENTS and (data.get("step") or 0) > step:
-                continue
-            if data.get("event") == "StepMetrics" and data.get("step") == step:
-                self.last_loss = float("nan") if data.get("loss") is None else data["loss"]
+            if this:
+                loss = data.get("loss")
+                self.last_loss = float(loss) if isinstance(loss, (int, float)) else math.nan
             kept.append(line)
         text = b"".join(kept) + this_attempt
         if len(text) == self._metrics.size:
@@ -424,15 +486,51 @@ class RunWriter:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+# run.json is a few hundred bytes (its longest field, a failure's reason, is one message): a larger one is not Hone's.
+MAX_SUMMARY_BYTES = 1 << 20
+# RunSummary's fields as run.json holds them: each one's check (json_checks); run_dir is the folder read, always.
+_SUMMARY_RULES: dict[str, json_checks.Rule] = {
+    "name": json_checks.text,
+    "model": json_checks.text,
+    "status": json_checks.one_of(STATUSES),
+    "step": json_checks.count,
+    "total_steps": json_checks.count,
+    "final_loss": json_checks.optional(json_checks.finite),
+    "eval_loss": json_checks.optional(json_checks.finite),
+    "started": json_checks.moment,
+    "updated": json_checks.moment,
+    "reason": json_checks.text,
+}
+
+
 def read_summary(run_dir: Path) -> RunSummary | None:
-    path = Path(run_dir) / SUMMARY_FILE
+    """The run's run.json, every field checked against its type and range; None when the folder has none (it is no
+    run). Never raises: a run.json that cannot be read whole (no regular file, larger than MAX_SUMMARY_BYTES, not
+    UTF-8, not JSON, not an object) or with a field of another type or range gives status "damaged", the reason
+    naming the file and each field ("run.json: started is 'yesterday', not a time") and `advice` what to do. The
+    fields it could read are kept; the others take their defaults, a start or update time the folder's mtime."""
+    run_dir = Path(run_dir)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    names = RunSummary.__dataclass_fields__
-    summary = RunSummary(**{k: v for k, v in data.items() if k in names})
-    summary.run_dir = str(Path(run_dir))
+        data = json_checks.read_object(run_dir / SUMMARY_FILE, MAX_SUMMARY_BYTES)
+    except json_checks.Damaged as e:
+        data, problems = {}, [f"{SUMMARY_FILE} {e}"]
+    else:
+        if data is None:
+            return None
+        problems = json_checks.field_problems(data, _SUMMARY_RULES, required=("model", "status"))
+        if problems:
+            problems = [f"{SUMMARY_FILE}: {'; '.join(problems)}"]
+    fields = {name: data[name] for name, rule in _SUMMARY_RULES.items() if name in data and not rule(data[name])}
+    for name in ("final_loss", "eval_loss", "started", "updated"):
+        if fields.get(name) is not None:
+            fields[name] = float(fields[name])  # an int will do in the file; the summary holds floats
+    summary = RunSummary(**{"name": run_dir.name, "model": "", "status": DAMAGED, **fields, "run_dir": str(run_dir)})
+    if problems:
+        summary.status, summary.reason = DAMAGED, problems[0]
+        with contextlib.suppress(OSError):
+            mtime = run_dir.stat().st_mtime
+            summary.started = fields.get("started", mtime)
+            summary.updated = fields.get("updated", mtime)
     return summary
 
 
@@ -446,52 +544,87 @@ def live_summary(run_dir: Path) -> RunSummary | None:
     return summary
 
 
-def _nan_for_null(event: events.Event) -> events.Event:
-    """A float field written as null (it was not finite) read back as NaN, so it stays a float."""
-    nulls = {
-        f.name: math.nan for f in dataclasses.fields(event) if f.type == "float" and getattr(event, f.name) is None
-    }
-    return dataclasses.replace(event, **nulls) if nulls else event
-
-
 def read_events(run_dir: Path) -> list[events.Event]:
-    """Every event of a run in order; a partial last line (the run was killed mid-write) is skipped."""
+    """Every event of a run in order; a partial last line (the run was killed mid-write) and lines that hold no
+    event (`events.from_line`) are skipped (`EventTail` counts them)."""
     return EventTail(run_dir).read()
 
 
 class EventTail:
     """A run's metrics.jsonl read as another process appends to it: each `read()` returns the events of the complete
-    lines added since the last one; a line still being written waits for its end."""
+    lines added since the last one; a line still being written waits for its end.
+
+    A line that holds no event Hone writes (`events.from_line`: not JSON, an unknown kind, a field of another type, a
+    line longer than events.MAX_LINE_BYTES, which is dropped as it comes rather than held) is skipped and counted in
+    `skipped`; `skipped_note()` says so for the user.
+    """
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / METRICS_FILE
+        self._start_over()
+
+    def _start_over(self) -> None:
         self.offset = 0
         self.partial = b""
+        self.lines = 0  # complete lines read
+        self.skipped = 0  # of them, lines that held no event
+        self.first_skipped = ""  # "line 5: why" of the first one
+        self._overlong = False  # the line being written passed MAX_LINE_BYTES: its bytes are dropped until its end
 
     def read(self) -> list[events.Event]:
         try:
+            if not stat.S_ISREG(os.stat(self.path).st_mode):
+                return []  # a FIFO or device would block or never end
             with open(self.path, "rb") as f:
                 if f.seek(0, os.SEEK_END) < self.offset:  # rewritten shorter (a resume drops later steps): reread
-                    self.offset, self.partial = 0, b""
+                    self._start_over()
                 f.seek(self.offset)
                 data = f.read()
         except OSError:
             return []  # not written yet, or gone
         self.offset += len(data)
         *lines, self.partial = (self.partial + data).split(b"\n")
-        out = []
-        for line in lines:
-            try:
-                out.append(_nan_for_null(events.from_dict(json.loads(line))))
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-                continue
+        out = [event for line in lines if (event := self._event(line)) is not None]
+        if len(self.partial) > events.MAX_LINE_BYTES:
+            self._overlong = True
+        if self._overlong:
+            self.partial = b""
         return out
+
+    def _event(self, line: bytes) -> events.Event | None:
+        self.lines += 1
+        try:
+            if self._overlong:
+                self._overlong = False
+                raise events.EventError(f"a line longer than the {events.MAX_LINE_BYTES:,} bytes any event takes")
+            return events.from_line(line)
+        except events.EventError as e:
+            self.skipped += 1
+            self.first_skipped = self.first_skipped or f"line {self.lines}: {e}"
+            return None
+
+    def skipped_note(self) -> str:
+        """The skipped lines in words for the user, "12 lines of metrics.jsonl could not be read (line 5: why)"; ""
+        when every line held an event."""
+        if not self.skipped:
+            return ""
+        lines = "1 line" if self.skipped == 1 else f"{self.skipped:,} lines"
+        return f"{lines} of {METRICS_FILE} could not be read ({self.first_skipped})"
+
+
+def _listed_time(summary: RunSummary) -> float:
+    """When a run sorts in the history: its start; a damaged run's, when its folder last changed."""
+    if summary.status == DAMAGED:
+        with contextlib.suppress(OSError):
+            return Path(summary.run_dir).stat().st_mtime
+    return summary.started
 
 
 def list_runs(runs_dir: str | Path) -> list[RunSummary]:
-    """Runs under `runs_dir`, newest first; a run whose process was killed shows as "interrupted"."""
+    """Runs under `runs_dir`, newest first; a run whose process was killed shows as "interrupted", one whose run.json
+    cannot be read as "damaged" (`read_summary`)."""
     root = Path(runs_dir).expanduser()
     if not root.is_dir():
         return []
     runs = [s for d in root.iterdir() if d.is_dir() and (s := live_summary(d)) is not None]
-    return sorted(runs, key=lambda s: s.started, reverse=True)
+    return sorted(runs, key=_listed_time, reverse=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import threading
 import time
 import traceback
 from collections.abc import Generator, Iterator
@@ -37,8 +38,9 @@ from hone.core.speed.paths import SpeedSetup, install_attention_and_experts, ins
 from hone.core.train import checkpoints as ckpt
 from hone.core.train import distributed, preflight, sharding
 from hone.core.train.adapter_dir import save_adapter
+from hone.core.train.interruptions import CheckpointClock, checkpoint_notice, is_gpu_failure, unexpected_failure
 from hone.core.train.lora import apply_lora
-from hone.core.train.objectives import Objective, SupervisedFineTuning, build_objective
+from hone.core.train.objectives import Objective, build_objective
 from hone.core.train.optim import build_optimizer, build_scheduler
 from hone.core.train.reporting import check_reporters, close_reporters, open_reporters
 from hone.core.train.resume_checks import RunFacts
@@ -51,14 +53,6 @@ OOM_ADVICE = (
     "lower train.batch_tokens, set speed.checkpoint = offload, or turn on lora.qlora (`hone plan RUN.toml` "
     "says what fits)"
 )
-
-
-def _host_out_of_memory(error: Exception) -> bool:
-    """torch's CPU allocator failing (Linux, Windows); an out-of-memory kill by the system cannot be caught."""
-    text = str(error)
-    return isinstance(error, MemoryError) or (
-        isinstance(error, RuntimeError) and ("DefaultCPUAllocator" in text or "not enough memory" in text)
-    )
 
 
 def total_steps_for(config: RunConfig, stream: PackStream) -> int:
@@ -99,6 +93,7 @@ class PreparedRun:
     notices_seen: int = 0
     step_loop: StepRunner | None = None
     started: float = 0.0  # time.time() when the loop began
+    saves: CheckpointClock | None = None  # when a checkpoint by time is due (output.checkpoint_minutes)
     last_loss: float = math.nan
     eval_loss: float | None = None
 
@@ -140,6 +135,10 @@ class Trainer:
         self.tokenizer = None
         # what the run minimizes (hone.core.train.objectives); set up for the config the run settles on
         self.objective = objective
+        # Held while a checkpoint or the adapter is written: a stop that cannot wait for a step waits for this
+        # (hone.core.cli.stop_signals), so no save is cut in half. `clock` times checkpoints by time (monotonic).
+        self.saving = threading.RLock()
+        self.clock = time.monotonic
 
     # ---- events ----
     def _emit(self, event: events.Event) -> events.Event:
@@ -171,17 +170,7 @@ class Trainer:
                 )
             )
         except Exception as e:  # anything else: keep the traceback in the log, tell the user where it is
-            if _host_out_of_memory(e):
-                reason, advice = (
-                    f"the computer ran out of memory at step {self.step} ({e})",
-                    "lower train.batch_tokens or set speed.checkpoint = gpu (recompute); "
-                    "`hone plan RUN.toml` shows what a step needs",
-                )
-            else:
-                reason, advice = f"{type(e).__name__}: {e}", "see train.log in the run folder for the full traceback"
-            yield self._emit(
-                events.RunFailed(reason=reason, advice=advice, step=self.step, details=traceback.format_exc())
-            )
+            yield self._emit(self._unexpected_failure(e, traceback.format_exc()))
         finally:
             if self.step_loop is not None:
                 self.step_loop.close()
@@ -191,6 +180,13 @@ class Trainer:
                 self.writer.close()
             if self.world.launched:
                 distributed.leave()
+
+    def _unexpected_failure(self, e: Exception, details: str) -> events.RunFailed:
+        if is_gpu_failure(e) and self.step_loop is not None:  # its close would touch the failed GPU again
+            self.step_loop, step_loop = None, self.step_loop
+            with contextlib.suppress(Exception):
+                step_loop.close()
+        return unexpected_failure(e, self.step, self.writer.run_dir if self.writer is not None else None, details)
 
     # ---- the run ----
     def _run(self) -> Iterator[events.Event]:
@@ -205,7 +201,7 @@ class Trainer:
             self.device = distributed.join(self.world)
         run_dir = yield from self._open_run()
         if self.objective is None:
-            self.objective = build_objective(SupervisedFineTuning.name, self.config)
+            self.objective = build_objective(self.config.train.method, self.config)
         torch.manual_seed(self.config.train.seed)
         model, tokenizer, info, data = yield from self._load_model_and_data()
         run = yield from self._build_run(run_dir, model, tokenizer, info, data)
@@ -213,6 +209,7 @@ class Trainer:
             yield from self._resume(run)
         self.reporters = open_reporters(run.config, run_dir, resumed_from=self.step) if self.world.main else []
         yield self._emit(self._run_started(run))
+        yield self._emit(checkpoint_notice(run.config.output))
         run.step_loop = self.step_loop = StepRunner(
             run.model,
             run.tokenizer,
@@ -445,8 +442,9 @@ class Trainer:
         """Steps until the run's total or a stop; returns whether it was stopped."""
         run.last_loss = self.writer.last_loss if self.writer is not None else math.nan
         run.started = time.time()
+        run.saves = CheckpointClock(run.config.output.checkpoint_minutes, self.clock)
         while self.step < run.total:
-            yield from self._wait_while_paused()
+            yield from self._wait_while_paused(run)
             if distributed.any_process(self.control.stop_requested, self.world):  # every process stops at one step
                 return True
             packs = [run.stream.take(run.position + i) for i in range(run.config.train.grad_accum)]
@@ -459,10 +457,12 @@ class Trainer:
             yield from self._after_step(run, packs, metrics)
         return False
 
-    def _wait_while_paused(self) -> Events:
+    def _wait_while_paused(self, run: PreparedRun) -> Events:
         if self.control.paused:
             yield self._emit(events.RunPaused(step=self.step))
+            paused = self.clock()
             self.control.wait_while_paused()
+            run.saves.paused_for(self.clock() - paused)  # checkpoints by time count training, not pauses
             if not self.control.stop_requested:
                 yield self._emit(events.RunResumed(step=self.step))
 
@@ -539,7 +539,10 @@ class Trainer:
         if data.eval is not None and every_eval and self.step % every_eval == 0:
             yield from self._evaluate(run)
         every = config.output.checkpoint_every
-        if every and self.step % every == 0 and self.step < run.total:
+        # every process agrees on a save by time (each has its own clock; a save is a collective with several)
+        timed = run.saves.every_s > 0 and distributed.any_process(run.saves.due(), self.world)
+        due = (every and self.step % every == 0) or timed
+        if due and self.step < run.total:
             yield self._emit(self._checkpoint(run, run.position))
 
     def _evaluate(self, run: PreparedRun) -> Events:
@@ -552,6 +555,10 @@ class Trainer:
         if run.data.eval is not None and not stopped and (not every_eval or self.step % every_eval):
             yield from self._evaluate(run)
         run.step_loop.close()  # the model as it was loaded again (embedding table back on the device) for the saves
+        with self.saving:  # until the run says it ended: a stop out of time ends the process after this, not in it
+            yield from self._save_and_report(run, stopped)
+
+    def _save_and_report(self, run: PreparedRun, stopped: bool) -> Events:
         yield self._emit(self._checkpoint(run, run.position))
         adapter_dir = run.run_dir / ADAPTER_DIR
         last_loss = run.last_loss
@@ -611,17 +618,20 @@ class Trainer:
         """Process 0 saves; with several processes the checkpoint holds each one's random state."""
         world = self.world
         rng_by_rank = distributed.gather(ckpt.rng_state(), world) if world.launched else None
+        if run.saves is not None:
+            run.saves.saved()
         if not world.main:
             return events.CheckpointSaved(step=self.step, path="")
-        path = ckpt.save_checkpoint(
-            run.run_dir,
-            self.step,
-            run.model,
-            run.optimizer,
-            run.scheduler,
-            {"position": position, "split": self.split, "processes": world.size, **self.facts.record(position)},
-            scaler=run.scaler,
-            keep=self.config.output.keep_checkpoints,
-            rng_by_rank=rng_by_rank,
-        )
+        with self.saving:
+            path = ckpt.save_checkpoint(
+                run.run_dir,
+                self.step,
+                run.model,
+                run.optimizer,
+                run.scheduler,
+                {"position": position, "split": self.split, "processes": world.size, **self.facts.record(position)},
+                scaler=run.scaler,
+                keep=self.config.output.keep_checkpoints,
+                rng_by_rank=rng_by_rank,
+            )
         return events.CheckpointSaved(step=self.step, path=str(path))

@@ -56,6 +56,9 @@ def run(args) -> int:
     from hone.core.api import export_run
 
     console = Console(stderr=True)
+    training = source.training_note()  # a resume training in the folder: say which adapter this exports, up front
+    if training:
+        console.print(f"[yellow]note:[/yellow] {training}", soft_wrap=True, highlight=False)
     convert_gguf_once(source.config.model, console)  # a run trained elsewhere: the base's first load here
     with Progress(
         TextColumn("{task.description:<34}"),
@@ -82,6 +85,8 @@ def run(args) -> int:
             soft_wrap=True,
             highlight=False,
         )
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}", soft_wrap=True, highlight=False)
     console.print("[bold]files[/bold]")
     for path in result.files:
         console.print(f"  {path}", soft_wrap=True, highlight=False)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
+import sys
 from pathlib import Path
 
 from hone.core.api import CONFIG_FILE, DATA_CHANGED, check_resume
 from hone.core.cli import launch as launcher
+from hone.core.cli import stop_signals
 from hone.core.config import RunConfig
 from hone.core.errors import HoneError
 
@@ -22,6 +23,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="fine-tune a model as a config file describes",
         description="Fine-tune a model. Ctrl-C stops after the current step and saves a checkpoint "
         "and the adapter; a second Ctrl-C aborts.",
+        epilog="SIGTERM and SIGHUP (kill, docker stop, a scheduler, a closed terminal; on Windows the console's "
+        "Ctrl-Break, close, logoff and shutdown) stop and save the same way, waiting at most "
+        f"{stop_signals.GRACE_ENV} seconds (default {stop_signals.DEFAULT_GRACE_S:g}) for the step in flight; a "
+        "second signal ends at once, with the last complete checkpoint. Exit codes: 0 finished or stopped with "
+        f"Ctrl-C, 1 failed, 2 refused (nothing trained), {stop_signals.EXIT_STOPPED_BY_SYSTEM} ended early by the "
+        "system or a GPU that stopped working (go on with --resume RUN_DIR), 130 aborted with a second Ctrl-C.",
     )
     p.add_argument("config", nargs="?", help="a run config (TOML); optional with --resume")
     p.add_argument(
@@ -90,31 +97,42 @@ def run(args) -> int:
         raise HoneError("--data-changed only applies with --resume", "drop it, or add --resume RUN_DIR")
     launch = launcher.wanted(args)
     config = load_run_config(args.config, args.resume, args.overrides)
+    grace_s = stop_signals.grace_seconds()  # a value it cannot use: one line, exit 2, before anything loads
     check_inputs(config)  # before torch loads or a run folder exists: a wrong path is one line, exit 2
     data_changed = args.data_changed or "refuse"
     if args.resume:
         check_resume(args.resume, config, data_changed)  # a change it refuses: one message, exit 2, nothing written
     if launch:
-        return launcher.run_torchrun(args)
+        return launcher.run_torchrun(args, grace_s)
     from hone.core.api import Trainer, process_world
     from hone.core.cli.console import EventPrinter
     from hone.core.control import PAUSE_FILE_ENV, RunControl, follow_pause_file
-    from hone.core.events import RunFailed
+    from hone.core.events import RunFailed, RunFinished
 
     control = RunControl()
     world = process_world()
-
-    previous = signal.signal(signal.SIGINT, launcher.StopOnInterrupt(control, merge_repeats=world.launched))
+    trainer = Trainer(config, control, resume_dir=args.resume, data_changed=data_changed, world=world)
+    requests = stop_signals.StopRequests(
+        control,
+        saving=trainer.saving,
+        merge_repeats=world.launched,
+        grace_s=grace_s,
+        run_dir=lambda: str(trainer.writer.run_dir if trainer.writer else args.resume or "RUN_DIR"),
+    )
     launcher.watch_stop_file(control, os.environ.get(launcher.STOP_FILE_ENV))  # set by `hone train --gpus N`
     follow_pause_file(control, os.environ.get(PAUSE_FILE_ENV))  # set by the studio for a run in its own process
-    if world.launched:  # torchrun ends the others this way when one process fails: say so in the run's log
-        signal.signal(signal.SIGTERM, launcher.stopped_by_torchrun)
-    trainer = Trainer(config, control, resume_dir=args.resume, data_changed=data_changed, world=world)
-    try:
-        with EventPrinter() if world.main else launcher.FailurePrinter(world.rank) as printer:
-            launcher.print_run(trainer.run(), printer)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if world.launched:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    return 1 if isinstance(printer.last, RunFailed) else 0
+    # under torchrun, SIGTERM ends the others when one process fails: said in the run's log (stopped_by_torchrun)
+    with stop_signals.stop_requests_wired(requests, launched=world.launched, peer_ended=launcher.stopped_by_torchrun):
+        try:
+            with EventPrinter() if world.main else launcher.FailurePrinter(world.rank) as printer:
+                launcher.print_run(trainer.run(), printer)
+        finally:
+            requests.finished()  # the run has ended: nothing left for the grace period to end
+    last = printer.last
+    if isinstance(last, RunFailed):
+        return stop_signals.EXIT_STOPPED_BY_SYSTEM if last.interrupted else 1
+    if requests.exit_code is not None and isinstance(last, RunFinished) and last.stopped:
+        hint = stop_signals.RESUME_HINT.format(run_dir=last.run_dir)
+        print(f"hone: stopped as the system asked, and saved; {hint}", file=sys.stderr)
+        return requests.exit_code
+    return 0
