@@ -125,8 +125,13 @@ class StopRequests:
         self._end_now("asked again to end: ending now")
 
     def finished(self) -> None:
-        """The run has ended: the grace period has nothing left to cut."""
+        """The run has ended: the grace period has nothing left to cut, and its thread ends here. Its target holds
+        the trainer (through `run_dir`); left running into the interpreter's exit, it could drop the last reference
+        to the model's tensors there, and torch aborts a process that frees tensors while it finalizes."""
         self.done.set()
+        grace = self.grace_thread
+        if grace is not None and grace is not threading.current_thread():
+            grace.join(timeout=5.0)  # returns at once: `done` ends its wait, and a save in flight has finished
 
     @property
     def exit_code(self) -> int | None:
@@ -182,6 +187,8 @@ def posix_signals(requests: StopRequests, *, launched: bool, peer_ended: Callabl
     def watch() -> None:
         while chunk := os.read(read_end, 64):
             for number in chunk:
+                if number == _WATCH_ENDS:
+                    return
                 if number in kinds:
                     requests.arrived(kinds[number])
 
@@ -193,9 +200,16 @@ def posix_signals(requests: StopRequests, *, launched: bool, peer_ended: Callabl
         signal.set_wakeup_fd(old_fd)
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        os.close(write_end)  # the watcher reads the end of the pipe and returns
+        # The watcher returns (a forked worker still alive would keep the pipe open: no end of file to wait for),
+        # and is joined, so it never holds `requests` (and through it the trainer) into the interpreter's exit.
+        with contextlib.suppress(OSError):
+            os.write(write_end, bytes([_WATCH_ENDS]))
+        os.close(write_end)
         thread.join(timeout=5.0)
         os.close(read_end)
+
+
+_WATCH_ENDS = 0  # the byte that ends the watcher: no signal has the number 0
 
 
 def _noted(signum, frame) -> None:

@@ -101,6 +101,19 @@ def test_a_system_request_stops_and_a_second_request_of_any_kind_ends_at_once_wi
         requests.finished()
 
 
+def test_the_run_s_end_joins_the_grace_thread_before_the_interpreter_exits():
+    """The grace thread's target holds the trainer (through `run_dir`): were it still running when the interpreter
+    finalizes, it would drop the last reference to the model's tensors there, and torch aborts the process
+    ("terminate called without an active exception", exit -6 instead of 75)."""
+    control, ends = RunControl(), Ends()
+    requests = ends.requests(control, grace_s=60.0)
+    requests.arrived(SYSTEM)
+    grace = requests.grace_thread
+    assert grace is not None and grace.is_alive()
+    requests.finished()
+    assert not grace.is_alive() and ends.exits == []
+
+
 def test_a_user_stop_then_a_system_request_ends_at_once():
     control, ends = RunControl(), Ends()
     requests = ends.requests(control)

@@ -34,7 +34,7 @@ def _start(*args: str, **env: str) -> subprocess.Popen:
         [sys.executable, str(HELPER), "train", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", **env),
     )
 
 
