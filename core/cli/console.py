@@ -267,7 +267,10 @@ class EventPrinter:
 
     def _on_failed(self, event: events.RunFailed) -> None:
         self._stop_progress()
-        self.console.print(f"[red]failed:[/red] {escape(event.reason)}")
+        if event.interrupted:  # the machine cut it off (a lost GPU): it goes on from its last checkpoint
+            self.console.print(f"[yellow]interrupted:[/yellow] {escape(event.reason)}")
+        else:
+            self.console.print(f"[red]failed:[/red] {escape(event.reason)}")
         if event.advice:
             self.console.print(f"advice: {escape(event.advice)}")
         self.last = event

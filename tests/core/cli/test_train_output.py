@@ -165,3 +165,23 @@ def test_train_log_is_words_not_dicts(tmp_path):
     assert "step 3/5" in log and "step 4/5" not in log and "step 5/5" in log
     assert "eval at step 5: loss 1.5000" in log and "checkpoint at step 5: ck/step-5" in log
     assert "finished after 5 steps in 3 s: final loss 2.0000" in log and "{'" not in log
+
+
+def test_a_run_the_machine_cut_off_is_interrupted_not_failed():
+    from hone.core.cli.console import EventPrinter
+
+    console = Console(record=True, width=200, force_terminal=False)
+    printer = EventPrinter(console)
+    printer.handle(
+        events.RunFailed(
+            reason="the GPU stopped working in step 8 (CUDA error: an illegal memory access)",
+            advice="hone train --resume r",
+            step=7,
+            interrupted=True,
+        )
+    )
+    printer.handle(events.RunFailed(reason="the data has no usable rows", advice="fix the rows"))
+    lines = console.export_text().splitlines()
+    assert lines[0].startswith("interrupted: the GPU stopped working"), lines
+    assert "failed" not in lines[0] and lines[1] == "advice: hone train --resume r"
+    assert lines[2] == "failed: the data has no usable rows", lines
