@@ -431,6 +431,31 @@ class ChatTemplate:
         return full, spans
 
 
+def render_conversation(tokenizer, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+    """`tokenizer.apply_chat_template(messages, tokenize=False, ...)` under the same limits as the training data
+    (chat, evaluation and export render conversations with templates from the Hub too). A tokenizer without a
+    template is left to transformers, whose error says so.
+
+    Raises:
+        ModelError: the template went past a size or time limit (the template's fault, said once).
+        ValueError: the template raised on this conversation (transformers raises jinja's errors here).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    try:
+        return ChatTemplate.for_tokenizer(tokenizer).render(messages, add_generation_prompt=add_generation_prompt)
+    except TemplateLimit as e:
+        from hone.core.errors import ModelError
+
+        raise ModelError(
+            f"the chat template {e.what}; a template over Hone's limits is stopped rather than run",
+            "the template is at fault, not the conversation: train with data.chat_template set to a template file "
+            "you trust (or chatml), and chat with that run's adapter",
+        ) from None
+    except TemplateFailure as e:
+        raise ValueError(f"the chat template refused the conversation: {e}") from None
+
+
 def _locate(
     full: str, upto: str, message: dict[str, Any], cursor: int, before: str | None, index: int
 ) -> tuple[int, int]:

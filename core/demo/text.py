@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hone.core.config import DEMO_EVAL_DATA, RunConfig
+from hone.core.data.template import render_conversation
 from hone.core.resources import resolve_bundled, resource_path
 
 DEMO_CONFIG = "configs/demo.toml"
@@ -73,10 +74,7 @@ def generate_answers(
     try:
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
-            prompts = [
-                tokenizer.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, tokenize=False)
-                for r in chunk
-            ]
+            prompts = [render_conversation(tokenizer, r["messages"][:-1], add_generation_prompt=True) for r in chunk]
             enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
             with torch.no_grad():
                 out = model.generate(

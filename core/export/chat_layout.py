@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hone.core.data.template import render_conversation
+from hone.core.errors import HoneError
 from hone.core.export.formats import ExportError
 
 # Marker contents: plain words that no template rewrites (no surrounding spaces, no special characters).
@@ -55,7 +57,9 @@ class NotPerMessage(ExportError):
 
 def _render(tokenizer, messages, generation_prompt: bool) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return render_conversation(tokenizer, messages, add_generation_prompt=generation_prompt)
+    except HoneError:  # over Hone's limits: said as it is
+        raise
     except Exception as e:  # a template may raise anything (jinja's raise_exception included)
         raise NotPerMessage(
             f"the chat template refuses a plain conversation: {e}",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
+from hone.core.data.template import render_conversation
+
 # A conversation every check feeds through the models (rendered with the chat template when there is one): a
 # system turn, a question and an answer, about 60 tokens with the template's special tokens.
 PROBE_MESSAGES = [
@@ -59,7 +61,7 @@ def probe_text(tokenizer) -> tuple[str, bool]:
     """The probe conversation rendered by the chat template (or plain text when there is none), and whether the
     tokenizer should add its special tokens when encoding it (only for plain text)."""
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(PROBE_MESSAGES, tokenize=False), False
+        return render_conversation(tokenizer, PROBE_MESSAGES), False
     return PROBE_TEXT, True
 
 

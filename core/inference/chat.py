@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from hone.core.data.template import render_conversation
+
 BASE = "base"
 TUNED = "tuned"
 
@@ -75,7 +77,7 @@ class Generation:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self._use_base = adapter_enabled is False
         self._device = next(model.parameters()).device
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = render_conversation(tokenizer, messages, add_generation_prompt=True)
         prompt_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         self.prompt_tokens = int(prompt_ids.shape[1])
         self._next_input = prompt_ids.to(self._device)  # (1, prompt_len) int64, then (1, 1) per step

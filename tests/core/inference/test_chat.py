@@ -123,3 +123,21 @@ def test_tuned_side_can_continue_its_own_conversation(base_and_peft):
     alone = "".join(stream_reply(tuned, tokenizer, tuned_history, settings, adapter_enabled=True))
     assert got[TUNED] == alone
     assert got[BASE] == "".join(stream_reply(tuned, tokenizer, MESSAGES, settings, adapter_enabled=False))
+
+
+def test_a_chat_template_over_its_limits_ends_the_reply_in_seconds_with_what_to_do(base_and_peft):
+    """A template from the Hub that loops for hours renders under the same limits as in training."""
+    import copy
+    import time
+
+    from hone.core.errors import HoneError
+
+    base, _, tokenizer = base_and_peft
+    hostile = copy.copy(tokenizer)
+    hostile.chat_template = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    started = time.monotonic()
+    with pytest.raises(HoneError) as refused:
+        next(stream_reply(base, hostile, MESSAGES, GenerationSettings(max_new_tokens=2)))
+    assert time.monotonic() - started < 5
+    assert refused.value.message.startswith("the chat template took over 1 s to render"), refused.value.message
+    assert "a template file you trust" in refused.value.advice
