@@ -9,6 +9,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from hone.app.data_readiness import DataReadiness
 from hone.app.settings import Settings
 from hone.app.workers import TrainerFactory, TrainSession
 from hone.core.api import MachineFacts
@@ -37,6 +38,7 @@ class AppState(QObject):
         self.model_info: dict[str, Any] | None = self._cached_model_info(self.config.model.name_or_path)
         self.session = TrainSession(trainer, self)
         self.machine: MachineFacts | None = None  # None until read; nothing is refused for the machine until then
+        self.data_readiness = DataReadiness(self)  # whether the training data has a usable row (read in the background)
 
     def set_machine(self, machine: MachineFacts) -> None:
         self.machine = machine

@@ -29,6 +29,7 @@ from hone.app.pages.data import DataPage
 from hone.app.pages.export import ExportPage
 from hone.app.pages.model import ModelPage
 from hone.app.pages.monitor import MonitorPage
+from hone.app.pages.monitor_failures import explain
 from hone.app.pages.runs import RunsPage
 from hone.app.pages.train import TrainPage
 from hone.app.settings import Settings
@@ -36,15 +37,41 @@ from hone.app.state import AppState
 from hone.app.theme import DARK, LIGHT, SYSTEM, Palette, Theme, icon, logo_pixmap
 from hone.app.workers import Task, TelemetryPoller, TrainerFactory
 from hone.core.api import MachineFacts, read_machine
-from hone.core.events import Event, RunFailed, RunFinished, RunStarted, StepMetrics
+from hone.core.events import Event, RunFailed, RunFinished, RunPaused, RunResumed, RunStarted, StepMetrics
 from hone.core.version import __version__
 
 PAGE_CLASSES: tuple[type[Page], ...] = (ModelPage, DataPage, TrainPage, MonitorPage, ChatPage, ExportPage, RunsPage)
 PAGE_NAMES = tuple(cls.name for cls in PAGE_CLASSES)
 
 
+class ElidedLabel(QLabel):
+    """One line of text that ends in "…" where the width cuts it (never mid-word without saying so); the whole text
+    is its tooltip."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setMinimumWidth(1)  # the sidebar sets the width; the text adapts to it, not the other way round
+        self.full_text = ""
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # Qt's name
+        self.full_text = str(text)
+        self.setToolTip(self.full_text)
+        self._elide()
+
+    def resizeEvent(self, event) -> None:  # Qt's name
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        width = self.contentsRect().width()
+        shown = self.fontMetrics().elidedText(self.full_text, Qt.ElideRight, width) if width > 1 else self.full_text
+        super().setText(shown)
+
+
 class RunBadge(QFrame):
-    """The sidebar's small summary of the current run, visible from every page."""
+    """The sidebar's small summary of the current run, visible from every page: the same state the Monitor's pill
+    shows (training, paused, finished, stopped, failed, interrupted, or training in another process)."""
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -52,11 +79,10 @@ class RunBadge(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 10, 12, 10)
         layout.setSpacing(5)
-        self.title = QLabel("No run")
+        self.title = ElidedLabel("No run")
         self.title.setObjectName("RunBadgeTitle")
-        self.detail = QLabel("Start one on the Train page")
+        self.detail = ElidedLabel("Start one on the Train page")
         self.detail.setProperty("role", "muted")
-        self.detail.setWordWrap(True)
         self.bar = QProgressBar()
         self.bar.setRange(0, 1000)
         self.bar.setMaximumHeight(6)
@@ -73,28 +99,37 @@ class RunBadge(QFrame):
         elif isinstance(event, StepMetrics) and event.total_steps:
             self.bar.setValue(int(1000 * event.step / event.total_steps))
             self.detail.setText(f"Step {event.step:,}/{event.total_steps:,} · loss {event.loss:.3f}")
+        elif isinstance(event, RunPaused):
+            self.title.setText("Paused")
+        elif isinstance(event, RunResumed):
+            self.title.setText("Training")
         elif isinstance(event, RunFinished):
             self.title.setText("Stopped" if event.stopped else "Finished")
             self.detail.setText(f"Step {event.step:,} · loss {event.final_loss:.3f}")
             self.bar.hide()
         elif isinstance(event, RunFailed):
-            self.title.setText("Failed")
-            self.detail.setText(event.reason[:80])
+            self.title.setText("Interrupted" if event.interrupted else "Failed")
+            self.detail.setText(explain(event)[0])
             self.bar.hide()
 
-    def show_past_run(self, name: str, ended: Event | None, last_step: StepMetrics | None) -> None:
-        """A past run opened from Runs: say which, and how it ended."""
+    def show_past_run(
+        self, name: str, ended: Event | None, last_step: StepMetrics | None, status: str = "", following: bool = False
+    ) -> None:
+        """A past run opened from Runs: say which, and how it ended, or that another process trains it now."""
         self.bar.hide()
+        step = f" · step {last_step.step:,}" if last_step else ""
         if isinstance(ended, RunFinished):
             self.title.setText("Stopped" if ended.stopped else "Finished")
             self.detail.setText(f"{name} · step {ended.step:,} · loss {ended.final_loss:.3f}")
         elif isinstance(ended, RunFailed):
-            self.title.setText("Failed")
-            self.detail.setText(f"{name} · {ended.reason[:60]}")
+            self.title.setText("Interrupted" if ended.interrupted else "Failed")
+            self.detail.setText(f"{name} · {explain(ended)[0]}")
+        elif following and status in ("running", "paused"):
+            self.title.setText("Paused" if status == "paused" else "Training elsewhere")
+            self.detail.setText(f"{name}{step} · in another process")
         else:
             self.title.setText("Interrupted")
-            step = f" · step {last_step.step:,}" if last_step else ""
-            self.detail.setText(f"{name}{step} · ended without saying how")
+            self.detail.setText(f"{name}{step} · its process ended before the run did: resume it from Runs")
 
     def running_changed(self, running: bool) -> None:
         if running:
@@ -159,6 +194,8 @@ class MainWindow(QMainWindow):
         self.telemetry = TelemetryPoller(self)
         self.telemetry.sample.connect(self.monitor.telemetry)
         self.monitor.run_shown.connect(self._past_run_shown)
+        # a followed run pauses, stops or ends after it was shown: the badge says what the Monitor says
+        self.monitor.status_changed.connect(lambda _status: self._follow_changed())
         if telemetry:
             self.telemetry.start()
 
@@ -197,7 +234,14 @@ class MainWindow(QMainWindow):
 
     def _past_run_shown(self, run_dir: str) -> None:
         if not self.state.session.is_running:  # the badge follows a live run first
-            self.badge.show_past_run(Path(run_dir).name, self.monitor.ended, self.monitor.last_step)
+            monitor = self.monitor
+            following = monitor.following is not None
+            self.badge.show_past_run(Path(run_dir).name, monitor.ended, monitor.last_step, monitor.status, following)
+
+    def _follow_changed(self) -> None:
+        monitor = self.monitor
+        if not monitor.live and monitor.shown_dir is None and monitor.started is not None:
+            self._past_run_shown(monitor.started.run_dir)
 
     def current_page(self) -> str:
         return PAGE_NAMES[self.stack.currentIndex()]

@@ -314,11 +314,15 @@ class TrainSession(QObject):
         self._thread.start()
         self.running_changed.emit(True)
 
-    def resume_run(self, run_dir: Path, data_changed: str = "refuse") -> None:
+    def resume_run(self, run_dir: Path, data_changed: str = "refuse", max_steps: int = 0) -> None:
         """Continue a stopped or crashed run from its last checkpoint, with the config it was started with;
-        `data_changed` (restart-epoch | continue) when its training data changed and the user chose how to go on."""
+        `data_changed` (restart-epoch | continue) when its training data changed and the user chose how to go on;
+        `max_steps` lengthens a run that has finished (`hone train --resume RUN_DIR --set train.max_steps=M`)."""
         run_dir = Path(run_dir)
-        self.start(RunConfig.load(run_dir / "config.toml"), resume=run_dir, data_changed=data_changed)
+        config = RunConfig.load(run_dir / "config.toml")
+        if max_steps:
+            config = config.with_overrides([f"train.max_steps={int(max_steps)}"])
+        self.start(config, resume=run_dir, data_changed=data_changed)
 
     def pause(self) -> None:
         if self.control:

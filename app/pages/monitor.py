@@ -12,12 +12,15 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QWidget
 
+from hone.app.more_steps import ask_more_steps, train_more
 from hone.app.pages.base import Page
+from hone.app.pages.monitor_failures import data_changed_box, explain, failure_box, resume_when_free
+from hone.app.pages.monitor_past import SMOOTHING, PastRuns
 from hone.app.pages.monitor_replay import FolderReplay, SmoothedLoss
+from hone.app.pages.monitor_tiles import update_tiles
 from hone.app.theme import Palette, icon
 from hone.app.widgets.charts import BarChart, LiveChart, SeriesBuffer, mark_label, power_of_ten
-from hone.app.widgets.common import Card, StatTile, human_bytes, human_count, human_duration, label, set_role
-from hone.app.workers import advice_for
+from hone.app.widgets.common import Card, StatTile, human_count, human_duration, label, set_role
 from hone.core.events import (
     CheckpointSaved,
     DatasetReport,
@@ -43,9 +46,6 @@ FLUSH_INTERVAL_MS = 50
 FOLLOW_INTERVAL_MS = 1000
 # The numbers (tiles, progress, ETA) refresh at most this often.
 TILES_INTERVAL_S = 0.2
-# Weight of history in the smoothed loss (debiased for the first steps): 0.8 follows a short run's trend within
-# a few steps while still averaging out step-to-step noise.
-SMOOTHING = 0.8
 # Step times averaged for the ETA: long enough to ride over eval/checkpoint pauses, short enough to follow change.
 ETA_WINDOW = 20
 # Step lines in the log at most this often (the charts carry every step).
@@ -55,18 +55,6 @@ GIB = 2**30
 GPU_COLOURS = ("mem_alloc", "mem_device", "speed", "smooth", "eval", "util", "lr", "loss")
 # Plot height: two rows of charts, the numbers and the progress fit a 900-pixel-high window.
 CHART_HEIGHT = 210
-
-
-def waiting_text(step: StepMetrics) -> str:
-    share = step.waiting_for_data
-    return f" · waiting for data {share:.0%} of the step" if share else ""
-
-
-def eta_seconds(step_times: list[float] | deque, steps_left: int) -> float:
-    """Seconds until the last step, from the mean of recent step times."""
-    if not step_times or steps_left <= 0:
-        return 0.0
-    return sum(step_times) / len(step_times) * steps_left
 
 
 # Which MonitorPage method takes which event into the page; other events only refresh the numbers.
@@ -84,7 +72,7 @@ EVENT_HANDLERS: dict[type[Event], str] = {
 }
 
 
-class MonitorPage(Page):
+class MonitorPage(PastRuns, Page):
     name = "monitor"
     title = "Monitor"
     subtitle = "No run yet. Start one on the Train page, or open a past run from Runs."
@@ -92,6 +80,7 @@ class MonitorPage(Page):
 
     failure_shown = Signal(object)  # RunFailed, after its dialog opened
     run_shown = Signal(str)  # a run folder opened with show_run, once all of its metrics.jsonl is in the page
+    status_changed = Signal(str)  # idle | starting | running | paused | finished | stopped | failed | interrupted
 
     def __init__(self, state, parent: QWidget | None = None):
         super().__init__(state, parent)
@@ -104,6 +93,10 @@ class MonitorPage(Page):
         self.stop_button = set_role(QPushButton("Stop"), "danger")
         self.stop_button.setToolTip("Stop after the current step; the adapter and a checkpoint are saved.")
         self.stop_button.clicked.connect(self.stop)
+        self.more_button = QPushButton("Train more steps…")
+        self.more_button.setToolTip("The run reached its last step: train it further from there; its charts go on.")
+        self.more_button.clicked.connect(self.train_more_steps)
+        self.header.actions.addWidget(self.more_button)
         self.header.actions.addWidget(self.pause_button)
         self.header.actions.addWidget(self.stop_button)
 
@@ -196,6 +189,17 @@ class MonitorPage(Page):
         state.session.event.connect(self._live_event)
         state.session.running_changed.connect(self._running_changed)
         self._update_buttons()
+
+    @property
+    def status(self) -> str:
+        """The run's state, in the words of hone.app.run_status (the badge and Runs say the same)."""
+        return self.__dict__.get("_status", "idle")
+
+    @status.setter
+    def status(self, value: str) -> None:
+        if value != self.__dict__.get("_status"):
+            self.__dict__["_status"] = value
+            self.status_changed.emit(value)
 
     # ---- feeding ----
     def _reset(self) -> None:
@@ -292,8 +296,8 @@ class MonitorPage(Page):
         self._log(event, f"Resumed at step {event.step}")
 
     def _on_finished(self, event: RunFinished) -> None:
+        self.ended = event  # before the status, which the badge reads it with
         self.status = "stopped" if event.stopped else "finished"
-        self.ended = event
         eval_text = f", eval loss {event.eval_loss:.4f}" if event.eval_loss is not None else ""
         self._log(
             event,
@@ -305,14 +309,14 @@ class MonitorPage(Page):
     def _on_failed(self, event: RunFailed) -> None:
         # str() every field shown: a RunFailed built from a damaged line may hold a number or a list where text
         # belongs, and a non-str reaching a Qt str slot aborts the process.
-        self.status = "failed"
         self.ended = event
-        self.header.subtitle.setText(f"Failed: {event.reason}")
+        self.status = "interrupted" if event.interrupted else "failed"
+        reason, next_step = explain(event)
+        self.header.subtitle.setText(f"Failed: {reason}")
         if self.last_step is None:
             self.loss_chart.set_empty_text("The run failed before its first step; the log below says why")
-        self._log(event, f"Failed at step {event.step}: {event.reason}")
-        if event.advice:
-            self._log(event, f"Advice: {event.advice}")
+        self._log(event, f"Failed at step {event.step}: {reason}")
+        self._log(event, f"What to do: {next_step}")
         if event.details:
             self.log.appendPlainText(str(event.details).rstrip())
         if self.show_dialogs:
@@ -467,6 +471,9 @@ class MonitorPage(Page):
 
     # ---- run control ----
     def _toggle_pause(self) -> None:
+        if self.following is not None:
+            self.pause_followed()
+            return
         session = self.state.session
         if not session.is_running or self._pending:
             return
@@ -479,7 +486,9 @@ class MonitorPage(Page):
         self._update_buttons()
 
     def stop(self) -> None:
-        if self.state.session.is_running:
+        if self.following is not None:
+            self.stop_followed()
+        elif self.state.session.is_running:
             self.state.session.stop()
             self._pending = ""
             self._update_buttons()
@@ -505,286 +514,59 @@ class MonitorPage(Page):
         session = self.state.session
         stopping = session.control is not None and session.control.stop_requested
         active = session.is_running and self.live
-        self.pause_button.setEnabled(
-            active
-            and self.status in ("running", "paused")
-            and not stopping
-            and self.state.session.can_pause
-            and not self._pending
-        )
-        self.pause_button.setText(self._pending or ("Resume" if self.status == "paused" else "Pause"))
-        self.pause_button.setToolTip(
+        pause, stop = active and not stopping, active and not stopping
+        pause = pause and self.status in ("running", "paused") and session.can_pause and not self._pending
+        why = (
             ""
             if session.can_pause
             else "A run on several GPUs cannot pause (its processes "
             "exchange gradients every step); Stop saves a checkpoint to resume from"
         )
-        self.stop_button.setEnabled(active and not stopping)
-        self.stop_button.setText("Stopping…" if active and stopping else "Stop")
+        if self.following is not None:  # trained by another process: asked through its folder
+            pause, stop, why = self.follow_buttons()
+            stopping = self.stop_sent
+        self.pause_button.setEnabled(pause)
+        self.pause_button.setText(self._pending or ("Resume" if self.status == "paused" else "Pause"))
+        self.pause_button.setToolTip(why)
+        self.stop_button.setEnabled(stop)
+        self.stop_button.setText("Stopping…" if stopping and (active or self.following) else "Stop")
+        self.more_button.setVisible(
+            isinstance(self.ended, RunFinished) and not self.ended.stopped and not session.is_running
+        )
         if self.palette_:
             self.pause_button.setIcon(icon("play" if self.status == "paused" else "pause", self.palette_.text, 14))
+
+    def train_more_steps(self) -> None:
+        """Go on with the finished run shown here for the steps the user asks (hone.app.more_steps)."""
+        if not isinstance(self.ended, RunFinished) or self.state.session.is_running:
+            return
+        run_dir = Path(self.ended.run_dir)
+        steps = self.ask_more_steps(run_dir.name, self.ended.step)
+        if steps:
+            train_more(self, self.state, run_dir, self.ended.step, steps)
+
+    def ask_more_steps(self, name: str, step: int) -> int:
+        return ask_more_steps(self, name, step)
 
     def _show_failure(self, event: RunFailed) -> None:
         resumed = self.state.session.resume_dir
         if event.code == "data-changed" and resumed is not None:
-            self._ask_how_to_go_on(event, resumed)
-            return
-        reason = str(event.reason)
-        advice = str(event.advice or advice_for(reason))
-        box = QMessageBox(QMessageBox.Warning, "Training failed", reason, QMessageBox.Ok, self)
-        box.setInformativeText(advice[0].upper() + advice[1:] if advice else "See the log on the Monitor page.")
-        if event.details:
-            box.setDetailedText(str(event.details))
-        box.setModal(False)
-        box.open()
-        self.failure_dialog = box
+            choose = lambda choice: resume_when_free(self.state.session, resumed, choice)  # noqa: E731
+            self.failure_dialog = data_changed_box(self, event, choose)
+        else:
+            self.failure_dialog = failure_box(self, event)
         self.failure_shown.emit(event)
 
-    def _ask_how_to_go_on(self, event: RunFailed, run_dir: Path) -> None:
-        """A resume found other training data than its checkpoint was trained on: offer the two ways on (the CLI's
-        --data-changed), or leave the run as it is."""
-        reason = str(event.reason)
-        box = QMessageBox(QMessageBox.Question, "The training data changed", reason, QMessageBox.Cancel, self)
-        box.setInformativeText(
-            "Go on with this run on the data as it is now? Restarting the epoch begins it again on the new rows. "
-            "Going on keeps the run's place in the data order, so some rows may come twice in this epoch, or not "
-            "before the next. To train on the new data from the start, start a new run from the Train page."
-        )
-        restart = box.addButton("Restart the epoch", QMessageBox.AcceptRole)
-        go_on = box.addButton("Go on where it stopped", QMessageBox.AcceptRole)
-        choices = {restart: "restart-epoch", go_on: "continue"}
-        box.buttonClicked.connect(lambda button: self._resume_with(run_dir, choices.get(button)))
-        box.setModal(False)
-        box.open()
-        self.failure_dialog = box
-        self.failure_shown.emit(event)
-
-    def _resume_with(self, run_dir: Path, data_changed: str | None) -> None:
-        """Resume `run_dir` on its changed data as chosen, once the failed attempt's thread has ended."""
-        if data_changed is None:
-            return
-        session = self.state.session
-        if not session.is_running:
-            session.resume_run(run_dir, data_changed=data_changed)
-            return
-
-        def when_ended(running: bool) -> None:
-            if not running:
-                session.running_changed.disconnect(when_ended)
-                session.resume_run(run_dir, data_changed=data_changed)
-
-        session.running_changed.connect(when_ended)
-
-    # ---- numbers ----
     def _update_tiles(self) -> None:
-        step = self.last_step
-        labels = {
-            "idle": "Idle",
-            "starting": "Starting",
-            "running": "Training",
-            "paused": "Paused",
-            "finished": "Finished",
-            "stopped": "Stopped",
-            "failed": "Failed",
-        }
-        self.status_pill.setText(labels.get(self.status, self.status))
-        self._colour_pill()
-        if step:
-            fraction = step.step / step.total_steps if step.total_steps else 0.0
-            self.progress.setValue(int(fraction * 1000))
-            self.progress_text.setText(
-                f"Step {step.step:,} of {step.total_steps:,} · epoch {step.epoch:.2f} · "
-                f"{human_duration(step.elapsed)} elapsed"
-            )
-            left = eta_seconds(self.step_times, step.total_steps - step.step)
-            self.eta_text.setText(f"ETA {human_duration(left)}" if self.status in ("running", "paused") else "")
-            smooth = self.loss_chart.series["smooth"].buffer
-            smooth_text = f"smoothed {smooth.y[-1]:.4f} · " if smooth.n else ""
-            if isinstance(self.ended, RunFinished):  # the number a finished run is remembered by
-                self.loss_tile.set(
-                    f"{self.ended.final_loss:.4f}", f"final loss · {smooth_text}grad norm {step.grad_norm:.2f}"
-                )
-            else:
-                self.loss_tile.set(f"{step.loss:.4f}", f"{smooth_text}grad norm {step.grad_norm:.2f}")
-            self.speed_tile.set(
-                f"{step.tokens_per_s:,.0f}",
-                f"{step.step_time:.2f} s/step · packing {step.packing_efficiency:.0%}{waiting_text(step)}",
-            )
-        elif self.status in ("idle", "starting"):
-            self.progress.setValue(0)
-            self.progress_text.setText("")
-            self.eta_text.setText("")
-            self.loss_tile.set("—", "")
-            self.speed_tile.set("—", "")
-        sample = getattr(self, "_sample", None)
-        past = self.started is not None and not self.live  # a run opened from Runs: this machine's now means nothing
-        if past or sample is None:
-            self._run_memory_tiles(step)
-            return
-        no_gpu = sample.memory_source == "system"
-        self.memory_tile.set_title("System memory" if no_gpu else "GPU memory")
-        self.gpu_tile.set_title("Device" if no_gpu else "GPU")
-        source = {"gpu": "", "unified": " (unified memory)"}.get(sample.memory_source, " (system)")
-        detail = f"of {human_bytes(sample.memory_total)}{source}"
-        if step and step.mem_allocated:
-            detail += f" · run peak {human_bytes(step.mem_allocated)}"
-        self.memory_tile.set(human_bytes(sample.memory_used), detail)
-        if no_gpu:
-            self.gpu_tile.set("CPU", "no NVIDIA GPU: nothing to measure")
-            self.util_chart.headline.setText("no NVIDIA GPU")
-            self.util_chart.set_empty_text("No NVIDIA GPU on this computer, so there is no GPU load to show")
-            return
-        parts = [
-            f"{sample.temperature:.0f} °C" if sample.temperature is not None else "",
-            f"{sample.power:.0f} W" if sample.power is not None else "",
-        ]
-        self.gpu_tile.set(
-            f"{sample.utilization:.0f}%" if sample.utilization is not None else "—",
-            " · ".join(p for p in parts if p) or sample.device,
-        )
-        self.util_chart.headline.setText(" · ".join([sample.device] + [p for p in parts if p]))
-
-    def _run_memory_tiles(self, step: StepMetrics | None) -> None:
-        """Memory as the run itself recorded it (a past run, or no telemetry)."""
-        self.memory_tile.set_title("Run memory")
-        self.gpu_tile.set_title("Device")
-        if step and step.mem_allocated:
-            self.memory_tile.set(
-                human_bytes(step.mem_allocated), f"peak allocated · reserved {human_bytes(step.mem_reserved)}"
-            )
-        else:
-            self.memory_tile.set("—", "not recorded (CPU run)" if self.started else "")
-        self.gpu_tile.set(self.started.device if self.started else "—", "")
-
-    def _colour_pill(self) -> None:
-        # a failure must read as one at a glance; every other state keeps the stylesheet's pill colours
-        if self.status == "failed" and self.palette_:
-            self.status_pill.setStyleSheet(f"background: {self.palette_.danger}; color: #ffffff;")
-        else:
-            self.status_pill.setStyleSheet("")
+        update_tiles(self)
 
     def _seconds(self, event: Event) -> float:
         return event.time - self.t0 if self.t0 is not None else 0.0
-
-    # ---- resumed runs ----
-    def _replay_before(self, started: RunStarted) -> None:
-        """Take in what the run's folder holds from before this (resumed) start."""
-        from hone.core.api import MetricsReader, StepColumns
-
-        show_dialogs, self.show_dialogs = self.show_dialogs, False
-        try:
-            items = MetricsReader(started.run_dir).read()
-            for index, earlier in enumerate(items):
-                if isinstance(earlier, RunStarted) and earlier.time >= started.time:
-                    break
-                if isinstance(earlier, StepColumns):
-                    following = items[index + 1] if index + 1 < len(items) else None
-                    self._steps(earlier, last_of_run=not isinstance(following, StepColumns))
-                else:
-                    self.handle(earlier)
-        finally:
-            self.show_dialogs = show_dialogs
-
-    def _continue_at(self, step: int) -> None:
-        """A resumed run continues from its checkpoint at `step`: keep every point up to it, drop the steps after
-        it (they are trained again), and smooth the loss on from the kept points."""
-        for chart in (self.loss_chart, self.speed_chart, self.lr_chart):
-            chart.keep_until(step)
-        self.smoother = SmoothedLoss(SMOOTHING)
-        steps, raw = self.loss_chart.points("raw")
-        self.loss_chart.set_points("smooth", steps, self.smoother.extend(raw))
-        self.step_times.clear()
 
     def _log(self, event: Event, text: str) -> None:
         stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
         self.log.appendPlainText(f"{stamp}  {text}")
         self.log.moveCursor(QTextCursor.End)
-
-    # ---- past runs ----
-    def show_run(self, run_dir: str | Path) -> None:
-        """Replay a run's metrics.jsonl into the charts (no dialogs): a small one at once, a large one off the GUI
-        thread (`run_shown` says when it is all in). A run another process is still training is then followed: what
-        it appends shows as it comes, until it finishes or its process ends."""
-        if self.state.session.is_running:
-            return
-        self._stop_following()
-        self.live = False
-        self._unplaced_marks.clear()
-        self._reset()
-        self.log.clear()
-        self.shown_dir = Path(run_dir)
-        self.loss_chart.set_empty_text("Reading the run's metrics…")
-        self.replay.start(run_dir)
-
-    def _take(self, item, last_of_run: bool) -> None:
-        """One item the replay read: an event, or a run of steps."""
-        from hone.core.api import StepColumns
-
-        show_dialogs, self.show_dialogs = self.show_dialogs, False
-        try:
-            if isinstance(item, StepColumns):
-                self._steps(item, last_of_run)
-                self._tiles_dirty = True
-            else:
-                self.handle(item)
-        finally:
-            self.show_dialogs = show_dialogs
-
-    def _reserve(self, steps: int) -> None:
-        """Room for `steps` more points in every per-step series, made before a large replay is taken in."""
-        for chart in (self.loss_chart, self.speed_chart, self.lr_chart, self.memory_chart):
-            for key, series in chart.series.items():
-                if key != "eval":
-                    series.buffer.reserve(steps)
-        self._began.reserve(steps)
-
-    def _replayed(self) -> None:
-        """All that was read is in the page: draw it; a run opened from Runs is then followed while another process
-        trains it."""
-        from hone.core.api import in_use
-
-        self.flush()
-        run_dir = self.shown_dir
-        if run_dir is None or self.following is not None:
-            return
-        self.shown_dir = None
-        if self.last_step is None and self.ended is None:
-            self.loss_chart.set_empty_text("Waiting for the first step")
-        note = self.replay.reader.skipped_note() if self.replay.reader is not None else ""
-        if note:
-            self.log.appendPlainText(f"{note}: the rest of the run is shown.")
-        if self.started is not None and self.ended is None and in_use(run_dir):
-            self.following = run_dir
-            self.follow_timer.start()
-            self.header.subtitle.setText(
-                self.header.subtitle.text() + " · following live (training in another process)"
-            )
-            self.log.appendPlainText("Following this run live: another process is training it.")
-        self.run_shown.emit(str(run_dir))
-
-    def _follow_tick(self) -> None:
-        from hone.core.api import in_use
-
-        if self.following is None or self.replay.busy:
-            return
-        self.replay.read_more()
-        if self.ended is not None:
-            self._stop_following()
-        elif in_use(self.following) is False:  # the process ended without a final event (killed)
-            self.replay.read_more()
-            if self.ended is None:
-                self.status = "stopped"
-                self.log.appendPlainText(
-                    "The process training this run ended without finishing it; resume it from Runs."
-                )
-                self._tiles_dirty = True
-            self._stop_following()
-
-    def _stop_following(self) -> None:
-        self.follow_timer.stop()
-        self.following = None
-        self.shown_dir = None
-        self.replay.cancel()
 
     def shown(self) -> None:
         self.flush()

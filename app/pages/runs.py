@@ -22,7 +22,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hone.app.more_steps import ask_more_steps, train_more
 from hone.app.pages.base import Page
+from hone.app.run_status import Progress, progress, status_word
 from hone.app.theme import Palette, icon
 from hone.app.widgets.charts import LiveChart
 from hone.app.widgets.common import Card, label, set_role
@@ -85,6 +87,7 @@ class RunsPage(Page):
         super().__init__(state, parent)
         self.summaries: list[Any] = []
         self.failures: dict[str, RunFailed] = {}  # run dir -> why it failed (failed runs only)
+        self.states: dict[str, tuple[str, Progress | None]] = {}  # run dir -> (status, where a running run is)
         self._training: Path | None = None  # the folder of the run the session is training, once known
         self.folder_button = QPushButton("Runs folder…")
         self.folder_button.clicked.connect(self._pick_folder)
@@ -162,9 +165,11 @@ class RunsPage(Page):
             for s in self.summaries
             if s.status == "failed" and (failure := last_failure(s.run_dir)) is not None
         }
+        self.states = {s.run_dir: self._state(s) for s in self.summaries}
         self.table.setRowCount(len(self.summaries))
         for row, summary in enumerate(self.summaries):
-            for col, text in enumerate(_row_texts(summary)):
+            status, step = self.states[summary.run_dir]
+            for col, text in enumerate(_row_texts(summary, status, step)):
                 item = QTableWidgetItem(text)
                 if col in (3, 4):
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
@@ -180,6 +185,21 @@ class RunsPage(Page):
         self.empty.setText("" if self.summaries else "No runs yet. Runs you start appear here.")
         self.empty.setVisible(not self.summaries)
         self._selection_changed()
+
+    def _state(self, summary: Any) -> tuple[str, Progress | None]:
+        """The run's status as the badge and the Monitor say it, and, for a run that trains now, where it is (its
+        run.json is written at checkpoints only)."""
+        if summary.status != "running":
+            return summary.status, None
+        now = progress(summary.run_dir)
+        if now.paused:
+            return "paused", now
+        return ("elsewhere" if self.training_elsewhere(Path(summary.run_dir)) else "running"), now
+
+    def status_of(self, run_dir: Path) -> str:
+        """The status word the list shows for `run_dir` ("" when it is not listed)."""
+        summary = next((s for s in self.summaries if _same_folder(Path(s.run_dir), Path(run_dir))), None)
+        return status_word(self.states[summary.run_dir][0]) if summary is not None else ""
 
     def selected_dirs(self) -> list[Path]:
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
@@ -197,10 +217,17 @@ class RunsPage(Page):
         chosen = self.selected_dirs()
         busy = self.state.session.is_running
         self.open_button.setEnabled(len(chosen) == 1 and not busy)
-        self.resume_button.setEnabled(len(chosen) == 1 and not busy)
+        training = [run_dir for run_dir in chosen if self.is_training(run_dir)]
+        self.resume_button.setEnabled(len(chosen) == 1 and not busy and not training)
+        finished = self._finished(chosen[0]) if len(chosen) == 1 else None
+        self.resume_button.setText("Train more steps…" if finished is not None else "Resume")
+        self.resume_button.setToolTip(
+            f"The run ended at its last step ({finished.step:,}): train it further from there; its charts go on."
+            if finished is not None
+            else "Continue the run from its last checkpoint."
+        )
         self.files_button.setEnabled(len(chosen) == 1)
         self.compare_button.setEnabled(len(chosen) == 2)
-        training = [run_dir for run_dir in chosen if self.is_training(run_dir)]
         self.delete_button.setEnabled(bool(chosen) and not training)
         if not training:
             self.delete_button.setToolTip("Remove the selected runs' folders from disk.")
@@ -236,8 +263,15 @@ class RunsPage(Page):
                 f"Interrupted at step {summary.step:,} of {summary.total_steps:,} (latest loss {loss:.4f}): "
                 f"{summary.reason}. Resume goes on from its newest checkpoint."
             )
-        going = "it is training now" if self.is_training(Path(summary.run_dir)) else "the run has not ended"
-        return f"Latest loss {loss:.4f} at step {summary.step:,} of {summary.total_steps:,}; {going}."
+        status, now = self.states.get(summary.run_dir, (summary.status, None))
+        step, total = (now.step, now.total_steps) if now is not None and now.step >= summary.step else (0, 0)
+        step, total = step or summary.step, total or summary.total_steps
+        loss = now.loss if now is not None and now.loss is not None else loss
+        going = {
+            "paused": "it is paused: resume it on the Monitor (Open in Monitor)",
+            "elsewhere": "another process trains it now: open it in the Monitor to follow, pause or stop it",
+        }.get(status, "it is training now" if self.is_training(Path(summary.run_dir)) else "the run has not ended")
+        return f"Latest loss {loss:.4f} at step {step:,} of {total:,}; {going}."
 
     def is_training(self, run_dir: Path) -> bool:
         """Whether a run trains in `run_dir` now, the session's or another process's (it must not be deleted)."""
@@ -305,6 +339,12 @@ class RunsPage(Page):
         chosen = self.selected_dirs()
         if len(chosen) != 1 or self.state.session.is_running:
             return
+        finished = self._finished(chosen[0])
+        if finished is not None:  # nothing is left to resume: it would only fail on its own max_steps
+            steps = self.ask_more_steps(finished)
+            if steps:
+                self.train_more(chosen[0], steps)
+            return
         damaged = self._damaged(chosen[0])
         if damaged is not None:
             answer = QMessageBox.question(
@@ -326,6 +366,25 @@ class RunsPage(Page):
             QMessageBox.warning(self, "Resume run", f"{e.message}{advice}")
             return
         self.state.page_requested.emit("monitor")
+
+    def ask_more_steps(self, summary: Any) -> int:
+        """How many steps more to train the finished run `summary` (0: cancelled)."""
+        return ask_more_steps(self, Path(summary.run_dir).name, summary.step)
+
+    def train_more(self, run_dir: Path, steps: int) -> None:
+        """Resume the finished run in `run_dir` with train.max_steps raised by `steps` (hone.app.more_steps)."""
+        finished = self._finished(run_dir)
+        if finished is None or self.state.session.is_running:
+            return
+        self._training = Path(run_dir)  # known before its RunStarted comes: it is being loaded already
+        if not train_more(self, self.state, Path(run_dir), finished.step, steps):
+            self._training = None
+
+    def _finished(self, run_dir: Path) -> Any:
+        """The summary of `run_dir` when it finished (reached its last step), else None."""
+        return next(
+            (s for s in self.summaries if s.status == "finished" and _same_folder(Path(s.run_dir), run_dir)), None
+        )
 
     def _damaged(self, run_dir: Path) -> Any:
         """The summary of `run_dir` when the list shows it damaged, else None."""
@@ -407,18 +466,19 @@ class RunsPage(Page):
         self.folder_button.setIcon(icon("folder", palette.text, 16))
 
 
-def _row_texts(summary: Any) -> list[str]:
+def _row_texts(summary: Any, status: str, now: Progress | None) -> list[str]:
     started = getattr(summary, "started", None)
     loss = getattr(summary, "final_loss", None)  # the last recorded step's loss: final only once the run ended
-    status = str(getattr(summary, "status", ""))
     step, total = getattr(summary, "step", 0), getattr(summary, "total_steps", 0)
+    if now is not None and now.step >= step:  # a run that trains now: its metrics are ahead of its run.json
+        step, total, loss = now.step, now.total_steps or total, now.loss if now.loss is not None else loss
     loss_text = "—"
     if isinstance(loss, (int, float)):
         loss_text = f"{loss:.4f}" if status in ENDED else f"{loss:.4f} latest"
     return [
         Path(summary.run_dir).name,
         _short(getattr(summary, "model", "")),
-        status,
+        status_word(status),
         f"{step:,} / {total:,}" if total else f"{step:,}",
         loss_text,
         time.strftime("%Y-%m-%d %H:%M", time.localtime(started)) if isinstance(started, (int, float)) else "—",

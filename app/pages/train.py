@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QButtonGroup, QCheckBox, QFileDialog, QHBoxLayout,
 
 from hone.app.pages.base import Page
 from hone.app.presets import PRESETS, PRESETS_BY_NAME, matching_preset
-from hone.app.run_checks import run_problems
+from hone.app.run_checks import data_problems, machine_problems
 from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, label, set_role
 from hone.app.widgets.config_form import SECTION_TITLES, ConfigForm, field_label
@@ -155,6 +155,7 @@ class TrainPage(Page):
         state.model_info_changed.connect(lambda _info: self._refresh())
         state.session.running_changed.connect(lambda _running: self._refresh())
         state.machine_changed.connect(self._list_gpus)
+        state.data_readiness.changed.connect(self._refresh)
         state.session.event.connect(self._event)
         self.form.set_config(state.config)
         self._refresh()
@@ -180,6 +181,11 @@ class TrainPage(Page):
         self.started.emit(config)
         self.state.page_requested.emit("monitor")
 
+    def data_check_pending(self) -> bool:
+        """The training data's rows are being read to know whether any is usable (Start stays possible meanwhile:
+        the run's own check gives the same answer)."""
+        return self.state.data_readiness.pending(self.state.config.data)
+
     def problem_list(self) -> list[str]:
         """Every reason Start is not possible yet, in words: the form's checks, then what the trainer would refuse
         on this machine (GPU-only choices without a GPU, missing data, settings that contradict each other)."""
@@ -190,7 +196,11 @@ class TrainPage(Page):
         if not self.state.config.data.train:
             problems.append("Choose training data on the Data page.")
         if not errors:
-            problems += run_problems(self.form.config(), self.state.machine)
+            config = self.form.config()
+            problems += machine_problems(config, self.state.machine)
+            missing = data_problems(config)
+            # rows are read only from data that is there; the reading runs in the background (data_readiness)
+            problems += missing or self.state.data_readiness.problems(config.data)
         if self.gpu_boxes and not self.selected_gpus():
             problems.append("Tick at least one GPU to train on.")
         if len(self.selected_gpus()) > 1 and not errors and self.form.config().train.parallel == "fsdp":
@@ -333,6 +343,8 @@ class TrainPage(Page):
             self.preset_note.setText(PRESETS_BY_NAME[preset].description if preset else "Custom settings.")
             self._show_summary(config)
         problems = self.problem_list()
+        if not self.form.errors():
+            self.state.data_readiness.request(config.data)
         self.problems.setText("\n".join(problems))
         self.problems.setVisible(bool(problems))
         running = self.state.session.is_running
@@ -388,6 +400,7 @@ class TrainPage(Page):
     def shown(self) -> None:
         super().shown()
         self._estimate_timer.start()
+        self.state.data_readiness.request(self.state.config.data)  # a file fixed meanwhile is read again
 
     def _estimate(self) -> None:
         """Predict the run's peak memory in the background; a newer config's estimate replaces an older one."""

@@ -9,10 +9,12 @@ something new from the engine adds it here, in the submodule of its verb.
                    anything loads); sharding_refusal (why a model cannot be split over GPUs)
     resume a run   Trainer(config, control, resume_dir=RUN_DIR, data_changed=); check_resume, DATA_CHANGED
     follow a run   read_events, EventTail, in_use, read_holder, live_summary, step_line, speed_choice, PEER_ADVICE;
+                   can_pause, request_pause, can_stop, request_stop (a run another process trains);
                    MetricsReader -> StepColumns (a run's chart columns, fast), downsample (what a chart draws)
     list runs      list_runs -> [RunSummary]; a run folder's names CONFIG_FILE, METRICS_FILE, ADAPTER_DIR,
                    INTERRUPTED, DAMAGED
-    check data     check_data, check_pairs (preference pairs), format_report, inspect_row, inspect_rows, format_view;
+    check data     check_data, check_pairs (preference pairs), check_unpaired (KTO rows), format_report, inspect_row,
+                   inspect_rows, format_view;
                    the readers under them:
                    resolve_sources, read_records, SourceError, RowError, DUPLICATES_KEY, detect_format,
                    suggest_columns, ColumnNames, apply_template_setting
@@ -62,6 +64,8 @@ _LAZY = {
             "check_data_files",
             "check_inputs",
             "check_model",
+            "can_pause",
+            "can_stop",
             "check_resume",
             "in_use",
             "list_runs",
@@ -69,6 +73,8 @@ _LAZY = {
             "process_world",
             "read_events",
             "read_holder",
+            "request_pause",
+            "request_stop",
             "sharding_refusal",
             "speed_choice",
             "step_line",
@@ -85,6 +91,7 @@ _LAZY = {
             "apply_template_setting",
             "check_data",
             "check_pairs",
+            "check_unpaired",
             "detect_format",
             "format_report",
             "format_view",

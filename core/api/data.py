@@ -1,6 +1,7 @@
 """Check and inspect training data: every row validated and reported (`check_data`; preference pairs:
-`check_pairs`), a row shown as the model will see it (`inspect_row(s)`), and the readers under them for a first
-look at a file (`resolve_sources`, `read_records`, `detect_format`, `suggest_columns`).
+`check_pairs`; KTO's labelled answers: `check_unpaired`), a row shown as the model will see it (`inspect_row(s)`),
+and the readers under them for a first look at a file (`resolve_sources`, `read_records`, `detect_format`,
+`suggest_columns`).
 
 Importing this loads numpy (hone.core.data), never torch; transformers loads when a tokenizer is used.
 """
@@ -14,6 +15,7 @@ from hone.core.data.loaders import DUPLICATES_KEY, SourceError, read_records, re
 from hone.core.data.preference import check_pairs
 from hone.core.data.rows import RowError
 from hone.core.data.template import apply_template_setting
+from hone.core.data.unpaired import check_unpaired
 
 __all__ = [
     "DUPLICATES_KEY",
@@ -23,6 +25,7 @@ __all__ = [
     "apply_template_setting",
     "check_data",
     "check_pairs",
+    "check_unpaired",
     "detect_format",
     "format_report",
     "format_view",

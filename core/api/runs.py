@@ -3,7 +3,8 @@
 A run trains in this process (`Trainer(config, control, resume_dir=...).run()`: `hone train`, and the Studio on
 Windows) or in a child process (hone.core.api.child_run: the Studio on Linux); either way it is a generator of
 events, paused and stopped through a `RunControl` (hone.core.control). A run folder is followed by reading its
-metrics.jsonl (`read_events`, `EventTail`) while its lock says a process trains in it (`in_use`, `read_holder`).
+metrics.jsonl (`read_events`, `EventTail`) while its lock says a process trains in it (`in_use`, `read_holder`), and
+paused and stopped from another window through the folder (`can_pause`, `request_pause`, `can_stop`, `request_stop`).
 Every reader of a run folder's files checks what it reads: a run whose run.json cannot be read lists as DAMAGED with
 the reason and what to do, a line of metrics.jsonl that holds no event is skipped and counted (`EventTail.skipped`),
 and a resume of a damaged config.toml or checkpoint stops with one HoneError naming the file.
@@ -33,6 +34,7 @@ from hone.core.train.run_dir import (
     step_line,
 )
 from hone.core.train.run_lock import in_use, read_holder
+from hone.core.train.run_requests import can_pause, can_stop, request_pause, request_stop
 from hone.core.train.sharding import refusal as sharding_refusal
 
 if TYPE_CHECKING:
@@ -59,6 +61,8 @@ __all__ = [
     "METRICS_FILE",
     "EventTail",
     "RunSummary",
+    "can_pause",
+    "can_stop",
     "check_resume",
     "in_use",
     "list_runs",
@@ -66,6 +70,8 @@ __all__ = [
     "process_world",
     "read_events",
     "read_holder",
+    "request_pause",
+    "request_stop",
     "sharding_refusal",
     "speed_choice",
     "step_line",

@@ -4,9 +4,9 @@ GPUs) started as a process of its own, its events read back from the run folder 
 The child outlives its caller: a run started this way keeps training when the studio closes (`RunControl.detach`
 ends the reading, not the run), and the studio follows it again from the Runs page. Stdlib only: the caller never
 imports torch for it. Stop asks the child to stop after the current step (SIGINT; with several GPUs the launcher
-passes it on through the processes' stop file). Pause creates a file the child watches (`control.PAUSE_FILE_ENV`)
-and Resume removes it; a run on several GPUs does not pause (its processes would wait for each other in the
-gradient exchange).
+passes it on through the processes' stop file). Pause creates a file the child watches (`control.PAUSE_FILE_ENV`,
+in the run folder, where a later window finds it: hone.core.train.run_requests) and Resume removes it; a run on
+several GPUs does not pause (its processes would wait for each other in the gradient exchange).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from hone.core import events
 from hone.core.config import RunConfig
 from hone.core.control import PAUSE_FILE_ENV, RunControl
 from hone.core.errors import FAILURE_FILE_ENV, HoneError, recorded_failure
-from hone.core.train.run_dir import METRICS_FILE, EventTail, new_run_dir
+from hone.core.train.run_dir import CONFIG_FILE, METRICS_FILE, EventTail, new_run_dir
+from hone.core.train.run_requests import pause_request_file
 
 POLL_S = 0.5
 STDERR_TAIL = 4000  # characters of the child's messages kept for a failure it did not write to the run folder
@@ -62,18 +63,15 @@ def train_in_child(
             "tick one GPU, and leave “Keep training when Hone Studio closes” off",
         )
     if resume is not None:
-        run_dir, config_path = Path(resume), None
+        run_dir = Path(resume)
+        # settings of its own (a longer run): given as `hone train CONFIG --resume RUN_DIR`, else the run's config.toml
+        config_path = None if _same_config(config, run_dir) else _config_beside(config, run_dir)
     else:  # a new run's folder is made here, so its events can be read; the child takes it as it is (empty)
         run_dir = new_run_dir(config)
         config = config.with_overrides(
             [f"output.name={json.dumps(run_dir.name)}", f"output.runs_dir={json.dumps(str(run_dir.parent))}"]
         )
-        # beside the run folder, not in it (the child takes only an empty folder); kept if the caller detaches
-        # before the child has read it
-        handle, name = tempfile.mkstemp(prefix=f".{run_dir.name}-", suffix=".toml", dir=run_dir.parent)
-        os.close(handle)
-        config_path = Path(name)
-        config.save(config_path)
+        config_path = _config_beside(config, run_dir)
     env = dict(os.environ)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
@@ -81,8 +79,9 @@ def train_in_child(
     failure_file = talk / "failure.json"  # a refusal before the run folder is written: its code survives
     env[FAILURE_FILE_ENV] = str(failure_file)
     pause_file = None
-    if len(gpus) <= 1:  # one process: it pauses while this file exists
-        pause_file = talk / "pause"
+    if len(gpus) <= 1:  # one process: it pauses while this file exists, in the run folder so a later window finds it
+        pause_file = pause_request_file(run_dir)
+        pause_file.unlink(missing_ok=True)  # left by a run killed while paused: this one starts running
         env[PAUSE_FILE_ENV] = str(pause_file)
     with tempfile.TemporaryFile() as stderr:
         child = subprocess.Popen(
@@ -98,8 +97,11 @@ def train_in_child(
             yield from follower.events()
         finally:
             failure = recorded_failure(failure_file) or {}
-            # a run left behind (detached) trains on: without its pause file, and a failure it writes is lost
+            # a run left behind (detached) trains on, its pause file in its folder (hone.core.train.run_requests); a
+            # failure it writes is lost
             shutil.rmtree(talk, ignore_errors=True)
+            if pause_file is not None and not follower.detached and child.poll() is not None:
+                pause_file.unlink(missing_ok=True)  # a run stopped while paused leaves no request behind
             # the child has read its config once it writes the run's events (or has ended)
             if config_path is not None and (child.poll() is not None or (run_dir / METRICS_FILE).exists()):
                 config_path.unlink(missing_ok=True)
@@ -157,6 +159,23 @@ class _Follower:
                 else:
                     self.pause_file.unlink(missing_ok=True)
             time.sleep(POLL_S)
+
+
+def _config_beside(config: RunConfig, run_dir: Path) -> Path:
+    """`config` saved beside the run folder, not in it (the child takes only an empty folder for a new run); kept if
+    the caller detaches before the child has read it."""
+    handle, name = tempfile.mkstemp(prefix=f".{run_dir.name}-", suffix=".toml", dir=run_dir.parent)
+    os.close(handle)
+    config.save(Path(name))
+    return Path(name)
+
+
+def _same_config(config: RunConfig, run_dir: Path) -> bool:
+    """Whether `config` is the run folder's config.toml (a config.toml it cannot read: the child says why)."""
+    try:
+        return RunConfig.load(run_dir / CONFIG_FILE) == config
+    except Exception:  # any damage is the child's to report, with the file named
+        return True
 
 
 def _last_message(said: str) -> str:

@@ -2,7 +2,8 @@
 
 The lock is the OS's own (`fcntl.flock` on POSIX, `msvcrt.locking` on Windows), so it ends with the process that
 holds it: a lock file left behind by a killed run never blocks the next one. While held, the file says who holds it
-(pid, host, since when), which is what a second process tells its user. Stdlib only.
+(pid, host, since when, and the file that pauses it where it has one), which is what a second process tells its user.
+Stdlib only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socket
 import time
 from pathlib import Path
 
+from hone.core.control import PAUSE_FILE_ENV
 from hone.core.errors import HoneError
 
 LOCK_FILE = "run.lock"
@@ -191,7 +193,10 @@ class RunLock:
         if not locked:
             os.close(fd)
             raise _busy(run_dir)
-        note = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}) + "\n"
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        if os.environ.get(PAUSE_FILE_ENV, "").strip():  # the file that pauses this run (hone.core.train.run_requests)
+            holder["pause_file"] = os.environ[PAUSE_FILE_ENV].strip()
+        note = json.dumps(holder) + "\n"
         try:
             os.lseek(fd, 0, os.SEEK_SET)
             os.ftruncate(fd, 0)

@@ -47,8 +47,10 @@ def test_a_followed_run_whose_process_ends_unfinished_says_so(qtbot, make_window
     assert monitor.following == run_dir
     writer.close()  # the lock goes with its process: nobody trains the run any more
     qtbot.waitUntil(lambda: monitor.following is None, timeout=5000)
-    assert monitor.status == "stopped"
-    assert "ended without finishing" in monitor.log.toPlainText()
+    assert monitor.status == "interrupted", "as Runs lists a run whose process ended before it did"
+    assert "ended before the run did" in monitor.log.toPlainText()
+    monitor.flush()
+    assert monitor.status_pill.text() == "Interrupted" and window.badge.title.text() == "Interrupted"
 
 
 def test_a_finished_run_is_not_followed(make_window, tmp_path):

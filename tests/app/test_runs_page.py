@@ -112,7 +112,7 @@ def test_a_failed_run_says_why_it_failed_in_the_list_and_the_detail(page, tmp_pa
     page.refresh()
     row = _row(page, "broken")
     status = page.table.item(row, 2)
-    assert status.text() == "failed"
+    assert status.text() == "Failed"
     # the advice is only in metrics.jsonl's RunFailed (run.json keeps the reason alone)
     assert status.toolTip() == f"{REASON}\nWhat to do: {ADVICE}"
     page.select([row])
@@ -137,11 +137,13 @@ def test_a_running_run_shows_its_latest_loss_never_a_final_one(page, tmp_path):
     page.refresh()
     assert page.table.horizontalHeaderItem(4).text() == "Loss"
     going, done = _row(page, "going"), _row(page, "done")
-    assert page.table.item(going, 2).text() == "running"
-    assert page.table.item(going, 4).text() == "0.1000 latest"
+    assert page.table.item(going, 2).text() == "Training"
+    # its metrics are ahead of run.json: the list says where the run is now
+    assert page.table.item(going, 3).text() == "12 / 40"
+    assert page.table.item(going, 4).text() == f"{1 / 12:.4f} latest"
     assert page.table.item(done, 4).text() == "1.2500"
     page.select([going])
-    assert page.detail.text() == "Latest loss 0.1000 at step 10 of 40; the run has not ended."
+    assert page.detail.text() == f"Latest loss {1 / 12:.4f} at step 12 of 40; the run has not ended."
     page.select([done])
     assert page.detail.text() == "Final loss 1.2500 after 3 steps."
 
@@ -266,7 +268,7 @@ def test_a_run_whose_process_was_killed_shows_as_interrupted_and_can_be_deleted(
     _lock_note(run_dir, int(gone.stdout))  # the killed trainer's note: its process is gone
     page.refresh()
     row = _row(page, "cut")
-    assert page.table.item(row, 2).text() == "interrupted"
+    assert page.table.item(row, 2).text() == "Interrupted"
     page.select([row])
     assert page.detail.text() == (
         "Interrupted at step 10 of 40 (latest loss 0.1000): the process training it ended "
@@ -286,7 +288,8 @@ def test_a_run_training_in_another_process_cannot_be_deleted(page, tmp_path, mon
         _lock_note(run_dir, other.pid)  # `hone train` in a terminal, as its note says
         page.refresh()
         page.select([_row(page, "elsewhere")])
-        assert page.table.item(_row(page, "elsewhere"), 2).text() == "running"
+        assert page.table.item(_row(page, "elsewhere"), 2).text() == "Training elsewhere"
+        assert not page.resume_button.isEnabled(), "its process still trains it"
         assert not page.delete_button.isEnabled()
         assert page.delete_button.toolTip() == (
             "This run is training in another process: stop it there before deleting it."

@@ -167,7 +167,7 @@ def test_train_pause_resume_stop_then_chat_and_export(qtbot, make_window, tiny_m
     runs = window.page("runs")
     runs.refresh()
     assert [Path(s.run_dir) for s in runs.summaries] == [run_dir]
-    assert runs.table.item(0, 2).text() == "stopped"
+    assert runs.table.item(0, 2).text() == "Stopped"
 
     # Chat: base and fine-tuned side by side, streamed off the GUI thread
     chat = window.page("chat")

@@ -15,7 +15,7 @@ from hone.core.events import RunFailed, RunFinished, RunStarted, StepMetrics
 from tests.app.conftest import settle_tasks
 
 
-def _write_run(folder, losses):
+def _write_run(folder, losses, stopped=False):
     from hone.core.train.run_dir import RunWriter
 
     writer = RunWriter(folder, RunConfig())
@@ -49,7 +49,11 @@ def _write_run(folder, losses):
                 elapsed=0.1 * step,
             )
         )
-    writer.write(RunFinished(step=len(losses), run_dir=str(folder), adapter_dir="", final_loss=losses[-1], elapsed=1.0))
+    writer.write(
+        RunFinished(
+            step=len(losses), run_dir=str(folder), adapter_dir="", final_loss=losses[-1], elapsed=1.0, stopped=stopped
+        )
+    )
     writer.close()
 
 
@@ -183,8 +187,8 @@ def test_resume_continues_a_run_with_its_own_config(qtbot, make_window, tmp_path
 
     window = make_window(trainer=recording)
     run_dir = tmp_path / "runs" / "old"
-    _write_run(run_dir, [2.0, 1.5, 1.0])
-    stored = RunConfig().with_overrides(["lora.r=7", "train.max_steps=3"])
+    _write_run(run_dir, [2.0, 1.5, 1.0], stopped=True)  # stopped early: Resume goes on (a finished run trains more)
+    stored = RunConfig().with_overrides(["lora.r=7", "train.max_steps=10"])
     stored.save(run_dir / "config.toml")
     page = window.page("runs")
     page.refresh()
