@@ -95,11 +95,24 @@ class StepMetrics(Event):
     data_wait_s: float = 0.0  # time the step waited for its batches (collated in the background, or here)
     expert_load: list[int] = field(default_factory=list)  # tokens per expert (MoE), summed over layers
     mem_by_gpu: list[int] = field(default_factory=list)  # bytes, each process's peak, when several train the run
-    # Preference runs (train.method dpo, simpo), means over the step's pairs; None for other methods.
+    # Preference runs (train.method dpo, simpo, orpo; kto: desirable answers as chosen, undesirable as rejected),
+    # means over the step's pairs (KTO: answers); None for other methods.
     reward_margin: float | None = None  # chosen answer's implicit reward minus the rejected one's
-    reward_accuracy: float | None = None  # share of pairs whose chosen answer has the higher reward
+    reward_accuracy: float | None = None  # share of pairs whose chosen answer has the higher reward (KTO: of answers
+    # whose reward has their label's sign)
     chosen_logps: float | None = None  # summed log-probability of the chosen answers' tokens
     rejected_logps: float | None = None  # the same for the rejected answers
+    nll: float | None = None  # ORPO: the chosen answers' negative log-likelihood per token
+    log_odds_ratio: float | None = None  # ORPO: log odds of the chosen answer against the rejected one
+    kl: float | None = None  # KTO: its estimate of KL(fine-tune ‖ base), the point rewards are measured from;
+    # GRPO: the mean per-token KL of the sampled answers against the base model (the adapter off)
+    # GRPO runs (train.method grpo): over the step's sampled answers; None for other methods.
+    reward_mean: float | None = None  # the weighted reward's mean (answers a reward failed on left out)
+    reward_std: float | None = None  # its standard deviation
+    rewards: dict[str, float] = field(default_factory=dict)  # each reward's mean, by name
+    completion_length: float | None = None  # tokens per sampled answer
+    clip_fraction: float | None = None  # share of answer tokens whose probability ratio was clipped
+    reward_problems: list[str] = field(default_factory=list)  # rewards that failed on a row, and why (the first few)
 
     @property
     def waiting_for_data(self) -> float:

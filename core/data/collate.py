@@ -92,6 +92,8 @@ class PackedBatch:
             without asking the GPU how many there are.
         input_rows: (1, T, H) the ids' input-embedding rows, gathered on the host when the embedding table lives
             there (`hone.core.speed.host_tables`); the model then gets them instead of the ids.
+        desirable: (n,) bool, each sequence's label where its rows carry one (`desirable`: KTO's unpaired
+            preference rows, hone.core.data.unpaired); None otherwise.
     """
 
     input_ids: torch.Tensor
@@ -104,6 +106,7 @@ class PackedBatch:
     num_trained: int
     trained_positions: torch.Tensor | None = None
     input_rows: torch.Tensor | None = None
+    desirable: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The same batch on `device`; tensors are copied without blocking (pinned memory to CUDA)."""
@@ -138,6 +141,16 @@ class PackedBatch:
 def _token_inputs(input_ids: torch.Tensor, input_rows: torch.Tensor | None) -> dict:
     """The ids, or their embedding rows when the collation looked them up already (`input_rows`)."""
     return {"input_ids": input_ids} if input_rows is None else {"inputs_embeds": input_rows}
+
+
+def _labels(rows: Sequence[TokenizedRowLike], pin: bool) -> torch.Tensor | None:
+    """(n,) bool of the rows' `desirable` labels (unpaired preference rows), or None when the rows have none."""
+    labels = [getattr(row, "desirable", None) for row in rows]
+    if all(label is None for label in labels):
+        return None
+    if any(label is None for label in labels):
+        raise DataError("a batch mixes rows with and without a desirable label", "batch the rows of one data set")
+    return _pinned(torch.tensor(labels, dtype=torch.bool), pin)
 
 
 def _concatenated(sequences: Sequence[Sequence[int]], total: int) -> torch.Tensor:
@@ -187,6 +200,7 @@ def collate_packed(rows: Sequence[TokenizedRowLike], *, pin_memory: bool = False
         num_tokens=total,
         num_trained=trained.numel(),
         trained_positions=_pinned(trained, pin_memory),
+        desirable=_labels(rows, pin_memory),
     )
 
 
@@ -205,6 +219,7 @@ class PaddedBatch:
         num_trained: positions with `targets != -100`.
         trained_positions: (num_trained,) int64 flat indices into the (B * L) positions of those targets.
         input_rows: (B, L, H) input-embedding rows gathered on the host (as `PackedBatch.input_rows`).
+        desirable: (B,) bool, each row's label where the rows carry one (as `PackedBatch.desirable`).
     """
 
     input_ids: torch.Tensor
@@ -217,6 +232,7 @@ class PaddedBatch:
     num_trained: int
     trained_positions: torch.Tensor | None = None
     input_rows: torch.Tensor | None = None
+    desirable: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> PaddedBatch:
         """The same batch on `device`; tensors are copied without blocking (pinned memory to CUDA)."""
@@ -275,4 +291,5 @@ def collate_padded(rows: Sequence[TokenizedRowLike], *, pad_id: int, pin_memory:
         num_tokens=sum(seq_lens),
         num_trained=len(trained),
         trained_positions=_pinned(torch.tensor(trained, dtype=torch.int64), pin_memory),
+        desirable=_labels(rows, pin_memory),
     )

@@ -217,24 +217,22 @@ class PairEncoder:
     def __init__(self, encoder: RowEncoder):
         self.encoder = encoder
 
+    def answer_row(self, prompt: list | str, answer: list | str, source: str, fmt: str) -> tuple[Row, int]:
+        """The prompt followed by one answer as a Row, and where the answer starts (a character of its render)."""
+        if isinstance(prompt, str):
+            assert isinstance(answer, str)
+            return Row(source, text=prompt + answer, format=fmt), len(prompt)
+        assert isinstance(answer, list)
+        messages = prompt + answer
+        _, spans = self.encoder.template.render_with_spans(messages)
+        prompt_turns = sum(1 for m in prompt if m["role"] == "assistant")
+        return Row(source, messages=messages, format=fmt), spans[prompt_turns][0]
+
     def _rows(self, pair: PreferencePair) -> tuple[Row, Row, int, int]:
         """The two sequences as Rows, and where each answer starts (a character of its render)."""
-        if isinstance(pair.prompt, str):
-            assert isinstance(pair.chosen, str) and isinstance(pair.rejected, str)
-            rows = [
-                Row(pair.source, text=pair.prompt + answer, format=pair.format)
-                for answer in (pair.chosen, pair.rejected)
-            ]
-            return rows[0], rows[1], len(pair.prompt), len(pair.prompt)
-        assert isinstance(pair.chosen, list) and isinstance(pair.rejected, list)
-        starts, rows = [], []
-        for answer in (pair.chosen, pair.rejected):
-            messages = pair.prompt + answer
-            rows.append(Row(pair.source, messages=messages, format=pair.format))
-            _, spans = self.encoder.template.render_with_spans(messages)
-            prompt_turns = sum(1 for m in pair.prompt if m["role"] == "assistant")
-            starts.append(spans[prompt_turns][0])
-        return rows[0], rows[1], starts[0], starts[1]
+        chosen, chosen_start = self.answer_row(pair.prompt, pair.chosen, pair.source, pair.format)
+        rejected, rejected_start = self.answer_row(pair.prompt, pair.rejected, pair.source, pair.format)
+        return chosen, rejected, chosen_start, rejected_start
 
     def encode(self, pairs: list[PreferencePair]) -> list[tuple[Encoded, Encoded] | RowProblem]:
         """Each pair as its two encoded sequences (answers scored only), or the RowProblem that skips it."""
@@ -253,8 +251,8 @@ class PairEncoder:
             placed.append(k)
         encoded = self.encoder.encode(rows, keep_text=True)
         for j, k in enumerate(placed):
-            first = self._answer_only(encoded[2 * j], starts[2 * j])
-            second = self._answer_only(encoded[2 * j + 1], starts[2 * j + 1])
+            first = self.answer_only(encoded[2 * j], starts[2 * j])
+            second = self.answer_only(encoded[2 * j + 1], starts[2 * j + 1])
             if isinstance(first, RowProblem):
                 out[k] = first
             elif isinstance(second, RowProblem):
@@ -263,7 +261,9 @@ class PairEncoder:
                 out[k] = (first, second)
         return out  # type: ignore[return-value]
 
-    def _answer_only(self, result: Encoded | RowProblem, answer_start: int) -> Encoded | RowProblem:
+    def answer_only(self, result: Encoded | RowProblem, answer_start: int) -> Encoded | RowProblem:
+        """`result` with only the tokens from `answer_start` (a character of its render) on trained, or the problem
+        that skips it when none is left."""
         if isinstance(result, RowProblem):
             return result
         assert result.offsets is not None
@@ -272,7 +272,7 @@ class PairEncoder:
             return RowProblem(
                 result.source,
                 PROMPT_TOO_LONG if result.truncated else NO_TRAINED_TOKENS,
-                "",
+                "prompt" if result.truncated else "",
                 f"the prompt fills data.max_length = {self.encoder.max_length} tokens, so no answer token is left to "
                 "compare; raise data.max_length or shorten the prompt"
                 if result.truncated

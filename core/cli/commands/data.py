@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from hone.core.config import DATA_FORMATS, PREFERENCE_METHODS, TRAINING_METHODS, DataConfig
+from hone.core.config import DATA_FORMATS, PREFERENCE_METHODS, TRAINING_METHODS, UNPAIRED_METHODS, DataConfig
 from hone.core.errors import ConfigError
 
 
@@ -36,8 +36,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--method",
         choices=TRAINING_METHODS,
         default="sft",
-        help="the training method the data is for: sft rows, or pairs of chosen and rejected answers for dpo and "
-        "simpo (default sft)",
+        help="the training method the data is for: sft rows, pairs of chosen and rejected answers for dpo, simpo "
+        "and orpo, or answers labelled desirable or not for kto (default sft)",
     )
     _data_options(check)
 
@@ -145,23 +145,24 @@ def run(args) -> int:
 
 
 def _check(args, console) -> int:
-    from hone.core.api import check_data, check_pairs, format_report
+    from hone.core.api import check_data, check_pairs, check_unpaired, format_report
     from hone.core.cli.console import Phase
     from hone.core.events import to_dict
 
     cfg = _config(args, list(args.files))
-    pairs = args.method in PREFERENCE_METHODS
+    pairs = args.method in PREFERENCE_METHODS + UNPAIRED_METHODS  # preference rows: pairs, or KTO's labelled answers
+    check_preference = check_unpaired if args.method in UNPAIRED_METHODS else check_pairs
     if args.model:
         tokenizer = _tokenizer(args.model, console, cfg.chat_template)
         with Phase(console, f"tokenizing every row with the chat template of {args.model}", unit="rows") as phase:
             if pairs:
-                report = check_pairs(cfg, tokenizer)
+                report = check_preference(cfg, tokenizer)
             else:
                 report, _ = check_data(cfg, tokenizer, progress=lambda text, done: _rows_read(phase, text))
             phase.update(report.rows_read)
     else:
         tokenizer = None
-        report = check_pairs(cfg) if pairs else check_data(cfg, None)[0]
+        report = check_preference(cfg) if pairs else check_data(cfg, None)[0]
     if args.json:
         print(json.dumps(to_dict(report), indent=2))
     else:

@@ -1,4 +1,4 @@
-"""Preference optimization (DPO, SimPO): a step's loss from pairs of a chosen and a rejected answer to one prompt.
+"""Preference optimization (DPO, SimPO, ORPO): a step's loss from pairs of a chosen and a rejected answer to one prompt.
 
 A micro-batch holds whole pairs, each as two packed sequences (prompt + chosen, prompt + rejected; see
 hone.core.data.preference). One forward gives every sequence's summed answer log-probability through the chunked
@@ -18,7 +18,14 @@ from hone.core.config import RunConfig
 from hone.core.data.preference import PreferenceData, load_preference_data
 from hone.core.errors import ConfigError
 from hone.core.train.objectives.logprobs import sequence_logprobs
-from hone.core.train.objectives.preference_losses import PairLogprobs, PairLosses, dpo_losses, simpo_losses
+from hone.core.train.objectives.preference_losses import (
+    OrpoLosses,
+    PairLogprobs,
+    PairLosses,
+    dpo_losses,
+    orpo_losses,
+    simpo_losses,
+)
 
 
 @contextlib.contextmanager
@@ -94,9 +101,18 @@ class PreferenceOptimization:
                 pairs.chosen.detach().sum(),
                 pairs.rejected.detach().sum(),
                 torch.tensor(float(margin.numel()), device=margin.device),
+                *self.extra_sums(result),
             ]
         )
         self._sums = sums if self._sums is None else self._sums + sums
+
+    def extra_sums(self, result: PairLosses) -> list[torch.Tensor]:
+        """The method's own metrics of a micro-batch, as 0-d sums over its pairs (see `extra_metrics`)."""
+        return []
+
+    def extra_metrics(self, sums: list[float], pairs: float) -> dict:
+        """The step's metrics from the sums of `extra_sums` over its micro-batches and its number of pairs."""
+        return {}
 
     def units(self, batch) -> int:
         return len(batch.seq_lens) // 2
@@ -107,7 +123,7 @@ class PreferenceOptimization:
     def step_metrics(self) -> dict:
         if self._sums is None:
             return {}
-        margin, correct, chosen, rejected, pairs = (float(v) for v in self._sums.tolist())
+        margin, correct, chosen, rejected, pairs, *extra = (float(v) for v in self._sums.tolist())
         self._sums = None
         pairs = max(pairs, 1.0)
         return {
@@ -115,6 +131,7 @@ class PreferenceOptimization:
             "reward_accuracy": correct / pairs,
             "chosen_logps": chosen / pairs,
             "rejected_logps": rejected / pairs,
+            **self.extra_metrics(extra, pairs),
         }
 
 
@@ -138,3 +155,21 @@ class SimplePreferenceOptimization(PreferenceOptimization):
     def pair_losses(self, pairs: PairLogprobs) -> PairLosses:
         s = self.settings
         return simpo_losses(pairs, beta=s.beta, gamma=s.simpo_gamma, label_smoothing=s.label_smoothing)
+
+
+class OddsRatioPreferenceOptimization(PreferenceOptimization):
+    """ORPO: the chosen answer's NLL plus lambda times the odds-ratio loss of the two answers; no reference model."""
+
+    name: ClassVar[str] = "orpo"
+    uses_reference: ClassVar[bool] = False
+
+    def pair_losses(self, pairs: PairLogprobs) -> PairLosses:
+        return orpo_losses(pairs, lam=self.settings.orpo_lambda)
+
+    def extra_sums(self, result: PairLosses) -> list[torch.Tensor]:
+        assert isinstance(result, OrpoLosses) and result.nll is not None and result.log_odds is not None
+        return [result.nll * result.log_odds.numel(), result.log_odds.sum()]  # the NLL is the micro-batch's mean
+
+    def extra_metrics(self, sums: list[float], pairs: float) -> dict:
+        nll, log_odds = sums
+        return {"nll": nll / pairs, "log_odds_ratio": log_odds / pairs}

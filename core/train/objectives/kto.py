@@ -1,0 +1,177 @@
+"""KTO (Kahneman-Tversky optimization): a step's loss from single answers labelled desirable or undesirable.
+
+A micro-batch holds whole rows (prompt + answer, the answer scored; hone.core.data.unpaired), each with its label
+in the batch (`desirable`). The policy's answer log-probabilities come from one forward through the chunked head;
+the reference's from a gradient-free forward of the same weights with the adapter off. KTO's reference point, an
+estimate of KL(policy ‖ reference), comes from mismatched sequences built from the same micro-batch: row i's prompt
+followed by row i-1's answer (cyclically, as TRL's KTOTrainer rotates the completions of its batch), scored by the
+policy and the reference without gradients; its mean log-ratio, clamped at 0, is the same for every row. Building
+them reads the batch's tokens back to the host once per micro-batch (a few KB). The loss is summed over the rows;
+the trainer divides by the step's rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from hone.core.config import RunConfig
+from hone.core.data.collate import IGNORE_INDEX, PackedBatch, collate_packed, collate_padded
+from hone.core.data.tokenized import TokenizedRow
+from hone.core.data.unpaired import UnpairedData, load_unpaired_data
+from hone.core.errors import ConfigError, DataError
+from hone.core.train.objectives.logprobs import sequence_logprobs
+from hone.core.train.objectives.preference import adapter_off
+from hone.core.train.objectives.preference_losses import KtoLosses, kto_losses
+
+
+@dataclass
+class _Split:
+    """One sequence of a batch, split where its answer starts: token ids, the answer's labels as a TokenizedRow has
+    them, and each part's flat positions in the batch (where its embedding rows are)."""
+
+    prompt: list[int]
+    prompt_positions: list[int]
+    answer: list[int]
+    answer_labels: list[int]
+    answer_positions: list[int]
+
+
+def _split_rows(batch) -> list[_Split]:
+    """Every sequence of `batch` split into its prompt (the tokens before its first scored one) and its answer (the
+    rest), read on the host."""
+    ids = batch.input_ids.flatten().tolist()
+    targets = batch.targets.flatten().tolist()
+    packed = isinstance(batch, PackedBatch)
+    starts = list(itertools.accumulate(batch.seq_lens, initial=0)) if packed else None
+    out = []
+    for index, length in enumerate(batch.seq_lens):
+        start = starts[index] if starts is not None else index * batch.input_ids.shape[1]
+        seq_ids, seq_targets = ids[start : start + length], targets[start : start + length]
+        # targets[t] scores token t + 1: the answer starts at the first scored token
+        first = next((t + 1 for t, target in enumerate(seq_targets) if target != IGNORE_INDEX), length)
+        labels = [seq_ids[t] if seq_targets[t - 1] != IGNORE_INDEX else IGNORE_INDEX for t in range(first, length)]
+        positions = list(range(start, start + length))
+        out.append(_Split(seq_ids[:first], positions[:first], seq_ids[first:], labels, positions[first:]))
+    return out
+
+
+def mismatched_batch(batch, max_length: int):
+    """The KL sequences of `batch` (a PackedBatch or PaddedBatch), in a batch of the same kind on its device:
+    sequence i is row i's prompt followed by row i-1's answer (row 0 takes the last row's), cut to `max_length`
+    tokens. Embedding rows a host table gathered (`input_rows`) are taken from the batch's own."""
+    split = _split_rows(batch)
+    rows, sources = [], []
+    for i, row in enumerate(split):
+        other = split[i - 1]
+        ids = (row.prompt + other.answer)[:max_length]
+        labels = ([IGNORE_INDEX] * len(row.prompt) + other.answer_labels)[:max_length]
+        rows.append(TokenizedRow(ids, labels, ""))
+        sources.append((row.prompt_positions + other.answer_positions)[:max_length])
+    if isinstance(batch, PackedBatch):
+        kl = collate_packed(rows)
+        flat = [p for positions in sources for p in positions]
+    else:
+        kl = collate_padded(rows, pad_id=0)
+        width = kl.input_ids.shape[1]
+        flat = [p for positions in sources for p in positions + [0] * (width - len(positions))]
+    device = batch.input_ids.device
+    kl = kl.to(device)
+    if batch.input_rows is not None:
+        index = torch.tensor(flat, dtype=torch.int64, device=device)
+        gathered = batch.input_rows.flatten(0, 1).index_select(0, index)
+        kl.input_rows = gathered.view(*kl.input_ids.shape, gathered.shape[-1])
+    return kl
+
+
+class KahnemanTverskyOptimization:
+    """KTO (`Objective`) with the [preference] settings beta, desirable_weight and undesirable_weight."""
+
+    name: ClassVar[str] = "kto"
+
+    def __init__(self, config: RunConfig):
+        self.settings = config.preference
+        self.loss_mode = config.speed.loss
+        self.seed = config.train.seed
+        self.max_length = config.data.max_length
+        # running sums over a step's micro-batches, on the device (see `_record`); read once per step
+        self._sums: torch.Tensor | None = None
+
+    def load_data(self, config: RunConfig, tokenizer) -> UnpairedData:
+        if config.data.format != "auto":
+            raise ConfigError(
+                f"data.format = {config.data.format!r} is a format of supervised rows; KTO rows are read by their "
+                "prompt, completion and label fields",
+                'set data.format = "auto" (data.columns maps other column names)',
+            )
+        weights = (self.settings.desirable_weight, self.settings.undesirable_weight)
+        return load_unpaired_data(config.data, tokenizer, seed=self.seed, weights=weights)
+
+    def losses(self, model, batch) -> tuple[KtoLosses, torch.Tensor, torch.Tensor]:
+        """The rows' losses, their labels ((N,) bool) and the policy's answer log-probabilities ((N,) fp32)."""
+        if batch.desirable is None:
+            raise DataError("a KTO batch has rows without a desirable label", "load the data with the KTO objective")
+        kl_batch = mismatched_batch(batch, self.max_length)
+        with torch.no_grad():
+            kl_logps, _ = sequence_logprobs(model, kl_batch, mode=self.loss_mode)
+            with adapter_off(model):
+                ref_logps, _ = sequence_logprobs(model, batch, mode=self.loss_mode)
+                ref_kl_logps, _ = sequence_logprobs(model, kl_batch, mode=self.loss_mode)
+        logps, _ = sequence_logprobs(model, batch, mode=self.loss_mode)
+        s = self.settings
+        result = kto_losses(
+            logps, ref_logps, batch.desirable, kl_logps, ref_kl_logps, beta=s.beta,
+            desirable_weight=s.desirable_weight, undesirable_weight=s.undesirable_weight,
+        )  # fmt: skip
+        return result, batch.desirable, logps
+
+    def loss_sum(self, model, batch, *, evaluating: bool = False) -> torch.Tensor:
+        result, desirable, logps = self.losses(model, batch)
+        if not evaluating:
+            self._record(result, desirable, logps.detach())
+        return result.losses.sum()
+
+    def _record(self, result: KtoLosses, desirable: torch.Tensor, logps: torch.Tensor) -> None:
+        good = desirable.float()
+        bad = 1 - good
+        rewards = result.rewards
+        # an answer is ranked right when its reward has its label's sign
+        right = torch.where(desirable, rewards > 0, rewards < 0).float()
+        sums = torch.stack(
+            [
+                (rewards * good).sum(),
+                good.sum(),
+                (rewards * bad).sum(),
+                bad.sum(),
+                right.sum(),
+                (logps * good).sum(),
+                (logps * bad).sum(),
+                result.kl,
+                torch.ones((), device=rewards.device),
+            ]
+        )
+        self._sums = sums if self._sums is None else self._sums + sums
+
+    def units(self, batch) -> int:
+        return len(batch.seq_lens)
+
+    def row_units(self, dataset, rows: list[int]) -> int:
+        return len(rows)
+
+    def step_metrics(self) -> dict:
+        if self._sums is None:
+            return {}
+        values = (float(v) for v in self._sums.tolist())
+        good_reward, good, bad_reward, bad, right, good_logps, bad_logps, kl, batches = values
+        self._sums = None
+        out = {"reward_accuracy": right / max(good + bad, 1.0), "kl": kl / max(batches, 1.0)}
+        if good:
+            out["chosen_logps"] = good_logps / good
+        if bad:
+            out["rejected_logps"] = bad_logps / bad
+        if good and bad:
+            out["reward_margin"] = good_reward / good - bad_reward / bad
+        return out
