@@ -30,6 +30,7 @@ COMMANDS = {
     "chat": "hone.core.cli.commands.chat",
     "generate": "hone.core.cli.commands.generate",
     "eval": "hone.core.cli.commands.eval",
+    "compare": "hone.core.cli.commands.compare",
     "init": "hone.core.cli.commands.init",
     "plan": "hone.core.cli.commands.plan",
     "models": "hone.core.cli.commands.models",

@@ -88,6 +88,8 @@ def torchrun_command(args, python: str = sys.executable) -> list[str]:
         command += ["--resume", args.resume]
     if args.data_changed:
         command += ["--data-changed", args.data_changed]
+    if getattr(args, "rerun", None):
+        command += ["--rerun", args.rerun]
     return command
 
 

@@ -7,6 +7,7 @@
     lora.py         LoRA adapters through peft, and the trainable-parameter report
     checkpoints.py  resumable checkpoints, written atomically
     resume_checks.py  what a checkpoint records (config, data hashes), and what a resume may change
+    provenance.py   what a run was made from (model revision, library versions, GPU, seed), and a rerun's check
     run_dir.py      the run folder: config, metrics, log, status summary
     metrics_series.py  a run's metrics.jsonl as chart columns, read fast; thinning a series for drawing
     json_checks.py  a run folder's small JSON files (run.json, a checkpoint's state.json) read as possibly damaged

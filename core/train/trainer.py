@@ -42,6 +42,7 @@ from hone.core.train.interruptions import CheckpointClock, checkpoint_notice, is
 from hone.core.train.lora import apply_lora
 from hone.core.train.objectives import Objective, build_objective
 from hone.core.train.optim import build_optimizer, build_scheduler
+from hone.core.train.provenance import write_provenance
 from hone.core.train.reporting import check_reporters, close_reporters, open_reporters
 from hone.core.train.resume_checks import RunFacts
 from hone.core.train.run_dir import ADAPTER_DIR, RunWriter, new_run_dir
@@ -240,6 +241,7 @@ class Trainer:
             # config.toml records the config as given (its step shared among processes); the fit is redone each start
             self.writer = RunWriter(run_dir, as_given, created=self.resume_dir is None)  # locks the folder
             self.writer.log(f"run folder {run_dir}, device {self.device}")
+            write_provenance(run_dir, config, str(self.device), log=self.writer.log)  # what the run is made from
         run_dir = Path(distributed.from_main(str(run_dir) if world.main else None, world))
         for notice in notices["shared"]:
             yield self._emit(notice)

@@ -1,4 +1,4 @@
-"""`hone train CONFIG [--set k=v ...] [--resume RUN_DIR [--data-changed MODE]] [--gpus N]`.
+"""`hone train CONFIG [--set k=v ...] [--resume RUN_DIR [--data-changed MODE]] [--rerun RUN_DIR] [--gpus N]`.
 
 With `--gpus N` (N > 1, or several machines) it starts torchrun, which runs this command once per GPU; each of
 those processes finds its place in the environment torchrun sets (hone.core.train.distributed)."""
@@ -57,6 +57,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "(size and sha256 of each): refuse (the default) stops and names them; restart-epoch trains on "
         "the new data from the start of the current epoch; continue keeps the place in the data order",
     )
+    p.add_argument(
+        "--rerun",
+        metavar="RUN_DIR",
+        help="a new run with the settings of RUN_DIR's config.toml (and --set): after its first step it says "
+        "whether the first-step loss matches the original's and which recorded versions (provenance.json: "
+        "model revision, torch, transformers, peft, GPU, driver, CUDA, seed, ...) differ",
+    )
     several = p.add_argument_group(
         "several GPUs",
         "one process per GPU through torchrun; each step's rows are "
@@ -77,8 +84,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def load_run_config(config_path: str | None, resume: str | None, overrides: list[str]) -> RunConfig:
-    if resume:
+def load_run_config(
+    config_path: str | None, resume: str | None, overrides: list[str], rerun: str | None = None
+) -> RunConfig:
+    if rerun:
+        if resume or config_path:
+            raise HoneError(
+                "--rerun takes its settings from the run folder's config.toml",
+                "drop CONFIG and --resume (change a setting with --set KEY=VALUE)",
+            )
+        stored = Path(rerun) / CONFIG_FILE
+        if not stored.is_file():
+            raise HoneError(f"{rerun} is not a run folder (no {CONFIG_FILE})", "give --rerun the folder a run wrote")
+        config = RunConfig.load(stored)
+    elif resume:
         stored = Path(resume) / CONFIG_FILE
         if not stored.is_file():
             raise HoneError(f"{resume} is not a run folder (no {CONFIG_FILE})", "give the folder a run wrote")
@@ -96,7 +115,7 @@ def run(args) -> int:
     if args.data_changed and not args.resume:
         raise HoneError("--data-changed only applies with --resume", "drop it, or add --resume RUN_DIR")
     launch = launcher.wanted(args)
-    config = load_run_config(args.config, args.resume, args.overrides)
+    config = load_run_config(args.config, args.resume, args.overrides, args.rerun)
     grace_s = stop_signals.grace_seconds()  # a value it cannot use: one line, exit 2, before anything loads
     check_inputs(config)  # before torch loads or a run folder exists: a wrong path is one line, exit 2
     data_changed = args.data_changed or "refuse"
@@ -125,7 +144,8 @@ def run(args) -> int:
     with stop_signals.stop_requests_wired(requests, launched=world.launched, peer_ended=launcher.stopped_by_torchrun):
         try:
             with EventPrinter() if world.main else launcher.FailurePrinter(world.rank) as printer:
-                launcher.print_run(trainer.run(), printer)
+                shown = RerunCheck(printer, args.rerun, trainer) if args.rerun and world.main else printer
+                launcher.print_run(trainer.run(), shown)
         finally:
             requests.finished()  # the run has ended: nothing left for the grace period to end
     last = printer.last
@@ -136,3 +156,37 @@ def run(args) -> int:
         print(f"hone: stopped as the system asked, and saved; {hint}", file=sys.stderr)
         return requests.exit_code
     return 0
+
+
+class RerunCheck:
+    """A printer in front of the real one for `--rerun`: after the new run's first step it says (on screen and in
+    train.log) whether the first-step loss matches the original run's and which recorded facts differ."""
+
+    def __init__(self, printer, original: str, trainer):
+        from hone.core.api.provenance import first_step_loss
+
+        self.printer, self.original, self.trainer = printer, Path(original), trainer
+        self.loss, self.why = first_step_loss(self.original)  # before the new run writes anything
+        self.run_dir: Path | None = None
+        self.done = False
+
+    @property
+    def last(self):
+        return self.printer.last
+
+    def handle(self, event) -> None:
+        from hone.core.events import Notice, RunStarted, StepMetrics
+
+        self.printer.handle(event)
+        if isinstance(event, RunStarted):
+            self.run_dir = Path(event.run_dir)
+        if self.done or not isinstance(event, StepMetrics) or self.run_dir is None:
+            return
+        from hone.core.api.provenance import rerun_report
+
+        self.done = True
+        matches, lines = rerun_report(self.original, self.loss, self.why, self.run_dir, event.loss)
+        for line in lines:
+            self.printer.handle(Notice("rerun", line, level="info" if matches else "warning"))
+            if self.trainer.writer is not None:
+                self.trainer.writer.log(f"rerun of {self.original}: {line}")

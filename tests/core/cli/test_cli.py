@@ -79,6 +79,7 @@ def test_help_lists_built_in_commands_then_studio(capsys):
         "chat",
         "generate",
         "eval",
+        "compare",
         "init",
         "plan",
         "models",
