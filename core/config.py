@@ -35,9 +35,11 @@ ATTENTION_BACKENDS = ("auto", "varlen", "flash", "sdpa", "hf")
 CHECKPOINT_MODES = ("auto", "off", "gpu", "offload", "offload-double")
 MOE_BACKENDS = ("auto", "grouped_mm", "triton", "torch", "eager")
 DATA_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text")
-# What a run can optimize (hone.core.train.objectives): supervised fine-tuning, or preference methods on pairs.
-TRAINING_METHODS = ("sft", "dpo", "simpo")
-PREFERENCE_METHODS = ("dpo", "simpo")
+# What a run can optimize (hone.core.train.objectives): supervised fine-tuning, preference methods on pairs of a
+# chosen and a rejected answer, or KTO on single answers labelled desirable or undesirable.
+TRAINING_METHODS = ("sft", "dpo", "simpo", "orpo", "kto", "grpo")
+PREFERENCE_METHODS = ("dpo", "simpo", "orpo")
+UNPAIRED_METHODS = ("kto",)
 DPO_LOSSES = ("sigmoid", "ipo", "robust")
 # Hone's column names, the keys of data.columns (hone.core.data.formats reads them; a test keeps the two in step).
 COLUMN_NAMES = (
@@ -435,8 +437,9 @@ class TrainConfig(_Section):
     )
     method: str = _f(
         "sft",
-        "What the run optimizes: sft (supervised fine-tuning on the rows' answers), or a preference method on "
-        "rows of chosen and rejected answers: dpo or simpo (settings in [preference]).",
+        "What the run optimizes: sft (supervised fine-tuning on the rows' answers), a preference method on rows of "
+        "chosen and rejected answers: dpo, simpo or orpo, or kto on answers labelled desirable or not (settings in "
+        "[preference]), or grpo: reinforcement learning from rewards on sampled answers (settings in [grpo]).",
         choices=TRAINING_METHODS,
     )
     parallel: str = _f(
@@ -585,13 +588,13 @@ class OutputConfig(_Section):
 
 @dataclass
 class PreferenceConfig(_Section):
-    """Preference training (train.method = dpo or simpo): how much the chosen answer is preferred."""
+    """Preference training (train.method = dpo, simpo, orpo or kto): how much the chosen answer is preferred."""
 
     _name: typing.ClassVar[str] = "preference"
     beta: float = _f(
         0.1,
-        "DPO and SimPO's beta: how strongly the policy's log-probability ratios are scaled in the loss (DPO: the "
-        "lower, the further the fine-tune may move from the base model).",
+        "DPO, SimPO and KTO's beta: how strongly the policy's log-probability ratios are scaled in the loss (DPO, "
+        "KTO: the lower, the further the fine-tune may move from the base model). ORPO uses orpo_lambda instead.",
         min=0.0,
         above_min=True,
         max=100.0,
@@ -612,6 +615,129 @@ class PreferenceConfig(_Section):
         0.5, "SimPO's target margin gamma, divided by beta in the loss (per-token average log-probabilities).",
         min=0.0, max=100.0,
     )  # fmt: skip
+    orpo_lambda: float = _f(
+        0.1, "ORPO's lambda: the weight of the odds-ratio term beside the chosen answer's NLL, and the scale of its "
+        "rewards (TRL's ORPOConfig.beta).",
+        min=0.0, above_min=True, max=100.0,
+    )  # fmt: skip
+    desirable_weight: float = _f(
+        1.0, "KTO: the weight of the loss on answers labelled desirable (raise it when they are the fewer).",
+        min=0.0, above_min=True, max=100.0,
+    )  # fmt: skip
+    undesirable_weight: float = _f(
+        1.0, "KTO: the weight of the loss on answers labelled undesirable (raise it when they are the fewer).",
+        min=0.0, above_min=True, max=100.0,
+    )  # fmt: skip
+
+
+GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
+GRPO_SCALE_REWARDS = ("group", "batch", "none")
+# The rewards a [grpo] run can combine (hone.core.train.rewards), with the keys each table may hold.
+REWARD_KEYS = {
+    "exact": ("column",),
+    "numeric": ("column",),
+    "regex": ("pattern", "fullmatch"),
+    "json": ("schema",),
+    "length": ("target",),
+    "python": ("function",),
+}
+# Completions per prompt: 2 is the least a group comparison needs; a few hundred is beyond any use.
+MAX_GENERATIONS = 512
+
+
+def _check_reward(spec: Any, where: str, reward_file: str) -> None:
+    """One table of grpo.rewards: a known kind, its keys, and values of the right types."""
+    if not isinstance(spec, dict) or spec.get("kind") not in REWARD_KEYS:
+        raise ConfigError(
+            f"{where} is {spec!r}: each reward is a table with a kind, one of {', '.join(REWARD_KEYS)}",
+            f'e.g. {where} = {{kind = "numeric", column = "answer", weight = 1.0}}',
+        )
+    kind = spec["kind"]
+    allowed = ("kind", "weight", "name", *REWARD_KEYS[kind])
+    for key in spec:
+        if key not in allowed:
+            raise ConfigError(
+                f"{where}.{key} is not a setting of the {kind} reward", f"its keys are {', '.join(allowed)}"
+            )
+    weight = spec.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise ConfigError(f"{where}.weight is {weight!r}, not a finite number", f"give {where}.weight a number")
+    for key in ("column", "pattern", "schema", "function", "name"):
+        if key in spec and (not isinstance(spec[key], str) or not spec[key]):
+            raise ConfigError(f"{where}.{key} is {spec[key]!r}, not a non-empty string", f"give {where}.{key} text")
+    if kind == "regex":
+        if "pattern" not in spec:
+            raise ConfigError(f"{where} is a regex reward without a pattern", f"set {where}.pattern")
+        import re
+
+        try:
+            re.compile(spec["pattern"])
+        except re.error as e:
+            raise ConfigError(
+                f"{where}.pattern {spec['pattern']!r} is not a valid regex: {e}", "fix the pattern"
+            ) from None
+    target = spec.get("target")
+    if kind == "length" and (isinstance(target, bool) or not isinstance(target, int) or target < 1):
+        raise ConfigError(f"{where}.target is {target!r}", f"set {where}.target to the completion tokens allowed, >= 1")
+    if kind == "python" and ("function" not in spec or not reward_file):
+        raise ConfigError(
+            f"{where} is a python reward: it needs function (its name) and grpo.reward_file (the file it is in)",
+            f'set {where}.function = "my_reward" and grpo.reward_file = "rewards.py"',
+        )
+
+
+@dataclass
+class GrpoConfig(_Section):
+    """GRPO (train.method = grpo): sampling several answers per prompt, scoring them, and learning from the scores."""
+
+    _name: typing.ClassVar[str] = "grpo"
+    num_generations: int = _f(
+        8, "Answers sampled per prompt (the group each reward is compared within).", min=2, max=MAX_GENERATIONS
+    )
+    max_completion_length: int = _f(256, "The most tokens an answer may have.", min=1, max=MAX_ROW_TOKENS)
+    temperature: float = _f(1.0, "Sampling temperature of the answers.", min=0.0, above_min=True, max=10.0)
+    top_p: float = _f(
+        1.0, "Nucleus sampling: keep the most likely tokens up to this probability.", min=0.0, above_min=True, max=1.0
+    )
+    beta: float = _f(
+        0.0,
+        "Weight of the KL term against the base model (the adapter off); 0 = none, the current practice.",
+        min=0.0,
+        max=100.0,
+    )
+    kl_bias_correction: bool = _f(True, "Weight each token's KL by its probability ratio (TRL's default).")
+    epsilon: float = _f(
+        0.2, "Clipping: the ratio to the sampling policy is kept above 1 - epsilon.", min=0.0, above_min=True, max=1.0
+    )
+    epsilon_high: float = _f(
+        0.0, "Clipping: the ratio is kept below 1 + epsilon_high (DAPO uses 0.28); 0 = epsilon.", min=0.0, max=10.0
+    )
+    loss_type: str = _f(
+        "dapo",
+        "How token losses are averaged: grpo (per answer, then over answers), dr_grpo (sum / "
+        "(answers x max_completion_length)), dapo (over all answer tokens).",
+        choices=GRPO_LOSS_TYPES,
+    )
+    scale_rewards: str = _f(
+        "group",
+        "Advantages divided by the reward std of the group, of the batch, or none (Dr. GRPO).",
+        choices=GRPO_SCALE_REWARDS,
+    )
+    rewards: Any = _f(
+        [],
+        'The rewards, weighted and summed, each a table: {kind = "numeric", column = '
+        '"answer", weight = 1.0}. Kinds: exact, numeric (column), regex (pattern), json (schema: a '
+        "file or inline), length (target tokens), python (function in reward_file).",
+    )
+    reward_file: str = _f(
+        "", "A Python file with your own reward functions (your code: it runs when a reward names it)."
+    )
+
+    def check(self) -> None:
+        if not isinstance(self.rewards, list):
+            raise ConfigError(f"grpo.rewards is {self.rewards!r}, not a list of tables", "write grpo.rewards = [...]")
+        for i, spec in enumerate(self.rewards):
+            _check_reward(spec, f"grpo.rewards[{i}]", self.reward_file)
 
 
 SECTIONS: dict[str, type[_Section]] = {
@@ -622,6 +748,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "speed": SpeedConfig,
     "output": OutputConfig,
     "preference": PreferenceConfig,
+    "grpo": GrpoConfig,
 }
 
 
@@ -636,6 +763,7 @@ class RunConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():
@@ -646,6 +774,11 @@ class RunConfig:
     def check(self) -> None:
         """Checks across sections (each section checks its own fields)."""
         pairs = self.train.method in PREFERENCE_METHODS
+        if self.train.method == "grpo" and not self.grpo.rewards:
+            raise ConfigError(
+                "train.method = grpo learns from rewards, and grpo.rewards names none",
+                'add one, e.g. grpo.rewards = [{kind = "numeric", column = "answer"}]',
+            )
         if self.speed.packing and pairs and 2 * self.data.max_length > self.train.batch_tokens:
             raise ConfigError(
                 f"a preference pair holds two rows of up to data.max_length ({self.data.max_length}) tokens, "

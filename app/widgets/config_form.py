@@ -9,6 +9,7 @@ Fields chosen on other pages (model, data files) are not repeated here but pass 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import typing
@@ -35,10 +36,13 @@ from hone.core.errors import ConfigError
 # Chosen on the Model and Data pages; the form leaves them alone.
 ELSEWHERE = {"model.name_or_path", "model.gguf_file", "data.train", "data.eval", "data.format", "data.columns"}
 
-SECTION_ORDER = ("train", "preference", "lora", "speed", "data", "model", "output")
+SECTION_ORDER = ("train", "preference", "grpo", "lora", "speed", "data", "model", "output")
+# Settings written as JSON in one line (a list of tables): GRPO's rewards, e.g. [{"kind": "exact", "column": "answer"}].
+JSON_FIELDS = {"grpo.rewards"}
 SECTION_TITLES = {
     "train": "Training",
     "preference": "Preference training",
+    "grpo": "Reinforcement learning (GRPO)",
     "lora": "LoRA adapter",
     "speed": "Speed",
     "data": "Data",
@@ -241,6 +245,11 @@ class ConfigForm(QWidget):
         return card
 
     def _editor(self, key: str, hint: Any, meta: Any) -> QWidget | None:
+        if key in JSON_FIELDS:
+            editor = QLineEdit()
+            editor.setPlaceholderText('JSON, e.g. [{"kind": "exact", "column": "answer"}]')
+            editor.textChanged.connect(self._edited)
+            return editor
         choices = meta.get("choices")
         low, high = meta.get("min"), meta.get("max")
         if choices:
@@ -286,6 +295,8 @@ class ConfigForm(QWidget):
                     editor.setChecked(bool(value))
                 elif isinstance(editor, (QSpinBox, QDoubleSpinBox)):
                     editor.setValue(value)
+                elif key in JSON_FIELDS:
+                    editor.setText(json.dumps(value))
                 elif isinstance(editor, QLineEdit):
                     editor.setText(", ".join(value) if isinstance(value, list) else str(value))
         self._show_errors(self.errors())
@@ -312,6 +323,11 @@ class ConfigForm(QWidget):
                 return float(text)
             except ValueError:
                 return text
+        if key in JSON_FIELDS:
+            try:
+                return json.loads(editor.text() or "[]")
+            except ValueError:
+                return editor.text()  # not JSON: the section's check names the field and what it takes
         section, name = key.split(".")
         if typing.get_origin(self._hints[section][name]) is list:
             return [part.strip() for part in editor.text().split(",") if part.strip()]

@@ -119,6 +119,14 @@ ON_RESUME: dict[str, Rule] = {
         f"preference.{f.name}": Rule("update", "the preference loss's settings")
         for f in dataclasses.fields(SECTIONS["preference"])
     },
+    # GRPO: the group and answer length set each prompt's planned tokens (how rows are packed); the rest shape
+    # sampling, rewards and the loss from the next step
+    **{
+        f"grpo.{f.name}": Rule("update", "GRPO's sampling, rewards and loss")
+        for f in dataclasses.fields(SECTIONS["grpo"])
+    },
+    "grpo.num_generations": _ORDER,
+    "grpo.max_completion_length": _ORDER,
     "train.max_grad_norm": Rule("update", "gradient clipping"),
     "train.weight_decay": Rule("update", "AdamW weight decay"),
     "train.eval_every": _SAVING,

@@ -139,6 +139,9 @@ class StepRunner:
     def collate(self, rows):
         """One micro-batch on the host (pinned on a GPU), with its embedding rows when the table lives there. A row
         of several sequences (a preference pair) gives them in order, each a sequence of its own."""
+        own = getattr(self.objective, "collate", None)  # a method whose batches are not token rows (GRPO's prompts)
+        if own is not None:
+            return own(rows)
         rows = [sequence for row in rows for sequence in getattr(row, "sequences", (row,))]
         if self.vision is not None:
             return self.vision.collate(rows, pin_memory=self.pin)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 
+import pytest
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
 from hone.app.presets import PRESETS, matching_preset
@@ -147,3 +149,19 @@ def test_moe_backend_is_disabled_for_dense_models_and_explains_auto(qtbot, windo
         )
     )
     assert "grouped_mm (probed" in page.form.note(key)
+
+
+def test_grpo_rewards_are_edited_as_one_line_of_json(qtbot):
+    from hone.core.errors import ConfigError
+
+    form = ConfigForm()
+    qtbot.addWidget(form)
+    editor = form.editors["grpo.rewards"]
+    editor.setText('[{"kind": "exact", "column": "answer", "weight": 2}]')
+    assert form.values()["grpo"]["rewards"] == [{"kind": "exact", "column": "answer", "weight": 2}]
+    form.set_config(RunConfig.from_dict(form.values(), source="the form"))
+    assert json.loads(editor.text()) == [{"kind": "exact", "column": "answer", "weight": 2}]
+    editor.setText("exact on answer")  # not JSON: refused with the field named
+    assert "grpo.rewards" in form.errors()
+    with pytest.raises(ConfigError):
+        form.config()

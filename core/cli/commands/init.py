@@ -40,6 +40,7 @@ COMMON: dict[str, tuple[str, ...]] = {
     "speed": ("packing", "attention", "checkpoint", "kernels", "compile"),
     "output": ("runs_dir", "name", "checkpoint_minutes", "checkpoint_every", "keep_checkpoints"),
     "preference": ("beta", "loss"),
+    "grpo": ("num_generations", "max_completion_length", "beta", "loss_type", "rewards"),
 }
 # Rows read from each data file to detect its format: the loader decides on the first row that fits a format, and
 # a few hundred rows tell a stray row from a file-wide mismatch in well under a second.

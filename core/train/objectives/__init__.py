@@ -6,20 +6,29 @@ with a class that meets `Objective` (base.py) and a line in `OBJECTIVES`; docs/a
 
     base.py                the `Objective` protocol
     sft.py                 supervised fine-tuning: next-token cross-entropy on the trained tokens
-    preference.py          DPO and SimPO on pairs of a chosen and a rejected answer
-    preference_losses.py   their per-pair losses and rewards, from the answers' log-probabilities
+    preference.py          DPO, SimPO and ORPO on pairs of a chosen and a rejected answer
+    kto.py                 KTO on single answers labelled desirable or undesirable, with its KL reference point
+    preference_losses.py   their losses and rewards, from the answers' log-probabilities
+    grpo.py                GRPO: rewards on answers the policy samples (grpo_rollout.py), grpo_losses.py
     logprobs.py            per-sequence log-probabilities of the trained tokens, through the chunked head
 """
 
 from hone.core.train.objectives.base import Objective
-from hone.core.train.objectives.preference import DirectPreferenceOptimization, SimplePreferenceOptimization
+from hone.core.train.objectives.kto import KahnemanTverskyOptimization
+from hone.core.train.objectives.preference import (
+    DirectPreferenceOptimization,
+    OddsRatioPreferenceOptimization,
+    SimplePreferenceOptimization,
+)
 from hone.core.train.objectives.registry import OBJECTIVES, build_objective
 from hone.core.train.objectives.sft import SupervisedFineTuning
 
 __all__ = [
     "OBJECTIVES",
     "DirectPreferenceOptimization",
+    "KahnemanTverskyOptimization",
     "Objective",
+    "OddsRatioPreferenceOptimization",
     "SimplePreferenceOptimization",
     "SupervisedFineTuning",
     "build_objective",

@@ -7,11 +7,25 @@ from collections.abc import Callable
 from hone.core.config import RunConfig
 from hone.core.errors import ConfigError
 from hone.core.train.objectives.base import Objective
-from hone.core.train.objectives.preference import DirectPreferenceOptimization, SimplePreferenceOptimization
+from hone.core.train.objectives.grpo import GroupRelativePolicyOptimization
+from hone.core.train.objectives.kto import KahnemanTverskyOptimization
+from hone.core.train.objectives.preference import (
+    DirectPreferenceOptimization,
+    OddsRatioPreferenceOptimization,
+    SimplePreferenceOptimization,
+)
 from hone.core.train.objectives.sft import SupervisedFineTuning
 
 OBJECTIVES: dict[str, Callable[[RunConfig], Objective]] = {
-    method.name: method for method in (SupervisedFineTuning, DirectPreferenceOptimization, SimplePreferenceOptimization)
+    method.name: method
+    for method in (
+        SupervisedFineTuning,
+        DirectPreferenceOptimization,
+        SimplePreferenceOptimization,
+        OddsRatioPreferenceOptimization,
+        KahnemanTverskyOptimization,
+        GroupRelativePolicyOptimization,
+    )
 }
 
 

@@ -64,7 +64,7 @@ def test_methods_are_found_by_name():
     from hone.core.config import RunConfig
 
     assert isinstance(build_objective("sft", RunConfig()), SupervisedFineTuning)
-    assert set(OBJECTIVES) == {"sft", "dpo", "simpo", "orpo", "kto"} == set(TRAINING_METHODS)
+    assert set(OBJECTIVES) == {"sft", "dpo", "simpo", "orpo", "kto", "grpo"} == set(TRAINING_METHODS)
     with pytest.raises(ConfigError) as error:
         build_objective("dpo-typo", RunConfig())
     assert "dpo-typo" in error.value.message and "sft" in error.value.advice

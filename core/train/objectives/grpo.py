@@ -1,0 +1,158 @@
+"""GRPO (`Objective`): reinforcement learning from verifiable rewards on answers the policy samples itself.
+
+A micro-batch is a few prompts (hone.core.data.prompts). For each, `grpo.num_generations` answers are sampled from
+the policy (LoRA on; `grpo_rollout.sample`), scored by the run's rewards (hone.core.train.rewards), and compared
+within their group (`grpo_losses.group_advantages`); the loss is the clipped surrogate, plus β times the KL against
+the base model (the adapter off) when β > 0, with gradients through the chunked per-token log-probabilities.
+
+Limits of this first version: one optimizer update per generation batch, so the "old" log-probabilities are the
+current ones detached (the ratio is 1 and clipping only shapes the gradient; TRL's num_iterations = 1). The trainer
+divides the summed loss by the step's answers: each micro-batch contributes its own normalized loss × its answers,
+which is TRL's loss exactly for one micro-batch per step (dapo's token mean is then per micro-batch).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from hone.core.config import RunConfig
+from hone.core.data.prompts import PromptData, PromptRow, load_prompt_data
+from hone.core.train.objectives.grpo_losses import group_advantages, grpo_loss
+from hone.core.train.objectives.grpo_rollout import Rollout, sample, token_logprobs
+from hone.core.train.objectives.preference import adapter_off
+from hone.core.train.rewards import Sample, build_rewards, score_samples
+
+
+@dataclass
+class PromptBatch:
+    """A micro-batch of prompts; it stays on the host (generation moves the ids)."""
+
+    rows: list[PromptRow]
+    num_tokens: int
+
+    def to(self, device) -> PromptBatch:
+        return self
+
+
+class StepRecord:
+    """What a step's micro-batches add to its metrics, read once by `step_metrics`."""
+
+    def __init__(self, names: list[str]):
+        self.rewards: list[float] = []
+        self.by_reward: dict[str, list[float]] = {name: [] for name in names}
+        self.lengths: list[float] = []
+        self.kl_tokens = 0.0
+        self.clipped_tokens = 0.0
+        self.tokens = 0.0
+        self.problems: list[str] = []
+        self.failed = 0
+
+
+class GroupRelativePolicyOptimization:
+    """GRPO with the [grpo] settings: prompts in, sampled answers scored, the group-relative clipped loss out."""
+
+    name: ClassVar[str] = "grpo"
+
+    def __init__(self, config: RunConfig):
+        self.settings = config.grpo
+        self.loss_mode = config.speed.loss
+        self.seed = config.train.seed
+        self.rewards = build_rewards(config.grpo.rewards, config.grpo.reward_file)
+        self.tokenizer = None
+        self._record = StepRecord([r.name for r in self.rewards])
+
+    def load_data(self, config: RunConfig, tokenizer) -> PromptData:
+        self.tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        s = self.settings
+        return load_prompt_data(config.data, tokenizer, group=s.num_generations, max_completion=s.max_completion_length)
+
+    def collate(self, rows: list[PromptRow]) -> PromptBatch:
+        """The micro-batch of `rows` (StepRunner takes an objective's own collation where it has one)."""
+        s = self.settings
+        return PromptBatch(rows, sum(s.num_generations * (len(r.input_ids) + s.max_completion_length) for r in rows))
+
+    def _token_ids(self) -> tuple[int, list[int]]:
+        tok = self.tokenizer
+        eos = tok.eos_token_id
+        eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+        return pad, eos_ids
+
+    def _score(self, batch: PromptBatch, rollout: Rollout) -> torch.Tensor:
+        """(B,) fp32 rewards of the sampled answers (NaN where a reward failed), recorded for the metrics."""
+        group = self.settings.num_generations
+        lengths = rollout.completion_mask.sum(1).long().tolist()
+        ids = rollout.completion_ids.tolist()
+        texts = self.tokenizer.batch_decode([row[:n] for row, n in zip(ids, lengths)], skip_special_tokens=True)
+        samples = [
+            Sample(text, batch.rows[i // group].text, batch.rows[i // group].columns, n, batch.rows[i // group].source)
+            for i, (text, n) in enumerate(zip(texts, lengths, strict=True))
+        ]
+        scores = score_samples(self.rewards, samples)
+        record = self._record
+        record.rewards += [r for r in scores.total if not math.isnan(r)]
+        for name, values in scores.by_reward.items():
+            record.by_reward[name] += [v for v in values if not math.isnan(v)]
+        record.lengths += [float(n) for n in lengths]
+        record.problems += scores.problems[: max(0, 5 - len(record.problems))]
+        record.failed += scores.failed
+        return torch.tensor(scores.total, dtype=torch.float32)
+
+    def loss_sum(self, model, batch: PromptBatch, *, evaluating: bool = False) -> torch.Tensor:
+        s = self.settings
+        pad, eos_ids = self._token_ids()
+        prompts = [row.input_ids for row in batch.rows]
+        rollout = sample(model, prompts, group=s.num_generations, settings=s, pad_id=pad, eos_ids=eos_ids)
+        advantages = group_advantages(self._score(batch, rollout), s.num_generations, s.scale_rewards)
+        ref = None
+        if s.beta != 0.0:
+            with torch.no_grad(), adapter_off(model):
+                ref = token_logprobs(model, rollout, temperature=s.temperature, mode=self.loss_mode)
+        logps = token_logprobs(model, rollout, temperature=s.temperature, mode=self.loss_mode)
+        mask = rollout.completion_mask
+        result = grpo_loss(
+            logps,
+            logps.detach(),  # one update per generation batch: the sampling policy is the current one
+            advantages.to(logps.device),
+            mask,
+            ref_logps=ref,
+            beta=s.beta,
+            epsilon=s.epsilon,
+            epsilon_high=s.epsilon_high or None,
+            loss_type=s.loss_type,
+            max_completion_length=s.max_completion_length,
+            kl_bias_correction=s.kl_bias_correction,
+        )
+        tokens = float(mask.sum())
+        self._record.tokens += tokens
+        self._record.kl_tokens += float(result.kl) * tokens
+        self._record.clipped_tokens += float(result.clip_fraction) * tokens
+        return result.loss * mask.shape[0]
+
+    def units(self, batch: PromptBatch) -> int:
+        return len(batch.rows) * self.settings.num_generations
+
+    def row_units(self, dataset, rows: list[int]) -> int:
+        return len(rows) * self.settings.num_generations
+
+    def step_metrics(self) -> dict:
+        record, self._record = self._record, StepRecord([r.name for r in self.rewards])
+        if not record.lengths:
+            return {}
+        rewards = torch.tensor(record.rewards, dtype=torch.float64)
+        return {
+            "reward_mean": float(rewards.mean()) if len(rewards) else None,  # None: every reward failed
+            "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "rewards": {name: sum(v) / len(v) for name, v in record.by_reward.items() if v},
+            "completion_length": sum(record.lengths) / len(record.lengths),
+            "kl": record.kl_tokens / max(record.tokens, 1.0),
+            "clip_fraction": record.clipped_tokens / max(record.tokens, 1.0),
+            "reward_problems": record.problems
+            + (
+                [f"... and {record.failed - len(record.problems)} more"] if record.failed > len(record.problems) else []
+            ),
+        }
