@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("PySide6", reason="the Studio's tests need PySide6 (pip install pyside6-essentials)")
 
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QInputDialog, QMessageBox
 
 from tests.app.conftest import make_window, settings  # noqa: F401  (the Studio's fixtures)
 from tests.reliability import damaged_runs as corpus
@@ -31,6 +31,7 @@ class _Dialogs:
         for name in ("warning", "information", "critical"):
             monkeypatch.setattr(QMessageBox, name, self._record)
         monkeypatch.setattr(QMessageBox, "question", self._ask)
+        monkeypatch.setattr(QInputDialog, "getInt", self._ask_number)  # "Train more steps" on a finished run
 
     def _record(self, _parent, title, text, *args, **kwargs):
         self.said.append((title, text))
@@ -39,6 +40,10 @@ class _Dialogs:
     def _ask(self, _parent, title, text, *args, **kwargs):
         self.said.append((title, text))
         return self.reply
+
+    def _ask_number(self, _parent, title, text, value, *args, **kwargs):
+        self.said.append((title, text))
+        return value, self.reply == QMessageBox.Yes
 
 
 @pytest.fixture
@@ -78,8 +83,8 @@ def test_the_studio_starts_over_damaged_runs_and_lists_each_with_why(qtbot, make
     damaged = [f"json-{case}" for case in reversed(corpus.RUN_JSON)]  # newest folder first
     assert list(rows) == [*damaged, "valid-new", "bad-failure", "bad-metrics", "valid-old"]
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(corpus.T0 + 1000))
-    assert rows["valid-new"] == ["valid-new", "smollm2-135m-instruct", "finished", "3 / 3", "1.0000", started]
-    assert rows["bad-metrics"][2] == rows["bad-failure"][2] == "failed"
+    assert rows["valid-new"] == ["valid-new", "smollm2-135m-instruct", "Finished", "3 / 3", "1.0000", started]
+    assert rows["bad-metrics"][2] == rows["bad-failure"][2] == "Failed"
     # its metrics.jsonl ends with RunFailed lines whose reason is a number or a list: the run's own is shown
     assert page.table.item(_row(page, "bad-failure"), 2).toolTip() == "the GPU ran out of memory\nWhat to do: lower it"
     page.select([_row(page, "bad-failure")])
@@ -88,7 +93,7 @@ def test_the_studio_starts_over_damaged_runs_and_lists_each_with_why(qtbot, make
     assert page.table.item(_row(page, "bad-metrics"), 2).toolTip() == "the GPU ran out of memory"
     for case, (_, why) in corpus.RUN_JSON.items():
         name = f"json-{case}"
-        assert rows[name][2] == "damaged", name
+        assert rows[name][2] == "Damaged", name
         tip = page.table.item(_row(page, name), 2).toolTip()
         assert tip.startswith("run.json") and why in tip and f"hone train --resume {folders[name]}" in tip, tip
     page.select([_row(page, "json-started-yesterday")])
@@ -143,9 +148,13 @@ def test_resuming_a_damaged_run_asks_first_and_a_damaged_config_says_which_file(
     config = folders["valid-old"] / "config.toml"
     config.write_bytes(b'[model]\nname_or_path = "\xff"\n')
     page.select([_row(page, "valid-old")])
+    page.resume_selected()  # a finished run: how many steps more, then its config.toml is read
+    assert [title for title, _ in dialogs.said[1:]] == ["Train more steps"], dialogs.said
+    assert not window.state.session.is_running, "cancelled: nothing starts"
+    dialogs.reply = QMessageBox.Yes
     page.resume_selected()
-    assert dialogs.said[1][0] == "Resume run"
-    assert dialogs.said[1][1].startswith(f"{config} is not UTF-8 text: byte 0xff at offset 24 (line 2)")
+    assert [title for title, _ in dialogs.said[2:]] == ["Train more steps", "Train more steps"], dialogs.said
+    assert dialogs.said[3][1].startswith(f"{config} is not UTF-8 text: byte 0xff at offset 24 (line 2)")
     assert not window.state.session.is_running and window.current_page() != "monitor"
 
 
