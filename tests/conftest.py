@@ -67,6 +67,33 @@ def pytest_runtest_call(item):
         raise
 
 
+# Qt's static dialogs wait for a user; offscreen, none comes and the suite would hang until CI's time limit. A test
+# that reaches one without answering it (monkeypatch the dialog) fails at once, naming it.
+_MODAL_DIALOGS = {
+    "QMessageBox": ("question", "warning", "information", "critical"),
+    "QInputDialog": ("getInt", "getDouble", "getText", "getItem"),
+    "QFileDialog": ("getOpenFileName", "getOpenFileNames", "getSaveFileName", "getExistingDirectory"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _unanswered_dialogs_fail(monkeypatch):
+    import sys
+
+    widgets = sys.modules.get("PySide6.QtWidgets")
+    if widgets is None:  # a test without Qt
+        yield
+        return
+    for cls_name, names in _MODAL_DIALOGS.items():
+        for name in names:
+
+            def unanswered(*args, _where=f"{cls_name}.{name}", **kwargs):
+                raise AssertionError(f"{_where} would wait for a user: the test must answer it (monkeypatch)")
+
+            monkeypatch.setattr(getattr(widgets, cls_name), name, unanswered)
+    yield
+
+
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_dir(tmp_path_factory):
     """A folder holding SmolLM2-135M-Instruct's tokenizer (with its chat template), read from the bundled GGUF, or the
