@@ -205,9 +205,23 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
+# StepMetrics fields only some training methods fill (preference, GRPO): left out of a line while they hold their
+# default, so a supervised run's step lines stay as short as before (a million of them are read back by the Monitor;
+# a missing field reads back as its default).
+_METHOD_METRICS = (
+    "reward_margin", "reward_accuracy", "chosen_logps", "rejected_logps", "nll", "log_odds_ratio", "kl",
+    "reward_mean", "reward_std", "rewards", "completion_length", "clip_fraction", "reward_problems",
+)  # fmt: skip
+
+
 def to_dict(event: Event) -> dict[str, Any]:
     """A JSON-ready dict with the event's type under "event"."""
-    return {"event": type(event).__name__, **dataclasses.asdict(event)}
+    data = {"event": type(event).__name__, **dataclasses.asdict(event)}
+    if isinstance(event, StepMetrics):
+        for name in _METHOD_METRICS:
+            if data[name] is None or data[name] == {} or data[name] == []:
+                del data[name]
+    return data
 
 
 # ---- reading events back (metrics.jsonl) ----

@@ -59,3 +59,18 @@ def test_control_pauses_and_stop_wakes_a_paused_run():
     control.stop()
     waiter.join(timeout=5)
     assert woke == [True] and control.stop_requested and not control.paused
+
+
+def test_a_supervised_step_line_leaves_out_the_other_methods_fields():
+    import json
+
+    from hone.core.events import StepMetrics, from_line, to_dict
+
+    common = dict(step=1, total_steps=2, epoch=0.0, loss=1.0, lr=1e-3, grad_norm=1.0, tokens=1, trained_tokens=1)
+    sft = StepMetrics(**common, tokens_per_s=1.0, step_time=1.0, elapsed=1.0)
+    line = json.dumps(to_dict(sft))
+    assert "reward" not in line and "kl" not in json.loads(line) and from_line(line) == sft
+    grpo = StepMetrics(**common, tokens_per_s=1.0, step_time=1.0, elapsed=1.0, reward_mean=0.5, reward_std=0.0)
+    data = to_dict(grpo)
+    assert data["reward_mean"] == 0.5 and data["reward_std"] == 0.0 and "reward_margin" not in data
+    assert from_line(json.dumps(data)) == grpo
