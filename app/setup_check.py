@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QMessageBox, QWidget
 
+from hone.app.helper_process import in_helper
 from hone.app.settings import Settings
 from hone.app.workers import Task
 from hone.core.version import __version__
@@ -16,10 +17,11 @@ SEEN_KEY = "setup/warnings_seen"
 
 
 def start_setup_check(window: QWidget, settings: Settings) -> Task:
-    """Run the check off the GUI thread (it imports torch); the answer, if it needs one, opens a dialog."""
+    """Run the check in the helper process (it imports torch and touches the GPU, which the window's process never
+    does); the answer, if it needs one, opens a dialog."""
     from hone.core.api import check_runtime
 
-    return Task(check_runtime, on_result=lambda findings: show_findings(window, settings, findings))
+    return Task(in_helper(check_runtime), on_result=lambda findings: show_findings(window, settings, findings))
 
 
 def show_findings(window: QWidget, settings: Settings, findings) -> QMessageBox | None:

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 from shiboken6 import isValid
 
 from hone.app.compat import install_guards
+from hone.app.helper_process import HELPER
 from hone.app.pages.base import Page
 from hone.app.pages.chat import ChatPage
 from hone.app.pages.data import DataPage
@@ -343,6 +344,7 @@ class MainWindow(QMainWindow):
             shutdown = getattr(page, "shutdown", None)
             if shutdown:
                 shutdown()
+        HELPER.end_jobs()  # a job still running there (an export) ends with the window; its staging is cleaned later
         for task in Task.running():
             task.wait(10_000)
         super().closeEvent(event)

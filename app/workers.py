@@ -8,50 +8,16 @@ from __future__ import annotations
 import inspect
 import os
 import time
-import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QMetaObject, QObject, Qt, QThread, QTimer, Signal, Slot
 
+from hone.app.task_errors import OOM_ADVICE, TaskError, advice_for, describe_exception  # noqa: F401  (re-exported)
 from hone.core.config import RunConfig
 from hone.core.control import RunControl
-from hone.core.errors import HoneError
 from hone.core.events import Event, RunFailed, RunFinished
-
-OOM_ADVICE = (
-    "use fewer tokens per batch (Train > train.batch_tokens), turn on activation offload "
-    "(speed.checkpoint = offload), or load the base in 4-bit (lora.qlora)"
-)
-
-
-@dataclass(frozen=True)
-class TaskError:
-    """A task's failure, ready to show: what went wrong, what to do, and the traceback for the log."""
-
-    message: str
-    advice: str = ""
-    details: str = ""
-
-
-def describe_exception(error: BaseException) -> TaskError:
-    """A HoneError keeps its message and advice; anything else gets its type and, for out-of-memory, advice."""
-    details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    if isinstance(error, HoneError):
-        return TaskError(error.message, error.advice, details)
-    message = f"{type(error).__name__}: {error}"
-    return TaskError(message, advice_for(message), details)
-
-
-def advice_for(reason: str) -> str:
-    """Concrete advice for failures core did not explain itself."""
-    lowered = reason.lower()
-    if "out of memory" in lowered or "outofmemory" in lowered:
-        return OOM_ADVICE
-    return ""
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # One-off tasks

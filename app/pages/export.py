@@ -25,6 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hone.app.helper_process import in_helper
+from hone.app.jobs import run_export
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, human_bytes, label, set_role
@@ -57,15 +59,6 @@ def is_export(folder: str) -> bool:
     from hone.core.api import MANIFEST_FILE
 
     return bool(folder) and (Path(folder) / MANIFEST_FILE).is_file()
-
-
-def run_export(run_dir: str, fmt: str, out: str, force: bool, progress) -> Any:
-    """Export on a worker thread; core's progress(stage, fraction) reports come back to the page."""
-    from hone.core.api import export_run
-
-    return export_run(
-        run_dir, fmt, out or None, force=force, progress=lambda stage, fraction: progress((stage, fraction))
-    )
 
 
 @dataclass(frozen=True)
@@ -350,7 +343,7 @@ class ExportPage(Page):
         self.open_button.setEnabled(False)
         self.push_button.setEnabled(False)
         self.task = Task(
-            run_export,
+            in_helper(run_export),  # in the helper process: an export's work never stalls the window
             run_dir,
             fmt,
             out,

@@ -8,6 +8,8 @@ from typing import Any
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QProgressBar, QPushButton, QWidget
 
+from hone.app.helper_process import in_helper
+from hone.app.jobs import read_model
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, InfoGrid, StatTile, human_bytes, human_count, label, set_role
@@ -25,13 +27,6 @@ def fits_here(repo_id: str, config) -> Any:
     from hone.core.api import fits_this_machine
 
     return fits_this_machine(repo_id, config)
-
-
-def inspect(name_or_path: str) -> Any:
-    """Read a model's config (no weights). Runs on a worker thread: this is where torch first loads."""
-    from hone.core.api import inspect_model
-
-    return inspect_model(name_or_path)
 
 
 class ModelPage(Page):
@@ -140,7 +135,7 @@ class ModelPage(Page):
         set_role(self.status, "muted")
         self._say(f"Reading {name_or_path}…")
         self.task = Task(
-            inspect,
+            in_helper(read_model),  # torch and transformers load in the helper process, not the window's
             name_or_path,
             on_result=lambda info: self._inspected(name_or_path, info),
             on_error=lambda error: self._failed(name_or_path, error),

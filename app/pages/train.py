@@ -7,6 +7,8 @@ import os
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QButtonGroup, QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
+from hone.app.helper_process import in_helper
+from hone.app.jobs import plan_memory
 from hone.app.pages.base import Page
 from hone.app.presets import PRESETS, PRESETS_BY_NAME, matching_preset
 from hone.app.run_checks import data_problems, machine_problems
@@ -22,13 +24,6 @@ from hone.core.events import RunStarted
 
 MOE_KEY = "speed.moe_backend"
 ESTIMATE_DELAY_MS = 400  # edits in a row (typing a number) start one estimate, not one per keystroke
-
-
-def plan_memory(config: RunConfig, memory_source):
-    """The run's memory plan against what `memory_source()` finds (on a worker thread: reads the model config)."""
-    from hone.core.api import plan_run
-
-    return plan_run(config, memory_source(), allow_qlora=True)
 
 
 def measure_backends(model_cfg, progress=None):
@@ -420,10 +415,13 @@ class TrainPage(Page):
             if asked == self.state.config and self.form.is_valid():
                 self.memory.show_plan(plan)
 
+        # The plan reads the model's config (transformers) in the helper process; the machine's free memory is
+        # found there too, unless the page was given its own source (tests, a chosen machine).
+        given = None if self.memory_source is detect_memory else self.memory_source()
         self.estimate_task = Task(
-            plan_memory,
+            in_helper(plan_memory),
             config,
-            self.memory_source,
+            given,
             on_result=show,
             on_error=lambda error: self.memory.show_failure(error.message),
         )
