@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
@@ -18,6 +19,11 @@ from hone.app.workers import Task, TaskError
 from hone.core.config import DataConfig
 
 NEXT_STEP = "Choose other training data on the Data page, or fix the file (Check data there lists every row)."
+# Seconds after which a problem with data that is not a local file (a Hugging Face dataset id: the Hub unreachable,
+# offline mode) is checked again when asked: the network or the cache may have changed since, and no file's
+# modification time says so. A refused check takes at most ~1.5 s (hone.core.data.hub_datasets), so once per 10 s
+# costs little, and the Train page asks on each change of the form and each time it is shown.
+RECHECK_S = 10.0
 
 
 def usable_rows_problems(data_cfg: DataConfig) -> list[str]:
@@ -75,6 +81,7 @@ class DataReadiness(QObject):
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self._answers: dict[str, list[str]] = {}
+        self._answered_at: dict[str, float] = {}  # time.monotonic() of each answer
         self._checking: str | None = None
         self._wanted: DataConfig | None = None  # asked for while another check ran: checked next
         self.task: Task | None = None
@@ -84,7 +91,7 @@ class DataReadiness(QObject):
         if not data_cfg.train:
             return
         key = data_key(data_cfg)
-        if key in self._answers or key == self._checking:
+        if (key in self._answers and not self._stale(key)) or key == self._checking:
             return
         if self._checking is not None:
             self._wanted = data_cfg
@@ -103,8 +110,16 @@ class DataReadiness(QObject):
     def problems(self, data_cfg: DataConfig) -> list[str]:
         return self._answers.get(data_key(data_cfg), []) if data_cfg.train else []
 
+    def _stale(self, key: str) -> bool:
+        """A problem found with data that is not all local files, RECHECK_S ago or longer (the answer shown until the
+        next one comes)."""
+        if not self._answers[key] or time.monotonic() - self._answered_at[key] < RECHECK_S:
+            return False
+        return any(version is None for version in json.loads(key)[1])
+
     def _answered(self, key: str, problems: list[str]) -> None:
         self._answers[key] = problems
+        self._answered_at[key] = time.monotonic()
         if key == self._checking:
             self._checking = None
             wanted, self._wanted = self._wanted, None

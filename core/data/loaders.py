@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hone.core.data.hub_datasets import HubDatasetUnavailable, load_hub_dataset
 from hone.core.data.rows import (
     BAD_RECORD,
     EMPTY_FILE,
@@ -536,14 +537,17 @@ def _read_batches(source: Source, names: list[str], batches) -> Iterator[tuple[i
 
 
 def _load_hub(source: Source):
-    """The `datasets` Dataset of a hub id or saved folder, with the right split."""
-    import datasets
-
+    """The `datasets` Dataset of a hub id (from the cache when the Hub cannot be reached: hub_datasets) or saved
+    folder, with the right split."""
     try:
-        if source.kind == "disk":
-            loaded = datasets.load_from_disk(str(source.path))
+        if source.kind == "hub":
+            loaded = load_hub_dataset(source.name)  # refused within seconds, before `datasets` is imported
         else:
-            loaded = datasets.load_dataset(source.name)
+            import datasets
+
+            loaded = datasets.load_from_disk(str(source.path))
+    except HubDatasetUnavailable as e:
+        raise SourceError(UNREADABLE_FILE, str(e)) from None
     except Exception as e:
         where = "folder" if source.kind == "disk" else "Hugging Face dataset"
         advice = (
@@ -555,6 +559,8 @@ def _load_hub(source: Source):
         raise SourceError(
             UNREADABLE_FILE, f"{where} {source.name} cannot be loaded: {_first_line(e)}{advice}"
         ) from None
+    import datasets
+
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded[_pick_split(source, list(loaded))]
     return loaded

@@ -7,10 +7,16 @@ imports torch for it. Stop asks the child to stop after the current step (SIGINT
 passes it on through the processes' stop file). Pause creates a file the child watches (`control.PAUSE_FILE_ENV`,
 in the run folder, where a later window finds it: hone.core.train.run_requests) and Resume removes it; a run on
 several GPUs does not pause (its processes would wait for each other in the gradient exchange).
+
+A run that fails before its first step removes the folder it made, RunFailed and all, usually before the next look
+at it; a child refused before its run writes no event. Its failure then comes from what it recorded in its failure
+file or printed on its error output (held whole here), in its own words (`unread_failure`); a folder made here that
+the child never wrote to is removed once it has ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +37,15 @@ from hone.core.train.run_requests import pause_request_file
 
 POLL_S = 0.5
 STDERR_TAIL = 4000  # characters of the child's messages kept for a failure it did not write to the run folder
+# Columns the child's console is told it has: wide enough that it prints every message on one line (rich wraps at 80
+# columns when its output is a file), so the failure it printed is read back word for word.
+CONSOLE_COLUMNS = 100_000
+# How `hone train` prints a failure on its error output: a run's RunFailed (hone.core.cli.console.EventPrinter), or a
+# refusal before the run (hone.core.cli.dispatch); each reason line may be followed by its advice line.
+_REASON_PREFIXES = {"failed: ": False, "interrupted: ": True, "hone: error: ": False}  # -> the run was interrupted
+_ADVICE_PREFIXES = ("advice: ", "hone: advice: ")
+# The advice of a child that ended without saying why (killed, out of memory): its output is all there is.
+_NO_WORDS_ADVICE = "see the messages below; the run folder keeps its checkpoints (Resume on the Runs page)"
 
 
 def command_for(config_path: Path | None, resume: Path | None, gpus: list[int], data_changed: str) -> list[str]:
@@ -72,7 +87,7 @@ def train_in_child(
             [f"output.name={json.dumps(run_dir.name)}", f"output.runs_dir={json.dumps(str(run_dir.parent))}"]
         )
         config_path = _config_beside(config, run_dir)
-    env = dict(os.environ)
+    env = dict(os.environ, COLUMNS=str(CONSOLE_COLUMNS))
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
     talk = Path(tempfile.mkdtemp(prefix="hone-child-"))  # files the child and this process share
@@ -105,19 +120,14 @@ def train_in_child(
             # the child has read its config once it writes the run's events (or has ended)
             if config_path is not None and (child.poll() is not None or (run_dir / METRICS_FILE).exists()):
                 config_path.unlink(missing_ok=True)
+            if resume is None and not follower.detached and child.poll() is not None:
+                _remove_if_empty(run_dir)  # made here for a child that ended before it wrote to it
         if follower.detached:
             return
         stderr.seek(0)
         said = stderr.read().decode("utf-8", errors="replace")
     if not follower.ended:
-        yield events.RunFailed(
-            reason=failure.get("message")
-            or _last_message(said)
-            or f"the training process ended without finishing (exit code {child.returncode})",
-            advice="see the messages below; the run folder keeps its checkpoints (Resume on the Runs page)",
-            details=said[-STDERR_TAIL:],
-            code=str(failure.get("code") or ""),
-        )
+        yield unread_failure(failure, said, child.returncode)
 
 
 class _Follower:
@@ -178,7 +188,53 @@ def _same_config(config: RunConfig, run_dir: Path) -> bool:
         return True
 
 
-def _last_message(said: str) -> str:
-    """The child's own one-line error (`hone: error: ...`), if it ended with one."""
-    lines = [line for line in said.splitlines() if line.startswith("hone: error: ")]
-    return lines[-1].removeprefix("hone: error: ") if lines else ""
+def unread_failure(recorded: dict, said: str, returncode: int | None) -> events.RunFailed:
+    """The RunFailed of a child that ended without one its reader got, in the child's own words.
+
+    A run that fails before it starts writes its RunFailed to the run folder and then removes the folder (it made
+    it, and nothing was trained), often before the reader's next look; a refusal before the run (a wrong path, data
+    changed under a resume) writes no event at all. What the child recorded in its failure file comes first (it
+    keeps the code a front end acts on), then the failure it printed last on its error output (read whole, so never
+    too late), then its exit code.
+
+    Args:
+        recorded: what the child wrote to its failure file (`hone.core.errors.recorded_failure`), or {}.
+        said: everything the child printed on its error output.
+        returncode: the child's exit status.
+    """
+    message, advice = _text(recorded.get("message")), _text(recorded.get("advice"))
+    interrupted = False
+    if not message:
+        message, advice, interrupted = printed_failure(said)
+    return events.RunFailed(
+        reason=message or f"the training process ended without finishing (exit code {returncode})",
+        advice=advice if message else _NO_WORDS_ADVICE,
+        details=said[-STDERR_TAIL:],
+        code=_text(recorded.get("code")),
+        interrupted=interrupted,
+    )
+
+
+def printed_failure(said: str) -> tuple[str, str, bool]:
+    """(reason, advice, interrupted) of the last failure the child printed on its error output `said` (the
+    line-prefixed forms of _REASON_PREFIXES, the advice on the line after); ("", "", False) when it printed none."""
+    lines = said.splitlines()
+    for index in range(len(lines) - 1, -1, -1):
+        prefix = next((p for p in _REASON_PREFIXES if lines[index].startswith(p)), None)
+        if prefix is None:
+            continue
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        advice = next((following.removeprefix(p) for p in _ADVICE_PREFIXES if following.startswith(p)), "")
+        return lines[index].removeprefix(prefix).strip(), advice.strip(), _REASON_PREFIXES[prefix]
+    return "", "", False
+
+
+def _text(value) -> str:
+    """A field of the failure file as text: the child wrote it, but the file sits in a shared temporary folder."""
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    """Remove the run folder made for a child that wrote nothing to it; a folder with anything in it stays."""
+    with contextlib.suppress(OSError):  # not empty (the run's files), or already gone (the child removed it)
+        run_dir.rmdir()

@@ -126,6 +126,7 @@ def run(args) -> int:
     from hone.core.api import Trainer, process_world
     from hone.core.cli.console import EventPrinter
     from hone.core.control import PAUSE_FILE_ENV, RunControl, follow_pause_file
+    from hone.core.errors import record_failure
     from hone.core.events import RunFailed, RunFinished
 
     control = RunControl()
@@ -150,6 +151,11 @@ def run(args) -> int:
             requests.finished()  # the run has ended: nothing left for the grace period to end
     last = printer.last
     if isinstance(last, RunFailed):
+        # for the Studio that started this run: a run failing before its first step removes its folder, and the
+        # failure file is where its reason survives (hone.core.train.child_run reads it first)
+        failure = HoneError(last.reason, last.advice)
+        failure.code = last.code
+        record_failure(failure)
         return stop_signals.EXIT_STOPPED_BY_SYSTEM if last.interrupted else 1
     if requests.exit_code is not None and isinstance(last, RunFinished) and last.stopped:
         hint = stop_signals.RESUME_HINT.format(run_dir=last.run_dir)
