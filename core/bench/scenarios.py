@@ -45,7 +45,8 @@ class Scenario:
         min_len / max_len: default range of the log-uniform sequence lengths (text; 0 for vision, whose rows
             come from generated data).
         description: one line for `hone bench --list`.
-        kind: "text" (`hone.core.bench.run`) or "vision" (`hone.core.bench.vision`).
+        kind: "text" (`hone.core.bench.run`), "vision" (`hone.core.bench.vision`) or "preference"
+            (`hone.core.bench.preference`).
     """
 
     name: str
@@ -115,6 +116,29 @@ SCENARIOS: dict[str, Scenario] = {
         _tiny("tiny-llama", "tiny-llama", "tiny Llama (CPU smoke run)"),
         _tiny("tiny-moe-qwen3", "tiny-moe-qwen3", "tiny Qwen3-MoE (CPU smoke run)"),
         _tiny("tiny-moe-gptoss", "tiny-moe-gptoss", "tiny gpt-oss (CPU smoke run)"),
+        # Preference (DPO) scenarios: Hone's Trainer against TRL's DPOTrainer on generated pairs; min/max_len are
+        # the words of each prompt and answer (hone.core.bench.preference).
+        Scenario(
+            "tiny-dpo",
+            "tiny-dense",
+            None,
+            1024,
+            4,
+            64,
+            "tiny Qwen3, DPO on generated pairs: Hone's Trainer vs TRL's DPOTrainer with peft (CPU smoke run)",
+            kind="preference",
+        ),
+        Scenario(
+            "dpo-8b",
+            "dense-8b",
+            None,
+            DENSE_TOKENS,
+            16,
+            512,
+            "Qwen3-8B shape, all 36 layers, DPO on 16K tokens of generated pairs a step: Hone's Trainer vs "
+            "TRL's DPOTrainer with peft (CUDA only)",
+            kind="preference",
+        ),
         Scenario(
             "vision-qwen2.5-vl",
             "qwen2_5_vl",

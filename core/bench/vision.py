@@ -280,6 +280,7 @@ def hone_steps(
                 profile.start()
         elif isinstance(event, events.RunStarted):
             out.speed_paths = dict(event.speed_paths)
+            out.trainable_params = event.params_trainable
         elif isinstance(event, events.Notice):
             out.notices.append(event.message)
         elif isinstance(event, events.RunFailed):
@@ -337,6 +338,7 @@ def _fill(result: RunResult, steps: RunSteps, warmup: int) -> None:
     result.first_step_s = steps.times[0]
     result.first_loss, result.last_loss = steps.losses[0], steps.losses[-1]
     result.first_grad_norm = steps.first_grad_norm
+    result.trainable_params = steps.trainable_params
     result.speed_paths = steps.speed_paths
     result.profile = steps.profile
     if steps.peak_allocated:
@@ -345,7 +347,13 @@ def _fill(result: RunResult, steps: RunSteps, warmup: int) -> None:
 
 
 def _measure(
-    name: str, kind: str, description: str, run: Callable[[], RunSteps], options: VisionOptions, report: VisionReport
+    name: str,
+    kind: str,
+    description: str,
+    run: Callable[[], RunSteps],
+    options: VisionOptions,
+    report: VisionReport,
+    device: str = "cuda",
 ) -> RunResult:
     """One run, its failure recorded rather than raised (as `measure.measure_run` does for text runs)."""
     result = RunResult(
@@ -354,7 +362,7 @@ def _measure(
         description=description,
         warmup_steps=options.warmup,
         steps=options.steps,
-        memory_before_gib=allocated_gib("cuda"),
+        memory_before_gib=allocated_gib(device),
     )
     try:
         steps = run()
@@ -365,11 +373,11 @@ def _measure(
         if steps.data_wait:
             report.data_wait[name] = steps.data_wait
     except Exception as e:
-        record_failure(result, e, "cuda")
+        record_failure(result, e, device)
         # the traceback's frames hold the failed step's tensors: drop them before the next run (see measure_run)
         traceback.clear_frames(e.__traceback__)
         e.__traceback__ = None
-    free_memory("cuda")
+    free_memory(device)
     return result
 
 

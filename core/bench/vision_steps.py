@@ -25,6 +25,7 @@ class RunSteps:
     peak_allocated: int = 0  # bytes, over the timed steps
     peak_reserved: int = 0
     first_grad_norm: float | None = None
+    trainable_params: int | None = None
     speed_paths: dict = field(default_factory=dict)
     notices: list[str] = field(default_factory=list)
     profile: dict | None = None  # one extra step under torch.profiler (`--profile`), not among the steps above

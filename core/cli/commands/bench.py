@@ -350,12 +350,14 @@ def run(args) -> int:
     if args.gpus is not None:
         if get_scenario(args.scenario).kind != "text":
             raise ConfigError(
-                f"--gpus measures text scenarios; {args.scenario} is a vision scenario",
+                f"--gpus measures text scenarios; {args.scenario} is a {get_scenario(args.scenario).kind} scenario",
                 "give a text scenario, e.g. dense-8b",
             )
         return _run_scaling(args, console)
     if get_scenario(args.scenario).kind == "vision":
         return _run_vision(args, console)
+    if get_scenario(args.scenario).kind == "preference":
+        return _run_preference(args, console)
     return _run_text(args, console)
 
 
@@ -532,6 +534,58 @@ def _run_vision(args, console) -> int:
         path = write_json(report.to_dict(), args.json)
         console.print(f"wrote {path}")
     return 0 if any(r.ok for r in report.runs) else 1
+
+
+def _run_preference(args, console) -> int:
+    """A preference scenario: TRL's DPOTrainer with peft (the baseline) and Hone's DPO, then the ratio table."""
+    from hone.core.api.bench import VisionOptions, notes, ratio_table, write_json
+    from hone.core.bench.preference import BASELINE, run_preference_bench
+    from hone.core.errors import ConfigError
+
+    given = [flag for flag, name, default in TEXT_ONLY_FLAGS if getattr(args, name) != default]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: not used by the preference scenario {args.scenario}",
+            "it takes --tokens, --layers, --lora-r, --steps, --warmup, --tokenizer, --json and --verbose",
+        )
+    options = VisionOptions(
+        scenario=args.scenario,
+        tokens=args.tokens,
+        layers=args.layers,
+        lora_r=args.lora_r,
+        steps=args.steps,
+        warmup=args.warmup,
+        tokenizer=args.tokenizer,
+        peer=args.peer,
+        only=args.only,
+        profile_top=max(args.profile_top, 1) if args.profile else 0,
+    )
+    started, measured = _progress(console)
+    report = run_preference_bench(options, on_result=measured, on_start=started)
+    batch, pairs = report.batch, report.pairs
+    title = (
+        f"{report.scenario.name}: DPO (beta {batch['beta']}), {batch['layers'] or 'all'} layers, "
+        f"{batch['tokens_per_step']:,} tokens a step for Hone, {pairs['trl_pairs_per_step']} pairs a step for TRL "
+        f"(pairs of {pairs['mean_tokens']:.0f} tokens on average), LoRA r{options.lora_r}, {report.dtype} on "
+        f"{report.environment.get('gpu', report.device)}; {options.steps} timed steps after {options.warmup}; "
+        f"ratios vs {BASELINE}"
+    )
+    console.print(ratio_table(report.runs, BASELINE, title))
+    console.print(
+        "tokens/s counts real (non-padding) tokens of both sides over the timed steps. parity: the same trainable "
+        "parameters and the same first loss (log 2); the runs batch different pairs, so later losses are no check."
+    )
+    for line in notes(report.runs):
+        console.print(f"[yellow]{line}[/yellow]")
+    if args.verbose:
+        _print_details(console, report.runs)
+        for name, messages in report.notices.items():
+            for message in messages:
+                console.print(f"[dim]{name}: {message}[/dim]")
+    if args.json:
+        path = write_json(report.to_dict(), args.json)
+        console.print(f"wrote {path}")
+    return 0 if all(r.ok for r in report.runs) else 1
 
 
 def _print_profiles(console, runs) -> None:
