@@ -217,11 +217,12 @@ class TrainSession(QObject):
 
     def __init__(self, trainer: TrainerFactory | None = None, parent: QObject | None = None):
         super().__init__(parent)
-        # No trainer given: the core trainer, in a process of its own where one can be stopped with SIGINT. Loading
-        # a model and its tokenizer holds the GIL in single calls of a hundred milliseconds and more, so a run on
-        # a thread of the window's process froze the window for 250-630 ms while it loaded (2 CPU cores).
+        # No trainer given: the core trainer, in a process of its own (stopped through a file it watches, on Linux
+        # and Windows alike: hone.core.train.child_run). Loading a model and its tokenizer holds the GIL in single
+        # calls of a hundred milliseconds and more, so a run on a thread of the window's process froze the window for
+        # 250-630 ms while it loaded (2 CPU cores).
         self._trainer = trainer or core_trainer
-        self._child_by_default = trainer is None and os.name == "posix"
+        self._child_by_default = trainer is None
         self._thread: QThread | None = None
         self._worker: TrainWorker | None = None
         self.control: RunControl | None = None

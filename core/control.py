@@ -18,6 +18,9 @@ from hone.core.errors import HoneError
 # A run in a process of its own (hone.core.train.child_run) pauses while this file exists (`follow_pause_file`).
 PAUSE_FILE_ENV = "HONE_PAUSE_FILE"
 PAUSE_POLL_S = 0.5
+# ... and stops after its current step, saving, once this file exists (`hone.core.cli.launch.watch_stop_file`): how
+# a launcher or a Studio asks a run to stop where there is no SIGINT to send (Windows), or for every process at once.
+STOP_FILE_ENV = "HONE_STOP_FILE"
 
 
 class RunControl:

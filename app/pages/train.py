@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QButtonGroup, QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
@@ -92,9 +90,6 @@ class TrainPage(Page):
             "follows it again when you reopen Hone Studio. Left off, closing the window "
             "asks to stop the run (it saves first)."
         )
-        if os.name != "posix":  # the child is stopped with SIGINT (hone.core.train.child_run)
-            self.background_box.setEnabled(False)
-            self.background_box.setToolTip("Runs train inside Hone Studio on Windows.")
         self.summary.body.addWidget(self.background_box)
         self.body.addWidget(self.summary)
         # What memory the estimate is held against: the first GPU's free memory (tests give their own).
@@ -348,7 +343,7 @@ class TrainPage(Page):
         # a running trainer has already read its config: editing it now would change nothing and mislead
         for widget in (self.form, self.load_button, *self.preset_buttons.values(), *self.gpu_boxes):
             widget.setEnabled(not running)
-        self.background_box.setEnabled(not running and os.name == "posix")
+        self.background_box.setEnabled(not running)
         self.form.setToolTip("The settings of the run in progress; edit them once it has ended." if running else "")
 
     def invalid_fields(self) -> list[str]:

@@ -24,10 +24,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from hone.core.cli.stop_signals import DEFAULT_GRACE_S, EXIT_STOPPED_BY_SYSTEM
-from hone.core.control import check_control_file
+from hone.core.control import STOP_FILE_ENV, check_control_file
 from hone.core.errors import HoneError
 
-STOP_FILE_ENV = "HONE_STOP_FILE"
 STOP_POLL_S = 0.5
 # Under a plain torchrun, Ctrl-C reaches each process from the terminal and again from torchrun: two SIGINTs
 # closer than this are one keypress.

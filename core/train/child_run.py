@@ -3,10 +3,12 @@ GPUs) started as a process of its own, its events read back from the run folder 
 
 The child outlives its caller: a run started this way keeps training when the studio closes (`RunControl.detach`
 ends the reading, not the run), and the studio follows it again from the Runs page. Stdlib only: the caller never
-imports torch for it. Stop asks the child to stop after the current step (SIGINT; with several GPUs the launcher
-passes it on through the processes' stop file). Pause creates a file the child watches (`control.PAUSE_FILE_ENV`,
-in the run folder, where a later window finds it: hone.core.train.run_requests) and Resume removes it; a run on
-several GPUs does not pause (its processes would wait for each other in the gradient exchange).
+imports torch for it. Stop asks the child to stop after the current step: a run of one process through a stop file
+it watches (`control.STOP_FILE_ENV`; the same on Windows, where there is no SIGINT to send), a run on several GPUs
+(Linux) with SIGINT, which the launcher passes on through the processes' stop file. Pause creates a file the child
+watches (`control.PAUSE_FILE_ENV`, in the run folder, where a later window finds it: hone.core.train.run_requests)
+and Resume removes it; a run on several GPUs does not pause (its processes would wait for each other in the
+gradient exchange).
 
 A run that fails before its first step removes the folder it made, RunFailed and all, usually before the next look
 at it; a child refused before its run writes no event. Its failure then comes from what it recorded in its failure
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from hone.core import events
 from hone.core.config import RunConfig
-from hone.core.control import PAUSE_FILE_ENV, RunControl
+from hone.core.control import PAUSE_FILE_ENV, STOP_FILE_ENV, RunControl
 from hone.core.errors import FAILURE_FILE_ENV, HoneError, recorded_failure
 from hone.core.train.run_dir import CONFIG_FILE, METRICS_FILE, EventTail, new_run_dir
 from hone.core.train.run_requests import pause_request_file
@@ -46,6 +48,13 @@ _REASON_PREFIXES = {"failed: ": False, "interrupted: ": True, "hone: error: ": F
 _ADVICE_PREFIXES = ("advice: ", "hone: advice: ")
 # The advice of a child that ended without saying why (killed, out of memory): its output is all there is.
 _NO_WORDS_ADVICE = "see the messages below; the run folder keeps its checkpoints (Resume on the Runs page)"
+
+# The child outlives its caller and ignores the caller's console: its own session (POSIX) or process group (Windows).
+_ON_ITS_OWN: dict = (
+    {"start_new_session": True}
+    if os.name == "posix"
+    else {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+)
 
 
 def command_for(config_path: Path | None, resume: Path | None, gpus: list[int], data_changed: str) -> list[str]:
@@ -72,11 +81,8 @@ def train_in_child(
     `gpus` (None: what the child sees), yielding the run's events as they are written. Ends with RunFinished or
     RunFailed, as Trainer.run does, or with nothing more once `control` is detached."""
     gpus = list(gpus or [])
-    if os.name != "posix":  # stopping it needs SIGINT, and several GPUs need NCCL
-        raise HoneError(
-            "a run in a process of its own (several GPUs, or training on after the window closes) needs Linux",
-            "tick one GPU, and leave “Keep training when Hone Studio closes” off",
-        )
+    if os.name != "posix" and len(gpus) > 1:  # several GPUs need NCCL, and stopping them SIGINT
+        raise HoneError("training on several GPUs at once needs Linux", "tick one GPU")
     if resume is not None:
         run_dir = Path(resume)
         # settings of its own (a longer run): given as `hone train CONFIG --resume RUN_DIR`, else the run's config.toml
@@ -93,11 +99,13 @@ def train_in_child(
     talk = Path(tempfile.mkdtemp(prefix="hone-child-"))  # files the child and this process share
     failure_file = talk / "failure.json"  # a refusal before the run folder is written: its code survives
     env[FAILURE_FILE_ENV] = str(failure_file)
-    pause_file = None
+    pause_file = stop_file = None
     if len(gpus) <= 1:  # one process: it pauses while this file exists, in the run folder so a later window finds it
         pause_file = pause_request_file(run_dir)
         pause_file.unlink(missing_ok=True)  # left by a run killed while paused: this one starts running
         env[PAUSE_FILE_ENV] = str(pause_file)
+        stop_file = talk / "stop.request"  # and stops once this one exists
+        env[STOP_FILE_ENV] = str(stop_file)
     with tempfile.TemporaryFile() as stderr:
         child = subprocess.Popen(
             command_for(config_path, resume, gpus, data_changed),
@@ -105,9 +113,9 @@ def train_in_child(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
-            start_new_session=True,
+            **_ON_ITS_OWN,
         )
-        follower = _Follower(child, run_dir, control, started=time.time(), pause_file=pause_file)
+        follower = _Follower(child, run_dir, control, started=time.time(), pause_file=pause_file, stop_file=stop_file)
         try:
             yield from follower.events()
         finally:
@@ -142,8 +150,10 @@ class _Follower:
         control: RunControl,
         started: float,
         pause_file: Path | None = None,
+        stop_file: Path | None = None,
     ):
         self.child, self.control, self.started, self.pause_file = child, control, started, pause_file
+        self.stop_file = stop_file
         self.tail = EventTail(run_dir)
         self.ended = self.detached = False
 
@@ -161,7 +171,10 @@ class _Follower:
                 self.detached = True
                 return
             if self.control.stop_requested and not asked:
-                self.child.send_signal(signal.SIGINT)
+                if self.stop_file is not None:
+                    self.stop_file.touch()
+                else:
+                    self.child.send_signal(signal.SIGINT)
                 asked = True
             if self.pause_file is not None and self.control.paused != self.pause_file.exists():
                 if self.control.paused:

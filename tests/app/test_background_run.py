@@ -6,11 +6,9 @@ and saves before the window closes."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
-import pytest
 from PySide6.QtWidgets import QMessageBox
 from shiboken6 import isValid
 from test_train_gpus import ready_to_start
@@ -59,7 +57,6 @@ def test_a_background_run_outlives_the_window(qtbot, make_window, tiny_model_dir
     assert isinstance(finished, events.RunFinished) and finished.step == steps and not finished.stopped, finished
 
 
-@pytest.mark.skipif(os.name != "posix", reason="runs train in a child process on Linux only")
 def test_a_run_without_the_box_trains_in_a_child_and_stops_when_the_window_closes(
     qtbot, make_window, tiny_model_dir, monkeypatch
 ):

@@ -108,3 +108,28 @@ def test_a_detached_run_goes_on_in_its_own_process(tiny_model_dir, chat_files, t
     assert isinstance(finished, events.RunFinished) and finished.step == 40 and not finished.stopped, finished
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
     assert os.listdir(tmp_path / "runs") == [run_dir.name]  # the config it was started with is gone
+
+
+def test_a_one_process_child_stops_through_its_stop_file_without_a_signal(
+    tiny_model_dir, chat_files, tiny_config, tmp_path, monkeypatch
+):
+    """How the Studio stops its run on Windows, where there is no SIGINT to send: the same path on every system."""
+
+    def no_signals(self, sig):
+        raise AssertionError(f"a signal ({sig}) was sent to a one-process child")
+
+    monkeypatch.setattr(child_run.subprocess.Popen, "send_signal", no_signals)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = tiny_config(
+        tiny_model_dir("tiny-dense"), chat_files, tmp_path / "runs", "train.max_steps=500", "data.max_length=128",
+        "train.batch_tokens=256", "output.checkpoint_every=0",
+    )  # fmt: skip
+    control = RunControl()
+    seen = []
+    for event in child_run.train_in_child(config, control):
+        seen.append(event)
+        if isinstance(event, events.StepMetrics) and event.step == 2:
+            control.stop()
+    finished = seen[-1]
+    assert isinstance(finished, events.RunFinished) and finished.stopped and 2 <= finished.step < 500, finished
+    assert (tmp_path / "runs" / os.listdir(tmp_path / "runs")[0] / "adapter" / "adapter_model.safetensors").is_file()
