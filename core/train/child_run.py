@@ -49,11 +49,14 @@ _ADVICE_PREFIXES = ("advice: ", "hone: advice: ")
 # The advice of a child that ended without saying why (killed, out of memory): its output is all there is.
 _NO_WORDS_ADVICE = "see the messages below; the run folder keeps its checkpoints (Resume on the Runs page)"
 
-# The child outlives its caller and ignores the caller's console: its own session (POSIX) or process group (Windows).
+# The child outlives its caller and ignores the caller's console: its own session (POSIX); on Windows its own
+# process group, and no console window of its own popping up beside the Studio (it is stopped through its stop file).
 _ON_ITS_OWN: dict = (
     {"start_new_session": True}
     if os.name == "posix"
-    else {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+    else {
+        "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0) | getattr(subprocess, "CREATE_NO_WINDOW", 0)
+    }
 )
 
 
