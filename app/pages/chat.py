@@ -80,7 +80,11 @@ class ChatEngine(QObject):
 
     @Slot(object)
     def evaluate(self, request: dict[str, Any]) -> None:
-        """Answer the held-out rows of request["path"] (the first request["rows"]) with both models and score them."""
+        """Answer the held-out rows of request["path"] (the first request["rows"]) with both models and score them;
+        for a preference run (request["config"]), rank its held-out pairs with both instead."""
+        if request.get("config") is not None:
+            self._rank_pairs(request)
+            return
         result = None
         try:
             from hone.core.api import compare, read_prompts, with_references
@@ -98,6 +102,62 @@ class ChatEngine(QObject):
             self.failed.emit(describe_exception(e))
         finally:
             self.evaluated.emit(result)
+
+    def _rank_pairs(self, request: dict[str, Any]) -> None:
+        result = None
+        try:
+            from hone.core.api import held_out_pairs, score_pairs
+
+            pairs = held_out_pairs(request["config"], self.models.tokenizer, request.get("path"))
+            result = score_pairs(
+                self.models,
+                pairs,
+                limit=request["rows"] or None,
+                progress=lambda done, total: self.eval_progress.emit((done, total)),
+            )
+        except Exception as e:
+            self.failed.emit(describe_exception(e))
+        finally:
+            self.evaluated.emit(result)
+
+
+def preference_summary(scores) -> str:
+    """One line for a preference evaluation: how often each model ranks the chosen answer first."""
+    return (
+        f"the fine-tune ranks the chosen answer first in {scores.tuned_right} of {scores.pairs} held-out pairs "
+        f"({scores.accuracy(True):.0%}), the base in {scores.base_right} ({scores.accuracy(False):.0%})"
+    )
+
+
+class PreferenceDialog(QDialog):
+    """A preference run's evaluation: per model, how often it ranks each held-out pair's chosen answer above the
+    rejected one, and by how much; with the fine-tune's implicit reward (its gain over the base, chosen against
+    rejected)."""
+
+    ROWS = ("Preference accuracy", "Mean margin (log-prob per token)")
+
+    def __init__(self, title: str, scores, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        layout = QVBoxLayout(self)
+        summary = preference_summary(scores)
+        self.summary = label(summary[0].upper() + summary[1:] + ".", wrap=True, selectable=True)
+        layout.addWidget(self.summary)
+        self.table = QTableWidget(len(self.ROWS) + 1, 2)
+        self.table.setHorizontalHeaderLabels(("Base", "Fine-tuned"))
+        self.table.setVerticalHeaderLabels((*self.ROWS, "Reward ranks chosen first"))
+        cells = (
+            (f"{scores.accuracy(False):.1%}", f"{scores.accuracy(True):.1%}"),
+            (f"{scores.base_margin:+.3f}", f"{scores.tuned_margin:+.3f}"),
+            ("—", f"{scores.reward_right / max(scores.pairs, 1):.1%}"),
+        )
+        for r, row in enumerate(cells):
+            for c, text in enumerate(row):
+                item = QTableWidgetItem(text)
+                item.setFlags(item.flags() & ~Qt.ItemIsEditable)
+                self.table.setItem(r, c, item)
+        self.table.resizeColumnsToContents()
+        layout.addWidget(self.table, 1)
 
 
 class EvaluationDialog(QDialog):
@@ -398,16 +458,36 @@ class ChatPage(Page):
         picks; the first `rows` rows with a reference (0 = all)."""
         if not self.loaded or not self.has_adapter or self.generating:
             return
-        if path is None:
-            path = self._held_out_file()
-        if path is None:
-            return
+        config = self._preference_config()
+        if config is not None:  # its held-out pairs (data.eval, or those eval_fraction held out) unless given a file
+            where = f"{Path(path).name}" if path is not None else "the run's held-out pairs"
+            request = {"path": str(path) if path is not None else None, "rows": rows, "config": config}
+        else:
+            if path is None:
+                path = self._held_out_file()
+            if path is None:
+                return
+            where = Path(path).name
+            request = {"path": str(path), "rows": rows, "stop": self.stop_flag}
         self.generating = True
         self.stop_flag.clear()
-        self.status.setText(f"Evaluating on {Path(path).name}…")
+        self.status.setText(f"Evaluating on {where}…")
         set_role(self.status, "muted")
         self._update_buttons()
-        self._evaluate_requested.emit({"path": str(path), "rows": rows, "stop": self.stop_flag})
+        self._evaluate_requested.emit(request)
+
+    def _preference_config(self):
+        """The loaded run's config when it trained on pairs (DPO, SimPO, ORPO), else None."""
+        from hone.core.config import PREFERENCE_METHODS, RunConfig
+        from hone.core.errors import HoneError
+
+        if not self.source.get("run_dir"):
+            return None
+        try:
+            config = RunConfig.load(Path(self.source["run_dir"]) / "config.toml")
+        except HoneError:
+            return None
+        return config if config.train.method in PREFERENCE_METHODS else None
 
     def _held_out_file(self) -> str | None:
         from hone.core.api import held_out_file
@@ -425,18 +505,24 @@ class ChatPage(Page):
     @Slot(object)
     def _eval_progress(self, progress: tuple[int, int]) -> None:
         done, total = progress
-        self.status.setText(f"Evaluating: {done} of {total} prompts answered by both models…")
+        self.status.setText(f"Evaluating: {done} of {total} rows scored by both models…")
 
     @Slot(object)
     def _evaluated(self, result) -> None:
         self.generating = False
         self._update_buttons()
-        if result is not None:
+        name = Path(self.source.get("run_dir") or self.source.get("model", "")).name
+        if isinstance(result, tuple):
             comparison, skipped = result
             self.status.setText(comparison.summary()[0].upper() + comparison.summary()[1:] + ".")
             set_role(self.status, "muted")
-            name = Path(self.source.get("run_dir") or self.source.get("model", "")).name
             self.evaluation_dialog = EvaluationDialog(f"Evaluation of {name}", comparison, skipped, self)
+            self.evaluation_dialog.show()
+        elif result is not None:  # a preference run's ranking of its held-out pairs
+            summary = preference_summary(result)
+            self.status.setText(summary[0].upper() + summary[1:] + ".")
+            set_role(self.status, "muted")
+            self.evaluation_dialog = PreferenceDialog(f"Evaluation of {name}", result, self)
             self.evaluation_dialog.show()
         self.evaluation_finished.emit()
 

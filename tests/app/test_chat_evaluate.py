@@ -54,3 +54,51 @@ def test_evaluate_scores_both_models_on_the_runs_eval_rows(qtbot, make_window, t
         assert table.item(r, 4).text()[0] in "✓✗" and "F1 " in table.item(r, 4).text()
     assert "exact" in page.status.text() and page.send_button.isEnabled()
     dialog.close()
+
+
+def test_evaluate_on_a_dpo_run_ranks_its_held_out_pairs(qtbot, make_window, tiny_model_dir, settings, tmp_path):
+    """A preference run's Evaluate… ranks its held-out pairs with the base and the fine-tune (no file to pick):
+    the accuracies agree with `score_pairs` on the same models and pairs."""
+    from hone.core.api import ChatModels, held_out_pairs, score_pairs
+
+    rows = [
+        {"prompt": f"What is {a} plus {a + 1}?", "chosen": f" {2 * a + 1}, said kindly.", "rejected": f" {a}."}
+        for a in range(16)
+    ]
+    data = write_rows(tmp_path / "pairs.jsonl", rows)
+    runs = settings.config().output.runs_dir
+    config = RunConfig().with_overrides(
+        [
+            f"model.name_or_path={json.dumps(str(tiny_model_dir('tiny-dense')))}",
+            f"data.train=[{json.dumps(str(data))}]",
+            "data.eval=[]",
+            "data.eval_fraction=0.25",
+            f"output.runs_dir={json.dumps(runs)}",
+            "output.name=ranked",
+            'train.method="dpo"',
+            "data.max_length=128",
+            "train.batch_tokens=512",
+            "train.max_steps=4",
+            "train.lr=5e-3",
+        ]
+    )
+    assert isinstance(list(Trainer(config, device="cpu").run())[-1], events.RunFinished)
+
+    window = make_window()
+    page = window.page("chat")
+    window.show_page("chat")
+    page.refresh_runs()
+    page.select_run(f"{runs}/ranked")
+    page.load_selected()
+    qtbot.waitUntil(lambda: page.loaded, timeout=120_000)
+    with qtbot.waitSignal(page.evaluation_finished, timeout=300_000):
+        page.evaluate(rows=0)
+    dialog = page.evaluation_dialog
+    assert dialog is not None and dialog.isVisible() and dialog.table.rowCount() == 3
+    models = ChatModels.for_run(f"{runs}/ranked")
+    want = score_pairs(models, held_out_pairs(RunConfig.load(f"{runs}/ranked/config.toml"), models.tokenizer))
+    assert want.pairs == 4
+    assert dialog.table.item(0, 0).text() == f"{want.accuracy(False):.1%}"
+    assert dialog.table.item(0, 1).text() == f"{want.accuracy(True):.1%}"
+    assert f"in {want.tuned_right} of 4 held-out pairs" in page.status.text()
+    dialog.close()
