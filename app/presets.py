@@ -1,7 +1,10 @@
 """Train-page presets: named sets of RunConfig overrides (the same `section.key=value` strings as `--set`).
 
-A preset changes only the settings it names; the model, data and output choices stay as they are. Every preset
-names the same settings (`PRESET_KEYS`), so the result of a preset never depends on which one was applied before.
+A preset changes only the settings it names; the model, data, output and training method stay as they are. For a
+run that learns from preferences (DPO, SimPO, ORPO, KTO) or rewards (GRPO) a preset also sets what those methods
+need (a learning rate ten to forty times lower than supervised fine-tuning's, the preference strength β), so the
+same four presets serve every method. For a given method every preset names the same settings, so the result of a
+preset never depends on which one was applied before.
 """
 
 from __future__ import annotations
@@ -10,6 +13,13 @@ from dataclasses import dataclass
 
 from hone.core.config import RunConfig
 
+# What a preset sets besides its own overrides, per training method family: learning from preferences or rewards
+# moves the model away from where supervised fine-tuning left it, and takes far smaller steps (common LoRA recipes:
+# DPO about 5e-6, GRPO about 5e-6); β = 0.1 is the usual preference strength.
+PREFERENCE_SETTINGS = ("train.lr=5e-6", "preference.beta=0.1")
+GRPO_SETTINGS = ("train.lr=5e-6", "grpo.beta=0.0")
+PREFERENCE_FAMILY = ("dpo", "simpo", "orpo", "kto")
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -17,8 +27,16 @@ class Preset:
     description: str
     overrides: tuple[str, ...]
 
+    def overrides_for(self, method: str) -> tuple[str, ...]:
+        """The preset's settings for a run of training method `method` (the later ones win)."""
+        if method in PREFERENCE_FAMILY:
+            return (*self.overrides, *PREFERENCE_SETTINGS)
+        if method == "grpo":
+            return (*self.overrides, *GRPO_SETTINGS)
+        return self.overrides
+
     def apply(self, config: RunConfig) -> RunConfig:
-        return config.with_overrides(list(self.overrides))
+        return config.with_overrides(list(self.overrides_for(config.train.method)))
 
 
 PRESETS: tuple[Preset, ...] = (
@@ -109,7 +127,6 @@ PRESETS: tuple[Preset, ...] = (
 )
 
 PRESETS_BY_NAME = {preset.name: preset for preset in PRESETS}
-PRESET_KEYS = frozenset(o.partition("=")[0] for preset in PRESETS for o in preset.overrides)
 
 
 def matching_preset(config: RunConfig) -> str:

@@ -65,7 +65,10 @@ class TrainPage(Page):
         for preset in PRESETS:
             button = set_role(QPushButton(preset.name), "preset")
             button.setCheckable(True)
-            button.setToolTip(preset.description)
+            button.setToolTip(
+                f"{preset.description}\nFor runs that learn from preferences or rewards (DPO, SimPO, ORPO, KTO, "
+                "GRPO) it also sets a learning rate of 5e-6 and, for preferences, β = 0.1."
+            )
             button.clicked.connect(lambda _=False, name=preset.name: self.apply_preset(name))
             self.preset_group.addButton(button)
             self.preset_buttons[preset.name] = button

@@ -165,3 +165,19 @@ def test_grpo_rewards_are_edited_as_one_line_of_json(qtbot):
     assert "grpo.rewards" in form.errors()
     with pytest.raises(ConfigError):
         form.config()
+
+
+def test_presets_keep_a_preference_run_s_method_and_set_what_it_needs(qtbot, window):
+    page = window.page("train")
+    window.state.update('train.method="dpo"', "preference.beta=0.5")
+    for preset in PRESETS:
+        page.preset_buttons[preset.name].click()
+        config = window.state.config
+        assert config.train.method == "dpo", "a preset never changes the training method"
+        assert config.train.lr == 5e-6 and config.preference.beta == 0.1, preset.name
+        assert config.lora.r == tomllib.loads(next(o for o in preset.overrides if o.startswith("lora.r=")))["lora"]["r"]
+        assert matching_preset(config) == preset.name
+    window.state.update('train.method="grpo"', 'grpo.rewards=[{kind = "numeric", column = "answer"}]')
+    page.preset_buttons["Balanced"].click()
+    assert window.state.config.train.method == "grpo" and window.state.config.train.lr == 5e-6
+    assert matching_preset(window.state.config) == "Balanced"
