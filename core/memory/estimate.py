@@ -46,6 +46,7 @@ ALLOCATOR_SLACK = 0.04
 # within 9 % (the process itself, freed memory the allocator returns to the system late, float32 temporaries the
 # GPU path runs in bf16); docs/performance/memory-planner.md.
 CPU_RESIDENT_FACTOR = 1.75
+PHASE_WORDS = {"generation": "sampling's KV cache and logits, beyond the checkpoints"}
 # torch's pinned host allocator rounds each request up to a power of two (at least 1 MiB) and keeps the blocks for
 # the next step (`host_slot_bytes` in core/speed/checkpointing/offload_buffers.py): a layer's offloaded input of 3.1 GiB
 # holds 4 GiB of page-locked memory, which the system cannot swap out.
@@ -69,6 +70,9 @@ class MemorySettings:
     chunked_loss: bool = True
     kernels: bool = True  # Hone's fused kernels (the fused cross-entropy among them)
     cpu: bool = False  # the run trains on the CPU: its peak is resident system memory
+    # GRPO (train.method = grpo): a step first samples completions of up to this many tokens for its micro-batch's
+    # prompts (0: no generation). Its sequences, prompt and completion, fill the micro-batch's tokens.
+    generation_completion: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,14 +137,21 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     all_logits = tokens * shape.vocab * (4 + 2 * w)  # fp32 logits, and their bf16 copy and gradient
     chunk = FUSED_LOSS_CHUNK_BYTES if s.kernels else LOSS_CHUNK_BYTES
     loss = head_copy + (min(chunk, all_logits) if s.chunked_loss else all_logits) + row
-    phase, transient = max((("forward", forward), ("backward", backward), ("loss", loss)), key=lambda p: p[1])
+    phases = [("forward", forward), ("backward", backward), ("loss", loss)]
+    if s.generation_completion:
+        # Sampling holds no checkpoints, but the KV cache of every sequence it extends (keys and values, every layer)
+        # and one position's logits per sequence (the model's dtype, and fp32 for sampling).
+        kv_cache = tokens * shape.layers * 2 * shape.kv_heads * shape.head_dim * w
+        sequences = max(1, tokens // s.generation_completion)
+        phases.append(("generation", kv_cache + sequences * shape.vocab * (w + 4) - checkpoints))
+    phase, transient = max(phases, key=lambda p: p[1])
 
     parts = [
         Part("weights", linear_bytes, "decoder layers" + (" in 4-bit nf4" if s.qlora else "")),
         Part("vocabulary tables", tables_on_gpu, "input embedding and LM head on the GPU"),
         Part("LoRA + optimizer", lora_state, f"{trainable / 1e6:.1f}M trainable values, {s.optimizer}"),
         Part("checkpoints", checkpoints, f"activation checkpointing: {s.checkpoint}"),
-        Part("step", transient, f"the largest transient: {phase}"),
+        Part("step", transient, "the largest transient: " + PHASE_WORDS.get(phase, phase)),
     ]
     live = sum(part.bytes for part in parts)
     if s.cpu:

@@ -130,6 +130,7 @@ def settings_from_config(
         chunked_loss=speed.loss == "chunked",
         kernels=speed.kernels and cuda,
         cpu=not cuda,
+        generation_completion=config.grpo.max_completion_length if train.method == "grpo" else 0,
     ), mean_row
 
 

@@ -81,3 +81,28 @@ def test_the_gpu_is_named_once_with_its_free_memory(monkeypatch):
     assert memory.device == "NVIDIA H200" and memory.available == 139.2 * GIB and memory.gpu
     [notice] = fit_run_config(qwen3_8b(), memory).notices
     assert "GiB; 139.2 GiB free on NVIDIA H200: it fits." in notice.message, notice.message
+
+
+def test_a_grpo_run_s_plan_holds_sampling_s_kv_cache():
+    """GRPO samples before it trains: the KV cache of every sequence of the micro-batch (keys and values of every
+    layer: 144 KiB a token for Qwen3-8B in bf16) and one position's logits per sequence, with no checkpoints alive."""
+    from hone.core.memory.run_plan import plan_run
+
+    def plan(method: str, batch_tokens: int):
+        config = qwen3_8b(batch_tokens=batch_tokens, max_length=1024).with_overrides(
+            [f'train.method="{method}"', 'grpo.rewards=[{kind = "numeric", column = "answer"}]',
+             "grpo.max_completion_length=512"]
+        )  # fmt: skip
+        return plan_run(config, None)
+
+    sft, grpo = plan("sft", 65536), plan("grpo", 65536)
+    kv = 65536 * 36 * 2 * 8 * 128 * 2
+    logits = (65536 // 512) * 151936 * (2 + 4)
+    assert grpo.settings.generation_completion == 512 and sft.settings.generation_completion == 0
+    assert grpo.estimate.phase == "generation"
+    checkpoints = grpo.estimate.part("checkpoints")
+    assert grpo.estimate.part("step") == kv + logits - checkpoints
+    assert grpo.estimate.peak_bytes > sft.estimate.peak_bytes
+    assert "KV cache" in next(p.note for p in grpo.estimate.parts if p.name == "step")
+    small = plan("grpo", 2048)  # a short micro-batch: training's own transient is the larger
+    assert small.estimate.phase != "generation"
