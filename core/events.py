@@ -113,6 +113,8 @@ class StepMetrics(Event):
     completion_length: float | None = None  # tokens per sampled answer
     clip_fraction: float | None = None  # share of answer tokens whose probability ratio was clipped
     reward_problems: list[str] = field(default_factory=list)  # rewards that failed on a row, and why (the first few)
+    # GRPO: the step's best- and worst-rewarded answers, each "reward R · PROMPT → ANSWER" (cut to SAMPLE_CHARS)
+    samples: list[str] = field(default_factory=list)
 
     @property
     def waiting_for_data(self) -> float:
@@ -210,7 +212,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 # a missing field reads back as its default).
 _METHOD_METRICS = (
     "reward_margin", "reward_accuracy", "chosen_logps", "rejected_logps", "nll", "log_odds_ratio", "kl",
-    "reward_mean", "reward_std", "rewards", "completion_length", "clip_fraction", "reward_problems",
+    "reward_mean", "reward_std", "rewards", "completion_length", "clip_fraction", "reward_problems", "samples",
 )  # fmt: skip
 
 

@@ -26,6 +26,8 @@ from hone.core.train.objectives.grpo_rollout import Rollout, sample, token_logpr
 from hone.core.train.objectives.preference import adapter_off
 from hone.core.train.rewards import Sample, build_rewards, score_samples
 
+SAMPLE_CHARS = 300  # an answer's characters kept in a step line's samples (its prompt: a third of that)
+
 
 @dataclass
 class PromptBatch:
@@ -50,6 +52,34 @@ class StepRecord:
         self.tokens = 0.0
         self.problems: list[str] = []
         self.failed = 0
+        self.best: tuple[float, str] | None = None  # (reward, "reward R · prompt → answer") of the step's best answer
+        self.worst: tuple[float, str] | None = None
+
+    def keep_samples(self, samples: list[Sample], totals: list[float]) -> None:
+        """Remember the best- and the worst-rewarded answer seen in the step (answers a reward failed on left out)."""
+        scored = [(r, s) for r, s in zip(totals, samples) if not math.isnan(r)]
+        if not scored:
+            return
+        reward, sample = max(scored, key=lambda item: item[0])
+        if self.best is None or reward > self.best[0]:
+            self.best = (reward, sample_line(reward, sample))
+        reward, sample = min(scored, key=lambda item: item[0])
+        if self.worst is None or reward < self.worst[0]:
+            self.worst = (reward, sample_line(reward, sample))
+
+    def sample_lines(self) -> list[str]:
+        lines = [held[1] for held in (self.best, self.worst) if held is not None]
+        return lines[:1] if len(lines) == 2 and lines[0] == lines[1] else lines
+
+
+def sample_line(reward: float, sample: Sample) -> str:
+    """ "reward R · PROMPT → ANSWER", each part cut to its share of SAMPLE_CHARS, whitespace runs as one space."""
+
+    def cut(text: str, limit: int) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    return f"reward {reward:.3g} · {cut(sample.prompt, SAMPLE_CHARS // 3)} → {cut(sample.completion, SAMPLE_CHARS)}"
 
 
 class GroupRelativePolicyOptimization:
@@ -100,6 +130,7 @@ class GroupRelativePolicyOptimization:
         record.lengths += [float(n) for n in lengths]
         record.problems += scores.problems[: max(0, 5 - len(record.problems))]
         record.failed += scores.failed
+        record.keep_samples(samples, scores.total)
         return torch.tensor(scores.total, dtype=torch.float32)
 
     def loss_sum(self, model, batch: PromptBatch, *, evaluating: bool = False) -> torch.Tensor:
@@ -151,6 +182,7 @@ class GroupRelativePolicyOptimization:
             "completion_length": sum(record.lengths) / len(record.lengths),
             "kl": record.kl_tokens / max(record.tokens, 1.0),
             "clip_fraction": record.clipped_tokens / max(record.tokens, 1.0),
+            "samples": record.sample_lines(),
             "reward_problems": record.problems
             + (
                 [f"... and {record.failed - len(record.problems)} more"] if record.failed > len(record.problems) else []

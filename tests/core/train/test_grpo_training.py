@@ -76,6 +76,10 @@ def test_grpo_trains_the_adapter_and_logs_rewards(tiny_config, tiny_model_dir, p
         assert set(line["rewards"]) == {"vowels", "numeric:answer"}
         assert 0 < line["completion_length"] <= 6 and line["kl"] >= 0 and line["clip_fraction"] == 0
         assert math.isfinite(line["loss"])
+        # the step's best- and worst-rewarded answers, for the Monitor to show
+        assert 1 <= len(line["samples"]) <= 2 and all(x.startswith("reward ") and " → " in x for x in line["samples"])
+        rewards = [float(x.split(" ")[1]) for x in line["samples"]]
+        assert rewards == sorted(rewards, reverse=True)
     lora_b = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
     assert lora_b and any(float(p.detach().abs().sum()) > 0 for p in lora_b)  # LoRA B starts at zero
 
@@ -124,3 +128,14 @@ def test_a_resumed_grpo_run_samples_and_trains_exactly_as_the_whole_run(
     want = [(e.loss, e.reward_mean) for e in whole if isinstance(e, events.StepMetrics)][2:]
     got = [(e.loss, e.reward_mean) for e in resumed if isinstance(e, events.StepMetrics)]
     assert len(got) == 1 and got[0] == pytest.approx(want[0], rel=1e-5)
+
+
+def test_a_sample_line_is_cut_to_its_size_on_one_line():
+    from hone.core.train.objectives.grpo import SAMPLE_CHARS, sample_line
+    from hone.core.train.rewards import Sample
+
+    line = sample_line(0.5, Sample("word\n" * 1000, "ask\tme " * 500, {}, 1000))
+    assert line.startswith("reward 0.5 · ask me ask me") and "\n" not in line and "\t" not in line
+    prompt, answer = line.removeprefix("reward 0.5 · ").split(" → ")
+    assert len(prompt) == SAMPLE_CHARS // 3 and len(answer) == SAMPLE_CHARS and answer.endswith("…")
+    assert sample_line(1.0, Sample("5", "2+3?", {}, 1)) == "reward 1 · 2+3? → 5"
