@@ -1,9 +1,13 @@
 """Data page: pick files, see what the validator made of every row, preview rows, inspect the trained tokens,
-and the token-length histogram."""
+and the token-length histogram.
+
+The page's widgets are here; what runs on a worker thread (the check, the preview rows, one row inspected) is
+data_check.py's, the histogram data_histogram.py's, and the rows as HTML and the report in words data_views.py's.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +32,22 @@ from PySide6.QtWidgets import (
 )
 
 from hone.app.pages.base import Page
+from hone.app.pages.data_check import DataCheck, check, entry_for, inspect
+from hone.app.pages.data_histogram import LengthHistogram
 from hone.app.pages.data_views import (
     THUMBNAIL,
     SkippedRow,
     highlight_html,
     prompt_and_response,
-    raw_row,
     report_html,
     skipped_rows,
     thumbnail,
 )
 from hone.app.theme import Palette, icon
-from hone.app.widgets.charts import plot_widget
 from hone.app.widgets.common import Card, Columns, StatTile, label, set_role
 from hone.app.workers import Task, TaskError
-from hone.core.config import DATA_FORMATS, DEMO_EVAL_DATA, DEMO_TRAIN_DATA, DataConfig, ModelConfig
-from hone.core.events import DatasetReport
+from hone.core.config import DATA_FORMATS, DEMO_EVAL_DATA, DEMO_TRAIN_DATA
 
-# Rows the preview table shows: enough to judge the data at a glance, few enough to tokenize in a blink.
-PREVIEW_ROWS = 50
-# Histogram bins for the token lengths.
-HISTOGRAM_BINS = 40
 # Skipped rows listed before the list scrolls: enough to see a pattern, few enough to leave the rest of the report
 # in view (the reasons table above it always shows every reason).
 SKIPPED_ROWS_SHOWN = 8
@@ -62,91 +61,6 @@ FORMAT_LABELS = {
     "text": "Plain text (continued pretraining)",
 }
 DATA_FILTER = "Datasets (*.jsonl *.json *.csv *.tsv *.parquet *.arrow);;All files (*)"
-
-
-@dataclass
-class DataCheck:
-    """What a check found: the report, every kept row's length, the first rows as the inspector sees them, and the
-    evaluation data's report where the run has evaluation files."""
-
-    report: DatasetReport
-    lengths: np.ndarray  # int64 [rows kept], tokens per row (empty without a tokenizer)
-    preview: list[Any]  # RowView of the first kept rows of the first source
-    tokenizer: Any  # kept for the inspector (a Python object; the GUI never calls into it on its thread)
-    eval_report: DatasetReport | None = None
-
-    @property
-    def problems(self) -> list[str]:
-        """Files that could not be read at all, of either split."""
-        return self.report.problems + (self.eval_report.problems if self.eval_report else [])
-
-
-def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
-    """The tokenizer training with the chosen model would use, as `hone data check --model` loads it (no weights are
-    read, no GGUF converted; downloads nothing the model load would not)."""
-    from hone.core.api import tokenizer_for
-
-    return tokenizer_for(model_cfg)
-
-
-def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCheck:
-    """Validate and tokenize the training and evaluation splits on a worker thread; structural checks only without a
-    model."""
-    from hone.core.api import check_data
-
-    tokenizer = None
-    if model_cfg.name_or_path:
-        if progress:
-            progress(("Loading the tokenizer…", 0.0))
-        tokenizer = load_tokenizer_for(model_cfg)
-    report, tokenized = check_data(
-        data_cfg,
-        tokenizer,
-        split="train",
-        progress=(lambda message, fraction: progress((message, fraction))) if progress else None,
-    )
-    preview = []
-    if tokenized is not None and len(tokenized):
-        preview = preview_rows(data_cfg, tokenizer, tokenized)
-    lengths = tokenized.lengths if tokenized is not None else np.zeros(0, np.int64)
-    eval_report = None
-    if data_cfg.eval:
-        if progress:
-            progress(("Checking the evaluation data…", 1.0))
-        eval_report, _ = check_data(data_cfg, tokenizer, split="eval")
-    return DataCheck(report, np.asarray(lengths), preview, tokenizer, eval_report)
-
-
-def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[Any]:
-    """RowViews of the first kept rows that come from the first file (row numbers as the report prints them)."""
-    from hone.core.api import inspect_rows
-
-    first_source = tokenized.source(0).rpartition(":")[0]
-    numbers = []
-    for index in range(len(tokenized)):
-        name, _, number = tokenized.source(index).rpartition(":")
-        if name == first_source:
-            numbers.append(int(number))
-            if len(numbers) == PREVIEW_ROWS:
-                break
-    entry = _entry_for(first_source, data_cfg.train)
-    return inspect_rows(entry, tokenizer, numbers, cfg=data_cfg)
-
-
-def inspect(entry: str, row: int, data_cfg: DataConfig, tokenizer: Any) -> tuple[Any, str]:
-    """(RowView or None without a tokenizer, the row as the file holds it where it is skipped or not viewed)."""
-    from hone.core.api import inspect_row
-
-    view = inspect_row(entry, tokenizer, row, cfg=data_cfg) if tokenizer is not None else None
-    return view, (raw_row(entry, row) if view is None or view.problem else "")
-
-
-def _entry_for(source_name: str, entries: list[str]) -> str:
-    """The data entry a source came from (a source is a file; the entry may be a folder holding it)."""
-    for entry in entries:
-        if Path(source_name).name == Path(entry).name or source_name == entry:
-            return entry
-    return source_name
 
 
 class DataPage(Page):
@@ -206,7 +120,9 @@ class DataPage(Page):
         # beside the files (above the report, preview and inspector, which grow with the data) so a check's
         # lengths are in view without scrolling; under the files where the window is narrow
         lengths = Card("Token lengths")
-        lengths.body.addWidget(self._histogram())
+        self.lengths_chart = LengthHistogram()
+        self.histogram = self.lengths_chart.plot
+        lengths.body.addWidget(self.lengths_chart)
         top = Columns(2, stretches=(3, 2))
         top.add(files)
         top.add(lengths)
@@ -302,23 +218,6 @@ class DataPage(Page):
         self.legend = label("", "muted")
         layout.addWidget(self.legend)
         return tab
-
-    def _histogram(self) -> QWidget:
-        holder = QWidget()
-        layout = QVBoxLayout(holder)
-        layout.setContentsMargins(0, 0, 0, 0)
-        self.histogram = plot_widget(180)
-        self.histogram.setMaximumHeight(220)  # the files beside it set the row's height
-        self.histogram.getPlotItem().getViewBox().setMouseEnabled(x=False, y=False)
-        self.histogram.getPlotItem().setLabel("bottom", "tokens per row")
-        self.histogram.getPlotItem().setLabel("left", "rows")
-        self.histogram_bars: pg.BarGraphItem | None = None
-        self.limit_line = pg.InfiniteLine(angle=90, movable=False)
-        self.histogram.addItem(self.limit_line)
-        layout.addWidget(self.histogram)
-        self.histogram_note = label("", "muted")
-        layout.addWidget(self.histogram_note)
-        return holder
 
     @staticmethod
     def _table_style(table: QTableWidget) -> None:
@@ -551,7 +450,7 @@ class DataPage(Page):
         self.tabs.setCurrentIndex(self.tabs.indexOf(self.inspector.parentWidget()))
         self.inspector_title.setText(f"{skipped.where}: skipped — {skipped.why}")
         self.inspector.clear()
-        self.inspect_row(_entry_for(skipped.source, entries), skipped.row)
+        self.inspect_row(entry_for(skipped.source, entries), skipped.row)
         self._inspecting = skipped
 
     def inspect_row(self, entry: str, row: int) -> None:
@@ -600,37 +499,20 @@ class DataPage(Page):
         self.legend.setText("Highlighted text is what the model learns to write; the rest is context only.")
 
     def _draw_histogram(self, lengths: np.ndarray) -> None:
-        if self.histogram_bars is not None:
-            self.histogram.removeItem(self.histogram_bars)
-            self.histogram_bars = None
-        limit = self.state.config.data.max_length
-        self.limit_line.setValue(limit)
-        if lengths.size == 0:
-            self.histogram_note.setText("")
-            return
-        counts, edges = np.histogram(lengths, bins=min(HISTOGRAM_BINS, max(1, int(np.ptp(lengths)) + 1)))
         colour = self.palette_.loss if self.palette_ else "#7567ff"
-        self.histogram_bars = pg.BarGraphItem(
-            x0=edges[:-1], x1=edges[1:], height=counts, brush=pg.mkBrush(colour), pen=pg.mkPen(None)
-        )
-        self.histogram.addItem(self.histogram_bars)
-        self.histogram_note.setText(
-            f"{lengths.size:,} rows · mean {lengths.mean():,.0f} tokens · the line marks max length ({limit:,})"
-        )
+        self.lengths_chart.draw(lengths, self.state.config.data.max_length, colour)
+
+    @property
+    def histogram_bars(self) -> pg.BarGraphItem | None:
+        """The token-length histogram's bars drawn now (None before a check)."""
+        return self.lengths_chart.bars
 
     def _muted(self) -> str:
         return self.palette_.muted if self.palette_ else "#888"
 
     def apply_palette(self, palette: Palette) -> None:
         super().apply_palette(palette)
-        self.histogram.setBackground(palette.surface)
-        for axis in ("left", "bottom"):
-            ax = self.histogram.getPlotItem().getAxis(axis)
-            ax.setPen(pg.mkPen(palette.grid))
-            ax.setTextPen(pg.mkPen(palette.muted))
-        self.limit_line.setPen(pg.mkPen(palette.danger, width=1.5, style=Qt.DashLine))
-        if self.histogram_bars is not None:
-            self.histogram_bars.setOpts(brush=pg.mkBrush(palette.loss))
+        self.lengths_chart.apply_palette(palette)
         self.demo_button.setIcon(icon("sparkle", palette.accent, 16))
         self.check_button.setIcon(icon("check", "#ffffff", 14))
         for split in ("train", "eval"):

@@ -20,7 +20,7 @@ import torch
 from hone.core.bench.batch import TokenBatch
 from hone.core.bench.measure import free_memory, is_out_of_memory
 from hone.core.data.collate import collate_packed
-from hone.core.speed.attention import backends
+from hone.core.speed.attention import backends, packed_metadata
 
 # Default geometry: Qwen3-0.6B's attention (16 query heads, 8 key/value heads, head dim 128).
 DEFAULT_HEADS, DEFAULT_KV_HEADS, DEFAULT_HEAD_DIM = 16, 8, 128
@@ -226,7 +226,7 @@ def run(
     counts = {}
     timings = {}
     for label, attend in (("ours", ours), ("ours_per_layer", ours_per_layer)):
-        backends._MASKS.clear()  # count as for a new batch going through a model of `layers` layers
+        packed_metadata._MASKS.clear()  # count as for a new batch going through a model of `layers` layers
         stats = backends.reset_stats()
         with torch.no_grad():
             for _ in range(layers):

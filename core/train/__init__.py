@@ -1,14 +1,23 @@
 """Training: the loop, one optimizer step, the loss, the optimizer, LoRA, and what a run writes to disk.
 
     trainer.py      Trainer: config -> data -> model -> speed paths -> LoRA -> steps -> events
+    prepare.py      what the Trainer does before step 1: the run settled once, as a PreparedRun
     step.py         StepRunner: one optimizer step and evaluation; PackStream: packs in training order
     loss.py         the token-summed cross-entropy, chunked over the LM head
     optim.py        AdamW variants and the learning-rate schedule
     lora.py         LoRA adapters through peft, and the trainable-parameter report
     checkpoints.py  resumable checkpoints, written atomically
     resume_checks.py  what a checkpoint records (config, data hashes), and what a resume may change
+    resume_rules.py   each setting's rule on resume (ON_RESUME), and the settings two configs differ in
+    data_hashes.py    the data files' sizes and sha256, and what decides the pack order
+    resume_schedule.py  a resumed run's length, data position, schedule and optimizer settings
+    run_facts.py    RunFacts: what the trainer records in each checkpoint, and a resume once it is loaded
     provenance.py   what a run was made from (model revision, library versions, GPU, seed), and a rerun's check
-    run_dir.py      the run folder: config, metrics, log, status summary
+    run_dir.py      the run folder: config, metrics, log, status summary (RunWriter)
+    run_layout.py   what a run folder holds, by name, and making a new one
+    run_log.py      train.log's lines, one per event
+    safe_writes.py  atomic JSON, append-only line files, the disk-full error
+    run_history.py  a run folder read back: run.json checked, its events, the list of runs
     metrics_series.py  a run's metrics.jsonl as chart columns, read fast; thinning a series for drawing
     json_checks.py  a run folder's small JSON files (run.json, a checkpoint's state.json) read as possibly damaged
     run_lock.py     one process at a time in a run folder (an OS lock, with who holds it)

@@ -218,7 +218,7 @@ class StepAnatomy(TorchDispatchMode):
     def phase(self) -> str:
         if self.region is not None:
             return self.region
-        from hone.core.speed.checkpointing.checkpointer import is_recomputing
+        from hone.core.speed.checkpointing.layer_recompute import is_recomputing
 
         if is_recomputing():
             return "recompute"

@@ -244,20 +244,20 @@ def _apply_kernels_on_meta(model, *, lora: bool, tile_mlp: bool = False) -> None
 def _recompute_under(mode: TorchFunctionMode):
     """Enter `mode` for checkpoint recomputes too: they run in backward, on the autograd engine's thread, which does
     not inherit the caller's torch-function modes (CUDA autocast state is replayed by the checkpoint instead)."""
-    from hone.core.speed.checkpointing import checkpointer
+    from hone.core.speed.checkpointing import layer_recompute
 
-    replayed = checkpointer._replayed
+    replayed = layer_recompute._replayed
 
     @contextlib.contextmanager
     def replayed_under_mode(state):
         with replayed(state), mode:
             yield
 
-    checkpointer._replayed = replayed_under_mode
+    layer_recompute._replayed = replayed_under_mode
     try:
         yield
     finally:
-        checkpointer._replayed = replayed
+        layer_recompute._replayed = replayed
 
 
 @contextlib.contextmanager

@@ -7,245 +7,50 @@ the packed batch's `cu_seq_lens_q/k` (int32 offsets, already on the device) and 
 the kwargs `PackedBatch.model_inputs()` gave the model, and uses them as they are: no layer rebuilds them and
 nothing asks the GPU for a value, so a step never stalls on a host sync. Shapes (transformers' convention): query
 (B, Hq, T, D), key/value (B, Hkv, T, D); output (B, T, Hq, D). Packed rows have B = 1.
+
+Here: the torch varlen and flash-attn backends. The SDPA backends are in sdpa_backends.py, what every backend shares
+(the fallback to transformers' SDPA, dense sink attention) in sdpa_fallback.py, and the batch's metadata and shared
+masks in packed_metadata.py; this module re-exports their names.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from hone.core.speed.attention.long_rows import LongRows
-
-
-@dataclass
-class AttentionStats:
-    """Counts of metadata work, for the benchmark and the tests.
-
-    Attributes:
-        mask_builds: dense block masks built by the block-mask backend.
-        metadata_builds: cu_seqlens/max rebuilt from position_ids (per-layer mode only).
-        packed_calls: attention calls that used the batch's packed metadata.
-        fallback_calls: calls without packed metadata, handed to transformers' SDPA.
-        length_reads: row lengths read from cu_seqlens by the per-row backend.
-    """
-
-    mask_builds: int = 0
-    metadata_builds: int = 0
-    packed_calls: int = 0
-    fallback_calls: int = 0
-    length_reads: int = 0
-
-
-STATS = AttentionStats()
-
-
-def _count(counter: str) -> None:
-    """Add one to a `STATS` counter, except while dynamo traces the caller.
-
-    A Python int that changes on every call is, to dynamo, a constant it guards on: counting inside a compiled
-    decoder block recompiled the block at every layer until `recompile_limit` stopped compiling it. Compiled
-    calls are therefore not counted (the counters serve the eager benchmark and the tests).
-    """
-    if not torch.compiler.is_compiling():
-        setattr(STATS, counter, getattr(STATS, counter) + 1)
-
-
-def reset_stats() -> AttentionStats:
-    """Zero the counters and return the object holding them."""
-    STATS.mask_builds = STATS.metadata_builds = STATS.packed_calls = STATS.fallback_calls = STATS.length_reads = 0
-    return STATS
-
-
-# ---- metadata ----------------------------------------------------------------------------------------------------
-
-
-def _packed_metadata(kwargs: dict) -> tuple[torch.Tensor, int] | None:
-    cu = kwargs.get("cu_seq_lens_q")
-    max_len = kwargs.get("max_length_q")
-    if cu is None or max_len is None:
-        return None
-    return cu, int(max_len)
-
-
-def metadata_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """cu_seqlens (int32) and the longest length, derived from position ids restarting at 0.
-
-    This is what a layer has to do when it is not handed the batch's metadata; `nonzero` and `.item()` each
-    make the host wait for the GPU.
-    """
-    flat = position_ids.reshape(-1)
-    starts = torch.nonzero(flat == 0).reshape(-1).to(torch.int32)
-    end = torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)
-    cu = torch.cat([starts, end])
-    _count("metadata_builds")
-    return cu, int(cu.diff().max().item())
-
-
-def block_causal_mask(cu_seqlens: torch.Tensor, total: int, sliding_window: int | None = None) -> torch.Tensor:
-    """Dense (1, 1, T, T) bool mask: query i sees key j iff both are in the same sequence, j <= i, and (with a
-    window W) i - j < W, which is transformers' convention (W tokens including the query itself).
-
-    Built on `cu_seqlens`' device from the offsets alone (no host sync).
-    """
-    _count("mask_builds")
-    index = torch.arange(total, device=cu_seqlens.device)
-    seq = torch.searchsorted(cu_seqlens[1:].to(torch.int64), index, right=True)
-    distance = index[:, None] - index[None, :]
-    mask = (seq[:, None] == seq[None, :]) & (distance >= 0)
-    if sliding_window is not None:
-        mask &= distance < sliding_window
-    return mask[None, None]
-
-
-# Masks of the batches in flight, keyed by the identity of their cu_seqlens tensor: gradient-checkpoint
-# recomputation (same kwargs, same tensor) finds the mask its forward built, and an entry is dropped once its
-# batch is freed. Two entries cover a forward overlapping the previous batch's backward.
-_MASKS: list[tuple[weakref.ref, dict]] = []
-_MASK_BATCHES = 2
-
-
-def _batch_cache(cu: torch.Tensor) -> dict:
-    """What was built for the batch whose offsets are `cu` (empty the first time a layer asks)."""
-    _MASKS[:] = [(ref, masks) for ref, masks in _MASKS if ref() is not None]
-    per_batch = next((masks for ref, masks in _MASKS if ref() is cu), None)
-    if per_batch is None:
-        per_batch = {}
-        _MASKS.insert(0, (weakref.ref(cu), per_batch))
-        del _MASKS[_MASK_BATCHES:]
-    return per_batch
-
-
-def _shared_mask(cu: torch.Tensor, total: int, window: int | None) -> torch.Tensor:
-    per_batch = _batch_cache(cu)
-    key = (total, window)
-    if key not in per_batch:
-        per_batch[key] = block_causal_mask(cu, total, window)
-    return per_batch[key]
-
-
-def _shared_lengths(cu: torch.Tensor) -> list[int]:
-    """The batch's row lengths as Python ints, read once per batch (on the CPU, where reading is no sync)."""
-    per_batch = _batch_cache(cu)
-    if "lengths" not in per_batch:
-        _count("length_reads")
-        per_batch["lengths"] = cu.diff().tolist()
-    return per_batch["lengths"]
-
-
-def _position_mask(position_ids: torch.Tensor, total: int, window: int | None) -> torch.Tensor:
-    """The mask rebuilt from position ids (per-layer mode): sequence index = running count of restarts."""
-    _count("mask_builds")
-    seq = torch.cumsum((position_ids.reshape(-1) == 0).to(torch.int64), 0)
-    index = torch.arange(total, device=position_ids.device)
-    distance = index[:, None] - index[None, :]
-    mask = (seq[:, None] == seq[None, :]) & (distance >= 0)
-    if window is not None:
-        mask &= distance < window
-    return mask[None, None]
-
-
-# ---- shared helpers ----------------------------------------------------------------------------------------------
-
-
-def _window(sliding_window) -> int | None:
-    return int(sliding_window) if sliding_window else None
-
-
-def _check_supported(kwargs: dict, sinks: bool = False) -> None:
-    """Soft-capping is never handled; sink logits (`s_aux`, gpt-oss) only by varlen with `sinks=True`."""
-    if kwargs.get("softcap") is not None or (kwargs.get("s_aux") is not None and not sinks):
-        raise ValueError(
-            "this packed attention does not handle attention soft-capping or sink logits; "
-            "configure() keeps transformers' attention for such models"
-        )
+from hone.core.speed.attention.packed_metadata import (  # noqa: F401  (re-exported)
+    STATS,
+    AttentionStats,
+    _count,
+    _packed_metadata,
+    block_causal_mask,
+    metadata_from_position_ids,
+    reset_stats,
+)
+from hone.core.speed.attention.sdpa_backends import (
+    blockmask_attention,
+    blockmask_attention_per_layer,
+    rows_attention,
+    rows_attention_per_layer,
+)
+from hone.core.speed.attention.sdpa_fallback import (
+    _check_supported,
+    _hf_sdpa,
+    _needs_fallback,
+    _window,
+    dense_sink_attention,  # noqa: F401  (re-exported)
+)
 
 
 def _to_varlen(x: torch.Tensor) -> torch.Tensor:
     """(B, H, T, D) -> (B * T, H, D); free when x is the transpose of a contiguous (B, T, H, D) projection."""
     b, h, t, d = x.shape
     return x.transpose(1, 2).reshape(b * t, h, d)
-
-
-def _hf_sdpa(module, query, key, value, attention_mask, **kwargs):
-    """Calls without packed metadata (a single unpacked row, an encoder) go to transformers' SDPA.
-
-    With a Hone implementation set, transformers builds no mask, so a causal sliding-window layer gets its
-    window mask here (one sequence) instead of silently attending to everything before it.
-    """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    _count("fallback_calls")
-    for name in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
-        kwargs.pop(name, None)
-    window = _window(kwargs.get("sliding_window"))
-    total = query.shape[2]
-    sinks = kwargs.get("s_aux")
-    if sinks is not None:  # transformers' SDPA has no sink logits: the dense form, causal over each row
-        if attention_mask is not None and attention_mask.dim() == 4:  # a full mask: used as given
-            mask = (
-                attention_mask
-                if attention_mask.dtype == torch.bool
-                else attention_mask > torch.finfo(attention_mask.dtype).min / 2
-            )  # additive: large negatives are masked
-        else:
-            whole = torch.tensor([0, key.shape[2]], dtype=torch.int32, device=query.device)
-            mask = block_causal_mask(whole, key.shape[2], window)[..., -total:, :]
-            if attention_mask is not None:  # a (B, keys) padding mask
-                mask = mask & attention_mask.bool()[:, None, None, :]
-        dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
-        return dense_sink_attention(query, key, value, mask, sinks, kwargs.get("scaling"), dropout), None
-    if attention_mask is None and window is not None and window < total == key.shape[2] and _is_causal(module, kwargs):
-        whole = torch.tensor([0, total], dtype=torch.int32, device=query.device)
-        attention_mask = block_causal_mask(whole, total, window)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def _is_causal(module, kwargs: dict) -> bool:
-    causal = kwargs.get("is_causal")
-    return bool(getattr(module, "is_causal", True) if causal is None else causal)
-
-
-def _needs_fallback(module, query, kwargs, per_layer: bool) -> bool:
-    """Calls that are not packed causal self-attention go to transformers' SDPA (with their own mask)."""
-    if not _is_causal(module, kwargs):
-        return True
-    if per_layer:
-        return kwargs.get("position_ids") is None
-    return _packed_metadata(kwargs) is None
-
-
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    if groups == 1:
-        return x
-    b, h, t, d = x.shape
-    return x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d)
-
-
-def dense_sink_attention(
-    query, key, value, mask: torch.Tensor, sinks: torch.Tensor | None, scaling=None, dropout: float = 0.0
-) -> torch.Tensor:
-    """Attention with per-head sink logits (gpt-oss) computed densely, as transformers' eager gpt-oss attention
-    does (its dtype, its memory) but under the given boolean mask: (B, H, T, D) query, (B, Hkv, T, D) key / value,
-    a mask broadcastable to (B, H, T, T) (True = attend), (H,) sinks (None: plain attention, for references).
-    Returns (B, T, H, D)."""
-    groups = query.shape[1] // key.shape[1]
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = (query @ _repeat_kv(key, groups).transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    if sinks is not None:
-        column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
-        scores = torch.cat([scores, column], dim=-1)
-    probs = torch.softmax(scores - scores.amax(dim=-1, keepdim=True), dim=-1)
-    if sinks is not None:
-        probs = probs[..., :-1]
-    if dropout:
-        probs = F.dropout(probs, p=dropout)
-    return (probs.to(value.dtype) @ _repeat_kv(value, groups)).transpose(1, 2).contiguous()
 
 
 # ---- varlen (torch) ----------------------------------------------------------------------------------------------
@@ -528,125 +333,6 @@ def fa2_attention(module, query, key, value, attention_mask, **kwargs):
 def fa2_attention_per_layer(module, query, key, value, attention_mask, **kwargs):
     """As `fa2_attention`, rebuilding the metadata from position_ids in every layer (benchmark only)."""
     return _fa2_forward(module, query, key, value, attention_mask, per_layer=True, **kwargs)
-
-
-# ---- SDPA with one shared block mask -----------------------------------------------------------------------------
-
-
-def _blockmask_forward(
-    module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0, sliding_window=None, **kwargs
-):
-    if _needs_fallback(module, query, kwargs, per_layer):
-        return _hf_sdpa(
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            scaling=scaling,
-            dropout=dropout,
-            sliding_window=sliding_window,
-            **kwargs,
-        )
-    _check_supported(kwargs, sinks=True)
-    batch, _, total, _ = query.shape
-    if batch != 1:
-        raise ValueError(f"packed attention expects one packed row, got a batch of {batch}")
-    window = _window(sliding_window)
-    if per_layer:
-        mask = _position_mask(kwargs["position_ids"], total, window)
-    else:
-        mask = _shared_mask(_packed_metadata(kwargs)[0], total, window)
-    _count("packed_calls")
-    if kwargs.get("s_aux") is not None:
-        return dense_sink_attention(
-            query, key, value, mask, kwargs["s_aux"], scaling, dropout if module.training else 0.0
-        ), None
-    groups = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(
-        query,
-        _repeat_kv(key, groups),
-        _repeat_kv(value, groups),
-        attn_mask=mask,
-        dropout_p=dropout if module.training else 0.0,
-        scale=scaling,
-    )
-    return out.transpose(1, 2).contiguous(), None
-
-
-def blockmask_attention(module, query, key, value, attention_mask, **kwargs):
-    """SDPA with a block-diagonal causal mask (sliding window respected), built from `cu_seq_lens_q` at the first
-    layer of a batch and reused by every later layer (`_shared_mask`)."""
-    return _blockmask_forward(module, query, key, value, attention_mask, per_layer=False, **kwargs)
-
-
-def blockmask_attention_per_layer(module, query, key, value, attention_mask, **kwargs):
-    """As `blockmask_attention`, rebuilding the mask from position_ids in every layer (benchmark only)."""
-    return _blockmask_forward(module, query, key, value, attention_mask, per_layer=True, **kwargs)
-
-
-# ---- SDPA on each packed row -------------------------------------------------------------------------------------
-
-
-def _rows_forward(
-    module, query, key, value, attention_mask, *, per_layer, scaling=None, dropout=0.0, sliding_window=None, **kwargs
-):
-    if _needs_fallback(module, query, kwargs, per_layer):
-        return _hf_sdpa(
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            scaling=scaling,
-            dropout=dropout,
-            sliding_window=sliding_window,
-            **kwargs,
-        )
-    _check_supported(kwargs)
-    batch = query.shape[0]
-    if batch != 1:
-        raise ValueError(f"packed attention expects one packed row, got a batch of {batch}")
-    if per_layer:
-        lengths = metadata_from_position_ids(kwargs["position_ids"])[0].diff().tolist()
-    else:
-        lengths = _shared_lengths(_packed_metadata(kwargs)[0])
-    _count("packed_calls")
-    window = _window(sliding_window)
-    groups = query.shape[1] // key.shape[1]
-    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
-    outs = []
-    for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), strict=True):
-        length = q.shape[2]
-        mask = None
-        if window is not None and window < length:
-            distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]
-            mask = ((distance >= 0) & (distance < window)).to(q.device)
-        outs.append(
-            F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                is_causal=mask is None,
-                dropout_p=dropout if module.training else 0.0,
-                scale=scaling,
-            )
-        )
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
-
-
-def rows_attention(module, query, key, value, attention_mask, **kwargs):
-    """SDPA on each packed row with its own causal (or sliding-window) mask. What attention keeps grows with the
-    sum of the rows' squared lengths, not the batch's: on a CPU, where SDPA keeps the attention weights for
-    backward, a block mask over an 8,192-token batch of a 9-head model held 2.4 GB per layer. Reads the row
-    lengths once per batch, which on a GPU would be a host sync: `choose` takes this backend on CPUs only."""
-    return _rows_forward(module, query, key, value, attention_mask, per_layer=False, **kwargs)
-
-
-def rows_attention_per_layer(module, query, key, value, attention_mask, **kwargs):
-    """As `rows_attention`, rebuilding the row lengths from position_ids in every layer (benchmark only)."""
-    return _rows_forward(module, query, key, value, attention_mask, per_layer=True, **kwargs)
 
 
 # Each function -> the same function rebuilding cu_seqlens / the mask from `position_ids` in every layer, the way

@@ -283,7 +283,7 @@ def attention(
     batch's memo while there is room (`_room_to_keep`), and its recompute in backward takes them instead of
     attending again.
     """
-    from hone.core.speed.checkpointing.checkpointer import is_checkpointed_forward, is_recomputing
+    from hone.core.speed.checkpointing.layer_recompute import is_checkpointed_forward, is_recomputing
 
     key = ("kept attention", id(module))
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):

@@ -90,7 +90,7 @@ def tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
     if tile is None or not torch.is_grad_enabled() or not hidden.requires_grad:
         return None
     try:
-        from hone.core.speed.checkpointing.checkpointer import is_recomputing
+        from hone.core.speed.checkpointing.layer_recompute import is_recomputing
     except ImportError:  # a checkpointer that cannot say when it recomputes: keep the MLP whole
         return None
     if not is_recomputing() or hidden.numel() // hidden.shape[-1] <= tile:
@@ -113,7 +113,7 @@ def forward_tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None
     if tile is None or hidden.numel() // hidden.shape[-1] <= tile:
         return None
     try:
-        from hone.core.speed.checkpointing.checkpointer import is_piecewise_forward
+        from hone.core.speed.checkpointing.layer_recompute import is_piecewise_forward
     except ImportError:
         return None
     return tile if is_piecewise_forward() else None

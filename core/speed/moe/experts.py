@@ -131,7 +131,7 @@ def _make_forward(backend: str):
 
             return ALL_EXPERTS_FUNCTIONS["grouped_mm"](self, hidden_states, top_k_index, top_k_weights)
         lora: dict[str, LoraFactors] = getattr(self, LORA_CALL_ATTR, None) or {}
-        from hone.core.speed.checkpointing.checkpointer import is_recomputing
+        from hone.core.speed.checkpointing.layer_recompute import is_recomputing
 
         # A graph built while Hone's checkpointing recomputes a layer is back-propagated once, right after.
         return moe_experts(

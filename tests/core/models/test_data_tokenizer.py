@@ -54,7 +54,7 @@ def test_data_page_and_data_check_tokenize_rows_alike(unconverted, monkeypatch):
     """Same ids for the same rows from both entry points, special tokens as the GGUF states them (transformers 5.17
     reads SmolLM2's EOS as <|im_start|>), and no GGUF conversion (that reads every weight)."""
     pytest.importorskip("PySide6")
-    from hone.app.pages.data import load_tokenizer_for
+    from hone.app.pages.data_check import load_tokenizer_for
 
     command, cache = unconverted
     monkeypatch.setenv("HONE_CACHE", str(cache))

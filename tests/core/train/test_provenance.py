@@ -150,7 +150,7 @@ def test_written_once_a_failure_only_logged_and_a_damaged_file_named(tmp_path, m
     def no_space(*_):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hone.core.train.run_dir.replace_with", no_space)
+    monkeypatch.setattr("hone.core.train.safe_writes.replace_with", no_space)
     logged = []
     path, why = write_provenance(full, config, "cpu", log=logged.append)
     assert path is None and "No space left on device" in why and logged == [why]

@@ -16,6 +16,7 @@ import torch
 
 from hone.core.config import SECTIONS, RunConfig
 from hone.core.errors import HoneError
+from hone.core.train import data_hashes
 from hone.core.train import resume_checks as rc
 
 
@@ -188,9 +189,9 @@ def test_file_digest_is_size_and_sha256_and_sees_a_same_size_edit(tmp_path):
 def test_file_digest_reads_an_unchanged_file_once(tmp_path, monkeypatch):
     path = tmp_path / "rows.jsonl"
     path.write_bytes(b"x" * 1000)
-    monkeypatch.setattr(rc, "_RACY_NS", -1)  # just written: kept although its ctime is recent
+    monkeypatch.setattr(data_hashes, "_RACY_NS", -1)  # just written: kept although its ctime is recent
     first = rc.file_digest(path)
-    monkeypatch.setattr(rc, "_sha256_of", lambda p: pytest.fail("an unchanged file was hashed again"))
+    monkeypatch.setattr(data_hashes, "_sha256_of", lambda p: pytest.fail("an unchanged file was hashed again"))
     assert rc.file_digest(path) == first
 
 

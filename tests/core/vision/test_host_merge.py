@@ -14,7 +14,7 @@ from vision_helpers import KINDS, PACKED_KINDS
 
 from hone.core.config import SpeedConfig
 from hone.core.speed import attention
-from hone.core.speed.attention import backends, vision_encoder
+from hone.core.speed.attention import packed_metadata, vision_encoder
 from hone.core.train.loss import loss_sum
 from hone.core.vision import host_merge
 from tests.helpers.packed import assert_grads_close, bidirectional_varlen
@@ -78,7 +78,7 @@ def test_forward_and_backward_read_nothing_back_from_the_device(kind, on_hone_pa
     the CPU stand-ins for the CUDA attention kernels."""
     model, make, tokenized = on_hone_path(kind)
     merged = make.collate(tokenized)
-    host_code = [host_merge._qwen_encoder_metadata, bidirectional_varlen, backends._shared_lengths]
+    host_code = [host_merge._qwen_encoder_metadata, bidirectional_varlen, packed_metadata._shared_lengths]
 
     def reads(batch):
         with HostReads(

@@ -111,7 +111,7 @@ def test_without_autograd_and_with_only_key_value_trained():
 def test_a_checkpointed_layer_keeps_its_attention_for_the_backward_and_attends_once(monkeypatch):
     """The first (no-grad) forward of a checkpointed layer keeps its spans' graphs in the batch's memo; the
     recompute in backward takes them, runs no kernel, and the gradients are those of attention run once."""
-    from hone.core.speed.checkpointing import checkpointer
+    from hone.core.speed.checkpointing import layer_recompute
 
     monkeypatch.setattr(long_rows, "_room_to_keep", lambda q, k, v: True)
     calls = []
@@ -123,11 +123,11 @@ def test_a_checkpointed_layer_keeps_its_attention_for_the_backward_and_attends_o
     register_batch(cu, lengths)
     spans = long_rows.spans(cu, how.threshold)
     q, k, v = (torch.randn(199, h, 8, dtype=torch.float64) for h in (4, 2, 2))
-    with torch.no_grad(), checkpointer._first_forward():
+    with torch.no_grad(), layer_recompute._first_forward():
         first = long_rows.attention(q, k, v, cu, spans, None, _rows_attend, how, module)
     assert len(calls) == len(spans) == 4
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    with checkpointer._replayed(checkpointer._capture_state(torch.device("cpu"))):
+    with layer_recompute._replayed(layer_recompute._capture_state(torch.device("cpu"))):
         again = long_rows.attention(*leaves, cu, spans, None, _rows_attend, how, module)
     assert len(calls) == 4  # the recompute attended nothing
     torch.testing.assert_close(again, first)
@@ -141,11 +141,11 @@ def test_a_checkpointed_layer_keeps_its_attention_for_the_backward_and_attends_o
 
     # Without room, or outside a checkpointed forward, nothing is kept and the recompute attends again.
     monkeypatch.setattr(long_rows, "_room_to_keep", lambda q, k, v: False)
-    with torch.no_grad(), checkpointer._first_forward():
+    with torch.no_grad(), layer_recompute._first_forward():
         long_rows.attention(q, k, v, cu, spans, None, _rows_attend, how, module)
     assert ("kept attention", id(module)) not in long_rows._memo(cu)
     calls.clear()
-    with checkpointer._replayed(checkpointer._capture_state(torch.device("cpu"))):
+    with layer_recompute._replayed(layer_recompute._capture_state(torch.device("cpu"))):
         long_rows.attention(
             *[t.clone().requires_grad_() for t in (q, k, v)], cu, spans, None, _rows_attend, how, module
         )
