@@ -110,3 +110,46 @@ def write_model_card(folder: str | Path, fmt: str, base: str, name: str, file: s
     path = Path(folder) / CARD_FILE
     path.write_text(model_card(fmt, base, name, file), encoding="utf-8")
     return path
+
+
+# How the checkpoint section shows each score (hone.core.inference.score_store's metric names); others as given.
+_SCORE_LINES = {
+    "loss": ("held-out loss", "{:.4f}"),
+    "perplexity": ("perplexity", "{:.4g}"),
+    "exact": ("exact match", "{:.1%}"),
+    "normalized": ("normalized match", "{:.1%}"),
+    "f1": ("word F1", "{:.3f}"),
+    "contains": ("contains the reference", "{:.1%}"),
+    "json_valid": ("valid JSON (rows with a JSON reference)", "{:.1%}"),
+}
+
+
+def checkpoint_section(run: str, step: int, scores: dict | None = None) -> str:
+    """The model card's section for an export of a saved checkpoint rather than the run's final adapter: the step,
+    and its scores with the data they were computed on.
+
+    Args:
+        run: the run's name.
+        step: the checkpoint's training step.
+        scores: a stored score entry as a dict (hone.core.inference.score_store.ScoreEntry.as_dict): "metrics"
+            {name: value or None}, "data" {"path", "sha256", "rows"}, "scored"; None when it was not scored.
+    """
+    lines = [
+        "",
+        "## Checkpoint",
+        "",
+        f"This export holds the adapter of run `{run}`'s checkpoint at training step {step}, not the run's final one.",
+        "",
+    ]
+    if not scores:
+        lines.append(f"It was not scored; `hone eval RUN --checkpoints {step}` scores it on held-out rows.")
+        return "\n".join(lines) + "\n"
+    data = scores.get("data") or {}
+    lines += ["| score | value |", "|---|---|"]
+    for name, value in (scores.get("metrics") or {}).items():
+        label, fmt = _SCORE_LINES.get(name, (name, "{:.4g}"))
+        lines.append(f"| {label} | {'n/a' if value is None else fmt.format(value)} |")
+    rows, path, sha = data.get("rows", "?"), data.get("path", "?"), data.get("sha256", "?")
+    when = scores.get("scored", "at an unknown time")
+    lines += ["", f"Scored on {rows} held-out rows of `{path}` (sha256 `{sha}`), {when}."]
+    return "\n".join(lines) + "\n"

@@ -1,3 +1,5 @@
 """Using a model after training: streaming chat with the base and the fine-tune side by side (`chat`), held-out
-prompts scored on both (`evaluate`), and the prompt files both read (`prompts`, stdlib only). Light to import;
-torch loads when a model does."""
+prompts scored on both (`evaluate`), and the prompt files both read (`prompts`, stdlib only); a preference run's
+held-out pairs ranked (`preference_eval`); every saved checkpoint scored beside the base (`checkpoint_scoring`), by
+the answer scores of `answer_scores` (stdlib only), into the run folder's scores.json (`score_store`, stdlib only).
+Light to import; torch loads when a model does."""

@@ -1,10 +1,16 @@
 """`hone eval RUN_DIR [--data FILE] [--rows N] [--out FILE]`: held-out prompts answered by the base model and the
-fine-tune, scored against their references (hone.core.inference.evaluate)."""
+fine-tune, scored against their references (hone.core.inference.evaluate).
+
+`hone eval RUN_DIR --checkpoints all|best|STEP[,STEP...] [--by METRIC] [--json OUT]`: the base and each of the run's
+saved checkpoints scored on the same rows, the scores stored in RUN_DIR/scores.json and reused
+(hone.core.inference.checkpoint_scoring).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from hone.core.config import PREFERENCE_METHODS
@@ -12,6 +18,8 @@ from hone.core.errors import HoneError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
+    from hone.core.api import DEFAULT_METRIC, METRICS
+
     p = sub.add_parser(
         "eval",
         help="score the base model and the fine-tune on held-out prompts",
@@ -20,7 +28,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "the row's reference reply: exact match and word F1 (the overlap of the answer's words with "
         'the reference\'s). Rows: JSONL with a final assistant turn ({"messages": [...]}) or '
         '{"prompt", "completion"}; rows without a reference are left out.\n\n'
-        "exit codes: 0 done, 2 bad input (no run, no adapter, no rows with a reference)",
+        "With --checkpoints the base and each saved checkpoint of the run are scored on the same rows: held-out "
+        "loss and perplexity, exact and normalized match, word F1, contains, and JSON validity where the references "
+        "are JSON. The scores are stored in RUN_DIR/scores.json: a checkpoint already scored on the same rows of the "
+        "same file is not scored again.\n\n"
+        "exit codes: 0 done, 2 bad input (no run, no adapter, no checkpoint of that step, no rows with a reference)",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder `hone train` wrote")
     p.add_argument("--data", metavar="FILE", help="the held-out rows (default: the run's first data.eval file)")
@@ -36,6 +48,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write one JSONL row per prompt: question, reference, both answers and their scores",
     )
+    p.add_argument(
+        "--checkpoints",
+        metavar="WHICH",
+        help="score the run's saved checkpoints and the base: all, best (all, showing the best), or STEP[,STEP...]",
+    )
+    p.add_argument(
+        "--by",
+        metavar="METRIC",
+        help=f"what best means with --checkpoints: {', '.join(METRICS)} (default: {DEFAULT_METRIC}); best is the "
+        "lowest loss or perplexity, the highest of the others",
+    )
+    p.add_argument("--json", metavar="OUT", help="with --checkpoints: also write the table as JSON to OUT")
     return p
 
 
@@ -49,6 +73,11 @@ def run(args) -> int:
 
     if args.rows < 0:
         raise HoneError(f"--rows is {args.rows}", "give a number of rows, or 0 for all")
+    if args.checkpoints is not None:
+        return _score_checkpoints(args)
+    for option, value in (("--by", args.by), ("--json", args.json)):
+        if value is not None:
+            raise HoneError(f"{option} goes with --checkpoints", f"add --checkpoints all, or leave {option} out")
     run_dir, config = open_chat_run(args.run_dir, base=False)
     if config.train.method in PREFERENCE_METHODS:
         return _rank_pairs(args, run_dir, config)
@@ -131,3 +160,152 @@ def _rank_pairs(args, run_dir: Path, config) -> int:
         highlight=False,
     )
     return 0
+
+
+def _score_checkpoints(args) -> int:
+    """--checkpoints: the base and the chosen checkpoints scored (or their stored scores reused), one table."""
+    import contextlib
+
+    from rich.console import Console
+
+    from hone.core.api import (
+        DEFAULT_METRIC,
+        check_metric,
+        held_out_file,
+        score_checkpoints,
+        select_checkpoints,
+    )
+    from hone.core.cli.commands.chat import open_chat_run
+    from hone.core.cli.console import Phase, convert_gguf_once
+
+    by = check_metric(args.by or DEFAULT_METRIC)
+    if args.out:
+        raise HoneError(
+            "--out writes the base's and the final adapter's answers; --checkpoints stores scores in the run folder",
+            "leave --out out, or --json OUT for the table",
+        )
+    run_dir, config = open_chat_run(args.run_dir, base=True)  # checkpoints, not the final adapter
+    if config.train.method in PREFERENCE_METHODS:
+        raise HoneError(
+            f"--checkpoints scores answers to held-out prompts; run {run_dir.name} is a {config.train.method} run",
+            f"`hone eval {run_dir}` (without --checkpoints) ranks its held-out pairs",
+        )
+    checkpoints, notes = select_checkpoints(run_dir, args.checkpoints)
+    data = held_out_file(config, args.data)
+    console = Console(stderr=True)
+    for note in notes:
+        console.print(f"hone: {note}", highlight=False, markup=False, soft_wrap=True)
+
+    @contextlib.contextmanager
+    def loading():
+        convert_gguf_once(config.model, console)
+        with Phase(console, f"loading the base model with the run's LoRA ({config.model.name_or_path})"):
+            yield
+
+    with _Phases(console) as phases:
+        table = score_checkpoints(
+            run_dir, config, checkpoints, data, args.rows or None, progress=phases.update, loading=loading
+        )
+    for line in [*table.skipped, *table.notes]:
+        console.print(f"hone: {line}", highlight=False, markup=False, soft_wrap=True)
+    if table.reused:
+        console.print(
+            f"reused the stored scores of {', '.join(table.reused)} (the same weights on the same rows, in "
+            f"{run_dir / 'scores.json'}): not scored again",
+            highlight=False,
+            soft_wrap=True,
+        )
+    best = table.best(by)
+    shown = table.checkpoints if args.checkpoints.strip().lower() != "best" else [e for e in [best] if e]
+    _print_table(run_dir, table, shown, best, by)
+    if args.json:
+        _write_json(Path(args.json).expanduser(), run_dir, table, shown, best, by)
+        console.print(f"wrote the table to {args.json}", highlight=False, soft_wrap=True)
+    return 0
+
+
+_COLUMNS = (  # metric, heading, format
+    ("loss", "loss", "{:.4f}"),
+    ("perplexity", "perplexity", "{:.3g}"),
+    ("exact", "exact", "{:.0%}"),
+    ("normalized", "normalized", "{:.0%}"),
+    ("f1", "word F1", "{:.2f}"),
+    ("contains", "contains", "{:.0%}"),
+    ("json_valid", "JSON valid", "{:.0%}"),
+)
+
+
+def _print_table(run_dir: Path, table, shown: list, best, by: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    entries = [e for e in [table.base, *shown] if e is not None]
+    columns = [
+        c for c in _COLUMNS if c[0] != "json_valid" or any(e.metrics.get("json_valid") is not None for e in entries)
+    ]
+    out = Table(title=f"{run_dir.name} on {table.data.rows} rows of {Path(table.data.path).name}")
+    out.add_column("model")
+    for _, heading, _ in columns:
+        out.add_column(heading, justify="right")
+    for entry in entries:
+        mark = " *" if best is not None and entry is best else ""
+        cells = [
+            "n/a" if entry.metrics.get(name) is None else fmt.format(entry.metrics[name]) for name, _, fmt in columns
+        ]
+        out.add_row(entry.label + mark, *cells)
+    console = Console()
+    console.print(out)
+    if best is not None:
+        console.print(f"* best by {by}: checkpoint step {best.checkpoint}", highlight=False)
+
+
+def _write_json(path: Path, run_dir: Path, table, shown: list, best, by: str) -> None:
+    entries = [e for e in [table.base, *shown] if e is not None]
+    document = {
+        "run": str(run_dir.resolve()),
+        "data": table.data.as_dict(),
+        "by": by,
+        "best": None if best is None else best.checkpoint,
+        "reused": table.reused,
+        "entries": [e.as_dict() for e in entries],
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise HoneError(
+            f"cannot write --json {path}: {e.strerror or e}",
+            "choose a file in a folder you can write to (the scores are stored in the run folder all the same)",
+        ) from None
+
+
+class _Phases:
+    """One `Phase` line per model scored: `update(label, done, total)` opens a new line when the label changes."""
+
+    def __init__(self, console):
+        self.console = console
+        self.label: str | None = None
+        self.phase = None
+
+    def __enter__(self) -> _Phases:
+        return self
+
+    def update(self, label: str, done: int, total: int) -> None:
+        from hone.core.cli.console import Phase
+
+        if label != self.label:
+            self._close(None)
+            self.label = label
+            self.phase = Phase(self.console, f"scoring {label} on {total} rows", total=total, unit="rows")
+            self.phase.__enter__()
+        self.phase.update(done)
+
+    def _close(self, exc_type) -> None:
+        if self.phase is not None:
+            self.phase.__exit__(exc_type, None, None)
+            self.phase = None
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self._close(exc_type)

@@ -1,0 +1,61 @@
+"""Scores of a run's checkpoints on held-out rows: computed (`select_checkpoints`, `score_checkpoints`), stored in
+RUN_DIR/scores.json and read back without a model (`read_scores`, `best_stored`, `stored_for_step`).
+
+    score          select_checkpoints(run_dir, "all" | "best" | "20,40") -> checkpoints, notes;
+                   score_checkpoints(run_dir, config, checkpoints, data_file, rows) -> ScoreTable (stored entries
+                   of the same weights and data are reused, new ones stored)
+    read           read_scores(run_dir) -> StoredScores (entries, damage); checkpoint_weights(run_dir);
+                   current_entries (entries of checkpoints still there), latest_data
+    pick           best_stored(run_dir, by="loss") -> ScoreEntry; best_entry(entries, by); stored_for_step;
+                   METRICS (name -> (what, lower is better)), DEFAULT_METRIC, check_metric
+
+Light to import: torch loads when `score_checkpoints` loads a model, never at import (the Studio reads scores).
+"""
+
+from __future__ import annotations
+
+from hone.core.inference.checkpoint_scoring import (
+    SavedCheckpoint,
+    ScoreTable,
+    saved_checkpoints,
+    score_checkpoints,
+    select_checkpoints,
+)
+from hone.core.inference.score_store import (
+    DEFAULT_METRIC,
+    METRICS,
+    SCORES_FILE,
+    DataKey,
+    ScoreEntry,
+    StoredScores,
+    best_entry,
+    best_stored,
+    check_metric,
+    checkpoint_weights,
+    current_entries,
+    latest_data,
+    read_scores,
+    stored_for_step,
+)
+
+__all__ = [
+    "DEFAULT_METRIC",
+    "METRICS",
+    "SCORES_FILE",
+    "DataKey",
+    "SavedCheckpoint",
+    "ScoreEntry",
+    "ScoreTable",
+    "StoredScores",
+    "best_entry",
+    "best_stored",
+    "check_metric",
+    "checkpoint_weights",
+    "current_entries",
+    "latest_data",
+    "read_scores",
+    "saved_checkpoints",
+    "score_checkpoints",
+    "select_checkpoints",
+    "stored_for_step",
+]
