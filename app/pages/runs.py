@@ -1,4 +1,5 @@
-"""Runs page: the history read from run folders, two runs' loss curves overlaid, open / resume / delete a run."""
+"""Runs page: the history read from run folders, open / resume / delete a run, and several runs compared (their
+curves overlaid, the settings that differ, their numbers: hone.app.pages.runs_compare)."""
 
 from __future__ import annotations
 
@@ -24,32 +25,19 @@ from PySide6.QtWidgets import (
 
 from hone.app.more_steps import ask_more_steps, train_more
 from hone.app.pages.base import Page
+from hone.app.pages.runs_compare import MAX_COMPARED, RunComparisonView
 from hone.app.run_status import Progress, progress, status_word
 from hone.app.theme import Palette, icon
-from hone.app.widgets.charts import LiveChart
 from hone.app.widgets.common import Card, label, set_role
 from hone.core.api import DAMAGED
 from hone.core.errors import HoneError
-from hone.core.events import Event, EventError, RunFailed, RunStarted, StepMetrics, from_line
+from hone.core.events import Event, EventError, RunFailed, RunStarted, from_line
 
 COLUMNS = ("Run", "Model", "Status", "Steps", "Loss", "Started")
-OVERLAY_KEYS = ("first", "second")
 # How much of a failed run's metrics.jsonl is read for its RunFailed event (the last line, or near it): enough for a
 # long traceback in its details, little enough that listing many failed runs stays instant.
 FAILURE_TAIL_BYTES = 256 * 1024
 ENDED = ("finished", "stopped")  # statuses whose loss is the run's final one
-
-
-def loss_curve(run_dir: str | Path) -> tuple[list[int], list[float]]:
-    """(steps, losses) of a run, from its metrics.jsonl."""
-    from hone.core.api import read_events
-
-    steps, losses = [], []
-    for event in read_events(run_dir):
-        if isinstance(event, StepMetrics):
-            steps.append(event.step)
-            losses.append(event.loss)
-    return steps, losses
 
 
 def last_failure(run_dir: str | Path) -> RunFailed | None:
@@ -78,7 +66,7 @@ def last_failure(run_dir: str | Path) -> RunFailed | None:
 class RunsPage(Page):
     name = "runs"
     title = "Runs"
-    subtitle = "Every run in the runs folder. Select one to open or resume it, two to compare their loss."
+    subtitle = "Every run in the runs folder. Select one to open or resume it, two or more to compare them."
     icon_name = "runs"
 
     open_requested = Signal(str)  # run dir
@@ -120,7 +108,7 @@ class RunsPage(Page):
         self.resume_button = QPushButton("Resume")
         self.resume_button.setToolTip("Continue the run from its last checkpoint.")
         self.resume_button.clicked.connect(self.resume_selected)
-        self.compare_button = set_role(QPushButton("Compare loss"), "primary")
+        self.compare_button = set_role(QPushButton("Compare"), "primary")
         self.compare_button.clicked.connect(self.compare_selected)
         self.files_button = QPushButton("Show files")
         self.files_button.clicked.connect(self._open_folder)
@@ -138,12 +126,8 @@ class RunsPage(Page):
         history.body.addWidget(self.empty)
         self.body.addWidget(history)
 
-        self.overlay = LiveChart("Loss comparison", y_format="{:.4f}")
-        self.overlay.add_line("first", "first run", "loss")
-        self.overlay.add_line("second", "second run", "smooth")
-        self.overlay.plot.setMinimumHeight(240)
-        self.overlay.set_empty_text("Select two runs and press Compare loss")
-        self.body.addWidget(self.overlay)
+        self.comparison = RunComparisonView()
+        self.body.addWidget(self.comparison)
         self.body.addStretch(1)
         state.session.running_changed.connect(self._running_changed)
         state.session.event.connect(self._session_event)
@@ -227,7 +211,13 @@ class RunsPage(Page):
             else "Continue the run from its last checkpoint."
         )
         self.files_button.setEnabled(len(chosen) == 1)
-        self.compare_button.setEnabled(len(chosen) == 2)
+        self.compare_button.setEnabled(2 <= len(chosen) <= MAX_COMPARED)
+        self.compare_button.setToolTip(
+            f"Compare at most {MAX_COMPARED} runs at once: select fewer."
+            if len(chosen) > MAX_COMPARED
+            else "Overlay the selected runs' loss, eval loss, speed and memory; list the settings that differ and "
+            "their numbers."
+        )
         self.delete_button.setEnabled(bool(chosen) and not training)
         if not training:
             self.delete_button.setToolTip("Remove the selected runs' folders from disk.")
@@ -309,13 +299,11 @@ class RunsPage(Page):
 
     # ---- actions ----
     def compare_selected(self) -> None:
-        chosen = self.selected_dirs()[:2]
-        for key, run_dir in zip(OVERLAY_KEYS, chosen):
-            steps, losses = loss_curve(run_dir)
-            self.overlay.set_points(key, steps, losses)
-            self.overlay.set_name(key, run_dir.name)
-        self.overlay.set_empty_text("")
-        self.overlay.flush()
+        """Compare the selected runs (two to MAX_COMPARED), in the list's order; their folders are read off the GUI
+        thread."""
+        chosen = self.selected_dirs()
+        if 2 <= len(chosen) <= MAX_COMPARED:
+            self.comparison.compare(chosen)
 
     def open_selected(self) -> None:
         """Show the selected run in the Monitor; for a damaged one, say first what is damaged (the Monitor reads its
@@ -461,7 +449,7 @@ class RunsPage(Page):
 
     def apply_palette(self, palette: Palette) -> None:
         super().apply_palette(palette)
-        self.overlay.apply_palette(palette)
+        self.comparison.apply_palette(palette)
         self.refresh_button.setIcon(icon("refresh", palette.text, 16))
         self.folder_button.setIcon(icon("folder", palette.text, 16))
 

@@ -245,7 +245,7 @@ def test_the_run_in_training_cannot_be_deleted(qtbot, make_window, tmp_path, mon
     assert page.delete_button.isEnabled(), "once stopped it is a run like the others"
 
 
-def test_compare_names_the_curves_after_their_runs_above_the_plot(page, tmp_path):
+def test_compare_names_the_curves_after_their_runs_above_the_plot(qtbot, page, tmp_path):
     runs = tmp_path / "runs"
     t = time.time()
     _finished(runs / "alpha", [3.0, 2.0], t)
@@ -253,9 +253,13 @@ def test_compare_names_the_curves_after_their_runs_above_the_plot(page, tmp_path
     page.refresh()
     page.select([0, 1])
     page.compare_selected()
-    assert [name for name, _ in page.overlay.legend_entries()] == ["beta", "alpha"]
-    legend = page.overlay.legend.mapTo(page.overlay, page.overlay.legend.rect().bottomLeft())
-    assert legend.y() < page.overlay.plot.mapTo(page.overlay, page.overlay.plot.rect().topLeft()).y()
+    view = page.comparison
+    qtbot.waitUntil(lambda: view.comparison is not None and not view.reading, timeout=10_000)
+    loss = view.charts["loss"]
+    assert [name for name, _ in loss.legend_entries()] == ["beta", "alpha"]
+    assert list(loss.points("run0")[1]) == [2.5, 1.5, 1.0] and list(loss.points("run1")[1]) == [3.0, 2.0]
+    legend = loss.legend.mapTo(loss, loss.legend.rect().bottomLeft())
+    assert legend.y() < loss.plot.mapTo(loss, loss.plot.rect().topLeft()).y()
 
 
 def test_a_run_whose_process_was_killed_shows_as_interrupted_and_can_be_deleted(page, tmp_path):

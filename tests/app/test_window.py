@@ -57,7 +57,7 @@ def _write_run(folder, losses, stopped=False):
     writer.close()
 
 
-def test_runs_page_lists_runs_and_overlays_two_loss_curves(window, tmp_path):
+def test_runs_page_lists_runs_and_overlays_two_loss_curves(qtbot, window, tmp_path):
     runs_dir = tmp_path / "runs"
     _write_run(runs_dir / "first", [3.0, 2.5, 2.0])
     time.sleep(0.01)
@@ -68,12 +68,12 @@ def test_runs_page_lists_runs_and_overlays_two_loss_curves(window, tmp_path):
     assert names == ["second", "first"], "newest first"
     page.select([0, 1])
     assert page.compare_button.isEnabled() and not page.open_button.isEnabled()
-    page.compare_selected()
-    for key in ("first", "second"):
-        run = runs_dir / {"first": "second", "second": "first"}[key]  # rows in table order
-        logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    page.compare_selected()  # read off the GUI thread
+    qtbot.waitUntil(lambda: page.comparison.comparison is not None and not page.comparison.reading, timeout=10_000)
+    for key, name in (("run0", "second"), ("run1", "first")):  # rows in table order
+        logged = [json.loads(line) for line in (runs_dir / name / "metrics.jsonl").read_text().splitlines()]
         expected = [r["loss"] for r in logged if r["event"] == "StepMetrics"]
-        assert list(page.overlay.points(key)[1]) == expected
+        assert list(page.comparison.charts["loss"].points(key)[1]) == expected
     page.select([1])
     page.open_selected()
     assert window.current_page() == "monitor"
