@@ -15,6 +15,7 @@ from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QMessageBox, QPlainTextE
 from hone.app.more_steps import ask_more_steps, train_more
 from hone.app.pages.base import Page
 from hone.app.pages.monitor_failures import data_changed_box, explain, failure_box, resume_when_free
+from hone.app.pages.monitor_method_charts import MethodCharts
 from hone.app.pages.monitor_past import SMOOTHING, PastRuns
 from hone.app.pages.monitor_replay import FolderReplay, SmoothedLoss
 from hone.app.pages.monitor_tiles import update_tiles
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 # repainting all of them at once would stall the window; in turn, each of the five redraws about four times a
 # second (the page as a whole twenty), and the longest pause the window sees is one chart's repaint.
 FLUSH_INTERVAL_MS = 50
+# While a large run is read, a chart (and the numbers) redraw at most this often: they show the run coming in, and
+# leave the CPU to the reading (a chart's redraw and repaint cost 10-20 ms; at 20 a second, a third of the replay).
+REPLAY_DRAW_S = 1.0
 # How often a run trained by another process is read for new lines (a step line is a few hundred bytes).
 FOLLOW_INTERVAL_MS = 1000
 # The numbers (tiles, progress, ETA) refresh at most this often.
@@ -143,6 +147,7 @@ class MonitorPage(PastRuns, Page):
         self.expert_chart.hide()
         self.memory_chart.plot.getPlotItem().setLabel("bottom", "seconds")
         self.util_chart.plot.getPlotItem().setLabel("bottom", "seconds")
+        self.method_charts = MethodCharts()  # the training method's own numbers (preference, GRPO runs)
         self.charts = [self.loss_chart, self.speed_chart, self.memory_chart, self.util_chart, self.lr_chart]
         for chart in (*self.charts, self.expert_chart):
             chart.plot.setFixedHeight(CHART_HEIGHT)
@@ -158,6 +163,8 @@ class MonitorPage(PastRuns, Page):
         for column in range(3):
             grid.setColumnStretch(column, 1)
         self.body.addLayout(grid)
+        self.body.addWidget(self.method_charts)
+        self.charts += self.method_charts.charts  # cleared, drawn and styled with the others
 
         log_card = Card("Log")
         self.log = QPlainTextEdit()
@@ -176,6 +183,7 @@ class MonitorPage(PastRuns, Page):
         self.flush_timer.timeout.connect(self._tick)
         self._next_chart = 0
         self._tiles_at = 0.0
+        self._drawn_at = 0.0  # when a chart was last redrawn
         self.flush_timer.start()
         # A run opened from Runs is read off the GUI thread when large; one that another process (hone train, another
         # window) is still training is then followed: its metrics.jsonl is read as it grows.
@@ -209,6 +217,7 @@ class MonitorPage(PastRuns, Page):
             chart.clear()
         self.expert_chart.clear()
         self.expert_chart.hide()
+        self.method_charts.reset()
         self.loss_chart.set_empty_text("Waiting for the first step")
         self.memory_chart.set_empty_text("Device memory appears here while a run trains")
         self.util_chart.set_empty_text("GPU load appears here while a run trains on an NVIDIA GPU")
@@ -261,6 +270,7 @@ class MonitorPage(PastRuns, Page):
         for path, choice in event.speed_paths.items():
             self._log(event, f"{path}: {choice}")
         self.expert_chart.setVisible(event.is_moe)
+        self.method_charts.set_method(event.config)
 
     def _on_eval(self, event: EvalMetrics) -> None:
         self.loss_chart.append("eval", event.step, event.loss)
@@ -329,6 +339,7 @@ class MonitorPage(PastRuns, Page):
         self.loss_chart.append("smooth", event.step, self.smoother.add(event.loss))
         self.speed_chart.append("tps", event.step, event.tokens_per_s)
         self.lr_chart.append("lr", event.step, event.lr)
+        self.method_charts.add_step(event)
         seconds = self._seconds(event)
         if len(event.mem_by_gpu) > 1:  # a run on several GPUs: one line per GPU (each process's peak)
             for index, peak in enumerate(event.mem_by_gpu):
@@ -359,6 +370,7 @@ class MonitorPage(PastRuns, Page):
         self.loss_chart.extend("smooth", steps, self.smoother.extend(block.loss))
         self.speed_chart.extend("tps", steps, block.tokens_per_s)
         self.lr_chart.extend("lr", steps, block.lr)
+        self.method_charts.add_steps(steps, getattr(block, "method", {}), getattr(block, "rewards", {}))
         seconds = block.time - self.t0 if self.t0 is not None else np.zeros(len(block))
         self._memory_points(block, seconds)
         self._began.extend(steps, seconds)
@@ -454,13 +466,16 @@ class MonitorPage(PastRuns, Page):
         if not self._drawable():
             return
         charts = (*self.charts, self.expert_chart)
-        for offset in range(len(charts)):
+        now = time.monotonic()
+        drawing = not self.drawing_in_turn and (not self.replay.busy or now - self._drawn_at >= REPLAY_DRAW_S)
+        for offset in range(len(charts) if drawing else 0):
             chart = charts[(self._next_chart + offset) % len(charts)]
             if chart.flush():
                 self._next_chart = (self._next_chart + offset + 1) % len(charts)
+                self._drawn_at = now
                 break
-        now = time.monotonic()
-        if self._tiles_dirty and now - self._tiles_at >= TILES_INTERVAL_S:
+        every = REPLAY_DRAW_S if self.replay.busy else TILES_INTERVAL_S  # a replay's numbers change all the time
+        if self._tiles_dirty and now - self._tiles_at >= every:
             self._tiles_dirty = False
             self._tiles_at = now
             self._update_tiles()

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import QTimer
+
 from hone.app.pages.monitor_replay import SmoothedLoss
 from hone.core.events import RunStarted
 
 # Weight of history in the smoothed loss (debiased for the first steps): 0.8 follows a short run's trend within
 # a few steps while still averaging out step-to-step noise.
 SMOOTHING = 0.8
+# The pause between drawing one chart of a replayed run and the next: longer than a frame (Qt paints a window at
+# most once per screen refresh, 16 ms at 60 Hz, every widget changed since in one go), so each chart is painted alone.
+DRAW_TURN_MS = 20
 INTERRUPTED_NOTE = "The process training this run ended before the run did; resume it from Runs."
 
 
@@ -19,16 +24,17 @@ class PastRuns:
     """show_run, following, a resumed run's earlier steps; MonitorPage supplies the charts, `handle` and `_steps`."""
 
     follow_controls: tuple[bool, bool] = (False, False)  # a followed run takes (a pause, a stop) from here
+    drawing_in_turn = False  # a replayed run's charts are being drawn one per frame (the page's timer waits)
     stop_sent = False
 
     # ---- resumed runs ----
     def _replay_before(self, started: RunStarted) -> None:
         """Take in what the run's folder holds from before this (resumed) start."""
-        from hone.core.api import MetricsReader, StepColumns
+        from hone.core.api import MethodColumnsReader, StepColumns
 
         show_dialogs, self.show_dialogs = self.show_dialogs, False
         try:
-            items = MetricsReader(started.run_dir).read()
+            items = MethodColumnsReader(started.run_dir).read()
             for index, earlier in enumerate(items):
                 if isinstance(earlier, RunStarted) and earlier.time >= started.time:
                     break
@@ -43,7 +49,7 @@ class PastRuns:
     def _continue_at(self, step: int) -> None:
         """A resumed run continues from its checkpoint at `step`: keep every point up to it, drop the steps after
         it (they are trained again), and smooth the loss on from the kept points."""
-        for chart in (self.loss_chart, self.speed_chart, self.lr_chart):
+        for chart in (self.loss_chart, self.speed_chart, self.lr_chart, *self.method_charts.charts):
             chart.keep_until(step)
         self.smoother = SmoothedLoss(SMOOTHING)
         steps, raw = self.loss_chart.points("raw")
@@ -90,7 +96,26 @@ class PastRuns:
 
     def _replayed(self) -> None:
         """All that was read is in the page: draw it; a run opened from Runs is then followed while another process
-        trains it."""
+        trains it. After a large read the charts are drawn one per turn of the event loop, each painted before the
+        next is thinned, so that no turn holds the window for all of them."""
+        if self.replay.large and self.shown_dir is not None and self._drawable():
+            self._draw_in_turn([*self.charts, self.expert_chart], self.shown_dir)
+        else:
+            self._shown()
+
+    def _draw_in_turn(self, charts: list, run_dir: Path) -> None:
+        self.drawing_in_turn = run_dir == self.shown_dir
+        if not self.drawing_in_turn:  # another run was opened meanwhile
+            return
+        while charts and not charts.pop(0).flush():
+            pass
+        if charts:
+            QTimer.singleShot(DRAW_TURN_MS, lambda: self._draw_in_turn(charts, run_dir))
+        else:
+            self.drawing_in_turn = False
+            self._shown()
+
+    def _shown(self) -> None:
         from hone.core.api import in_use
 
         self.flush()
@@ -114,6 +139,8 @@ class PastRuns:
         elif self.started is not None and self.ended is None:  # said running, and nobody trains it: as Runs says
             self.status = "interrupted"
             self.log.appendPlainText(INTERRUPTED_NOTE)
+        if self.method_charts.method == "grpo":  # its latest sampled answers: text the replayed columns do not hold
+            self.method_charts.load_samples(run_dir)
         self._update_buttons()
         self.run_shown.emit(str(run_dir))
 

@@ -1,10 +1,11 @@
 """The Monitor's reading of a run folder: a past run replayed, a run another process trains followed, and the
 smoothed loss, all without stalling the window.
 
-A run's metrics.jsonl can hold a million steps (450 MB). `FolderReplay` reads it with the engine's column reader
-(hone.core.api.MetricsReader: numpy columns for the steps, events for the rest) on a Task's thread when it is large,
-and hands what it read to the page a slice per timer tick, so the window keeps answering; a small file is read at
-once, and the page is complete as soon as it opens. Following reads only what was appended since the last read.
+A run's metrics.jsonl can hold a million steps (450 MB). `FolderReplay` reads it with the Monitor's column reader
+(hone.core.api.MethodColumnsReader: numpy columns for the steps, events for the rest) on a Task's thread
+when it is large, and hands each chunk it read to the page as it comes, a slice per timer tick, so the window keeps
+answering and the page takes in the first steps while the rest is read; a small file is read at once, and the page
+is complete as soon as it opens. Following reads only what was appended since the last read.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ APPLY_BUDGET_S = 0.02
 # Points smoothed together in `SmoothedLoss.extend`: beta**-64 stays far inside float64 for any beta of use (0.5**-64
 # is 1.8e19), and a million points are 16,000 blocks.
 SMOOTH_BLOCK = 64
+# Room made for the steps a large file is guessed to hold (from its first chunk's lines per byte), with this much
+# to spare: lines of a run grow a little longer as its numbers do, and growing a million-point buffer later copies it.
+RESERVE_MARGIN = 1.05
 
 
 class SmoothedLoss:
@@ -90,9 +94,16 @@ class FolderReplay(QObject):
         self._queue: deque = deque()
         self._token = 0  # a read whose result comes after cancel() or another start() is dropped
         self.reading = False
+        self._size = 0  # bytes of the file a large read reads
+        self._reserved = False
         self._timer = QTimer(self)
         self._timer.setInterval(0)
         self._timer.timeout.connect(self._apply_some)
+
+    @property
+    def large(self) -> bool:
+        """The last read was of a large file, on a Task's thread."""
+        return self._size > 0
 
     @property
     def busy(self) -> bool:
@@ -101,21 +112,33 @@ class FolderReplay(QObject):
 
     def start(self, run_dir: str | Path) -> None:
         """Read the folder's metrics.jsonl from its start: at once when small, else on a Task's thread."""
-        from hone.core.api import METRICS_FILE, MetricsReader
+        from hone.core.api import METRICS_FILE, MethodColumnsReader
 
         self.cancel()
-        self.reader = reader = MetricsReader(run_dir)
+        self.reader = reader = MethodColumnsReader(run_dir)
         try:
             size = (Path(run_dir) / METRICS_FILE).stat().st_size
         except OSError:
             size = 0
+        self._size = 0
         if size <= READ_NOW_BYTES:
             self._queue.extend(reader.read())
             self._apply_some(budget_s=None)
             return
         self.reading = True
+        self._size = size
+        self._reserved = False
         token = self._token
-        Task(reader.read, on_result=lambda items: self._got(token, items))
+
+        def read(progress) -> None:
+            reader.read_into(lambda items: progress((reader.offset, items)))
+
+        Task(
+            read,
+            on_progress=lambda got: self._got(token, *got),
+            on_result=lambda _: self._read_all(token),
+            on_error=lambda _: self._read_all(token),  # what was read is shown (the reader itself never raises)
+        )
 
     def read_more(self) -> bool:
         """Take in what the file gained since the last read (following a run); False when nothing came."""
@@ -132,15 +155,24 @@ class FolderReplay(QObject):
         self._timer.stop()
         self.reading = False
 
-    def _got(self, token: int, items: list) -> None:
+    def _got(self, token: int, offset: int, items: list) -> None:
+        """A chunk's items, read on the Task's thread (`offset`: how far into the file it has read)."""
+        from hone.core.api import StepColumns
+
+        if token != self._token:
+            return
+        if not self._reserved and self._reserve is not None and offset:
+            steps = sum(len(item) for item in items if isinstance(item, StepColumns))
+            if steps:  # the whole file's steps, guessed from the first chunk that holds some
+                self._reserved = True
+                self._reserve(int(steps * self._size / offset * RESERVE_MARGIN))
+        self._queue.extend(items)
+        self._apply_some()
+
+    def _read_all(self, token: int) -> None:
         if token != self._token:
             return
         self.reading = False
-        if self._reserve is not None:
-            from hone.core.api import StepColumns
-
-            self._reserve(sum(len(item) for item in items if isinstance(item, StepColumns)))
-        self._queue.extend(items)
         self._apply_some()
 
     def _apply_some(self, budget_s: float | None = APPLY_BUDGET_S) -> None:
@@ -149,11 +181,15 @@ class FolderReplay(QObject):
 
         began = time.monotonic()
         while self._queue and (budget_s is None or time.monotonic() - began < budget_s):
+            steps = isinstance(self._queue[0], StepColumns)
+            if steps and len(self._queue) == 1 and self.reading:
+                break  # whether more steps follow it (for the log's step lines) is known with the next chunk
             item = self._queue.popleft()
-            last = isinstance(item, StepColumns) and not (self._queue and isinstance(self._queue[0], StepColumns))
+            last = steps and not (self._queue and isinstance(self._queue[0], StepColumns))
             self._take(item, last)
-        if self._queue:
+        if self._queue and not (self.reading and len(self._queue) == 1 and isinstance(self._queue[0], StepColumns)):
             self._timer.start()
         else:
             self._timer.stop()
-            self.done.emit()
+            if not self.busy:
+                self.done.emit()

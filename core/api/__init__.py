@@ -21,10 +21,15 @@ something new from the engine adds it here, in the submodule of its verb.
     read a model   inspect_model, tokenizer_for, resolve_source, pending_conversion, gguf_folder,
                    gguf_conversion_folder, family_of; measure_model_backends (MoE experts backends, timed)
     plan memory    plan_run, detect_memory, Memory, parse_size, GIB, estimate_host
-    export         export_run, parse_format, SUPPORTED_FORMATS, FORMAT_TYPES, MANIFEST_FILE, open_run,
-                   output_folder
+    export         export_run (checkpoint=STEP: a saved checkpoint's adapter), checkpoint_output, parse_format,
+                   SUPPORTED_FORMATS, FORMAT_TYPES, MANIFEST_FILE, open_run, output_folder
     chat, evaluate ChatModels, GenerationSettings, BASE, TUNED; read_prompts, with_references, compare,
                    held_out_file; preference runs: held_out_pairs, score_pairs -> PreferenceScores
+    compare runs   read_run -> RunNumbers (settings, metrics, problems, RunSeries: chart columns), compare_runs ->
+                   RunComparison, differing_settings, comparison (JSON), metric_text, setting_text, METRIC_COLUMNS
+    score          select_checkpoints, score_checkpoints -> ScoreTable; read_scores, best_stored, stored_for_step,
+                   best_entry, METRICS, DEFAULT_METRIC, check_metric (a run's checkpoints on held-out rows, stored in
+                   RUN_DIR/scores.json; reading needs no torch)
     the Hub        search_models, model_files, download_model, save_token, forget_token, push_folder, hub_user,
                    fits_this_machine
     this machine   MachineFacts, read_machine; Telemetry, TelemetrySample, GpuListing, list_gpus; check_runtime;
@@ -56,6 +61,9 @@ _LAZY = {
             "INTERRUPTED",
             "METRICS_FILE",
             "MetricsReader",
+            "MethodColumnsReader",
+            "METHOD_FIELDS",
+            "StepBlock",
             "PEER_ADVICE",
             "EventTail",
             "StepColumns",
@@ -124,6 +132,7 @@ _LAZY = {
             "FORMAT_TYPES",
             "MANIFEST_FILE",
             "SUPPORTED_FORMATS",
+            "checkpoint_output",
             "export_run",
             "open_run",
             "output_folder",
@@ -146,6 +155,49 @@ _LAZY = {
             "with_references",
         ),
         "hone.core.api.chat",
+    ),
+    **dict.fromkeys(
+        (
+            "METRIC_COLUMNS",
+            "NOT_A_RUN",
+            "NOT_SETTINGS",
+            "RunComparison",
+            "RunNumbers",
+            "RunSeries",
+            "compare_runs",
+            "comparison",
+            "differing_settings",
+            "metric_text",
+            "metrics_of",
+            "read_run",
+            "setting_text",
+            "unique_names",
+        ),
+        "hone.core.api.run_comparison",
+    ),
+    **dict.fromkeys(
+        (
+            "DEFAULT_METRIC",
+            "METRICS",
+            "SCORES_FILE",
+            "DataKey",
+            "SavedCheckpoint",
+            "ScoreEntry",
+            "ScoreTable",
+            "StoredScores",
+            "best_entry",
+            "best_stored",
+            "check_metric",
+            "checkpoint_weights",
+            "current_entries",
+            "latest_data",
+            "read_scores",
+            "saved_checkpoints",
+            "score_checkpoints",
+            "select_checkpoints",
+            "stored_for_step",
+        ),
+        "hone.core.api.scores",
     ),
     **dict.fromkeys(
         (

@@ -50,6 +50,9 @@ _LAZY = {
     "MetricsReader": "hone.core.train.metrics_series",
     "StepColumns": "hone.core.train.metrics_series",
     "downsample": "hone.core.train.metrics_series",
+    "MethodColumnsReader": "hone.core.train.method_columns",
+    "StepBlock": "hone.core.train.method_columns",
+    "METHOD_FIELDS": "hone.core.train.method_columns",
 }
 
 __all__ = [

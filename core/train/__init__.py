@@ -18,6 +18,9 @@
     run_log.py      train.log's lines, one per event
     safe_writes.py  atomic JSON, append-only line files, the disk-full error
     run_history.py  a run folder read back: run.json checked, its events, the list of runs
+    run_compare.py  runs side by side: the settings that differ, their numbers, their chart series (hone compare)
+    method_columns.py  metrics.jsonl as chart columns with the training methods' own (the Monitor's reader)
+    json_floats.py  JSON numbers parsed a whole column at a time, as float() reads them
     metrics_series.py  a run's metrics.jsonl as chart columns, read fast; thinning a series for drawing
     json_checks.py  a run folder's small JSON files (run.json, a checkpoint's state.json) read as possibly damaged
     run_lock.py     one process at a time in a run folder (an OS lock, with who holds it)

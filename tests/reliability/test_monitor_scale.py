@@ -83,11 +83,6 @@ def _write_run(run_dir: Path, steps: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="the issue's bar (under 3 s, no GUI pause over 100 ms) is not met yet on 2 cores: 3.4 s and 145 ms "
-    "measured; numpy's float parsing (~1.2 s per million lines) and the chart flush are what is left",
-    strict=False,
-)
 def test_a_million_steps_replay_in_seconds_in_bounded_memory_and_the_window_answers(tmp_path):
     run_dir = tmp_path / "runs" / "long"
     began = time.perf_counter()
