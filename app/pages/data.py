@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hone.app.helper_process import in_helper
 from hone.app.pages.base import Page
 from hone.app.pages.data_check import DataCheck, check, entry_for, inspect
 from hone.app.pages.data_histogram import LengthHistogram
@@ -302,8 +303,13 @@ class DataPage(Page):
         self.status.setText("Checking…")
         set_role(self.status, "muted")
         self.check_button.setEnabled(False)
-        self.task = Task(
-            check, config.data, config.model, on_result=self._checked, on_error=self._failed, on_progress=self._progress
+        self.task = Task(  # in the helper process: tokenizing never holds the window's interpreter lock
+            in_helper(check),
+            config.data,
+            config.model,
+            on_result=self._checked,
+            on_error=self._failed,
+            on_progress=self._progress,
         )
 
     def _progress(self, value: Any) -> None:
@@ -316,7 +322,7 @@ class DataPage(Page):
         self.progress.hide()
         self.check_button.setEnabled(True)
         report = result.report
-        where = "" if result.tokenizer is not None else " (choose a model to count tokens)"
+        where = "" if result.model is not None else " (choose a model to count tokens)"
         held = f" and {result.eval_report.rows_read:,} evaluation rows" if result.eval_report else ""
         checked = f"Checked {report.rows_read:,} training rows{held}{where}."
         if result.problems:
@@ -459,11 +465,11 @@ class DataPage(Page):
             return
         self._inspecting = None
         self.inspect_task = Task(
-            inspect,
+            in_helper(inspect),
             entry,
             row,
             self.state.config.data,
-            self.result.tokenizer,
+            self.result.model,
             on_result=self._inspected,
             on_error=self._inspect_failed,
         )

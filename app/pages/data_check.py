@@ -1,23 +1,26 @@
-"""What the Data page runs on a worker thread: the check of the training and evaluation data (validated, and
-tokenized with the chosen model's tokenizer), the rows the preview shows, and one row opened in the inspector.
+"""What the Data page runs in the Studio's helper process (hone.app.helper_process): the check of the training and
+evaluation data (validated, and tokenized with the chosen model's tokenizer), the rows the preview shows, and one row
+opened in the inspector. Free of Qt, so that the helper imports only this and the engine.
 
-Each goes through hone.core.api and returns plain objects the page shows; none touches a widget.
+Each goes through hone.core.api and returns plain objects the page shows. The tokenizer stays in the helper (loaded
+once per model, `tokenizer_for_model`): the window never imports transformers for it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hone.app.pages.data_views import raw_row
 from hone.core.config import DataConfig, ModelConfig
 from hone.core.events import DatasetReport
 
 # Rows the preview table shows: enough to judge the data at a glance, few enough to tokenize in a blink.
 PREVIEW_ROWS = 50
+_tokenizers: dict[str, Any] = {}  # in the helper process: the tokenizer of each model checked, by its settings
 
 
 @dataclass
@@ -28,7 +31,7 @@ class DataCheck:
     report: DatasetReport
     lengths: np.ndarray  # int64 [rows kept], tokens per row (empty without a tokenizer)
     preview: list[Any]  # RowView of the first kept rows of the first source
-    tokenizer: Any  # kept for the inspector (a Python object; the GUI never calls into it on its thread)
+    model: ModelConfig | None  # whose tokenizer counted the tokens (the inspector's); None: no model chosen
     eval_report: DatasetReport | None = None
 
     @property
@@ -45,6 +48,15 @@ def load_tokenizer_for(model_cfg: ModelConfig) -> Any:
     return tokenizer_for(model_cfg)
 
 
+def tokenizer_for_model(model_cfg: ModelConfig) -> Any:
+    """`load_tokenizer_for`, once per model settings in this process."""
+    key = json.dumps([model_cfg.name_or_path, model_cfg.gguf_file, model_cfg.revision, model_cfg.trust_remote_code])
+    if key not in _tokenizers:
+        _tokenizers.clear()  # one model at a time: a tokenizer can hold hundreds of MB
+        _tokenizers[key] = load_tokenizer_for(model_cfg)
+    return _tokenizers[key]
+
+
 def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCheck:
     """Validate and tokenize the training and evaluation splits on a worker thread; structural checks only without a
     model."""
@@ -54,7 +66,7 @@ def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCh
     if model_cfg.name_or_path:
         if progress:
             progress(("Loading the tokenizer…", 0.0))
-        tokenizer = load_tokenizer_for(model_cfg)
+        tokenizer = tokenizer_for_model(model_cfg)
     report, tokenized = check_data(
         data_cfg,
         tokenizer,
@@ -70,7 +82,7 @@ def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCh
         if progress:
             progress(("Checking the evaluation data…", 1.0))
         eval_report, _ = check_data(data_cfg, tokenizer, split="eval")
-    return DataCheck(report, np.asarray(lengths), preview, tokenizer, eval_report)
+    return DataCheck(report, np.asarray(lengths), preview, model_cfg if tokenizer is not None else None, eval_report)
 
 
 def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[Any]:
@@ -89,12 +101,40 @@ def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[A
     return inspect_rows(entry, tokenizer, numbers, cfg=data_cfg)
 
 
-def inspect(entry: str, row: int, data_cfg: DataConfig, tokenizer: Any) -> tuple[Any, str]:
-    """(RowView or None without a tokenizer, the row as the file holds it where it is skipped or not viewed)."""
+def inspect(entry: str, row: int, data_cfg: DataConfig, model_cfg: ModelConfig | None) -> tuple[Any, str]:
+    """(RowView, or None without a model, the row as the file holds it where it is skipped or not viewed)."""
     from hone.core.api import inspect_row
 
-    view = inspect_row(entry, tokenizer, row, cfg=data_cfg) if tokenizer is not None else None
+    view = None
+    if model_cfg is not None:
+        view = inspect_row(entry, tokenizer_for_model(model_cfg), row, cfg=data_cfg)
     return view, (raw_row(entry, row) if view is None or view.problem else "")
+
+
+def raw_row(entry: str, row: int) -> str:
+    """Row `row` (1-based, as the report numbers it) of one data file as it holds it: a record as indented JSON, a
+    line that is not a JSON object as its text.
+
+    Raises:
+        SourceError: the file cannot be read.
+    """
+    from hone.core.api import read_records, resolve_sources
+
+    sources = resolve_sources([entry])
+    if len(sources) != 1:
+        return ""
+    source = sources[0]
+    for number, record in read_records(source):
+        if number == row and isinstance(record, dict):
+            return json.dumps(record, indent=2, ensure_ascii=False, default=str)
+        if number >= row:
+            break
+    if source.kind == "jsonl" and source.path is not None:  # a line the reader could not parse: show its text
+        with open(source.path, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                if number == row:
+                    return line.decode("utf-8", errors="replace").rstrip("\r\n")
+    return ""
 
 
 def entry_for(source_name: str, entries: list[str]) -> str:

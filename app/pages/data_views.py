@@ -4,7 +4,6 @@ lists them and as the file holds them."""
 from __future__ import annotations
 
 import html
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,32 +42,6 @@ def skipped_rows(report: DatasetReport | None, split: str) -> list[SkippedRow]:
         if match:
             rows.append(SkippedRow(split, match.group(1), int(match.group(2)), match.group(3)))
     return rows
-
-
-def raw_row(entry: str, row: int) -> str:
-    """Row `row` (1-based, as the report numbers it) of one data file as it holds it: a record as indented JSON, a
-    line that is not a JSON object as its text. Runs on a worker thread.
-
-    Raises:
-        SourceError: the file cannot be read.
-    """
-    from hone.core.api import read_records, resolve_sources
-
-    sources = resolve_sources([entry])
-    if len(sources) != 1:
-        return ""
-    source = sources[0]
-    for number, record in read_records(source):
-        if number == row and isinstance(record, dict):
-            return json.dumps(record, indent=2, ensure_ascii=False, default=str)
-        if number >= row:
-            break
-    if source.kind == "jsonl" and source.path is not None:  # a line the reader could not parse: show its text
-        with open(source.path, "rb") as handle:
-            for number, line in enumerate(handle, start=1):
-                if number == row:
-                    return line.decode("utf-8", errors="replace").rstrip("\r\n")
-    return ""
 
 
 def highlight_html(pieces: list[Any], palette: Palette | None) -> str:
