@@ -21,6 +21,8 @@ _LAZY = {
     "HONE_RUNS": "hone.core.bench.vision",
     "VisionOptions": "hone.core.bench.vision",
     "run_vision_bench": "hone.core.bench.vision",
+    "PREFERENCE_BASELINE": "hone.core.bench.preference",
+    "run_preference_bench": "hone.core.bench.preference",
     "notes": "hone.core.bench.report",
     "ratio_table": "hone.core.bench.report",
     "write_json": "hone.core.bench.report",

@@ -31,6 +31,7 @@ from hone.core.bench.weights import build_bench_model
 from hone.core.errors import ConfigError, HoneError
 
 BASELINE = "trl"
+PREFERENCE_BASELINE = BASELINE  # as hone.core.api.bench offers it (its BASELINE is the other scenarios')
 BETA = 0.1
 LR = 1e-4
 # Pairs generated per step of the batch, so that no run sees a pair twice in the steps it is timed on.

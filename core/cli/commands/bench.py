@@ -538,8 +538,8 @@ def _run_vision(args, console) -> int:
 
 def _run_preference(args, console) -> int:
     """A preference scenario: TRL's DPOTrainer with peft (the baseline) and Hone's DPO, then the ratio table."""
-    from hone.core.api.bench import VisionOptions, notes, ratio_table, write_json
-    from hone.core.bench.preference import BASELINE, run_preference_bench
+    from hone.core.api.bench import PREFERENCE_BASELINE as BASELINE
+    from hone.core.api.bench import VisionOptions, notes, ratio_table, run_preference_bench, write_json
     from hone.core.errors import ConfigError
 
     given = [flag for flag, name, default in TEXT_ONLY_FLAGS if getattr(args, name) != default]
