@@ -1,6 +1,6 @@
-"""The window never stalls on the Studio's heavy one-off jobs: reading a model, the memory estimate and exports run
-in the helper process, so the GUI thread's longest pause stays under 100 ms in each (issue bar, on 2 cores) and
-torch is never imported in the window's process. Measured in a process of its own (window_stall_probe.py)."""
+"""The window never stalls on the Studio's heavy one-off jobs: reading a model, the memory estimate, the data check and
+exports run in the helper process, so the GUI thread's longest pause stays under 100 ms in each (issue bar, on 2
+cores) and torch is never imported in the window's process. Measured in a process of its own (window_stall_probe.py)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,16 @@ def test_heavy_jobs_run_in_the_helper_and_never_stall_the_window(tiny_run, tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"\n{found}")
-    assert found["model ok"], found
+    assert found["model ok"] and found["data ok"], found
     phases = {name: value for name, value in found.items() if isinstance(value, dict)}
-    assert set(phases) == {"read model", "memory estimate", "export adapter", "export merged:bf16", "export gguf:q8_0"}
+    assert set(phases) == {
+        "read model",
+        "memory estimate",
+        "data check",
+        "export adapter",
+        "export merged:bf16",
+        "export gguf:q8_0",
+    }
     for name, phase in phases.items():
         assert phase["finished"], name
         assert phase.get("passed", True), f"{name}: the export's read-back checks failed"

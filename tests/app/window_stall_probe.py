@@ -1,7 +1,7 @@
 """Drives the Studio through its heavy one-off jobs in a process of its own and says, as one JSON line, the longest the
 GUI thread went without running a 10 ms heartbeat timer during each: reading a model, the Train page's memory
-estimate, and exports of a run (adapter, merged, GGUF q8_0). Also whether torch was ever imported in the window's
-process.
+estimate, the Data page's check of the bundled demo data, and exports of a run (adapter, merged, GGUF q8_0). Also
+whether torch was ever imported in the window's process.
 
     QT_QPA_PLATFORM=offscreen python tests/app/window_stall_probe.py RUN MODEL SETTINGS.ini OUT [--in-window]
 
@@ -28,6 +28,7 @@ def main(run_dir: str, model_dir: str, settings_path: str, out_dir: str, in_wind
     from hone.app.settings import Settings
     from hone.app.window import MainWindow
     from hone.app.workers import Task
+    from hone.core.config import DEMO_TRAIN_DATA
 
     app = QApplication.instance() or QApplication([])
     settings = Settings(QSettings(settings_path, QSettings.IniFormat))
@@ -72,6 +73,12 @@ def main(run_dir: str, model_dir: str, settings_path: str, out_dir: str, in_wind
         lambda: train_page.estimate_task is not None and not train_page.is_busy(),
     )
     found["model ok"] = window.state.model_info is not None
+    data_page = window.page("data")
+    found["data check"] = phase(
+        lambda: data_page.set_files([DEMO_TRAIN_DATA], check=True),
+        lambda: data_page.result is not None and not data_page.task.is_running(),
+    )
+    found["data ok"] = data_page.result is not None and data_page.result.report.rows_kept > 0
     export_page.set_run(run_dir)
     export_page.force_box.setChecked(True)
     for fmt, kind in (("adapter", ""), ("merged", "bf16"), ("gguf", "q8_0")):
