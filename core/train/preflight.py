@@ -69,14 +69,16 @@ def largest_micro_batch(dataset, packs: list[list[int]], packing: bool) -> list[
     """Rows standing in for the largest micro-batch the run will see: copies of its longest row filling its fullest
     pack (the last copy cut to the tokens left, unless the row holds images), or that row alone without packing."""
     lengths = dataset.lengths
-    longest = dataset[int(max(range(len(lengths)), key=lambda i: int(lengths[i])))]
+    index = int(max(range(len(lengths)), key=lambda i: int(lengths[i])))
+    longest = dataset[index]
     if not packing:
         return [longest]
     tokens = max(sum(int(lengths[i]) for i in pack) for pack in packs)
-    size = len(longest.input_ids)
+    size = int(lengths[index])  # what packing counts: a pair's two answers, a GRPO prompt's whole group
     rows = [longest] * max(tokens // size, 1)
     rest = tokens - size * len(rows)
-    if rest > 0 and not longest.images and not hasattr(longest, "sequences"):  # a pair's answers go whole
+    # only a plain text row is cut: a pair's answers and a prompt's group go whole, an image's tokens too
+    if rest > 0 and isinstance(longest, TokenizedRow) and not longest.images:
         rows.append(replace(longest, input_ids=longest.input_ids[:rest], labels=longest.labels[:rest]))
     return rows
 

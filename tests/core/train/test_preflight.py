@@ -165,3 +165,18 @@ def test_split_for_hand_computed():
     assert split_for(trial, pending=100 * MIB, available=available, split=2) == 4  # on top of the split it had
     assert split_for(Trial(4096, 600 * MIB, None), pending=0, available=available, split=2) == 4  # out of memory
     assert split_for(trial, pending=500 * MIB, available=available, split=1) == 2  # no room at all: halve, go on
+
+
+def test_largest_micro_batch_of_grpo_prompts_counts_each_prompt_s_whole_group():
+    """A GRPO prompt stands for `group` × (prompt + completion) tokens: the stand-in holds as many prompts as the
+    fullest pack, whole (a prompt is never cut, and has no images)."""
+    from hone.core.data.prompts import PromptRow, PromptSet
+
+    prompts = PromptSet(
+        [PromptRow(list(range(n)), f"prompt {n}", {}, f"f:{n}") for n in (10, 30, 20)], group=4, max_completion=20
+    )
+    assert list(prompts.lengths) == [120, 200, 160]
+    got = largest_micro_batch(prompts, [[0, 1], [2]], packing=True)  # 320 and 160 tokens
+    assert got == [prompts[1]], "one whole prompt of 200 tokens fits the 320 of the fullest pack"
+    got = largest_micro_batch(prompts, [[0, 1, 2]], packing=True)  # 480 tokens: two of the longest
+    assert got == [prompts[1], prompts[1]]
