@@ -7,31 +7,35 @@ answer, stripped of surrounding whitespace, must equal the reference line charac
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from hone.core.config import DEMO_EVAL_DATA, RunConfig
 from hone.core.data.template import render_conversation
-from hone.core.resources import resolve_bundled, resource_path
+from hone.core.demo.before_after import ScorePhase, SilentPhase, base_demo_config, train_and_rescore
+from hone.core.resources import resolve_bundled
 
-DEMO_CONFIG = "configs/demo.toml"
+if TYPE_CHECKING:
+    from hone.core.demo.preference import PreferenceDemoResult
 
 
-def demo_config(runs_dir: str | None = None, steps: int | None = None, model: str | None = None) -> RunConfig:
-    """The bundled demo config, optionally with another runs folder, step count or model."""
-    config = RunConfig.load(resource_path(DEMO_CONFIG))
-    overrides = []
-    if runs_dir:
-        overrides.append(f"output.runs_dir={json.dumps(runs_dir)}")
-    if steps:
-        overrides.append(f"train.max_steps={steps}")
-    if model:
-        overrides.append(f"model.name_or_path={json.dumps(model)}")
-    return config.with_overrides(overrides) if overrides else config
+def demo_config(
+    runs_dir: str | None = None, steps: int | None = None, model: str | None = None, method: str = "sft"
+) -> RunConfig:
+    """The bundled demo config, optionally with another runs folder, step count or model. A `method` other than sft
+    (dpo, simpo, orpo, kto) gives the preference demo's config instead (hone.core.demo.preference).
+
+    Raises:
+        ConfigError: `method` is none of those.
+    """
+    if method != "sft":
+        from hone.core.demo.preference import preference_demo_config
+
+        return preference_demo_config(method, runs_dir, steps, model)
+    return base_demo_config(runs_dir, steps, model)
 
 
 def load_rows(name: str) -> list[dict]:
@@ -106,41 +110,28 @@ class DemoResult:
     adapter_dir: str
 
 
-class ScorePhase(Protocol):
-    """What `run_demo` reports scoring through: `phase(text, total)` is a context manager whose `update(done)`
-    takes the rows scored so far (hone.core.cli.console.Phase is one)."""
-
-    def __call__(self, text: str, total: int) -> contextlib.AbstractContextManager: ...
-
-
-class _SilentPhase:
-    def __init__(self, text: str, total: int):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def update(self, done: int) -> None:
-        pass
-
-
 def run_demo(
     config: RunConfig,
     *,
     eval_rows: int | None = None,
     on_stage: Callable[[str], None] | None = None,
     phase: ScorePhase | None = None,
-) -> Generator[object, None, DemoResult | None]:
+) -> Generator[object, None, DemoResult | PreferenceDemoResult | None]:
     """Score the base model, train, score the adapter. Yields the run's events; its return value (the
     generator's StopIteration value) is the DemoResult, or None when training failed. `on_stage(text)` hears each
-    stage; the two scorings run inside `phase(text, rows)`, told the rows scored so far."""
+    stage; the two scorings run inside `phase(text, rows)`, told the rows scored so far.
+
+    A preference config (`demo_config(method="dpo")`) runs the preference demo instead, which returns a
+    hone.core.demo.preference.PreferenceDemoResult."""
     from hone.core.models.load import load_model
 
+    if config.train.method != "sft":
+        from hone.core.demo.preference import run_preference_demo
+
+        return (yield from run_preference_demo(config, eval_rows=eval_rows, on_stage=on_stage, phase=phase))
+
     stage = on_stage or (lambda text: None)
-    phase = phase or _SilentPhase
+    phase = phase or SilentPhase
     rows = load_rows(config.data.eval[0] if config.data.eval else DEMO_EVAL_DATA)[:eval_rows]
 
     def score(model, who: str) -> Score:
@@ -158,22 +149,3 @@ def run_demo(
         return None
     final, after = trained
     return DemoResult(before, after, final.run_dir, final.adapter_dir)
-
-
-def train_and_rescore(config: RunConfig, base_model, score: Callable, stage: Callable[[str], None]) -> Generator:
-    """Train as `config` says, yielding the run's events; then load the adapter onto `base_model` and score it.
-    Returns (RunFinished, score of the fine-tuned model), or None when the run did not finish."""
-    from peft import PeftModel
-
-    from hone.core.events import RunFailed, RunFinished
-    from hone.core.train.trainer import Trainer
-
-    final = None
-    for event in Trainer(config).run():
-        yield event
-        if isinstance(event, (RunFinished, RunFailed)):
-            final = event
-    if not isinstance(final, RunFinished):
-        return None
-    stage("loading the adapter onto the base model")
-    return final, score(PeftModel.from_pretrained(base_model, final.adapter_dir))

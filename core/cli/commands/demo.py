@@ -21,6 +21,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="try the task on another model (an id, folder or .gguf) instead of the bundled SmolLM2-135M-Instruct",
     )
     p.add_argument(
+        "--method",
+        default="sft",
+        help="sft (default): the JSON demo; dpo, simpo, orpo or kto: preference training on bundled pairs (the "
+        "exact JSON line chosen, a wrong form of it rejected), showing how often base and fine-tune rank held-out "
+        "pairs right",
+    )
+    p.add_argument(
         "--vision",
         action="store_true",
         help="the vision demo instead: SmolLM2 with a vision encoder "
@@ -40,6 +47,10 @@ def run(args) -> int:
     config = demo_config(args.runs_dir, args.steps, args.model)
     # Before torch loads or anything is written: a wrong --model is one line, exit 2.
     check_model(config.model, given_as="--model")
+    if args.method != "sft":
+        # A method the demo does not train with is one line too (ConfigError), before the pairs are written.
+        config = demo_config(args.runs_dir, args.steps, args.model, method=args.method)
+    unit = "rows scored" if args.method == "sft" else "pairs ranked"
     with EventPrinter() as printer:
         console = printer.console
         convert_gguf_once(config.model, console)
@@ -49,11 +60,13 @@ def run(args) -> int:
                 config,
                 eval_rows=args.eval_rows,
                 on_stage=lambda text: console.print(f"[bold]{text}"),
-                phase=lambda text, total: Phase(console, text, total, unit="rows scored"),
+                phase=lambda text, total: Phase(console, text, total, unit=unit),
             ),
         )
     if result is None:
         return 1
+    if args.method != "sft":
+        return _print_preference(console, config, result)
     table = Table(title="held-out exact match (answer must equal the reference JSON line)")
     table.add_column("model")
     table.add_column("exact", justify="right")
@@ -68,11 +81,45 @@ def run(args) -> int:
     return 0
 
 
+def _print_preference(console, config, result) -> int:
+    """The preference demo's table: held-out pairs ranked right and the mean margin, base and fine-tune."""
+    from rich.table import Table
+
+    from hone.core.config import PREFERENCE_METHODS
+
+    table = Table(
+        title="held-out pairs ranked right (chosen answer more likely per token than rejected); "
+        "margin: mean log-probability per token, chosen minus rejected"
+    )
+    table.add_column("model")
+    table.add_column("ranked right", justify="right")
+    table.add_column("mean margin", justify="right")
+    for name, score in (
+        (config.model.name_or_path, result.before),
+        (f"+ Hone LoRA ({config.train.method})", result.after),
+    ):
+        table.add_row(name, f"{score.right}/{score.total} ({100 * score.rate:.0f}%)", f"{score.margin:+.3f}")
+    console.print(table)
+    console.print(f"held-out pairs: {result.held_out}")
+    console.print(f"run folder: {result.run_dir}")
+    console.print(f"adapter: {result.adapter_dir}")
+    if config.train.method in PREFERENCE_METHODS:
+        console.print(f"rank them again: hone eval {result.run_dir} --data {result.held_out}")
+    return 0
+
+
 def run_vision(args) -> int:
     from rich.table import Table
 
     from hone.core.api import CHANCE, run_vision_demo, vision_demo_config
     from hone.core.cli.console import EventPrinter
+    from hone.core.errors import HoneError
+
+    if args.method != "sft":
+        raise HoneError(
+            f"--method {args.method} is for the text demo: the vision demo trains with sft only",
+            "drop --vision for the preference demo, or --method for the vision demo",
+        )
 
     with EventPrinter() as printer:
         console = printer.console

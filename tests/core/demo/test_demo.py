@@ -34,12 +34,16 @@ def test_demo_command_runs_end_to_end(tmp_path, capsys, monkeypatch):
 
     held_out = tmp_path / "eval.jsonl"
     held_out.write_text("".join(json.dumps(row) + "\n" for row in text.load_rows(DEMO_EVAL_DATA)[:2]), encoding="utf-8")
+    from hone.core.api import demo as api_demo
+
     shipped = text.demo_config
-    monkeypatch.setattr(
-        text,
-        "demo_config",
-        lambda *args, **kwargs: shipped(*args, **kwargs).with_overrides([f"data.eval=[{json.dumps(str(held_out))}]"]),
-    )
+
+    def cut(*args, **kwargs):
+        return shipped(*args, **kwargs).with_overrides([f"data.eval=[{json.dumps(str(held_out))}]"])
+
+    # both names: hone.core.api.demo took its own reference to demo_config when first imported
+    monkeypatch.setattr(text, "demo_config", cut)
+    monkeypatch.setattr(api_demo, "demo_config", cut)
     runs = tmp_path / "runs"
     code = main(["demo", "--runs-dir", str(runs), "--steps", "1", "--eval-rows", "2"])
     err = capsys.readouterr().err
