@@ -29,6 +29,7 @@ from hone.core.bench.vision import WORDS, VisionOptions, VisionReport, _measure,
 from hone.core.bench.vision_steps import RunSteps
 from hone.core.bench.weights import build_bench_model
 from hone.core.errors import ConfigError, HoneError
+from hone.core.models.hub_kernels import from_pretrained_options
 
 BASELINE = "trl"
 PREFERENCE_BASELINE = BASELINE  # as hone.core.api.bench offers it (its BASELINE is the other scenarios')
@@ -158,7 +159,7 @@ def trl_steps(
                     out.first_grad_norm = float(logs["grad_norm"])
 
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **from_pretrained_options()).to(device)
     args = DPOConfig(
         output_dir=str(out_dir),
         report_to=[],
