@@ -54,6 +54,13 @@ def run_push(folder: str, repo_id: str, private: bool, progress) -> Any:
     return push_folder(folder, repo_id, private=private, progress=progress)
 
 
+def default_type(fmt: str) -> str:
+    """The type `fmt` exports with when none is named (hone.core.export.formats), "" for the first in its list."""
+    from hone.core.api import DEFAULT_TYPES
+
+    return DEFAULT_TYPES.get(fmt, "")
+
+
 def is_export(folder: str) -> bool:
     """`folder` holds an export Hone wrote (its export.json)."""
     from hone.core.api import MANIFEST_FILE
@@ -268,6 +275,8 @@ class ExportPage(Page):
         self.type_box.clear()
         for name, description in types.items():
             self.type_box.addItem(f"{name} — {description}", name)
+        if types:  # the format's own default type (GGUF: q8_0), not the first in the list (f32)
+            self.type_box.setCurrentIndex(max(0, self.type_box.findData(default_type(self.checked_format()))))
         self.type_box.blockSignals(False)
         self.type_box.setVisible(bool(types))
         self.type_label.setVisible(bool(types))

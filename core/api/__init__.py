@@ -129,6 +129,7 @@ _LAZY = {
     ),
     **dict.fromkeys(
         (
+            "DEFAULT_TYPES",
             "FORMAT_TYPES",
             "MANIFEST_FILE",
             "SUPPORTED_FORMATS",

@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import importlib
 
-from hone.core.export.formats import FORMAT_TYPES, MANIFEST_FILE, SUPPORTED_FORMATS, parse_format
+from hone.core.export.formats import DEFAULT_TYPES, FORMAT_TYPES, MANIFEST_FILE, SUPPORTED_FORMATS, parse_format
 from hone.core.export.source import open_run, output_folder
 
 # Names whose engine module imports torch: resolved on first use.
 _LAZY = {"export_run": "hone.core.export.dispatch", "checkpoint_output": "hone.core.export.dispatch"}
 
-__all__ = ["FORMAT_TYPES", "MANIFEST_FILE", "SUPPORTED_FORMATS", "open_run", "output_folder", "parse_format", *_LAZY]
+__all__ = [
+    "DEFAULT_TYPES",
+    "FORMAT_TYPES",
+    "MANIFEST_FILE",
+    "SUPPORTED_FORMATS",
+    "open_run",
+    "output_folder",
+    "parse_format",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str):

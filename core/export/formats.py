@@ -35,6 +35,8 @@ GGUF_TYPES: dict[str, str] = {
     "q4_0": "4-bit blocks: about 0.56 bytes per weight, the smallest and the least precise",
 }
 DEFAULT_GGUF_TYPE = "q8_0"
+# The type a format exports with when none is named, where that is not the first of FORMAT_TYPES[format].
+DEFAULT_TYPES = {"gguf": DEFAULT_GGUF_TYPE, "ollama": DEFAULT_GGUF_TYPE}
 # K-quants and i-quants have no quantizer in the `gguf` package; llama.cpp's own tool makes them from an f16 file.
 K_QUANT_ADVICE = (
     "K-quants (q4_k_m, q5_k_m, q6_k, ...) need llama.cpp's quantizer: export gguf:f16, then run "

@@ -28,6 +28,9 @@ def test_the_type_picker_follows_the_chosen_format(window):
     for fmt, types in FORMAT_TYPES.items():
         page.format_buttons[fmt].click()
         assert page.type_box.isVisibleTo(page) == bool(types), fmt
+        if types:  # each format starts on its own default type: GGUF and Ollama on q8_0, as the CLI, not f32
+            want = {"gguf": "q8_0", "ollama": "q8_0"}.get(fmt, next(iter(types)))
+            assert page.type_box.currentData() == want, fmt
         assert _types(page) == list(types), fmt
         if types:
             last = list(types)[-1]
