@@ -137,13 +137,16 @@ def check_gguf_whole(path: Path) -> Path:
 
 def check_hub_model(name: str, revision: str = "", filename: str = "config.json") -> None:
     """Make sure a Hub model can be loaded before anything is: it is in the local Hugging Face cache, or the Hub
-    answers that it exists. One request at most and no retries, so a wrong id or an offline machine is one line.
+    answers that it exists. One connection probe and one request at most, no retries, so a wrong id or an offline
+    machine is one line within seconds.
 
     Raises:
         ModelError: offline (HF_HUB_OFFLINE) and not cached, no such model, or the Hub cannot be reached.
     """
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    from hone.core.data.hub_datasets import probe
 
     if isinstance(try_to_load_from_cache(name, filename, revision=revision or None), str):
         return
@@ -152,6 +155,13 @@ def check_hub_model(name: str, revision: str = "", filename: str = "config.json"
         raise ModelError(
             f"{name} is not in the local Hugging Face cache, and HF_HUB_OFFLINE is set, so it cannot be downloaded",
             f"unset HF_HUB_OFFLINE to download it once, or {local}",
+        )
+    # One TCP connection first (1.5 s at most): an unreachable Hub is known at once, not after the request's timeout
+    unreachable = probe(constants.ENDPOINT)
+    if unreachable:
+        raise ModelError(
+            f"{name} is not in the local Hugging Face cache, and {unreachable}",
+            f"connect to the internet once to download it, or {local}",
         )
     try:
         HfApi().model_info(name, revision=revision or None, timeout=_HUB_CHECK_TIMEOUT_S)

@@ -120,3 +120,31 @@ def test_a_gguf_not_yet_converted_is_announced_once(tmp_path, monkeypatch):
     assert pending_conversion(ModelConfig(name_or_path=str(gguf))) is None
     assert pending_conversion(ModelConfig(name_or_path=str(tmp_path))) is None  # a folder converts nothing
     assert pending_conversion(ModelConfig(name_or_path=str(tmp_path / "missing.gguf"))) is None  # load reports it
+
+
+def test_a_hub_model_with_the_hub_unreachable_is_refused_within_seconds(monkeypatch, tmp_path):
+    """No network: one TCP probe of the Hub says so at once, instead of the request's 10 s timeout (and the
+    retries of a download after it)."""
+    import socket
+    import time
+
+    from huggingface_hub import constants
+
+    from hone.core.models.load import check_hub_model
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: connections are refused
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    began = time.monotonic()
+    with pytest.raises(ModelError) as info:
+        check_hub_model("hone-studio-tests/no-such-model")
+    assert time.monotonic() - began < 3
+    assert "hone-studio-tests/no-such-model is not in the local Hugging Face cache" in info.value.message
+    assert f"127.0.0.1:{port}" in info.value.message and "cannot be reached" in info.value.message
+    assert "local model folder" in info.value.advice
