@@ -23,6 +23,8 @@ _LAZY = {
     "run_vision_bench": "hone.core.bench.vision",
     "PREFERENCE_BASELINE": "hone.core.bench.preference",
     "run_preference_bench": "hone.core.bench.preference",
+    "run_sampling_bench": "hone.core.bench.sampling",
+    "StepRun": "hone.core.bench.grpo_steps",
     "notes": "hone.core.bench.report",
     "ratio_table": "hone.core.bench.report",
     "write_json": "hone.core.bench.report",

@@ -45,8 +45,8 @@ class Scenario:
         min_len / max_len: default range of the log-uniform sequence lengths (text; 0 for vision, whose rows
             come from generated data).
         description: one line for `hone bench --list`.
-        kind: "text" (`hone.core.bench.run`), "vision" (`hone.core.bench.vision`) or "preference"
-            (`hone.core.bench.preference`).
+        kind: "text" (`hone.core.bench.run`), "vision" (`hone.core.bench.vision`), "preference"
+            (`hone.core.bench.preference`) or "sampling" (`hone.core.bench.sampling`).
     """
 
     name: str
@@ -138,6 +138,40 @@ SCENARIOS: dict[str, Scenario] = {
             "Qwen3-8B shape, all 36 layers, DPO on 16K tokens of generated pairs a step: Hone's Trainer vs "
             "TRL's DPOTrainer with peft (CUDA only)",
             kind="preference",
+        ),
+        # GRPO's sampling (hone.core.bench.sampling): 8 prompts x 8 answers; tokens = the answer length, min/max_len
+        # the prompts' tokens.
+        Scenario(
+            "tiny-grpo",
+            "tiny-dense",
+            None,
+            32,
+            8,
+            32,
+            "tiny Qwen3, GRPO's sampling: Hone's static-cache sampler vs transformers' generate (CPU smoke run)",
+            kind="sampling",
+        ),
+        Scenario(
+            "grpo-0.6b",
+            "dense-0.6b",
+            None,
+            512,
+            64,
+            256,
+            "Qwen3-0.6B shape, GRPO's sampling of 64 answers of 512 tokens: Hone's static-cache sampler "
+            "(CUDA graph) vs transformers' generate with the same LoRA (CUDA only)",
+            kind="sampling",
+        ),
+        Scenario(
+            "grpo-8b",
+            "dense-8b",
+            None,
+            512,
+            64,
+            256,
+            "Qwen3-8B shape, GRPO's sampling of 64 answers of 512 tokens: Hone's static-cache sampler "
+            "(CUDA graph) vs transformers' generate with the same LoRA (CUDA only)",
+            kind="sampling",
         ),
         Scenario(
             "vision-qwen2.5-vl",

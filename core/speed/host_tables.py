@@ -3,12 +3,14 @@
 The input embedding's rows are looked up on the CPU by the trainer's collation and reach the model as
 `inputs_embeds`; the LM head is copied to the GPU once per step, while the forward runs, for the chunked loss, and
 freed after it. The one thing to know: only those two callers are fast. Any other call (generation, a batch
-collated elsewhere) goes through the stand-ins' `forward`, correct but copying on every call. `apply_host_tables`
+collated elsewhere) goes through the stand-ins' `forward`, correct but copying on every call, except within
+`tables_on_device` (a sampling loop), which holds one device copy while it lasts. `apply_host_tables`
 decides what moves; `HostTables.restore` puts it back. What it saves and costs: docs/performance/memory.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +35,7 @@ class _HostTable(nn.Module):
         self.table = table if table is not None else _host_copy(original.weight, self.device)
         self._original = [original]  # a list: not a submodule (its parameters must not count twice)
         original.weight.data = torch.empty(0, dtype=self.table.dtype, device=original.weight.device)
+        self.resident: torch.Tensor | None = None  # a device copy held by `tables_on_device`, used while it lasts
 
     @property
     def original(self) -> nn.Module:
@@ -79,6 +82,8 @@ class HostEmbedding(_HostTable):
         return out.view(*input_ids.shape, self.embedding_dim)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.resident is not None:
+            return F.embedding(input_ids, self.resident, self.padding_idx)
         # A call the trainer did not prepare rows for: correct, not fast (the ids' copy to the host waits).
         rows = self.rows(input_ids.to("cpu"), pin_memory=self.device.type == "cuda")
         return rows.to(input_ids.device, non_blocking=True)
@@ -137,7 +142,7 @@ class HostLMHead(_HostTable):
             return
 
         def start(module, args):
-            if self._pending is None:
+            if self._pending is None and self.resident is None:
                 self._stream = self._stream or torch.cuda.Stream(self.device)
                 with torch.cuda.stream(self._stream):
                     self._pending = (self.table.to(self.device, non_blocking=True), self._stream)
@@ -145,6 +150,8 @@ class HostLMHead(_HostTable):
         self._hooks.append(body.register_forward_pre_hook(start))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.resident is not None:
+            return F.linear(hidden, self.resident, self.bias)
         # A caller other than the chunked loss (generation, say): correct, but the whole weight travels each call.
         return F.linear(hidden, self.device_weight(hidden.device), self.bias)
 
@@ -157,6 +164,25 @@ class HostLMHead(_HostTable):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weight in host memory"
+
+
+@contextlib.contextmanager
+def tables_on_device(model):
+    """While it lasts, each host table of `model` computes from one device copy of its weight, made on entry:
+    what a decode loop calling the model hundreds of times needs (no weight copy per call, no ids read back to
+    the host, so its step can be captured as a CUDA graph). The copies take the tables' device memory meanwhile."""
+    tables = [m for m in model.modules() if isinstance(m, _HostTable) and m.device.type == "cuda"]
+    copies: dict[int, torch.Tensor] = {}  # a table tied to two places is copied once
+    try:
+        for table in tables:
+            key = table.table.data_ptr()
+            if key not in copies:
+                copies[key] = table.table.to(table.device, non_blocking=True)
+            table.resident = copies[key]
+        yield
+    finally:
+        for table in tables:
+            table.resident = None
 
 
 def _host_copy(weight: torch.Tensor, device: torch.device) -> torch.Tensor:

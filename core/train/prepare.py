@@ -210,6 +210,9 @@ class RunPreparation:
             model, config.speed, info, device, setup, mean_row_tokens=float(data.train.lengths.mean())
         )
         setup.choices["lora"] = lora_report.summary()
+        choose_sampler = getattr(self.objective, "choose_sampler", None)
+        if choose_sampler is not None:  # methods that sample their own answers (GRPO)
+            setup.choices["sampling"] = choose_sampler(model, setup.note)
         for note in lora_report.notes:
             yield self._emit(events.Notice(topic="lora", level="warning", message=note))
         for notice in setup.notices:
@@ -292,6 +295,8 @@ class RunPreparation:
             if notice is not None:
                 yield self._emit(notice)
             self.split = state.get("split", 1)  # a run that ran out of memory goes on as it ended
+            if "objective" in state and hasattr(self.objective, "load_checkpoint_state"):  # e.g. KTO's latest rewards
+                self.objective.load_checkpoint_state(state["objective"])
             resumed = self.facts.resume(state, run.stream, run.optimizer, run.scheduler, run.config)
             run.position, run.total = resumed.position, resumed.total
             for notice in resumed.notices:  # changed settings, data

@@ -358,6 +358,10 @@ def run(args) -> int:
         return _run_vision(args, console)
     if get_scenario(args.scenario).kind == "preference":
         return _run_preference(args, console)
+    if get_scenario(args.scenario).kind == "sampling":
+        from hone.core.cli.commands.bench_sampling import run_sampling
+
+        return run_sampling(args, console, TEXT_ONLY_FLAGS)
     return _run_text(args, console)
 
 

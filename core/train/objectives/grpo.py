@@ -21,6 +21,7 @@ import torch
 
 from hone.core.config import RunConfig
 from hone.core.data.prompts import PromptData, PromptRow, load_prompt_data
+from hone.core.speed.static_sampling import StaticSampler, Unsupported, layout
 from hone.core.train.objectives.grpo_losses import group_advantages, grpo_loss
 from hone.core.train.objectives.grpo_rollout import Rollout, sample, token_logprobs
 from hone.core.train.objectives.preference import adapter_off
@@ -94,6 +95,43 @@ class GroupRelativePolicyOptimization:
         self.rewards = build_rewards(config.grpo.rewards, config.grpo.reward_file)
         self.tokenizer = None
         self._record = StepRecord([r.name for r in self.rewards])
+        self._sampler: StaticSampler | None = None
+        self._sampling: str | None = None  # how answers are sampled, once chosen
+        self._note = None  # the run's notice callback, for a capture that fails mid-run
+
+    def choose_sampler(self, model, note=None) -> str:
+        """Pick how answers are sampled: the static-cache sampler where `grpo.sampler` asks for it (auto: on a GPU)
+        and the model's attention takes its masks, else `generate`. Returns the choice in words (a speed path)."""
+        self._note = note
+        choice = self.settings.sampler
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        self._sampling = "transformers' generate" + (" (auto on a CPU)" if choice == "auto" else "")
+        if choice == "static" or (choice == "auto" and on_gpu):
+            try:
+                layout(model)
+            except Unsupported as why:
+                self._sampling = f"transformers' generate ({why})"
+            else:
+                self._sampler = StaticSampler()
+                self._sampling = "static KV cache" + (", decode step as one CUDA graph" if on_gpu else "")
+        return self._sampling
+
+    def _sample(self, model, prompts: list[list[int]]) -> Rollout:
+        if self._sampling is None:
+            self.choose_sampler(model)
+        s, sampler = self.settings, self._sampler
+        pad, eos_ids = self._token_ids()
+        known = sampler.capture_problem if sampler is not None else None
+        rollout = sample(
+            model, prompts, group=s.num_generations, settings=s, pad_id=pad, eos_ids=eos_ids, sampler=sampler
+        )
+        if sampler is not None and sampler.capture_problem != known and self._note is not None:
+            self._note(
+                "sampling",
+                f"the decode step could not run as a CUDA graph ({sampler.capture_problem}): it runs step by step",
+                "warning",
+            )
+        return rollout
 
     def load_data(self, config: RunConfig, tokenizer) -> PromptData:
         self.tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
@@ -135,9 +173,7 @@ class GroupRelativePolicyOptimization:
 
     def loss_sum(self, model, batch: PromptBatch, *, evaluating: bool = False) -> torch.Tensor:
         s = self.settings
-        pad, eos_ids = self._token_ids()
-        prompts = [row.input_ids for row in batch.rows]
-        rollout = sample(model, prompts, group=s.num_generations, settings=s, pad_id=pad, eos_ids=eos_ids)
+        rollout = self._sample(model, [row.input_ids for row in batch.rows])
         advantages = group_advantages(self._score(batch, rollout), s.num_generations, s.scale_rewards)
         ref = None
         if s.beta != 0.0:

@@ -1,9 +1,11 @@
 """GRPO's rollouts: sampling completions from the policy, and their per-token log-probabilities.
 
-Sampling is plain `model.generate` (LoRA applied, eval mode, no grad), batched over prompts × completions. Its
-randomness is the torch RNG the trainer seeds from train.seed and every checkpoint saves, so a resumed run samples
-the same completions. Log-probabilities go through the chunked head (`logprobs.chunked_token_logprobs`) on the
-completion tokens only, with the logits divided by the sampling temperature (as TRL scores them).
+Sampling (LoRA applied, eval mode, no grad) is batched over prompts × completions, through Hone's static-cache
+sampler (hone.core.speed.static_sampling: the decode step one CUDA graph on a GPU) or `transformers`' `generate`
+(`grpo.sampler`). Its randomness is the torch RNG the trainer seeds from train.seed and every checkpoint saves, so
+a resumed run samples the same completions. Log-probabilities go through the chunked head
+(`logprobs.chunked_token_logprobs`) on the completion tokens only, with the logits divided by the sampling
+temperature (as TRL scores them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from hone.core.models.head import HeadPlan, head_plan
+from hone.core.speed.static_sampling import StaticSampler
 from hone.core.train.loss import hidden_states
 from hone.core.train.objectives.logprobs import chunked_token_logprobs
 
@@ -71,11 +74,25 @@ def make_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion
 
 
 @torch.no_grad()
-def sample(model, prompts: list[list[int]], *, group: int, settings, pad_id: int, eos_ids) -> Rollout:
+def sample(
+    model, prompts: list[list[int]], *, group: int, settings, pad_id: int, eos_ids, sampler: StaticSampler | None = None
+) -> Rollout:
     """`group` completions of each prompt (rows p·G … p·G+G-1 for prompt p), sampled with `settings`' temperature,
-    top_p and max_completion_length, the model left in the mode it was in."""
+    top_p and max_completion_length by `sampler` (None: `generate`), the model left in the mode it was in."""
     device = next(model.parameters()).device
     ids, mask = left_pad([p for p in prompts for _ in range(group)], pad_id, device)
+    if sampler is not None:
+        completions = sampler.sample(
+            model,
+            ids,
+            mask,
+            max_new_tokens=settings.max_completion_length,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            pad_id=pad_id,
+            eos_ids=eos_ids,
+        )
+        return make_rollout(ids, mask, completions, eos_ids)
     was_training = model.training
     model.eval()
     try:

@@ -59,11 +59,17 @@ def _config(tiny_config, tiny_model_dir, prompt_files, runs, *overrides) -> RunC
     )
 
 
-def test_grpo_trains_the_adapter_and_logs_rewards(tiny_config, tiny_model_dir, prompt_files, tmp_path):
-    config = _config(tiny_config, tiny_model_dir, prompt_files, tmp_path / "runs", "grpo.beta=0.05")
+@pytest.mark.parametrize("sampler", ["auto", "static"])
+def test_grpo_trains_the_adapter_and_logs_rewards(tiny_config, tiny_model_dir, prompt_files, tmp_path, sampler):
+    config = _config(
+        tiny_config, tiny_model_dir, prompt_files, tmp_path / "runs", "grpo.beta=0.05", f"grpo.sampler={sampler}"
+    )
     trainer = Trainer(config, device="cpu")
     got = list(trainer.run())
     assert isinstance(got[-1], events.RunFinished), got[-1]
+    started = next(e for e in got if isinstance(e, events.RunStarted))
+    want = "static KV cache" if sampler == "static" else "transformers' generate (auto on a CPU)"
+    assert started.speed_paths["sampling"] == want
     report = next(e for e in got if isinstance(e, events.DatasetReport))
     assert report.rows_kept == 6 and sum(report.skipped.values()) == 1  # the row ending on an answer
     steps = [e for e in read_events(got[-1].run_dir) if isinstance(e, events.StepMetrics)]
@@ -113,11 +119,19 @@ def test_a_run_with_a_failing_reward_goes_on(tiny_config, tiny_model_dir, prompt
     assert "no column 'solution'" in step.reward_problems[0] and "prompts.jsonl:" in step.reward_problems[0]
 
 
+@pytest.mark.parametrize("sampler", ["generate", "static"])
 def test_a_resumed_grpo_run_samples_and_trains_exactly_as_the_whole_run(
-    tiny_config, tiny_model_dir, prompt_files, tmp_path
+    tiny_config, tiny_model_dir, prompt_files, tmp_path, sampler
 ):
     def run(folder, steps, resume=None):
-        config = _config(tiny_config, tiny_model_dir, prompt_files, tmp_path / folder, f"train.max_steps={steps}")
+        config = _config(
+            tiny_config,
+            tiny_model_dir,
+            prompt_files,
+            tmp_path / folder,
+            f"train.max_steps={steps}",
+            f"grpo.sampler={sampler}",
+        )
         got = list(Trainer(config, device="cpu", resume_dir=resume).run())
         assert isinstance(got[-1], events.RunFinished), got[-1]
         return got

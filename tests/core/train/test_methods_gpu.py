@@ -129,14 +129,22 @@ def test_preference_methods_learn_in_bf16_on_the_default_paths(
         assert steps[-1].reward_margin > steps[0].reward_margin
 
 
-def test_grpo_samples_scores_and_trains_on_the_gpu(tiny_config, tiny_model_dir, data_files, tmp_path):
+@pytest.mark.parametrize("shape", ["tiny-dense", "tiny-moe-qwen3"])
+def test_grpo_samples_scores_and_trains_on_the_gpu(tiny_config, tiny_model_dir, data_files, tmp_path, shape):
     rewards = '[{kind = "numeric", column = "answer"}, {kind = "python", function = "vowels"}]'
     config = _config(
-        tiny_config, tiny_model_dir("tiny-dense"), data_files["prompts"], tmp_path,
+        tiny_config, tiny_model_dir(shape), data_files["prompts"], tmp_path,
         "train.method=grpo", "train.lr=2e-2", "grpo.num_generations=4", "grpo.max_completion_length=16",
         f"grpo.rewards={rewards}", f"grpo.reward_file={json.dumps(str(data_files['rewards']))}", "grpo.beta=0.05",
     )  # fmt: skip
-    steps = _steps(config)
+    got = list(Trainer(config, device="cuda").run())
+    assert isinstance(got[-1], events.RunFinished), got[-1]
+    started = next(e for e in got if isinstance(e, events.RunStarted))
+    # the static sampler, its decode step captured on the trainer's own model (speed paths on, LoRA applied)
+    assert started.speed_paths["sampling"] == "static KV cache, decode step as one CUDA graph"
+    sampling_notices = [e.message for e in got if isinstance(e, events.Notice) and e.topic == "sampling"]
+    assert not sampling_notices, sampling_notices
+    steps = [e for e in got if isinstance(e, events.StepMetrics)]
     assert len(steps) == 3
     for step in steps:
         assert torch.isfinite(torch.tensor(step.loss)) and step.reward_std is not None

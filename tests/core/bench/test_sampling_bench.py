@@ -1,0 +1,37 @@
+"""`hone bench tiny-grpo`: the samplers timed on one batch of prompts × answers, ratios against generate."""
+
+from __future__ import annotations
+
+import pytest
+
+from hone.core.bench.sampling import BASELINE, GROUP, PROMPTS, run_sampling_bench
+from hone.core.errors import ConfigError
+
+pytestmark = pytest.mark.core
+
+
+def test_the_sampling_bench_times_every_sampler_on_the_same_batch():
+    seen = []
+    report = run_sampling_bench(
+        "tiny-grpo",
+        steps=1,
+        warmup=0,
+        layers=1,
+        completion=3,
+        whole_steps=False,
+        on_result=lambda r, q: seen.append(r.name),
+    )
+    assert seen == [BASELINE, "hone-eager"]  # no GPU here: nothing to capture
+    data = report.to_dict()
+    assert data["batch"]["rows"] == PROMPTS * GROUP and data["batch"]["completion_tokens"] == 3
+    for run in data["runs"]:
+        assert not run["error"] and run["tokens_per_call"] == PROMPTS * GROUP * 3
+        assert run["tokens_per_s"] > 0 and len(run["seconds"]) == 1
+    assert data["runs"][0]["speed_ratio"] == 1.0
+
+
+def test_the_sampling_bench_refuses_other_scenarios_and_real_ones_without_a_gpu():
+    with pytest.raises(ConfigError, match="not a sampling one"):
+        run_sampling_bench("tiny-dense")
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        run_sampling_bench("grpo-0.6b")
