@@ -57,7 +57,8 @@ def check_method(method: str) -> None:
     if method not in DEMO_METHODS:
         raise ConfigError(
             f"the demo does not train with method {method!r}",
-            f"use --method {', '.join(('sft', *DEMO_METHODS))} (sft is the JSON demo without pairs)",
+            f"use --method {', '.join(('sft', *DEMO_METHODS, 'grpo'))} (sft is the JSON demo without pairs, grpo "
+            "learns from rewards)",
         )
 
 

@@ -19,6 +19,7 @@ from hone.core.demo.before_after import ScorePhase, SilentPhase, base_demo_confi
 from hone.core.resources import resolve_bundled
 
 if TYPE_CHECKING:
+    from hone.core.demo.grpo import GrpoDemoResult
     from hone.core.demo.preference import PreferenceDemoResult
 
 
@@ -26,11 +27,16 @@ def demo_config(
     runs_dir: str | None = None, steps: int | None = None, model: str | None = None, method: str = "sft"
 ) -> RunConfig:
     """The bundled demo config, optionally with another runs folder, step count or model. A `method` other than sft
-    (dpo, simpo, orpo, kto) gives the preference demo's config instead (hone.core.demo.preference).
+    gives the preference demo's config (dpo, simpo, orpo, kto: hone.core.demo.preference) or the GRPO demo's (grpo:
+    hone.core.demo.grpo) instead.
 
     Raises:
         ConfigError: `method` is none of those.
     """
+    if method == "grpo":
+        from hone.core.demo.grpo import grpo_demo_config
+
+        return grpo_demo_config(runs_dir, steps, model)
     if method != "sft":
         from hone.core.demo.preference import preference_demo_config
 
@@ -116,14 +122,20 @@ def run_demo(
     eval_rows: int | None = None,
     on_stage: Callable[[str], None] | None = None,
     phase: ScorePhase | None = None,
-) -> Generator[object, None, DemoResult | PreferenceDemoResult | None]:
+) -> Generator[object, None, DemoResult | PreferenceDemoResult | GrpoDemoResult | None]:
     """Score the base model, train, score the adapter. Yields the run's events; its return value (the
     generator's StopIteration value) is the DemoResult, or None when training failed. `on_stage(text)` hears each
     stage; the two scorings run inside `phase(text, rows)`, told the rows scored so far.
 
     A preference config (`demo_config(method="dpo")`) runs the preference demo instead, which returns a
-    hone.core.demo.preference.PreferenceDemoResult."""
+    hone.core.demo.preference.PreferenceDemoResult; a GRPO config (`demo_config(method="grpo")`) the GRPO demo, which
+    returns a hone.core.demo.grpo.GrpoDemoResult."""
     from hone.core.models.load import load_model
+
+    if config.train.method == "grpo":
+        from hone.core.demo.grpo import run_grpo_demo
+
+        return (yield from run_grpo_demo(config, eval_rows=eval_rows, on_stage=on_stage, phase=phase))
 
     if config.train.method != "sft":
         from hone.core.demo.preference import run_preference_demo

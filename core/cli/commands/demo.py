@@ -25,7 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         default="sft",
         help="sft (default): the JSON demo; dpo, simpo, orpo or kto: preference training on bundled pairs (the "
         "exact JSON line chosen, a wrong form of it rejected), showing how often base and fine-tune rank held-out "
-        "pairs right",
+        "pairs right; grpo: reinforcement learning from rewards (add two numbers, reply with one line of JSON), "
+        "showing the reward per step and the held-out reward before and after",
     )
     p.add_argument(
         "--vision",
@@ -50,7 +51,7 @@ def run(args) -> int:
     if args.method != "sft":
         # A method the demo does not train with is one line too (ConfigError), before the pairs are written.
         config = demo_config(args.runs_dir, args.steps, args.model, method=args.method)
-    unit = "rows scored" if args.method == "sft" else "pairs ranked"
+    unit = {"sft": "rows scored", "grpo": "prompts answered"}.get(args.method, "pairs ranked")
     with EventPrinter() as printer:
         console = printer.console
         convert_gguf_once(config.model, console)
@@ -62,9 +63,12 @@ def run(args) -> int:
                 on_stage=lambda text: console.print(f"[bold]{text}"),
                 phase=lambda text, total: Phase(console, text, total, unit=unit),
             ),
+            on_step=_print_reward if args.method == "grpo" else None,
         )
     if result is None:
         return 1
+    if args.method == "grpo":
+        return _print_grpo(console, config, result)
     if args.method != "sft":
         return _print_preference(console, config, result)
     table = Table(title="held-out exact match (answer must equal the reference JSON line)")
@@ -156,10 +160,69 @@ def run_vision(args) -> int:
     return 0
 
 
-def _print_events(printer, demo):
-    """Print each event a demo generator yields; return the generator's result."""
+def _print_reward(console, event) -> None:
+    """The GRPO demo's line per step: the mean reward of the step's replies and each reward's mean."""
+    if event.reward_mean is None:
+        console.print(f"step {event.step}/{event.total_steps}: every reward failed", highlight=False)
+        return
+    parts = ", ".join(f"{name} {value:.2f}" for name, value in event.rewards.items())
+    console.print(
+        f"step {event.step}/{event.total_steps}: reward {event.reward_mean:.2f} ± {event.reward_std or 0.0:.2f}"
+        f" ({parts}), {event.completion_length or 0.0:.0f} tokens per reply",
+        highlight=False,
+    )
+
+
+def _print_grpo(console, config, result) -> int:
+    """The GRPO demo's table: the held-out replies' mean reward and how many were fully right, base and fine-tune."""
+    import math
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    names = list(result.before.by_reward)
+    table = Table(
+        title=f"held-out replies ({config.grpo.num_generations} sampled per prompt, same seed for both): mean "
+        "reward and replies with the full reward"
+    )
+    table.add_column("model")
+    table.add_column("mean reward", justify="right")
+    for name in names:
+        table.add_column(name, justify="right")
+    table.add_column("fully right", justify="right")
+    for who, score in ((config.model.name_or_path, result.before), ("+ Hone LoRA (grpo)", result.after)):
+        table.add_row(
+            who,
+            f"{score.mean:.3f}",
+            *(f"{score.by_reward.get(name, math.nan):.3f}" for name in names),
+            f"{score.right}/{score.total} ({100 * score.rate:.0f}%)",
+        )
+    console.print(table)
+    steps = [r for r in result.step_rewards if not math.isnan(r)]
+    if steps:
+        k, n = max(1, min(5, len(steps) // 2)), len(steps)
+        console.print(
+            f"training reward, mean over steps 1-{k}: {sum(steps[:k]) / k:.3f}; "
+            f"over steps {n - k + 1}-{n}: {sum(steps[-k:]) / k:.3f}"
+        )
+    question, reply, reward = result.after.examples[0]
+    console.print(f"example: {escape(question)}\n         got {escape(reply.strip())!r} (reward {reward:.2f})")
+    console.print(f"held-out prompts: {result.held_out}")
+    console.print(f"run folder: {result.run_dir}")
+    console.print(f"adapter: {result.adapter_dir}")
+    return 0
+
+
+def _print_events(printer, demo, on_step=None):
+    """Print each event a demo generator yields (`on_step(console, event)` also hears each step); return the
+    generator's result."""
+    from hone.core.events import StepMetrics
+
     try:
         while True:
-            printer.handle(next(demo))
+            event = next(demo)
+            printer.handle(event)
+            if on_step is not None and isinstance(event, StepMetrics):
+                on_step(printer.console, event)
     except StopIteration as done:
         return done.value

@@ -105,8 +105,17 @@ def test_dpo_demo_reports_held_out_ranking_before_and_after(tmp_path, capsys, mo
 @pytest.mark.parametrize(
     ("argv", "message", "advice"),
     [
-        (["--method", "grpo"], "the demo does not train with method 'grpo'", "use --method sft, dpo, simpo, orpo, kto"),
-        (["--method", "DPO"], "the demo does not train with method 'DPO'", "use --method sft, dpo, simpo, orpo, kto"),
+        (
+            ["--method", "ppo"],
+            "the demo does not train with method 'ppo'",
+            "use --method sft, dpo, simpo, orpo, kto, grpo",
+        ),
+        (
+            ["--method", "DPO"],
+            "the demo does not train with method 'DPO'",
+            "use --method sft, dpo, simpo, orpo, kto, grpo",
+        ),
+        (["--vision", "--method", "grpo"], "--method grpo is for the text demo", "drop --vision"),
         (["--vision", "--method", "dpo"], "--method dpo is for the text demo", "drop --vision"),
     ],
 )
