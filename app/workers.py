@@ -146,8 +146,31 @@ def core_trainer(
         torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
 
     if resume is None:
-        return Trainer(config, control).run()
-    return Trainer(config, control, resume_dir=resume, data_changed=data_changed).run()
+        return _then_scored(Trainer(config, control))
+    return _then_scored(Trainer(config, control, resume_dir=resume, data_changed=data_changed))
+
+
+def _then_scored(trainer) -> Iterable[Event]:
+    """The run's events; then, for train.eval_checkpoints, its checkpoints scored as `hone train` scores them (the
+    same model, scores.json), said in a Notice after the run's end."""
+    from hone.core.events import Notice
+
+    last = None
+    for last in trainer.run():
+        yield last
+    if not (isinstance(last, RunFinished) and not last.stopped and trainer.config.train.eval_checkpoints):
+        return
+    from hone.core.api import DEFAULT_METRIC, score_trained_checkpoints
+    from hone.core.errors import HoneError
+
+    try:
+        table = score_trained_checkpoints(trainer)
+    except HoneError as e:
+        yield Notice("scores", f"the checkpoints were not scored: {e.message}; {e.advice}", level="warning")
+        return
+    best = table.best(DEFAULT_METRIC)
+    said = f"; the best by held-out loss is step {best.checkpoint}" if best is not None else ""
+    yield Notice("scores", f"scored {len(table.checkpoints)} checkpoints and the base model{said}")
 
 
 def child_trainer(gpus: list[int]) -> TrainerFactory:

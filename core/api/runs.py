@@ -24,6 +24,7 @@ from hone.core.train.run_dir import (
     CONFIG_FILE,
     DAMAGED,
     INTERRUPTED,
+    LOG_FILE,
     METRICS_FILE,
     EventTail,
     RunSummary,
@@ -35,6 +36,7 @@ from hone.core.train.run_dir import (
 )
 from hone.core.train.run_lock import in_use, read_holder
 from hone.core.train.run_requests import can_pause, can_stop, request_pause, request_stop
+from hone.core.train.samples_file import SAMPLES_FILE, SampleStep, read_samples
 from hone.core.train.sharding import refusal as sharding_refusal
 
 if TYPE_CHECKING:
@@ -61,8 +63,11 @@ __all__ = [
     "DAMAGED",
     "DATA_CHANGED",
     "INTERRUPTED",
+    "LOG_FILE",
     "METRICS_FILE",
+    "SAMPLES_FILE",
     "EventTail",
+    "SampleStep",
     "RunSummary",
     "can_pause",
     "can_stop",
@@ -73,6 +78,7 @@ __all__ = [
     "process_world",
     "read_events",
     "read_holder",
+    "read_samples",
     "request_pause",
     "request_stop",
     "sharding_refusal",

@@ -7,6 +7,7 @@ RUN_DIR/scores.json and read back without a model (`read_scores`, `best_stored`,
     read           read_scores(run_dir) -> StoredScores (entries, damage); checkpoint_weights(run_dir);
                    current_entries (entries of checkpoints still there), latest_data
     pick           best_stored(run_dir, by="loss") -> ScoreEntry; best_entry(entries, by); stored_for_step;
+    after a run    score_trained_checkpoints(trainer) (train.eval_checkpoints: with the model the run trained)
                    METRICS (name -> (what, lower is better)), DEFAULT_METRIC, check_metric
 
 Light to import: torch loads when `score_checkpoints` loads a model, never at import (the Studio reads scores).
@@ -18,6 +19,7 @@ from hone.core.inference.checkpoint_scoring import (
     SavedCheckpoint,
     ScoreTable,
     saved_checkpoints,
+    score_after_training,
     score_checkpoints,
     select_checkpoints,
 )
@@ -56,6 +58,28 @@ __all__ = [
     "read_scores",
     "saved_checkpoints",
     "score_checkpoints",
+    "score_trained_checkpoints",
     "select_checkpoints",
     "stored_for_step",
 ]
+
+
+def score_trained_checkpoints(trainer, progress=None) -> ScoreTable:
+    """train.eval_checkpoints, once a run has ended: its checkpoints and the base scored as `hone eval RUN
+    --checkpoints all` does, with the model the `trainer` trained (its optimizer state let go first), into
+    RUN_DIR/scores.json.
+
+    Raises:
+        HoneError: as `score_checkpoints` (no evaluation file, no row with a reference, a damaged checkpoint).
+    """
+    import gc
+
+    import torch
+
+    trainer.step_loop = None  # the optimizer's state and the step's buffers: scoring needs none of them
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return score_after_training(
+        trainer.writer.run_dir, trainer.config, trainer.model, trainer.tokenizer, trainer.device, progress
+    )

@@ -38,6 +38,8 @@ from hone.core.inference.score_store import (
     store_scores,
 )
 
+# Rows `hone eval` scores unless told (its --rows), and train.eval_checkpoints at the end of a run.
+DEFAULT_ROWS = 20
 # Tokens generated past the longest reference: a longer answer cannot turn a wrong one right (as in `hone eval`).
 ANSWER_SLACK = 8
 ALL, BEST = "all", "best"
@@ -174,6 +176,17 @@ class CheckpointModel:
         self.model = model.eval()
         self.params = dict(model.named_parameters())
         self.step: int | None = None
+
+    @classmethod
+    def from_trained(cls, model, tokenizer, device) -> CheckpointModel:
+        """The model a run has just trained (its LoRA on, its speed paths' own tables back in place), not a second
+        copy: each checkpoint's weights are copied into it in turn, so it ends holding the last one scored."""
+        self = cls.__new__(cls)
+        self.device, self.tokenizer = device, tokenizer
+        self.model = model.eval()
+        self.params = dict(model.named_parameters())
+        self.step = None
+        return self
 
     def load(self, checkpoint: SavedCheckpoint) -> None:
         """Copy the checkpoint's trainable tensors into the model, after checking the file against its manifest's
@@ -324,6 +337,7 @@ def score_checkpoints(
     device: str | None = None,
     progress: Progress | None = None,
     loading: Callable[[], Any] | None = None,
+    model: CheckpointModel | None = None,
 ) -> ScoreTable:
     """Score the base and each of `checkpoints` on the first `rows` rows with a reference of `data` (None: all),
     reusing the stored entries of the same weights on the same rows; store the new ones in RUN_DIR/scores.json.
@@ -331,6 +345,7 @@ def score_checkpoints(
     Args:
         loading: a context manager factory entered while the model loads (the CLI's progress line); only called when
             something is scored.
+        model: the model to score with (`CheckpointModel.from_trained`: the run's own, at its end); None = load it.
 
     Raises:
         HoneError: the data file cannot be read or has no row with a reference; a checkpoint is damaged.
@@ -352,8 +367,9 @@ def score_checkpoints(
             table.reused.append(found.label)
             _add(table, found)
     if todo:
-        with loading() if loading is not None else nullcontext():
-            model = CheckpointModel(run_dir, config, device)
+        if model is None:
+            with loading() if loading is not None else nullcontext():
+                model = CheckpointModel(run_dir, config, device)
         held, left_out = held_out_rows(prompts, model.tokenizer, config, data)
         table.notes += left_out
         for checkpoint in todo:
@@ -379,3 +395,22 @@ def _add(table: ScoreTable, entry: ScoreEntry) -> None:
         table.base = entry
     else:
         table.checkpoints.append(entry)
+
+
+def score_after_training(run_dir: str | Path, config, model, tokenizer, device, progress: Progress | None = None):
+    """train.eval_checkpoints: every saved checkpoint of a run that has just ended, and the base, scored as
+    `hone eval RUN --checkpoints all` scores them (the first DEFAULT_ROWS rows with a reference of the run's first
+    data.eval file, stored in scores.json), with the model the run trained: no second copy is loaded.
+
+    Returns:
+        The ScoreTable; its notes start with the checkpoint folders left out.
+    """
+    from hone.core.inference.evaluate import held_out_file
+
+    checkpoints, notes = select_checkpoints(Path(run_dir), ALL)
+    trained = CheckpointModel.from_trained(model, tokenizer, device)
+    table = score_checkpoints(
+        run_dir, config, checkpoints, held_out_file(config), DEFAULT_ROWS, progress=progress, model=trained
+    )
+    table.notes[:0] = notes
+    return table

@@ -19,6 +19,8 @@
     safe_writes.py  atomic JSON, append-only line files, the disk-full error
     run_history.py  a run folder read back: run.json checked, its events, the list of runs
     run_compare.py  runs side by side: the settings that differ, their numbers, their chart series (hone compare)
+    sample_answers.py  train.sample_prompts answered at each evaluation, training left bit-exact
+    samples_file.py    samples.jsonl: those answers, one line per evaluation, written safely and read bounded
     method_columns.py  metrics.jsonl as chart columns with the training methods' own (the Monitor's reader)
     json_floats.py  JSON numbers parsed a whole column at a time, as float() reads them
     metrics_series.py  a run's metrics.jsonl as chart columns, read fast; thinning a series for drawing

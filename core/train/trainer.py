@@ -37,6 +37,7 @@ from hone.core.train.prepare import Events, PreparedRun, RunPreparation
 from hone.core.train.reporting import close_reporters
 from hone.core.train.run_dir import ADAPTER_DIR, RunWriter
 from hone.core.train.run_facts import RunFacts
+from hone.core.train.sample_answers import SampleAnswers
 from hone.core.train.step import StepRunner, split_packs
 
 OOM_ADVICE = (
@@ -80,6 +81,7 @@ class Trainer(RunPreparation):
         self.writer: RunWriter | None = None
         self.step_loop: StepRunner | None = None
         self.model = None  # the peft model once loaded (tests and the demo read it after the run)
+        self.samples: SampleAnswers | None = None  # train.sample_prompts' answers at each evaluation
         self.tokenizer = None
         # what the run minimizes (hone.core.train.objectives); set up for the config the run settles on
         self.objective = objective
@@ -122,6 +124,8 @@ class Trainer(RunPreparation):
         finally:
             if self.step_loop is not None:
                 self.step_loop.close()
+            if self.samples is not None:
+                self.samples.close()
             close_reporters(self.reporters)
             self.reporters = []
             if self.writer is not None:
@@ -148,6 +152,15 @@ class Trainer(RunPreparation):
         run.last_loss = self.writer.last_loss if self.writer is not None else math.nan
         run.started = time.time()
         run.saves = CheckpointClock(run.config.output.checkpoint_minutes, self.clock)
+        self.samples = SampleAnswers.for_run(
+            run.config,
+            run.tokenizer,
+            run.data.eval,
+            run.run_dir,
+            self.step,
+            self.world.main,
+            run.step_loop.autocast_dtype,
+        )
         while self.step < run.total:
             yield from self._wait_while_paused(run)
             if distributed.any_process(self.control.stop_requested, self.world):  # every process stops at one step
@@ -241,7 +254,7 @@ class Trainer(RunPreparation):
                 "lower train.lr, or use model.dtype = bfloat16 instead of float16",
             )
         every_eval = config.train.eval_every
-        if data.eval is not None and every_eval and self.step % every_eval == 0:
+        if (data.eval is not None or self.samples is not None) and every_eval and self.step % every_eval == 0:
             yield from self._evaluate(run)
         every = config.output.checkpoint_every
         # every process agrees on a save by time (each has its own clock; a save is a collective with several)
@@ -251,13 +264,20 @@ class Trainer(RunPreparation):
             yield self._emit(self._checkpoint(run, run.position))
 
     def _evaluate(self, run: PreparedRun) -> Events:
+        """The sample prompts' answers (samples.jsonl, before the EvalMetrics a reader takes as its cue), then the
+        evaluation loss where the run has evaluation rows."""
+        if self.samples is not None:
+            self.samples.record(run.model, self.step)
+        if run.data.eval is None:
+            return
         run.eval_loss = run.step_loop.evaluate(run.data.eval)
         yield self._emit(events.EvalMetrics(step=self.step, loss=run.eval_loss, tokens=int(run.data.eval.num_trained)))
 
     # ---- finish: evaluate, save, report ----
     def _finish(self, run: PreparedRun, stopped: bool) -> Events:
         every_eval = run.config.train.eval_every
-        if run.data.eval is not None and not stopped and (not every_eval or self.step % every_eval):
+        evaluates = run.data.eval is not None or self.samples is not None
+        if evaluates and not stopped and (not every_eval or self.step % every_eval):
             yield from self._evaluate(run)
         run.step_loop.close()  # the model as it was loaded again (embedding table back on the device) for the saves
         with self.saving:  # until the run says it ended: a stop out of time ends the process after this, not in it
@@ -304,9 +324,16 @@ class Trainer(RunPreparation):
                 run.model,
                 run.optimizer,
                 run.scheduler,
-                {"position": position, "split": self.split, "processes": world.size, **self.facts.record(position)},
+                {"position": position, "split": self.split, "processes": world.size, **self.facts.record(position)}
+                | _objective_state(self.objective),
                 scaler=run.scaler,
                 keep=self.config.output.keep_checkpoints,
                 rng_by_rank=rng_by_rank,
             )
         return events.CheckpointSaved(step=self.step, path=str(path))
+
+
+def _objective_state(objective) -> dict:
+    """What a checkpoint keeps of the run's objective (`checkpoint_state`: KTO's latest rewards), where it keeps any."""
+    checkpoint_state = getattr(objective, "checkpoint_state", None)
+    return {"objective": checkpoint_state()} if checkpoint_state is not None else {}

@@ -268,6 +268,7 @@ def test_the_numbers_table_has_hone_compares_columns_and_each_runs_numbers(qtbot
         "median tok/s",
         "peak GiB",
         "wall time",
+        "best checkpoint",
     ]
     for row, run in zip(rows, [GAMMA, BETA, ALPHA]):
         best_step, best = min(run.evals, key=lambda e: e[1])
@@ -284,6 +285,7 @@ def test_the_numbers_table_has_hone_compares_columns_and_each_runs_numbers(qtbot
             "median tok/s": f"{statistics.median(speeds):,.0f}",
             "peak GiB": f"{max(memory) / GIB:.2f}" if memory else "—",
             "wall time": _wall(run.elapsed),
+            "best checkpoint": "—",  # no checkpoint scored (scores.json)
         }, run.name
     assert rows[0]["wall time"] == "1:02:05" and rows[1]["wall time"] == "1:36" and rows[2]["wall time"] == "42.0 s"
 

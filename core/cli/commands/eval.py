@@ -202,7 +202,7 @@ def _score_checkpoints(args) -> int:
         with Phase(console, f"loading the base model with the run's LoRA ({config.model.name_or_path})"):
             yield
 
-    with _Phases(console) as phases:
+    with Phases(console) as phases:
         table = score_checkpoints(
             run_dir, config, checkpoints, data, args.rows or None, progress=phases.update, loading=loading
         )
@@ -217,7 +217,7 @@ def _score_checkpoints(args) -> int:
         )
     best = table.best(by)
     shown = table.checkpoints if args.checkpoints.strip().lower() != "best" else [e for e in [best] if e]
-    _print_table(run_dir, table, shown, best, by)
+    print_table(run_dir, table, shown, best, by)
     if args.json:
         _write_json(Path(args.json).expanduser(), run_dir, table, shown, best, by)
         console.print(f"wrote the table to {args.json}", highlight=False, soft_wrap=True)
@@ -235,7 +235,7 @@ _COLUMNS = (  # metric, heading, format
 )
 
 
-def _print_table(run_dir: Path, table, shown: list, best, by: str) -> None:
+def print_table(run_dir: Path, table, shown: list, best, by: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -281,7 +281,7 @@ def _write_json(path: Path, run_dir: Path, table, shown: list, best, by: str) ->
         ) from None
 
 
-class _Phases:
+class Phases:
     """One `Phase` line per model scored: `update(label, done, total)` opens a new line when the label changes."""
 
     def __init__(self, console):
@@ -289,7 +289,7 @@ class _Phases:
         self.label: str | None = None
         self.phase = None
 
-    def __enter__(self) -> _Phases:
+    def __enter__(self) -> Phases:
         return self
 
     def update(self, label: str, done: int, total: int) -> None:

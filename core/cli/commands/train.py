@@ -150,6 +150,8 @@ def run(args) -> int:
         finally:
             requests.finished()  # the run has ended: nothing left for the grace period to end
     last = printer.last
+    if isinstance(last, RunFinished) and not last.stopped and trainer.config.train.eval_checkpoints and world.main:
+        score_checkpoints_after(trainer)
     if isinstance(last, RunFailed):
         # for the Studio that started this run: a run failing before its first step removes its folder, and the
         # failure file is where its reason survives (hone.core.train.child_run reads it first)
@@ -162,6 +164,34 @@ def run(args) -> int:
         print(f"hone: stopped as the system asked, and saved; {hint}", file=sys.stderr)
         return requests.exit_code
     return 0
+
+
+def score_checkpoints_after(trainer) -> None:
+    """train.eval_checkpoints: the run's checkpoints and the base scored once it has ended, with the model it
+    trained, as `hone eval RUN --checkpoints all` would; a failure is said, and the run stays finished."""
+    from rich.console import Console
+
+    from hone.core.api import DEFAULT_METRIC, score_trained_checkpoints
+    from hone.core.cli.commands.eval import Phases, print_table
+
+    console = Console(stderr=True)
+    run_dir = trainer.writer.run_dir
+    try:
+        with Phases(console) as phases:
+            table = score_trained_checkpoints(trainer, progress=phases.update)
+    except HoneError as e:
+        console.print(
+            f"hone: the checkpoints were not scored: {e.message}; {e.advice} "
+            f"(then `hone eval {run_dir} --checkpoints all`)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        return
+    for line in [*table.skipped, *table.notes]:
+        console.print(f"hone: {line}", highlight=False, markup=False, soft_wrap=True)
+    print_table(run_dir, table, table.checkpoints, table.best(DEFAULT_METRIC), DEFAULT_METRIC)
+    console.print(f"scores stored in {run_dir / 'scores.json'}", highlight=False, soft_wrap=True)
 
 
 class RerunCheck:
