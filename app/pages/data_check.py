@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hone.core.config import DataConfig, ModelConfig
+from hone.core.config import PREFERENCE_METHODS, UNPAIRED_METHODS, DataConfig, ModelConfig
 from hone.core.events import DatasetReport
 
 # Rows the preview table shows: enough to judge the data at a glance, few enough to tokenize in a blink.
@@ -33,6 +33,7 @@ class DataCheck:
     preview: list[Any]  # RowView of the first kept rows of the first source
     model: ModelConfig | None  # whose tokenizer counted the tokens (the inspector's); None: no model chosen
     eval_report: DatasetReport | None = None
+    method: str = "sft"  # the training method the rows were read for (preference methods read pairs or answers)
 
     @property
     def problems(self) -> list[str]:
@@ -57,11 +58,21 @@ def tokenizer_for_model(model_cfg: ModelConfig) -> Any:
     return _tokenizers[key]
 
 
-def check(data_cfg: DataConfig, model_cfg: ModelConfig, progress=None) -> DataCheck:
+def check(
+    data_cfg: DataConfig,
+    model_cfg: ModelConfig,
+    progress=None,
+    *,
+    method: str = "sft",
+    weights: tuple[float, float] = (1.0, 1.0),
+) -> DataCheck:
     """Validate and tokenize the training and evaluation splits on a worker thread; structural checks only without a
-    model."""
+    model. Preference methods read pairs, KTO labelled answers (`weights`: its desirable and undesirable weights,
+    which the labels' balance note judges): `check_preference`."""
     from hone.core.api import check_data
 
+    if method in PREFERENCE_METHODS + UNPAIRED_METHODS:
+        return check_preference(data_cfg, model_cfg, progress, method=method, weights=weights)
     tokenizer = None
     if model_cfg.name_or_path:
         if progress:
@@ -101,14 +112,62 @@ def preview_rows(data_cfg: DataConfig, tokenizer: Any, tokenized: Any) -> list[A
     return inspect_rows(entry, tokenizer, numbers, cfg=data_cfg)
 
 
-def inspect(entry: str, row: int, data_cfg: DataConfig, model_cfg: ModelConfig | None) -> tuple[Any, str]:
-    """(RowView, or None without a model, the row as the file holds it where it is skipped or not viewed)."""
-    from hone.core.api import inspect_row
+def inspect(
+    entry: str, row: int, data_cfg: DataConfig, model_cfg: ModelConfig | None, method: str = "sft"
+) -> tuple[Any, str]:
+    """(RowView, or PreferenceView for a preference method's row, or None without a model; the row as the file holds
+    it where it is skipped or not viewed)."""
+    from hone.core.api import inspect_preference_rows, inspect_row
 
     view = None
-    if model_cfg is not None:
+    if model_cfg is not None and method in PREFERENCE_METHODS + UNPAIRED_METHODS:
+        (view,) = inspect_preference_rows(entry, tokenizer_for_model(model_cfg), [row], cfg=data_cfg, method=method)
+    elif model_cfg is not None:
         view = inspect_row(entry, tokenizer_for_model(model_cfg), row, cfg=data_cfg)
     return view, (raw_row(entry, row) if view is None or view.problem else "")
+
+
+def check_preference(
+    data_cfg: DataConfig, model_cfg: ModelConfig, progress=None, *, method: str, weights: tuple[float, float]
+) -> DataCheck:
+    """`check` of a preference method's data, read as training reads it (pairs, or KTO's labelled answers). The
+    lengths are each answer's sequence (prompt and answer), which data.max_length bounds; the preview is
+    PreferenceViews of the first rows of the first file."""
+    from hone.core.api import check_preference as check_rows
+
+    tokenizer = None
+    if model_cfg.name_or_path:
+        if progress:
+            progress(("Loading the tokenizer…", 0.0))
+        tokenizer = tokenizer_for_model(model_cfg)
+    if progress:
+        progress(("Checking the preference rows…", 0.5))
+    report, rows = check_rows(data_cfg, tokenizer, split="train", method=method, weights=weights)
+    preview = preference_preview(data_cfg, tokenizer, rows, method) if rows is not None and len(rows) else []
+    lengths = rows.sequences.lengths if rows is not None else np.zeros(0, np.int64)
+    eval_report = None
+    if data_cfg.eval:
+        if progress:
+            progress(("Checking the evaluation data…", 1.0))
+        eval_report, _ = check_rows(data_cfg, tokenizer, split="eval", method=method, weights=weights)
+    model = model_cfg if tokenizer is not None else None
+    return DataCheck(report, np.asarray(lengths), preview, model, eval_report, method=method)
+
+
+def preference_preview(data_cfg: DataConfig, tokenizer: Any, rows: Any, method: str) -> list[Any]:
+    """PreferenceViews of the first kept rows of the first file (a KTO row kept as two answers is one row here)."""
+    from hone.core.api import inspect_preference_rows
+
+    first_source = rows.source(0).rpartition(":")[0]
+    numbers: list[int] = []
+    for index in range(len(rows)):
+        name, _, number = rows.source(index).rpartition(":")
+        if name == first_source and int(number) not in numbers[-1:]:
+            numbers.append(int(number))
+            if len(numbers) == PREVIEW_ROWS:
+                break
+    entry = entry_for(first_source, data_cfg.train)
+    return inspect_preference_rows(entry, tokenizer, numbers, cfg=data_cfg, method=method)
 
 
 def raw_row(entry: str, row: int) -> str:

@@ -7,11 +7,12 @@ are the 1-based ones the data report prints.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from hone.core.data.labels import Encoded, RowEncoder
-from hone.core.data.loaders import SourceError, resolve_sources
+from hone.core.data.loaders import Source, SourceError, resolve_sources
 from hone.core.data.pipeline import iter_rows
 from hone.core.data.rows import Row, RowProblem
 from hone.core.errors import DataError
@@ -119,6 +120,23 @@ def inspect_rows(entry: str, tokenizer, rows: list[int], *, cfg=None) -> list[Ro
         train_on=cfg.train_on,
         image_max_side=cfg.image_max_side,
     )
+    return views_of_rows(
+        entry, rows, lambda source: iter_rows(source, cfg), lambda source, n, item: _view(encoder, item)
+    )
+
+
+def views_of_rows(
+    entry: str,
+    rows: list[int],
+    read: Callable[[Source], Iterator[tuple[int, Any]]],
+    view: Callable[[Source, int, Any], Any],
+) -> list[Any]:
+    """`view(source, number, item)` of each of the given rows (1-based) of the one source `entry` names, reading
+    (number, item) pairs with `read(source)` and stopping at the last row wanted; in the order of `rows`.
+
+    Raises:
+        DataError: the entry cannot be read, holds several files, or has no such row.
+    """
     try:
         sources = resolve_sources([entry])
     except SourceError as e:
@@ -127,14 +145,14 @@ def inspect_rows(entry: str, tokenizer, rows: list[int], *, cfg=None) -> list[Ro
         names = ", ".join(s.name for s in sources[:5])
         raise DataError(f"{entry} holds {len(sources)} files ({names}, ...)", "inspect one file at a time")
     wanted = set(rows)
-    found: dict[int, RowView] = {}
+    found: dict[int, Any] = {}
     last = 0
     try:
-        for number, item in iter_rows(sources[0], cfg):
+        for number, item in read(sources[0]):
             last = number
             if number not in wanted:
                 continue
-            found[number] = _view(encoder, item)
+            found[number] = view(sources[0], number, item)
             if len(found) == len(wanted):
                 break
     except SourceError as e:

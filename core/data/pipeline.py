@@ -16,6 +16,7 @@ import numpy as np
 
 from hone.core.data import cache as cache_store
 from hone.core.data.formats import ColumnNames, detect_format, normalize, used_columns
+from hone.core.data.holdout import hold_out_rows
 from hone.core.data.images import OUTSIDE_DATA_FOLDER, ImageStore, reads_outside
 from hone.core.data.labels import PRECUT, Encoded, RowEncoder
 from hone.core.data.loaders import (
@@ -94,19 +95,11 @@ def load_training_data(
             raise DataError(_nothing_usable("evaluation", cfg.eval, eval_report), _advice(eval_report))
         reports = [_report(train_report, train, train_truncated), _report(eval_report, eval_set, eval_truncated)]
     elif cfg.eval_fraction > 0 and len(train) >= 2:
-        eval_rows, train_rows = _hold_out(len(train), cfg.eval_fraction, seed)
-        eval_set, full = train.subset(eval_rows), train
-        train = full.subset(train_rows)
-        eval_report = ReportBuilder("eval", list(train_report.files))
-        eval_report.read(len(eval_rows))
-        eval_report.note(
-            f"{len(eval_rows):,} rows held out from the training data (data.eval_fraction = "
-            f"{cfg.eval_fraction}, seed {seed})"
-        )
-        eval_report.formats.update(train_report.formats)
+        held = hold_out_rows(len(train), cfg.eval_fraction, seed, train_report)
+        eval_set, train = train.subset(held.eval_rows), train.subset(held.train_rows)
         reports = [
-            _report(train_report, train, train_truncated[train_rows], held_out=len(eval_rows)),
-            _report(eval_report, eval_set, train_truncated[eval_rows]),
+            _report(train_report, train, train_truncated[held.train_rows], held_out=len(held.eval_rows)),
+            _report(held.report, eval_set, train_truncated[held.eval_rows]),
         ]
     else:
         if cfg.eval_fraction > 0:
@@ -335,15 +328,6 @@ def _report(builder: ReportBuilder, data: TokenizedSet, truncated: np.ndarray, h
     return builder.build(
         data.lengths, data.trained_lengths, data.image_rows, held_out=held_out, truncated=int(np.sum(truncated))
     )
-
-
-def _hold_out(count: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(eval rows, train rows), both sorted; at least one row on each side."""
-    n_eval = min(count - 1, max(1, round(count * fraction)))
-    picked = np.random.default_rng([seed, 0x5EED]).permutation(count)[:n_eval]
-    mask = np.zeros(count, dtype=bool)
-    mask[picked] = True
-    return np.flatnonzero(mask), np.flatnonzero(~mask)
 
 
 def _nothing_usable(what: str, entries: list[str], report: ReportBuilder) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hone.core.data.formats import ColumnNames, _kind, _turns
+from hone.core.data.holdout import hold_out_rows
 from hone.core.data.labels import Encoded, RowEncoder
 from hone.core.data.loaders import Source, SourceError, read_records, resolve_sources
 from hone.core.data.report import MAX_EXAMPLES, ReportBuilder
@@ -337,14 +338,6 @@ def read_split(
     return PairSet(builder.build()), report, truncated
 
 
-def _hold_out(count: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(eval pairs, train pairs), both sorted, at least one on each side; the SFT pipeline's rule and seed."""
-    n_eval = min(count - 1, max(1, round(count * fraction)))
-    mask = np.zeros(count, dtype=bool)
-    mask[np.random.default_rng([seed, 0x5EED]).permutation(count)[:n_eval]] = True
-    return np.flatnonzero(mask), np.flatnonzero(~mask)
-
-
 @dataclass
 class PreferenceData:
     """What the trainer gets for a preference run: the training and evaluation pairs, one report per split."""
@@ -391,13 +384,9 @@ def load_preference_data(cfg, tokenizer, *, seed: int = 0) -> PreferenceData:
             raise _nothing_usable("evaluation", cfg.eval, eval_report)
         return PreferenceData(train, eval_set, [_build(train_report, train), _build(eval_report, eval_set)])
     if cfg.eval_fraction > 0 and len(train) >= 2:
-        eval_rows, train_rows = _hold_out(len(train), cfg.eval_fraction, seed)
-        eval_set, train = train.subset(eval_rows), train.subset(train_rows)
-        eval_report = ReportBuilder("eval", list(train_report.files))
-        eval_report.read(len(eval_rows))
-        eval_report.formats.update(train_report.formats)
-        eval_report.note(f"{len(eval_rows):,} pairs held out from the training data (data.eval_fraction, seed {seed})")
-        reports = [_build(train_report, train, held_out=len(eval_rows)), _build(eval_report, eval_set)]
+        held = hold_out_rows(len(train), cfg.eval_fraction, seed, train_report, unit="pairs")
+        eval_set, train = train.subset(held.eval_rows), train.subset(held.train_rows)
+        reports = [_build(train_report, train, held_out=len(held.eval_rows)), _build(held.report, eval_set)]
         return PreferenceData(train, eval_set, reports)
     return PreferenceData(train, None, [_build(train_report, train)])
 

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from hone.core.data.formats import ColumnNames, _kind, _turns
+from hone.core.data.holdout import hold_out_rows
 from hone.core.data.labels import RowEncoder
 from hone.core.data.loaders import Source, SourceError, read_records, resolve_sources
-from hone.core.data.preference import ENCODE_PAIRS, PairEncoder, _hold_out, normalize_pair
+from hone.core.data.preference import ENCODE_PAIRS, PairEncoder, normalize_pair
 from hone.core.data.report import MAX_EXAMPLES, ReportBuilder
 from hone.core.data.rows import EMPTY_CONTENT, MISSING_FIELD, WRONG_TYPE, RowError, RowProblem
 from hone.core.data.tokenized import TokenizedRow, TokenizedSet, TokenizedSetBuilder
@@ -312,15 +313,11 @@ def load_unpaired_data(cfg, tokenizer, *, seed: int = 0, weights: tuple[float, f
         reports = [_build(train_report, train, weights), _build(eval_report, eval_set, weights)]
         return UnpairedData(train, eval_set, reports)
     if cfg.eval_fraction > 0 and len(train) >= 2:
-        eval_rows, train_rows = _hold_out(len(train), cfg.eval_fraction, seed)
-        eval_set, train = train.subset(eval_rows), train.subset(train_rows)
-        eval_report = ReportBuilder("eval", list(train_report.files))
-        eval_report.read(len(eval_rows))
-        eval_report.formats.update(train_report.formats)
-        eval_report.note(f"{len(eval_rows):,} rows held out from the training data (data.eval_fraction, seed {seed})")
+        held = hold_out_rows(len(train), cfg.eval_fraction, seed, train_report)
+        eval_set, train = train.subset(held.eval_rows), train.subset(held.train_rows)
         reports = [
-            _build(train_report, train, weights, held_out=len(eval_rows)),
-            _build(eval_report, eval_set, weights),
+            _build(train_report, train, weights, held_out=len(held.eval_rows)),
+            _build(held.report, eval_set, weights),
         ]
         return UnpairedData(train, eval_set, reports)
     return UnpairedData(train, None, [_build(train_report, train, weights)])

@@ -8,6 +8,12 @@ followed by row i-1's answer (cyclically, as TRL's KTOTrainer rotates the comple
 policy and the reference without gradients; its mean log-ratio, clamped at 0, is the same for every row. Building
 them reads the batch's tokens back to the host once per micro-batch (a few KB). The loss is summed over the rows;
 the trainer divides by the step's rows.
+
+A step's `reward_margin` is the mean reward of its desirable answers minus the mean reward of its undesirable ones
+(TRL's rewards/margins). Packs group rows of like length, so all the answers of a step may carry one label: the
+margin then takes the other label's mean from the latest step that had answers of it, and 0 before the first (every
+reward is 0 while the adapter is at zero: the fine-tune is its own reference). Those latest means are the objective's
+state (`checkpoint_state`), saved with a checkpoint, so a resumed run reports the margins an unbroken one does.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from hone.core.config import RunConfig
 from hone.core.data.collate import IGNORE_INDEX, PackedBatch, collate_packed, collate_padded
 from hone.core.data.tokenized import TokenizedRow
 from hone.core.data.unpaired import UnpairedData, load_unpaired_data
-from hone.core.errors import ConfigError, DataError
+from hone.core.errors import ConfigError, DataError, HoneError
 from hone.core.train.objectives.logprobs import sequence_logprobs
 from hone.core.train.objectives.preference import adapter_off
 from hone.core.train.objectives.preference_losses import KtoLosses, kto_losses
@@ -99,6 +105,9 @@ class KahnemanTverskyOptimization:
         self.max_length = config.data.max_length
         # running sums over a step's micro-batches, on the device (see `_record`); read once per step
         self._sums: torch.Tensor | None = None
+        # mean reward of the desirable and of the undesirable answers of the latest step that had any (see the
+        # module's docstring): the margin of a step whose answers all carry one label
+        self._latest_rewards = [0.0, 0.0]
 
     def load_data(self, config: RunConfig, tokenizer) -> UnpairedData:
         if config.data.format != "auto":
@@ -170,8 +179,31 @@ class KahnemanTverskyOptimization:
         out = {"reward_accuracy": right / max(good + bad, 1.0), "kl": kl / max(batches, 1.0)}
         if good:
             out["chosen_logps"] = good_logps / good
+            self._latest_rewards[0] = good_reward / good
         if bad:
             out["rejected_logps"] = bad_logps / bad
-        if good and bad:
-            out["reward_margin"] = good_reward / good - bad_reward / bad
+            self._latest_rewards[1] = bad_reward / bad
+        out["reward_margin"] = self._latest_rewards[0] - self._latest_rewards[1]
         return out
+
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint keeps of this objective (JSON): the latest mean rewards the margin reads."""
+        return {"latest_rewards": list(self._latest_rewards)}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Take up `checkpoint_state()`'s state from a checkpoint.
+
+        Raises:
+            HoneError: `state` does not hold two numbers as latest_rewards (a damaged checkpoint).
+        """
+        rewards = state.get("latest_rewards") if isinstance(state, dict) else None
+        if (
+            not isinstance(rewards, list)
+            or len(rewards) != 2
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in rewards)
+        ):
+            raise HoneError(
+                f"the checkpoint's KTO state holds latest_rewards = {rewards!r}, not two numbers",
+                "resume from another checkpoint of the run (its folder's checkpoints/), or start the run again",
+            )
+        self._latest_rewards = [float(v) for v in rewards]

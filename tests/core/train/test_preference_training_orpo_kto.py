@@ -114,14 +114,17 @@ def test_kto_learns_to_prefer_the_desirable_answers_and_logs_rewards(
     # row's loss is 1 - sigmoid(0) = 0.5 (both weights 1).
     assert first.loss == pytest.approx(0.5, abs=1e-6) and first.reward_accuracy == 0.0 and first.kl == 0.0
     assert last.loss < 0.3 and last.reward_accuracy == 1.0
-    # a step's answers may all carry one label (packs group rows of like length); the margin needs both
-    margins = [s.reward_margin for s in steps if s.reward_margin is not None]
-    assert len(margins) >= 2 and margins[-1] > 1.0 and margins[-1] > margins[0]
+    # Packs group rows of like length, so some steps' answers all carry one label (no log-probabilities of the other);
+    # every step still has a margin, the other label's reward taken from the latest step that had it.
+    assert any(s.chosen_logps is None or s.rejected_logps is None for s in steps)
+    margins = [s.reward_margin for s in steps]
+    assert None not in margins and first.reward_margin == pytest.approx(0.0, abs=1e-6)
+    assert margins[-1] > 1.0 and margins[-1] > margins[0]
     assert sum(s.trained_tokens for s in steps[:3]) == 24  # the units are rows: 24 training rows in the first epoch
     evaluated = [e for e in got if isinstance(e, events.EvalMetrics)]
     assert evaluated and evaluated[-1].loss < 0.5
     logged = _steps(read_events(got[-1].run_dir))
-    assert len(logged) == 5 and all(e.reward_accuracy is not None for e in logged)
+    assert len(logged) == 5 and all(e.reward_accuracy is not None and e.reward_margin is not None for e in logged)
     assert [e.reward_margin for e in logged] == [s.reward_margin for s in steps]
 
 
@@ -146,13 +149,17 @@ def test_pairs_for_a_kto_run_are_unpaired_and_sft_rows_say_what_a_row_needs(
 def test_a_resumed_kto_run_goes_on_exactly(tiny_config, tiny_model_dir, unpaired_file, tmp_path):
     def config(runs, steps: int):
         return _config(
-            tiny_config, tiny_model_dir, unpaired_file, runs, 'train.method="kto"', f"train.max_steps={steps}"
-        )
+            tiny_config, tiny_model_dir, unpaired_file, runs, 'train.method="kto"', f"train.max_steps={steps}",
+            'train.schedule="constant"',  # the learning rate of a step is then the same however long the run
+        )  # fmt: skip
 
-    whole = _run(config(tmp_path / "whole", 4))
-    first = _run(config(tmp_path / "part", 2))
-    resumed = list(Trainer(config(tmp_path / "part", 4), device="cpu", resume_dir=first[-1].run_dir).run())
+    whole = _run(config(tmp_path / "whole", 6))
+    first = _run(config(tmp_path / "part", 4))
+    resumed = list(Trainer(config(tmp_path / "part", 6), device="cpu", resume_dir=first[-1].run_dir).run())
     assert isinstance(resumed[-1], events.RunFinished), resumed[-1]
-    want = [value for e in _steps(whole)[2:] for value in (e.loss, e.kl)]
-    got = [value for e in _steps(resumed) for value in (e.loss, e.kl)]
-    assert len(got) == 4 and got == pytest.approx(want, rel=1e-5)
+    # the margin too: a resumed step whose answers carry one label (step 5 here) takes the other label's reward from
+    # the checkpoint
+    want = [value for e in _steps(whole)[4:] for value in (e.loss, e.kl, e.reward_margin)]
+    got = [value for e in _steps(resumed) for value in (e.loss, e.kl, e.reward_margin)]
+    assert len(got) == 6 and got == pytest.approx(want, rel=1e-5)
+    assert _steps(resumed)[0].chosen_logps is None  # the first step after the resume has no desirable answer
