@@ -26,12 +26,32 @@ NEXT_STEP = "Choose other training data on the Data page, or fix the file (Check
 RECHECK_S = 10.0
 
 
-def usable_rows_problems(data_cfg: DataConfig) -> list[str]:
-    """Why the training data of `data_cfg` gives a run nothing to train on, one sentence each; empty when it has a
-    usable row. Reads every row (a worker thread's job)."""
-    from hone.core.api import check_data
+def row_kind(method: str) -> str:
+    """What a training method reads from each row: "rows" (supervised), "pairs" (dpo, simpo, orpo), "answers"
+    (kto's labelled answers) or "prompts" (grpo)."""
+    from hone.core.config import PREFERENCE_METHODS, UNPAIRED_METHODS
 
-    report, _ = check_data(data_cfg, None, split="train")
+    if method in PREFERENCE_METHODS:
+        return "pairs"
+    if method in UNPAIRED_METHODS:
+        return "answers"
+    return "prompts" if method == "grpo" else "rows"
+
+
+def usable_rows_problems(data_cfg: DataConfig, method: str = "sft") -> list[str]:
+    """Why the training data of `data_cfg` gives a run of `method` nothing to train on, one sentence each; empty
+    when it has a usable row. Reads every row (a worker thread's job)."""
+    from hone.core import api
+
+    kind = row_kind(method)
+    if kind == "pairs":
+        report = api.check_pairs(data_cfg, split="train")
+    elif kind == "answers":
+        report = api.check_unpaired(data_cfg, split="train")
+    elif kind == "prompts":
+        report = api.check_prompts(data_cfg, split="train")
+    else:
+        report, _ = api.check_data(data_cfg, None, split="train")
     return report_problems(report)
 
 
@@ -57,8 +77,9 @@ def report_problems(report: Any) -> list[str]:
     return [f"The training data holds no rows ({files}). {NEXT_STEP}"]
 
 
-def data_key(data_cfg: DataConfig) -> str:
-    """What a check's answer depends on: the data settings and each local entry's size and modification time."""
+def data_key(data_cfg: DataConfig, method: str = "sft") -> str:
+    """What a check's answer depends on: what the method reads from a row, the data settings and each local entry's
+    size and modification time."""
     versions = []
     for entry in data_cfg.train:
         try:
@@ -66,7 +87,7 @@ def data_key(data_cfg: DataConfig) -> str:
             versions.append([info.st_size, info.st_mtime_ns])
         except (OSError, ValueError):
             versions.append(None)  # a hub id or a bundled name: the settings say it all
-    return json.dumps([dataclasses.asdict(data_cfg), versions], default=str)
+    return json.dumps([dataclasses.asdict(data_cfg), versions, row_kind(method)], default=str)
 
 
 class DataReadiness(QObject):
@@ -83,32 +104,34 @@ class DataReadiness(QObject):
         self._answers: dict[str, list[str]] = {}
         self._answered_at: dict[str, float] = {}  # time.monotonic() of each answer
         self._checking: str | None = None
-        self._wanted: DataConfig | None = None  # asked for while another check ran: checked next
+        self._wanted: tuple[DataConfig, str] | None = None  # asked for while another check ran: checked next
         self.task: Task | None = None
 
-    def request(self, data_cfg: DataConfig) -> None:
-        """Check `data_cfg`'s training data in the background unless its answer is known or on its way."""
+    def request(self, data_cfg: DataConfig, method: str = "sft") -> None:
+        """Check `data_cfg`'s training data for a run of `method` in the background unless its answer is known or
+        on its way."""
         if not data_cfg.train:
             return
-        key = data_key(data_cfg)
+        key = data_key(data_cfg, method)
         if (key in self._answers and not self._stale(key)) or key == self._checking:
             return
         if self._checking is not None:
-            self._wanted = data_cfg
+            self._wanted = (data_cfg, method)
             return
         self._checking = key
         self.task = Task(
             _check,
             data_cfg,
+            method,
             on_result=lambda problems, key=key: self._answered(key, problems),
             on_error=lambda error, key=key: self._answered(key, [_error_text(error)]),
         )
 
-    def pending(self, data_cfg: DataConfig) -> bool:
-        return bool(data_cfg.train) and data_key(data_cfg) not in self._answers
+    def pending(self, data_cfg: DataConfig, method: str = "sft") -> bool:
+        return bool(data_cfg.train) and data_key(data_cfg, method) not in self._answers
 
-    def problems(self, data_cfg: DataConfig) -> list[str]:
-        return self._answers.get(data_key(data_cfg), []) if data_cfg.train else []
+    def problems(self, data_cfg: DataConfig, method: str = "sft") -> list[str]:
+        return self._answers.get(data_key(data_cfg, method), []) if data_cfg.train else []
 
     def _stale(self, key: str) -> bool:
         """A problem found with data that is not all local files, RECHECK_S ago or longer (the answer shown until the
@@ -124,13 +147,13 @@ class DataReadiness(QObject):
             self._checking = None
             wanted, self._wanted = self._wanted, None
             if wanted is not None:
-                self.request(wanted)
+                self.request(*wanted)
         self.changed.emit()
 
 
-def _check(data_cfg: DataConfig) -> list[str]:
+def _check(data_cfg: DataConfig, method: str) -> list[str]:
     # looked up at call time, so a test can watch which thread reads the rows
-    return usable_rows_problems(data_cfg)
+    return usable_rows_problems(data_cfg, method)
 
 
 def _error_text(error: TaskError) -> str:

@@ -141,6 +141,45 @@ def _rows(entries: list[str], split: str, cfg, tokenizer, report: ReportBuilder)
             report.problem(e.message)
 
 
+def check_prompts(cfg, tokenizer=None, *, split: str = "train") -> DatasetReport:
+    """The report of one split's GRPO prompts, every skipped row listed: with a tokenizer each prompt is rendered
+    with the chat template and counted (as a run reads it); without, every row is read and its prompt found (text,
+    or messages ending on a user turn)."""
+    columns = ColumnNames(cfg.columns)
+    entries = cfg.train if split == "train" else cfg.eval
+    report = ReportBuilder(split, [str(e) for e in entries], max_examples=None)
+    if tokenizer is not None:
+        lengths = [
+            len(row.input_ids) for row in _rows(entries, split, cfg, getattr(tokenizer, "tokenizer", tokenizer), report)
+        ]
+        counts = np.asarray(lengths, dtype=np.int64)
+        return report.build(counts, np.zeros_like(counts), 0)
+    try:
+        sources = resolve_sources(entries, side=split)
+    except SourceError as e:
+        report.problem(e.message)
+        sources = []
+    kept = 0
+    for source in sources:
+        try:
+            for number, record in read_records(source):
+                report.read()
+                if isinstance(record, RowProblem):
+                    report.skip(record)
+                    continue
+                try:
+                    prompt_messages(record, columns)
+                except RowError as e:
+                    report.skip(RowProblem(f"{source.name}:{number}", e.reason, e.field, e.detail))
+                    continue
+                report.formats["prompt"] += 1
+                kept += 1
+        except SourceError as e:
+            report.problem(e.message)
+    empty = np.zeros(0, np.int64)
+    return report.build(empty, empty, 0, rows_kept=kept)
+
+
 @dataclass
 class PromptData:
     """What the trainer gets for a GRPO run: the training prompts and their report (no evaluation split)."""

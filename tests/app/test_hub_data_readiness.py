@@ -62,10 +62,10 @@ def test_a_hub_dataset_is_checked_again_once_it_may_have_come(qtbot, make_window
     checks = []
     real = readiness.usable_rows_problems
 
-    def counted(data_cfg):
+    def counted(data_cfg, method):
         if data_cfg.train == [NAME]:
             checks.append(data_cfg)
-        return real(data_cfg)
+        return real(data_cfg, method)
 
     monkeypatch.setattr(readiness, "usable_rows_problems", counted)
     window = make_window(machine=GPU)

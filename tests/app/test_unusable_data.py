@@ -51,15 +51,46 @@ def test_data_without_a_usable_row_blocks_start_with_the_reason(qtbot, make_wind
     assert not _problems(page)
 
 
+PAIR = {"prompt": "Which is right?", "chosen": " this one", "rejected": " that one"}
+PROMPT = {"prompt": "What is 2 + 2?", "answer": "4"}
+
+
+@pytest.mark.parametrize(
+    "row, method, usable",
+    [
+        (PAIR, "dpo", True),
+        (PAIR, "sft", False),
+        (PROMPT, "grpo", True),
+        ({"prompt": ""}, "grpo", False),
+        (GOOD_ROW, "orpo", False),
+    ],
+    ids=["pairs for dpo", "pairs for sft", "prompts for grpo", "empty prompt for grpo", "chat rows for orpo"],
+)
+def test_the_check_reads_the_rows_as_the_chosen_method_does(qtbot, make_window, tmp_path, row, method, usable):
+    """Pairs start a DPO run and GRPO prompts a GRPO run: the check asks what the run's method reads, not SFT rows."""
+    window = make_window(machine=GPU)
+    page = window.page("train")
+    data = tmp_path / "rows.jsonl"
+    data.write_text((json.dumps(row) + "\n") * 3)
+    window.state.update(f"train.method={method}")
+    _use(window, data)
+    qtbot.waitUntil(lambda: not page.data_check_pending(), timeout=10_000)
+    text = _problems(page)
+    if usable:
+        assert "training rows" not in text and "rows.jsonl" not in text, text
+    else:
+        assert "None of the 3 training rows can be trained on" in text and "rows.jsonl" in text, text
+
+
 def test_the_check_reads_the_rows_on_another_thread(qtbot, make_window, tmp_path, monkeypatch):
     import hone.app.data_readiness as readiness
 
     threads = []
     real = readiness.usable_rows_problems
 
-    def spy(data_cfg):
+    def spy(data_cfg, method):
         threads.append(threading.current_thread())
-        return real(data_cfg)
+        return real(data_cfg, method)
 
     monkeypatch.setattr(readiness, "usable_rows_problems", spy)
     window = make_window(machine=GPU)

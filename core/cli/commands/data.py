@@ -37,7 +37,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         choices=TRAINING_METHODS,
         default="sft",
         help="the training method the data is for: sft rows, pairs of chosen and rejected answers for dpo, simpo "
-        "and orpo, or answers labelled desirable or not for kto (default sft)",
+        "and orpo, answers labelled desirable or not for kto, or prompts for grpo (default sft)",
     )
     _data_options(check)
 
@@ -145,13 +145,16 @@ def run(args) -> int:
 
 
 def _check(args, console) -> int:
-    from hone.core.api import check_data, check_pairs, check_unpaired, format_report
+    from hone.core.api import check_data, check_pairs, check_prompts, check_unpaired, format_report
     from hone.core.cli.console import Phase
     from hone.core.events import to_dict
 
     cfg = _config(args, list(args.files))
-    pairs = args.method in PREFERENCE_METHODS + UNPAIRED_METHODS  # preference rows: pairs, or KTO's labelled answers
-    check_preference = check_unpaired if args.method in UNPAIRED_METHODS else check_pairs
+    # what the method reads from a row: preference pairs, KTO's labelled answers, GRPO's prompts, or supervised rows
+    pairs = args.method in PREFERENCE_METHODS + UNPAIRED_METHODS + ("grpo",)
+    check_preference = (
+        check_unpaired if args.method in UNPAIRED_METHODS else check_prompts if args.method == "grpo" else check_pairs
+    )
     if args.model:
         tokenizer = _tokenizer(args.model, console, cfg.chat_template)
         with Phase(console, f"tokenizing every row with the chat template of {args.model}", unit="rows") as phase:
