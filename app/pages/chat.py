@@ -1,4 +1,7 @@
-"""Chat page: the base model and the fine-tuned model answer side by side, streaming, off the GUI thread."""
+"""Chat page: the base model and the fine-tuned model answer side by side, streaming, off the GUI thread.
+
+The worker that loads and runs the models is `chat_engine.ChatEngine`; the evaluation dialogs are in `chat_dialogs`.
+"""
 
 from __future__ import annotations
 
@@ -6,231 +9,40 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
-from PySide6.QtGui import QTextCharFormat, QTextCursor
+from PySide6.QtCore import Qt, QThread, Signal, Slot
 from PySide6.QtWidgets import (
-    QComboBox,
-    QDialog,
+    QDoubleSpinBox,
     QFileDialog,
     QHBoxLayout,
+    QLineEdit,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QSpinBox,
-    QTableWidget,
-    QTableWidgetItem,
-    QTextBrowser,
-    QVBoxLayout,
     QWidget,
 )
 
+from hone.app.model_names import model_name
 from hone.app.pages.base import Page
+from hone.app.pages.chat_dialogs import EvaluationDialog, PreferenceDialog, preference_summary
+from hone.app.pages.chat_engine import ChatEngine
+from hone.app.pages.chat_widgets import ElidedComboBox, Transcript
 from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, label, set_role
 from hone.app.widgets.config_form import FloatSpinBox
-from hone.app.workers import describe_exception
 from hone.core.api import BASE, TUNED
 
+__all__ = ["ChatEngine", "ChatPage", "EvaluationDialog", "PreferenceDialog", "Transcript", "preference_summary"]
 
-class ChatEngine(QObject):
-    """Lives on the chat thread: loads the models once, then streams replies. Every slot reports back by signal."""
-
-    loaded = Signal(object)  # (description, has_adapter)
-    piece = Signal(object)  # (side, text)
-    reply_done = Signal()
-    failed = Signal(object)  # TaskError
-    eval_progress = Signal(object)  # (prompts done, prompts in all)
-    evaluated = Signal(object)  # (hone.core.inference.evaluate.Comparison, rows skipped) or None after a failure
-
-    def __init__(self):
-        super().__init__()
-        self.models = None
-
-    @Slot(object)
-    def load(self, source: dict[str, Any]) -> None:
-        try:
-            from hone.core.api import ChatModels
-
-            self.models = None
-            if source.get("run_dir"):
-                self.models = ChatModels.for_run(source["run_dir"])
-                text = f"{Path(source['run_dir']).name}: base model and its adapter"
-            else:
-                self.models = ChatModels.load(source["model"], source.get("adapter"))
-                text = f"{source['model']}" + (" with adapter" if source.get("adapter") else " (base only)")
-            self.loaded.emit((text, self.models.has_adapter))
-        except Exception as e:
-            self.failed.emit(describe_exception(e))
-
-    @Slot(object)
-    def generate(self, request: dict[str, Any]) -> None:
-        try:
-            from hone.core.api import GenerationSettings
-
-            settings = GenerationSettings(**request["settings"])
-            stream = self.models.stream_both(
-                request["base"], settings, request["stop"], tuned_messages=request["tuned"]
-            )
-            for side, text in stream:
-                self.piece.emit((side, text))
-        except Exception as e:
-            self.failed.emit(describe_exception(e))
-        finally:
-            self.reply_done.emit()
-
-    @Slot(object)
-    def evaluate(self, request: dict[str, Any]) -> None:
-        """Answer the held-out rows of request["path"] (the first request["rows"]) with both models and score them;
-        for a preference run (request["config"]), rank its held-out pairs with both instead."""
-        if request.get("config") is not None:
-            self._rank_pairs(request)
-            return
-        result = None
-        try:
-            from hone.core.api import compare, read_prompts, with_references
-
-            prompts, skipped = read_prompts(Path(request["path"]))
-            prompts = with_references(prompts, request["rows"] or None)
-            comparison = compare(
-                self.models,
-                prompts,
-                stop=request["stop"],
-                progress=lambda done, total: self.eval_progress.emit((done, total)),
-            )
-            result = (comparison, skipped)
-        except Exception as e:
-            self.failed.emit(describe_exception(e))
-        finally:
-            self.evaluated.emit(result)
-
-    def _rank_pairs(self, request: dict[str, Any]) -> None:
-        result = None
-        try:
-            from hone.core.api import held_out_pairs, score_pairs
-
-            pairs = held_out_pairs(request["config"], self.models.tokenizer, request.get("path"))
-            result = score_pairs(
-                self.models,
-                pairs,
-                limit=request["rows"] or None,
-                progress=lambda done, total: self.eval_progress.emit((done, total)),
-            )
-        except Exception as e:
-            self.failed.emit(describe_exception(e))
-        finally:
-            self.evaluated.emit(result)
-
-
-def preference_summary(scores) -> str:
-    """One line for a preference evaluation: how often each model ranks the chosen answer first."""
-    return (
-        f"the fine-tune ranks the chosen answer first in {scores.tuned_right} of {scores.pairs} held-out pairs "
-        f"({scores.accuracy(True):.0%}), the base in {scores.base_right} ({scores.accuracy(False):.0%})"
-    )
-
-
-class PreferenceDialog(QDialog):
-    """A preference run's evaluation: per model, how often it ranks each held-out pair's chosen answer above the
-    rejected one, and by how much; with the fine-tune's implicit reward (its gain over the base, chosen against
-    rejected)."""
-
-    ROWS = ("Preference accuracy", "Mean margin (log-prob per token)")
-
-    def __init__(self, title: str, scores, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setWindowTitle(title)
-        layout = QVBoxLayout(self)
-        summary = preference_summary(scores)
-        self.summary = label(summary[0].upper() + summary[1:] + ".", wrap=True, selectable=True)
-        layout.addWidget(self.summary)
-        self.table = QTableWidget(len(self.ROWS) + 1, 2)
-        self.table.setHorizontalHeaderLabels(("Base", "Fine-tuned"))
-        self.table.setVerticalHeaderLabels((*self.ROWS, "Reward ranks chosen first"))
-        cells = (
-            (f"{scores.accuracy(False):.1%}", f"{scores.accuracy(True):.1%}"),
-            (f"{scores.base_margin:+.3f}", f"{scores.tuned_margin:+.3f}"),
-            ("—", f"{scores.reward_right / max(scores.pairs, 1):.1%}"),
-        )
-        for r, row in enumerate(cells):
-            for c, text in enumerate(row):
-                item = QTableWidgetItem(text)
-                item.setFlags(item.flags() & ~Qt.ItemIsEditable)
-                self.table.setItem(r, c, item)
-        self.table.resizeColumnsToContents()
-        layout.addWidget(self.table, 1)
-
-
-class EvaluationDialog(QDialog):
-    """The scores of an evaluation and every prompt's answers, base beside fine-tune (✓ = the reference exactly)."""
-
-    COLUMNS = ("Row", "Question", "Reference", "Base", "Fine-tuned")
-
-    def __init__(self, title: str, comparison, skipped: list[str], parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setWindowTitle(title)
-        self.resize(1100, 560)
-        layout = QVBoxLayout(self)
-        summary = comparison.summary() + (f"; {len(skipped)} rows of the file could not be read" if skipped else "")
-        self.summary = label(summary[0].upper() + summary[1:] + ".", wrap=True, selectable=True)
-        layout.addWidget(self.summary)
-        self.table = QTableWidget(len(comparison.answered), len(self.COLUMNS))
-        self.table.setHorizontalHeaderLabels(self.COLUMNS)
-        self.table.verticalHeader().hide()
-        self.table.setWordWrap(True)
-        for r, answered in enumerate(comparison.answered):
-            cells = (
-                str(answered.row),
-                answered.question,
-                answered.reference,
-                _scored(answered.base, answered.exact(BASE), answered.f1(BASE)),
-                _scored(answered.tuned, answered.exact(TUNED), answered.f1(TUNED)),
-            )
-            for c, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                item.setFlags(item.flags() & ~Qt.ItemIsEditable)
-                self.table.setItem(r, c, item)
-        self.table.resizeColumnToContents(0)
-        for c in range(1, len(self.COLUMNS)):
-            self.table.setColumnWidth(c, 250)
-        self.table.resizeRowsToContents()
-        layout.addWidget(self.table, 1)
-
-
-def _scored(answer: str, exact: bool, f1: float) -> str:
-    return f"{'✓' if exact else '✗'} F1 {f1:.2f}\n{answer}"
-
-
-class Transcript(QTextBrowser):
-    """One side's conversation; replies grow token by token at the end."""
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setOpenLinks(False)
-        self.setMinimumHeight(320)
-        self.accent = "#7567ff"
-
-    def add_user(self, text: str) -> None:
-        cursor = self._end()
-        if not self.document().isEmpty():
-            cursor.insertBlock()
-        cursor.insertHtml(f"<p style='margin-top:10px'><b style='color:{self.accent}'>You</b></p>")
-        cursor.insertBlock()
-        cursor.insertText(text, QTextCharFormat())
-        cursor.insertBlock()
-        cursor.insertHtml("<p style='margin-top:8px'><b>Assistant</b></p>")
-        cursor.insertBlock()
-        self.ensureCursorVisible()
-
-    def add_piece(self, text: str) -> None:
-        # a plain format, not the cursor's: the cursor carries the bold of the heading inserted just before
-        self._end().insertText(text, QTextCharFormat())
-        self.ensureCursorVisible()
-
-    def _end(self) -> QTextCursor:
-        cursor = self.textCursor()
-        cursor.movePosition(QTextCursor.End)
-        self.setTextCursor(cursor)
-        return cursor
+# What the empty panes say: what to do next, before a model is loaded, and on the fine-tune's side without one.
+EMPTY_BASE = "Pick a run above and press Load models, or chat with the base model alone."
+EMPTY_TUNED = "Pick a run above and press Load models: its fine-tune answers here, beside the base model."
+NO_ADAPTER = "No adapter loaded: pick a run above and press Load models to compare the base with its fine-tune."
+LOADED_EMPTY = "Ask something below (Ctrl+Enter sends)."
+# The repetition penalty the page starts with: greedy replies of small models often loop one phrase until the token
+# limit; 1.1 ends most such loops and leaves ordinary replies as they are.
+DEFAULT_REPETITION_PENALTY = 1.1
+SYSTEM_TIP = "Sent before the conversation as a system message (system_prompt)."
 
 
 class ChatPage(Page):
@@ -256,12 +68,13 @@ class ChatPage(Page):
         self.stop_flag = threading.Event()
         self.history = {BASE: [], TUNED: []}
         self.replies = {BASE: "", TUNED: ""}
+        self.system_refusal = ""  # why the loaded model's chat template takes no system prompt, "" when it does
+        self._then_evaluate = False  # open_run(evaluate=True): evaluate once the run is loaded
 
         source = Card()
         row = QHBoxLayout()
         row.addWidget(label("Fine-tuned run"))
-        self.run_box = QComboBox()
-        self.run_box.setMinimumWidth(320)
+        self.run_box = ElidedComboBox()  # a long run or model name ends in "…" with the whole name as tooltip
         row.addWidget(self.run_box, 1)
         self.load_button = set_role(QPushButton("Load models"), "primary")
         self.load_button.clicked.connect(self.load_selected)
@@ -280,7 +93,12 @@ class ChatPage(Page):
         self.busy.setRange(0, 0)  # loading weights reports no progress of its own
         self.busy.setMaximumHeight(6)
         self.busy.hide()
-        self.status = label("Choose a run and load it; the base model comes from the run's config.", "muted", wrap=True)
+        self.status = label(
+            "Pick a run and press Load models (its base model comes from the run's settings), or chat with the base "
+            "model alone.",
+            "muted",
+            wrap=True,
+        )
         source.body.addWidget(self.busy)
         source.body.addWidget(self.status)
         self.body.addWidget(source)
@@ -291,6 +109,7 @@ class ChatPage(Page):
         for side, title in ((BASE, "Base model"), (TUNED, "Fine-tuned")):
             card = Card(title)
             transcript = Transcript()
+            transcript.set_empty_text(EMPTY_BASE if side == BASE else EMPTY_TUNED)
             card.body.addWidget(transcript)
             self.transcripts[side] = transcript
             panes.addWidget(card, 1)
@@ -301,6 +120,7 @@ class ChatPage(Page):
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
         self.prompt.setFixedHeight(64)
+        self.prompt.setTabChangesFocus(True)  # Tab moves on to Send (a tab character in a question is never meant)
         prompt_row.addWidget(self.prompt, 1)
         self.send_button = set_role(QPushButton("Send"), "primary")
         self.send_button.clicked.connect(self.send)
@@ -311,24 +131,8 @@ class ChatPage(Page):
         for button in (self.send_button, self.stop_button, self.clear_button):
             prompt_row.addWidget(button, 0, Qt.AlignTop)
         compose.body.addLayout(prompt_row)
-        knobs = QHBoxLayout()
-        knobs.addWidget(label("Max new tokens", "muted"))
-        self.max_tokens = QSpinBox()
-        self.max_tokens.setRange(1, 8192)
-        self.max_tokens.setValue(256)
-        knobs.addWidget(self.max_tokens)
-        knobs.addSpacing(16)
-        knobs.addWidget(label("Temperature", "muted"))
-        self.temperature = FloatSpinBox()
-        self.temperature.setRange(0.0, 5.0)
-        self.temperature.setValue(0.0)
-        self.temperature.setToolTip("0 = greedy: the most likely token each time, the same reply every time.")
-        knobs.addWidget(self.temperature)
-        knobs.addStretch(1)
-        self.generating_label = label("Generating…", "muted")
-        self.generating_label.setToolTip("The reply is being written; Stop ends it where it is.")
-        knobs.addWidget(self.generating_label)
-        compose.body.addLayout(knobs)
+        for settings_row in self._settings_rows():
+            compose.body.addLayout(settings_row)
         self.body.addWidget(compose)
 
         self.prompt.installEventFilter(self)
@@ -336,6 +140,57 @@ class ChatPage(Page):
         state.session.running_changed.connect(lambda _running: self._update_buttons())
         self.refresh_runs()
         self._update_buttons()
+
+    def _settings_rows(self) -> tuple[QHBoxLayout, QHBoxLayout]:
+        """How replies are written, in two rows that fit the window's minimum width: max new tokens, temperature and
+        top-p; then the repetition penalty and the system prompt (config keys in the tooltips)."""
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 8192)
+        self.max_tokens.setValue(256)
+        self.max_tokens.setToolTip("The longest reply, in tokens (max_new_tokens).")
+        self.temperature = FloatSpinBox()
+        self.temperature.setRange(0.0, 5.0)
+        self.temperature.setValue(0.0)
+        self.temperature.setToolTip(
+            "0 = greedy: the most likely token each time, the same reply every time (temperature)."
+        )
+        self.top_p = _fraction_box(0.01, 1.0, 1.0)
+        self.top_p.setToolTip(
+            "With a temperature above 0, pick only among the most likely tokens that together reach this probability; "
+            "1 = all tokens (top_p)."
+        )
+        self.repetition_penalty = _fraction_box(1.0, 2.0, DEFAULT_REPETITION_PENALTY)
+        self.repetition_penalty.setToolTip(
+            "Above 1, words already in the conversation become less likely, which stops a reply repeating itself "
+            "until the token limit; 1 = off (repetition_penalty)."
+        )
+        self.system_prompt = QLineEdit()
+        self.system_prompt.setPlaceholderText("Optional: how the assistant should behave")
+        self.system_prompt.setToolTip(SYSTEM_TIP)
+        self.generating_label = label("Generating…", "muted")
+        self.generating_label.setToolTip("The reply is being written; Stop ends it where it is.")
+        rows = QHBoxLayout(), QHBoxLayout()
+        for row, pairs in (
+            (rows[0], (("Max new tokens", self.max_tokens), ("Temperature", self.temperature), ("Top-p", self.top_p))),
+            (rows[1], (("Repetition penalty", self.repetition_penalty), ("System prompt", self.system_prompt))),
+        ):
+            for text, box in pairs:
+                row.addWidget(label(text, "muted"))
+                row.addWidget(box, 1 if box is self.system_prompt else 0)
+                row.addSpacing(10)
+        rows[0].addStretch(1)
+        rows[1].addWidget(self.generating_label)
+        return rows
+
+    def settings(self) -> dict[str, Any]:
+        """The sampling settings as GenerationSettings takes them; no system prompt where the template takes none."""
+        return {
+            "max_new_tokens": self.max_tokens.value(),
+            "temperature": self.temperature.value(),
+            "top_p": self.top_p.value(),
+            "repetition_penalty": self.repetition_penalty.value(),
+            "system_prompt": "" if self.system_refusal else self.system_prompt.text().strip(),
+        }
 
     # ---- sources ----
     def refresh_runs(self) -> None:
@@ -348,12 +203,12 @@ class ChatPage(Page):
             for summary in list_runs(runs_dir):
                 if summary.has_adapter:
                     self.run_box.addItem(Path(summary.run_dir).name, {"run_dir": str(summary.run_dir)})
-        self.run_box.addItem(
-            f"Base model only: {self.state.config.model.name_or_path}", {"model": self.state.config.model.name_or_path}
-        )
-        if current:
-            index = self.run_box.findData(current)
-            self.run_box.setCurrentIndex(max(0, index))
+        base = self.state.config.model.name_or_path
+        self.run_box.addItem(f"Base model only: {model_name(base)}", {"model": base})
+        if current and current.get("run_dir") and Path(current["run_dir"]).is_dir():  # a run from elsewhere stays
+            self.select_run(current["run_dir"])
+        elif current:
+            self.run_box.setCurrentIndex(max(0, self.run_box.findData(current)))
 
     def select_run(self, run_dir: str) -> None:
         index = self.run_box.findData({"run_dir": str(run_dir)})
@@ -361,6 +216,36 @@ class ChatPage(Page):
             self.run_box.addItem(Path(run_dir).name, {"run_dir": str(run_dir)})
             index = self.run_box.count() - 1
         self.run_box.setCurrentIndex(index)
+
+    def offer_run(self, run_dir: str) -> None:
+        """A run just ended with an adapter: make it the chosen run, unless a reply, an evaluation or a load is under
+        way (the user's choice then stays)."""
+        if self.generating or self.busy.isVisible():
+            return
+        self.select_run(run_dir)
+        if self.source.get("run_dir") != str(run_dir):
+            self.status.setText(
+                f"{Path(run_dir).name} is ready: press Load models to chat with its fine-tune beside the base model."
+            )
+            set_role(self.status, "muted")
+
+    def open_run(self, run_dir: str, *, evaluate: bool = False) -> bool:
+        """Chat with `run_dir` (the Monitor's "Chat with it"), or evaluate it: choose it, load it unless it is
+        loaded, then evaluate where asked. False (nothing changes) while a reply, evaluation or load is under way."""
+        if self.generating or self.busy.isVisible():
+            return False
+        self.select_run(run_dir)
+        self._then_evaluate = evaluate
+        if self.loaded and self.source == {"run_dir": str(run_dir)}:
+            self._evaluate_if_asked()
+        else:
+            self.load({"run_dir": str(run_dir)})
+        return True
+
+    def _evaluate_if_asked(self) -> None:
+        if self._then_evaluate:
+            self._then_evaluate = False
+            self.evaluate()
 
     def load_selected(self) -> None:
         source = self.run_box.currentData()
@@ -397,19 +282,28 @@ class ChatPage(Page):
         self.thread.start()
 
     @Slot(object)
-    def _loaded(self, loaded: tuple[str, bool]) -> None:
-        text, self.has_adapter = loaded
+    def _loaded(self, loaded: tuple[str, bool, str]) -> None:
+        text, self.has_adapter, self.system_refusal = loaded
         self.loaded = True
         self.busy.hide()
-        self.status.setText(f"Ready: {text}.")
+        note = ""
+        if self.system_refusal:
+            note = f" The system prompt is not used: {self.system_refusal}."
+        self.status.setText(f"Ready: {text}.{note}")
+        self.system_prompt.setEnabled(not self.system_refusal)
+        self.system_prompt.setToolTip(f"Not used: {self.system_refusal}." if self.system_refusal else SYSTEM_TIP)
+        self.transcripts[BASE].set_empty_text(LOADED_EMPTY)
+        self.transcripts[TUNED].set_empty_text(LOADED_EMPTY if self.has_adapter else NO_ADAPTER)
         self.clear()
         self._update_buttons()
+        self._evaluate_if_asked()
 
     def sides(self) -> tuple[str, ...]:
         return (BASE, TUNED) if self.has_adapter else (BASE,)
 
     @Slot(object)
     def _failed(self, error) -> None:
+        self._then_evaluate = False
         self.busy.hide()
         self.status.setText(f"{error.message}" + (f" — {error.advice}" if error.advice else ""))
         set_role(self.status, "error")
@@ -428,12 +322,11 @@ class ChatPage(Page):
         self.generating = True
         self.stop_flag.clear()
         self._update_buttons()
-        settings = {"max_new_tokens": self.max_tokens.value(), "temperature": self.temperature.value()}
         self._generate_requested.emit(
             {
                 "base": list(self.history[BASE]),
                 "tuned": list(self.history[TUNED]),
-                "settings": settings,
+                "settings": self.settings(),
                 "stop": self.stop_flag,
             }
         )
@@ -531,9 +424,7 @@ class ChatPage(Page):
             return
         self.history = {BASE: [], TUNED: []}
         for transcript in self.transcripts.values():
-            transcript.clear()
-        if self.loaded and not self.has_adapter:
-            self.transcripts[TUNED].setPlainText("No adapter loaded: choose a run to compare with its fine-tune.")
+            transcript.clear()  # an empty pane says what to do (Transcript.set_empty_text)
 
     def _update_buttons(self) -> None:
         self.send_button.setEnabled(self.loaded and not self.generating)
@@ -579,3 +470,12 @@ class ChatPage(Page):
         self.stop_button.setIcon(icon("stop", palette.text, 14))
         for transcript in self.transcripts.values():
             transcript.accent = palette.accent
+
+
+def _fraction_box(low: float, high: float, value: float) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(low, high)
+    box.setDecimals(2)
+    box.setSingleStep(0.05)
+    box.setValue(value)
+    return box

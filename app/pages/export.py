@@ -32,6 +32,15 @@ from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, human_bytes, label, set_role
 from hone.app.workers import Task, TaskError
 
+# What the page says while no run is chosen (no run trained yet, or none picked).
+EMPTY_RUN = "Train a run or pick one under Runs to export it (or choose its folder with Folder…)."
+
+
+def _without_specs(description: str) -> str:
+    """A format's description without the command line's spellings in brackets ("(gguf:TYPE, default q8_0)"):
+    the page offers the types in its own box; the tooltip keeps the whole description."""
+    return re.sub(r"\s*\([^()]*\b(?:gguf|ollama|merged):[^()]*\)", "", description)
+
 
 def export_formats() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """(format -> description, format -> {type -> description}) as core offers them now."""
@@ -177,12 +186,15 @@ class ExportPage(Page):
         row = QHBoxLayout()
         self.run_box = QComboBox()
         self.run_box.setEditable(True)
+        self.run_box.lineEdit().setPlaceholderText("A run's folder")
         self.run_box.currentTextChanged.connect(self._run_changed)
         row.addWidget(self.run_box, 1)
         self.run_button = QPushButton("Folder…")
         self.run_button.clicked.connect(self._pick_run)
         row.addWidget(self.run_button)
         source.body.addLayout(row)
+        self.run_hint = label(EMPTY_RUN, "muted", wrap=True)
+        source.body.addWidget(self.run_hint)
         self.body.addWidget(source)
 
         formats = Card("Format")
@@ -249,7 +261,8 @@ class ExportPage(Page):
             self.format_buttons[fmt] = button
             row = QHBoxLayout()
             row.addWidget(button)
-            hint = label(description[0].upper() + description[1:] + ".", "muted", wrap=True)
+            shown = _without_specs(description)
+            hint = label(shown[0].upper() + shown[1:] + ".", "muted", wrap=True)
             row.addWidget(hint, 1)
             self.formats_layout.addLayout(row)
             # toggled fires for the button turned off and the one turned on: refill the types once, for the latter
@@ -303,7 +316,7 @@ class ExportPage(Page):
         from hone.core.api import list_runs
 
         runs_dir = Path(self.state.config.output.runs_dir)
-        current = self.run_box.currentText()
+        current = self.run_dir()  # the folder, not the name shown: a name alone would be read from the working folder
         self.run_box.blockSignals(True)
         self.run_box.clear()
         if runs_dir.is_dir():
@@ -324,6 +337,15 @@ class ExportPage(Page):
         else:
             self.run_box.setEditText(str(run_dir))
         self._suggest_out()
+
+    def offer_run(self, run_dir: str) -> None:
+        """A run just ended with an adapter (or the Monitor's Export asks for it): make it the chosen run, unless an
+        export or a push is under way (its run stays chosen)."""
+        if self.is_busy():
+            return
+        self.refresh_runs()
+        self.set_run(run_dir)
+        self._update_buttons()
 
     def run_dir(self) -> str:
         data = self.run_box.currentData()
@@ -453,7 +475,9 @@ class ExportPage(Page):
 
     def _update_buttons(self) -> None:
         busy = self.is_busy()
+        self.run_hint.setVisible(not self.run_dir())
         self.export_button.setEnabled(bool(self.run_dir() and self.selected_format()) and not busy)
+        self.export_button.setToolTip("" if self.run_dir() else EMPTY_RUN)
         self.push_button.setEnabled(is_export(self.out_edit.text().strip()) and not busy)
 
     def _pick_run(self) -> None:

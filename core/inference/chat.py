@@ -23,6 +23,10 @@ TUNED = "tuned"
 # A piece that ends in U+FFFD is an incomplete multi-byte character (a token split a UTF-8 sequence); it is
 # held back until the next token completes it, so a stream never shows a replacement character mid-word.
 _INCOMPLETE = "\ufffd"
+# The repetition penalty's range: 1.0 is off; past 2 the penalty pushes even the prompt's own words out and the
+# reply stops making sense (below 1 it would favour repeats, which nobody asks for).
+MIN_REPETITION_PENALTY = 1.0
+MAX_REPETITION_PENALTY = 2.0
 
 
 class StopFlag(Protocol):
@@ -39,6 +43,10 @@ class GenerationSettings:
     temperature: float = 0.0  # 0 = greedy (the same answer every time, easiest to compare side by side)
     top_p: float = 1.0  # nucleus sampling: keep the smallest set of tokens whose probability reaches top_p
     seed: int = 0
+    # > 1 makes every token already in the prompt or the reply less likely (its positive logit divided by the penalty,
+    # a negative one multiplied), which stops a small model repeating one phrase until max_new_tokens; 1.0 = off.
+    repetition_penalty: float = 1.0
+    system_prompt: str = ""  # sent as a system message before the conversation; "" = none
 
     def __post_init__(self) -> None:
         from hone.core.errors import ConfigError
@@ -49,6 +57,11 @@ class GenerationSettings:
             raise ConfigError(f"temperature is {self.temperature}", "use 0 (greedy) or a positive temperature")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p is {self.top_p}", "use a value in (0, 1]")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ConfigError(
+                f"repetition_penalty is {self.repetition_penalty}",
+                f"use {MIN_REPETITION_PENALTY} (off) to {MAX_REPETITION_PENALTY}; 1.1 to 1.3 usually ends a loop",
+            )
 
 
 class Generation:
@@ -77,9 +90,10 @@ class Generation:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self._use_base = adapter_enabled is False
         self._device = next(model.parameters()).device
-        prompt = render_conversation(tokenizer, messages, add_generation_prompt=True)
+        prompt = _render_prompt(tokenizer, messages, settings.system_prompt)
         prompt_ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         self.prompt_tokens = int(prompt_ids.shape[1])
+        self._seen = set(prompt_ids[0].tolist())  # token ids the repetition penalty applies to (prompt + reply)
         self._next_input = prompt_ids.to(self._device)  # (1, prompt_len) int64, then (1, 1) per step
         self._cache, self._cache_arg = _new_cache(model)
         self._generated: list[int] = []
@@ -109,6 +123,7 @@ class Generation:
             self.done = True
             return self._flush(final=True)
         self._generated.append(token)
+        self._seen.add(token)
         self._next_input = torch.tensor([[token]], device=self._device)
         if len(self._generated) >= self.settings.max_new_tokens:
             self.done = True
@@ -117,6 +132,11 @@ class Generation:
     def _pick(self, logits: Any) -> int:
         import torch
 
+        penalty = self.settings.repetition_penalty
+        if penalty != 1.0 and self._seen:
+            seen = torch.tensor(sorted(self._seen), device=logits.device)
+            picked = logits[seen]
+            logits = logits.index_copy(0, seen, torch.where(picked > 0, picked / penalty, picked * penalty))
         if self._generator is None:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / self.settings.temperature, dim=-1)
@@ -257,6 +277,12 @@ class ChatModels:
             chat.tokenizer = load_tokenizer(str(adapter_dir), None, config.model)
         return chat
 
+    def system_prompt_refusal(self) -> str:
+        """Empty when the tokenizer's chat template takes a system message, else why not, in words for the user."""
+        if not hasattr(self, "_system_refusal"):
+            self._system_refusal = system_prompt_refusal(self.tokenizer)
+        return self._system_refusal
+
     def stream(
         self,
         messages: list[dict[str, Any]],
@@ -283,6 +309,33 @@ class ChatModels:
         return stream_side_by_side(
             self.model, self.tokenizer, messages, settings, stop=stop, tuned_messages=tuned_messages
         )
+
+
+def system_prompt_refusal(tokenizer: Any) -> str:
+    """Empty when `tokenizer`'s chat template renders a system message, else a sentence saying it does not: some
+    templates (Gemma's, early Mistral's) raise on one, others drop it silently."""
+    marker = "Hone system prompt probe"
+    conversation = [{"role": "system", "content": marker}, {"role": "user", "content": "Hello"}]
+    try:
+        rendered = render_conversation(tokenizer, conversation, add_generation_prompt=True)
+    except ValueError as e:
+        return f"this model's chat template takes no system message ({e})"
+    if marker not in rendered:
+        return "this model's chat template leaves system messages out"
+    return ""
+
+
+def _render_prompt(tokenizer: Any, messages: list[dict[str, Any]], system_prompt: str) -> str:
+    """The conversation through the chat template, after a system message when `system_prompt` is set."""
+    if not system_prompt:
+        return render_conversation(tokenizer, messages, add_generation_prompt=True)
+    refusal = system_prompt_refusal(tokenizer)
+    if refusal:
+        from hone.core.errors import ModelError
+
+        raise ModelError(refusal, "clear the system prompt to chat with this model")
+    system = [{"role": "system", "content": system_prompt}]
+    return render_conversation(tokenizer, system + list(messages), add_generation_prompt=True)
 
 
 def _new_cache(model: Any) -> tuple[Any, str]:

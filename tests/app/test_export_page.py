@@ -94,3 +94,34 @@ def test_checks_become_pass_and_fail_rows():
         CheckRow(False, "gguf › metadata", "the file has no general.name"),
         CheckRow(True, "gguf › tensors › q4_0", "max rel error 0.09 ≤ tolerance 0.14"),
     ]
+
+
+def test_an_empty_export_page_says_what_to_do(window, tmp_path):
+    from hone.app.pages.export import EMPTY_RUN
+
+    page = window.page("export")
+    window.show_page("export")
+    assert page.run_dir() == "" and page.run_box.count() == 0  # no runs yet
+    assert page.run_hint.isVisibleTo(page) and page.run_hint.text() == EMPTY_RUN
+    assert "Train a run or pick one under Runs" in EMPTY_RUN
+    assert not page.export_button.isEnabled() and EMPTY_RUN in page.export_button.toolTip()
+    page.set_run(str(tmp_path / "a-run"))
+    assert not page.run_hint.isVisibleTo(page) and page.export_button.isEnabled()
+    assert page.export_button.toolTip() == ""
+
+
+def test_refreshing_keeps_the_chosen_run_whole(window, tiny_run, tmp_path):
+    """Listing the runs again (a run ended) keeps the chosen run, by its folder, not by its bare name."""
+    import shutil
+
+    runs = Path(window.state.config.output.runs_dir)
+    runs.mkdir(parents=True, exist_ok=True)
+    for name in ("older", "newer"):
+        shutil.copytree(tiny_run, runs / name)
+    page = window.page("export")
+    page.refresh_runs()
+    assert page.run_box.count() == 2
+    other = next(page.run_box.itemData(i) for i in range(2) if page.run_box.itemData(i) != page.run_dir())
+    page.set_run(other)
+    page.refresh_runs()
+    assert page.run_dir() == other

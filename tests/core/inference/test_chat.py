@@ -141,3 +141,101 @@ def test_a_chat_template_over_its_limits_ends_the_reply_in_seconds_with_what_to_
     assert time.monotonic() - started < 5
     assert refused.value.message.startswith("the chat template took over 1 s to render"), refused.value.message
     assert "a template file you trust" in refused.value.advice
+
+
+def _reference_with(model, tokenizer, messages, max_new_tokens, **generate_kwargs):
+    """transformers' greedy generate on `messages` with extra generate() arguments, decoded (the reference)."""
+    import torch
+
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(_stop_ids(model, tokenizer)),
+            pad_token_id=tokenizer.eos_token_id,
+            **generate_kwargs,
+        )
+    return out[0, ids.shape[1] :].tolist()
+
+
+def _token_ids(model, tokenizer, messages, settings):
+    from hone.core.inference.chat import Generation
+
+    generation = Generation(model, tokenizer, messages, settings)
+    while not generation.done:
+        generation.step()
+    return generation.token_ids
+
+
+def test_repetition_penalty_changes_the_chosen_tokens_as_transformers_does(base_and_peft):
+    """The penalty divides positive / multiplies negative logits of every token already in prompt + reply: the
+    tokens equal transformers' RepetitionPenaltyLogitsProcessor's, differ from the unpenalized reply, and 1.0 is
+    off."""
+    base, _, tokenizer = base_and_peft
+    plain = _token_ids(base, tokenizer, MESSAGES, GenerationSettings(max_new_tokens=24))
+    off = _token_ids(base, tokenizer, MESSAGES, GenerationSettings(max_new_tokens=24, repetition_penalty=1.0))
+    penalized = _token_ids(base, tokenizer, MESSAGES, GenerationSettings(max_new_tokens=24, repetition_penalty=1.5))
+    again = _token_ids(base, tokenizer, MESSAGES, GenerationSettings(max_new_tokens=24, repetition_penalty=1.5))
+    assert off == plain
+    assert penalized == again, "greedy with a penalty is deterministic"
+    assert penalized != plain, "the penalty should change the chosen tokens"
+    want = _reference_with(base, tokenizer, MESSAGES, 24, repetition_penalty=1.5)
+    assert penalized == [t for t in want if t not in _stop_ids(base, tokenizer)]
+    assert len(set(penalized)) > len(set(plain)), "fewer repeats with the penalty"
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5, 2.5, float("nan")])
+def test_a_repetition_penalty_out_of_range_names_the_field(value):
+    from hone.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="repetition_penalty") as refused:
+        GenerationSettings(repetition_penalty=value)
+    assert "1.0" in refused.value.advice
+
+
+def test_the_system_prompt_goes_in_as_a_system_message(base_and_peft):
+    base, _, tokenizer = base_and_peft
+    system = "You answer in French."
+    messages = [{"role": "system", "content": system}, *MESSAGES]
+    got = _token_ids(base, tokenizer, MESSAGES, GenerationSettings(max_new_tokens=12, system_prompt=system))
+    want = _reference_with(base, tokenizer, messages, 12)
+    assert got == [t for t in want if t not in _stop_ids(base, tokenizer)]
+    # the prompt is the template's render of [system, user]: as many tokens as transformers' own render
+    from hone.core.inference.chat import Generation
+
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert system in rendered
+    with_system = Generation(base, tokenizer, MESSAGES, GenerationSettings(system_prompt=system))
+    without = Generation(base, tokenizer, MESSAGES, GenerationSettings())
+    assert with_system.prompt_tokens == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    assert with_system.prompt_tokens != without.prompt_tokens
+    assert ChatModels(base, tokenizer, has_adapter=False).system_prompt_refusal() == ""
+
+
+NO_SYSTEM_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_without_a_system_role_is_said_in_words_not_a_crash(base_and_peft):
+    import copy
+
+    from hone.core.errors import HoneError
+
+    base, _, tokenizer = base_and_peft
+    strict = copy.copy(tokenizer)
+    strict.chat_template = NO_SYSTEM_TEMPLATE
+    chat = ChatModels(base, strict, has_adapter=False)
+    refusal = chat.system_prompt_refusal()
+    assert "system" in refusal and "System role not supported" in refusal
+    # without a system prompt the same template chats as before
+    assert "".join(chat.stream(MESSAGES, GenerationSettings(max_new_tokens=3)))
+    with pytest.raises(HoneError, match="system") as refused:
+        list(chat.stream(MESSAGES, GenerationSettings(max_new_tokens=3, system_prompt="Be brief.")))
+    assert "system prompt" in refused.value.advice
