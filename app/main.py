@@ -31,6 +31,13 @@ def run(args: argparse.Namespace) -> int:
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     app.setStyle("Fusion")  # the same widget geometry on every platform; the stylesheet does the rest
+    instance = None  # the one-Studio-per-user lock, held while the window is open
+    if not args.screenshot:  # a screenshot opens no window a user works in: it may run beside an open Studio
+        from hone.app.single_instance import claim_instance
+
+        instance = claim_instance()
+        if instance is None:  # another Studio is open and the user chose not to open a second one
+            return 0
     scratch = None
     if args.screenshot:
         # a screenshot neither reads nor changes the user's saved state, so it is reproducible

@@ -1,5 +1,5 @@
 """What the Studio remembers between sessions (QSettings): last model and recents, data files, the run config,
-runs folder, theme, window geometry and page."""
+runs folder, theme, window geometry and page, and whether the Train page shows its Basic or Advanced form."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hone.core.errors import ConfigError
 ORGANIZATION = "Hone"
 APPLICATION = "Hone Studio"
 MAX_RECENT_MODELS = 10
+TRAIN_FORMS = ("basic", "advanced")  # the Train page's form: a new user starts with Basic
 
 
 class Settings:
@@ -71,6 +72,15 @@ class Settings:
 
     def set_theme(self, mode: str) -> None:
         self._s.setValue("window/theme", mode)
+
+    def train_form(self) -> str:
+        value = str(self._s.value("train/form", TRAIN_FORMS[0]))
+        return value if value in TRAIN_FORMS else TRAIN_FORMS[0]
+
+    def set_train_form(self, form: str) -> None:
+        if form not in TRAIN_FORMS:
+            raise ValueError(f"the Train page's form is one of {', '.join(TRAIN_FORMS)}, not {form!r}")
+        self._s.setValue("train/form", form)
 
     # ---- anything else (a page's own choices) ----
     def value(self, key: str, default: str = "") -> str:

@@ -209,8 +209,60 @@ def system_prefers_dark() -> bool:
     return QGuiApplication.palette().color(QPalette.Window).lightness() < 128
 
 
+# Focus rings, after studio.qss so they win over its state rules: a control that has keyboard focus gets a 2 px ring
+# in the accent colour (on accent-filled buttons, in the text colour). Each rule takes one pixel off the padding the
+# border adds, so focusing never changes a control's size and the layout never jumps.
+FOCUS_RULES = """
+/* ---- keyboard focus (hone.app.theme.FOCUS_RULES) ---- */
+QPushButton:focus, QToolButton:focus {
+    border: 2px solid $accent;
+    padding: 5px 13px;
+}
+QPushButton[role="primary"]:focus {
+    border: 2px solid $text;
+}
+QPushButton[role="preset"]:focus {
+    padding: 5px 15px;
+}
+QLineEdit:focus, QSpinBox:focus, QDoubleSpinBox:focus, QComboBox:focus {
+    border: 2px solid $accent;
+    padding: 4px 7px;
+}
+QLineEdit[invalid="true"]:focus, QSpinBox[invalid="true"]:focus, QDoubleSpinBox[invalid="true"]:focus,
+QComboBox[invalid="true"]:focus {
+    border: 2px solid $danger;
+}
+QPlainTextEdit:focus, QTextEdit:focus, QTextBrowser:focus, QListWidget:focus, QListView:focus, QTreeView:focus,
+QTableWidget:focus, QTableView:focus {
+    border: 2px solid $accent;
+}
+QCheckBox:focus, QRadioButton:focus {
+    color: $accent_text;
+}
+QCheckBox::indicator:focus, QRadioButton::indicator:focus {
+    border: 2px solid $accent;
+}
+QRadioButton::indicator:checked:focus {
+    border: 5px solid $accent_text;
+}
+QSlider:focus {
+    border: 1px solid $accent;
+    border-radius: 4px;
+}
+QTabBar::tab:selected:focus {
+    color: $accent_text;
+    border-bottom: 2px solid $accent_text;
+    background: $accent_soft;
+}
+QListWidget#Nav::item:focus {
+    border: 2px solid $accent;
+    padding: 7px 8px;
+}
+"""
+
+
 def stylesheet(palette: Palette) -> str:
-    template = string.Template(resource_path("styles/studio.qss").read_text(encoding="utf-8"))
+    template = string.Template(resource_path("styles/studio.qss").read_text(encoding="utf-8") + FOCUS_RULES)
     values = {f.name: getattr(palette, f.name) for f in fields(palette)}
     values["checkmark"] = icon_file("checkmark", "#ffffff")
     values["chevron"] = icon_file("chevron-down", palette.muted)

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 from shiboken6 import isValid
 
+from hone.app.accessibility import KeyboardAccess
 from hone.app.compat import install_guards
 from hone.app.helper_process import HELPER
 from hone.app.pages.base import Page
@@ -31,6 +32,7 @@ from hone.app.pages.export import ExportPage
 from hone.app.pages.model import ModelPage
 from hone.app.pages.monitor import MonitorPage
 from hone.app.pages.monitor_failures import explain
+from hone.app.pages.monitor_next import EVALUATE, EXPORT, run_with_adapter
 from hone.app.pages.runs import RunsPage
 from hone.app.pages.train import TrainPage
 from hone.app.settings import Settings
@@ -197,6 +199,9 @@ class MainWindow(QMainWindow):
         self.monitor.run_shown.connect(self._past_run_shown)
         # a followed run pauses, stops or ends after it was shown: the badge says what the Monitor says
         self.monitor.status_changed.connect(lambda _status: self._follow_changed())
+        # a run ends with an adapter: Chat and Export choose it, and the Monitor's next steps open them on it
+        self.monitor.status_changed.connect(lambda _status: self._offer_ended_run())
+        self.monitor.next_steps.asked.connect(self._run_next_step)
         if telemetry:
             self.telemetry.start()
 
@@ -207,6 +212,7 @@ class MainWindow(QMainWindow):
             self.resize(1320, 860)
         self.show_page(self.settings.page() or "model")
         self._closing = False
+        self.keyboard = KeyboardAccess(self)  # Ctrl+1…N, Ctrl+Q, accessible names, Tab in screen order
         if machine is not None:
             self.state.set_machine(machine)
         else:
@@ -243,6 +249,22 @@ class MainWindow(QMainWindow):
         monitor = self.monitor
         if not monitor.live and monitor.shown_dir is None and monitor.started is not None:
             self._past_run_shown(monitor.started.run_dir)
+
+    def _offer_ended_run(self) -> None:
+        """The Monitor's run ended with an adapter: Chat and Export choose it (each keeps its own choice while busy)."""
+        run_dir = run_with_adapter(self.monitor.ended)
+        if run_dir:
+            self.pages["chat"].offer_run(run_dir)
+            self.pages["export"].offer_run(run_dir)
+
+    def _run_next_step(self, action: str, run_dir: str) -> None:
+        """The Monitor's "Chat with it", "Evaluate" or "Export": that page, with the run chosen (loaded for Chat)."""
+        if action == EXPORT:
+            self.pages["export"].offer_run(run_dir)
+            self.show_page("export")
+        else:
+            self.pages["chat"].open_run(run_dir, evaluate=action == EVALUATE)
+            self.show_page("chat")
 
     def current_page(self) -> str:
         return PAGE_NAMES[self.stack.currentIndex()]

@@ -86,6 +86,10 @@ MAX_WEIGHT_DECAY = 1.0
 # Seeds: the data order uses seed * 1000 + epoch and the optimizer seed * 1,000,003 + step, which must stay inside
 # the 64-bit seeds of numpy and torch; 2**31 - 1 also fits the Studio's number box.
 MAX_SEED = 2**31 - 1
+# train.sample_prompts: each is answered at every evaluation, one after another; 64 already make an evaluation of
+# minutes on a large model. train.sample_max_new_tokens: an answer of 4,096 tokens is pages of text.
+MAX_SAMPLE_PROMPTS = 64
+MAX_SAMPLE_NEW_TOKENS = 4096
 # Checkpoints kept: each holds the adapter and the optimizer state; a thousand fills any disk long before.
 MAX_KEEP_CHECKPOINTS = 1000
 # output.checkpoint_minutes: a week of training; a larger value is a typo for 0 (off) or a number of steps.
@@ -435,6 +439,21 @@ class TrainConfig(_Section):
     eval_every: int = _f(
         0, "Evaluate every N optimizer steps; 0 = only at the end (if there is eval data).", min=0, max=MAX_STEPS
     )
+    sample_prompts: list[str] | int = _f(
+        [],
+        "Prompts the model answers at each evaluation (every eval_every steps and at the end), greedily, saved "
+        "per step to samples.jsonl for the Monitor's Samples panel: a list of prompts, or N for the first N rows "
+        f"of the evaluation data; [] or 0 = none (at most {MAX_SAMPLE_PROMPTS}).",
+    )
+    sample_max_new_tokens: int = _f(
+        128, "Longest answer to a sample prompt, in tokens.", min=1, max=MAX_SAMPLE_NEW_TOKENS
+    )
+    eval_checkpoints: bool = _f(
+        False,
+        "When the run ends, score each saved checkpoint and the base model on the first 20 rows of data.eval, "
+        "as `hone eval RUN --checkpoints all` does, into the run's scores.json (with the model already "
+        "loaded; no training step waits for it).",
+    )
     method: str = _f(
         "sft",
         "What the run optimizes: sft (supervised fine-tuning on the rows' answers), a preference method on rows of "
@@ -457,11 +476,54 @@ class TrainConfig(_Section):
                 "train.max_steps and train.epochs are both 0, so the run would do nothing",
                 "set train.max_steps or train.epochs",
             )
+        self.sample_prompts = _sample_prompts(self.sample_prompts)
+
+
+def _sample_prompts(value: Any) -> list[str] | int:
+    """train.sample_prompts as a list of prompts or a number of evaluation rows ("3" from a form or a flag is 3; any
+    other text is one prompt)."""
+    advice = (
+        f'give a list of prompts, e.g. ["What is 2 + 2?"], or a number of evaluation rows up to {MAX_SAMPLE_PROMPTS}'
+    )
+    if isinstance(value, str):
+        value = int(value) if value.strip().isdigit() else [value] if value.strip() else []
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= MAX_SAMPLE_PROMPTS:
+            raise ConfigError(f"train.sample_prompts is {value}, not between 0 and {MAX_SAMPLE_PROMPTS}", advice)
+        return value
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"train.sample_prompts is {value!r}, neither a list of prompts nor a number", advice)
+    empty = [i for i, v in enumerate(value) if not v.strip()]
+    if empty:
+        raise ConfigError(f"train.sample_prompts[{empty[0]}] is empty", "give each prompt some text, or remove it")
+    if len(value) > MAX_SAMPLE_PROMPTS:
+        raise ConfigError(f"train.sample_prompts holds {len(value)} prompts, more than {MAX_SAMPLE_PROMPTS}", advice)
+    return list(value)
+
+
+def _check_evaluation_extras(config: RunConfig) -> None:
+    """train.sample_prompts = N and train.eval_checkpoints read evaluation data: a run without any is told here."""
+    t, d = config.train, config.data
+    if isinstance(t.sample_prompts, int) and t.sample_prompts and not d.eval and not d.eval_fraction:
+        raise ConfigError(
+            f"train.sample_prompts = {t.sample_prompts} answers the first evaluation rows, and the run has none",
+            "set data.eval or data.eval_fraction, or give train.sample_prompts as a list of prompts",
+        )
+    if t.eval_checkpoints and t.method in PREFERENCE_METHODS:
+        raise ConfigError(
+            f"train.eval_checkpoints scores answers against reference replies; a {t.method} run's rows are pairs",
+            "turn train.eval_checkpoints off (`hone eval RUN` ranks a preference run's held-out pairs)",
+        )
+    if t.eval_checkpoints and not d.eval:
+        raise ConfigError(
+            "train.eval_checkpoints scores the checkpoints on data.eval's first file, and data.eval is empty",
+            "set data.eval to a file of held-out rows with reference replies, or turn train.eval_checkpoints off",
+        )
 
 
 @dataclass
 class SpeedConfig(_Section):
-    """Speed paths. Each has a switch; `auto` picks what this machine runs best and reports why."""
+    """Speed paths. Each has a switch; on auto, Hone picks what this machine runs best and says why."""
 
     _name: typing.ClassVar[str] = "speed"
     packing: bool = _f(True, "Pack several rows into one (no padding); sequence boundaries are respected.")
@@ -588,7 +650,7 @@ class OutputConfig(_Section):
 
 @dataclass
 class PreferenceConfig(_Section):
-    """Preference training (train.method = dpo, simpo, orpo or kto): how much the chosen answer is preferred."""
+    """Preference training (the DPO, SimPO, ORPO and KTO methods): how much the chosen answer is preferred."""
 
     _name: typing.ClassVar[str] = "preference"
     beta: float = _f(
@@ -632,6 +694,7 @@ class PreferenceConfig(_Section):
 
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
 GRPO_SCALE_REWARDS = ("group", "batch", "none")
+GRPO_SAMPLERS = ("auto", "static", "generate")
 # The rewards a [grpo] run can combine (hone.core.train.rewards), with the keys each table may hold.
 REWARD_KEYS = {
     "exact": ("column",),
@@ -688,7 +751,7 @@ def _check_reward(spec: Any, where: str, reward_file: str) -> None:
 
 @dataclass
 class GrpoConfig(_Section):
-    """GRPO (train.method = grpo): sampling several answers per prompt, scoring them, and learning from the scores."""
+    """GRPO (the GRPO method): sampling several answers per prompt, scoring them, and learning from the scores."""
 
     _name: typing.ClassVar[str] = "grpo"
     num_generations: int = _f(
@@ -732,6 +795,12 @@ class GrpoConfig(_Section):
     reward_file: str = _f(
         "", "A Python file with your own reward functions (your code: it runs when a reward names it)."
     )
+    sampler: str = _f(
+        "auto",
+        "How answers are sampled: static (a static KV cache, the decode step a CUDA graph on a GPU), generate "
+        "(transformers' generate), or auto (static on a GPU, generate on a CPU).",
+        choices=GRPO_SAMPLERS,
+    )
 
     def check(self) -> None:
         if not isinstance(self.rewards, list):
@@ -773,6 +842,7 @@ class RunConfig:
 
     def check(self) -> None:
         """Checks across sections (each section checks its own fields)."""
+        _check_evaluation_extras(self)
         pairs = self.train.method in PREFERENCE_METHODS
         if self.train.method == "grpo" and not self.grpo.rewards:
             raise ConfigError(

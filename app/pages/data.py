@@ -35,6 +35,7 @@ from hone.app.helper_process import in_helper
 from hone.app.pages.base import Page
 from hone.app.pages.data_check import DataCheck, check, entry_for, inspect
 from hone.app.pages.data_histogram import LengthHistogram
+from hone.app.pages.data_pairs import PairInspector, is_preference_view, row_lines, rows_kind
 from hone.app.pages.data_views import (
     THUMBNAIL,
     SkippedRow,
@@ -81,7 +82,10 @@ class DataPage(Page):
         self.skipped: list[SkippedRow] = []
         self._inspecting: SkippedRow | None = None
 
-        files = Card("Files", "JSONL, JSON, CSV/TSV, Parquet, Arrow, a folder saved by `datasets`, or a hub id.")
+        files = Card(
+            "Files",
+            "JSONL, JSON, CSV/TSV, Parquet, Arrow, a folder saved by Hugging Face Datasets, or a Hub dataset id.",
+        )
         lists = Columns(2, stretches=(3, 2))  # one under the other where the window is too narrow
         self.train_list, train_box = self._file_list("Training", "train")
         self.eval_list, eval_box = self._file_list("Evaluation (optional)", "eval")
@@ -151,6 +155,8 @@ class DataPage(Page):
 
         self._show_files()
         self._show_report(None)
+        state.model_info_changed.connect(self._model_changed)
+        state.config_changed.connect(self._method_changed)
 
     # ---- building ----
     def _file_list(self, title: str, split: str) -> tuple[QListWidget, QVBoxLayout]:
@@ -216,6 +222,9 @@ class DataPage(Page):
         self.inspector = QTextBrowser()
         self.inspector.setMinimumHeight(300)
         layout.addWidget(self.inspector)
+        self.pair_inspector = PairInspector()  # preference rows: the prompt once, the answers side by side
+        self.pair_inspector.hide()
+        layout.addWidget(self.pair_inspector, 1)
         self.legend = label("", "muted")
         layout.addWidget(self.legend)
         return tab
@@ -307,6 +316,8 @@ class DataPage(Page):
             in_helper(check),
             config.data,
             config.model,
+            method=config.train.method,  # preference methods read pairs (KTO: labelled answers), as training does
+            weights=(config.preference.desirable_weight, config.preference.undesirable_weight),
             on_result=self._checked,
             on_error=self._failed,
             on_progress=self._progress,
@@ -326,14 +337,12 @@ class DataPage(Page):
         held = f" and {result.eval_report.rows_read:,} evaluation rows" if result.eval_report else ""
         checked = f"Checked {report.rows_read:,} training rows{held}{where}."
         if result.problems:
+            # the core's messages are whole clauses that name the file ("x.jsonl is empty (0 bytes)"): they follow a
+            # colon, never a verb that wants an object ("Could not read x.jsonl is empty")
             count = len(result.problems)
-            self.status.setText(f"{count} of the files could not be read: " if count > 1 else "Could not read ")
-            self.status.setText(
-                self.status.text()
-                + "; ".join(result.problems)
-                + ". Fix the path or remove it from the list. "
-                + checked
-            )
+            what = f"{count} data entries could not be read" if count > 1 else "A data entry could not be read"
+            problems = "; ".join(p.rstrip(".") for p in result.problems)
+            self.status.setText(f"{what}: {problems}. Fix the path or remove it from the list. {checked}")
             set_role(self.status, "error")
         else:
             self.status.setText(checked)
@@ -360,6 +369,7 @@ class DataPage(Page):
             self.report_text.setHtml(f"<p style='color:{self._muted()}'>Press Check data to validate every row.</p>")
             self.preview_table.setRowCount(0)
             self.inspector.clear()
+            self.pair_inspector.clear()
             self._draw_histogram(np.zeros(0))
             return
         reasons = dict(report.skipped)
@@ -379,8 +389,9 @@ class DataPage(Page):
                 f"{report.length_median:,}", f"median · p95 {report.length_p95:,} · max {report.length_max:,}"
             )
         else:
-            self.tokens_tile.set("—", "needs a model")
-            self.lengths_tile.set("—", "needs a model")
+            detail, _why = self._no_lengths(result)
+            self.tokens_tile.set("—", detail)
+            self.lengths_tile.set("—", detail)
         self.skipped_table.setRowCount(len(reasons))
         for row, (reason, count) in enumerate(sorted(reasons.items(), key=lambda kv: -kv[1])):
             self.skipped_table.setItem(row, 0, QTableWidgetItem(reason))
@@ -392,12 +403,12 @@ class DataPage(Page):
         self._show_skipped_rows(skipped_rows(report, "train") + skipped_rows(result.eval_report, "eval"))
         self.report_text.setHtml(report_html(report, result.eval_report))
         self._show_preview(result.preview)
-        self._draw_histogram(result.lengths)
+        self._draw_histogram(result.lengths, self._no_lengths(result)[1])
 
     def _show_preview(self, views: list[Any]) -> None:
         self.preview_table.setRowCount(len(views))
         for row, view in enumerate(views):
-            prompt, response = prompt_and_response(view.messages or [])
+            prompt, response = row_lines(view) if is_preference_view(view) else prompt_and_response(view.messages or [])
             cells = [
                 view.source.rpartition(":")[2],
                 prompt,
@@ -470,6 +481,7 @@ class DataPage(Page):
             row,
             self.state.config.data,
             self.result.model,
+            self.result.method,
             on_result=self._inspected,
             on_error=self._inspect_failed,
         )
@@ -485,7 +497,11 @@ class DataPage(Page):
 
     def show_view(self, view: Any, raw: str = "") -> None:
         """Render a RowView: the chat-template text with the trained tokens highlighted; a skipped row (or, without
-        a model, a row the view could not be made of) as the file holds it."""
+        a model, a row the view could not be made of) as the file holds it. A preference row's view (PreferenceView)
+        shows in the pair inspector."""
+        pairs = is_preference_view(view) and not view.problem
+        self.inspector.setVisible(not pairs)
+        self.pair_inspector.setVisible(pairs)
         if view is None or view.problem:
             skipped = self._inspecting
             where = view.source if view is not None else (skipped.where if skipped else "")
@@ -494,6 +510,12 @@ class DataPage(Page):
             self.inspector_title.setText(f"{Path(where).name}: skipped — {why}")
             self.inspector.setPlainText(raw or "(the row is empty)")
             self.legend.setText("The row as the file holds it: fix it there and check again.")
+            return
+        if pairs:
+            self.inspector_title.setText(self.pair_inspector.show_view(view, self.palette_))
+            self.legend.setText(
+                "Highlighted text is what the method scores in each answer; the prompt is context only."
+            )
             return
         share = view.num_trained / view.num_tokens if view.num_tokens else 0
         truncated = " · truncated" if view.truncated else ""
@@ -504,9 +526,36 @@ class DataPage(Page):
         self.inspector.setHtml(highlight_html(view.pieces, self.palette_))
         self.legend.setText("Highlighted text is what the model learns to write; the rest is context only.")
 
-    def _draw_histogram(self, lengths: np.ndarray) -> None:
+    def _draw_histogram(self, lengths: np.ndarray, why: str = "") -> None:
         colour = self.palette_.loss if self.palette_ else "#7567ff"
-        self.lengths_chart.draw(lengths, self.state.config.data.max_length, colour)
+        self.lengths_chart.draw(lengths, self.state.config.data.max_length, colour, why)
+
+    def _no_lengths(self, result: DataCheck) -> tuple[str, str]:
+        """Why a check counted no tokens: (the tiles' detail, what the histogram says instead)."""
+        if result.model is None:
+            if self.state.config.model.name_or_path:  # chosen since this check: the next one counts
+                return "press Check data", "Press Check data to count the tokens with the chosen model."
+            return "choose a model", "Choose a model on the Model page to count tokens, then press Check data."
+        return "no rows kept", "No row was kept, so there are no lengths to show: the report below says why."
+
+    def _method_changed(self, config: Any) -> None:
+        """Rows are read as the training method reads them: a check made for another kind of rows is made again."""
+        if self.result is None or rows_kind(self.result.method) == rows_kind(config.train.method):
+            return
+        if self.task is not None and self.task.is_running():  # a check is under way: look again when it ends
+            self.task.finished.connect(lambda: self._method_changed(self.state.config))
+            return
+        self.run_check()
+
+    def _model_changed(self, _info: Any) -> None:
+        """Tokens are counted with the model's tokenizer: data checked with another model (or none) is checked
+        again with the one chosen now."""
+        if self.task is not None and self.task.is_running():  # a check is under way: look again when it ends
+            self.task.finished.connect(lambda: self._model_changed(None))
+            return
+        checked_with = self.result.model.name_or_path if self.result and self.result.model else ""
+        if self.result is not None and checked_with != self.state.config.model.name_or_path:
+            self.run_check()
 
     @property
     def histogram_bars(self) -> pg.BarGraphItem | None:

@@ -15,6 +15,8 @@ from hone.app.widgets.common import label
 
 # Histogram bins for the token lengths.
 HISTOGRAM_BINS = 40
+# What the chart says before a check has counted any tokens.
+NOT_CHECKED = "Press Check data to see how many tokens each row has."
 
 
 class LengthHistogram(QWidget):
@@ -35,16 +37,24 @@ class LengthHistogram(QWidget):
         layout.addWidget(self.plot)
         self.note = label("", "muted")
         layout.addWidget(self.note)
+        # Without lengths the chart says what to do: its axes would only span the max-length line (2047.6-2048.4).
+        self.empty = label(NOT_CHECKED, "muted", wrap=True)
+        self.empty.setParent(self.plot)
+        self.empty.setAlignment(Qt.AlignCenter)
+        self._show_empty(NOT_CHECKED)
 
-    def draw(self, lengths: np.ndarray, limit: int, colour: str) -> None:
-        """Bars over `lengths` (tokens per kept row; empty: none), the line at `limit` (data.max_length)."""
+    def draw(self, lengths: np.ndarray, limit: int, colour: str, why: str = "") -> None:
+        """Bars over `lengths` (tokens per kept row), the line at `limit` (data.max_length); without lengths, `why`
+        (default: press Check data) in place of the chart."""
         if self.bars is not None:
             self.plot.removeItem(self.bars)
             self.bars = None
         self.limit_line.setValue(limit)
         if lengths.size == 0:
             self.note.setText("")
+            self._show_empty(why or NOT_CHECKED)
             return
+        self._show_empty("")
         counts, edges = np.histogram(lengths, bins=min(HISTOGRAM_BINS, max(1, int(np.ptp(lengths)) + 1)))
         self.bars = pg.BarGraphItem(
             x0=edges[:-1], x1=edges[1:], height=counts, brush=pg.mkBrush(colour), pen=pg.mkPen(None)
@@ -53,6 +63,19 @@ class LengthHistogram(QWidget):
         self.note.setText(
             f"{lengths.size:,} rows · mean {lengths.mean():,.0f} tokens · the line marks max length ({limit:,})"
         )
+
+    def _show_empty(self, text: str) -> None:
+        self.empty.setText(text)
+        self.empty.setVisible(bool(text))
+        item = self.plot.getPlotItem()
+        for axis in ("left", "bottom"):
+            item.showAxis(axis, not text)
+        self.limit_line.setVisible(not text)
+        self.empty.setGeometry(self.plot.rect())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self.empty.setGeometry(self.plot.rect())
 
     def apply_palette(self, palette: Palette) -> None:
         self.plot.setBackground(palette.surface)

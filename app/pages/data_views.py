@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +13,16 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImageReader, QPixmap
 
 from hone.app.theme import Palette
+from hone.app.widgets.config_form import CHOICE_LABELS, field_label, in_words
+from hone.core.config import SECTIONS
 from hone.core.events import DatasetReport
+from hone.core.resources import BUNDLED_PREFIX
 
 THUMBNAIL = 56  # px
 # A report's skipped example: "file:row: field: why" (a Windows path's drive colon is not followed by digits).
 _SKIPPED = re.compile(r"^(.+?):(\d+): (.*)$", re.S)
+# A setting a message tells the user to change: `data.train_on = "all"`.
+_SETTING = re.compile(r'\b([a-z_]+)\.([a-z_]+) = "?([\w.-]+)"?')
 
 
 @dataclass(frozen=True)
@@ -34,13 +39,28 @@ class SkippedRow:
         return f"{Path(self.source).name}:{self.row}"
 
 
+def user_words(message: str) -> str:
+    """A core message (written for the command line, where config keys are what people type) in the Studio's
+    words: `data.train_on = "all"` reads “Train on” to “Every token”, other keys as the form labels them, bundled
+    files without their `bundled:` prefix."""
+
+    def setting(match: re.Match) -> str:
+        section, name, value = match.groups()
+        key = f"{section}.{name}"
+        if section not in SECTIONS or name not in {f.name for f in fields(SECTIONS[section])}:
+            return match.group(0)
+        return f"“{field_label(key)}” to “{CHOICE_LABELS.get(key, {}).get(value, value)}”"
+
+    return in_words(_SETTING.sub(setting, message)).replace(BUNDLED_PREFIX, "")
+
+
 def skipped_rows(report: DatasetReport | None, split: str) -> list[SkippedRow]:
     """Every skipped row a check listed (a check lists them all, a run's report only the first few)."""
     rows = []
     for example in report.skipped_examples if report else []:
         match = _SKIPPED.match(example)
         if match:
-            rows.append(SkippedRow(split, match.group(1), int(match.group(2)), match.group(3)))
+            rows.append(SkippedRow(split, match.group(1), int(match.group(2)), user_words(match.group(3))))
     return rows
 
 
@@ -79,10 +99,12 @@ def _split_html(report: DatasetReport, heading: str) -> str:
         + (f"; {report.held_out:,} held out for evaluation" if report.held_out else "")
         + ".</p>"
     ]
-    for title, items in (("Could not read", report.problems), ("Notes", report.notes)):
+    # notes in the form's words: "(set data.format to override)" reads "(set “Format” to override)"
+    notes = [user_words(note) for note in report.notes]
+    for title, items in (("Could not read", report.problems), ("Notes", notes)):
         if items:
             lines.append(f"<p><b>{title}</b></p><ul>")
-            lines += [f"<li>{html.escape(item)}</li>" for item in items]
+            lines += [f"<li>{html.escape(item.replace(BUNDLED_PREFIX, ''))}</li>" for item in items]
             lines.append("</ul>")
     return "".join(lines)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QProgressBar, QPushButton, QWidget
 
 from hone.app.helper_process import in_helper
 from hone.app.jobs import read_model
+from hone.app.model_names import model_name
 from hone.app.pages.base import Page
 from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, InfoGrid, StatTile, human_bytes, human_count, label, set_role
@@ -111,7 +112,7 @@ class ModelPage(Page):
         self.body.addStretch(1)
 
         self._refresh_recents()
-        self.name_box.setEditText(state.config.model.name_or_path)
+        self.name_box.setEditText(model_name(state.config.model.name_or_path))
         state.model_info_changed.connect(self._show_info)
         self._show_info(state.model_info)
         if state.model_info is None:
@@ -119,7 +120,9 @@ class ModelPage(Page):
 
     # ---- choosing ----
     def use_typed(self) -> None:
-        self.choose(self.name_box.currentText().strip())
+        text = self.name_box.currentText().strip()
+        index = self.name_box.findText(text)  # a listed model shows its name; its id is the item's data
+        self.choose(self.name_box.itemData(index) if index >= 0 else text)
 
     def choose(self, name_or_path: str) -> None:
         """Read `name_or_path`'s details off the GUI thread; it becomes the run's model only once it could be read
@@ -129,11 +132,11 @@ class ModelPage(Page):
             return
         if self.task and self.task.is_running():
             return
-        self.name_box.setEditText(name_or_path)
+        self.name_box.setEditText(model_name(name_or_path))
         self.busy.show()
         self.use_button.setEnabled(False)
         set_role(self.status, "muted")
-        self._say(f"Reading {name_or_path}…")
+        self._say(f"Reading {model_name(name_or_path)}…")
         self.task = Task(
             in_helper(read_model),  # torch and transformers load in the helper process, not the window's
             name_or_path,
@@ -154,8 +157,13 @@ class ModelPage(Page):
         self.use_button.setEnabled(True)
         advice = f"\n{in_words(error.advice.rstrip('.'))}." if error.advice else ""
         current = self.state.config.model.name_or_path
-        kept = f"\nThe run still uses {current}." if current and current != name_or_path else ""
-        self._say(f"Could not read {name_or_path}: {in_words(error.message.rstrip('.'))}.{advice}{kept}")
+        kept = f"\nThe run still uses {model_name(current)}." if current and current != name_or_path else ""
+        message = error.message.rstrip(".")
+        if message.startswith(name_or_path):  # "x does not exist": the message names the model, say it once
+            said = f"{name_or_path}{in_words(message[len(name_or_path) :])}."
+        else:
+            said = f"Could not read {name_or_path}: {in_words(message)}."
+        self._say(f"{said}{advice}{kept}")
         set_role(self.status, "error")
         self.inspected.emit(error)
 
@@ -187,7 +195,9 @@ class ModelPage(Page):
         self.name_box.blockSignals(True)
         self.name_box.clear()
         recents = self.state.settings.recent_models()
-        self.name_box.addItems(recents + ([DEMO_MODEL] if DEMO_MODEL not in recents else []))
+        for name in recents + ([DEMO_MODEL] if DEMO_MODEL not in recents else []):
+            self.name_box.addItem(model_name(name), name)
+            self.name_box.setItemData(self.name_box.count() - 1, name, Qt.ToolTipRole)  # the id, for configs
         self.name_box.setEditText(text)
         self.name_box.blockSignals(False)
 
@@ -261,6 +271,6 @@ class ModelPage(Page):
 def _short(name: str) -> str:
     """A model name that fits a tile: the last path part, the bundled name without its prefix."""
     if name.startswith("bundled:"):
-        return name.removeprefix("bundled:")
+        return model_name(name)
     path = Path(name)
     return path.name if (path.is_absolute() or len(path.parts) > 2) else name

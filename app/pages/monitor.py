@@ -12,16 +12,21 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QMessageBox, QPlainTextEdit, QProgressBar, QPushButton, QWidget
 
+from hone.app.model_names import model_name
 from hone.app.more_steps import ask_more_steps, train_more
 from hone.app.pages.base import Page
 from hone.app.pages.monitor_failures import data_changed_box, explain, failure_box, resume_when_free
 from hone.app.pages.monitor_method_charts import MethodCharts
+from hone.app.pages.monitor_next import RunNextSteps
 from hone.app.pages.monitor_past import SMOOTHING, PastRuns
 from hone.app.pages.monitor_replay import FolderReplay, SmoothedLoss
+from hone.app.pages.monitor_samples import SamplesPanel
 from hone.app.pages.monitor_tiles import update_tiles
 from hone.app.theme import Palette, icon
 from hone.app.widgets.charts import BarChart, LiveChart, SeriesBuffer, mark_label, power_of_ten
 from hone.app.widgets.common import Card, StatTile, human_count, human_duration, label, set_role
+from hone.app.widgets.log_viewer import LogViewer, open_log_viewer
+from hone.core.api import speed_choice
 from hone.core.events import (
     CheckpointSaved,
     DatasetReport,
@@ -117,6 +122,8 @@ class MonitorPage(PastRuns, Page):
         self.progress.setRange(0, 1000)
         self.progress.setValue(0)
         progress.body.addWidget(self.progress)
+        self.next_steps = RunNextSteps()  # Chat with it / Evaluate / Export, once the run ended with an adapter
+        progress.body.addWidget(self.next_steps)
         self.body.addWidget(progress)
 
         tiles = QHBoxLayout()
@@ -165,8 +172,15 @@ class MonitorPage(PastRuns, Page):
         self.body.addLayout(grid)
         self.body.addWidget(self.method_charts)
         self.charts += self.method_charts.charts  # cleared, drawn and styled with the others
+        self.samples_panel = SamplesPanel()  # train.sample_prompts' answers at each evaluation
+        self.body.addWidget(self.samples_panel)
 
         log_card = Card("Log")
+        self.log_button = QPushButton("Open full log")
+        self.log_button.setToolTip("The run's whole train.log: search it, copy it, or open it in an editor.")
+        self.log_button.clicked.connect(self.open_full_log)
+        log_card.header.addWidget(self.log_button)
+        self.log_viewer: LogViewer | None = None  # the last one opened
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(5000)  # a long run's log stays bounded in memory
@@ -218,6 +232,7 @@ class MonitorPage(PastRuns, Page):
         self.expert_chart.clear()
         self.expert_chart.hide()
         self.method_charts.reset()
+        self.samples_panel.clear()
         self.loss_chart.set_empty_text("Waiting for the first step")
         self.memory_chart.set_empty_text("Device memory appears here while a run trains")
         self.util_chart.set_empty_text("GPU load appears here while a run trains on an NVIDIA GPU")
@@ -260,19 +275,23 @@ class MonitorPage(PastRuns, Page):
         self.ended = None
         self.status = "running"
         self.header.title.setText("Monitor")
-        self.header.subtitle.setText(f"{Path(event.run_dir).name} · {event.model} on {event.device} ({event.dtype})")
+        where = f"{model_name(event.model)} on {event.device} ({event.dtype})"
+        self.header.subtitle.setText(f"{Path(event.run_dir).name} · {where}")
         trainable = f"{human_count(event.params_trainable)} of {human_count(event.params_total)} parameters"
         self._log(
             event, f"Run started on {event.device} ({event.dtype}): {event.total_steps} steps, {trainable} trained"
         )
         if event.resumed_from_step:
             self._log(event, f"Resumed from step {event.resumed_from_step}")
-        for path, choice in event.speed_paths.items():
-            self._log(event, f"{path}: {choice}")
+        for path, choice in event.speed_paths.items():  # as train.log says it: a GPU-only path on a CPU is "off (CPU)"
+            self._log(event, f"{path}: {speed_choice(event.device, choice)}")
         self.expert_chart.setVisible(event.is_moe)
         self.method_charts.set_method(event.config)
+        # the folder opened or followed (a moved or copied run's events name where it was trained)
+        self.samples_panel.set_run(self.following or self.shown_dir or event.run_dir)
 
     def _on_eval(self, event: EvalMetrics) -> None:
+        self.samples_panel.refresh()  # samples.jsonl has this evaluation's answers (written before the event)
         self.loss_chart.append("eval", event.step, event.loss)
         self._log(event, f"Eval at step {event.step}: loss {event.loss:.4f} over {event.tokens:,} tokens")
 
@@ -545,9 +564,11 @@ class MonitorPage(PastRuns, Page):
         self.pause_button.setToolTip(why)
         self.stop_button.setEnabled(stop)
         self.stop_button.setText("Stopping…" if stopping and (active or self.following) else "Stop")
+        self.log_button.setEnabled(self.run_dir() is not None)
         self.more_button.setVisible(
             isinstance(self.ended, RunFinished) and not self.ended.stopped and not session.is_running
         )
+        self.next_steps.show_for(self.ended, training=session.is_running)
         if self.palette_:
             self.pause_button.setIcon(icon("play" if self.status == "paused" else "pause", self.palette_.text, 14))
 
@@ -582,6 +603,14 @@ class MonitorPage(PastRuns, Page):
         stamp = time.strftime("%H:%M:%S", time.localtime(event.time))
         self.log.appendPlainText(f"{stamp}  {text}")
         self.log.moveCursor(QTextCursor.End)
+
+    def run_dir(self) -> Path | None:
+        """The folder of the run the page shows (live or opened), once known."""
+        return Path(self.started.run_dir) if self.started is not None else self.shown_dir
+
+    def open_full_log(self) -> None:
+        if (run_dir := self.run_dir()) is not None:
+            self.log_viewer = open_log_viewer(run_dir, self)
 
     def shown(self) -> None:
         self.flush()

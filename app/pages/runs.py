@@ -29,6 +29,7 @@ from hone.app.pages.runs_compare import MAX_COMPARED, RunComparisonView
 from hone.app.run_status import Progress, progress, status_word
 from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, label, set_role
+from hone.app.widgets.log_viewer import LogViewer, open_log_viewer
 from hone.core.api import DAMAGED
 from hone.core.errors import HoneError
 from hone.core.events import Event, EventError, RunFailed, RunStarted, from_line
@@ -112,16 +113,26 @@ class RunsPage(Page):
         self.compare_button.clicked.connect(self.compare_selected)
         self.files_button = QPushButton("Show files")
         self.files_button.clicked.connect(self._open_folder)
+        self.log_button = QPushButton("Open full log")
+        self.log_button.setToolTip("The selected run's whole train.log: search it, copy it, or open it in an editor.")
+        self.log_button.clicked.connect(self.open_full_log)
+        self.log_viewer: LogViewer | None = None  # the last one opened
         self.delete_button = set_role(QPushButton("Delete…"), "danger")
         self.delete_button.clicked.connect(self.delete_selected)
-        for button in (self.open_button, self.resume_button, self.compare_button, self.files_button):
+        # two rows: six buttons on one row need more than the window's minimum width gives the page
+        for button in (self.open_button, self.resume_button, self.compare_button):
             actions.addWidget(button)
         actions.addStretch(1)
-        actions.addWidget(self.delete_button)
+        files = QHBoxLayout()
+        for button in (self.files_button, self.log_button):
+            files.addWidget(button)
+        files.addStretch(1)
+        files.addWidget(self.delete_button)
         self.detail = label("", wrap=True, selectable=True)
         self.detail.setTextFormat(Qt.PlainText)  # reasons quote exceptions, which may hold "<" and "&"
         self.empty = label("", "muted", wrap=True)
         history.body.addLayout(actions)
+        history.body.addLayout(files)
         history.body.addWidget(self.detail)
         history.body.addWidget(self.empty)
         self.body.addWidget(history)
@@ -211,6 +222,7 @@ class RunsPage(Page):
             else "Continue the run from its last checkpoint."
         )
         self.files_button.setEnabled(len(chosen) == 1)
+        self.log_button.setEnabled(len(chosen) == 1)
         self.compare_button.setEnabled(2 <= len(chosen) <= MAX_COMPARED)
         self.compare_button.setToolTip(
             f"Compare at most {MAX_COMPARED} runs at once: select fewer."
@@ -437,6 +449,11 @@ class RunsPage(Page):
         chosen = self.selected_dirs()
         if chosen:
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(chosen[0])))
+
+    def open_full_log(self) -> None:
+        chosen = self.selected_dirs()
+        if len(chosen) == 1:
+            self.log_viewer = open_log_viewer(chosen[0], self)
 
     def _pick_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Runs folder", str(self.runs_dir))

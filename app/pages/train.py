@@ -1,18 +1,20 @@
-"""Train page: presets, the settings form generated from RunConfig, and Start."""
+"""Train page: presets, the settings form generated from RunConfig (Basic or Advanced, remembered), and Start."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QButtonGroup, QCheckBox, QFileDialog, QHBoxLayout, QPushButton, QWidget
 
+from hone.app.cpu_estimate import plan_on_cpu
 from hone.app.helper_process import in_helper
 from hone.app.jobs import plan_memory
 from hone.app.pages.base import Page
-from hone.app.presets import PRESETS, PRESETS_BY_NAME, matching_preset
+from hone.app.presets import PRESETS, PRESETS_BY_NAME, matching_preset, presets_for
 from hone.app.run_checks import data_problems, machine_problems
 from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, label, set_role
 from hone.app.widgets.config_form import SECTION_TITLES, ConfigForm, field_label
+from hone.app.widgets.form_choice import FormChoice, hidden_changes
 from hone.app.widgets.memory_estimate import MemoryEstimateView
 from hone.app.workers import Task
 from hone.core.api import sharding_refusal
@@ -95,8 +97,12 @@ class TrainPage(Page):
         )
         self.summary.body.addWidget(self.background_box)
         self.body.addWidget(self.summary)
-        # What memory the estimate is held against: the first GPU's free memory (tests give their own).
+        # What memory the estimate is held against: the first GPU's free memory, or without a GPU the RAM available
+        # (tests give their own).
         self.memory_source = detect_memory
+        # Without a GPU, the CPU's float32 matmul rate the time estimate divides by; None: the helper process measures
+        # it once (tests give their own).
+        self.cpu_rate: float | None = None
         self.estimate_task: Task | None = None
         self._estimate_timer = QTimer(self)
         self._estimate_timer.setSingleShot(True)
@@ -140,6 +146,11 @@ class TrainPage(Page):
 
         self.form = ConfigForm()
         self.form.changed.connect(self._form_changed)
+        self.form_choice = FormChoice()
+        self.form_choice.chosen.connect(self.show_form)
+        self.basic_button, self.advanced_button = self.form_choice.basic_button, self.form_choice.advanced_button
+        self.hidden_note = self.form_choice.note
+        self.body.addWidget(self.form_choice)
         self.body.addWidget(self.form)
         self.body.addStretch(1)
 
@@ -151,6 +162,15 @@ class TrainPage(Page):
         state.data_readiness.changed.connect(self._refresh)
         state.session.event.connect(self._event)
         self.form.set_config(state.config)
+        self.form.set_basic(state.settings.train_form() == "basic")
+        self.form_choice.set_form(state.settings.train_form())
+        self._refresh()
+
+    def show_form(self, form: str) -> None:
+        """Show the Basic or the Advanced form ("basic" / "advanced"), and remember it for the next start."""
+        self.form.set_basic(form == "basic")
+        self.form_choice.set_form(form)
+        self.state.settings.set_train_form(form)
         self._refresh()
 
     # ---- actions ----
@@ -177,7 +197,8 @@ class TrainPage(Page):
     def data_check_pending(self) -> bool:
         """The training data's rows are being read to know whether any is usable (Start stays possible meanwhile:
         the run's own check gives the same answer)."""
-        return self.state.data_readiness.pending(self.state.config.data)
+        config = self.state.config
+        return self.state.data_readiness.pending(config.data, config.train.method)
 
     def problem_list(self) -> list[str]:
         """Every reason Start is not possible yet, in words: the form's checks, then what the trainer would refuse
@@ -193,7 +214,7 @@ class TrainPage(Page):
             problems += machine_problems(config, self.state.machine)
             missing = data_problems(config)
             # rows are read only from data that is there; the reading runs in the background (data_readiness)
-            problems += missing or self.state.data_readiness.problems(config.data)
+            problems += missing or self.state.data_readiness.problems(config.data, config.train.method)
         if self.gpu_boxes and not self.selected_gpus():
             problems.append("Tick at least one GPU to train on.")
         if len(self.selected_gpus()) > 1 and not errors and self.form.config().train.parallel == "fsdp":
@@ -219,7 +240,6 @@ class TrainPage(Page):
             box.toggled.connect(lambda _checked: self._refresh())
             self.gpu_row.addWidget(box)
             self.gpu_boxes.append(box)
-        self.gpu_card.setVisible(bool(self.gpu_boxes))
         self._refresh()
 
     def selected_gpus(self) -> list[int]:
@@ -292,7 +312,13 @@ class TrainPage(Page):
         config = self.state.config
         is_moe = self.state.is_moe
         machine = self.state.machine
-        self.moe_card.setVisible(bool(is_moe))
+        advanced = not self.form.is_basic()
+        self.moe_card.setVisible(bool(is_moe) and advanced)
+        # Which GPUs train stays in Basic: not a setting of the run but the hardware under it, on machines with several.
+        self.gpu_card.setVisible(bool(self.gpu_boxes))
+        offered = presets_for(has_gpu=machine is None or machine.has_gpu)  # unknown yet: no CPU preset
+        for name, button in self.preset_buttons.items():
+            button.setVisible(PRESETS_BY_NAME[name] in offered)
         running = self.state.session.is_running
         measuring = self.moe_task is not None and self.moe_task.is_running()
         self.measure_button.setEnabled(bool(machine and machine.has_gpu) and not running and not measuring)
@@ -335,9 +361,13 @@ class TrainPage(Page):
         else:
             self.preset_note.setText(PRESETS_BY_NAME[preset].description if preset else "Custom settings.")
             self._show_summary(config)
+        # In Basic, a line on the hidden settings that differ from the defaults (or the nearest preset's)
+        self.form_choice.show_changes(
+            *(hidden_changes(self.form) if self.form.is_basic() and not invalid else ([], ""))
+        )
         problems = self.problem_list()
         if not self.form.errors():
-            self.state.data_readiness.request(config.data)
+            self.state.data_readiness.request(config.data, config.train.method)
         self.problems.setText("\n".join(problems))
         self.problems.setVisible(bool(problems))
         running = self.state.session.is_running
@@ -393,7 +423,8 @@ class TrainPage(Page):
     def shown(self) -> None:
         super().shown()
         self._estimate_timer.start()
-        self.state.data_readiness.request(self.state.config.data)  # a file fixed meanwhile is read again
+        config = self.state.config  # a file fixed meanwhile is read again
+        self.state.data_readiness.request(config.data, config.train.method)
 
     def _estimate(self) -> None:
         """Predict the run's peak memory in the background; a newer config's estimate replaces an older one."""
@@ -409,20 +440,36 @@ class TrainPage(Page):
             self._estimate_timer.start()
             return
 
-        def show(plan, asked=config):
-            if asked == self.state.config and self.form.is_valid():
+        def current(asked=config) -> bool:
+            return asked == self.state.config and self.form.is_valid()
+
+        def show(plan):
+            if current():
                 self.memory.show_plan(plan)
+                self.memory.hide_time()
+
+        def show_cpu(found):
+            if current():
+                self.memory.show_plan(found.plan)
+                self.memory.show_time(found.time, found.no_time)
 
         # The plan reads the model's config (transformers) in the helper process; the machine's free memory is
-        # found there too, unless the page was given its own source (tests, a chosen machine).
+        # found there too, unless the page was given its own source (tests, a chosen machine). Without a GPU the
+        # helper also times the run on this CPU (its matmul rate is measured there, once).
         given = None if self.memory_source is detect_memory else self.memory_source()
-        self.estimate_task = Task(
-            in_helper(plan_memory),
-            config,
-            given,
-            on_result=show,
-            on_error=lambda error: self.memory.show_failure(error.message),
-        )
+        machine = self.state.machine
+        if machine is not None and not machine.has_gpu:
+            if not self.memory.time_text.text():
+                self.memory.show_time(None, "estimating how long this run takes on this CPU…")
+            job, args, on_result = in_helper(plan_on_cpu), (config, given, self.cpu_rate), show_cpu
+        else:
+            job, args, on_result = in_helper(plan_memory), (config, given), show
+
+        def failed(error):
+            self.memory.show_failure(error.message)
+            self.memory.hide_time()
+
+        self.estimate_task = Task(job, *args, on_result=on_result, on_error=failed)
 
     def _open_config(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open run config", "", "Run configs (*.toml);;All files (*)")

@@ -165,6 +165,7 @@ class StatTile(QFrame):
         self._title.setObjectName("StatLabel")
         self._value = QLabel(value)
         self._value.setObjectName("StatValue")
+        self._value.setWordWrap(True)  # a long value (a model's name) takes two lines rather than widen the page
         self._detail = QLabel(detail)
         self._detail.setObjectName("StatDetail")
         for widget in (self._title, self._value, self._detail):

@@ -4,6 +4,9 @@ Each field's type picks its editor (bool -> check box, choices -> combo box, int
 the field's min/max, list -> comma-separated text), its help text becomes the tooltip, and every value is
 validated by the config classes themselves as the user types, with the message shown under the field.
 Fields chosen on other pages (model, data files) are not repeated here but pass through unchanged.
+
+In Basic (`set_basic(True)`) only BASIC_FIELDS show, with the chosen training method's own card; every other editor
+is hidden, never reset: its value still goes into `config()`, and `hidden_changes` says which differ from a baseline.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from hone.app.presets import PREFERENCE_FAMILY
 from hone.app.widgets.common import Card, Columns, label, set_invalid
 from hone.core.config import SECTIONS, RunConfig
 from hone.core.errors import ConfigError
@@ -37,8 +41,20 @@ from hone.core.errors import ConfigError
 ELSEWHERE = {"model.name_or_path", "model.gguf_file", "data.train", "data.eval", "data.format", "data.columns"}
 
 SECTION_ORDER = ("train", "preference", "grpo", "lora", "speed", "data", "model", "output")
-# Settings written as JSON in one line (a list of tables): GRPO's rewards, e.g. [{"kind": "exact", "column": "answer"}].
-JSON_FIELDS = {"grpo.rewards"}
+# What a beginner chooses (issue 43): the method, how long, how fast it learns, the adapter's size and 4-bit base.
+# Model and data are chosen on their pages; the presets and the memory estimate are the Train page's own.
+BASIC_FIELDS = ("train.method", "train.max_steps", "train.epochs", "train.lr", "lora.r", "lora.qlora")
+# A training method's own card, shown in Basic while that method is chosen (its settings apply to it alone).
+METHOD_SECTIONS = {"preference": PREFERENCE_FAMILY, "grpo": ("grpo",)}
+# Where runs go, not how they train (the Studio puts it in the user's documents, away from RunConfig's default).
+NOT_A_CHANGE = {"output.runs_dir"}
+# Settings written as JSON in one line, with the example their box shows: GRPO's rewards (a list of tables), the
+# prompts answered at each evaluation (a list of prompts, or a number of evaluation rows).
+JSON_EXAMPLES = {
+    "grpo.rewards": '[{"kind": "exact", "column": "answer"}]',
+    "train.sample_prompts": '["What is 2 + 2?", "Name a colour."], or 3 for the first evaluation rows',
+}
+JSON_FIELDS = set(JSON_EXAMPLES)
 SECTION_TITLES = {
     "train": "Training",
     "preference": "Preference training",
@@ -193,16 +209,24 @@ class ConfigForm(QWidget):
         self.editors: dict[str, QWidget] = {}
         self._error_labels: dict[str, QLabel] = {}
         self._notes: dict[str, QLabel] = {}
+        self._rows: dict[str, tuple[QFormLayout, QWidget]] = {}  # key -> its form and the cell holding its editor
+        self._basic = False
+        self._arranged: list[str] = []
         self._hints = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         self.columns = Columns(2)  # one column where the window is too narrow for two
         outer.addWidget(self.columns)
-        self.cards: dict[str, Card] = {}
-        for section in SECTION_ORDER:
-            card = self._section_card(section)
-            self.cards[section] = card
-            self.columns.add(card)
+        # Columns places its widgets in a fixed grid: the cards go into slots in order, so that the cards Basic shows
+        # sit side by side without gaps where hidden ones would be.
+        self._slots: list[QVBoxLayout] = []
+        for _ in SECTION_ORDER:
+            slot = QWidget()
+            layout = QVBoxLayout(slot)
+            layout.setContentsMargins(0, 0, 0, 0)
+            self._slots.append(layout)
+            self.columns.add(slot)
+        self.cards: dict[str, Card] = {section: self._section_card(section) for section in SECTION_ORDER}
         self.set_config(self._base)
 
     # ---- building ----
@@ -238,6 +262,7 @@ class ConfigForm(QWidget):
             column.addWidget(note)
             column.addWidget(error)
             form.addRow(name, cell)
+            self._rows[key] = (form, cell)
             self.editors[key] = editor
             self._notes[key] = note
             self._error_labels[key] = error
@@ -247,7 +272,7 @@ class ConfigForm(QWidget):
     def _editor(self, key: str, hint: Any, meta: Any) -> QWidget | None:
         if key in JSON_FIELDS:
             editor = QLineEdit()
-            editor.setPlaceholderText('JSON, e.g. [{"kind": "exact", "column": "answer"}]')
+            editor.setPlaceholderText(f"JSON, e.g. {JSON_EXAMPLES[key]}")
             editor.textChanged.connect(self._edited)
             return editor
         choices = meta.get("choices")
@@ -300,6 +325,64 @@ class ConfigForm(QWidget):
                 elif isinstance(editor, QLineEdit):
                     editor.setText(", ".join(value) if isinstance(value, list) else str(value))
         self._show_errors(self.errors())
+        self._show_mode()
+
+    # ---- Basic and Advanced ----
+    def set_basic(self, basic: bool) -> None:
+        """Show only the Basic settings (and the chosen method's card), or every setting; no value changes."""
+        self._basic = basic
+        self._show_mode()
+
+    def is_basic(self) -> bool:
+        return self._basic
+
+    def _method(self) -> str:
+        return self.editors["train.method"].currentData()
+
+    def _section_shown(self, section: str) -> bool:
+        if not self._basic:
+            return True
+        if section in METHOD_SECTIONS:
+            return self._method() in METHOD_SECTIONS[section]
+        return any(key.startswith(f"{section}.") for key in BASIC_FIELDS)
+
+    def _key_shown(self, key: str) -> bool:
+        section = key.split(".", 1)[0]
+        return self._section_shown(section) and (not self._basic or section in METHOD_SECTIONS or key in BASIC_FIELDS)
+
+    def _show_mode(self) -> None:
+        for key, (form, cell) in self._rows.items():
+            form.setRowVisible(cell, self._key_shown(key))
+        shown = [section for section in SECTION_ORDER if self._section_shown(section)]
+        if shown == self._arranged:
+            return
+        self._arranged = shown
+        for slot in self._slots:
+            while slot.count():
+                slot.takeAt(0)
+        for section in SECTION_ORDER:
+            if section not in shown:
+                self.cards[section].hide()
+                self.cards[section].setParent(self)  # kept (with its values), out of the layout
+        for slot, section in zip(self._slots, shown):
+            slot.addWidget(self.cards[section])
+            self.cards[section].show()
+        for i, slot in enumerate(self._slots):
+            slot.parentWidget().setVisible(i < len(shown))
+
+    def hidden_changes(self, baseline: RunConfig) -> list[tuple[str, Any, Any]]:
+        """(key, value, baseline's value) of each hidden editor whose value differs from `baseline`'s, in the form's
+        order. A method card's settings never count: Basic shows the chosen method's card, and another method's
+        settings do not apply."""
+        values, base = self.values(), baseline.to_dict()
+        changes = []
+        for key in self.editors:
+            section, name = key.split(".")
+            if self._key_shown(key) or key in NOT_A_CHANGE or section in METHOD_SECTIONS:
+                continue
+            if values[section][name] != base[section][name]:
+                changes.append((key, values[section][name], base[section][name]))
+        return changes
 
     # ---- view -> model ----
     def values(self) -> dict[str, dict[str, Any]]:
@@ -380,6 +463,7 @@ class ConfigForm(QWidget):
 
     def _edited(self, *_: Any) -> None:
         self._show_errors(self.errors())
+        self._show_mode()  # a new method shows its own card in Basic
         self.changed.emit()
 
     def _show_errors(self, errors: dict[str, str]) -> None:

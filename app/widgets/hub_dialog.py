@@ -31,7 +31,22 @@ from hone.app.widgets.config_form import in_words
 from hone.app.workers import Task, TaskError
 
 COLUMNS = ("Model", "Size", "Downloads", "License", "Gated")
+# The core's messages name environment variables (the command line's words); the dialog says what they do.
+ENV_WORDS = (
+    ("HF_HUB_OFFLINE is set", "offline mode is on for the Hugging Face Hub", "HF_HUB_OFFLINE"),
+    ("unset HF_HUB_OFFLINE", "turn offline mode off", "HF_HUB_OFFLINE"),
+)
 PROGRESS_STEPS = 1000  # the bar's range: tenths of a percent
+
+
+def _env_words(text: str) -> tuple[str, list[str]]:
+    """`text` with ENV_WORDS' phrases in words, and the variables they named (each once)."""
+    names = []
+    for phrase, words, name in ENV_WORDS:
+        if phrase in text:
+            text = text.replace(phrase, words)
+            names += [name] if name not in names else []
+    return text, names
 
 
 def search(text: str) -> list:
@@ -277,13 +292,12 @@ class HubDialog(QDialog):
 
     # ---- showing ----
     def _failed(self, error: TaskError) -> None:
-        advice = (
-            f" {in_words(error.advice.rstrip('.'))[:1].upper()}{in_words(error.advice.rstrip('.'))[1:]}."
-            if error.advice
-            else ""
-        )
-        message = in_words(error.message.rstrip("."))
-        self._say(f"{message[:1].upper()}{message[1:]}.{advice}", "error")
+        said, names = _env_words(f"{error.message}\n{error.advice}")
+        message, _, advice = said.partition("\n")
+        advice = f" {in_words(advice.rstrip('.'))}." if advice.strip() else ""
+        self._say(f"{in_words(message.rstrip('.'))}.{advice}", "error")
+        # the environment variable behind it, for those who set it (the words above say what it does)
+        self.status.setToolTip(f"Set by the environment variable {', '.join(names)}." if names else "")
         self._update_buttons()
 
     def _say(self, text: str, role: str = "muted") -> None:

@@ -1,7 +1,10 @@
-"""The Train page's memory estimate: "needs ≈ X GiB of Y GiB on <GPU>", the peak's parts as a bar against the
-memory there is, and when it does not fit, one click to apply what auto-fit found (or the nearest fix)."""
+"""The Train page's memory estimate: "needs ≈ X GiB of Y GiB on <GPU>" (on a computer without one: of the RAM
+available), the peak's parts as a bar against the memory there is, and when it does not fit, one click to apply what
+auto-fit found (or the nearest fix). Without a GPU a second line says how long the run takes on this CPU."""
 
 from __future__ import annotations
+
+import math
 
 from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter
@@ -68,6 +71,9 @@ class MemoryEstimateView(QWidget):
         row.addWidget(self.fix_button)
         layout.addLayout(row)
         layout.addWidget(self.bar)
+        self.time_text = label("", "muted", wrap=True)
+        self.time_text.hide()
+        layout.addWidget(self.time_text)
         self._fix: list[str] = []
         self.fits: bool | None = None
 
@@ -91,7 +97,9 @@ class MemoryEstimateView(QWidget):
         parts = [(part.name, part.bytes) for part in estimate.parts]
         self.bar.set_parts(parts, memory.available if memory else 0.0)
         self._fix = []
-        if memory is None:
+        if memory is not None and not memory.gpu:
+            self._show_ram(plan)
+        elif memory is None:
             self.fits = None
             self._set_text(
                 f"Needs ≈ {estimate.peak_gib:.1f} GiB on an NVIDIA GPU (none here: this run will use the CPU).", "muted"
@@ -129,6 +137,79 @@ class MemoryEstimateView(QWidget):
         self.fix_button.setToolTip("\n".join(self._fix))
         self.fix_button.setVisible(bool(self._fix))
 
+    def _show_ram(self, plan) -> None:
+        """The run against the system memory available: a run on the CPU."""
+        estimate, available, fit = plan.estimate, plan.memory.available / GIB, plan.fit
+        need = f"Needs ≈ {estimate.peak_gib:.1f} GiB of RAM"
+        if fit.fits and not fit.changes:
+            self.fits = True
+            self._set_text(f"{need}; {available:.1f} GiB available on this computer.", "muted")
+            return
+        self.fits = False
+        if fit.fits:
+            self._fix = fit.assignments(plan.settings)
+            self._set_text(
+                f"{need}: more than the {available:.1f} GiB of RAM available on this computer. It fits "
+                f"({fit.estimate.peak_gib:.1f} GiB) with: " + "; ".join(fit.changes) + ".",
+                "error",
+            )
+        else:
+            if fit.largest_max_length:
+                self._fix = [f"data.max_length={fit.largest_max_length}"]
+            self._set_text(
+                f"{need}: does not fit the {available:.1f} GiB of RAM available on this computer. {fit.reason}.",
+                "error",
+            )
+
+    def show_time(self, estimate, no_time: str = "") -> None:
+        """The run's time on this CPU (a TimeEstimate), or why there is none."""
+        if estimate is None:
+            end = "" if no_time.endswith(("…", ".")) else "."
+            self.time_text.setText(f"Time: {no_time}{end}" if no_time else "")
+            self.time_text.setToolTip("")
+        else:
+            self.time_text.setText(
+                f"Time: {duration_text(estimate.low_s, estimate.high_s)} on this CPU, for {estimate.tokens:,} tokens."
+            )
+            self.time_text.setToolTip(
+                f"≈ {estimate.flops:.2g} floating-point operations in all, at this CPU's "
+                f"{estimate.flops_per_s / 1e9:.0f} GFLOP/s measured here (a short matrix-multiply test), of which a "
+                "training step reaches a share. Other programs running at the same time make it slower."
+            )
+        self.time_text.setVisible(bool(self.time_text.text()))
+
+    def hide_time(self) -> None:
+        self.time_text.setText("")
+        self.time_text.hide()
+
     def _set_text(self, text: str, role: str) -> None:
         self.text.setText(text)
         set_role(self.text, role)
+
+
+def duration_text(low_s: float, high_s: float) -> str:
+    """A range of seconds in words a person plans with: "about 20–45 min", "about 0.5–2.5 h", "about 3–8 days".
+
+    Minutes from 10 on round to fives, hours to halves below 10 and to whole hours above; the low end rounds down and
+    the high end up, so the range only widens.
+    """
+    if high_s < 60:
+        return "under a minute"
+    if high_s < 100 * 60:
+        low, high = max(1, math.floor(low_s / 60)), math.ceil(high_s / 60)
+        if low >= 10:
+            low = low // 5 * 5
+        if high >= 10:
+            high = math.ceil(high / 5) * 5
+        unit = "min"
+    elif high_s < 48 * 3600:
+        low_h, high_h = low_s / 3600, high_s / 3600
+        low = max(0.5, math.floor(low_h * 2) / 2) if low_h < 10 else math.floor(low_h)
+        high = math.ceil(high_h * 2) / 2 if high_h < 10 else math.ceil(high_h)
+        if low >= 3:  # "3–12 h", not "3.0–12 h": halves only where they matter
+            low = math.floor(low)
+        unit = "h"
+    else:
+        low, high = max(1, math.floor(low_s / 86400)), math.ceil(high_s / 86400)
+        unit = "days"
+    return f"about {high:g} {unit}" if low == high else f"about {low:g}–{high:g} {unit}"

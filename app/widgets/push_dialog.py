@@ -7,9 +7,20 @@ unless the user has typed in it by then.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QCheckBox, QDialog, QDialogButtonBox, QLineEdit, QVBoxLayout, QWidget
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QFrame,
+    QLineEdit,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
 
+from hone.app.accessibility import prepare
 from hone.app.widgets.common import label, set_role
 from hone.app.workers import Task
 
@@ -19,6 +30,15 @@ def hub_user() -> str:
     from hone.core.api import hub_user as ask
 
     return ask()
+
+
+WIDTH = 560  # px: wide enough for OWNER/NAME at a glance, narrow enough for the window's 980 px minimum
+
+
+def breakable(path: str) -> str:
+    """`path` with a zero-width space after each separator, so a long path wraps at its folders (a label wraps only
+    where breaking is allowed; a path without spaces would otherwise widen the dialog past the window)."""
+    return path.replace("/", "/\u200b").replace("\\", "\\\u200b").replace("_", "_\u200b")
 
 
 class PushDialog(QDialog):
@@ -35,10 +55,21 @@ class PushDialog(QDialog):
         self.setWindowTitle("Push to the Hugging Face Hub")
         self.name = name
         self.typed = False
-        layout = QVBoxLayout(self)
+        outer = QVBoxLayout(self)
+        # the text sits in a scroll area: it wraps to the dialog's width and the dialog takes the height that needs
+        # (_fit), never more than the window it opens over; the buttons stay in view below
+        self.body = QWidget()
+        layout = QVBoxLayout(self.body)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.body)
+        outer.addWidget(self.scroll, 1)
         layout.addWidget(
             label(
-                f"Uploads {folder} with its model card (README.md) in one commit. The repository is "
+                f"Uploads {breakable(folder)} with its model card (README.md) in one commit. The repository is "
                 "created if it does not exist.",
                 "muted",
                 wrap=True,
@@ -58,10 +89,35 @@ class PushDialog(QDialog):
         self.push_button = set_role(self.buttons.addButton("Push", QDialogButtonBox.AcceptRole), "primary")
         self.buttons.accepted.connect(self._push)
         self.buttons.rejected.connect(self.reject)
-        layout.addWidget(self.buttons)
-        self.resize(560, self.sizeHint().height())
+        layout.addStretch(1)
+        outer.addWidget(self.buttons)
+        self.resize(min(WIDTH, self._room().width()), 1)
+        self._fit()
         self._edited(name)
+        prepare(self)  # accessible names and Tab order (hone.app.accessibility)
         self.user_task = Task(hub_user, on_result=self._got_user, on_error=lambda _error: self._got_user(""))
+
+    def _room(self) -> QSize:
+        """The most the dialog may take: the window it opens over, else the screen."""
+        parent = self.parentWidget()
+        if parent is not None:
+            return parent.window().size()
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        return screen.availableSize()
+
+    def _fit(self) -> None:
+        """Make the dialog as high as its wrapped text needs at its width, within `_room` (then it scrolls)."""
+        outer = self.layout()
+        margins = outer.contentsMargins()
+        inner_width = self.width() - margins.left() - margins.right()
+        needed = (
+            self.body.layout().totalHeightForWidth(inner_width)
+            + outer.spacing()
+            + self.buttons.sizeHint().height()
+            + margins.top()
+            + margins.bottom()
+        )
+        self.resize(self.width(), min(needed, self._room().height()))
 
     def _got_user(self, user: str) -> None:
         if user:
@@ -74,6 +130,7 @@ class PushDialog(QDialog):
                 "Hone has no token that the Hub accepts, so the owner is not known: type your user "
                 "name. Pushing needs a token that can write (Token… in Search the Hub, or HF_TOKEN)."
             )
+        self._fit()  # the note may now take more lines
 
     def _edited(self, text: str, typed: bool = True) -> None:
         self.typed = self.typed or (typed and text != self.name)

@@ -9,25 +9,29 @@ something new from the engine adds it here, in the submodule of its verb.
                    anything loads); sharding_refusal (why a model cannot be split over GPUs)
     resume a run   Trainer(config, control, resume_dir=RUN_DIR, data_changed=); check_resume, DATA_CHANGED
     follow a run   read_events, EventTail, in_use, read_holder, live_summary, step_line, speed_choice, PEER_ADVICE;
+                   read_samples -> [SampleStep] (RUN_DIR/samples.jsonl: train.sample_prompts' answers per evaluation);
                    can_pause, request_pause, can_stop, request_stop (a run another process trains);
                    MetricsReader -> StepColumns (a run's chart columns, fast), downsample (what a chart draws)
-    list runs      list_runs -> [RunSummary]; a run folder's names CONFIG_FILE, METRICS_FILE, ADAPTER_DIR,
-                   INTERRUPTED, DAMAGED
-    check data     check_data, check_pairs (preference pairs), check_unpaired (KTO rows), format_report, inspect_row,
-                   inspect_rows, format_view;
+    list runs      list_runs -> [RunSummary]; a run folder's names CONFIG_FILE, METRICS_FILE, LOG_FILE,
+                   ADAPTER_DIR, INTERRUPTED, DAMAGED
+    check data     check_data, check_pairs (preference pairs), check_unpaired (KTO rows), check_preference (either,
+                   with its tokenized rows), check_prompts (GRPO prompts), format_report, inspect_row, inspect_rows,
+                   inspect_preference_rows (a pair's answers side by side), format_view;
                    the readers under them:
                    resolve_sources, read_records, SourceError, RowError, DUPLICATES_KEY, detect_format,
                    suggest_columns, ColumnNames, apply_template_setting
     read a model   inspect_model, tokenizer_for, resolve_source, pending_conversion, gguf_folder,
                    gguf_conversion_folder, family_of; measure_model_backends (MoE experts backends, timed)
     plan memory    plan_run, detect_memory, Memory, parse_size, GIB, estimate_host
+    a CPU run      detect_system_memory, measure_matmul_rate, epoch_tokens, estimate_run_time -> TimeEstimate
     export         export_run (checkpoint=STEP: a saved checkpoint's adapter), checkpoint_output, parse_format,
                    SUPPORTED_FORMATS, FORMAT_TYPES, MANIFEST_FILE, open_run, output_folder
     chat, evaluate ChatModels, GenerationSettings, BASE, TUNED; read_prompts, with_references, compare,
                    held_out_file; preference runs: held_out_pairs, score_pairs -> PreferenceScores
     compare runs   read_run -> RunNumbers (settings, metrics, problems, RunSeries: chart columns), compare_runs ->
                    RunComparison, differing_settings, comparison (JSON), metric_text, setting_text, METRIC_COLUMNS
-    score          select_checkpoints, score_checkpoints -> ScoreTable; read_scores, best_stored, stored_for_step,
+    score          select_checkpoints, score_checkpoints -> ScoreTable; score_trained_checkpoints (at a run's end);
+                   read_scores, best_stored, stored_for_step,
                    best_entry, METRICS, DEFAULT_METRIC, check_metric (a run's checkpoints on held-out rows, stored in
                    RUN_DIR/scores.json; reading needs no torch)
     the Hub        search_models, model_files, download_model, save_token, forget_token, push_folder, hub_user,
@@ -59,6 +63,7 @@ _LAZY = {
             "DAMAGED",
             "DATA_CHANGED",
             "INTERRUPTED",
+            "LOG_FILE",
             "METRICS_FILE",
             "MetricsReader",
             "MethodColumnsReader",
@@ -81,6 +86,9 @@ _LAZY = {
             "process_world",
             "read_events",
             "read_holder",
+            "read_samples",
+            "SAMPLES_FILE",
+            "SampleStep",
             "request_pause",
             "request_stop",
             "sharding_refusal",
@@ -99,10 +107,13 @@ _LAZY = {
             "apply_template_setting",
             "check_data",
             "check_pairs",
+            "check_preference",
+            "check_prompts",
             "check_unpaired",
             "detect_format",
             "format_report",
             "format_view",
+            "inspect_preference_rows",
             "inspect_row",
             "inspect_rows",
             "read_records",
@@ -124,6 +135,10 @@ _LAZY = {
         "hone.core.api.models",
     ),
     "measure_model_backends": "hone.core.api.bench",
+    **dict.fromkeys(
+        ("TimeEstimate", "detect_system_memory", "epoch_tokens", "estimate_run_time", "measure_matmul_rate"),
+        "hone.core.api.cpu_run",
+    ),
     **dict.fromkeys(
         ("GIB", "Memory", "detect_memory", "estimate_host", "parse_size", "plan_run"), "hone.core.api.memory"
     ),
@@ -195,6 +210,7 @@ _LAZY = {
             "read_scores",
             "saved_checkpoints",
             "score_checkpoints",
+            "score_trained_checkpoints",
             "select_checkpoints",
             "stored_for_step",
         ),

@@ -59,11 +59,14 @@ def test_nothing_fits_says_how_much_is_free_and_why(qtbot, make_window):
     assert "does not fit the 2.0 GiB free on NVIDIA GeForce GTX 1050. " in train.memory.text.text()
 
 
-def test_without_a_gpu_it_says_what_a_gpu_would_need(qtbot, make_window, tiny_model_dir):
-    window = make_window()
+def test_without_a_gpu_it_says_the_ram_the_run_needs_of_what_is_available(qtbot, make_window, tiny_model_dir):
+    from hone.core.api import MachineFacts
+
+    window = make_window(machine=MachineFacts(gpu="", reason="no NVIDIA GPU found"))
     window.state.set_model(tiny_model_dir("tiny-dense").as_posix(), {"name": "tiny", "is_moe": False})
-    train = estimate_on(qtbot, window, None)
-    assert train.memory.fits is None and "on an NVIDIA GPU (none here" in train.memory.text.text()
+    train = estimate_on(qtbot, window, None)  # None: the RAM this computer has available now
+    assert train.memory.fits is True, train.memory.text.text()
+    assert " GiB of RAM; " in train.memory.text.text() and "GiB available on this computer." in train.memory.text.text()
 
 
 def test_no_estimate_before_a_model_is_chosen(qtbot, make_window):

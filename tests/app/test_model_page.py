@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from hone.app.model_names import model_name
 from hone.app.state import _key
 from hone.app.widgets.common import human_count
 
@@ -20,7 +21,7 @@ def test_a_model_that_cannot_be_read_keeps_the_previous_one(qtbot, make_window, 
     assert window.settings.config().model.name_or_path == before, "and so do the saved settings"
     assert str(missing) not in window.settings.recent_models()
     text = page.status.text()
-    assert "no-such-model" in text and f"still uses {before}" in text
+    assert "no-such-model" in text and f"still uses {model_name(before)}" in text  # its name, not its bundled: id
     assert "model.name_or_path" not in text and "“Model”" in text, text
     assert page.status.property("role") == "error"
 

@@ -28,6 +28,7 @@ def test_measuring_shows_each_backend_and_keeps_the_fastest(qtbot, make_window, 
     window = make_window(machine=MachineFacts(gpu="Test GPU"))
     window.state.set_model(str(folder), info)
     page = window.page("train")
+    page.show_form("advanced")  # the backends are an Advanced setting; Basic leaves them on auto
     assert not page.moe_card.isHidden() and page.measure_button.isEnabled()
     page.measure_button.click()
     qtbot.waitUntil(lambda: "Fastest here" in page.moe_results.text(), timeout=120_000)
@@ -43,6 +44,9 @@ def test_the_card_hides_for_dense_models_and_needs_a_gpu(make_window, tmp_path):
     window = make_window(machine=MachineFacts(gpu="", reason="no NVIDIA GPU"))
     page = window.page("train")
     window.state.set_model(str(folder), info)
+    page.show_form("basic")
+    assert page.moe_card.isHidden(), "Basic leaves the experts backend on auto"
+    page.show_form("advanced")
     assert not page.moe_card.isHidden()
     assert not page.measure_button.isEnabled() and "NVIDIA GPU" in page.measure_button.toolTip()
     window.state.set_model(str(folder), {"is_moe": False})
