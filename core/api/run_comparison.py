@@ -27,7 +27,6 @@ from hone.core.train.run_compare import (
     RunSeries,
     comparison,
     differing_settings,
-    metrics_of,
     setting_text,
     unique_names,
 )
@@ -42,6 +41,14 @@ def read_run(run_dir: Path) -> RunNumbers:
     run = run_compare.read_run(run_dir)
     _add_scores(run)
     return run
+
+
+def metrics_of(run_dir: str | Path) -> tuple[dict[str, Any], list[str]]:
+    """`run_compare.metrics_of` with the run's best scored checkpoint among its numbers, as `read_run` has them."""
+    run = RunNumbers(str(run_dir), Path(run_dir).name)
+    run.metrics, run.problems = run_compare.metrics_of(Path(run_dir))
+    _add_scores(run)
+    return run.metrics, run.problems
 
 
 def compare_runs(run_dirs: list[str | Path]) -> RunComparison:
@@ -71,7 +78,7 @@ def _add_scores(run: RunNumbers) -> None:
     run.metrics["best_checkpoint"] = run.metrics["best_checkpoint_loss"] = None
     damage = read_scores(run.run_dir).damage
     if damage:
-        run.problems.append(f"{damage}: no checkpoint scores shown (`hone eval RUN --checkpoints all` scores again)")
+        run.problems.append(f"{damage}: no checkpoint scores shown (hone eval RUN --checkpoints all scores them again)")
         return
     try:
         best = best_stored(run.run_dir, DEFAULT_METRIC)

@@ -72,7 +72,7 @@ def test_the_check_reads_the_rows_as_the_chosen_method_does(qtbot, make_window, 
     page = window.page("train")
     data = tmp_path / "rows.jsonl"
     data.write_text((json.dumps(row) + "\n") * 3)
-    window.state.update(f"train.method={method}")
+    window.state.update('grpo.rewards=[{kind = "numeric", column = "answer"}]', f"train.method={method}")
     _use(window, data)
     qtbot.waitUntil(lambda: not page.data_check_pending(), timeout=10_000)
     text = _problems(page)
