@@ -9,12 +9,21 @@ from typing import Any
 from hone.core.config import RunConfig
 
 
-def run_export(run_dir: str, fmt: str, out: str, force: bool, progress) -> Any:
-    """Export a run; core's progress(stage, fraction) reports go to `progress` as (stage, fraction)."""
+def run_export(
+    run_dir: str, fmt: str, out: str, force: bool, progress, checkpoint: int | None = None, scores: dict | None = None
+) -> Any:
+    """Export a run (its final adapter, or with `checkpoint` a saved checkpoint's, whose stored `scores` go into the
+    model card); core's progress(stage, fraction) reports go to `progress` as (stage, fraction)."""
     from hone.core.api import export_run
 
     return export_run(
-        run_dir, fmt, out or None, force=force, progress=lambda stage, fraction: progress((stage, fraction))
+        run_dir,
+        fmt,
+        out or None,
+        force=force,
+        progress=lambda stage, fraction: progress((stage, fraction)),
+        checkpoint=checkpoint,
+        scores=scores,
     )
 
 

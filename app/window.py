@@ -190,6 +190,7 @@ class MainWindow(QMainWindow):
         self.nav.currentRowChanged.connect(self._nav_changed)
         self.state.page_requested.connect(self.show_page)
         self.pages["runs"].open_requested.connect(self.open_run)
+        self.pages["runs"].export_best_requested.connect(self._export_best)
         self.state.session.event.connect(self.badge.event_arrived)
         self.state.session.running_changed.connect(self.badge.running_changed)
         self.state.session.running_changed.connect(self._running_changed)
@@ -265,6 +266,13 @@ class MainWindow(QMainWindow):
         else:
             self.pages["chat"].open_run(run_dir, evaluate=action == EVALUATE)
             self.show_page("chat")
+
+    def _export_best(self, run_dir: str, by: str) -> None:
+        """The Runs page's Export best…: the Export page, on that run's best checkpoint by `by`."""
+        export = self.pages["export"]
+        export.offer_run(run_dir)
+        export.select_weights(best_by=by)
+        self.show_page("export")
 
     def current_page(self) -> str:
         return PAGE_NAMES[self.stack.currentIndex()]

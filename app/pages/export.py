@@ -195,6 +195,18 @@ class ExportPage(Page):
         source.body.addLayout(row)
         self.run_hint = label(EMPTY_RUN, "muted", wrap=True)
         source.body.addWidget(self.run_hint)
+        # the final adapter, the best checkpoint by each stored score, or any saved checkpoint
+        self.weights_box = QComboBox()
+        self.weights_box.setAccessibleName("Weights to export")
+        self.weights_box.setToolTip(
+            "Which adapter to export: the run's final one, or a saved checkpoint's, the best by a score that "
+            "hone eval --checkpoints all (or train.eval_checkpoints) stored, or any step. A checkpoint's model card "
+            "names its step and its scores."
+        )
+        self.weights_box.currentIndexChanged.connect(lambda _index: self._suggest_out())
+        source.body.addWidget(self.weights_box)
+        self.weights_note = label("", "muted", wrap=True)
+        source.body.addWidget(self.weights_note)
         self.body.addWidget(source)
 
         formats = Card("Format")
@@ -336,6 +348,7 @@ class ExportPage(Page):
             self.run_box.setCurrentIndex(index)
         else:
             self.run_box.setEditText(str(run_dir))
+        self._load_weights()  # the same run chosen again may have new checkpoints or scores since
         self._suggest_out()
 
     def offer_run(self, run_dir: str) -> None:
@@ -353,22 +366,64 @@ class ExportPage(Page):
         return str(data) if data and Path(str(data)).name == text else text
 
     def _run_changed(self, _text: str) -> None:
+        self._load_weights()
         self._suggest_out()
         self._update_buttons()
+
+    def _load_weights(self) -> None:
+        """The chosen run's weights to export (scores.json and the checkpoints' manifests: small files, no weights);
+        the list shows only when the run has saved checkpoints. The same choice stays chosen where it still is."""
+        from hone.core.api import weights_choices
+
+        before = self.weights()
+        run_dir = self.run_dir()
+        choices, note = weights_choices(run_dir) if run_dir and Path(run_dir).is_dir() else ([], "")
+        self.weights_box.blockSignals(True)
+        self.weights_box.clear()
+        for choice in choices:
+            self.weights_box.addItem(choice.label, choice)
+        keep = next(
+            (i for i, c in enumerate(choices) if before and (c.checkpoint, c.by) == (before.checkpoint, before.by)), 0
+        )
+        self.weights_box.setCurrentIndex(keep)
+        self.weights_box.blockSignals(False)
+        self.weights_box.setVisible(len(choices) > 1)
+        self.weights_note.setText(note)
+        self.weights_note.setVisible(len(choices) > 1 and bool(note))
+
+    def weights(self) -> Any:
+        """The chosen WeightsChoice (None before a run is chosen): its `checkpoint` is None for the final adapter."""
+        return self.weights_box.currentData()
+
+    def select_weights(self, *, best_by: str | None = None, step: int | None = None) -> bool:
+        """Choose the best checkpoint by `best_by`, or the checkpoint of `step`; False when the list has none."""
+        for i in range(self.weights_box.count()):
+            choice = self.weights_box.itemData(i)
+            if (best_by is not None and choice.by == best_by) or (
+                step is not None and choice.by is None and choice.checkpoint == step
+            ):
+                self.weights_box.setCurrentIndex(i)
+                return True
+        return False
 
     def _suggest_out(self, *_: Any) -> None:
         run_dir, fmt = self.run_dir(), self.selected_format()
         if run_dir and fmt:
-            self.out_edit.setText(default_out(run_dir, fmt))
+            chosen = self.weights()
+            step = f"-step-{chosen.checkpoint}" if chosen is not None and chosen.checkpoint is not None else ""
+            self.out_edit.setText(default_out(run_dir, fmt) + step)
 
     # ---- exporting ----
     def export(self) -> None:
         run_dir, fmt, out = self.run_dir(), self.selected_format(), self.out_edit.text().strip()
         if not (run_dir and fmt and out) or self.is_busy():
             return
+        chosen = self.weights()
+        step = chosen.checkpoint if chosen is not None else None
         self.progress.setValue(0)
         self.progress.show()
-        self.status.setText(f"Exporting {Path(run_dir).name} as {fmt}…")
+        which = f" (its checkpoint of step {step})" if step is not None else ""
+        self.status.setText(f"Exporting {Path(run_dir).name}{which} as {fmt}…")
         set_role(self.status, "muted")
         self.export_button.setEnabled(False)
         self.open_button.setEnabled(False)
@@ -379,6 +434,8 @@ class ExportPage(Page):
             fmt,
             out,
             self.force_box.isChecked(),
+            checkpoint=step,
+            scores=chosen.scores if chosen is not None else None,
             on_result=self._done,
             on_error=self._failed,
             on_progress=self._progress,

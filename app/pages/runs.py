@@ -71,6 +71,7 @@ class RunsPage(Page):
     icon_name = "runs"
 
     open_requested = Signal(str)  # run dir
+    export_best_requested = Signal(str, str)  # run dir, the metric the best checkpoint is picked by
 
     def __init__(self, state, parent: QWidget | None = None):
         super().__init__(state, parent)
@@ -123,8 +124,10 @@ class RunsPage(Page):
         for button in (self.open_button, self.resume_button, self.compare_button):
             actions.addWidget(button)
         actions.addStretch(1)
+        self.best_button = QPushButton("Export best…")
+        self.best_button.clicked.connect(self.export_best_selected)
         files = QHBoxLayout()
-        for button in (self.files_button, self.log_button):
+        for button in (self.best_button, self.files_button, self.log_button):
             files.addWidget(button)
         files.addStretch(1)
         files.addWidget(self.delete_button)
@@ -223,6 +226,7 @@ class RunsPage(Page):
         )
         self.files_button.setEnabled(len(chosen) == 1)
         self.log_button.setEnabled(len(chosen) == 1)
+        self._offer_best(chosen[0] if len(chosen) == 1 else None)
         self.compare_button.setEnabled(2 <= len(chosen) <= MAX_COMPARED)
         self.compare_button.setToolTip(
             f"Compare at most {MAX_COMPARED} runs at once: select fewer."
@@ -444,6 +448,37 @@ class RunsPage(Page):
                 self, "Delete run", f"“{training[0].name}” is training {where} first; then it can be deleted."
             )
         return bool(training)
+
+    def _offer_best(self, run_dir: str | None) -> None:
+        """Export best… is there for one run whose checkpoints have stored scores (scores.json and the checkpoints'
+        manifests: small files); its tooltip names the checkpoint, or why there is none."""
+        from hone.core.api import DEFAULT_METRIC, best_stored
+        from hone.core.errors import HoneError
+
+        if run_dir is None:
+            self.best_button.setEnabled(False)
+            self.best_button.setToolTip("Select one run to export its best checkpoint.")
+            return
+        try:
+            best = best_stored(run_dir, DEFAULT_METRIC)
+        except HoneError as e:
+            self.best_button.setEnabled(False)
+            self.best_button.setToolTip(
+                f"{e.message[:1].upper()}{e.message[1:]}. {e.advice[:1].upper()}{e.advice[1:]}."
+            )
+            return
+        self.best_button.setEnabled(True)
+        self.best_button.setToolTip(
+            f"Export the checkpoint with the lowest held-out loss: step {best.checkpoint} "
+            f"(loss {best.metrics[DEFAULT_METRIC]:.4f}). The Export page lets you pick by another score."
+        )
+
+    def export_best_selected(self) -> None:
+        chosen = self.selected_dirs()
+        if len(chosen) == 1:
+            from hone.core.api import DEFAULT_METRIC
+
+            self.export_best_requested.emit(str(chosen[0]), DEFAULT_METRIC)
 
     def _open_folder(self) -> None:
         chosen = self.selected_dirs()

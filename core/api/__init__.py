@@ -31,7 +31,7 @@ something new from the engine adds it here, in the submodule of its verb.
     compare runs   read_run -> RunNumbers (settings, metrics, problems, RunSeries: chart columns), compare_runs ->
                    RunComparison, differing_settings, comparison (JSON), metric_text, setting_text, METRIC_COLUMNS
     score          select_checkpoints, score_checkpoints -> ScoreTable; score_trained_checkpoints (at a run's end);
-                   read_scores, best_stored, stored_for_step,
+                   read_scores, best_stored, stored_for_step, weights_choices (what Export offers),
                    best_entry, METRICS, DEFAULT_METRIC, check_metric (a run's checkpoints on held-out rows, stored in
                    RUN_DIR/scores.json; reading needs no torch)
     the Hub        search_models, model_files, download_model, save_token, forget_token, push_folder, hub_user,
@@ -201,6 +201,7 @@ _LAZY = {
             "ScoreEntry",
             "ScoreTable",
             "StoredScores",
+            "WeightsChoice",
             "best_entry",
             "best_stored",
             "check_metric",
@@ -213,6 +214,7 @@ _LAZY = {
             "score_trained_checkpoints",
             "select_checkpoints",
             "stored_for_step",
+            "weights_choices",
         ),
         "hone.core.api.scores",
     ),

@@ -7,6 +7,7 @@ RUN_DIR/scores.json and read back without a model (`read_scores`, `best_stored`,
     read           read_scores(run_dir) -> StoredScores (entries, damage); checkpoint_weights(run_dir);
                    current_entries (entries of checkpoints still there), latest_data
     pick           best_stored(run_dir, by="loss") -> ScoreEntry; best_entry(entries, by); stored_for_step;
+                   weights_choices(run_dir) -> ([WeightsChoice], note): what the Export page offers
     after a run    score_trained_checkpoints(trainer) (train.eval_checkpoints: with the model the run trained)
                    METRICS (name -> (what, lower is better)), DEFAULT_METRIC, check_metric
 
@@ -23,6 +24,7 @@ from hone.core.inference.checkpoint_scoring import (
     score_checkpoints,
     select_checkpoints,
 )
+from hone.core.inference.export_choices import WeightsChoice, weights_choices
 from hone.core.inference.score_store import (
     DEFAULT_METRIC,
     METRICS,
@@ -49,6 +51,7 @@ __all__ = [
     "ScoreEntry",
     "ScoreTable",
     "StoredScores",
+    "WeightsChoice",
     "best_entry",
     "best_stored",
     "check_metric",
@@ -61,6 +64,7 @@ __all__ = [
     "score_trained_checkpoints",
     "select_checkpoints",
     "stored_for_step",
+    "weights_choices",
 ]
 
 
