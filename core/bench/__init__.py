@@ -16,6 +16,11 @@
                           (`--memory-trace`), cProfile (`--host-profile`)
 `hone bench vision-...`:
     vision.py             Hone's Trainer against transformers + peft with padded batches, on a vision-language model
+`hone bench dpo-8b`, `hone bench grpo-...`:
+    preference.py         Hone's DPO against TRL's DPOTrainer with peft
+    sampling.py           GRPO's sampling: Hone's static-cache sampler against transformers' generate
+    grpo_steps.py         GRPO's whole step: Hone's Trainer against TRL's GRPOTrainer without vLLM
+    trl_setup.py          the TRL trainer arguments and LoRA every comparison with TRL shares
 Run with `python -m`:
     attention_step.py     full LoRA steps: transformers' SDPA + full logits against Hone's attention + chunked loss
     moe_backends.py       one MoE training step per experts backend (used by the MoE GPU smoke test)

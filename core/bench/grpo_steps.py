@@ -68,10 +68,10 @@ def trl_grpo_steps(model_dir: Path, rows: list[dict], out_dir: Path, *, steps: i
                    group: int, completion: int, lora_r: int) -> StepRun:  # fmt: skip
     """TRL's GRPOTrainer with a peft LoraConfig and `generate` (no vLLM), `steps` optimizer steps."""
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from hone.core.bench.trl_setup import common_args, lora_config
     from hone.core.models.hub_kernels import from_pretrained_options
 
     cuda = torch.cuda.is_available()
@@ -98,28 +98,14 @@ def trl_grpo_steps(model_dir: Path, rows: list[dict], out_dir: Path, *, steps: i
     dtype = torch.bfloat16 if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **from_pretrained_options())
     args = GRPOConfig(
-        output_dir=str(out_dir),
-        report_to=[],
+        **common_args(out_dir, steps=steps, lr=LR, cuda=cuda),
         per_device_train_batch_size=prompts_per_step * group,
-        gradient_accumulation_steps=1,
         num_generations=group,
         max_completion_length=completion,
         temperature=1.0,
         top_p=1.0,
         beta=0.0,
         loss_type="dapo",
-        max_steps=steps,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        gradient_checkpointing=cuda,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if cuda else None,
-        bf16=cuda,
-        use_cpu=not cuda,
-        logging_steps=1,
-        save_strategy="no",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        seed=0,
     )
     trainer = GRPOTrainer(
         model=model.to("cuda" if cuda else "cpu"),
@@ -127,7 +113,7 @@ def trl_grpo_steps(model_dir: Path, rows: list[dict], out_dir: Path, *, steps: i
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
-        peft_config=LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules="all-linear"),
+        peft_config=lora_config(lora_r),
         callbacks=[Clock()],
     )
     run.trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

@@ -115,9 +115,10 @@ def trl_steps(
     """TRL's DPOTrainer with a peft LoraConfig (its documented LoRA setup), `steps` optimizer steps of
     `pairs_per_step` pairs; each step timed from its start to the end of its optimizer step, the GPU synchronized."""
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import DPOConfig, DPOTrainer
+
+    from hone.core.bench.trl_setup import common_args, lora_config
 
     cuda = torch.device(device).type == "cuda"
     out = RunSteps(
@@ -161,31 +162,17 @@ def trl_steps(
     dtype = torch.bfloat16 if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **from_pretrained_options()).to(device)
     args = DPOConfig(
-        output_dir=str(out_dir),
-        report_to=[],
+        **common_args(out_dir, steps=steps, lr=LR, cuda=cuda),
         per_device_train_batch_size=pairs_per_step,
-        gradient_accumulation_steps=1,
-        max_steps=steps,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
         beta=BETA,
         max_length=max_length,
-        gradient_checkpointing=cuda,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if cuda else None,
-        bf16=cuda,
-        use_cpu=not cuda,
-        logging_steps=1,
-        save_strategy="no",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        seed=0,
     )
     trainer = Timed(
         model=model,
         args=args,
         train_dataset=Dataset.from_list(pairs),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
-        peft_config=LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules="all-linear"),
+        peft_config=lora_config(lora_r),
         callbacks=[Clock()],
     )
     out.trainable_params = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

@@ -16,11 +16,10 @@ both splits.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import tempfile
 from pathlib import Path
+
+from hone.core.demo.files import write_splits
 
 # A system turn of its own (in place of the chat template's default one): with it the base model writes the JSON
 # line in about a quarter of its samples, often enough for a group of four to hold one to learn from (with the
@@ -74,15 +73,4 @@ def write_grpo_dataset(folder: Path) -> tuple[Path, Path]:
     """Write train.jsonl and eval.jsonl into `folder` (made if missing); returns their paths. A file that already
     holds the same prompts is left as it is (its tokenized copy in the cache stays valid); a changed one is written
     under a temporary name and renamed into place, so a reader never sees half a file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, rows in zip(("train.jsonl", "eval.jsonl"), make_grpo_dataset()):
-        path = folder / name
-        text = "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
-        if not path.is_file() or path.read_bytes() != text:
-            handle, partial = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
-            with os.fdopen(handle, "wb") as f:
-                f.write(text)
-            os.replace(partial, path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(folder, make_grpo_dataset())

@@ -15,11 +15,10 @@ folder (`hone demo --method dpo` keeps them in Hone's cache folder).
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from pathlib import Path
 
+from hone.core.demo.files import write_splits
 from hone.core.demo.text_data import make_row
 
 # How a rejected reply goes wrong, in turn: each split holds as many of each kind as its size allows.
@@ -80,15 +79,4 @@ def write_preference_dataset(folder: Path) -> tuple[Path, Path]:
     """Write train.jsonl and eval.jsonl into `folder` (made if missing); returns their paths. A file that already
     holds the same pairs is left as it is (its tokenized copy in the cache stays valid); a changed one is written under
     a temporary name and renamed into place, so a reader never sees half a file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, rows in zip(("train.jsonl", "eval.jsonl"), make_preference_dataset()):
-        path = folder / name
-        text = "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
-        if not path.is_file() or path.read_bytes() != text:
-            handle, partial = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
-            with os.fdopen(handle, "wb") as f:
-                f.write(text)
-            os.replace(partial, path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(folder, make_preference_dataset())
