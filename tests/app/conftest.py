@@ -24,6 +24,40 @@ def settings(tmp_path):
     return s
 
 
+_MODAL_STATICS = {
+    "QMessageBox": ("question", "warning", "critical", "information", "about"),
+    "QInputDialog": ("getInt", "getDouble", "getText", "getMultiLineText", "getItem"),
+    "QFileDialog": ("getOpenFileName", "getOpenFileNames", "getExistingDirectory", "getSaveFileName"),
+}
+
+
+@pytest.fixture(autouse=True)
+def no_unexpected_modal_dialogs(monkeypatch):
+    """A modal dialog waits for a click that never comes under the offscreen platform, so a test that opened one
+    would hang the whole suite. Opening one fails the test at once with the dialog's words instead; a test that
+    expects a dialog replaces it with monkeypatch, which overrides this."""
+    from PySide6 import QtWidgets
+
+    def refuse(what: str, words: str):
+        raise AssertionError(f"the test opened a modal dialog ({what}) that nobody can answer: {words}")
+
+    for name, functions in _MODAL_STATICS.items():
+        cls = getattr(QtWidgets, name)
+        for function in functions:
+            monkeypatch.setattr(
+                cls,
+                function,
+                staticmethod(lambda *a, _w=f"{name}.{function}", **_k: refuse(_w, " / ".join(map(str, a[1:3])))),
+            )
+
+    def exec_(dialog, *_a, **_k):
+        words = getattr(dialog, "text", lambda: "")() if isinstance(dialog, QtWidgets.QMessageBox) else ""
+        refuse(f"{type(dialog).__name__}.exec", f"{dialog.windowTitle()} / {words}")
+
+    for cls in (QtWidgets.QDialog, QtWidgets.QMessageBox, QtWidgets.QInputDialog, QtWidgets.QFileDialog):
+        monkeypatch.setattr(cls, "exec", exec_)
+
+
 def settle_tasks(qtbot, timeout_ms: int = 10_000) -> None:
     """Run the event loop until the window's background Tasks (machine detection, data checks, exports) have ended,
     at most `timeout_ms`.
