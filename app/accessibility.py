@@ -392,6 +392,38 @@ def prepare(root: QWidget) -> list[QWidget]:
     return unnamed
 
 
+class TabKeyOrder(QObject):
+    """Event filter on the focused control: as Tab or Shift+Tab is pressed there, and before Qt moves the focus, the
+    Tab order of the page (or Hone dialog) holding it is set to the screen's reading order again. A page that shows
+    or hides controls while the user stays on it (a format's options, Basic and Advanced) never leaves Tab on an
+    order laid out for controls that are no longer where they were."""
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.window = window
+
+    def root_of(self, widget: QWidget) -> QWidget | None:
+        """The page of the main window, or the Hone dialog, that holds `widget`; None elsewhere."""
+        pages = {id(self.window.stack.widget(i)) for i in range(self.window.stack.count())}
+        while widget is not None:
+            if id(widget) in pages or (isinstance(widget, QDialog) and type(widget).__module__.startswith("hone.")):
+                return widget
+            widget = widget.parentWidget()
+        return None
+
+    def eventFilter(self, watched, event) -> bool:
+        if (
+            event.type() == QEvent.KeyPress
+            and event.key() in (Qt.Key_Tab, Qt.Key_Backtab)
+            and not event.modifiers() & (Qt.ControlModifier | Qt.AltModifier)
+            and isinstance(watched, QWidget)
+        ):
+            root = self.root_of(watched)
+            if root is not None and root.isVisible():
+                order_tabs(root)
+        return False  # Qt moves the focus itself, along the order just set
+
+
 class KeyboardAccess(QObject):
     """The main window's keyboard layer: Ctrl+1…N open the sidebar's pages in order, Ctrl+Q closes the window the
     usual way (asking first about a running run), and pages and dialogs are prepared (see `prepare`) when shown.
@@ -417,6 +449,7 @@ class KeyboardAccess(QObject):
         nav.currentRowChanged.connect(self._page_shown)  # after the window's own slot: the page is filled and shown
         window.installEventFilter(self)
         app = QApplication.instance()
+        self._tab_key = TabKeyOrder(window)
         app.focusWindowChanged.connect(self._window_focused)
         app.focusChanged.connect(self._focus_changed)
         for row in range(window.stack.count()):
@@ -450,9 +483,12 @@ class KeyboardAccess(QObject):
             ):
                 prepare(widget)
 
-    def _focus_changed(self, _old, new) -> None:
+    def _focus_changed(self, old, new) -> None:
+        if old is not None and isValid(old):
+            old.removeEventFilter(self._tab_key)
         if new is None or not isValid(new):
             return
+        new.installEventFilter(self._tab_key)  # one widget at a time: the one Tab is pressed in
         if new.property(AUTO_NAME):  # the name a screen reader says as focus arrives matches the control's text now
             refresh_name(new, _buddies(new))
         if isinstance(new, QAbstractButton) and new.group() is not None:  # Qt just took Tab focus from its group

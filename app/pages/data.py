@@ -193,6 +193,7 @@ class DataPage(Page):
         self._table_style(self.skipped_rows_table)
         self.skipped_rows_table.horizontalHeader().setSectionResizeMode(1, QHeaderView.Stretch)
         self.skipped_rows_table.setToolTip("Click a row to see it in the Inspector as the file holds it.")
+        self.skipped_rows_table.setAccessibleName("Skipped rows and why")
         self.skipped_rows_table.itemSelectionChanged.connect(self._skipped_selected)
         layout.addWidget(self.skipped_rows_table)
         self.report_text = QTextBrowser()

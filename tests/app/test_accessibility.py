@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from hone.app.accessibility import name_widgets
+from hone.app.accessibility import clean, name_widgets
 from hone.app.window import PAGE_NAMES
 from hone.core.api import MachineFacts
 from tests.app.test_keyboard import controls, describe, settle
@@ -40,6 +40,15 @@ def test_every_control_on_every_page_has_a_name(qtbot, make_window, name):
     assert len(controls(page)) >= 3
     missing = unnamed(page)
     assert not missing, "no accessible name:\n" + "\n".join(missing)
+    # a hint is not a name: a placeholder ("Ask something…") or a tooltip's instruction read out as what the
+    # control is tells a screen reader's user what to type, not which field they are in
+    hints = []
+    for widget in controls(page):
+        said = widget.accessibleName()
+        placeholder = widget.placeholderText() if hasattr(widget, "placeholderText") else ""
+        if said and (said == clean(placeholder) or said == clean(widget.toolTip().split(". ")[0])):
+            hints.append(f"{describe(widget)} {said!r}")
+    assert not hints, "named after its hint:\n" + "\n".join(hints)
 
 
 def test_the_sidebar_is_named(make_window):
