@@ -30,7 +30,7 @@ from hone.app.pages.chat_widgets import ElidedComboBox, Transcript
 from hone.app.theme import Palette, icon
 from hone.app.widgets.common import Card, label, set_role
 from hone.app.widgets.config_form import FloatSpinBox
-from hone.core.api import BASE, TUNED
+from hone.core.api import BASE, CHAT_REPETITION_PENALTY, TUNED
 
 __all__ = ["ChatEngine", "ChatPage", "EvaluationDialog", "PreferenceDialog", "Transcript", "preference_summary"]
 
@@ -39,9 +39,7 @@ EMPTY_BASE = "Pick a run above and press Load models, or chat with the base mode
 EMPTY_TUNED = "Pick a run above and press Load models: its fine-tune answers here, beside the base model."
 NO_ADAPTER = "No adapter loaded: pick a run above and press Load models to compare the base with its fine-tune."
 LOADED_EMPTY = "Ask something below (Ctrl+Enter sends)."
-# The repetition penalty the page starts with: greedy replies of small models often loop one phrase until the token
-# limit; 1.1 ends most such loops and leaves ordinary replies as they are.
-DEFAULT_REPETITION_PENALTY = 1.1
+DEFAULT_REPETITION_PENALTY = CHAT_REPETITION_PENALTY  # as `hone chat` starts (hone.core.inference.chat says why)
 SYSTEM_TIP = "Sent before the conversation as a system message (system_prompt)."
 
 
@@ -119,6 +117,7 @@ class ChatPage(Page):
         prompt_row = QHBoxLayout()
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Ask something… (Ctrl+Enter sends)")
+        self.prompt.setAccessibleName("Message to the model")
         self.prompt.setFixedHeight(64)
         self.prompt.setTabChangesFocus(True)  # Tab moves on to Send (a tab character in a question is never meant)
         prompt_row.addWidget(self.prompt, 1)

@@ -159,6 +159,7 @@ _LAZY = {
     **dict.fromkeys(
         (
             "BASE",
+            "CHAT_REPETITION_PENALTY",
             "TUNED",
             "ChatModels",
             "GenerationSettings",

@@ -7,13 +7,14 @@ Light to import; torch loads with a model.
 
 from __future__ import annotations
 
-from hone.core.inference.chat import BASE, TUNED, ChatModels, GenerationSettings
+from hone.core.inference.chat import BASE, CHAT_REPETITION_PENALTY, TUNED, ChatModels, GenerationSettings
 from hone.core.inference.evaluate import compare, held_out_file, with_references
 from hone.core.inference.preference_eval import PreferenceScores, held_out_pairs, score_pairs
 from hone.core.inference.prompts import read_prompts
 
 __all__ = [
     "BASE",
+    "CHAT_REPETITION_PENALTY",
     "TUNED",
     "ChatModels",
     "GenerationSettings",

@@ -27,6 +27,11 @@ _INCOMPLETE = "\ufffd"
 # reply stops making sense (below 1 it would favour repeats, which nobody asks for).
 MIN_REPETITION_PENALTY = 1.0
 MAX_REPETITION_PENALTY = 2.0
+# What a conversation starts with, in the Studio's Chat and in `hone chat` / `hone generate`: greedy replies of small
+# models often loop one phrase until the token limit, and 1.1 ends most such loops while leaving ordinary replies as
+# they are. Scoring (hone eval, checkpoint scores) keeps GenerationSettings' own 1.0: a score compares answers as the
+# model gives them.
+CHAT_REPETITION_PENALTY = 1.1
 
 
 class StopFlag(Protocol):

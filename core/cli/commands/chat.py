@@ -1,4 +1,5 @@
-"""`hone chat RUN_DIR [--base] [--system TEXT] [--max-new-tokens N] [--temperature T]`.
+"""`hone chat RUN_DIR [--base] [--system TEXT] [--max-new-tokens N] [--temperature T] [--top-p P]
+[--repetition-penalty R]`.
 
 Talk to a fine-tune in the terminal: the run's base model with its adapter (or without, --base), prompts rendered
 with the chat template saved with the run's adapter, replies streamed token by token, the conversation kept until
@@ -23,8 +24,9 @@ _HELP = "/reset starts a new conversation, /exit (or Ctrl-D) quits, Ctrl-C stops
 
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
-    """--base, --system, --max-new-tokens, --temperature, --seed: shared by `hone chat` and `hone generate`."""
-    from hone.core.api import GenerationSettings
+    """--base, --system, --max-new-tokens, --temperature, --top-p, --repetition-penalty, --seed: shared by
+    `hone chat` and `hone generate`, with the Studio's Chat defaults."""
+    from hone.core.api import CHAT_REPETITION_PENALTY, GenerationSettings
 
     defaults = GenerationSettings()
     p.add_argument(
@@ -47,6 +49,22 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
         default=defaults.temperature,
         metavar="T",
         help=f"0 = greedy, the same reply every time; higher samples more freely (default: {defaults.temperature:g})",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=defaults.top_p,
+        metavar="P",
+        help="with a temperature above 0, sample only from the most likely tokens whose probability adds up to P "
+        f"(default: {defaults.top_p:g}, all of them)",
+    )
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=CHAT_REPETITION_PENALTY,
+        metavar="R",
+        help="above 1, tokens already in the conversation become less likely, which ends a small model's loops; "
+        f"1 = off (default: {CHAT_REPETITION_PENALTY:g}, as the Studio's Chat)",
     )
     p.add_argument(
         "--seed",
@@ -134,7 +152,13 @@ def settings_from(args):
     """GenerationSettings from the options (a ConfigError, exit 2, for a value that cannot work)."""
     from hone.core.api import GenerationSettings
 
-    return GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    return GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+    )
 
 
 def run(args) -> int:

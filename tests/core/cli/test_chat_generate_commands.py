@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from hone.core.inference.chat import CHAT_REPETITION_PENALTY
 from hone.core.inference.prompts import read_prompts
 
 # As in test_command_input_checks: a mistake found before torch loads answers in well under this.
@@ -65,7 +66,8 @@ def run_dir(tiny_model_dir, chat_files, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(run_dir):
-    """reference(messages, adapter=True, template=RUN_TEMPLATE) -> the greedy reply of plain transformers + peft."""
+    """reference(messages, adapter=True, template=RUN_TEMPLATE, penalty=CHAT) -> the greedy reply of plain
+    transformers + peft, with `hone chat`'s default repetition penalty (`hone eval` scores with none: penalty=1)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -89,7 +91,7 @@ def reference(run_dir):
         }
     )
 
-    def reply(messages, adapter=True, template=RUN_TEMPLATE):
+    def reply(messages, adapter=True, template=RUN_TEMPLATE, penalty=CHAT_REPETITION_PENALTY):
         model = tuned if adapter else base
         prompt = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, chat_template=template
@@ -101,6 +103,7 @@ def reference(run_dir):
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=MAX_NEW,
                 do_sample=False,
+                repetition_penalty=penalty,
                 eos_token_id=stop,
                 pad_token_id=tokenizer.eos_token_id,
             )
@@ -204,13 +207,15 @@ def test_generate_base_with_plain_text_prompts(run_dir, reference, tmp_path):
         str(MAX_NEW),
         "--system",
         "Be brief.",
+        "--repetition-penalty",
+        "1",  # off, as `hone eval` scores
     )
     assert out.returncode == 0, out.stderr.decode()
     got = [json.loads(line) for line in (tmp_path / "base.jsonl").read_text(encoding="utf-8").splitlines()]
     system = [{"role": "system", "content": "Be brief."}]
     assert got == [
-        {"row": 1, "prompt": Q1, "completion": reference(system + _user(Q1), adapter=False)},
-        {"row": 3, "prompt": Q3, "completion": reference(system + _user(Q3), adapter=False)},
+        {"row": 1, "prompt": Q1, "completion": reference(system + _user(Q1), adapter=False, penalty=1.0)},
+        {"row": 3, "prompt": Q3, "completion": reference(system + _user(Q3), adapter=False, penalty=1.0)},
     ]
 
 
@@ -386,8 +391,8 @@ def test_eval_answers_with_both_models_and_scores_them(run_dir, reference, tmp_p
     prompts, _ = read_prompts(Path(RunConfig.load(run_dir / "config.toml").data.eval[0]))
     for row, prompt in zip(rows, prompts, strict=False):
         assert row["reference"] == prompt.reference and row["question"] == prompt.messages[-1]["content"]
-        assert row["tuned"].startswith(reference(prompt.messages, adapter=True))
-        assert row["base"].startswith(reference(prompt.messages, adapter=False))
+        assert row["tuned"].startswith(reference(prompt.messages, adapter=True, penalty=1.0))
+        assert row["base"].startswith(reference(prompt.messages, adapter=False, penalty=1.0))
         assert row["tuned_f1"] == pytest.approx(word_f1(row["tuned"], row["reference"]), abs=1e-4)
         assert row["tuned_exact"] == (row["tuned"].strip() == row["reference"].strip())
 
