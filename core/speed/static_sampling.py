@@ -19,7 +19,9 @@ decodes eagerly with the same buffers; `StaticSampler.capture_problem` says why.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -117,8 +119,9 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float) -> torch
 class StaticSampler:
     """Samples completions for left-padded prompts; holds what it learned about the model between calls."""
 
-    def __init__(self, *, capture: bool | None = None):
+    def __init__(self, *, capture: bool | None = None, adapters_in_compute_dtype: bool = True):
         self.capture = capture  # None: capture on a GPU
+        self.adapters_in_compute_dtype = adapters_in_compute_dtype
         self.capture_problem: str | None = None  # why the decode step runs eagerly, once it was tried
         self.captured_steps = 0
         self.eager_steps = 0
@@ -144,8 +147,9 @@ class StaticSampler:
         was_training = model.training
         model.eval()
         previous = apply_attention(model, DECODE_ATTENTION)
+        cast = adapters_in_compute_dtype(model) if self.adapters_in_compute_dtype else contextlib.nullcontext()
         try:
-            with tables_on_device(model):
+            with tables_on_device(model), cast:
                 return self._sample(model, ids, mask, max_new_tokens, temperature, top_p, pad_id, eos_ids)
         finally:
             revert_attention(model, previous)
@@ -234,6 +238,41 @@ class StaticSampler:
             allowed = full if window is None else full & (keys[None, None, None, :] > query[None, None] - window)
             masks[name] = allowed
         return masks
+
+
+@contextlib.contextmanager
+def adapters_in_compute_dtype(model) -> Iterator[int]:
+    """LoRA factors kept in float32 on a bf16 (or 4-bit) model, as peft keeps them for training, run in the base
+    layer's compute dtype while the block runs: peft would otherwise cast every input to float32 and back around
+    two float32 matmuls, for each adapted layer and each decoded token. The float32 tensors themselves are put back
+    afterwards (the same tensors, so the optimizer's state and the trained values are untouched); the copies are
+    the adapter's size. Yields how many factors were cast."""
+    swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    try:
+        for module in model.modules():
+            base = getattr(module, "base_layer", None)
+            dtype = _compute_dtype(base) if base is not None else None
+            if dtype is None:
+                continue
+            for factors in (getattr(module, "lora_A", None), getattr(module, "lora_B", None)):
+                for factor in factors.values() if isinstance(factors, torch.nn.ModuleDict) else ():
+                    weight = getattr(factor, "weight", None)
+                    if isinstance(weight, torch.nn.Parameter) and weight.dtype != dtype:
+                        swapped.append((weight, weight.data))
+                        weight.data = weight.data.to(dtype)
+        yield len(swapped)
+    finally:
+        for weight, data in swapped:
+            weight.data = data
+
+
+def _compute_dtype(layer) -> torch.dtype | None:
+    """The dtype `layer` computes in: a 4-bit layer's compute dtype, else its floating-point weight's."""
+    dtype = getattr(layer, "compute_dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    weight = getattr(layer, "weight", None)
+    return weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else None
 
 
 class DecodeStep:

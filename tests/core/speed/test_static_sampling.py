@@ -132,3 +132,31 @@ def test_the_decode_step_is_captured_once_and_replays_what_eager_decoding_gives(
     assert sampler.capture_problem is None
     assert sampler.captured_steps == 24 - 2  # token 1: the prefill, 2: the warm-up, then replays
     assert torch.equal(captured, eager)
+
+
+def test_float32_adapters_on_a_bf16_model_sample_in_bf16_and_come_back_untouched():
+    """peft keeps LoRA factors in float32 on a bf16 model; while sampling they run in bf16 (no float32 casts and
+    matmuls per token), and afterwards the parameters hold their own float32 tensors again, bit for bit."""
+    from peft import LoraConfig, get_peft_model
+
+    from hone.core.speed.static_sampling import adapters_in_compute_dtype
+
+    model = get_peft_model(
+        build_model("tiny-dense", seed=3).to(torch.bfloat16), LoraConfig(r=4, target_modules="all-linear")
+    ).eval()
+    factors = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert factors and {p.dtype for p in factors.values()} == {torch.float32}
+    before = {n: (p.data, p.detach().clone()) for n, p in factors.items()}
+    seen = []
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    handle = layer.register_forward_pre_hook(lambda m, _a: seen.append(m.lora_A["default"].weight.dtype))
+    ids, mask = _prompts(model.config.vocab_size)
+    StaticSampler().sample(model, ids, mask, max_new_tokens=4, temperature=1.0, top_p=1.0, pad_id=0, eos_ids=[-1])
+    handle.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    for name, p in factors.items():
+        data, values = before[name]
+        assert p.data_ptr() == data.data_ptr(), name
+        assert p.dtype == torch.float32 and torch.equal(p.detach(), values), name
+    with adapters_in_compute_dtype(build_model("tiny-dense", seed=3)) as cast:  # nothing to cast: no adapter
+        assert cast == 0
