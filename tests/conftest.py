@@ -9,6 +9,7 @@ so `pytest -m "gpu and moe" -o addopts=""` runs the MoE GPU tests of tests/core/
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import warnings
@@ -50,6 +51,35 @@ def pytest_collection_modifyitems(config, items):
             ),
             stacklevel=1,
         )
+
+
+@functools.cache
+def _fresh_process_threads() -> int:
+    """The thread count torch starts with in a new process (as every `hone` process the tests start)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True
+    )
+    return int(out.stdout.strip())
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_as_found():
+    """A test that runs the Studio's in-window trainer sets torch's thread count for the whole process (a CPU run
+    leaves the window a core): set it back, so later tests neither run on one core nor sum in another order than the
+    `hone` processes they compare against. torch is not imported here for tests that never import it."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        wanted = threads if threads is not None else _fresh_process_threads()
+        if torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
 
 
 @pytest.hookimpl(wrapper=True)
