@@ -77,17 +77,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def apply_choices(window, args: argparse.Namespace) -> None:
-    """--model, --data and --run: make those choices as the user would on the pages."""
+    """--model, --data and --run: make those choices as the user would on the pages (several runs: the first in the
+    Monitor, all of them selected on Runs, which compares them)."""
     if args.model:
         window.page("model").choose(args.model)
     if args.data:
         window.page("data").set_files([str(Path(f).expanduser()) for f in args.data], check=True)
     if args.run:
+        first = args.run[0]
         if args.screenshot:  # the scratch settings list the run's own folder on Runs, Chat and Export
-            window.state.update(f'output.runs_dir="{Path(args.run).resolve().parent.as_posix()}"')
+            window.state.update(f'output.runs_dir="{Path(first).resolve().parent.as_posix()}"')
             for name in ("runs", "chat", "export"):
                 window.page(name).shown()
-        window.open_run(args.run)  # Monitor, the sidebar's badge, Chat and Export, as opening it from Runs does
+        window.open_run(first)  # Monitor, the sidebar's badge, Chat and Export, as opening it from Runs does
+        if len(args.run) > 1:
+            runs = window.page("runs")
+            runs.select_dirs([Path(folder) for folder in args.run])
+            runs.compare_selected()
 
 
 def screenshot(window, path: str | Path) -> Path:

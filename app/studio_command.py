@@ -39,7 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--theme", choices=("system", "light", "dark"), help="colour theme (default: follow the system)")
     p.add_argument("--model", metavar="NAME_OR_PATH", help="choose this model (Hugging Face id, folder or .gguf)")
     p.add_argument("--data", metavar="FILE", action="append", help="use this training data file (repeatable)")
-    p.add_argument("--run", metavar="RUN_DIR", help="open this run folder in the Monitor")
+    p.add_argument(
+        "--run",
+        metavar="RUN_DIR",
+        action="append",
+        help="open this run folder in the Monitor; repeated, the runs (of one runs folder) are also selected on Runs, "
+        "which compares them",
+    )
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -54,10 +60,16 @@ def run(args: argparse.Namespace) -> int:
     advice); any other failure keeps its traceback."""
     from hone.core.api import guard_bitsandbytes_import, prefer_expandable_segments
 
-    if args.run and not (Path(args.run) / "config.toml").is_file():
+    for folder in args.run or []:
+        if not (Path(folder) / "config.toml").is_file():
+            raise HoneError(
+                f"{folder} is not a run folder (it has no config.toml)",
+                "give a folder from the runs directory, e.g. runs/20261201-120000-my-model",
+            )
+    if len({Path(folder).resolve().parent for folder in args.run or []}) > 1:
         raise HoneError(
-            f"{args.run} is not a run folder (it has no config.toml)",
-            "give a folder from the runs directory, e.g. runs/20261201-120000-my-model",
+            "the runs given with --run are in different runs folders",
+            "the Runs page lists one runs folder: give runs of one folder to compare",
         )
     prefer_expandable_segments()  # training runs in this process: set before anything touches CUDA
     guard_bitsandbytes_import()  # before peft imports it (hone.core.models.hub_kernels says why)

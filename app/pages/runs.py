@@ -203,6 +203,12 @@ class RunsPage(Page):
         rows = sorted({index.row() for index in self.table.selectionModel().selectedRows()})
         return [Path(self.summaries[row].run_dir) for row in rows]
 
+    def select_dirs(self, folders: list[Path]) -> None:
+        """Select the listed runs in these folders (a comparison, for two or more); others are left out."""
+        self.refresh()
+        wanted = {Path(folder).resolve() for folder in folders}
+        self.select([row for row, summary in enumerate(self.summaries) if Path(summary.run_dir).resolve() in wanted])
+
     def select(self, rows: list[int]) -> None:
         self.table.clearSelection()
         for row in rows:

@@ -96,3 +96,53 @@ def test_a_run_folder_that_is_not_one_is_refused_before_the_window_opens(capsys,
     assert main(["--screenshot", str(shot), "--page", "export", "--run", str(tmp_path / "no-such-run")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'no-such-run'} is not a run folder (it has no config.toml)" in err and not shot.exists()
+
+
+def test_several_runs_open_the_first_and_are_compared_on_runs(qtbot, make_window, tmp_path):
+    from test_runs_page import _finished
+
+    from hone.app.main import apply_choices
+
+    runs_dir = tmp_path / "runs"
+    folders = [
+        _finished(runs_dir / name, losses, 1000.0 + k)
+        for k, (name, losses) in enumerate(
+            (("lr-1e-4", [2.0, 1.5, 1.2]), ("lr-3e-4", [2.0, 1.2, 0.9]), ("lr-1e-3", [2.0, 1.4, 1.6]))
+        )
+    ]
+    window = make_window()
+    window.state.update(f'output.runs_dir="{runs_dir.as_posix()}"')
+    args = argparse.Namespace(model=None, data=None, run=[str(folders[0]), str(folders[2])], screenshot=None)
+    apply_choices(window, args)
+    runs = window.page("runs")
+    assert sorted(runs.selected_dirs()) == sorted([folders[0], folders[2]])
+    view = runs.comparison
+    qtbot.waitUntil(lambda: view.comparison is not None and not view.reading, timeout=30_000)
+    assert len(view.comparison.runs) == 2 and view.isVisibleTo(runs)
+    assert window.monitor.run_dir() == folders[0]
+
+
+def test_runs_of_different_folders_are_refused(capsys, tmp_path):
+    from hone.app.studio_command import main
+
+    for name in ("a/one", "b/two"):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "config.toml").write_text("", encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    assert (
+        main(
+            [
+                "--screenshot",
+                str(shot),
+                "--page",
+                "runs",
+                "--run",
+                str(tmp_path / "a/one"),
+                "--run",
+                str(tmp_path / "b/two"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "the runs given with --run are in different runs folders" in err and not shot.exists()
