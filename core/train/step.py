@@ -178,6 +178,7 @@ class StepRunner:
         collated ahead for it, and the allocator's cached blocks. The weights and optimizer state are untouched: the
         optimizer only runs after every micro-batch's backward."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.objective.forget_step()  # the step's rows run again: their metrics are recorded again
         if self._pending is not None:
             self._pending[2].cancel()
             self._pending = None
@@ -199,6 +200,7 @@ class StepRunner:
                 summed.backward()  # the scale does not change what backward allocates
         finally:
             self.optimizer.zero_grad(set_to_none=True)
+            self.objective.forget_step()  # a trial: the first step's metrics are the step's own
             for meter in (self.setup.expert_meter, self.setup.offload):
                 if meter is not None:
                     meter.read_and_reset()

@@ -41,3 +41,8 @@ class Objective(Protocol):
     def step_metrics(self) -> dict:
         """Fields of this method's own for the step's StepMetrics, read once per step after its micro-batches."""
         ...
+
+    def forget_step(self) -> None:
+        """Drop what this step's micro-batches recorded for `step_metrics` so far: the step runs again on smaller
+        micro-batches (out of memory), or the micro-batch was a trial that trained nothing (the preflight)."""
+        ...

@@ -206,6 +206,9 @@ class GroupRelativePolicyOptimization:
     def row_units(self, dataset, rows: list[int]) -> int:
         return len(rows) * self.settings.num_generations
 
+    def forget_step(self) -> None:
+        self._record = StepRecord([r.name for r in self.rewards])
+
     def step_metrics(self) -> dict:
         record, self._record = self._record, StepRecord([r.name for r in self.rewards])
         if not record.lengths:

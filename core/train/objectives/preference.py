@@ -120,6 +120,9 @@ class PreferenceOptimization:
     def row_units(self, dataset, rows: list[int]) -> int:
         return len(rows)
 
+    def forget_step(self) -> None:
+        self._sums = None
+
     def step_metrics(self) -> dict:
         if self._sums is None:
             return {}

@@ -37,3 +37,6 @@ class SupervisedFineTuning:
 
     def step_metrics(self) -> dict:
         return {}
+
+    def forget_step(self) -> None:  # nothing recorded per step
+        return None

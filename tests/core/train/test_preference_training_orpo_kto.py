@@ -8,6 +8,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from hone.core import events
 from hone.core.train import objectives
@@ -163,3 +164,54 @@ def test_a_resumed_kto_run_goes_on_exactly(tiny_config, tiny_model_dir, unpaired
     got = [value for e in _steps(resumed) for value in (e.loss, e.kl, e.reward_margin)]
     assert len(got) == 6 and got == pytest.approx(want, rel=1e-5)
     assert _steps(resumed)[0].chosen_logps is None  # the first step after the resume has no desirable answer
+
+
+@pytest.mark.parametrize("method, data", [("dpo", "pairs_file"), ("kto", "unpaired_file")])
+def test_a_step_run_again_after_running_out_of_memory_counts_its_rows_once(
+    method, data, request, monkeypatch, tiny_config, tiny_model_dir, tmp_path
+):
+    """The step's first micro-batch is recorded, its second runs out of memory, and the step runs again on smaller
+    micro-batches of the same rows: its reward accuracy, margin and log-probabilities are the uninterrupted run's
+    (KTO's KL estimate and loss depend on how rows are grouped, so only the per-answer numbers are compared)."""
+    data_file = request.getfixturevalue(data)
+    settings = (f'train.method="{method}"', "train.max_steps=3", "train.grad_accum=2")
+    clean = _steps(_run(_config(tiny_config, tiny_model_dir, data_file, tmp_path / "clean", *settings)))
+    cls = type(objectives.build_objective(method, _config(tiny_config, tiny_model_dir, data_file, tmp_path)))
+    real, calls = cls.loss_sum, []
+
+    def loss_sum(self, model, batch, *, evaluating=False):
+        if not evaluating:
+            calls.append(1)
+            if len(calls) == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, model, batch, evaluating=evaluating)
+
+    monkeypatch.setattr(cls, "loss_sum", loss_sum)
+    got = _run(_config(tiny_config, tiny_model_dir, data_file, tmp_path / "oom", *settings))
+    assert any(isinstance(e, events.Notice) and "smaller" in e.message for e in got), "the step ran again"
+    # KTO's later steps start from weights its regrouped KL moved a little otherwise: the step run again is compared
+    steps, upto = _steps(got), len(clean) if method == "dpo" else 1
+    assert len(steps) == len(clean)
+    for field in ("reward_accuracy", "reward_margin", "chosen_logps", "rejected_logps"):
+        want, have = [getattr(s, field) for s in clean[:upto]], [getattr(s, field) for s in steps[:upto]]
+        assert have == pytest.approx(want, rel=1e-5, abs=1e-6), field
+
+
+def test_the_preflights_trial_leaves_nothing_in_the_first_steps_metrics(
+    monkeypatch, tiny_config, tiny_model_dir, pairs_file, tmp_path
+):
+    """The measured preflight runs the largest micro-batch once before step 1 and trains nothing with it: step 1's
+    log-probabilities and accuracy are those of its own pairs, as in a run without the preflight."""
+    from test_preflight import MIB, TokenMeter
+
+    from hone.core.memory.run_plan import Memory
+
+    settings = ('train.method="dpo"', "train.max_steps=2")
+    clean = _steps(_run(_config(tiny_config, tiny_model_dir, pairs_file, tmp_path / "clean", *settings)))
+    trainer = Trainer(_config(tiny_config, tiny_model_dir, pairs_file, tmp_path / "trial", *settings), device="cpu")
+    trainer.memory, trainer.memory_meter = Memory(1024 * MIB, "a simulated GPU"), TokenMeter(monkeypatch, 0, 0)
+    got = list(trainer.run())
+    assert any(isinstance(e, events.Notice) and e.message.startswith("measured before step 1") for e in got)
+    steps = _steps(got)
+    for field in ("reward_accuracy", "chosen_logps", "rejected_logps"):
+        assert [getattr(s, field) for s in steps] == pytest.approx([getattr(s, field) for s in clean], rel=1e-6), field
