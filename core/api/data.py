@@ -15,7 +15,8 @@ from hone.core.data.formats import ColumnNames, detect_format, suggest_columns
 from hone.core.data.inspect import format_view, inspect_row, inspect_rows
 from hone.core.data.loaders import DUPLICATES_KEY, SourceError, read_records, resolve_sources
 from hone.core.data.preference import check_pairs
-from hone.core.data.preference_view import check_preference, inspect_preference_rows
+from hone.core.data.preference_view import check_preference, format_preference_view, inspect_preference_rows
+from hone.core.data.prompt_view import format_prompt_view, inspect_prompt_rows
 from hone.core.data.prompts import check_prompts
 from hone.core.data.rows import RowError
 from hone.core.data.template import apply_template_setting
@@ -33,9 +34,12 @@ __all__ = [
     "check_prompts",
     "check_unpaired",
     "detect_format",
+    "format_preference_view",
+    "format_prompt_view",
     "format_report",
     "format_view",
     "inspect_preference_rows",
+    "inspect_prompt_rows",
     "inspect_row",
     "inspect_rows",
     "read_records",

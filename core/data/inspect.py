@@ -231,12 +231,11 @@ def _pieces(result: Encoded, encoder: RowEncoder) -> tuple[list[Piece], list[Ima
     return pieces, images
 
 
-def format_view(view: RowView, color: bool = True, show_tokens: bool = False) -> str:
-    """The view as terminal text: trained spans in green (or [[...]] without color), images as [image ...]."""
-    if view.problem:
-        return f"skipped: {view.problem}"
+def render_pieces(pieces: list[Piece], color: bool = True) -> str:
+    """Pieces as terminal text: trained spans in green (or [[...]] without color), the rest dimmed, images as
+    [image N tokens]."""
     out = []
-    for piece in view.pieces:
+    for piece in pieces:
         if piece.kind == "image":
             label = f"[image {piece.tokens} tokens]"
             out.append(f"\033[35m{label}\033[0m" if color else label)
@@ -244,8 +243,20 @@ def format_view(view: RowView, color: bool = True, show_tokens: bool = False) ->
             out.append(f"\033[1;32m{piece.text}\033[0m" if color else f"[[{piece.text}]]")
         else:
             out.append(f"\033[2m{piece.text}\033[0m" if color else piece.text)
+    return "".join(out)
+
+
+def token_line(token_ids: list[int], trained: list[bool]) -> str:
+    """ "  tokens: 12 345* ..." (* = trained)."""
+    return "  tokens: " + " ".join(f"{t}{'*' if f else ''}" for t, f in zip(token_ids, trained, strict=True))
+
+
+def format_view(view: RowView, color: bool = True, show_tokens: bool = False) -> str:
+    """The view as terminal text: trained spans in green (or [[...]] without color), images as [image ...]."""
+    if view.problem:
+        return f"skipped: {view.problem}"
     lines = [
-        "".join(out),
+        render_pieces(view.pieces, color),
         "",
         f"{view.source}: {view.format}, {view.num_tokens} tokens, {view.num_trained} trained"
         + (", truncated to max_length" if view.truncated else ""),
@@ -255,7 +266,5 @@ def format_view(view: RowView, color: bool = True, show_tokens: bool = False) ->
         for im in view.images
     ]
     if show_tokens:
-        lines.append(
-            "  tokens: " + " ".join(f"{t}{'*' if f else ''}" for t, f in zip(view.token_ids, view.trained, strict=True))
-        )
+        lines.append(token_line(view.token_ids, view.trained))
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import numpy as np
 
 from hone.core.config import UNPAIRED_METHODS
 from hone.core.data.formats import ColumnNames
-from hone.core.data.inspect import Piece, _pieces, views_of_rows
+from hone.core.data.inspect import Piece, _pieces, render_pieces, token_line, views_of_rows
 from hone.core.data.labels import Encoded
 from hone.core.data.loaders import read_records
 from hone.core.data.preference import PairEncoder, PairSet, check_pairs, normalize_pair
@@ -176,6 +176,30 @@ def inspect_preference_rows(entry: str, tokenizer, rows: list[int], *, cfg=None,
         read_records,
         lambda source, number, record: _view(record, f"{source.name}:{number}", columns, encoder, unpaired),
     )
+
+
+def format_preference_view(view: PreferenceView, color: bool = True, show_tokens: bool = False) -> str:
+    """The view as terminal text: the prompt (once, where every answer's sequence renders it alike), then each answer
+    under its side with the tokens the method scores in green (or [[...]] without color), then the row's counts."""
+    if view.problem:
+        return f"skipped: {view.problem}"
+    shared = len({a.prompt_text for a in view.answers}) == 1
+    lines = [render_pieces(view.answers[0].prompt, color), ""] if shared else []
+    for answer in view.answers:
+        facts = f"{answer.num_tokens} tokens, {answer.num_trained} scored" + (
+            ", truncated to max_length" if answer.truncated else ""
+        )
+        lines.append(f"── {answer.side} ({facts})")
+        if not shared:
+            lines.append(render_pieces(answer.prompt, color))
+        lines += [render_pieces(answer.answer, color), ""]
+        if show_tokens:
+            lines.insert(-1, token_line(answer.token_ids, answer.trained))
+    lines.append(
+        f"{view.source}: {view.format}, {len(view.answers)} answer{'s' if len(view.answers) != 1 else ''}, "
+        f"{view.num_tokens} tokens, {view.num_trained} scored"
+    )
+    return "\n".join(lines)
 
 
 def check_preference(

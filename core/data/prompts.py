@@ -108,6 +108,24 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def encode_prompt(record: Any, where: str, columns: ColumnNames, tokenizer, max_length: int) -> PromptRow | RowProblem:
+    """One record as a prompt the policy answers: rendered with the chat template and the assistant's turn opened,
+    tokenized; or why training skips it (a RowProblem read from the file, a row without a prompt, a template that
+    fails on it, a prompt over `max_length`)."""
+    if isinstance(record, RowProblem):
+        return record
+    try:
+        text = render_conversation(tokenizer, prompt_messages(record, columns), add_generation_prompt=True)
+    except RowError as e:
+        return RowProblem(where, e.reason, e.field, e.detail)
+    except (ValueError, TypeError) as e:  # the chat template raised on this row
+        return RowProblem(where, TEMPLATE_ERROR, "", f"the chat template failed: {e}")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) > max_length:
+        return RowProblem(where, TOO_LONG, columns["prompt"], f"has {len(ids)} tokens")
+    return PromptRow(ids, text, {k: _json_safe(v) for k, v in record.items()}, where)
+
+
 def _rows(entries: list[str], split: str, cfg, tokenizer, report: ReportBuilder) -> Iterator[PromptRow]:
     columns = ColumnNames(cfg.columns)
     try:
@@ -119,24 +137,12 @@ def _rows(entries: list[str], split: str, cfg, tokenizer, report: ReportBuilder)
         try:
             for number, record in read_records(source):
                 report.read()
-                where = f"{source.name}:{number}"
-                if isinstance(record, RowProblem):
-                    report.skip(record)
-                    continue
-                try:
-                    text = render_conversation(tokenizer, prompt_messages(record, columns), add_generation_prompt=True)
-                except RowError as e:
-                    report.skip(RowProblem(where, e.reason, e.field, e.detail))
-                    continue
-                except (ValueError, TypeError) as e:  # the chat template raised on this row
-                    report.skip(RowProblem(where, TEMPLATE_ERROR, "", f"the chat template failed: {e}"))
-                    continue
-                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                if len(ids) > cfg.max_length:
-                    report.skip(RowProblem(where, TOO_LONG, columns["prompt"], f"has {len(ids)} tokens"))
+                row = encode_prompt(record, f"{source.name}:{number}", columns, tokenizer, cfg.max_length)
+                if isinstance(row, RowProblem):
+                    report.skip(row)
                     continue
                 report.formats["prompt"] += 1
-                yield PromptRow(ids, text, {k: _json_safe(v) for k, v in record.items()}, where)
+                yield row
         except SourceError as e:
             report.problem(e.message)
 

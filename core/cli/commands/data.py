@@ -2,7 +2,8 @@
 
 check:   reads every row, prints the validation report (rows kept, skipped by reason with row numbers, token
          length stats with a model); exits 1 only when no row is usable.
-inspect: renders rows through the model's chat template and prints them with the trained tokens highlighted.
+inspect: renders rows through the model's chat template and prints them with the trained tokens highlighted; with
+         --method, as that method reads them (a pair's prompt and both answers, KTO's labelled answers, GRPO's prompt).
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     inspect.add_argument("--model", "-m", required=True, help="model (or tokenizer folder)")
     inspect.add_argument(
         "--row", "-r", default="1", help="row number as the report prints it (1-based), or a range like 3-7"
+    )
+    inspect.add_argument(
+        "--method",
+        choices=TRAINING_METHODS,
+        default="sft",
+        help="read the rows as this training method does: sft rows (default); a pair's prompt and both answers for "
+        "dpo, simpo and orpo; labelled answers for kto; the prompt the policy answers, with the columns rewards "
+        "read, for grpo",
     )
     inspect.add_argument("--tokens", action="store_true", help="also list the token ids (* = trained)")
     inspect.add_argument("--no-color", action="store_true", help="mark trained text with [[...]] instead of color")
@@ -187,7 +196,14 @@ def _rows_read(phase, text: str) -> None:
 
 
 def _inspect(args, console) -> int:
-    from hone.core.api import format_view, inspect_rows
+    from hone.core.api import (
+        format_preference_view,
+        format_prompt_view,
+        format_view,
+        inspect_preference_rows,
+        inspect_prompt_rows,
+        inspect_rows,
+    )
 
     first, sep, last = args.row.partition("-")
     try:
@@ -199,10 +215,17 @@ def _inspect(args, console) -> int:
     if not rows or min(rows) < 1:
         raise ConfigError(f"--row {args.row!r} has no row numbers of 1 or more", "rows are numbered from 1")
     cfg = _config(args, [args.file])
-    views = inspect_rows(args.file, _tokenizer(args.model, console, cfg.chat_template), rows, cfg=cfg)
+    tokenizer = _tokenizer(args.model, console, cfg.chat_template)
+    if args.method == "grpo":
+        views, show = inspect_prompt_rows(args.file, tokenizer, rows, cfg=cfg), format_prompt_view
+    elif args.method in PREFERENCE_METHODS + UNPAIRED_METHODS:
+        views = inspect_preference_rows(args.file, tokenizer, rows, cfg=cfg, method=args.method)
+        show = format_preference_view
+    else:
+        views, show = inspect_rows(args.file, tokenizer, rows, cfg=cfg), format_view
     color = sys.stdout.isatty() and not args.no_color
     for n, view in enumerate(views):
         if n:
             print("\n" + "-" * 60)
-        print(format_view(view, color=color, show_tokens=args.tokens))
+        print(show(view, color=color, show_tokens=args.tokens))
     return 0

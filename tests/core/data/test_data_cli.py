@@ -81,3 +81,46 @@ def test_model_folder_gives_the_training_tokenizer(tmp_path, hone, tiny_model_di
     code, out, _ = hone("data", "check", path, "--model", tiny_model_dir("tiny-dense"), "--json")
     expected = len(smollm2_tokenizer.apply_chat_template(chat("q", "a")["messages"], tokenize=True)["input_ids"])
     assert code == 0 and json.loads(out)["tokens"] == expected
+
+
+def test_inspect_a_pair_shows_the_prompt_once_and_both_answers_scored(tmp_path, hone, smollm2_tokenizer_dir):
+    rows = [
+        {"prompt": "What is 2+2?", "chosen": "It is 4.", "rejected": "Maybe 5."},
+        {"prompt": "Say hi", "chosen": "hi", "rejected": ""},
+    ]
+    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    code, out, _ = hone(
+        "data", "inspect", path, "--model", smollm2_tokenizer_dir, "--method", "dpo", "--row", "1-2", "--no-color"
+    )
+    assert code == 0, out
+    first, second = out.split("-" * 60)
+    assert first.count("What is 2+2?") == 1, "the prompt is shown once"
+    assert re.search(r"── chosen \(\d+ tokens, \d+ scored\)\n.*\[\[It is 4\.", first)
+    assert re.search(r"── rejected \(\d+ tokens, \d+ scored\)\n.*\[\[Maybe 5\.", first)
+    assert re.search(rf"{re.escape(str(path))}:1: [^,]+, 2 answers, \d+ tokens, \d+ scored", first)
+    assert second.strip().startswith(f"skipped: {path}:2: ") and "rejected" in second
+
+
+def test_inspect_kto_rows_shows_each_answer_under_its_label(tmp_path, hone, smollm2_tokenizer_dir):
+    rows = [{"prompt": "Capital of France?", "completion": "Paris.", "label": True}]
+    path = write_jsonl(tmp_path / "kto.jsonl", rows)
+    code, out, _ = hone("data", "inspect", path, "--model", smollm2_tokenizer_dir, "--method", "kto", "--no-color")
+    assert code == 0, out
+    assert re.search(r"── desirable \(\d+ tokens, \d+ scored\)\n.*\[\[Paris\.", out)
+    assert ", 1 answer, " in out
+
+
+def test_inspect_grpo_prompts_shows_the_rendered_prompt_and_the_reward_columns(tmp_path, hone, smollm2_tokenizer_dir):
+    rows = [{"prompt": "Add 2 and 3.", "answer": "5", "meta": {"level": 1}}, {"prompt": "   "}]
+    path = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    code, out, _ = hone(
+        "data", "inspect", path, "--model", smollm2_tokenizer_dir, "--method", "grpo", "--row", "1-2", "--tokens",
+        "--no-color",
+    )  # fmt: skip
+    assert code == 0, out
+    first, second = out.split("-" * 60)
+    assert "Add 2 and 3." in first and "<|im_start|>assistant" in first, "rendered with the assistant's turn opened"
+    assert re.search(rf"{re.escape(str(path))}:1: prompt, \d+ tokens", first)
+    assert "  answer: 5\n" in first and "  meta: {'level': 1}" in first and "  prompt:" not in first
+    assert re.search(r"  tokens: \d+( \d+)+", first)
+    assert second.strip().startswith(f"skipped: {path}:2: ")
