@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -57,7 +58,6 @@ def pytest_collection_modifyitems(config, items):
 def _fresh_process_threads() -> int:
     """The thread count torch starts with in a new process (as every `hone` process the tests start)."""
     import subprocess
-    import sys
 
     out = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True, text=True
@@ -70,16 +70,20 @@ def torch_threads_as_found():
     """A test that runs the Studio's in-window trainer sets torch's thread count for the whole process (a CPU run
     leaves the window a core): set it back, so later tests neither run on one core nor sum in another order than the
     `hone` processes they compare against. torch is not imported here for tests that never import it."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    threads = torch.get_num_threads() if torch is not None else None
+    threads = _torch_threads()
     yield
-    torch = sys.modules.get("torch")
-    if torch is not None:
+    now = _torch_threads()
+    if now is not None:
         wanted = threads if threads is not None else _fresh_process_threads()
-        if torch.get_num_threads() != wanted:
-            torch.set_num_threads(wanted)
+        if now != wanted:
+            sys.modules["torch"].set_num_threads(wanted)
+
+
+def _torch_threads() -> int | None:
+    """torch's thread count when torch is imported (and is torch: a test may stand a fake in for it), else None."""
+    torch = sys.modules.get("torch")
+    get = getattr(torch, "get_num_threads", None)
+    return get() if callable(get) and callable(getattr(torch, "set_num_threads", None)) else None
 
 
 @pytest.hookimpl(wrapper=True)
