@@ -34,6 +34,16 @@ def reuse_weight_casts():
         _CASTS = outer
 
 
+def forget_casts(weights) -> None:
+    """Drop the casts of `weights` made inside the open `reuse_weight_casts` block: their values were swapped for a
+    while (the sampler runs float32 factors as bf16 copies) and a cast made then must not outlive the swap."""
+    if _CASTS is None:
+        return
+    gone = {id(w) for w in weights}
+    for key in [key for key in _CASTS if key[0] in gone]:
+        del _CASTS[key]
+
+
 def cast_weight(weight: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
     """`scale * weight` in `dtype` with one kernel (none when nothing changes), reused inside `reuse_weight_casts`."""
     if weight.dtype == dtype and scale == 1.0:

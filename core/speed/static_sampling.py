@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from hone.core.speed.attention.choice import apply_attention, revert_attention
 from hone.core.speed.attention.sdpa_fallback import dense_sink_attention
 from hone.core.speed.host_tables import tables_on_device
+from hone.kernels.weight_casts import forget_casts
 
 PROMPT_BUCKET = 64  # prompts are left-padded to a multiple of this, so later steps reuse the captured shapes
 CHECK_EVERY = 16  # decode steps between the host's checks whether every row has ended
@@ -244,9 +245,11 @@ class StaticSampler:
 def adapters_in_compute_dtype(model) -> Iterator[int]:
     """LoRA factors kept in float32 on a bf16 (or 4-bit) model, as peft keeps them for training, run in the base
     layer's compute dtype while the block runs: peft would otherwise cast every input to float32 and back around
-    two float32 matmuls, for each adapted layer and each decoded token. The float32 tensors themselves are put back
-    afterwards (the same tensors, so the optimizer's state and the trained values are untouched); the copies are
-    the adapter's size. Yields how many factors were cast."""
+    two float32 matmuls, for each adapted layer and each decoded token (Hone's fused LoRA layers cast once per step
+    already; this serves peft's own path). The float32 tensors themselves are put back afterwards (the same
+    tensors, so the optimizer's state and the trained values are untouched), and casts the trainer's
+    `reuse_weight_casts` block made of the copies are dropped; the copies are the adapter's size. Yields how many
+    factors were cast."""
     swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
     try:
         for module in model.modules():
@@ -264,6 +267,7 @@ def adapters_in_compute_dtype(model) -> Iterator[int]:
     finally:
         for weight, data in swapped:
             weight.data = data
+        forget_casts(weight for weight, _ in swapped)  # a scaled cast of a copy is not the trainer's cast
 
 
 def _compute_dtype(layer) -> torch.dtype | None:

@@ -160,3 +160,25 @@ def test_float32_adapters_on_a_bf16_model_sample_in_bf16_and_come_back_untouched
         assert p.dtype == torch.float32 and torch.equal(p.detach(), values), name
     with adapters_in_compute_dtype(build_model("tiny-dense", seed=3)) as cast:  # nothing to cast: no adapter
         assert cast == 0
+
+
+def test_a_cast_made_of_a_sampling_copy_does_not_outlive_it():
+    """Sampling happens inside the trainer's `reuse_weight_casts` block: a scaled bf16 cast of a factor made while the
+    factor held its bf16 copy rounds twice, and the step's training passes must get the cast of the float32 values."""
+    from peft import LoraConfig, get_peft_model
+
+    from hone.core.speed.static_sampling import adapters_in_compute_dtype
+    from hone.kernels.weight_casts import cast_weight, reuse_weight_casts
+
+    model = get_peft_model(
+        build_model("tiny-dense", seed=3).to(torch.bfloat16), LoraConfig(r=4, target_modules="all-linear")
+    )
+    factor = model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight
+    with torch.no_grad():
+        factor.copy_(torch.randn(factor.shape, generator=torch.Generator().manual_seed(0)))
+    want = torch.mul(factor.detach(), 0.3).to(torch.bfloat16)
+    with reuse_weight_casts():
+        with adapters_in_compute_dtype(model):
+            during = cast_weight(factor, torch.bfloat16, 0.3)
+        assert not torch.equal(during, want), "the copy's cast rounds twice (else this test tells nothing)"
+        assert torch.equal(cast_weight(factor, torch.bfloat16, 0.3), want)
