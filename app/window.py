@@ -24,6 +24,7 @@ from shiboken6 import isValid
 
 from hone.app.accessibility import KeyboardAccess
 from hone.app.compat import install_guards
+from hone.app.gui_gc import collect_on_gui_thread
 from hone.app.helper_process import HELPER
 from hone.app.pages.base import Page
 from hone.app.pages.chat import ChatPage
@@ -165,6 +166,10 @@ class MainWindow(QMainWindow):
         self.theme = theme or Theme.shared(self.settings.theme())
         self.state = AppState(self.settings, trainer, self)
         self.setAttribute(Qt.WA_DeleteOnClose)  # closing frees every page, chart and timer at once
+        # garbage is collected on this thread while the window lives (hone.app.gui_gc says why)
+        self.release_gc = collect_on_gui_thread()
+        release = self.release_gc
+        self.destroyed.connect(lambda *_: release())
         self.setWindowTitle("Hone Studio")
         self.setWindowIcon(logo_pixmap(64))
         self.setMinimumSize(QSize(980, 640))
@@ -378,6 +383,7 @@ class MainWindow(QMainWindow):
         for task in Task.running():
             task.wait(10_000)
         super().closeEvent(event)
+        self.release_gc()
 
     def ask_keep_on_close(self) -> str:
         """A run training in its own process: keep it training after the window closes ("keep"), stop it first
