@@ -10,7 +10,6 @@ reads any run. The export's export.json and model card name the checkpoint's ste
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -152,9 +151,9 @@ def checkpoint_folder(run_dir: Path, step: int) -> Path:
 
 
 def write_checkpoint_adapter(config, folder: Path, step: int, target: Path) -> Path:
-    """Rebuild the PEFT adapter of checkpoint `folder` into `target`: the base model in float32 on the CPU, the LoRA
-    the run trained (`apply_lora`, its settings and seed), the checkpoint's trainable tensors copied in, saved with
-    the tokenizer and a model card saying `step`.
+    """Rebuild the PEFT adapter of checkpoint `folder` into `target`: the base model's structure on the meta device
+    (no weight read), the LoRA the run trained laid out on it (`apply_lora`, its settings), the checkpoint's
+    trainable tensors put in its place, saved with the tokenizer and a model card saying `step`.
 
     Raises:
         ExportError: the checkpoint holds a tensor the rebuilt model lacks or of another shape (the run's config.toml
@@ -165,20 +164,20 @@ def write_checkpoint_adapter(config, folder: Path, step: int, target: Path) -> P
     from safetensors.torch import load_file
 
     from hone.core.data.template import apply_template_setting
-    from hone.core.models.load import load_model, load_tokenizer
+    from hone.core.models.load import load_tokenizer, model_skeleton
     from hone.core.train.adapter_dir import save_adapter
     from hone.core.train.checkpoints import WEIGHTS_FILE
     from hone.core.train.lora import apply_lora
 
-    loaded = load_model(dataclasses.replace(config.model, dtype="float32"), device="cpu", for_training=False)
+    loaded = model_skeleton(config.model)
     final = folder.parent.parent / ADAPTER_DIR  # the tokenizer saved with the final adapter has the run's template
     if (final / "tokenizer_config.json").is_file() and not hasattr(loaded.tokenizer, "tokenizer"):
         tokenizer = load_tokenizer(str(final), None, config.model)
     else:
         tokenizer = loaded.tokenizer
         apply_template_setting(tokenizer, config.data.chat_template)
-    torch.manual_seed(config.train.seed)  # as the trainer: every LoRA tensor is then replaced by the checkpoint's
-    model, _ = apply_lora(loaded.model, config.lora, loaded.info)
+    with torch.device("meta"):  # the LoRA's own tensors too: every one is replaced by the checkpoint's
+        model, _ = apply_lora(loaded.model, config.lora, loaded.info)
     path = folder / WEIGHTS_FILE
     try:
         weights = load_file(path)
@@ -200,9 +199,7 @@ def write_checkpoint_adapter(config, folder: Path, step: int, target: Path) -> P
             f"{path} does not fit the LoRA of the run's config.toml: {what}",
             "the run's config.toml (model, lora) was changed after training: put back the settings it trained with",
         )
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
+    model.load_state_dict(weights, strict=False, assign=True)  # the checkpoint's tensors become the parameters
     return save_adapter(model, tokenizer, target, config, steps=step, final_loss=None)
 
 

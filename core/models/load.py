@@ -441,6 +441,20 @@ def inspect_model(name_or_path: str, gguf_file: str = "") -> ModelInfo:
     return info_from_config(config, name_or_path, source.kind, count_params(model))
 
 
+def model_skeleton(model_cfg: ModelConfig) -> LoadedModel:
+    """The model's structure on the meta device, with its tokenizer: no weight is read, no memory is taken. What
+    needs only the modules' names and shapes (a LoRA laid out to take a checkpoint's tensors) uses it."""
+    import torch
+
+    source, folder, config = load_config(model_cfg)
+    with torch.device("meta"):
+        model = _auto_model_class(config).from_config(config, trust_remote_code=model_cfg.trust_remote_code)
+    model.eval().requires_grad_(False)
+    tokenizer = load_tokenizer(folder, config, model_cfg)
+    info = info_from_config(model.config, source.name, source.kind, count_params(model))
+    return LoadedModel(model=model, tokenizer=tokenizer, info=info, source=source, folder=folder)
+
+
 def _qlora_config(dtype, device: str):
     if not str(device).startswith("cuda"):
         raise ModelError(

@@ -301,6 +301,38 @@ def test_export_a_step_that_differs_from_the_final_adapter(scored, tmp_path):
     assert "checkpoint at training step 1" in (out / "README.md").read_text()
 
 
+def test_a_checkpoints_adapter_is_rebuilt_without_reading_the_base_weights(scored, tmp_path, monkeypatch):
+    """The adapter of a checkpoint needs the model's structure, not its weights: a base of many GiB is never loaded
+    (the model is built on the meta device), and the adapter is the checkpoint's tensors, loadable by peft."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    import hone.core.models.load as load
+    from hone.core.config import RunConfig
+    from hone.core.export.dispatch import write_checkpoint_adapter
+
+    run_dir = _copy_run(scored[0], tmp_path)
+    config = RunConfig.load(run_dir / "config.toml")
+    real_load = load.load_model
+    base = real_load(config.model, device="cpu", for_training=False).model  # the reference, before the patch
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the checkpoint's adapter was rebuilt by loading the base model's weights")
+
+    monkeypatch.setattr(load, "load_model", no_weights)
+    target = write_checkpoint_adapter(config, run_dir / "checkpoints" / "step-000001", 1, tmp_path / "adapter")
+    saved = load_file(run_dir / "checkpoints" / "step-000001" / "trainable.safetensors")
+    exported = load_file(target / "adapter_model.safetensors")
+    assert len(exported) == len(saved) > 0
+    for name, tensor in exported.items():
+        assert not tensor.is_meta and torch.equal(tensor, saved[name.replace(".weight", ".default.weight")]), name
+    tuned = PeftModel.from_pretrained(base, target)  # a real base takes the adapter as it would any other
+    params = dict(tuned.named_parameters())
+    for name, tensor in saved.items():
+        assert torch.equal(params[name], tensor.to(params[name].dtype)), name
+
+
 def test_export_best_without_scores_says_to_score_first(scored, tmp_path, capsys):
     from hone.core.cli import main
 
