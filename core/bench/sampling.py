@@ -2,11 +2,13 @@
 
 `hone bench grpo-0.6b` (and `grpo-8b`, `tiny-grpo` on a CPU) builds the scenario's random-init model in bf16 with
 a peft LoRA on every linear layer (its B drawn non-zero, so the adapter changes every answer), then samples the same
-batch of prompts × answers, as one GRPO step does, three ways: `generate` (sampling with temperature 1 and top-p 1,
-its default dynamic cache), Hone's sampler decoding step by step (`hone-eager`: the static cache, the decode step
-launched from Python) and Hone's sampler with the decode step captured as a CUDA graph (`hone`, a GPU only). The
-end-of-text token is one a random model almost never draws, so every run decodes the full answer length; tokens/s
-counts the answer tokens decoded (rows × positions) over the timed calls, after `warmup` untimed ones.
+batch of prompts × answers, as one GRPO step does: `generate` (sampling with temperature 1 and top-p 1, its default
+dynamic cache) on the plain peft model; on a GPU, Hone's sampler with the decode step captured as a CUDA graph on that
+same peft model (`hone-peft`: what the static cache and the graph alone give); then, with Hone's fused kernels applied
+to the model and the trainer's cast cache around each call as a GRPO run samples, Hone's sampler decoding step by step
+(`hone-eager`: the decode step launched from Python) and captured (`hone`, a GPU only). The end-of-text token is
+one a random model almost never draws, so every run decodes the full answer length; tokens/s counts the answer
+tokens decoded (rows × positions) over the timed calls, after `warmup` untimed ones.
 
 Then (`whole_steps`) the whole GRPO step follows (`grpo_steps`): TRL's GRPOTrainer without vLLM, then Hone's
 Trainer, on the same model folder, prompts, group, answer length and reward.
@@ -14,6 +16,7 @@ Trainer, on the same model folder, prompts, group, answer length and reward.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import statistics
@@ -28,7 +31,9 @@ from hone.core.bench.report import environment
 from hone.core.bench.scenarios import get_scenario
 from hone.core.bench.weights import build_bench_model
 from hone.core.errors import ConfigError
+from hone.core.speed.fused.apply import apply_kernels
 from hone.core.speed.static_sampling import StaticSampler
+from hone.kernels.weight_casts import reuse_weight_casts
 
 BASELINE = "generate"
 PROMPTS = 8  # prompts per call, each sampled GROUP times: 64 rows, TRL's default group of a step
@@ -44,6 +49,7 @@ class SamplingRun:
     peak_gib: float | None = None
     note: str = ""
     error: str = ""
+    profile: dict | None = None  # --profile: one more call under torch.profiler (`profile_tables` prints it)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -93,6 +99,7 @@ class SamplingReport:
                     "peak_gib": r.peak_gib,
                     "note": r.note,
                     "error": r.error,
+                    "profile": r.profile,
                 }
                 for r in self.runs
             ],
@@ -154,10 +161,12 @@ def run_sampling_bench(
     completion: int | None = None,
     whole_steps: bool = True,
     tokenizer: str | None = None,
+    profile_top: int = 0,
     on_result=None,
 ) -> SamplingReport:
     """Time the samplers on one batch, then (`whole_steps`) the whole step against TRL's;
-    `completion` None = the scenario's answer length, `tokenizer` a folder (None: the bundled SmolLM2's)."""
+    `completion` None = the scenario's answer length, `tokenizer` a folder (None: the bundled SmolLM2's),
+    `profile_top` > 0: each sampler runs one more call under torch.profiler, this many rows per table."""
     scenario = get_scenario(scenario_name)
     if scenario.kind != "sampling":
         raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario, not a sampling one", "")
@@ -208,35 +217,50 @@ def run_sampling_bench(
         )
         return out[:, ids.shape[1] :]
 
-    def static(capture: bool):
+    def static(capture: bool, fused: bool):
         sampler = StaticSampler(capture=capture)
 
         def run() -> torch.Tensor:
-            return sampler.sample(
-                model, ids, mask, max_new_tokens=answer, temperature=1.0, top_p=1.0, pad_id=0, eos_ids=[eos]
-            )
+            with reuse_weight_casts() if fused else contextlib.nullcontext():  # as the trainer's step samples
+                return sampler.sample(
+                    model, ids, mask, max_new_tokens=answer, temperature=1.0, top_p=1.0, pad_id=0, eos_ids=[eos]
+                )
 
         return sampler, run
 
-    eager_sampler, eager = static(False)
-    runs = [
-        (SamplingRun(BASELINE, "transformers' generate with the peft adapter, dynamic cache"), generate, None),
-        (SamplingRun("hone-eager", "Hone's static KV cache, decode step launched from Python"), eager, eager_sampler),
-    ]
+    plain = [(SamplingRun(BASELINE, "transformers' generate with the peft adapter, dynamic cache"), generate, None)]
     if cuda:
-        captured_sampler, captured = static(True)
-        runs.append(
-            (SamplingRun("hone", "Hone's static KV cache, decode step as one CUDA graph"), captured, captured_sampler)
+        peft_sampler, peft_captured = static(True, fused=False)
+        plain.append(
+            (
+                SamplingRun("hone-peft", "Hone's static KV cache and CUDA graph, peft's own LoRA layers"),
+                peft_captured,
+                peft_sampler,
+            )
         )
-    for result, call, sampler in runs:
-        _time(result, call, steps=steps, warmup=warmup, cuda=cuda)
-        if sampler is not None and sampler.capture_problem:
-            result.note = f"not captured: {sampler.capture_problem}"
-        report.runs.append(result)
-        if on_result:
-            on_result(result, report.ratio(result))
+    fused = []
+    eager_sampler, eager = static(False, fused=True)
+    fused.append(
+        (
+            SamplingRun("hone-eager", "Hone's static KV cache and fused kernels, decode step from Python"),
+            eager,
+            eager_sampler,
+        )
+    )
+    if cuda:
+        captured_sampler, captured = static(True, fused=True)
+        fused.append(
+            (
+                SamplingRun("hone", "Hone's static KV cache and fused kernels, decode step as one CUDA graph"),
+                captured,
+                captured_sampler,
+            )
+        )
+    _time_runs(report, plain, steps, warmup, cuda, profile_top, model, device, on_result)
+    report.batch["kernels"] = apply_kernels(model).summary()  # what a GRPO run's model samples with
+    _time_runs(report, fused, steps, warmup, cuda, profile_top, model, device, on_result)
     if whole_steps:
-        del model, runs
+        del model, plain, fused
         free_memory(device)
         _whole_steps(report, scenario, layers, lora_r, answer, steps, warmup, tokenizer, on_result)
     return report
@@ -283,6 +307,35 @@ def _whole_steps(report, scenario, layers, lora_r, answer, steps, warmup, tokeni
             report.steps.append(run)
             if on_result:
                 on_result(run, None)
+
+
+def _time_runs(report, runs, steps, warmup, cuda, profile_top, model, device, on_result) -> None:
+    for result, call, sampler in runs:
+        _time(result, call, steps=steps, warmup=warmup, cuda=cuda)
+        if sampler is not None and sampler.capture_problem:
+            result.note = f"not captured: {sampler.capture_problem}"
+        if profile_top and not result.error:
+            result.profile = _profile(call, model, device, profile_top)
+        report.runs.append(result)
+        if on_result:
+            on_result(result, report.ratio(result))
+
+
+def _profile(call, model, device: str, top: int) -> dict:
+    """One more sampling call under torch.profiler, summarized as `--profile` prints it."""
+    from hone.core.bench.diagnostics.profile import StepProfile
+
+    profile = StepProfile(model, device, top=top)
+    profile.start()
+    failed = None
+    try:
+        with torch.no_grad():
+            call()
+    except Exception as e:  # a profile that fails says so; the timings already stand
+        failed = f"{type(e).__name__}: {e}"
+    finally:
+        profile.stop()
+    return {"error": failed} if failed else profile.summary
 
 
 def _time(result: SamplingRun, call, *, steps: int, warmup: int, cuda: bool) -> None:

@@ -7,15 +7,16 @@ from rich.table import Table
 
 def run_sampling(args, console, text_only_flags) -> int:
     """Time the samplers on one batch of prompts × answers, print the table, write --json."""
-    from hone.core.api.bench import StepRun, run_sampling_bench, write_json
+    from hone.core.api.bench import StepRun, profile_tables, run_sampling_bench, write_json
     from hone.core.errors import ConfigError
 
     given = [flag for flag, name, default in text_only_flags if getattr(args, name) != default]
-    if given or args.only or args.peer or args.profile:
-        flags = ", ".join(given) or "--only / --peer / --profile"
+    if given or args.only or args.peer:
+        flags = ", ".join(given) or "--only / --peer"
         raise ConfigError(
             f"{flags}: not used by the sampling scenario {args.scenario}",
-            "it takes --tokens (the answer length), --layers, --lora-r, --steps, --warmup, --tokenizer and --json",
+            "it takes --tokens (the answer length), --layers, --lora-r, --steps, --warmup, --profile, --profile-top, "
+            "--tokenizer and --json",
         )
 
     def measured(run, ratio) -> None:
@@ -36,6 +37,7 @@ def run_sampling(args, console, text_only_flags) -> int:
         lora_r=args.lora_r,
         completion=args.tokens,
         tokenizer=args.tokenizer,
+        profile_top=max(args.profile_top, 1) if args.profile else 0,
         on_result=measured,
     )
     batch = report.batch
@@ -61,6 +63,11 @@ def run_sampling(args, console, text_only_flags) -> int:
             run.error or run.note or run.description,
         )
     console.print(table)
+    if report.batch.get("kernels"):
+        console.print(f"fused kernels (hone-eager, hone): {report.batch['kernels']}")
+    for run in report.runs:
+        for renderable in profile_tables(run.name, run.profile) if run.profile is not None else ():
+            console.print(renderable)
     if report.steps:
         steps = Table(title=f"the whole GRPO step, {args.steps} timed after {args.warmup}: TRL's GRPOTrainer vs Hone")
         for column in ("trainer", "median step s", "peak GiB", "trainable", "note"):

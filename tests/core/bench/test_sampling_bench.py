@@ -23,6 +23,7 @@ def test_the_sampling_bench_times_every_sampler_on_the_same_batch():
     )
     assert seen == [BASELINE, "hone-eager"]  # no GPU here: nothing to capture
     data = report.to_dict()
+    assert "lora" in data["batch"]["kernels"]  # hone-eager samples with the fused LoRA layers a GRPO run has
     assert data["batch"]["rows"] == PROMPTS * GROUP and data["batch"]["completion_tokens"] == 3
     for run in data["runs"]:
         assert not run["error"] and run["tokens_per_call"] == PROMPTS * GROUP * 3
@@ -35,3 +36,24 @@ def test_the_sampling_bench_refuses_other_scenarios_and_real_ones_without_a_gpu(
         run_sampling_bench("tiny-dense")
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
         run_sampling_bench("grpo-0.6b")
+
+
+def test_hone_bench_tiny_grpo_profiles_each_sampler_and_times_the_whole_step_against_trl(capsys, tmp_path):
+    import json
+
+    from hone.core.cli import main
+
+    out_json = tmp_path / "grpo.json"
+    argv = ["bench", "tiny-grpo", "--steps", "1", "--warmup", "0", "--layers", "1", "--tokens", "2", "--profile"]
+    code = main([*argv, "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for name in (BASELINE, "hone-eager"):
+        assert f"profile of {name}: one step" in out and f"{name}: top kernels" in out
+    data = json.loads(out_json.read_text())
+    assert [r["name"] for r in data["steps"]] == ["trl", "hone"]
+    for run in data["steps"]:
+        assert not run["error"] and run["median_s"] > 0 and run["trainable"] > 0
+    # the same LoRA on the same model: both trainers train the same parameters
+    assert data["steps"][0]["trainable"] == data["steps"][1]["trainable"]
+    assert data["step_speed_ratio"] > 0 and "whole step is" in out
