@@ -126,6 +126,8 @@ def test_two_processes_train_what_one_process_trains_and_only_process_0_writes(
         "output.name=one",
         "train.batch_tokens=128",
         "train.grad_accum=2",
+        'train.sample_prompts=["Name a color.", "Count to three."]',
+        "train.sample_max_new_tokens=6",
     )
     two = one.with_overrides(["output.name=two", "train.batch_tokens=256", "train.grad_accum=1"])
     two.save(tmp_path / "two.toml")
@@ -139,6 +141,14 @@ def test_two_processes_train_what_one_process_trains_and_only_process_0_writes(
     evals = [[e.loss for e in evts if isinstance(e, events.EvalMetrics)] for evts in (single, read_events(two_dir))]
     assert evals[1] == pytest.approx(evals[0], rel=1e-5) and len(evals[0]) == 2  # step 3 and the end
     assert_same_weights(adapter_weights(two_dir), adapter_weights(tmp_path / "runs" / "one"))
+    # sample answers at each evaluation: both processes answer (they run every forward together), process 0 writes
+    # one line per evaluation, the same answers as the one process's
+    from hone.core.train.samples_file import read_samples
+
+    both, alone = (read_samples(d) for d in (two_dir, tmp_path / "runs" / "one"))
+    assert [s.step for s in both] == [s.step for s in alone] == [3, 6]
+    assert [s.samples for s in both] == [s.samples for s in alone]
+    assert [prompt for prompt, _ in both[0].samples] == ["Name a color.", "Count to three."]
 
 
 def test_kill_and_resume_on_two_processes_is_exact(two_process_run, tmp_path):

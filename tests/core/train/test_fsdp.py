@@ -29,6 +29,8 @@ pytestmark = pytest.mark.skipif(
 TWO = World(rank=0, size=2, launched=True, local_size=2)
 # recompute checkpointing on, so the layers' weights are gathered again for the recompute in backward
 FSDP = [*SETTINGS, "train.parallel=fsdp", "speed.checkpoint=gpu", "lora.dropout=0"]
+# answers at each evaluation: every process generates (each forward gathers the split weights), process 0 writes
+SAMPLES = ['train.sample_prompts=["Name a color."]', "train.sample_max_new_tokens=5"]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,7 @@ def fsdp_run(tiny_model_dir, chat_files, tmp_path_factory):
         chat_files,
         root / "runs",
         *FSDP,
+        *SAMPLES,
         "output.name=split",
         "train.batch_tokens=256",
         "train.grad_accum=1",
@@ -66,6 +69,7 @@ def test_two_sharded_processes_train_what_one_process_trains(
         chat_files,
         tmp_path / "runs",
         *FSDP,
+        *SAMPLES,
         "output.name=one",
         "train.batch_tokens=128",
         "train.grad_accum=2",
@@ -80,6 +84,10 @@ def test_two_sharded_processes_train_what_one_process_trains(
     evals = [[e.loss for e in evts if isinstance(e, events.EvalMetrics)] for evts in (single, logged)]
     assert evals[1] == pytest.approx(evals[0], rel=1e-5) and len(evals[0]) == 2
     assert_same_weights(adapter_weights(run_dir), adapter_weights(tmp_path / "runs" / "one"))
+    from hone.core.train.samples_file import read_samples
+
+    split, alone = read_samples(run_dir), read_samples(tmp_path / "runs" / "one")
+    assert [s.step for s in split] == [3, 6] and [s.samples for s in split] == [s.samples for s in alone]
 
 
 def test_a_sharded_run_resumes_exactly_on_two_processes(fsdp_run, tmp_path):
