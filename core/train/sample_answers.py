@@ -29,10 +29,17 @@ _MARK = "\x07"
 @dataclass(frozen=True)
 class SamplePrompt:
     """One prompt to answer: `text` as shown (the user's words where they can be told apart from the template),
-    `ids` the prompt through the chat template with the assistant's turn opened."""
+    `ids` the prompt through the chat template with the assistant's turn opened, and the images of an evaluation
+    row whose prompt shows some (`source` names the row)."""
 
     text: str
     ids: tuple[int, ...]
+    images: tuple = ()  # ImageRefs, in the order of their placeholder tokens in `ids`
+    source: str = ""
+
+    @property
+    def input_ids(self) -> list[int]:  # read as a row is by the vision collator
+        return list(self.ids)
 
 
 def build_prompts(setting: list[str] | int, tokenizer, eval_set) -> list[SamplePrompt]:
@@ -71,8 +78,17 @@ def build_prompts(setting: list[str] | int, tokenizer, eval_set) -> list[SampleP
                 f"train.sample_prompts: evaluation row {getattr(row, 'source', index)} has no prompt before its answer",
                 "give train.sample_prompts as a list of prompts instead",
             )
-        out.append(SamplePrompt(_shown_text(tok, ids, prefix, suffix), tuple(ids)))
+        images = tuple(getattr(row, "images", None) or ())[: _images_in(ids, tokenizer)]
+        out.append(SamplePrompt(_shown_text(tok, ids, prefix, suffix), tuple(ids), images, getattr(row, "source", "")))
     return out
+
+
+def _images_in(ids: list[int], tokenizer) -> int:
+    """How many images a prompt's ids show: runs of the processor's image token (0 without one)."""
+    token = getattr(tokenizer, "image_token_id", None)
+    if token is None:
+        return 0
+    return sum(1 for i, t in enumerate(ids) if t == token and (i == 0 or ids[i - 1] != token))
 
 
 def _prompt_ids(row) -> list[int]:
@@ -115,8 +131,13 @@ class SampleAnswers:
         autocast_dtype: the dtype the training step computes in under autocast on CUDA (None: none).
     """
 
-    def __init__(self, prompts: list[SamplePrompt], tokenizer, max_new_tokens: int, file, autocast_dtype=None):
+    def __init__(
+        self, prompts: list[SamplePrompt], tokenizer, max_new_tokens: int, file, autocast_dtype=None, config=None
+    ):
         self.prompts = prompts
+        self.processor = tokenizer
+        self.config = config  # the RunConfig: how a vision prompt's images are scaled and processed
+        self._collator = None  # the vision collator that turns a prompt's images into pixels, made at first use
         self.tok = getattr(tokenizer, "tokenizer", tokenizer)
         self.max_new_tokens = max_new_tokens
         self.file = file
@@ -132,7 +153,7 @@ class SampleAnswers:
         file = SamplesFile(run_dir) if main else None
         if file is not None:
             file.forget_steps_after(step)
-        return cls(prompts, tokenizer, config.train.sample_max_new_tokens, file, autocast_dtype)
+        return cls(prompts, tokenizer, config.train.sample_max_new_tokens, file, autocast_dtype, config)
 
     def record(self, model, step: int) -> None:
         """Answer every prompt with `model` as it is at `step` and append the line (on the writing process)."""
@@ -159,6 +180,7 @@ class SampleAnswers:
                     generated = model.generate(
                         input_ids=ids,
                         attention_mask=torch.ones_like(ids),
+                        **self._image_inputs(model, prompt, device),
                         do_sample=False,
                         max_new_tokens=self.max_new_tokens,
                         pad_token_id=pad,
@@ -170,6 +192,17 @@ class SampleAnswers:
                 model.train()
             ckpt.set_rng_state(state)
         return out
+
+    def _image_inputs(self, model, prompt: SamplePrompt, device) -> dict[str, torch.Tensor]:
+        """The pixels (and companions) of a prompt's images, processed as the training batches' are."""
+        if not prompt.images:
+            return {}
+        if self._collator is None:
+            from hone.core.vision.collate import collator_for
+
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            self._collator = collator_for(model, self.processor, self.config, dtype=base.dtype)
+        return {k: v.to(device) for k, v in self._collator.prompt_inputs(prompt).items()}
 
     def _autocast(self, device: torch.device):
         if self.autocast_dtype is None or device.type != "cuda":

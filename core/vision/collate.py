@@ -202,6 +202,21 @@ class VisionCollator:
             batch.token_type_ids = (text.input_ids == self.image_token_id).to(torch.int64)
         return batch
 
+    def prompt_inputs(self, row) -> dict[str, torch.Tensor]:
+        """What `generate` takes besides the ids for one row's prompt: its images' pixels (and the family's
+        companions) and Gemma 3's `token_type_ids`; {} for a row without images.
+
+        Raises:
+            DataError: as `collate`.
+        """
+        images, _ = self._load_images([row])
+        if not images:
+            return {}
+        out = self._pixels(images)
+        if self.family.token_types:
+            out["token_type_ids"] = (torch.tensor([row.input_ids]) == self.image_token_id).to(torch.int64)
+        return out
+
     def _load_images(self, rows) -> tuple[list, list[int]]:
         """Every image of the batch in row order, and how many each row has."""
         images, per_row = [], []
