@@ -690,6 +690,13 @@ class PreferenceConfig(_Section):
         1.0, "KTO: the weight of the loss on answers labelled undesirable (raise it when they are the fewer).",
         min=0.0, above_min=True, max=100.0,
     )  # fmt: skip
+    precompute_reference: bool = _f(
+        True,
+        "DPO and KTO: compute the base model's log-probabilities of the answers the run trains on once, before step "
+        "1, and keep them in the data cache (later runs on the same model and data, and resumes, read them back), "
+        "instead of a second forward with the adapter off in every step. The same numbers, one forward less per "
+        "step; off: every step computes them (KTO's KL reference point is computed in every step either way).",
+    )
 
 
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo")

@@ -2,6 +2,7 @@
 short matrix-multiply probe measures here, given as a range.
 
     flops_per_token(shape, lora_rank=, mean_row_tokens=, recompute=, reference_forward=)   one trained token's work
+    reference_tokens(run_config, tokens, tokens_per_epoch)                                 those the reference scores
     run_tokens(max_steps=, batch_tokens=, grad_accum=, epochs=, tokens_per_epoch=)          the tokens a run trains on
     measure_matmul_rate()                                                                    float32 flop/s, cached
     estimate_time(tokens, per_token, flops_per_s) -> TimeEstimate                           seconds, low and high
@@ -15,7 +16,9 @@ of its row):
                                                     gradient is formed (the 6A of full fine-tuning is 4A here)
     LoRA                       6L                   forward, input and weight gradients of the adapter
     activation checkpointing   2A + attention + 2L  each layer's forward again in the backward
-    reference model            2A + attention       DPO and KTO score each row with the frozen model too
+    reference model            2A + attention       DPO and KTO score each row with the frozen model too; with
+                                                    preference.precompute_reference DPO does it once per row
+                                                    before step 1, not in every step (`reference_tokens`)
 
 Plain arithmetic (the probe alone runs torch). The rate a training step reaches is a share of the probe's, because
 attention, norms, the optimizer and Python run far below a large matmul's rate: the range spans EFFICIENCY_LOW to
@@ -48,6 +51,10 @@ PROBE_SIDE = 768
 PROBE_SECONDS = 0.25
 # Methods that score each row with the frozen model as well (the reference of DPO's and KTO's losses).
 REFERENCE_METHODS = ("dpo", "kto")
+# Methods whose reference forward preference.precompute_reference takes out of the steps: it runs once per row of
+# the data before step 1 instead. KTO computes its rows' reference once too, but keeps the reference forward of its KL
+# pairs in every step, which is what the one forward counted for it stands for.
+PRECOMPUTED_REFERENCE_METHODS = ("dpo",)
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,17 @@ def run_tokens(
     return round(epochs * tokens_per_epoch)
 
 
+def reference_tokens(config: RunConfig, tokens: int, tokens_per_epoch: int | None = None) -> int:
+    """Tokens of a run of `tokens` trained tokens that go through the reference model's forward: none without a
+    reference, each row once when it is computed before step 1 (at most an epoch's tokens), else every token."""
+    method = config.train.method
+    if method not in REFERENCE_METHODS:
+        return 0
+    if method in PRECOMPUTED_REFERENCE_METHODS and config.preference.precompute_reference and tokens_per_epoch:
+        return min(tokens, tokens_per_epoch)
+    return tokens
+
+
 def estimate_time(tokens: int, per_token: float, flops_per_s: float) -> TimeEstimate:
     """The range of seconds `tokens` tokens of `per_token` flops take at a probe rate of `flops_per_s`."""
     if flops_per_s <= 0:
@@ -175,12 +193,17 @@ def estimate_run_time(
     if tokens is None:
         return None
     settings = plan.settings
-    per_token = flops_per_token(
-        plan.shape,
-        lora_rank=settings.lora_rank,
-        lora_experts=settings.lora_experts,
-        mean_row_tokens=plan.mean_row_tokens,
-        recompute=settings.checkpoint != "off",
-        reference_forward=train.method in REFERENCE_METHODS,
+    step, with_reference = (
+        flops_per_token(
+            plan.shape,
+            lora_rank=settings.lora_rank,
+            lora_experts=settings.lora_experts,
+            mean_row_tokens=plan.mean_row_tokens,
+            recompute=settings.checkpoint != "off",
+            reference_forward=reference,
+        )
+        for reference in (False, True)
     )
+    scored = reference_tokens(config, tokens, tokens_per_epoch)
+    per_token = step + (with_reference - step) * scored / max(tokens, 1)
     return estimate_time(tokens, per_token, flops_per_s)

@@ -31,6 +31,7 @@ from hone.core.train import distributed, preflight, sharding
 from hone.core.train.interruptions import CheckpointClock, checkpoint_notice
 from hone.core.train.lora import apply_lora
 from hone.core.train.objectives import build_objective
+from hone.core.train.objectives.base import ObjectiveSetup
 from hone.core.train.optim import build_optimizer, build_scheduler
 from hone.core.train.provenance import write_provenance
 from hone.core.train.reporting import check_reporters, open_reporters
@@ -118,10 +119,32 @@ class RunPreparation:
             sharded=self.sharded,
             objective=self.objective,
         )
+        yield from self._prepare_objective(run)
         measure = self.memory is not None and self.memory_meter is not None and run.config.train.fit_memory
         if measure and self.step < run.total:
             yield self._emit(self._preflight(run.step_loop, run.data.train, run.stream))
         return run
+
+    def _prepare_objective(self, run: PreparedRun) -> Events:
+        """The objective's own step before step 1, where it has one (DPO and KTO: the reference log-probabilities,
+        computed once or read from the data cache); its notices, and a stop asked for meanwhile, as the loop's."""
+        prepare = getattr(self.objective, "prepare", None)
+        if prepare is None:
+            return
+        grad_accum = run.config.train.grad_accum
+        setup = ObjectiveSetup(
+            config=run.config,
+            model=run.model,
+            data=run.data,
+            steps=run.step_loop,
+            stream=run.stream,
+            positions=range(run.position, run.position + max(run.total - self.step, 0) * grad_accum),
+            world=self.world,
+            stop_requested=lambda: self.control.stop_requested,
+            dtype=run.dtype,
+        )
+        for notice in prepare(setup):
+            yield self._emit(notice)
 
     def _open_run(self) -> Events:
         """The run folder (new, or the one resumed), its writer, and the config settled before anything loads."""

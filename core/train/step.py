@@ -131,7 +131,8 @@ class StepRunner:
             self.vision = vision.collator_for(model, tokenizer, config, dtype)
             setup.note("vision", f"vision batches: {self.vision.describe()}")
 
-    def _autocast(self):
+    def autocast(self):
+        """The autocast context the steps run their forward in (none on the CPU or in float32)."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type="cuda", dtype=self.autocast_dtype)
@@ -154,8 +155,26 @@ class StepRunner:
             batch.input_rows = host.rows(batch.input_ids, pin_memory=self.pin)
         return batch
 
+    def collate_rows(self, dataset: TokenizedSet, rows: list[int]):
+        """One micro-batch of `rows` of `dataset`, with what the objective keeps per row of it (`annotate`: DPO's
+        precomputed reference log-probabilities)."""
+        batch = self.collate([dataset[i] for i in rows])
+        annotate = getattr(self.objective, "annotate", None)
+        return batch if annotate is None else annotate(batch, dataset, rows)
+
     def _collate_packs(self, dataset: TokenizedSet, packs: list[list[int]]) -> list:
-        return [self.collate([dataset[i] for i in pack]) for pack in packs]
+        return [self.collate_rows(dataset, pack) for pack in packs]
+
+    def eval_plan(self, dataset: TokenizedSet) -> list[list[int]]:
+        """The packs `evaluate` takes `dataset`'s rows in (every process the same; each runs its share)."""
+        return PackStream(dataset.lengths, self.config.train.batch_tokens, 0, self.config.speed.packing).plan(0)
+
+    def reset_meters(self) -> None:
+        """Drop what the speed paths' meters (expert load, offload) counted since the last step: a trial or a pass
+        before step 1 is not the first step's."""
+        for meter in (self.setup.expert_meter, self.setup.offload):
+            if meter is not None:
+                meter.read_and_reset()
 
     def _batches(self, dataset: TokenizedSet, packs: list[list[int]], next_packs: list[list[int]] | None) -> list:
         """This step's batches (collated ahead when the last step asked for exactly these), and the next step's
@@ -194,16 +213,14 @@ class StepRunner:
                 if not self.model.training:
                     self.model.train()
                 batch = self.collate(rows).to(self.device)
-                with self._autocast():
+                with self.autocast():
                     summed = self.objective.loss_sum(self.model, batch)
                 batch = None  # as in step(): the batch's device tensors must not stay allocated through backward
                 summed.backward()  # the scale does not change what backward allocates
         finally:
             self.optimizer.zero_grad(set_to_none=True)
             self.objective.forget_step()  # a trial: the first step's metrics are the step's own
-            for meter in (self.setup.expert_meter, self.setup.offload):
-                if meter is not None:
-                    meter.read_and_reset()
+            self.reset_meters()
 
     def close(self) -> None:
         """Stop the background collation thread and put the vocabulary tables back on the device (a run's end)."""
@@ -246,7 +263,7 @@ class StepRunner:
         with reuse_weight_casts():  # the adapters change only at the optimizer step below
             for batch, weight in zip(batches, weights, strict=True):
                 batch = batch.to(self.device)
-                with self._autocast():
+                with self.autocast():
                     summed = self.objective.loss_sum(model, batch)
                 # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding
                 # rows a host table supplies (T x H) must not stay allocated through it.
@@ -304,16 +321,15 @@ class StepRunner:
         """Mean loss over the evaluation rows (per trained token, for SFT)."""
         model = self.model
         model.eval()
-        stream = PackStream(dataset.lengths, self.config.train.batch_tokens, 0, self.config.speed.packing)
         total = torch.zeros((), device=self.device, dtype=torch.float32)
         trained = 0
-        plan = stream.plan(0)
+        plan = self.eval_plan(dataset)
         mine = self.world.share(plan)  # each process its share of the rows
         passes = distributed.most(len(mine), self.world) if self.sharded else len(mine)
         with reuse_weight_casts():
             for i in range(passes):  # past its own packs, a sharded process runs the first one, uncounted
-                batch = self.collate([dataset[r] for r in (mine[i] if i < len(mine) else plan[0])])
-                with self._autocast():
+                batch = self.collate_rows(dataset, mine[i] if i < len(mine) else plan[0])
+                with self.autocast():
                     summed = self.objective.loss_sum(model, batch.to(self.device), evaluating=True).float()
                 if i < len(mine):
                     trained += self.objective.units(batch)

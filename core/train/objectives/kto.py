@@ -2,12 +2,15 @@
 
 A micro-batch holds whole rows (prompt + answer, the answer scored; hone.core.data.unpaired), each with its label
 in the batch (`desirable`). The policy's answer log-probabilities come from one forward through the chunked head;
-the reference's from a gradient-free forward of the same weights with the adapter off. KTO's reference point, an
-estimate of KL(policy ‖ reference), comes from mismatched sequences built from the same micro-batch: row i's prompt
-followed by row i-1's answer (cyclically, as TRL's KTOTrainer rotates the completions of its batch), scored by the
-policy and the reference without gradients; its mean log-ratio, clamped at 0, is the same for every row. Building
-them reads the batch's tokens back to the host once per micro-batch (a few KB). The loss is summed over the rows;
-the trainer divides by the step's rows.
+the reference's are those of the same weights with the adapter off: computed once before step 1
+(`preference.precompute_reference`, reference_logprobs.py), or by a gradient-free forward of each micro-batch.
+
+KTO's reference point, an estimate of KL(policy ‖ reference), comes from mismatched sequences built from the same
+micro-batch: row i's prompt followed by row i-1's answer (cyclically, as TRL's KTOTrainer rotates the completions of
+its batch), scored by the policy and the reference without gradients in every micro-batch (which answer follows which
+prompt depends on how the rows are grouped, and that changes from epoch to epoch, so these are never computed ahead);
+its mean log-ratio, clamped at 0, is the same for every row. Building them reads the batch's tokens back to the host
+once per micro-batch (a few KB). The loss is summed over the rows; the trainer divides by the step's rows.
 
 A step's `reward_margin` is the mean reward of its desirable answers minus the mean reward of its undesirable ones
 (TRL's rewards/margins). Packs group rows of like length, so all the answers of a step may carry one label: the
@@ -19,6 +22,7 @@ state (`checkpoint_state`), saved with a checkpoint, so a resumed run reports th
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -29,9 +33,12 @@ from hone.core.data.collate import IGNORE_INDEX, PackedBatch, collate_packed, co
 from hone.core.data.tokenized import TokenizedRow
 from hone.core.data.unpaired import UnpairedData, load_unpaired_data
 from hone.core.errors import ConfigError, DataError, HoneError
+from hone.core.events import Notice
+from hone.core.train.objectives.base import ObjectiveSetup
 from hone.core.train.objectives.logprobs import sequence_logprobs
 from hone.core.train.objectives.preference import adapter_off
 from hone.core.train.objectives.preference_losses import KtoLosses, kto_losses
+from hone.core.train.objectives.reference_logprobs import PrecomputedReference
 
 
 @dataclass
@@ -97,6 +104,7 @@ class KahnemanTverskyOptimization:
     """KTO (`Objective`) with the [preference] settings beta, desirable_weight and undesirable_weight."""
 
     name: ClassVar[str] = "kto"
+    uses_reference: ClassVar[bool] = True  # the loss compares with the base model (the adapter off)
 
     def __init__(self, config: RunConfig):
         self.settings = config.preference
@@ -108,6 +116,10 @@ class KahnemanTverskyOptimization:
         # mean reward of the desirable and of the undesirable answers of the latest step that had any (see the
         # module's docstring): the margin of a step whose answers all carry one label
         self._latest_rewards = [0.0, 0.0]
+        # the rows' reference log-probabilities computed before step 1 (`prepare`), or None: each step computes them
+        self.precomputed = (
+            PrecomputedReference(self.reference_logprobs, "rows") if self.settings.precompute_reference else None
+        )
 
     def load_data(self, config: RunConfig, tokenizer) -> UnpairedData:
         if config.data.format != "auto":
@@ -119,15 +131,32 @@ class KahnemanTverskyOptimization:
         weights = (self.settings.desirable_weight, self.settings.undesirable_weight)
         return load_unpaired_data(config.data, tokenizer, seed=self.seed, weights=weights)
 
+    def prepare(self, setup: ObjectiveSetup) -> Iterator[Notice]:
+        """Before step 1: the rows' reference log-probabilities, read from the data cache or computed once
+        (`preference.precompute_reference`); the KL reference point stays per micro-batch (see the module)."""
+        if self.precomputed is not None:
+            yield from self.precomputed.prepare(setup)
+
+    def annotate(self, batch, dataset, rows: list[int]):
+        """A micro-batch of `rows` of `dataset` with its precomputed reference log-probabilities, where known."""
+        return batch if self.precomputed is None else self.precomputed.annotate(batch, dataset, rows)
+
+    def reference_logprobs(self, model, batch) -> torch.Tensor:
+        """(N,) fp32: each row's answer log-probability under the base model (the adapter off), no gradients."""
+        with torch.no_grad(), adapter_off(model):
+            return sequence_logprobs(model, batch, mode=self.loss_mode)[0]
+
     def losses(self, model, batch) -> tuple[KtoLosses, torch.Tensor, torch.Tensor]:
         """The rows' losses, their labels ((N,) bool) and the policy's answer log-probabilities ((N,) fp32)."""
         if batch.desirable is None:
             raise DataError("a KTO batch has rows without a desirable label", "load the data with the KTO objective")
         kl_batch = mismatched_batch(batch, self.max_length)
+        ref_logps = getattr(batch, "reference", None)  # precomputed before step 1, where the batch carries them
         with torch.no_grad():
             kl_logps, _ = sequence_logprobs(model, kl_batch, mode=self.loss_mode)
             with adapter_off(model):
-                ref_logps, _ = sequence_logprobs(model, batch, mode=self.loss_mode)
+                if ref_logps is None:
+                    ref_logps, _ = sequence_logprobs(model, batch, mode=self.loss_mode)
                 ref_kl_logps, _ = sequence_logprobs(model, kl_batch, mode=self.loss_mode)
         logps, _ = sequence_logprobs(model, batch, mode=self.loss_mode)
         s = self.settings

@@ -2,14 +2,16 @@
 
 A micro-batch holds whole pairs, each as two packed sequences (prompt + chosen, prompt + rejected; see
 hone.core.data.preference). One forward gives every sequence's summed answer log-probability through the chunked
-head (`logprobs.sequence_logprobs`); DPO's reference log-probabilities come from a second, gradient-free forward of
-the same weights with the adapter switched off, so there is never a second copy of the model. The loss is summed
-over the pairs; the trainer divides by the step's pairs.
+head (`logprobs.sequence_logprobs`); DPO's reference log-probabilities are those of the same weights with the adapter
+switched off, so there is never a second copy of the model: computed once before step 1 and read by every step
+(`preference.precompute_reference`, reference_logprobs.py), or by a second, gradient-free forward of each micro-batch.
+The loss is summed over the pairs; the trainer divides by the step's pairs.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
@@ -17,6 +19,8 @@ import torch
 from hone.core.config import RunConfig
 from hone.core.data.preference import PreferenceData, load_preference_data
 from hone.core.errors import ConfigError
+from hone.core.events import Notice
+from hone.core.train.objectives.base import ObjectiveSetup
 from hone.core.train.objectives.logprobs import sequence_logprobs
 from hone.core.train.objectives.preference_losses import (
     OrpoLosses,
@@ -26,6 +30,7 @@ from hone.core.train.objectives.preference_losses import (
     orpo_losses,
     simpo_losses,
 )
+from hone.core.train.objectives.reference_logprobs import PrecomputedReference
 
 
 @contextlib.contextmanager
@@ -56,6 +61,12 @@ class PreferenceOptimization:
         # running sums over a step's micro-batches, on the device: margin, correct rankings, chosen and rejected
         # log-probabilities, pairs; read once per step (`step_metrics`), after the step's own sync
         self._sums: torch.Tensor | None = None
+        # the reference log-probabilities computed before step 1 (`prepare`), or None: each step computes them
+        self.precomputed = (
+            PrecomputedReference(self.reference_logprobs, "pairs")
+            if self.uses_reference and self.settings.precompute_reference
+            else None
+        )
 
     def load_data(self, config: RunConfig, tokenizer) -> PreferenceData:
         if config.data.format != "auto":
@@ -66,12 +77,29 @@ class PreferenceOptimization:
             )
         return load_preference_data(config.data, tokenizer, seed=self.seed)
 
+    def prepare(self, setup: ObjectiveSetup) -> Iterator[Notice]:
+        """Before step 1: the reference log-probabilities of the run's pairs, read from the data cache or computed
+        once (`preference.precompute_reference`; nothing to do without a reference)."""
+        if self.precomputed is not None:
+            yield from self.precomputed.prepare(setup)
+
+    def annotate(self, batch, dataset, rows: list[int]):
+        """A micro-batch of `rows` of `dataset` with its precomputed reference log-probabilities, where known."""
+        return batch if self.precomputed is None else self.precomputed.annotate(batch, dataset, rows)
+
+    def reference_logprobs(self, model, batch) -> torch.Tensor:
+        """(S,) fp32: each sequence's answer log-probability under the base model (the adapter off), no gradients."""
+        with torch.no_grad(), adapter_off(model):
+            return sequence_logprobs(model, batch, mode=self.loss_mode)[0]
+
     def pair_logprobs(self, model, batch) -> PairLogprobs:
-        """Each pair's answer log-probabilities under the model (and the reference, for DPO)."""
+        """Each pair's answer log-probabilities under the model (and the reference, for DPO: the batch's
+        precomputed values where it carries them)."""
         ref = None
         if self.uses_reference:
-            with torch.no_grad(), adapter_off(model):
-                ref, _ = sequence_logprobs(model, batch, mode=self.loss_mode)
+            ref = getattr(batch, "reference", None)
+            if ref is None:
+                ref = self.reference_logprobs(model, batch)
         sums, counts = sequence_logprobs(model, batch, mode=self.loss_mode)
         return PairLogprobs(
             chosen=sums[0::2],

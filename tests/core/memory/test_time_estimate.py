@@ -106,3 +106,40 @@ def test_a_runs_estimate_from_its_config_and_plan():
     by_epochs = config.with_overrides(["train.max_steps=0", "train.epochs=2.0"])
     assert estimate_run_time(by_epochs, plan, 1e11) is None  # the data's tokens are not known
     assert estimate_run_time(by_epochs, plan, 1e11, tokens_per_epoch=5000).tokens == 10_000
+
+
+def test_a_reference_computed_once_scores_each_row_once_not_every_step():
+    from hone.core.config import RunConfig
+    from hone.core.memory.time_estimate import reference_tokens
+
+    dpo = RunConfig().with_overrides(['train.method="dpo"', "train.epochs=3.0"])
+    assert reference_tokens(dpo, 30_000, tokens_per_epoch=10_000) == 10_000  # 3 epochs, the reference scored once
+    assert reference_tokens(dpo, 4_000, tokens_per_epoch=10_000) == 4_000  # a short run: only the rows it takes
+    assert reference_tokens(dpo, 30_000) == 30_000  # the data's tokens unknown: as in every step
+    every_step = dpo.with_overrides(["preference.precompute_reference=false"])
+    assert reference_tokens(every_step, 30_000, tokens_per_epoch=10_000) == 30_000
+    kto = dpo.with_overrides(['train.method="kto"'])
+    assert reference_tokens(kto, 30_000, tokens_per_epoch=10_000) == 30_000  # its KL pairs' reference, every step
+    assert reference_tokens(RunConfig(), 30_000, tokens_per_epoch=10_000) == 0  # SFT has no reference
+
+
+def test_a_dpo_runs_estimate_counts_the_reference_forward_once_per_row():
+    from hone.core.config import RunConfig
+    from hone.core.memory.run_plan import Memory, plan_run
+    from hone.core.memory.time_estimate import estimate_run_time
+
+    config = RunConfig()
+    config.model.name_or_path = "smollm2-135m"
+    config = config.with_overrides(
+        ['train.method="dpo"', "train.epochs=3.0", "train.batch_tokens=2048", "data.max_length=512",
+         'speed.checkpoint="off"', "lora.r=8"]
+    )  # fmt: skip
+    plan = plan_run(config, Memory(16 * 2**30, "this computer (system memory)", gpu=False))
+    shape, settings = plan.shape, plan.settings
+    step = flops_per_token(shape, lora_rank=8, mean_row_tokens=plan.mean_row_tokens)
+    forward = flops_per_token(shape, lora_rank=8, mean_row_tokens=plan.mean_row_tokens, reference_forward=True) - step
+    assert settings.lora_rank == 8 and settings.checkpoint == "off"
+    once = estimate_run_time(config, plan, 1e11, tokens_per_epoch=10_000)
+    assert once.flops == pytest.approx(30_000 * step + 10_000 * forward)
+    every = estimate_run_time(config.with_overrides(["preference.precompute_reference=false"]), plan, 1e11, 10_000)
+    assert every.flops == pytest.approx(30_000 * (step + forward))
