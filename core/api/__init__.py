@@ -33,7 +33,8 @@ something new from the engine adds it here, in the submodule of its verb.
     score          select_checkpoints, score_checkpoints -> ScoreTable; score_trained_checkpoints (at a run's end);
                    read_scores, best_stored, stored_for_step, weights_choices (what Export offers),
                    best_entry, METRICS, DEFAULT_METRIC, check_metric (a run's checkpoints on held-out rows, stored in
-                   RUN_DIR/scores.json; reading needs no torch)
+                   RUN_DIR/scores.json; reading needs no torch); lm-eval tasks: require_lm_eval, split_specs,
+                   select_tasks -> TaskSelection, score_tasks -> TaskTable, read_task_scores (lm_eval_scores.json)
     the Hub        search_models, model_files, download_model, save_token, forget_token, push_folder, hub_user,
                    fits_this_machine
     this machine   MachineFacts, read_machine; Telemetry, TelemetrySample, GpuListing, list_gpus; check_runtime;
@@ -198,13 +199,21 @@ _LAZY = {
     **dict.fromkeys(
         (
             "DEFAULT_METRIC",
+            "DEFAULT_ROWS",
+            "LM_EVAL_INSTALL",
+            "LM_EVAL_SCORES_FILE",
             "METRICS",
             "SCORES_FILE",
+            "TASK_BATCH_SIZE",
             "DataKey",
             "SavedCheckpoint",
             "ScoreEntry",
             "ScoreTable",
             "StoredScores",
+            "StoredTaskScores",
+            "TaskScore",
+            "TaskSelection",
+            "TaskTable",
             "WeightsChoice",
             "best_entry",
             "best_stored",
@@ -213,10 +222,15 @@ _LAZY = {
             "current_entries",
             "latest_data",
             "read_scores",
+            "read_task_scores",
+            "require_lm_eval",
             "saved_checkpoints",
             "score_checkpoints",
+            "score_tasks",
             "score_trained_checkpoints",
             "select_checkpoints",
+            "select_tasks",
+            "split_specs",
             "stored_for_step",
             "weights_choices",
         ),

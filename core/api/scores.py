@@ -9,14 +9,20 @@ RUN_DIR/scores.json and read back without a model (`read_scores`, `best_stored`,
     pick           best_stored(run_dir, by="loss") -> ScoreEntry; best_entry(entries, by); stored_for_step;
                    weights_choices(run_dir) -> ([WeightsChoice], note): what the Export page offers
     after a run    score_trained_checkpoints(trainer) (train.eval_checkpoints: with the model the run trained)
-                   METRICS (name -> (what, lower is better)), DEFAULT_METRIC, check_metric
+                   METRICS (name -> (what, lower is better)), DEFAULT_METRIC, check_metric, DEFAULT_ROWS
+    lm-eval tasks  require_lm_eval, split_specs, select_tasks(specs, task_dir) -> TaskSelection;
+                   score_tasks(run_dir, config, models, selection, limit=, num_fewshot=) -> TaskTable (the base and
+                   the fine-tune on lm-evaluation-harness tasks, stored in RUN_DIR/lm_eval_scores.json);
+                   read_task_scores -> StoredTaskScores, TaskScore, LM_EVAL_SCORES_FILE, LM_EVAL_INSTALL
 
-Light to import: torch loads when `score_checkpoints` loads a model, never at import (the Studio reads scores).
+Light to import: torch loads when `score_checkpoints` loads a model, lm-eval when `select_tasks` runs, never at import
+(the Studio reads scores).
 """
 
 from __future__ import annotations
 
 from hone.core.inference.checkpoint_scoring import (
+    DEFAULT_ROWS,
     SavedCheckpoint,
     ScoreTable,
     saved_checkpoints,
@@ -25,6 +31,20 @@ from hone.core.inference.checkpoint_scoring import (
     select_checkpoints,
 )
 from hone.core.inference.export_choices import WeightsChoice, weights_choices
+from hone.core.inference.harness import (
+    LM_EVAL_INSTALL,
+    LM_EVAL_SCORES_FILE,
+    TASK_BATCH_SIZE,
+    StoredTaskScores,
+    TaskScore,
+    TaskSelection,
+    TaskTable,
+    read_task_scores,
+    require_lm_eval,
+    score_tasks,
+    select_tasks,
+    split_specs,
+)
 from hone.core.inference.score_store import (
     DEFAULT_METRIC,
     METRICS,
@@ -44,13 +64,21 @@ from hone.core.inference.score_store import (
 
 __all__ = [
     "DEFAULT_METRIC",
+    "DEFAULT_ROWS",
+    "LM_EVAL_INSTALL",
+    "LM_EVAL_SCORES_FILE",
     "METRICS",
     "SCORES_FILE",
+    "TASK_BATCH_SIZE",
     "DataKey",
     "SavedCheckpoint",
     "ScoreEntry",
     "ScoreTable",
     "StoredScores",
+    "StoredTaskScores",
+    "TaskScore",
+    "TaskSelection",
+    "TaskTable",
     "WeightsChoice",
     "best_entry",
     "best_stored",
@@ -59,10 +87,15 @@ __all__ = [
     "current_entries",
     "latest_data",
     "read_scores",
+    "read_task_scores",
+    "require_lm_eval",
     "saved_checkpoints",
     "score_checkpoints",
+    "score_tasks",
     "score_trained_checkpoints",
     "select_checkpoints",
+    "select_tasks",
+    "split_specs",
     "stored_for_step",
     "weights_choices",
 ]

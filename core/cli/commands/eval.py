@@ -4,6 +4,10 @@ fine-tune, scored against their references (hone.core.inference.evaluate).
 `hone eval RUN_DIR --checkpoints all|best|STEP[,STEP...] [--by METRIC] [--json OUT]`: the base and each of the run's
 saved checkpoints scored on the same rows, the scores stored in RUN_DIR/scores.json and reused
 (hone.core.inference.checkpoint_scoring).
+
+`hone eval RUN_DIR --task T[,T...] [--task-dir FOLDER] [--limit N] [--num-fewshot K] [--batch-size B] [--json OUT]`:
+the base and the fine-tune scored on lm-evaluation-harness tasks (GSM8K, MMLU, HellaSwag, ARC, IFEval, or tasks of
+your own in lm-eval's YAML format), the scores stored in RUN_DIR/lm_eval_scores.json (hone.core.inference.harness).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from hone.core.errors import HoneError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from hone.core.api import DEFAULT_METRIC, METRICS
+    from hone.core.api import DEFAULT_METRIC, DEFAULT_ROWS, METRICS
 
     p = sub.add_parser(
         "eval",
@@ -32,16 +36,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "loss and perplexity, exact and normalized match, word F1, contains, and JSON validity where the references "
         "are JSON. The scores are stored in RUN_DIR/scores.json: a checkpoint already scored on the same rows of the "
         "same file is not scored again.\n\n"
-        "exit codes: 0 done, 2 bad input (no run, no adapter, no checkpoint of that step, no rows with a reference)",
+        "With --task the base and the fine-tune are scored on lm-evaluation-harness tasks instead (the eval extra: "
+        'pip install "hone-studio[eval]"): gsm8k, mmlu, hellaswag, arc_challenge, arc_easy, ifeval or any other of '
+        "lm-eval's tasks, groups and tags, or your own in lm-eval's YAML format (--task-dir, or a .yaml path). Task "
+        "data is downloaded from the Hugging Face Hub on first use and read from its cache after. The scores are "
+        "stored in RUN_DIR/lm_eval_scores.json.\n\n"
+        "exit codes: 0 done, 2 bad input (no run, no adapter, no checkpoint of that step, no rows with a reference, "
+        "an unknown task, task data that cannot be read)",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run folder `hone train` wrote")
     p.add_argument("--data", metavar="FILE", help="the held-out rows (default: the run's first data.eval file)")
     p.add_argument(
         "--rows",
         type=int,
-        default=20,
         metavar="N",
-        help="score the first N rows with a reference (default 20; 0 = all)",
+        help=f"score the first N rows with a reference (default {DEFAULT_ROWS}; 0 = all)",
     )
     p.add_argument(
         "--out",
@@ -59,8 +68,40 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help=f"what best means with --checkpoints: {', '.join(METRICS)} (default: {DEFAULT_METRIC}); best is the "
         "lowest loss or perplexity, the highest of the others",
     )
-    p.add_argument("--json", metavar="OUT", help="with --checkpoints: also write the table as JSON to OUT")
+    p.add_argument("--json", metavar="OUT", help="with --checkpoints or --task: also write the scores as JSON to OUT")
+    _add_task_options(p)
     return p
+
+
+def _add_task_options(p: argparse.ArgumentParser) -> None:
+    from hone.core.api import TASK_BATCH_SIZE
+
+    p.add_argument(
+        "--task",
+        metavar="T[,T...]",
+        help="score the base and the fine-tune on lm-evaluation-harness tasks, groups or tags (gsm8k, mmlu, "
+        "hellaswag, arc_challenge, ifeval, ...) or task YAML files; `lm-eval ls tasks` lists them",
+    )
+    p.add_argument(
+        "--task-dir",
+        metavar="FOLDER",
+        help="with --task: a folder of your own tasks in lm-eval's YAML format, found by the names they give",
+    )
+    p.add_argument(
+        "--limit", type=int, metavar="N", help="with --task: score the first N rows of each task (default: all)"
+    )
+    p.add_argument(
+        "--num-fewshot",
+        type=int,
+        metavar="K",
+        help="with --task: K solved examples before each question (default: each task's own)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help=f"with --task: requests per forward pass (default {TASK_BATCH_SIZE}; fewer needs less memory)",
+    )
 
 
 def run(args) -> int:
@@ -71,13 +112,24 @@ def run(args) -> int:
     from hone.core.cli.commands.chat import load_chat_models, open_chat_run
     from hone.core.cli.console import Phase
 
+    if args.task is not None:
+        return _score_tasks(args)
+    for option in ("task_dir", "limit", "num_fewshot", "batch_size"):
+        if getattr(args, option) is not None:
+            flag = "--" + option.replace("_", "-")
+            raise HoneError(f"{flag} goes with --task", f"add --task NAME (e.g. gsm8k), or leave {flag} out")
+    if args.rows is None:
+        from hone.core.api import DEFAULT_ROWS
+
+        args.rows = DEFAULT_ROWS
     if args.rows < 0:
         raise HoneError(f"--rows is {args.rows}", "give a number of rows, or 0 for all")
     if args.checkpoints is not None:
         return _score_checkpoints(args)
-    for option, value in (("--by", args.by), ("--json", args.json)):
-        if value is not None:
-            raise HoneError(f"{option} goes with --checkpoints", f"add --checkpoints all, or leave {option} out")
+    if args.by is not None:
+        raise HoneError("--by goes with --checkpoints", "add --checkpoints all, or leave --by out")
+    if args.json is not None:
+        raise HoneError("--json goes with --checkpoints or --task", "add --checkpoints all, or leave --json out")
     run_dir, config = open_chat_run(args.run_dir, base=False)
     if config.train.method in PREFERENCE_METHODS:
         return _rank_pairs(args, run_dir, config)
@@ -224,6 +276,96 @@ def _score_checkpoints(args) -> int:
     return 0
 
 
+def _score_tasks(args) -> int:
+    """--task: the base and the fine-tune on lm-evaluation-harness tasks, one table, stored in the run folder."""
+    from rich.console import Console
+
+    from hone.core.api import TASK_BATCH_SIZE, require_lm_eval, score_tasks, select_tasks, split_specs
+    from hone.core.cli.commands.chat import load_chat_models, open_chat_run
+    from hone.core.cli.console import Phase
+
+    _check_task_options(args)
+    specs = split_specs(args.task)
+    require_lm_eval()  # before the run or the tasks are looked at: without it nothing else can happen
+    run_dir, config = open_chat_run(args.run_dir, base=False)
+    console = Console(stderr=True)
+    with Phase(console, f"reading lm-eval tasks {', '.join(specs)} and their data"):
+        selection = select_tasks(specs, args.task_dir)
+    models = load_chat_models(run_dir, config, False, console)
+    with Phases(console, text=lambda label, _total: label, unit="requests") as phases:
+        table = score_tasks(
+            run_dir,
+            config,
+            models,
+            selection,
+            limit=args.limit,
+            num_fewshot=args.num_fewshot,
+            batch_size=args.batch_size or TASK_BATCH_SIZE,
+            progress=phases.update,
+        )
+    for note in table.notes:
+        console.print(f"hone: {note}", highlight=False, markup=False, soft_wrap=True)
+    print_task_table(run_dir, table, args.limit)
+    console.print(f"stored in {table.path}", highlight=False, soft_wrap=True)
+    if args.json:
+        document = {
+            "run": str(run_dir.resolve()),
+            "lm_eval": table.lm_eval,
+            "tasks": selection.names,
+            "limit": args.limit,
+            "num_fewshot": args.num_fewshot,
+            "entries": [e.as_dict() for e in table.entries()],
+        }
+        write_json_file(Path(args.json).expanduser(), document)
+        console.print(f"wrote the scores to {args.json}", highlight=False, soft_wrap=True)
+    return 0
+
+
+def _check_task_options(args) -> None:
+    """--task's own options in range, and none of the held-out rows' or checkpoints' options beside it."""
+    for option, value in (("--checkpoints", args.checkpoints), ("--data", args.data), ("--rows", args.rows),
+                          ("--out", args.out), ("--by", args.by)):  # fmt: skip
+        if value is not None:
+            raise HoneError(
+                f"{option} goes with the held-out rows' scores, not with --task (lm-eval tasks)",
+                f"run them as two commands: `hone eval RUN --task ...` and `hone eval RUN {option} ...`",
+            )
+    for option, value, least in (("--limit", args.limit, 1), ("--num-fewshot", args.num_fewshot, 0),
+                                 ("--batch-size", args.batch_size, 1)):  # fmt: skip
+        if value is not None and value < least:
+            raise HoneError(f"{option} is {value}", f"give a whole number of at least {least}")
+
+
+def print_task_table(run_dir: Path, table, limit: int | None) -> None:
+    """One row per task and metric: the base's value, the fine-tune's, and the change."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = "every row" if limit is None else f"at most {limit} rows"
+    out = Table(title=f"{run_dir.name} on lm-eval tasks ({rows} per task, lm-eval {table.lm_eval})")
+    for heading in ("task", "rows", "shots", "metric"):
+        out.add_column(heading)
+    for heading in ("base", "fine-tuned", "change"):
+        out.add_column(heading, justify="right")
+    tuned = {e.task: e for e in table.tuned}
+    for base in table.base:
+        other = tuned.get(base.task)
+        for metric, value in base.metrics.items():
+            after = other.metrics.get(metric) if other else None
+            change = "" if value is None or after is None else f"{after - value:+.4f}"
+            cells = (_value(base, metric), _value(other, metric) if other else "n/a", change)
+            out.add_row(base.task, str(base.samples), str(base.num_fewshot), metric, *cells)
+    Console().print(out)
+
+
+def _value(entry, metric: str) -> str:
+    value = entry.metrics.get(metric)
+    if value is None:
+        return "n/a"
+    error = entry.stderr.get(metric)
+    return f"{value:.4f}" + (f" ± {error:.4f}" if error is not None else "")
+
+
 _COLUMNS = (  # metric, heading, format
     ("loss", "loss", "{:.4f}"),
     ("perplexity", "perplexity", "{:.3g}"),
@@ -269,6 +411,11 @@ def _write_json(path: Path, run_dir: Path, table, shown: list, best, by: str) ->
         "reused": table.reused,
         "entries": [e.as_dict() for e in entries],
     }
+    write_json_file(path, document)
+
+
+def write_json_file(path: Path, document: dict) -> None:
+    """--json OUT: `document` written beside OUT and renamed over it, so OUT is whole or as it was."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         tmp.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
@@ -282,10 +429,13 @@ def _write_json(path: Path, run_dir: Path, table, shown: list, best, by: str) ->
 
 
 class Phases:
-    """One `Phase` line per model scored: `update(label, done, total)` opens a new line when the label changes."""
+    """One `Phase` line per model scored: `update(label, done, total)` opens a new line when the label changes.
+    `text(label, total)` and `unit` say what the line shows (default: "scoring LABEL on TOTAL rows")."""
 
-    def __init__(self, console):
+    def __init__(self, console, text=None, unit: str = "rows"):
         self.console = console
+        self.text = text or (lambda label, total: f"scoring {label} on {total} rows")
+        self.unit = unit
         self.label: str | None = None
         self.phase = None
 
@@ -298,7 +448,7 @@ class Phases:
         if label != self.label:
             self._close(None)
             self.label = label
-            self.phase = Phase(self.console, f"scoring {label} on {total} rows", total=total, unit="rows")
+            self.phase = Phase(self.console, self.text(label, total), total=total, unit=self.unit)
             self.phase.__enter__()
         self.phase.update(done)
 
