@@ -713,6 +713,7 @@ REWARD_KEYS = {
 }
 # Completions per prompt: 2 is the least a group comparison needs; a few hundred is beyond any use.
 MAX_GENERATIONS = 512
+MAX_ITERATIONS = 64  # optimizer steps per batch of answers; past a few the answers no longer fit the policy
 
 
 def _check_reward(spec: Any, where: str, reward_file: str) -> None:
@@ -781,6 +782,14 @@ class GrpoConfig(_Section):
     )
     epsilon_high: float = _f(
         0.0, "Clipping: the ratio is kept below 1 + epsilon_high (DAPO uses 0.28); 0 = epsilon.", min=0.0, max=10.0
+    )
+    num_iterations: int = _f(
+        1,
+        "Optimizer steps on each batch of sampled answers (TRL's num_iterations): above 1, the later steps reuse "
+        "the answers, and the ratio to the policy that sampled them is clipped; each prompt's step comes as many "
+        "times, so an epoch is as many times longer.",
+        min=1,
+        max=MAX_ITERATIONS,
     )
     loss_type: str = _f(
         "dapo",

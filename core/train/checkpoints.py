@@ -252,7 +252,15 @@ def _write_file(path: Path, data: bytes | memoryview) -> dict:
 
 
 def _write_folder(
-    folder: Path, step: int, model, optimizer, scheduler, state: dict, scaler, rng_by_rank: list | None = None
+    folder: Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    state: dict,
+    scaler,
+    rng_by_rank: list | None = None,
+    objective_tensors: dict | None = None,
 ) -> None:
     """The checkpoint's files, serialized in memory first (a moment's copy of the trainable weights and the
     optimizer state in host memory), then written."""
@@ -267,6 +275,7 @@ def _write_folder(
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng_state(),
             **({"rng_by_rank": rng_by_rank} if rng_by_rank else {}),
+            **({"objective": objective_tensors} if objective_tensors else {}),
         },
         buffer,
     )
@@ -290,10 +299,13 @@ def save_checkpoint(
     scaler=None,
     keep: int = 2,
     rng_by_rank: list | None = None,
+    objective_tensors: dict | None = None,
 ) -> Path:
     """Write checkpoints/step-{step:06d} (replacing one of that step without a moment lacking it) and prune to the
     `keep` newest complete ones. Returns its path. The caller holds the run folder's lock (run_lock.py).
     `rng_by_rank`: the random state of each process of a run trained by several (hone.core.train.distributed).
+    `objective_tensors`: what the run's objective keeps in tensors between steps (GRPO's answers inside a cycle),
+    saved with the training state.
 
     Raises:
         HoneError: the disk is full (the half-written folder is removed again, the older checkpoints stay).
@@ -304,7 +316,7 @@ def save_checkpoint(
     try:
         root.mkdir(parents=True, exist_ok=True)
         _tidy(root)
-        _write_folder(tmp, step, model, optimizer, scheduler, state, scaler, rng_by_rank)
+        _write_folder(tmp, step, model, optimizer, scheduler, state, scaler, rng_by_rank, objective_tensors)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)  # frees the space it took, for run.json and the log
         if is_disk_full(e):
@@ -445,7 +457,8 @@ def _read_training_state(path: Path) -> dict:
 
 def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None, rank: int = 0) -> dict:
     """Restore model weights, optimizer, scheduler, scaler and RNG from `path` (one `resumable_checkpoint` chose);
-    returns its state.json (`read_state`). `rank`: which process's random state to take, when several trained the run.
+    returns its state.json (`read_state`), with the objective's tensors under "objective_tensors" where the checkpoint
+    holds any. `rank`: which process's random state to take, when several trained the run.
 
     Raises:
         HoneError: state.json, the weights or training_state.pt cannot be read or hold what no checkpoint of this
@@ -477,4 +490,6 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, *, scaler=None, ran
             f"{training_file} holds a {what} state that cannot be restored ({type(e).__name__}: {str(e)[:200]})",
             _damaged_checkpoint_advice(path),
         ) from None
+    if isinstance(training.get("objective"), dict):
+        state = dict(state, objective_tensors=training["objective"])
     return state

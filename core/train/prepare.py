@@ -243,7 +243,15 @@ class RunPreparation:
         params = [p for p in model.parameters() if p.requires_grad]
         distributed.same_start(params, world)
         yield from self._choose_parallel(model, info, setup)
-        stream = PackStream(data.train.lengths, config.train.batch_tokens, config.train.seed, config.speed.packing)
+        stream = PackStream(
+            data.train.lengths,
+            config.train.batch_tokens,
+            config.train.seed,
+            config.speed.packing,
+            # GRPO's grpo.num_iterations: each step's prompts come again for as many optimizer steps
+            repeat_steps=getattr(self.objective, "updates_per_batch", 1),
+            grad_accum=config.train.grad_accum,
+        )
         total = total_steps_for(config, stream)
         optimizer = build_optimizer(params, config.train, device)
         scheduler = build_scheduler(optimizer, config.train, total)
@@ -320,6 +328,8 @@ class RunPreparation:
             self.split = state.get("split", 1)  # a run that ran out of memory goes on as it ended
             if "objective" in state and hasattr(self.objective, "load_checkpoint_state"):  # e.g. KTO's latest rewards
                 self.objective.load_checkpoint_state(state["objective"])
+            if "objective_tensors" in state and hasattr(self.objective, "load_checkpoint_tensors"):  # GRPO's answers
+                self.objective.load_checkpoint_tensors(state["objective_tensors"])
             resumed = self.facts.resume(state, run.stream, run.optimizer, run.scheduler, run.config)
             run.position, run.total = resumed.position, resumed.total
             for notice in resumed.notices:  # changed settings, data

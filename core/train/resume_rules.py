@@ -89,6 +89,7 @@ ON_RESUME: dict[str, Rule] = {
     },
     "grpo.num_generations": _ORDER,
     "grpo.max_completion_length": _ORDER,
+    "grpo.num_iterations": _ORDER,  # how many times each step's packs come: the place in the data
     "train.max_grad_norm": Rule("update", "gradient clipping"),
     "train.weight_decay": Rule("update", "AdamW weight decay"),
     "train.eval_every": _SAVING,

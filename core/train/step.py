@@ -27,22 +27,26 @@ class PackStream:
     """Packs of row indices in training order across epochs; position = packs consumed so far.
 
     Each epoch's plan is deterministic for (seed, epoch), so a resumed run recomputes the same order and
-    continues from the saved position.
+    continues from the saved position. `repeat_steps` > 1 (GRPO's grpo.num_iterations): each step's packs (`grad_accum`
+    of them) come `repeat_steps` times in a row, so as many optimizer steps train on one batch of sampled answers,
+    and an epoch is that many times longer.
     """
 
-    def __init__(self, lengths, budget: int, seed: int, packing: bool):
+    def __init__(self, lengths, budget: int, seed: int, packing: bool, *, repeat_steps: int = 1, grad_accum: int = 1):
         self.lengths, self.budget, self.seed, self.packing = lengths, budget, seed, packing
+        self.repeat_steps, self.grad_accum = repeat_steps, grad_accum
         self._plans: dict[int, list[list[int]]] = {}
 
     def plan(self, epoch: int) -> list[list[int]]:
         if epoch not in self._plans:
             if self.packing:
-                self._plans[epoch] = plan_packs(self.lengths, self.budget, seed=self.seed, epoch=epoch)
+                packs = plan_packs(self.lengths, self.budget, seed=self.seed, epoch=epoch)
             else:  # one row per micro-batch, shuffled per epoch the same way
                 order = torch.randperm(
                     len(self.lengths), generator=torch.Generator().manual_seed(self.seed * 1000 + epoch)
                 ).tolist()
-                self._plans[epoch] = [[i] for i in order]
+                packs = [[i] for i in order]
+            self._plans[epoch] = repeat_steps(packs, self.grad_accum, self.repeat_steps)
         return self._plans[epoch]
 
     def packs_per_epoch(self) -> int:
@@ -63,6 +67,19 @@ class PackStream:
     def epoch_progress(self, position: int) -> float:
         epoch, index = self.locate(position)
         return epoch + index / len(self.plan(epoch))
+
+
+def repeat_steps(packs: list[list[int]], grad_accum: int, times: int) -> list[list[int]]:
+    """An epoch's packs in steps of `grad_accum`, each step's packs given `times` times in a row. With `times` > 1, a
+    last step short of packs takes them from the epoch's start, so every step is whole and steps never straddle two
+    epochs or two repeats (no row is left out of the epoch; a few are seen in two steps' batches)."""
+    if times <= 1:
+        return packs
+    out = []
+    for start in range(0, len(packs), grad_accum):
+        step = [packs[(start + i) % len(packs)] for i in range(grad_accum)]
+        out += step * times
+    return out
 
 
 def split_packs(packs: list[list[int]], lengths, parts: int) -> list[list[int]]:
@@ -222,6 +239,12 @@ class StepRunner:
             self.objective.forget_step()  # a trial: the first step's metrics are the step's own
             self.reset_meters()
 
+    def _begin_step(self, step: int) -> None:
+        """Tell the objective which step runs, where its steps depend on it (GRPO's answers reused in a cycle)."""
+        begin_step = getattr(self.objective, "begin_step", None)
+        if begin_step is not None:
+            begin_step(step)
+
     def close(self) -> None:
         """Stop the background collation thread and put the vocabulary tables back on the device (a run's end)."""
         self._pending = None
@@ -244,6 +267,7 @@ class StepRunner:
         the packs of the step after, are collated in the background meanwhile (on a GPU). `counts`: the tokens and
         trained tokens of the whole step when several processes share it (`packs` is this process's share)."""
         model, cfg = self.model, self.config.train
+        self._begin_step(step)
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()

@@ -329,8 +329,15 @@ class Trainer(RunPreparation):
                 scaler=run.scaler,
                 keep=self.config.output.keep_checkpoints,
                 rng_by_rank=rng_by_rank,
+                objective_tensors=_objective_tensors(self.objective),
             )
         return events.CheckpointSaved(step=self.step, path=str(path))
+
+
+def _objective_tensors(objective) -> dict | None:
+    """What a checkpoint keeps of the objective in tensors (`checkpoint_tensors`: GRPO's answers inside a cycle)."""
+    checkpoint_tensors = getattr(objective, "checkpoint_tensors", None)
+    return checkpoint_tensors() if checkpoint_tensors is not None else None
 
 
 def _objective_state(objective) -> dict:

@@ -5,8 +5,10 @@ the policy (LoRA on; `grpo_rollout.sample`), scored by the run's rewards (hone.c
 within their group (`grpo_losses.group_advantages`); the loss is the clipped surrogate, plus β times the KL against
 the base model (the adapter off) when β > 0, with gradients through the chunked per-token log-probabilities.
 
-Limits of this first version: one optimizer update per generation batch, so the "old" log-probabilities are the
-current ones detached (the ratio is 1 and clipping only shapes the gradient; TRL's num_iterations = 1). The trainer
+With grpo.num_iterations = 1 (the default) each step samples its own answers, so the "old" log-probabilities are the
+current ones detached (the ratio is 1 and clipping only shapes the gradient). Above 1, the answers of a cycle's first
+step are kept, with those log-probabilities as the old ones, for the cycle's later steps over the same prompts
+(grpo_reuse.py): their ratio leaves 1 and clipping bounds the update, as TRL's num_iterations. The trainer
 divides the summed loss by the step's answers: each micro-batch contributes its own normalized loss × its answers,
 which is TRL's loss exactly for one micro-batch per step (dapo's token mean is then per micro-batch).
 """
@@ -23,6 +25,7 @@ from hone.core.config import RunConfig
 from hone.core.data.prompts import PromptData, PromptRow, load_prompt_data
 from hone.core.speed.static_sampling import StaticSampler, Unsupported, layout
 from hone.core.train.objectives.grpo_losses import group_advantages, grpo_loss
+from hone.core.train.objectives.grpo_reuse import KeptAnswers
 from hone.core.train.objectives.grpo_rollout import Rollout, sample, token_logprobs
 from hone.core.train.objectives.preference import adapter_off
 from hone.core.train.rewards import Sample, build_rewards, score_samples
@@ -36,6 +39,7 @@ class PromptBatch:
 
     rows: list[PromptRow]
     num_tokens: int
+    indices: list[int] | None = None  # the rows' indices in the data (`annotate`); None for a stand-in batch
 
     def to(self, device) -> PromptBatch:
         return self
@@ -98,6 +102,9 @@ class GroupRelativePolicyOptimization:
         self._sampler: StaticSampler | None = None
         self._sampling: str | None = None  # how answers are sampled, once chosen
         self._note = None  # the run's notice callback, for a capture that fails mid-run
+        # optimizer steps per batch of answers: the stream repeats each step's prompts as often (PackStream)
+        self.updates_per_batch = config.grpo.num_iterations
+        self._kept = KeptAnswers(self.updates_per_batch)
 
     def choose_sampler(self, model, note=None) -> str:
         """Pick how answers are sampled: the static-cache sampler where `grpo.sampler` asks for it (auto: on a GPU)
@@ -150,8 +157,28 @@ class GroupRelativePolicyOptimization:
         pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
         return pad, eos_ids
 
-    def _score(self, batch: PromptBatch, rollout: Rollout) -> torch.Tensor:
-        """(B,) fp32 rewards of the sampled answers (NaN where a reward failed), recorded for the metrics."""
+    def annotate(self, batch: PromptBatch, dataset, rows: list[int]) -> PromptBatch:
+        """The micro-batch with its rows' indices in the data: the key its answers are kept by."""
+        batch.indices = list(rows)
+        return batch
+
+    def begin_step(self, step: int) -> None:
+        """Enter 0-based `step`: a cycle's first step samples anew, its later ones reuse the kept answers."""
+        self._kept.begin_step(step)
+
+    def _record_kept(self, rows) -> None:
+        """A reused micro-batch's rewards and answer lengths, recorded for the step's metrics as when sampled."""
+        record = self._record
+        for row in rows:
+            record.rewards += [r for r in row.rewards.tolist() if not math.isnan(r)]
+            for name, values in row.by_reward.items():
+                record.by_reward.setdefault(name, [])
+                record.by_reward[name] += [v for v in values.tolist() if not math.isnan(v)]
+            record.lengths += row.completion_mask.sum(1).tolist()
+
+    def _score(self, batch: PromptBatch, rollout: Rollout, per_answer: dict | None = None) -> torch.Tensor:
+        """(B,) fp32 rewards of the sampled answers (NaN where a reward failed), recorded for the metrics;
+        `per_answer` (a dict) receives the (B,) float64 totals ("total") and each reward's values (by its name)."""
         group = self.settings.num_generations
         lengths = rollout.completion_mask.sum(1).long().tolist()
         ids = rollout.completion_ids.tolist()
@@ -169,21 +196,50 @@ class GroupRelativePolicyOptimization:
         record.problems += scores.problems[: max(0, 5 - len(record.problems))]
         record.failed += scores.failed
         record.keep_samples(samples, scores.total)
+        if per_answer is not None:  # float64, as the metrics sum them: a reused step reports the very same numbers
+            per_answer["total"] = torch.tensor(scores.total, dtype=torch.float64)
+            per_answer.update({k: torch.tensor(v, dtype=torch.float64) for k, v in scores.by_reward.items()})
         return torch.tensor(scores.total, dtype=torch.float32)
 
     def loss_sum(self, model, batch: PromptBatch, *, evaluating: bool = False) -> torch.Tensor:
         s = self.settings
-        rollout = self._sample(model, [row.input_ids for row in batch.rows])
-        advantages = group_advantages(self._score(batch, rollout), s.num_generations, s.scale_rewards)
-        ref = None
-        if s.beta != 0.0:
-            with torch.no_grad(), adapter_off(model):
-                ref = token_logprobs(model, rollout, temperature=s.temperature, mode=self.loss_mode)
-        logps = token_logprobs(model, rollout, temperature=s.temperature, mode=self.loss_mode)
+        keep = self.updates_per_batch > 1 and not evaluating and batch.indices is not None
+        # answers of these rows kept this cycle (a later step of it, or the same step run again on smaller
+        # micro-batches after running out of memory): trained on again; else sampled now and kept
+        if keep and self._kept.has(batch.indices):
+            pad, _ = self._token_ids()
+            reused = self._kept.reuse(batch.indices, pad, next(model.parameters()).device)
+            self._record_kept(reused.rows)
+            rollout, advantages, ref = reused.rollout, reused.advantages, reused.ref
+            logps = token_logprobs(model, rollout, temperature=s.temperature, mode=self.loss_mode)
+            old = reused.old.to(logps.device)
+        else:
+            rollout = self._sample(model, [row.input_ids for row in batch.rows])
+            values: dict[str, torch.Tensor] = {}
+            rewards = self._score(batch, rollout, values)
+            advantages = group_advantages(rewards, s.num_generations, s.scale_rewards)
+            ref = None
+            if s.beta != 0.0:
+                with torch.no_grad(), adapter_off(model):
+                    ref = token_logprobs(model, rollout, temperature=s.temperature, mode=self.loss_mode)
+            logps = token_logprobs(model, rollout, temperature=s.temperature, mode=self.loss_mode)
+            old = logps.detach()  # the policy that sampled them: no update since (the cycle's first step)
+            if keep:
+                self._kept.keep(
+                    batch.indices,
+                    s.num_generations,
+                    [row.input_ids for row in batch.rows],
+                    rollout,
+                    old=old,
+                    ref=ref,
+                    advantages=advantages,
+                    rewards=values.pop("total"),
+                    by_reward=values,
+                )
         mask = rollout.completion_mask
         result = grpo_loss(
             logps,
-            logps.detach(),  # one update per generation batch: the sampling policy is the current one
+            old,
             advantages.to(logps.device),
             mask,
             ref_logps=ref,
@@ -199,6 +255,15 @@ class GroupRelativePolicyOptimization:
         self._record.kl_tokens += float(result.kl) * tokens
         self._record.clipped_tokens += float(result.clip_fraction) * tokens
         return result.loss * mask.shape[0]
+
+    def checkpoint_tensors(self) -> dict | None:
+        """What a checkpoint keeps: the answers kept for the rest of the cycle (None with one update per batch)."""
+        return self._kept.to_state() if self.updates_per_batch > 1 else None
+
+    def load_checkpoint_tensors(self, state: dict) -> None:
+        """Take up `checkpoint_tensors()`'s state from a checkpoint (HoneError: a damaged one)."""
+        if self.updates_per_batch > 1:
+            self._kept.from_state(state)
 
     def units(self, batch: PromptBatch) -> int:
         return len(batch.rows) * self.settings.num_generations

@@ -153,3 +153,93 @@ def test_a_sample_line_is_cut_to_its_size_on_one_line():
     prompt, answer = line.removeprefix("reward 0.5 · ").split(" → ")
     assert len(prompt) == SAMPLE_CHARS // 3 and len(answer) == SAMPLE_CHARS and answer.endswith("…")
     assert sample_line(1.0, Sample("5", "2+3?", {}, 1)) == "reward 1 · 2+3? → 5"
+
+
+def _steps(got) -> list:
+    return [e for e in got if isinstance(e, events.StepMetrics)]
+
+
+def test_num_iterations_trains_several_steps_on_each_batch_of_answers(
+    tiny_config, tiny_model_dir, prompt_files, tmp_path
+):
+    """grpo.num_iterations = 2: steps 1 and 2 train on the same answers (the same rewards and lengths), the second
+    with the ratio to the policy that sampled them away from 1 (clipped where it leaves the range); step 3 samples
+    anew; an epoch is twice as many steps."""
+    config = _config(
+        tiny_config,
+        tiny_model_dir,
+        prompt_files,
+        tmp_path / "runs",
+        "train.max_steps=3",
+        "train.lr=5e-2",
+        "grpo.num_iterations=2",
+        "grpo.epsilon=0.01",
+    )
+    got = list(Trainer(config, device="cpu").run())
+    assert isinstance(got[-1], events.RunFinished), got[-1]
+    one, two, three = _steps(got)
+    assert (two.reward_mean, two.completion_length) == (one.reward_mean, one.completion_length)
+    assert two.loss != one.loss  # the same answers, a policy one update on
+    assert one.clip_fraction == 0 and two.clip_fraction > 0  # ratio 1 on the sampling step, off it after
+    assert (three.reward_mean, three.completion_length) != (one.reward_mean, one.completion_length)
+
+    def epoch_steps(iterations: int) -> int:
+        cfg = config.with_overrides(
+            ["train.max_steps=0", "train.epochs=1", f"grpo.num_iterations={iterations}", f"output.name=e{iterations}"]
+        )
+        trainer = Trainer(cfg, device="cpu")
+        for event in trainer.run():
+            if isinstance(event, events.RunStarted):
+                trainer.control.stop()
+                return event.total_steps
+        raise AssertionError("the run did not start")
+
+    assert epoch_steps(2) == 2 * epoch_steps(1) > 0
+
+
+def test_a_run_resumed_inside_a_cycle_trains_on_the_answers_it_kept(
+    tiny_config, tiny_model_dir, prompt_files, tmp_path
+):
+    """A checkpoint after step 1 of a two-step cycle holds its answers: the resumed step 2 trains on them, and the
+    whole run and the resumed one agree on every step."""
+
+    def run(folder, steps, resume=None):
+        config = _config(
+            tiny_config,
+            tiny_model_dir,
+            prompt_files,
+            tmp_path / folder,
+            f"train.max_steps={steps}",
+            "grpo.num_iterations=2",
+            "grpo.beta=0.05",
+        )
+        got = list(Trainer(config, device="cpu", resume_dir=resume).run())
+        assert isinstance(got[-1], events.RunFinished), got[-1]
+        return got
+
+    whole = run("whole", 3)
+    first = run("part", 1)
+    resumed = run("part", 3, resume=first[-1].run_dir)
+    want = [(e.loss, e.reward_mean, e.kl) for e in _steps(whole)][1:]
+    got = [(e.loss, e.reward_mean, e.kl) for e in _steps(resumed)]
+    assert len(got) == 2 and got == pytest.approx(want, rel=1e-5)
+    assert _steps(resumed)[0].reward_mean == _steps(first)[0].reward_mean  # step 2: step 1's answers, kept
+
+
+def test_kept_answers_from_a_damaged_checkpoint_are_refused():
+    from hone.core.errors import HoneError
+    from hone.core.train.objectives.grpo_reuse import KeptAnswers
+
+    kept = KeptAnswers(2)
+    with pytest.raises(HoneError, match="GRPO answers cannot be read"):
+        kept.from_state({"cycle": 0, "rows": {"3": {"completion_ids": torch.zeros(2, 4), "old": torch.zeros(2, 3)}}})
+
+
+def test_each_steps_packs_come_as_many_times_as_num_iterations():
+    from hone.core.train.step import repeat_steps
+
+    packs = [[0], [1], [2], [3], [4]]
+    assert repeat_steps(packs, 2, 1) == packs
+    # steps of two packs, each given twice; the short last step takes a pack from the epoch's start
+    assert repeat_steps(packs, 2, 2) == [[0], [1], [0], [1], [2], [3], [2], [3], [4], [0], [4], [0]]
+    assert repeat_steps(packs, 1, 3) == [p for p in packs for _ in range(3)]
