@@ -11,6 +11,7 @@ too, so both pay for the exchange. Run as a module, this file is the worker each
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -197,3 +198,9 @@ def _worker(spec: dict, out: Path) -> None:
 
 if __name__ == "__main__":
     _worker(json.loads(Path(sys.argv[1]).read_text(encoding="utf-8")), Path(sys.argv[2]))
+    # The result is written and the process group is gone: end here, without the interpreter's shutdown. There,
+    # C++ threads that torch.distributed's backends left behind can be destroyed while still joinable, which aborts
+    # the process ("terminate called without an active exception") after a run that succeeded.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
