@@ -34,7 +34,8 @@ something new from the engine adds it here, in the submodule of its verb.
                    read_scores, best_stored, stored_for_step, weights_choices (what Export offers),
                    best_entry, METRICS, DEFAULT_METRIC, check_metric (a run's checkpoints on held-out rows, stored in
                    RUN_DIR/scores.json; reading needs no torch); lm-eval tasks: require_lm_eval, split_specs,
-                   select_tasks -> TaskSelection, score_tasks -> TaskTable, read_task_scores (lm_eval_scores.json)
+                   select_tasks -> TaskSelection, check_task_prompts, score_tasks -> TaskTable, read_task_scores
+                   (lm_eval_scores.json)
     the Hub        search_models, model_files, download_model, save_token, forget_token, push_folder, hub_user,
                    fits_this_machine
     this machine   MachineFacts, read_machine; Telemetry, TelemetrySample, GpuListing, list_gpus; check_runtime;
@@ -218,6 +219,7 @@ _LAZY = {
             "best_entry",
             "best_stored",
             "check_metric",
+            "check_task_prompts",
             "checkpoint_weights",
             "current_entries",
             "latest_data",

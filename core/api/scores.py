@@ -11,8 +11,9 @@ RUN_DIR/scores.json and read back without a model (`read_scores`, `best_stored`,
     after a run    score_trained_checkpoints(trainer) (train.eval_checkpoints: with the model the run trained)
                    METRICS (name -> (what, lower is better)), DEFAULT_METRIC, check_metric, DEFAULT_ROWS
     lm-eval tasks  require_lm_eval, split_specs, select_tasks(specs, task_dir) -> TaskSelection;
-                   score_tasks(run_dir, config, models, selection, limit=, num_fewshot=) -> TaskTable (the base and
-                   the fine-tune on lm-evaluation-harness tasks, stored in RUN_DIR/lm_eval_scores.json);
+                   score_tasks(run_dir, config, models, selection, limit=, num_fewshot=, chat_template=,
+                   system_instruction=) -> TaskTable (the base and the fine-tune on lm-evaluation-harness tasks,
+                   stored in RUN_DIR/lm_eval_scores.json); check_task_prompts (the run's chat template, before loading);
                    read_task_scores -> StoredTaskScores, TaskScore, LM_EVAL_SCORES_FILE, LM_EVAL_INSTALL
 
 Light to import: torch loads when `score_checkpoints` loads a model, lm-eval when `select_tasks` runs, never at import
@@ -39,6 +40,7 @@ from hone.core.inference.harness import (
     TaskScore,
     TaskSelection,
     TaskTable,
+    check_task_prompts,
     read_task_scores,
     require_lm_eval,
     score_tasks,
@@ -83,6 +85,7 @@ __all__ = [
     "best_entry",
     "best_stored",
     "check_metric",
+    "check_task_prompts",
     "checkpoint_weights",
     "current_entries",
     "latest_data",

@@ -5,9 +5,10 @@ fine-tune, scored against their references (hone.core.inference.evaluate).
 saved checkpoints scored on the same rows, the scores stored in RUN_DIR/scores.json and reused
 (hone.core.inference.checkpoint_scoring).
 
-`hone eval RUN_DIR --task T[,T...] [--task-dir FOLDER] [--limit N] [--num-fewshot K] [--batch-size B] [--json OUT]`:
-the base and the fine-tune scored on lm-evaluation-harness tasks (GSM8K, MMLU, HellaSwag, ARC, IFEval, or tasks of
-your own in lm-eval's YAML format), the scores stored in RUN_DIR/lm_eval_scores.json (hone.core.inference.harness).
+`hone eval RUN_DIR --task T[,T...] [--task-dir FOLDER] [--limit N] [--num-fewshot K] [--chat-template
+[--system-instruction TEXT]] [--batch-size B] [--json OUT]`: the base and the fine-tune scored on lm-evaluation-harness
+tasks (GSM8K, MMLU, HellaSwag, ARC, IFEval, or tasks of your own in lm-eval's YAML format), the scores stored in
+RUN_DIR/lm_eval_scores.json (hone.core.inference.harness).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "With --task the base and the fine-tune are scored on lm-evaluation-harness tasks instead (the eval extra: "
         'pip install "hone-studio[eval]"): gsm8k, mmlu, hellaswag, arc_challenge, arc_easy, ifeval or any other of '
         "lm-eval's tasks, groups and tags, or your own in lm-eval's YAML format (--task-dir, or a .yaml path). Task "
-        "data is downloaded from the Hugging Face Hub on first use and read from its cache after. The scores are "
-        "stored in RUN_DIR/lm_eval_scores.json.\n\n"
+        "data is downloaded from the Hugging Face Hub on first use and read from its cache after. Prompts are raw "
+        "text, as lm-eval gives them and published leaderboards score them; --chat-template gives them through the "
+        "run's chat template instead, as a chat fine-tune is used. The scores are stored in "
+        "RUN_DIR/lm_eval_scores.json.\n\n"
         "exit codes: 0 done, 2 bad input (no run, no adapter, no checkpoint of that step, no rows with a reference, "
         "an unknown task, task data that cannot be read)",
     )
@@ -97,6 +100,20 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
         help="with --task: K solved examples before each question (default: each task's own)",
     )
     p.add_argument(
+        "--chat-template",
+        action="store_true",
+        default=None,  # None, not False: "goes with --task" looks for options given
+        help="with --task: give each prompt through the run's chat template, each solved example as an earlier turn "
+        "(lm-eval's --apply_chat_template --fewshot_as_multiturn). Turn it on for a chat or instruction fine-tune, "
+        "which answers raw text worse than it answers a chat; leave it off (the default, lm-eval's) to compare with "
+        "published leaderboards and other runs scored on raw text. The base gets the same prompts",
+    )
+    p.add_argument(
+        "--system-instruction",
+        metavar="TEXT",
+        help="with --chat-template: a system message before each prompt (stored with the scores)",
+    )
+    p.add_argument(
         "--batch-size",
         type=int,
         metavar="B",
@@ -114,7 +131,7 @@ def run(args) -> int:
 
     if args.task is not None:
         return _score_tasks(args)
-    for option in ("task_dir", "limit", "num_fewshot", "batch_size"):
+    for option in ("task_dir", "limit", "num_fewshot", "batch_size", "chat_template", "system_instruction"):
         if getattr(args, option) is not None:
             flag = "--" + option.replace("_", "-")
             raise HoneError(f"{flag} goes with --task", f"add --task NAME (e.g. gsm8k), or leave {flag} out")
@@ -280,7 +297,14 @@ def _score_tasks(args) -> int:
     """--task: the base and the fine-tune on lm-evaluation-harness tasks, one table, stored in the run folder."""
     from rich.console import Console
 
-    from hone.core.api import TASK_BATCH_SIZE, require_lm_eval, score_tasks, select_tasks, split_specs
+    from hone.core.api import (
+        TASK_BATCH_SIZE,
+        check_task_prompts,
+        require_lm_eval,
+        score_tasks,
+        select_tasks,
+        split_specs,
+    )
     from hone.core.cli.commands.chat import load_chat_models, open_chat_run
     from hone.core.cli.console import Phase
 
@@ -288,6 +312,9 @@ def _score_tasks(args) -> int:
     specs = split_specs(args.task)
     require_lm_eval()  # before the run or the tasks are looked at: without it nothing else can happen
     run_dir, config = open_chat_run(args.run_dir, base=False)
+    chat_template = bool(args.chat_template)
+    # The run's tokenizer alone (no weights): a run without a chat template is said before the tasks' data is read.
+    check_task_prompts(run_dir, config, chat_template=chat_template, system_instruction=args.system_instruction)
     console = Console(stderr=True)
     with Phase(console, f"reading lm-eval tasks {', '.join(specs)} and their data"):
         selection = select_tasks(specs, args.task_dir)
@@ -300,6 +327,8 @@ def _score_tasks(args) -> int:
             selection,
             limit=args.limit,
             num_fewshot=args.num_fewshot,
+            chat_template=chat_template,
+            system_instruction=args.system_instruction,
             batch_size=args.batch_size or TASK_BATCH_SIZE,
             progress=phases.update,
         )
@@ -314,6 +343,8 @@ def _score_tasks(args) -> int:
             "tasks": selection.names,
             "limit": args.limit,
             "num_fewshot": args.num_fewshot,
+            "chat_template": table.chat_template,
+            "system_instruction": table.system_instruction,
             "entries": [e.as_dict() for e in table.entries()],
         }
         write_json_file(Path(args.json).expanduser(), document)
@@ -342,7 +373,8 @@ def print_task_table(run_dir: Path, table, limit: int | None) -> None:
     from rich.table import Table
 
     rows = "every row" if limit is None else f"at most {limit} rows"
-    out = Table(title=f"{run_dir.name} on lm-eval tasks ({rows} per task, lm-eval {table.lm_eval})")
+    prompts = "through the chat template" if table.chat_template else "raw text"
+    out = Table(title=f"{run_dir.name} on lm-eval tasks ({rows} per task, {prompts}, lm-eval {table.lm_eval})")
     for heading in ("task", "rows", "shots", "metric"):
         out.add_column(heading)
     for heading in ("base", "fine-tuned", "change"):
@@ -355,7 +387,10 @@ def print_task_table(run_dir: Path, table, limit: int | None) -> None:
             change = "" if value is None or after is None else f"{after - value:+.4f}"
             cells = (_value(base, metric), _value(other, metric) if other else "n/a", change)
             out.add_row(base.task, str(base.samples), str(base.num_fewshot), metric, *cells)
-    Console().print(out)
+    console = Console()
+    console.print(out)
+    if table.system_instruction is not None:
+        console.print(f"system instruction: {table.system_instruction}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _value(entry, metric: str) -> str:

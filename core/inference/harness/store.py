@@ -7,12 +7,15 @@ setting, beside the checkpoint scores of scores.json.
          "task": "gsm8k",                         the task or group lm-eval reports (a tag is stored as its tasks)
          "limit": 200,                            rows per task asked for; null: every row
          "num_fewshot": 5,                        examples in each prompt (the task's own unless --num-fewshot)
+         "chat_template": false,                  the prompts went through the run's chat template (--chat-template)
+         "system_instruction": null,              the system message before each prompt (--system-instruction)
          "samples": 200,                          rows scored (a group: all of its tasks')
          "metrics": {"exact_match,strict-match": 0.12, …},   lm-eval's "metric,filter" names and values
          "stderr": {"exact_match,strict-match": 0.023, …},   their standard errors, where lm-eval gives one
          "task_version": "3.0", "lm_eval": "0.4.13", "scored": "2026-12-05T14:03:11Z"}, …]}
 
-Scoring the same model, weights, task, limit and shots again replaces that entry; entries of other settings stay. The
+Scoring the same model, weights, task, limit, shots, chat template and system instruction again replaces that entry;
+entries of other settings stay (an entry written before Hone recorded the chat template reads as raw text). The
 file is replaced whole (write beside, flush, rename), so a kill leaves the old scores or the new ones. A file that
 cannot be read, or whose entries have other types, is reported as damaged (`StoredTaskScores.damage`) and its usable
 entries kept. Stdlib only: the Studio reads it without torch.
@@ -53,6 +56,9 @@ class TaskScore:
         task_version: the task's version as lm-eval gives it.
         lm_eval: lm-eval's version.
         scored: when, UTC, ISO 8601.
+        chat_template: the prompts went through the tokenizer's chat template (solved examples as earlier turns);
+            False: lm-eval's raw text, as published leaderboards score.
+        system_instruction: the system message put before each prompt; None: none.
     """
 
     model: str
@@ -66,12 +72,22 @@ class TaskScore:
     task_version: str
     lm_eval: str
     scored: str
+    chat_template: bool = False
+    system_instruction: str | None = None
 
     def same_key(self, other: TaskScore) -> bool:
         return self._key() == other._key()
 
     def _key(self) -> tuple:
-        return (self.model, self.weights, self.task, self.limit, self.num_fewshot)
+        return (
+            self.model,
+            self.weights,
+            self.task,
+            self.limit,
+            self.num_fewshot,
+            self.chat_template,
+            self.system_instruction,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +96,8 @@ class TaskScore:
             "task": self.task,
             "limit": self.limit,
             "num_fewshot": self.num_fewshot,
+            "chat_template": self.chat_template,
+            "system_instruction": self.system_instruction,
             "samples": self.samples,
             "metrics": dict(self.metrics),
             "stderr": dict(self.stderr),
@@ -118,14 +136,18 @@ _ENTRY_RULES: dict[str, json_checks.Rule] = {
     "task_version": json_checks.text,
     "lm_eval": json_checks.text,
     "scored": json_checks.text,
+    # Written since --chat-template came; an older entry has neither, and was scored on raw text without one.
+    "chat_template": json_checks.flag,
+    "system_instruction": json_checks.optional(json_checks.text),
 }
+_REQUIRED = tuple(name for name in _ENTRY_RULES if name not in ("chat_template", "system_instruction"))
 
 
 def _entry(raw: Any, where: str) -> tuple[TaskScore | None, list[str]]:
     """An entry of the file, or None and what is wrong with it (each field named)."""
     if not isinstance(raw, dict):
         return None, [f"{where} is {quoted(raw)}, not an object"]
-    problems = json_checks.field_problems(raw, _ENTRY_RULES, required=tuple(_ENTRY_RULES), prefix=f"{where}.")
+    problems = json_checks.field_problems(raw, _ENTRY_RULES, required=_REQUIRED, prefix=f"{where}.")
     if problems:
         return None, problems
     return (
@@ -141,6 +163,8 @@ def _entry(raw: Any, where: str) -> tuple[TaskScore | None, list[str]]:
             task_version=raw["task_version"],
             lm_eval=raw["lm_eval"],
             scored=raw["scored"],
+            chat_template=raw.get("chat_template", False),
+            system_instruction=raw.get("system_instruction"),
         ),
         [],
     )
@@ -175,8 +199,9 @@ def read_task_scores(run_dir: str | Path) -> StoredTaskScores:
 
 
 def store_task_scores(run_dir: str | Path, new: list[TaskScore]) -> Path:
-    """Add `new` to RUN_DIR/lm_eval_scores.json (an entry of the same model, weights, task, limit and shots is
-    replaced), writing the file whole. A damaged file is replaced by its usable entries and the new ones."""
+    """Add `new` to RUN_DIR/lm_eval_scores.json (an entry of the same model, weights, task, limit, shots, chat
+    template and system instruction is replaced), writing the file whole. A damaged file is replaced by its usable
+    entries and the new ones."""
     stored = read_task_scores(run_dir)
     kept = [e for e in stored.entries if not any(e.same_key(n) for n in new)]
     write_json_atomic(stored.path, {"hone_lm_eval_scores": _FORMAT, "entries": [e.as_dict() for e in kept + new]})

@@ -1,6 +1,6 @@
 """`hone eval RUN --task ...` as a user meets its mistakes: lm-eval not installed, options that do not go together, a
-task name with a typo, task data that is neither cached nor reachable; each one line with advice (exit 2), before any
-model loads.
+task name with a typo, task data that is neither cached nor reachable, --chat-template on a run whose tokenizer has no
+chat template (or one that refuses a system message); each one line with advice (exit 2), before any model loads.
 
 The run folder here is a config.toml and an adapter_config.json: every mistake is caught before a model would load.
 """
@@ -55,6 +55,12 @@ def test_without_lm_eval_the_error_names_the_extra_to_install(run_dir, capsys, m
         (["--limit", "0"], "--limit is 0"),
         (["--num-fewshot", "-1"], "--num-fewshot is -1"),
         (["--batch-size", "0"], "--batch-size is 0"),
+        pytest.param(
+            ["--system-instruction", "Be brief."], "--system-instruction goes with --chat-template", marks=needs_lm_eval
+        ),
+        pytest.param(
+            ["--chat-template", "--system-instruction", " "], "--system-instruction is empty", marks=needs_lm_eval
+        ),
     ],
 )
 def test_options_that_do_not_go_with_task_are_refused(run_dir, capsys, extra, message):
@@ -63,7 +69,15 @@ def test_options_that_do_not_go_with_task_are_refused(run_dir, capsys, extra, me
 
 
 @pytest.mark.parametrize(
-    "option", [["--limit", "5"], ["--num-fewshot", "2"], ["--task-dir", "."], ["--batch-size", "4"]]
+    "option",
+    [
+        ["--limit", "5"],
+        ["--num-fewshot", "2"],
+        ["--task-dir", "."],
+        ["--batch-size", "4"],
+        ["--chat-template"],
+        ["--system-instruction", "Be brief."],
+    ],
 )
 def test_task_options_without_task_say_so(run_dir, capsys, option):
     assert main(["eval", str(run_dir), *option]) == 2
@@ -129,3 +143,61 @@ def test_tasks_lm_eval_would_refuse_after_loading_the_model_are_refused_before(r
     assert "lm-eval task hone_code runs code the model writes" in _error(capsys)
     assert main(["eval", str(run_dir), "--task", "hone_all,hone_sums", "--task-dir", str(tasks)]) == 2
     assert "task hone_sums is in both hone_all and hone_sums" in _error(capsys)
+
+
+def _adapter_tokenizer(run_dir, tiny_model_dir, template: str | None) -> None:
+    """The tiny model's tokenizer saved in the run's adapter/ folder, as a run saves it, with `template` as its chat
+    template (None: none)."""
+    import json
+    import shutil
+
+    adapter = run_dir / "adapter"
+    for f in tiny_model_dir("tiny-dense").iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy(f, adapter / f.name)
+    config = json.loads((adapter / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.pop("chat_template", None)
+    (adapter / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    if template is not None:
+        (adapter / "chat_template.jinja").write_text(template, encoding="utf-8")
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Loading the run's models fails the test: the error must come before."""
+    from hone.core.api import ChatModels
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(ChatModels, "load", load)
+
+
+@needs_lm_eval
+def test_chat_template_on_a_run_without_one_is_refused_before_any_model_loads(
+    run_dir, tiny_model_dir, capsys, no_model_loads
+):
+    from transformers import AutoTokenizer
+
+    _adapter_tokenizer(run_dir, tiny_model_dir, None)
+    assert not AutoTokenizer.from_pretrained(run_dir / "adapter").chat_template  # as the run's models would have it
+    assert main(["eval", str(run_dir), "--task", "gsm8k", "--chat-template"]) == 2
+    err = _error(capsys)
+    assert "run r's tokenizer has no chat template to give lm-eval's prompts" in err
+    assert "leave --chat-template out: lm-eval then gives the models raw text" in err
+
+
+@needs_lm_eval
+def test_a_system_instruction_the_chat_template_refuses_is_said_before_any_model_loads(
+    run_dir, tiny_model_dir, capsys, no_model_loads
+):
+    refuses = (  # as Gemma's template does
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    _adapter_tokenizer(run_dir, tiny_model_dir, refuses)
+    argv = ["eval", str(run_dir), "--task", "gsm8k", "--chat-template", "--system-instruction", "Be brief."]
+    assert main(argv) == 2
+    err = _error(capsys)
+    assert "--system-instruction cannot reach run r's models: this model's chat template takes no system message" in err
+    assert "leave --system-instruction out" in err

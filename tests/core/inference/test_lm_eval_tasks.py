@@ -6,7 +6,9 @@ temporary folder: a multiple-choice task (accuracy) and a generation task (exact
 models themselves, without lm-eval: each choice's log-likelihood summed over its tokens by a plain forward pass, and
 transformers' greedy `generate`. The task data is built from those references so that the base's scores are known
 in advance (half of the multiple-choice answers are the base's favourite, two of three generation targets are the
-base's own greedy answers); the fine-tune is checked against its own references.
+base's own greedy answers); the fine-tune is checked against its own references. With --chat-template the reference
+prompts are rendered by the tokenizer's own `apply_chat_template`: a system message, the task's solved example as a
+user and an assistant turn, the question.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ QUESTIONS = [
 ]
 SAYS = ["Say hi", "Say no", "Say up"]  # one token each after "Say": the batch's prompts are as long, so none is padded
 MAX_NEW_TOKENS = 5
+SYSTEM = "Answer in one word."
+SHOT = ("Say yes", "yes")  # the chat task's one solved example (its fewshot_config, taken first_n)
 
 
 def _mc_yaml(data, cache) -> str:
@@ -87,6 +91,29 @@ def references(run_dir, tiny_model_dir):
     return tokenizer, {"base": base, "tuned": tuned}
 
 
+def _chat_yaml(data, cache) -> str:
+    """hone_gen's generation, with one solved example lm-eval takes in order (not at random) when asked for a shot."""
+    return _gen_yaml(data, cache).replace("task: hone_gen", "task: hone_chat") + (
+        f'fewshot_config:\n  sampler: first_n\n  samples:\n    - {{question: "{SHOT[0]}", answer: "{SHOT[1]}"}}\n'
+    )
+
+
+def _question(question: str) -> str:
+    return f"Q: {question}\nA:"
+
+
+def _chat_prompt(tokenizer, question: str) -> str:
+    """The prompt lm-eval should build with --chat-template --system-instruction SYSTEM --num-fewshot 1, rendered by
+    transformers from the conversation written out here."""
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": _question(SHOT[0])},
+        {"role": "assistant", "content": SHOT[1]},
+        {"role": "user", "content": _question(question)},
+    ]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def _loglikelihood(model, tokenizer, context: str, continuation: str) -> float:
     """log p(continuation | context): the continuation's tokens' log-probabilities summed, one forward pass."""
     import torch
@@ -103,11 +130,11 @@ def _choice_scores(model, tokenizer) -> list[list[float]]:
     return [[_loglikelihood(model, tokenizer, f"Q: {q}\nA:", f" {c}") for c in choices] for q, choices in QUESTIONS]
 
 
-def _greedy(model, tokenizer, question: str) -> str:
+def _greedy(model, tokenizer, prompt: str) -> str:
     """transformers' greedy answer, cut at the first end-of-text token and the first newline (the task's `until`)."""
     import torch
 
-    ids = tokenizer(f"Q: {question}\nA:", return_tensors="pt")["input_ids"]
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         out = model.generate(
             input_ids=ids,
@@ -135,7 +162,7 @@ def tasks(references, tmp_path_factory):
         pick = max if i % 2 == 0 else min
         answers.append(scores.index(pick(scores)))
     assert all(len(set(s)) == len(s) for s in base_scores)  # no ties: argmax and argmin are one choice each
-    targets = [_greedy(models["base"], tokenizer, q) for q in SAYS[:2]] + ["no model says this"]
+    targets = [_greedy(models["base"], tokenizer, _question(q)) for q in SAYS[:2]] + ["no model says this"]
     lengths = {len(tokenizer(f"Q: {q}\nA:")["input_ids"]) for q in SAYS}
     assert len(lengths) == 1, lengths  # one batch of equal prompts: lm-eval pads none, as greedy `generate` here
     mc = write_rows(
@@ -196,7 +223,7 @@ def test_multiple_choice_accuracy_is_the_models_own_log_likelihoods(scored, refe
 def test_generation_exact_match_is_the_models_own_greedy_answers(scored, references, tasks):
     tokenizer, models = references
     _, _, targets = tasks
-    answers = {model: [_greedy(models[model], tokenizer, q) for q in SAYS] for model in ("base", "tuned")}
+    answers = {model: [_greedy(models[model], tokenizer, _question(q)) for q in SAYS] for model in ("base", "tuned")}
     assert answers["tuned"][:2] != answers["base"][:2]  # the fine-tune answers otherwise: its score tells them apart
     for model, given in answers.items():
         expected = sum(a == t for a, t in zip(given, targets, strict=True)) / len(SAYS)
@@ -272,3 +299,51 @@ def test_nltk_data_that_is_not_here_is_named_with_its_download_command(run_dir, 
         score_tasks(run_dir, RunConfig.load(run_dir / "config.toml"), models, selection)
     assert "needs nltk's hone_no_such_resource data" in caught.value.message
     assert "python -m nltk.downloader hone_no_such_resource" in caught.value.advice
+
+
+@pytest.fixture(scope="module")
+def chat_task(references, tmp_path_factory):
+    """(task folder, generation targets) of hone_chat: its first two targets are the base's greedy answers to the chat
+    prompts, the third one it cannot give, so its exact match through the template is 2/3."""
+    tokenizer, models = references
+    folder = tmp_path_factory.mktemp("chat-task")
+    prompts = [_chat_prompt(tokenizer, q) for q in SAYS]
+    assert len({len(tokenizer(p)["input_ids"]) for p in prompts}) == 1  # one batch of equal prompts: none padded
+    targets = [_greedy(models["base"], tokenizer, p) for p in prompts[:2]] + ["no model says this"]
+    rows = write_rows(folder / "chat.jsonl", [{"question": q, "answer": t} for q, t in zip(SAYS, targets, strict=True)])
+    (folder / "chat.yaml").write_text(_chat_yaml(rows, folder / "datasets-cache"), encoding="utf-8")
+    return folder, targets
+
+
+def test_chat_template_renders_lm_evals_prompts_with_the_tokenizers_template(
+    run_dir, references, chat_task, tmp_path, monkeypatch, capsys
+):
+    from hone.core.inference.harness.model import HoneLM
+
+    tokenizer, models = references
+    folder, targets = chat_task
+    given: list[str] = []  # every generation request's context, as lm-eval built it
+    generate_until = HoneLM.generate_until
+
+    def recording(self, requests, disable_tqdm=False):
+        given.extend(request.args[0] for request in requests)
+        return generate_until(self, requests, disable_tqdm)
+
+    monkeypatch.setattr(HoneLM, "generate_until", recording)
+    out = tmp_path / "chat.json"
+    argv = ["eval", str(run_dir), "--task", "hone_chat", "--task-dir", str(folder), "--num-fewshot", "1"]
+    assert main([*argv, "--chat-template", "--system-instruction", SYSTEM, "--json", str(out)]) == 0
+    prompts = [_chat_prompt(tokenizer, q) for q in SAYS]
+    assert sorted(given) == sorted(prompts * 2)  # the base's and the fine-tune's: the system turn, the shot as turns
+    document = json.loads(out.read_text(encoding="utf-8"))
+    answers = {model: [_greedy(models[model], tokenizer, p) for p in prompts] for model in ("base", "tuned")}
+    assert answers["base"] != [_greedy(models["base"], tokenizer, _question(q)) for q in SAYS]  # not raw text's
+    for model, said in answers.items():
+        expected = sum(a == t for a, t in zip(said, targets, strict=True)) / len(SAYS)
+        entry = _entry(document, model, "hone_chat")
+        assert entry["metrics"]["exact_match,none"] == pytest.approx(expected, abs=1e-12)
+        assert entry["chat_template"] is True and entry["system_instruction"] == SYSTEM and entry["num_fewshot"] == 1
+    assert _entry(document, "base", "hone_chat")["metrics"]["exact_match,none"] == pytest.approx(2 / 3)
+    assert document["chat_template"] is True and document["system_instruction"] == SYSTEM
+    shown = capsys.readouterr().out
+    assert "through the chat template" in shown and f"system instruction: {SYSTEM}" in shown
