@@ -82,6 +82,16 @@ def _write_run(run_dir: Path, steps: int) -> None:
         f.write(json.dumps(to_dict(finished)) + "\n")
 
 
+def _json_lines_seconds(path: Path, sample: int = 100_000) -> float:
+    """The time `json.loads` takes over every line of `path`, estimated from its first `sample` lines."""
+    with open(path, "rb") as f:
+        lines = [line for _, line in zip(range(sample), f)]
+    began = time.perf_counter()
+    for line in lines:
+        json.loads(line)
+    return (time.perf_counter() - began) * STEPS / len(lines)
+
+
 @pytest.mark.slow
 def test_a_million_steps_replay_in_seconds_in_bounded_memory_and_the_window_answers(tmp_path):
     run_dir = tmp_path / "runs" / "long"
@@ -105,7 +115,9 @@ def test_a_million_steps_replay_in_seconds_in_bounded_memory_and_the_window_answ
     assert found["drawn"] <= 4000, "the chart draws a few thousand points, not a million"
     assert found["drawn_max"] == 40.0, "the spike at step 500,000 is drawn"
     assert found["drawn_last"][0] == STEPS, "the newest point is drawn as it is"
-    assert found["seconds"] < 3.0, found
+    # faster than reading each line with json.loads, timed here on the same file: a bound that holds on a slow
+    # machine as on a fast one (the replay parses the lines in bulk; line by line takes about twice as long)
+    assert found["seconds"] < 0.75 * _json_lines_seconds(run_dir / "metrics.jsonl"), found
     assert found["rss_growth_mb"] < 300, found
     assert found["longest_gap_ms"] < 100, found
 
