@@ -220,9 +220,9 @@ def test_a_run_resumed_inside_a_cycle_trains_on_the_answers_it_kept(
     whole = run("whole", 3)
     first = run("part", 1)
     resumed = run("part", 3, resume=first[-1].run_dir)
-    want = [(e.loss, e.reward_mean, e.kl) for e in _steps(whole)][1:]
-    got = [(e.loss, e.reward_mean, e.kl) for e in _steps(resumed)]
-    assert len(got) == 2 and got == pytest.approx(want, rel=1e-5)
+    want = [v for e in _steps(whole)[1:] for v in (e.loss, e.reward_mean, e.kl)]
+    got = [v for e in _steps(resumed) for v in (e.loss, e.reward_mean, e.kl)]
+    assert len(got) == 6 and got == pytest.approx(want, rel=1e-5)
     assert _steps(resumed)[0].reward_mean == _steps(first)[0].reward_mean  # step 2: step 1's answers, kept
 
 
