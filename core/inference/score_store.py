@@ -179,27 +179,33 @@ def read_scores(run_dir: str | Path) -> StoredScores:
     `damage` (the file's name, the entry and the field), never raised."""
     path = Path(run_dir) / SCORES_FILE
     stored = StoredScores(path)
+    stored.entries, stored.damage = read_entries(path, MAX_SCORES_BYTES, _entry)
+    return stored
+
+
+def read_entries(path: Path, max_bytes: int, parse) -> tuple[list, str]:
+    """The usable entries of a JSON file {"entries": [...]} and what is damaged in it ("" when nothing; no file:
+    no entries). `parse(item, where)` -> (entry or None, problems) reads one entry."""
     try:
-        raw = json_checks.read_object(path, MAX_SCORES_BYTES)
+        raw = json_checks.read_object(path, max_bytes)
     except json_checks.Damaged as e:
-        stored.damage = f"{path} {e}"
-        return stored
+        return [], f"{path} {e}"
     if raw is None:
-        return stored
-    entries = raw.get("entries")
-    if not isinstance(entries, list):
-        stored.damage = f"{path} is damaged: entries is {quoted(entries)}, not a list"
-        return stored
+        return [], ""
+    items = raw.get("entries")
+    if not isinstance(items, list):
+        return [], f"{path} is damaged: entries is {quoted(items)}, not a list"
+    entries: list = []
     problems: list[str] = []
-    for i, item in enumerate(entries):
-        entry, wrong = _entry(item, f"entries[{i}]")
+    for i, item in enumerate(items):
+        entry, wrong = parse(item, f"entries[{i}]")
         problems += wrong
         if entry is not None:
-            stored.entries.append(entry)
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        stored.damage = f"{path} is damaged: {'; '.join(problems[:3])}{more}"
-    return stored
+            entries.append(entry)
+    if not problems:
+        return entries, ""
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return entries, f"{path} is damaged: {'; '.join(problems[:3])}{more}"
 
 
 def store_scores(run_dir: str | Path, new: list[ScoreEntry]) -> Path:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hone.core.events import quoted
+from hone.core.inference.score_store import read_entries
 from hone.core.train import json_checks
 from hone.core.train.safe_writes import write_json_atomic
 
@@ -175,26 +176,7 @@ def read_task_scores(run_dir: str | Path) -> StoredTaskScores:
     in `damage` (the file's name, the entry and the field), never raised."""
     path = Path(run_dir) / LM_EVAL_SCORES_FILE
     stored = StoredTaskScores(path)
-    try:
-        raw = json_checks.read_object(path, MAX_TASK_SCORES_BYTES)
-    except json_checks.Damaged as e:
-        stored.damage = f"{path} {e}"
-        return stored
-    if raw is None:
-        return stored
-    entries = raw.get("entries")
-    if not isinstance(entries, list):
-        stored.damage = f"{path} is damaged: entries is {quoted(entries)}, not a list"
-        return stored
-    problems: list[str] = []
-    for i, item in enumerate(entries):
-        entry, wrong = _entry(item, f"entries[{i}]")
-        problems += wrong
-        if entry is not None:
-            stored.entries.append(entry)
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        stored.damage = f"{path} is damaged: {'; '.join(problems[:3])}{more}"
+    stored.entries, stored.damage = read_entries(path, MAX_TASK_SCORES_BYTES, _entry)
     return stored
 
 

@@ -119,22 +119,20 @@ def test_a_run_with_a_failing_reward_goes_on(tiny_config, tiny_model_dir, prompt
     assert "no column 'solution'" in step.reward_problems[0] and "prompts.jsonl:" in step.reward_problems[0]
 
 
+def _train(config: RunConfig, resume=None) -> list:
+    """A run's events on the CPU (resuming the run folder `resume`), checked to have finished."""
+    got = list(Trainer(config, device="cpu", resume_dir=resume).run())
+    assert isinstance(got[-1], events.RunFinished), got[-1]
+    return got
+
+
 @pytest.mark.parametrize("sampler", ["generate", "static"])
 def test_a_resumed_grpo_run_samples_and_trains_exactly_as_the_whole_run(
     tiny_config, tiny_model_dir, prompt_files, tmp_path, sampler
 ):
     def run(folder, steps, resume=None):
-        config = _config(
-            tiny_config,
-            tiny_model_dir,
-            prompt_files,
-            tmp_path / folder,
-            f"train.max_steps={steps}",
-            f"grpo.sampler={sampler}",
-        )
-        got = list(Trainer(config, device="cpu", resume_dir=resume).run())
-        assert isinstance(got[-1], events.RunFinished), got[-1]
-        return got
+        settings = (f"train.max_steps={steps}", f"grpo.sampler={sampler}")
+        return _train(_config(tiny_config, tiny_model_dir, prompt_files, tmp_path / folder, *settings), resume)
 
     whole = run("whole", 3)
     first = run("part", 2)
@@ -204,18 +202,8 @@ def test_a_run_resumed_inside_a_cycle_trains_on_the_answers_it_kept(
     whole run and the resumed one agree on every step."""
 
     def run(folder, steps, resume=None):
-        config = _config(
-            tiny_config,
-            tiny_model_dir,
-            prompt_files,
-            tmp_path / folder,
-            f"train.max_steps={steps}",
-            "grpo.num_iterations=2",
-            "grpo.beta=0.05",
-        )
-        got = list(Trainer(config, device="cpu", resume_dir=resume).run())
-        assert isinstance(got[-1], events.RunFinished), got[-1]
-        return got
+        settings = (f"train.max_steps={steps}", "grpo.num_iterations=2", "grpo.beta=0.05")
+        return _train(_config(tiny_config, tiny_model_dir, prompt_files, tmp_path / folder, *settings), resume)
 
     whole = run("whole", 3)
     first = run("part", 1)
