@@ -27,8 +27,10 @@ from hone.core import events
 from hone.core.train.run_dir import METRICS_FILE
 
 # Bytes read at once: large enough that numpy's per-call costs vanish, small enough that a chunk and its scratch
-# arrays stay in the CPU caches' reach and a reader's memory stays flat (~10 chunk sizes at the most).
-CHUNK_BYTES = 8 << 20
+# arrays stay in the CPU caches' reach and a reader's memory stays flat (~10 chunk sizes at the most). A reader on a
+# Task's thread holds the interpreter for a chunk's longest numpy call: 8 MB chunks made a million-step replay stall
+# the window ~140 ms at its start on a slow 2-core machine and take 4.3 s; 4 MB, ~115 ms and 3.6 s.
+CHUNK_BYTES = 4 << 20
 # The longest value read by position: a float's repr is at most 24 characters ("-1.2345678901234567e-308").
 VALUE_BYTES = 24
 # A chart draws at most this many points of a series: more than the pixels of a chart's width, so thinning changes

