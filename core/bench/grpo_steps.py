@@ -41,6 +41,7 @@ class StepRun:
     peak_gib: float | None = None
     trainable: int | None = None
     error: str = ""
+    details: str = ""  # what a failed run said beyond its first line (a peer's traceback)
 
     def median(self, warmup: int) -> float | None:
         timed = self.times[warmup:]
@@ -65,8 +66,12 @@ def write_prompts(folder: Path, tokenizer, words, count: int, prompt_words: int)
 
 
 def trl_grpo_steps(model_dir: Path, rows: list[dict], out_dir: Path, *, steps: int, warmup: int, prompts_per_step: int,
-                   group: int, completion: int, lora_r: int) -> StepRun:  # fmt: skip
-    """TRL's GRPOTrainer with a peft LoraConfig and `generate` (no vLLM), `steps` optimizer steps."""
+                   group: int, completion: int, lora_r: int, adapted=None, name: str = "trl",
+                   description: str = "") -> StepRun:  # fmt: skip
+    """TRL's GRPOTrainer with a peft LoraConfig and `generate` (no vLLM), `steps` optimizer steps.
+
+    `adapted`: a model already loaded with its LoRA and its own gradient checkpointing (the Unsloth peer's), trained
+    as given: no peft config and no checkpointing of TRL's; the run is then `name` with that `description`."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -75,10 +80,8 @@ def trl_grpo_steps(model_dir: Path, rows: list[dict], out_dir: Path, *, steps: i
     from hone.core.models.hub_kernels import from_pretrained_options
 
     cuda = torch.cuda.is_available()
-    run = StepRun(
-        "trl",
-        "TRL's GRPOTrainer with peft, transformers' generate (no vLLM)" + (", gradient checkpointing" if cuda else ""),
-    )
+    checkpointing = ", gradient checkpointing" if cuda else ""
+    run = StepRun(name, description or f"TRL's GRPOTrainer with peft, transformers' generate (no vLLM){checkpointing}")
 
     class Clock(TrainerCallback):
         began = 0.0
@@ -96,9 +99,13 @@ def trl_grpo_steps(model_dir: Path, rows: list[dict], out_dir: Path, *, steps: i
             run.times.append(time.perf_counter() - self.began)
 
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **from_pretrained_options())
+    if adapted is None:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **from_pretrained_options())
+        model = model.to("cuda" if cuda else "cpu")
+    else:
+        model = adapted
     args = GRPOConfig(
-        **common_args(out_dir, steps=steps, lr=LR, cuda=cuda),
+        **common_args(out_dir, steps=steps, lr=LR, cuda=cuda, checkpointing=cuda and adapted is None),
         per_device_train_batch_size=prompts_per_step * group,
         num_generations=group,
         max_completion_length=completion,
@@ -108,12 +115,12 @@ def trl_grpo_steps(model_dir: Path, rows: list[dict], out_dir: Path, *, steps: i
         loss_type="dapo",
     )
     trainer = GRPOTrainer(
-        model=model.to("cuda" if cuda else "cpu"),
+        model=model,
         reward_funcs=vowels,
         args=args,
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(model_dir),
-        peft_config=lora_config(lora_r),
+        peft_config=lora_config(lora_r) if adapted is None else None,
         callbacks=[Clock()],
     )
     run.trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)

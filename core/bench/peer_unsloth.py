@@ -9,17 +9,12 @@ is optional: no CPU test covers this runner, and any failure is recorded as this
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from hone.core.bench.measure import RunResult
+from hone.core.bench.peer_process import PeerFailed, answer_child, run_child
 
 PEER_NAME = "unsloth"
-# The peer process may also build and save the model; this bounds one benchmark run in it.
-_TIMEOUT_S = 1800
 
 
 def unsloth_available() -> bool:
@@ -134,9 +129,8 @@ class UnslothRunner:
         }
 
 
-def child_main(spec_path: str, result_path: str) -> int:
-    """Entry point of the child process."""
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+def _measure_peer(spec: dict) -> dict:
+    """In the child: the peer run measured as Hone's runs are, its RunResult as a dict."""
     try:
         import unsloth  # noqa: F401  (first, so it can patch transformers)
     except Exception as e:  # not installed, or it fails to import on this machine
@@ -153,41 +147,21 @@ def child_main(spec_path: str, result_path: str) -> int:
         )
         with capped_memory(spec["device"], spec.get("memory_cap")):
             result = measure_run(UnslothRunner(spec), settings, description="Unsloth with its defaults")
-    Path(result_path).write_text(json.dumps(result.to_dict()), encoding="utf-8")
-    return 0
+    return result.to_dict()
 
 
 def run_unsloth_peer(spec: dict) -> RunResult:
     """Run the peer in a child process and read its RunResult; a crash becomes a failed run."""
     if not unsloth_available():
         return RunResult(name=PEER_NAME, kind="peer", status="skipped", reason="unsloth is not installed")
-    with tempfile.TemporaryDirectory(prefix="hone-bench-peer-") as folder:
-        spec_path, result_path = Path(folder) / "spec.json", Path(folder) / "result.json"
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "hone.core.bench.peer_unsloth", str(spec_path), str(result_path)],
-                capture_output=True,
-                text=True,
-                timeout=_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired:
-            return RunResult(
-                name=PEER_NAME, kind="peer", status="failed", reason=f"the Unsloth process ran past {_TIMEOUT_S} s"
-            )
-        if not result_path.is_file():
-            tail = (done.stderr or done.stdout or "").strip().splitlines()[-5:]
-            return RunResult(
-                name=PEER_NAME,
-                kind="peer",
-                status="failed",
-                reason=f"the Unsloth process exited with {done.returncode}: " + " | ".join(tail),
-                details=done.stderr[-20000:],
-            )
-        data = json.loads(result_path.read_text(encoding="utf-8"))
+    try:
+        data = run_child(__name__, spec, who="Unsloth")
+    except PeerFailed as e:
+        reason, _, details = str(e).partition("\n")
+        return RunResult(name=PEER_NAME, kind="peer", status="failed", reason=reason, details=details[-20000:])
     known = set(RunResult.__dataclass_fields__)
     return RunResult(**{k: v for k, v in data.items() if k in known})
 
 
 if __name__ == "__main__":
-    raise SystemExit(child_main(sys.argv[1], sys.argv[2]))
+    raise SystemExit(answer_child(sys.argv[1:], _measure_peer))

@@ -7,6 +7,7 @@ TRL's DPOTrainer set up as its documentation does with peft (`peft_config`: the 
 the adapter disabled; padded batches of pairs, since TRL's padding-free DPO is unavailable in the versions tested;
 gradient checkpointing). `hone bench tiny-dpo` does the same on a tiny model, on the CPU too. Both runs train the
 same trainable parameters; TRL's batch holds as many pairs as Hone's packed batch holds tokens, on average.
+`--peer unsloth` adds a third run: the TRL run's pairs and sizes through Unsloth's DPO (`peer_unsloth_trl`).
 """
 
 from __future__ import annotations
@@ -22,19 +23,18 @@ from pathlib import Path
 
 import torch
 
+from hone.core.bench.dpo_trl_steps import BETA, trl_steps
 from hone.core.bench.measure import RunResult, free_memory
+from hone.core.bench.peer_unsloth import PEER_NAME
 from hone.core.bench.report import environment
 from hone.core.bench.scenarios import Scenario, check_sizes, get_scenario
 from hone.core.bench.vision import WORDS, VisionOptions, VisionReport, _measure, hone_steps
 from hone.core.bench.vision_steps import RunSteps
 from hone.core.bench.weights import build_bench_model
 from hone.core.errors import ConfigError, HoneError
-from hone.core.models.hub_kernels import from_pretrained_options
 
 BASELINE = "trl"
 PREFERENCE_BASELINE = BASELINE  # as hone.core.api.bench offers it (its BASELINE is the other scenarios')
-BETA = 0.1
-LR = 1e-4
 # Pairs generated per step of the batch, so that no run sees a pair twice in the steps it is timed on.
 PAIRS_PER_STEP_MARGIN = 3
 # Parity: both runs start from a zero LoRA B, so their first loss is DPO's log 2, up to the precision of the dtype.
@@ -100,96 +100,15 @@ def _load_tokenizer(folder: Path, given: str | None):
     return AutoTokenizer.from_pretrained(folder / "tokenizer")
 
 
-def trl_steps(
-    model_dir: Path,
-    pairs: list[dict],
-    out_dir: Path,
-    *,
-    steps: int,
-    warmup: int,
-    pairs_per_step: int,
-    max_length: int,
-    lora_r: int,
-    device: str,
-) -> RunSteps:
-    """TRL's DPOTrainer with a peft LoraConfig (its documented LoRA setup), `steps` optimizer steps of
-    `pairs_per_step` pairs; each step timed from its start to the end of its optimizer step, the GPU synchronized."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import DPOConfig, DPOTrainer
-
-    from hone.core.bench.trl_setup import common_args, lora_config
-
-    cuda = torch.device(device).type == "cuda"
-    out = RunSteps(
-        speed_paths={
-            "batch": "padded pairs",
-            "attention": "transformers' default",
-            "checkpoint": "transformers' gradient checkpointing" if cuda else "off",
-            "reference": "the adapter disabled (peft)",
-        }
-    )
-    tokens: list[int] = []
-
-    class Timed(DPOTrainer):
-        def training_step(self, model, inputs, num_items_in_batch=None):
-            tokens.append(int(inputs["attention_mask"].sum()))
-            return super().training_step(model, inputs, num_items_in_batch)
-
-    class Clock(TrainerCallback):
-        began = 0.0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            self.began = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if cuda:
-                torch.cuda.synchronize()
-            out.times.append(time.perf_counter() - self.began)
-            if cuda and len(out.times) > warmup:
-                out.peak_allocated = max(out.peak_allocated, torch.cuda.max_memory_allocated())
-                out.peak_reserved = max(out.peak_reserved, torch.cuda.max_memory_reserved())
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                out.losses.append(float(logs["loss"]))
-                if out.first_grad_norm is None and logs.get("grad_norm") is not None:
-                    out.first_grad_norm = float(logs["grad_norm"])
-
-    dtype = torch.bfloat16 if cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **from_pretrained_options()).to(device)
-    args = DPOConfig(
-        **common_args(out_dir, steps=steps, lr=LR, cuda=cuda),
-        per_device_train_batch_size=pairs_per_step,
-        beta=BETA,
-        max_length=max_length,
-    )
-    trainer = Timed(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_list(pairs),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-        peft_config=lora_config(lora_r),
-        callbacks=[Clock()],
-    )
-    out.trainable_params = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    trainer.train()
-    out.tokens = tokens[: len(out.times)]
-    del trainer, model
-    return out
-
-
 def _check(options: VisionOptions, scenario: Scenario) -> str:
     """The device the runs train on, after checking the options."""
     if scenario.kind != "preference":
         raise ConfigError(f"{scenario.name} is a {scenario.kind} scenario, not a preference one", "")
     check_sizes(options.steps, options.warmup, options.lora_r, options.layers)
-    if options.only or options.peer or options.profile_top:
+    if options.only or options.profile_top:
         raise ConfigError(
-            f"{scenario.name} makes two runs, Hone's DPO and TRL's, and takes no --only, --peer or --profile",
+            f"{scenario.name} makes Hone's DPO run and TRL's (and the peer's with --peer) and takes no --only or "
+            "--profile",
             "leave them out",
         )
     if options.tokens is not None and options.tokens < 64:
@@ -226,6 +145,10 @@ def _parity(runs: list[RunResult], dtype: str) -> None:
             run.speed_ratio = run.tokens_per_s / reference.tokens_per_s
         if run.peak_allocated_gib and reference.peak_allocated_gib:
             run.memory_ratio = run.peak_allocated_gib / reference.peak_allocated_gib
+    peer = next((r for r in runs if r.name == PEER_NAME and r.ok and r.tokens_per_s), None)
+    for run in runs:
+        if peer is not None and run.ok and run.tokens_per_s and run is not peer:
+            run.speed_ratios[PEER_NAME] = run.tokens_per_s / peer.tokens_per_s
 
 
 def run_preference_bench(options: VisionOptions, *, on_result=None, on_start=None) -> PreferenceReport:
@@ -310,6 +233,21 @@ def run_preference_bench(options: VisionOptions, *, on_result=None, on_start=Non
                 overrides=overrides,
             )
 
+        def peer_run() -> RunSteps:
+            from hone.core.bench.peer_unsloth_trl import unsloth_dpo_steps
+
+            return unsloth_dpo_steps(
+                model_dir,
+                pairs,
+                tmp / PEER_NAME,
+                steps=steps,
+                warmup=options.warmup,
+                pairs_per_step=pairs_per_step,
+                max_length=max_length,
+                lora_r=options.lora_r,
+                device=device,
+            )
+
         runs = (
             (
                 BASELINE,
@@ -324,6 +262,16 @@ def run_preference_bench(options: VisionOptions, *, on_result=None, on_start=Non
                 hone_run,
             ),
         )
+        if options.peer == PEER_NAME:
+            runs += (
+                (
+                    PEER_NAME,
+                    "peer",
+                    f"Unsloth's DPO (its patched DPOTrainer and FastLanguageModel): TRL's {pairs_per_step} padded "
+                    "pairs a step",
+                    peer_run,
+                ),
+            )
         for name, kind, description, run in runs:
             if on_start:
                 on_start(name)

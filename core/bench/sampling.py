@@ -11,7 +11,8 @@ one a random model almost never draws, so every run decodes the full answer leng
 tokens decoded (rows × positions) over the timed calls, after `warmup` untimed ones.
 
 Then (`whole_steps`) the whole GRPO step follows (`grpo_steps`): TRL's GRPOTrainer without vLLM, then Hone's
-Trainer, on the same model folder, prompts, group, answer length and reward.
+Trainer, on the same model folder, prompts, group, answer length and reward; with `peer="unsloth"`, Unsloth's GRPO
+on TRL's setup last, in a child process (`peer_unsloth_trl`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import torch
 
 from hone.core.bench.grpo_steps import REWARD_SOURCE, StepRun, hone_grpo_steps, trl_grpo_steps, write_prompts
 from hone.core.bench.measure import free_memory
+from hone.core.bench.peer_unsloth import PEER_NAME
+from hone.core.bench.peer_unsloth_trl import unsloth_grpo_steps
 from hone.core.bench.report import environment
 from hone.core.bench.scenarios import get_scenario
 from hone.core.bench.weights import build_bench_model
@@ -67,11 +70,12 @@ class SamplingReport:
     steps: list[StepRun] = field(default_factory=list)  # the whole GRPO step, TRL's then Hone's (a GPU only)
     warmup: int = 0
 
-    def step_ratio(self) -> float | None:
-        """TRL's median step time over Hone's: how many times faster Hone's whole step is."""
+    def step_ratio(self, against: str = "trl") -> float | None:
+        """The median step time of the run named `against` (TRL's, or the peer's) over Hone's: how many times faster
+        Hone's whole step is."""
         times = {r.name: r.median(self.warmup) for r in self.steps}
-        if times.get("trl") and times.get("hone"):
-            return times["trl"] / times["hone"]
+        if times.get(against) and times.get("hone"):
+            return times[against] / times["hone"]
         return None
 
     def ratio(self, run: SamplingRun) -> float | None:
@@ -112,10 +116,12 @@ class SamplingReport:
                     "peak_gib": r.peak_gib,
                     "trainable": r.trainable,
                     "error": r.error,
+                    "details": r.details,
                 }
                 for r in self.steps
             ],
             "step_speed_ratio": self.step_ratio(),
+            "peer_step_speed_ratio": self.step_ratio(PEER_NAME),
         }
 
 
@@ -162,9 +168,10 @@ def run_sampling_bench(
     whole_steps: bool = True,
     tokenizer: str | None = None,
     profile_top: int = 0,
+    peer: str | None = None,
     on_result=None,
 ) -> SamplingReport:
-    """Time the samplers on one batch, then (`whole_steps`) the whole step against TRL's;
+    """Time the samplers on one batch, then (`whole_steps`) the whole step against TRL's (and the peer's: "unsloth");
     `completion` None = the scenario's answer length, `tokenizer` a folder (None: the bundled SmolLM2's),
     `profile_top` > 0: each sampler runs one more call under torch.profiler, this many rows per table."""
     scenario = get_scenario(scenario_name)
@@ -177,6 +184,8 @@ def run_sampling_bench(
         )
     if steps < 1 or warmup < 0:
         raise ConfigError(f"--steps {steps}, --warmup {warmup}", "give at least one timed call")
+    if peer is not None and not whole_steps:
+        raise ConfigError(f"--peer {peer} trains whole GRPO steps", "leave the whole steps on to compare with it")
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
     answer = completion or scenario.tokens
@@ -262,11 +271,11 @@ def run_sampling_bench(
     if whole_steps:
         del model, plain, fused
         free_memory(device)
-        _whole_steps(report, scenario, layers, lora_r, answer, steps, warmup, tokenizer, on_result)
+        _whole_steps(report, scenario, layers, lora_r, answer, steps, warmup, tokenizer, peer, on_result)
     return report
 
 
-def _whole_steps(report, scenario, layers, lora_r, answer, steps, warmup, tokenizer, on_result) -> None:
+def _whole_steps(report, scenario, layers, lora_r, answer, steps, warmup, tokenizer, peer, on_result) -> None:
     import tempfile
     from pathlib import Path
 
@@ -290,7 +299,7 @@ def _whole_steps(report, scenario, layers, lora_r, answer, steps, warmup, tokeni
             tmp, scenario, layers, torch.bfloat16 if cuda else torch.float32, "cuda" if cuda else "cpu", tok
         )
         sizes = dict(steps=warmup + steps, warmup=warmup, group=GROUP, completion=answer, lora_r=lora_r)
-        for name, call in (
+        runs = [
             ("trl", lambda: trl_grpo_steps(model_dir, rows, tmp / "trl", prompts_per_step=PROMPTS, **sizes)),
             (
                 "hone",
@@ -298,11 +307,27 @@ def _whole_steps(report, scenario, layers, lora_r, answer, steps, warmup, tokeni
                     model_dir, prompts, reward_file, tmp / "runs", batch_tokens=batch_tokens, **sizes
                 ),
             ),
-        ):
+        ]
+        if peer == PEER_NAME:
+            runs.append(
+                (
+                    PEER_NAME,
+                    lambda: unsloth_grpo_steps(
+                        model_dir,
+                        rows,
+                        tmp / PEER_NAME,
+                        max_seq_length=rendered + answer,
+                        prompts_per_step=PROMPTS,
+                        **sizes,
+                    ),
+                )
+            )
+        for name, call in runs:
             try:
                 run = call()
             except Exception as e:  # an out-of-memory or a trainer's own failure: recorded, the next run goes on
-                run = StepRun(name, "", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                said = str(e).splitlines() or [""]
+                run = StepRun(name, "", error=f"{type(e).__name__}: {said[0][:200]}", details="\n".join(said[1:]))
             free_memory("cuda" if cuda else "cpu")
             report.steps.append(run)
             if on_result:

@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def common_args(out_dir: Path, *, steps: int, lr: float, cuda: bool) -> dict:
-    """Keyword arguments of TRL's DPOConfig / GRPOConfig that every benchmark run shares."""
+def common_args(out_dir: Path, *, steps: int, lr: float, cuda: bool, checkpointing: bool | None = None) -> dict:
+    """Keyword arguments of TRL's DPOConfig / GRPOConfig that every benchmark run shares; `checkpointing` False for a
+    model that brings its own gradient checkpointing (None: on a GPU)."""
+    checkpointing = cuda if checkpointing is None else checkpointing
     return dict(
         output_dir=str(out_dir),
         report_to=[],
@@ -17,8 +19,8 @@ def common_args(out_dir: Path, *, steps: int, lr: float, cuda: bool) -> dict:
         max_steps=steps,
         learning_rate=lr,
         lr_scheduler_type="constant",
-        gradient_checkpointing=cuda,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if cuda else None,
+        gradient_checkpointing=checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if checkpointing else None,
         bf16=cuda,
         use_cpu=not cuda,
         logging_steps=1,

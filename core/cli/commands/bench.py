@@ -550,7 +550,7 @@ def _run_preference(args, console) -> int:
     if given:
         raise ConfigError(
             f"{', '.join(given)}: not used by the preference scenario {args.scenario}",
-            "it takes --tokens, --layers, --lora-r, --steps, --warmup, --tokenizer, --json and --verbose",
+            "it takes --tokens, --layers, --lora-r, --steps, --warmup, --tokenizer, --peer, --json and --verbose",
         )
     options = VisionOptions(
         scenario=args.scenario,

@@ -11,12 +11,12 @@ def run_sampling(args, console, text_only_flags) -> int:
     from hone.core.errors import ConfigError
 
     given = [flag for flag, name, default in text_only_flags if getattr(args, name) != default]
-    if given or args.only or args.peer:
-        flags = ", ".join(given) or "--only / --peer"
+    if given or args.only:
+        flags = ", ".join(given) or "--only"
         raise ConfigError(
             f"{flags}: not used by the sampling scenario {args.scenario}",
             "it takes --tokens (the answer length), --layers, --lora-r, --steps, --warmup, --profile, --profile-top, "
-            "--tokenizer and --json",
+            "--tokenizer, --peer and --json",
         )
 
     def measured(run, ratio) -> None:
@@ -38,6 +38,7 @@ def run_sampling(args, console, text_only_flags) -> int:
         completion=args.tokens,
         tokenizer=args.tokenizer,
         profile_top=max(args.profile_top, 1) if args.profile else 0,
+        peer=args.peer,
         on_result=measured,
     )
     batch = report.batch
@@ -69,21 +70,28 @@ def run_sampling(args, console, text_only_flags) -> int:
         for renderable in profile_tables(run.name, run.profile) if run.profile is not None else ():
             console.print(renderable)
     if report.steps:
-        steps = Table(title=f"the whole GRPO step, {args.steps} timed after {args.warmup}: TRL's GRPOTrainer vs Hone")
-        for column in ("trainer", "median step s", "peak GiB", "trainable", "note"):
-            steps.add_column(column)
-        for run in report.steps:
-            median = run.median(args.warmup)
-            steps.add_row(
-                run.name,
-                f"{median:.2f}" if median else "-",
-                f"{run.peak_gib:.2f}" if run.peak_gib is not None else "-",
-                f"{run.trainable:,}" if run.trainable else "-",
-                run.error or run.description,
-            )
-        console.print(steps)
-        if report.step_ratio():
-            console.print(f"Hone's whole step is {report.step_ratio():.2f}x as fast as TRL's")
+        _print_steps(console, args, report)
     if args.json:
         console.print(f"wrote {write_json(report.to_dict(), args.json)}")
     return 0 if all(not r.error for r in report.runs) else 1
+
+
+def _print_steps(console, args, report) -> None:
+    """The whole GRPO step's table and Hone's ratios against TRL and the peer."""
+    peer = f" and {args.peer}'s" if args.peer else ""
+    steps = Table(title=f"the whole GRPO step, {args.steps} timed after {args.warmup}: TRL's GRPOTrainer{peer} vs Hone")
+    for column in ("trainer", "median step s", "peak GiB", "trainable", "note"):
+        steps.add_column(column)
+    for run in report.steps:
+        median = run.median(args.warmup)
+        steps.add_row(
+            run.name,
+            f"{median:.2f}" if median else "-",
+            f"{run.peak_gib:.2f}" if run.peak_gib is not None else "-",
+            f"{run.trainable:,}" if run.trainable else "-",
+            run.error or run.description,
+        )
+    console.print(steps)
+    for against, who in (("trl", "TRL's"), (args.peer, f"{args.peer}'s")):
+        if against and report.step_ratio(against):
+            console.print(f"Hone's whole step is {report.step_ratio(against):.2f}x as fast as {who}")

@@ -67,3 +67,18 @@ class DoubleRunner:
 @pytest.fixture
 def double_runner():
     return DoubleRunner
+
+
+@pytest.fixture
+def stand_in_unsloth(monkeypatch):
+    """The stand-in `unsloth` package (tests/helpers/stand_in_unsloth) findable here and in child processes, as an
+    installed Unsloth would be."""
+    import os
+    import sys
+    from pathlib import Path
+
+    folder = str(Path(__file__).parents[2] / "helpers" / "stand_in_unsloth")
+    monkeypatch.syspath_prepend(folder)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])))
+    assert "unsloth" not in sys.modules  # this process never imports it: only the peer's child does
+    return folder
