@@ -1,6 +1,7 @@
 """Every training method on the GPU's speed paths (`pytest -m gpu`): DPO, SimPO, ORPO and KTO give the same losses
 and rewards with Hone's paths on (packed varlen attention, fused kernels, chunked loss, offloaded checkpoints, the
-MoE backends) as with all of them off, in float32; GRPO samples, scores and trains there; a bf16 run learns."""
+MoE backends) as with all of them off, in float32, and on 4-bit (QLoRA) base weights; GRPO samples, scores and trains
+there; a bf16 run learns."""
 
 from __future__ import annotations
 
@@ -150,3 +151,28 @@ def test_grpo_samples_scores_and_trains_on_the_gpu(tiny_config, tiny_model_dir, 
         assert torch.isfinite(torch.tensor(step.loss)) and step.reward_std is not None
         assert 0 < step.completion_length <= 16 and step.kl >= 0
     assert steps[-1].kl > 0  # the adapter moved the policy off the base model
+
+
+@pytest.mark.parametrize(("method", "data"), [("dpo", "pairs"), ("kto", "unpaired")])
+def test_preference_on_qlora_matches_the_plain_path_and_learns(
+    tiny_config, tiny_model_dir, data_files, tmp_path, method, data
+):
+    """4-bit base weights (bitsandbytes nf4): the reference is the same quantized weights with the adapter off, and
+    the speed paths (Hone's nf4 dequantize in the fused LoRA linears) score the answers as the plain path does."""
+    pytest.importorskip("bitsandbytes")
+
+    def run(name, paths, steps=3):
+        config = _config(
+            tiny_config, tiny_model_dir("tiny-dense"), data_files[data], tmp_path / name,
+            f'train.method="{method}"', "lora.qlora=true", f"train.max_steps={steps}", *paths,
+        )  # fmt: skip
+        return _steps(config)
+
+    plain, fast = run("plain", PLAIN), run("fast", FAST)
+    # step 1: the same nf4 weights, LoRA B zero; bf16 rounding apart, the same log-probabilities
+    if plain[0].chosen_logps is not None:
+        assert fast[0].chosen_logps == pytest.approx(plain[0].chosen_logps, rel=1e-2), method
+    assert fast[0].loss == pytest.approx(plain[0].loss, rel=1e-2, abs=1e-3), method
+    learned = run("learned", [], steps=8)
+    assert all(torch.isfinite(torch.tensor(s.loss)) for s in learned)
+    assert learned[-1].loss < learned[0].loss, [s.loss for s in learned]
