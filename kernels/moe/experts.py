@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from hone.kernels.moe.backends import GroupedOps
+from hone.kernels.moe.clamped_glu import ClampedGlu, clamped_glu, clamped_glu_grad
 from hone.kernels.moe.glu import swiglu_halves, swiglu_halves_grad
 from hone.kernels.moe.routing import Routing, route
 
@@ -33,6 +34,8 @@ class ExpertWeights:
         silu_halves: the activation is `silu(gate_up[:, :I]) * gate_up[:, I:]` (transformers' default gate with a
             silu act_fn, as Qwen-style experts have): its forward and backward then run fused
             (`hone.kernels.moe.glu`).
+        clamped_glu: the activation is gpt-oss's clamped GLU on interleaved columns with these constants: fused
+            too (`hone.kernels.moe.clamped_glu`). None otherwise.
     """
 
     up: torch.Tensor
@@ -41,6 +44,7 @@ class ExpertWeights:
     down_bias: torch.Tensor | None
     activation: Callable[[torch.Tensor], torch.Tensor]
     silu_halves: bool = False
+    clamped_glu: ClampedGlu | None = None
 
 
 @dataclass
@@ -68,6 +72,7 @@ class _Plan:
     ops: GroupedOps
     activation: Callable[[torch.Tensor], torch.Tensor]
     silu_halves: bool
+    clamped_glu: ClampedGlu | None
     single_use: bool  # the graph is back-propagated exactly once (a checkpoint recompute): saved tensors may be reused
     up_scale: float
     down_scale: float
@@ -162,8 +167,9 @@ class MoeExpertsFunction(torch.autograd.Function):
         out[t]  = sum over k of routing_weight[t, k] * y[row of (t, k)]                        (T, H)
 
     Saved for backward are the layer input x (T, H) (not its top_k copies), gate_up and the two rank-r LoRA
-    activations; h is recomputed from gate_up (for silu-gated halves in one fused pass that also gives the gradients
-    towards gate_up and the routing weights, see `hone.kernels.moe.glu`). Gradients flow to x, the routing weights,
+    activations; h is recomputed from gate_up (for a fused gate, Qwen's silu halves or gpt-oss's clamped GLU, in one
+    pass that also gives the gradients towards gate_up and the routing weights, see `hone.kernels.moe.glu` and
+    `hone.kernels.moe.clamped_glu`). Gradients flow to x, the routing weights,
     the LoRA factors and, when they require it, the base weights and biases. Dropout masks are regenerated from a
     seed in backward rather than stored. The arguments are `moe_experts`'s, unpacked; `plan` holds the rest.
     """
@@ -189,7 +195,7 @@ class MoeExpertsFunction(torch.autograd.Function):
             lora_up = (xa, b1, plan.up_scale)
         gate_up = ops.gmm(xs, w_up, r, gather=x_gather, lora=lora_up, bias=b_up)
         del xs
-        h = swiglu_halves(gate_up) if plan.silu_halves else plan.activation(gate_up)
+        h = _activation(plan, gate_up)
 
         ha = lora_down = None
         if a2 is not None:
@@ -217,7 +223,7 @@ class MoeExpertsFunction(torch.autograd.Function):
         w_col = row_weight[:, None]
         grads: list[torch.Tensor | None] = [None] * 11
 
-        fused_activation = plan.silu_halves and not plan.down_dropout
+        fused_activation = (plan.silu_halves or plan.clamped_glu is not None) and not plan.down_dropout
         if not fused_activation:
             with torch.enable_grad():
                 gate_up_leaf = gate_up.detach().requires_grad_(True)
@@ -237,7 +243,7 @@ class MoeExpertsFunction(torch.autograd.Function):
         row_dots = None
         if fused_activation:
             # h again, d gate_up (over the saved gate_up when this graph runs backward only once) and the row dots
-            h, d_gate_up, row_dots = swiglu_halves_grad(gate_up, g, row_weight, overwrite=plan.single_use)
+            h, d_gate_up, row_dots = _activation_grad(plan, gate_up, g, row_weight)
             del gate_up
         if need[1]:
             grads[1] = _routing_weight_grad(ctx, g, h, row_dots, u, ha, d_out, b_down)
@@ -255,6 +261,22 @@ class MoeExpertsFunction(torch.autograd.Function):
         # ---- up projection: gate_up = x[token] @ W_up + s (drop(x[token]) @ A) @ B + b
         _up_grads(ctx, grads, d_gate_up, x, hidden, xa, w_up, a1, b1)
         return tuple(grads)
+
+
+def _activation(plan: _Plan, gate_up: torch.Tensor) -> torch.Tensor:
+    """h = activation(gate_up): a fused gate where the layer has one, else the module's own (autograd-free here)."""
+    if plan.silu_halves:
+        return swiglu_halves(gate_up)
+    if plan.clamped_glu is not None:
+        return clamped_glu(gate_up, plan.clamped_glu)
+    return plan.activation(gate_up)
+
+
+def _activation_grad(plan: _Plan, gate_up, g, row_weight):
+    """(h, d gate_up, <g, h> per row) from a fused gate, over the saved gate_up when the graph runs backward once."""
+    if plan.silu_halves:
+        return swiglu_halves_grad(gate_up, g, row_weight, overwrite=plan.single_use)
+    return clamped_glu_grad(gate_up, g, row_weight, plan.clamped_glu, overwrite=plan.single_use)
 
 
 def _routing_weight_grad(ctx, g, h, row_dots, u, ha, d_out, b_down) -> torch.Tensor:
@@ -394,6 +416,7 @@ def moe_experts(
         ops=ops,
         activation=weights.activation,
         silu_halves=weights.silu_halves,
+        clamped_glu=weights.clamped_glu,
         single_use=single_use,
         up_scale=lora_up.scale if lora_up else 0.0,
         down_scale=lora_down.scale if lora_down else 0.0,

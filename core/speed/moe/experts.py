@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hone.kernels.moe.backends import GroupedOps, make_ops
+from hone.kernels.moe.clamped_glu import ClampedGlu, clamped_glu_reference
 from hone.kernels.moe.experts import ExpertWeights, LoraFactors, moe_experts
 
 # User-facing backend name -> experts implementation name in transformers' ExpertsInterface.
@@ -55,8 +56,9 @@ FUSED_GATE_ATTR = "_hone_fused_gate"
 
 
 def set_fused_gate(model: nn.Module, enabled: bool) -> None:
-    """Turn the fused silu-gate activation (`hone.kernels.moe.glu`) on or off for every experts module; it is on by
-    default wherever the module's gate is silu on concatenated halves. The trainer follows `speed.kernels`."""
+    """Turn the fused gate activations (`hone.kernels.moe.glu`, `hone.kernels.moe.clamped_glu`) on or off for every
+    experts module; they are on by default wherever the module's gate is silu on concatenated halves or gpt-oss's
+    clamped GLU. The trainer follows `speed.kernels`."""
     for _, module in find_experts(model):
         setattr(module, FUSED_GATE_ATTR, bool(enabled))
 
@@ -84,6 +86,30 @@ def _is_silu_halves(module: nn.Module) -> bool:
     return result
 
 
+_CLAMPED_GLU_ATTR = "_hone_clamped_glu"
+
+
+def _clamped_glu(module: nn.Module) -> ClampedGlu | None:
+    """gpt-oss's gate constants when the module's `_apply_gate` is its clamped GLU on interleaved columns (checked
+    once against the fused form on a small CPU input that crosses both clamps, remembered on the module)."""
+    cached = getattr(module, _CLAMPED_GLU_ATTR, False)
+    if cached is not False:
+        return cached
+    result = None
+    alpha, limit = getattr(module, "alpha", None), getattr(module, "limit", None)
+    if module.has_gate and isinstance(alpha, (int, float)) and isinstance(limit, (int, float)) and limit > 0:
+        gate = ClampedGlu(float(alpha), float(limit))
+        with torch.no_grad():
+            x = torch.linspace(-2.0 * limit, 2.0 * limit, 516).reshape(2, 258)
+            try:
+                if torch.allclose(module._apply_gate(x), clamped_glu_reference(x, gate), rtol=1e-5, atol=1e-5):
+                    result = gate
+            except Exception:  # a gate that cannot run on a CPU tensor: the generic path
+                result = None
+    setattr(module, _CLAMPED_GLU_ATTR, result)
+    return result
+
+
 def expert_weights(module: nn.Module) -> ExpertWeights:
     """The module's weights as (E, K, N) views (no copies).
 
@@ -100,13 +126,15 @@ def expert_weights(module: nn.Module) -> ExpertWeights:
     else:
         up, up_bias, activation = module.up_proj, "up_proj_bias", module.act_fn
     has_bias = getattr(module, "has_bias", False)
+    fused = getattr(module, FUSED_GATE_ATTR, True)
     return ExpertWeights(
         up=kn(up),
         down=kn(module.down_proj),
         up_bias=getattr(module, up_bias) if has_bias else None,
         down_bias=module.down_proj_bias if has_bias else None,
         activation=activation,
-        silu_halves=getattr(module, FUSED_GATE_ATTR, True) and _is_silu_halves(module),
+        silu_halves=fused and _is_silu_halves(module),
+        clamped_glu=_clamped_glu(module) if fused else None,
     )
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hone.kernels.moe.backends import make_ops
+from hone.kernels.moe.clamped_glu import ClampedGlu
 from hone.kernels.moe.experts import ExpertWeights, LoraFactors, moe_experts, moe_experts_reference
 from hone.kernels.moe.grouped_gemm.launch import interpreting, triton_runs_on
 
@@ -84,7 +85,8 @@ def _problem(case, dtype: torch.dtype, device: str):
     return leaves, index.to(device), layout
 
 
-def _run(fn, leaves: dict, index: torch.Tensor, layout: str, grad_out: torch.Tensor, silu_halves: bool = False):
+def _run(fn, leaves: dict, index: torch.Tensor, layout: str, grad_out: torch.Tensor, fused: bool = False):
+    """`fused`: the layout's gate through its fused kernels (Qwen's silu halves, gpt-oss's clamped GLU)."""
     activation = gptoss_activation if layout == "gptoss" else qwen_activation
     # Qwen stores (E, out, in): pass transposed views, as the transformers glue does.
     weights = ExpertWeights(
@@ -93,7 +95,8 @@ def _run(fn, leaves: dict, index: torch.Tensor, layout: str, grad_out: torch.Ten
         up_bias=leaves.get("up_bias"),
         down_bias=leaves.get("down_bias"),
         activation=activation,
-        silu_halves=silu_halves,
+        silu_halves=fused and layout == "qwen",
+        clamped_glu=ClampedGlu(alpha=1.702, limit=7.0) if fused and layout == "gptoss" else None,
     )
     out = fn(
         leaves["x"],
@@ -107,7 +110,7 @@ def _run(fn, leaves: dict, index: torch.Tensor, layout: str, grad_out: torch.Ten
     return out, {name: t.grad for name, t in leaves.items()}
 
 
-def _check(backend: str, case, dtype: torch.dtype, device: str, silu_halves: bool = False) -> None:
+def _check(backend: str, case, dtype: torch.dtype, device: str, fused: bool = False) -> None:
     leaves, index, layout = _problem(case, dtype, device)
     reference_leaves = {k: v.detach().float().requires_grad_(True) for k, v in leaves.items()}
     grad_out = torch.randn(leaves["x"].shape, generator=torch.Generator().manual_seed(5)).to(device)
@@ -124,7 +127,7 @@ def _check(backend: str, case, dtype: torch.dtype, device: str, silu_halves: boo
         index,
         layout,
         grad_out,
-        silu_halves,
+        fused,
     )
     assert out.dtype == dtype and out.shape == ref_out.shape
     tol = TOLERANCE[dtype]
@@ -134,7 +137,7 @@ def _check(backend: str, case, dtype: torch.dtype, device: str, silu_halves: boo
         assert got is not None, f"no gradient for {name}"
         errors[name] = ((got.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
     bad = {k: f"{v:.3g}" for k, v in errors.items() if not v <= tol}
-    assert not bad, f"{backend} {case[0]} {dtype} (silu_halves={silu_halves}): relative errors above {tol}: {bad}"
+    assert not bad, f"{backend} {case[0]} {dtype} (fused gate: {fused}): relative errors above {tol}: {bad}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -183,14 +186,26 @@ QWEN_CASES = [c for c in CASES if c[-1] == "qwen"]
 @pytest.mark.parametrize("backend", ["torch", "grouped_mm"])
 def test_fused_silu_gate_matches_reference(backend, case, dtype):
     """Qwen-style experts with the fused activation forward / backward (`moe_glu`, its torch form on the CPU)."""
-    _check(backend, case, dtype, "cpu", silu_halves=True)
+    _check(backend, case, dtype, "cpu", fused=True)
+
+
+GPTOSS_CASES = [c for c in CASES if c[-1] == "gptoss"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("case", GPTOSS_CASES, ids=lambda c: c[0])
+@pytest.mark.parametrize("backend", ["torch", "grouped_mm"])
+def test_fused_gptoss_gate_matches_reference(backend, case, dtype):
+    """gpt-oss experts with the fused clamped GLU forward / backward (its torch form on the CPU)."""
+    _check(backend, case, dtype, "cpu", fused=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=lambda d: str(d).removeprefix("torch."))
-def test_fused_silu_gate_triton_matches_reference_interpreter(dtype):
+@pytest.mark.parametrize("case", [QWEN_CASES[0], GPTOSS_CASES[1]], ids=lambda c: c[0])
+def test_fused_gates_triton_match_reference_interpreter(case, dtype):
     if not interpreting():
         pytest.skip("CPU runs need TRITON_INTERPRET=1 at import (test_moe_triton_cpu.py runs them)")
-    _check("triton", QWEN_CASES[0], dtype, "cpu", silu_halves=True)
+    _check("triton", case, dtype, "cpu", fused=True)
 
 
 # Under the interpreter each case runs in one dtype (the kernel grid in test_grouped_gemm.py covers all three).
@@ -206,10 +221,11 @@ def test_triton_backend_matches_reference_interpreter(case, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["module-gate", "fused-gate"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
 @pytest.mark.parametrize("backend", ["torch", "grouped_mm", "triton"])
-def test_gpu_backends_match_reference(backend, case, dtype):
+def test_gpu_backends_match_reference(backend, case, dtype, fused):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if backend == "triton" and not triton_runs_on("cuda"):
@@ -220,7 +236,7 @@ def test_gpu_backends_match_reference(backend, case, dtype):
         failure = probe("grouped_mm", torch.device("cuda", torch.cuda.current_device()), dtype)
         if failure is not None:
             pytest.skip(f"torch._grouped_mm does not run in {dtype} on this GPU ({failure}); auto would not pick it")
-    _check(backend, case, dtype, "cuda")
+    _check(backend, case, dtype, "cuda", fused=fused)
 
 
 @pytest.mark.parametrize("silu_halves", [False, True], ids=["generic-activation", "fused-silu-gate"])

@@ -11,6 +11,7 @@ from hone.core.speed import moe
 from hone.core.speed.checkpointing import checkpointer
 from hone.core.speed.moe import choice
 from hone.core.speed.moe.experts import expert_weights, find_experts
+from hone.kernels.moe.clamped_glu import ClampedGlu
 
 
 def test_backend_order_prefers_triton_on_hopper_only():
@@ -51,9 +52,24 @@ def test_fused_gate_follows_the_switch_and_the_activation(monkeypatch):
     moe.configure(qwen, "torch", "cpu")
     moe.configure(gptoss, "torch", "cpu")
     assert all(expert_weights(m).silu_halves for _, m in find_experts(qwen)), "Qwen's silu gate is fused"
-    assert not any(expert_weights(m).silu_halves for _, m in find_experts(gptoss)), "gpt-oss's clamped GLU is not"
+    assert not any(expert_weights(m).clamped_glu for _, m in find_experts(qwen))
+    gates = [expert_weights(m) for _, m in find_experts(gptoss)]
+    assert gates and not any(w.silu_halves for w in gates)
+    config = gptoss.config
+    assert all(w.clamped_glu == ClampedGlu(config.swiglu_alpha, config.swiglu_limit) for w in gates), "gpt-oss's too"
     moe.configure(qwen, "torch", "cpu", fused_gate=False)
+    moe.configure(gptoss, "torch", "cpu", fused_gate=False)
     assert not any(expert_weights(m).silu_halves for _, m in find_experts(qwen))
+    assert not any(expert_weights(m).clamped_glu for _, m in find_experts(gptoss))
+
+
+def test_a_changed_gate_is_not_taken_for_gptoss():
+    """An experts module with gpt-oss's constants but another gate (a future release, a remote-code model) keeps its
+    own activation."""
+    gptoss = build_tiny_moe("tiny-moe-gptoss", layers=1)
+    (_, module), *_ = find_experts(gptoss)
+    module._apply_gate = lambda gate_up: gate_up[..., ::2] * torch.sigmoid(gate_up[..., 1::2])
+    assert expert_weights(module).clamped_glu is None
 
 
 @pytest.mark.parametrize("fused_gate", [True, False], ids=["fused-gate", "generic-gate"])
