@@ -38,6 +38,7 @@ from hone.core.data.rows import (
     RowError,
     RowProblem,
 )
+from hone.core.data.text_only import refuse_images
 from hone.core.data.tokenized import TokenizedRow, TokenizedSet, TokenizedSetBuilder
 from hone.core.errors import DataError
 from hone.core.events import DatasetReport
@@ -102,9 +103,13 @@ def normalize_pair(record: Any, columns: ColumnNames, source: str) -> Preference
     if not isinstance(record, dict):
         raise RowError(WRONG_TYPE, "", f"is {_kind(record)}, expected an object with chosen and rejected")
     chosen, rejected = _side(record, columns, "chosen"), _side(record, columns, "rejected")
+    refuse_images(record, columns, {"chosen": chosen, "rejected": rejected})
     prompt: Any = record.get(columns["prompt"])
     if isinstance(chosen, list) and isinstance(rejected, list):
+        given_prompt = isinstance(prompt, list)
         prompt, chosen, rejected, fmt = _conversational(prompt, chosen, rejected, columns)
+        if given_prompt:
+            refuse_images(record, columns, {"prompt": prompt})
     elif isinstance(chosen, str) and isinstance(rejected, str):
         prompt, chosen, rejected, fmt = _plain_text(prompt, chosen, rejected, columns)
     else:

@@ -29,6 +29,7 @@ from hone.core.data.rows import (
     RowProblem,
 )
 from hone.core.data.template import render_conversation
+from hone.core.data.text_only import refuse_images
 from hone.core.errors import DataError
 from hone.core.events import DatasetReport
 
@@ -90,8 +91,10 @@ def prompt_messages(record: Any, columns: ColumnNames) -> list[dict[str, Any]]:
     if isinstance(value, str):
         if not value.strip():
             raise RowError(EMPTY_CONTENT, name, "is empty")
+        refuse_images(record, columns, {})
         return [{"role": "user", "content": value}]
     messages = _turns(value, name, columns)[0]
+    refuse_images(record, columns, {"prompt" if name == columns["prompt"] else "messages": messages})
     if messages[-1]["role"] == "assistant":
         raise RowError(
             ENDS_ON_ANSWER, name, "ends on an assistant turn: GRPO samples the answer, so end each row on the user's"

@@ -28,6 +28,7 @@ from hone.core.data.loaders import Source, SourceError, read_records, resolve_so
 from hone.core.data.preference import ENCODE_PAIRS, PairEncoder, normalize_pair
 from hone.core.data.report import MAX_EXAMPLES, ReportBuilder
 from hone.core.data.rows import EMPTY_CONTENT, MISSING_FIELD, WRONG_TYPE, RowError, RowProblem
+from hone.core.data.text_only import refuse_images
 from hone.core.data.tokenized import TokenizedRow, TokenizedSet, TokenizedSetBuilder
 from hone.core.errors import DataError
 from hone.core.events import DatasetReport
@@ -117,6 +118,7 @@ def normalize_unpaired(record: Any, columns: ColumnNames, source: str) -> list[U
         ]
     completion = _completion(record, columns)
     prompt = _prompt(record, columns, completion)
+    refuse_images(record, columns, {"prompt": prompt, "completion": completion})
     desirable = _label(record, columns)
     fmt = "unpaired (text)" if isinstance(completion, str) else "unpaired (messages)"
     return [UnpairedAnswer(source, prompt, completion, desirable, fmt)]

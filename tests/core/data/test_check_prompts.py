@@ -11,6 +11,7 @@ import pytest
 
 from hone.core.config import DataConfig
 from hone.core.data.prompts import check_prompts, load_prompt_data
+from hone.core.data.text_only import IMAGE_IN_TEXT_ONLY_ROW
 
 pytestmark = pytest.mark.core
 
@@ -53,3 +54,20 @@ def test_hone_data_check_reads_prompts_for_grpo(prompts_file):
     )
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["rows_kept"] == 2
+
+
+def test_prompts_with_images_are_refused_with_the_image_named(tmp_path):
+    """GRPO samples from text: a prompt's image is never dropped silently."""
+    image = {"type": "image", "image": "cat.png"}
+    rows = [
+        {"prompt": "What is it?", "images": ["cat.png"]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"}, image]}]},
+        {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [image]}]},
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    report = check_prompts(DataConfig(train=[str(path)]))
+    assert (report.rows_read, report.rows_kept) == (3, 0)
+    assert report.skipped == {IMAGE_IN_TEXT_ONLY_ROW: 3}
+    fields = [m.split(": ")[1] for m in report.skipped_examples]
+    assert fields == ["images", "messages[0].content[1]", "prompt[1].content[0]"], report.skipped_examples

@@ -15,6 +15,7 @@ from hone.core.data.preference import (
     check_pairs,
     load_preference_data,
 )
+from hone.core.data.text_only import IMAGE_IN_TEXT_ONLY_ROW
 from hone.core.errors import DataError
 
 pytestmark = pytest.mark.core
@@ -83,8 +84,20 @@ def test_the_prompt_is_found_where_the_answers_share_it(tmp_path, smollm2_tokeni
     assert prompt.endswith("Assistant:") and (chosen, rejected) == (f" Hello! How can I help?{eos}", f" Go away.{eos}")
 
 
+IMAGE_PART = {"type": "image", "image": "cat.png"}
 BAD_ROWS = [
     ({"prompt": "Q", "chosen": "same", "rejected": "same"}, IDENTICAL_ANSWERS, "rejected"),
+    # images are not trained by the preference methods: said, never dropped silently
+    ({"prompt": "Q", "chosen": "yes", "rejected": "no", "images": ["cat.png"]}, IMAGE_IN_TEXT_ONLY_ROW, "images"),
+    (
+        {
+            "prompt": [{"role": "user", "content": [IMAGE_PART, {"type": "text", "text": "What is it?"}]}],
+            "chosen": [{"role": "assistant", "content": "A cat."}],
+            "rejected": [{"role": "assistant", "content": "A dog."}],
+        },
+        IMAGE_IN_TEXT_ONLY_ROW,
+        "prompt[0].content[0]",
+    ),
     ({"prompt": "Q", "chosen": "   ", "rejected": "no"}, "empty content", "chosen"),
     ({"prompt": "Q", "chosen": "yes"}, "missing field", "rejected"),
     ({"prompt": "Q", "chosen": 5, "rejected": "no"}, "wrong type", "chosen"),

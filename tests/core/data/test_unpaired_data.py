@@ -12,6 +12,7 @@ from hone.core.config import DataConfig
 from hone.core.data.collate import collate_packed
 from hone.core.data.preference import PROMPT_TOO_LONG
 from hone.core.data.rows import EMPTY_CONTENT, MISSING_FIELD, WRONG_TYPE
+from hone.core.data.text_only import IMAGE_IN_TEXT_ONLY_ROW
 from hone.core.data.unpaired import balance_note, check_unpaired, load_unpaired_data
 from hone.core.errors import DataError
 
@@ -63,6 +64,7 @@ def test_a_paired_row_gives_its_chosen_answer_desirable_and_its_rejected_one_not
 
 
 USER, EMPTY_ANSWER = {"role": "user", "content": "Q"}, {"role": "assistant", "content": ""}
+ANSWER = {"role": "assistant", "content": "A"}
 BAD_ROWS = [  # (row, reason, field named)
     ({"prompt": "Q", "completion": "A"}, MISSING_FIELD, "label"),
     ({"prompt": "Q", "completion": "A", "label": "yes"}, WRONG_TYPE, "label"),
@@ -73,6 +75,16 @@ BAD_ROWS = [  # (row, reason, field named)
     ({"completion": "A", "label": True}, MISSING_FIELD, "prompt"),
     ({"prompt": [USER], "completion": "A", "label": True}, WRONG_TYPE, "prompt"),
     ({"prompt": "Q", "completion": 3, "label": False}, WRONG_TYPE, "completion"),
+    ({"prompt": "Q", "completion": "A", "label": True, "images": ["cat.png"]}, IMAGE_IN_TEXT_ONLY_ROW, "images"),
+    (
+        {
+            "prompt": [{"role": "user", "content": [{"type": "image", "image": "cat.png"}]}],
+            "completion": [ANSWER],
+            "label": False,
+        },
+        IMAGE_IN_TEXT_ONLY_ROW,
+        "prompt[0].content[0]",
+    ),
 ]
 
 
@@ -84,7 +96,7 @@ def test_every_bad_row_is_skipped_naming_its_file_row_and_field(tmp_path):
     for line, (_, reason, field) in enumerate(BAD_ROWS, start=2):
         example = next(e for e in report.skipped_examples if e.startswith(f"{path}:{line}:"))
         assert f": {field}" in example, (example, reason)
-    assert report.skipped == {MISSING_FIELD: 3, WRONG_TYPE: 4, EMPTY_CONTENT: 2}
+    assert report.skipped == {MISSING_FIELD: 3, WRONG_TYPE: 4, EMPTY_CONTENT: 2, IMAGE_IN_TEXT_ONLY_ROW: 2}
 
 
 def test_a_prompt_longer_than_max_length_skips_the_row_and_no_row_left_is_an_error(tmp_path, smollm2_tokenizer):
