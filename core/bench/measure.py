@@ -40,6 +40,28 @@ class StepOutcome:
     grad_norm: float
 
 
+def loss_scaler(dtype: torch.dtype, device: str):
+    """The loss scaler a float16 run on a GPU trains with, as transformers' Trainer does with `fp16=True` (and Hone's
+    trainer always): without it most of a float16 step's gradients round to zero. None for other runs."""
+    return torch.amp.GradScaler("cuda") if dtype == torch.float16 and str(device).startswith("cuda") else None
+
+
+def optimizer_step(loss: torch.Tensor, params, optimizer, scaler, max_norm: float) -> float:
+    """Back-propagate `loss` (scaled when `scaler` is given), clip the gradients (unscaled first) and step; the
+    gradient norm before clipping."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm)
+
+
 class Runner(Protocol):
     """`setup()` builds model and optimizer, `step()` runs one optimizer step and reports its loss,
     `forward_backward()` runs the step's forward and backward only (for counting syncs), `teardown()` drops

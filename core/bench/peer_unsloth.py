@@ -35,7 +35,7 @@ class UnslothRunner:
     def __init__(self, spec: dict):
         self.name = PEER_NAME
         self.spec = spec
-        self.model = self.optimizer = self.inputs = self.folder = None
+        self.model = self.optimizer = self.scaler = self.inputs = self.folder = None
         self.params: list = []
 
     def setup(self) -> None:
@@ -43,6 +43,7 @@ class UnslothRunner:
         from unsloth import FastLanguageModel  # child_main imported unsloth before anything loaded transformers
 
         from hone.core.bench.batch import make_batch
+        from hone.core.bench.measure import loss_scaler
         from hone.core.bench.scenarios import get_scenario
         from hone.core.bench.weights import decoder_linear_names, saved_model_folder, vocab_size
 
@@ -78,6 +79,7 @@ class UnslothRunner:
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=2e-4, fused=True)
+        self.scaler = loss_scaler(dtype, spec["device"])  # float16: as Unsloth's trainers run it (fp16=True)
         inputs = {k: torch.from_numpy(v).to(spec["device"]) for k, v in batch.flattened().items()}
         inputs["packed_seq_lengths"] = torch.tensor(batch.lengths, dtype=torch.int32)
         self.inputs = inputs
@@ -89,16 +91,12 @@ class UnslothRunner:
             return self.model(**self.inputs, use_cache=False).loss
 
     def step(self):
-        import torch
 
-        from hone.core.bench.measure import StepOutcome
+        from hone.core.bench.measure import StepOutcome, optimizer_step
 
         loss = self._loss()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return StepOutcome(loss=loss.item(), grad_norm=float(grad_norm))
+        grad_norm = optimizer_step(loss, self.params, self.optimizer, self.scaler, 1.0)
+        return StepOutcome(loss=loss.item(), grad_norm=grad_norm)
 
     def forward_backward(self) -> None:
         self._loss().backward()
@@ -107,7 +105,7 @@ class UnslothRunner:
     def teardown(self) -> None:
         from hone.core.bench.weights import remove_folder
 
-        self.model = self.optimizer = self.inputs = None
+        self.model = self.optimizer = self.scaler = self.inputs = None
         self.params = []
         if self.spec.get("model_cache") is None:
             remove_folder(self.folder)

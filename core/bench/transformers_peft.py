@@ -13,7 +13,7 @@ import contextlib
 import torch
 
 from hone.core.bench.batch import TokenBatch
-from hone.core.bench.measure import StepOutcome
+from hone.core.bench.measure import StepOutcome, loss_scaler, optimizer_step
 from hone.core.bench.packed_masks import block_mask_mapping, packed_sequences_cross
 from hone.core.bench.scenarios import Scenario
 from hone.core.bench.weights import (
@@ -56,8 +56,8 @@ class ReferenceRunner:
       each sequence start), moved to the device once; the model's own loss from `labels`; where the model's own
       masks let the sequences attend to one another (gpt-oss builds them without the position ids), per-sequence
       masks built once (`packed_masks.block_mask_mapping`), so the reference's loss is the sequences' loss;
-    - autocast in the weights' dtype on CUDA and fused AdamW, as the HF Trainer does with `bf16=True`;
-      gradient clipping at 1.0 (the Trainer's default).
+    - autocast in the weights' dtype on CUDA and fused AdamW, as the HF Trainer does with `bf16=True` (with `fp16=True`
+      also its loss scaler); gradient clipping at 1.0 (the Trainer's default).
     """
 
     kind = "reference"
@@ -83,7 +83,7 @@ class ReferenceRunner:
         self.experts_implementation = experts_implementation
         self.model_folder = model_folder
         self.lora_experts = lora_experts
-        self.model = self.optimizer = self.inputs = None
+        self.model = self.optimizer = self.scaler = self.inputs = None
         self.params: list = []
         self.own_masks_cross = False
 
@@ -140,6 +140,7 @@ class ReferenceRunner:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         cuda = str(self.device).startswith("cuda")
         self.optimizer = torch.optim.AdamW(self.params, lr=LEARNING_RATE, fused=True if cuda else None)
+        self.scaler = loss_scaler(self.dtype, self.device)
         self.inputs = {k: torch.from_numpy(v).to(self.device) for k, v in self.batch.flattened().items()}
         if self.own_masks_cross:
             self.inputs["attention_mask"] = block_mask_mapping(model, self.inputs["position_ids"])
@@ -156,18 +157,15 @@ class ReferenceRunner:
 
     def step(self) -> StepOutcome:
         loss = self._loss()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return StepOutcome(loss=loss.item(), grad_norm=float(grad_norm))
+        grad_norm = optimizer_step(loss, self.params, self.optimizer, self.scaler, MAX_GRAD_NORM)
+        return StepOutcome(loss=loss.item(), grad_norm=grad_norm)
 
     def forward_backward(self) -> None:
         self._loss().backward()
         self.optimizer.zero_grad(set_to_none=True)
 
     def teardown(self) -> None:
-        self.model = self.optimizer = self.inputs = None
+        self.model = self.optimizer = self.scaler = self.inputs = None
         self.params = []
 
     def describe(self) -> dict:

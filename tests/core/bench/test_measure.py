@@ -108,3 +108,23 @@ def test_without_a_roof_a_run_has_no_mfu(double_runner):
     result = measure_run(double_runner(), settings(peak_flops=None))
     assert result.status == "ok" and result.tokens_per_s > 0
     assert result.mfu is None
+
+
+def test_a_scaled_step_reports_and_applies_the_unscaled_gradient():
+    """float16 runs step through a loss scaler (as transformers' Trainer with fp16=True): the gradient norm and the
+    update are those of the unscaled loss."""
+    from hone.core.bench.measure import loss_scaler, optimizer_step
+
+    assert loss_scaler(torch.bfloat16, "cuda") is None and loss_scaler(torch.float16, "cpu") is None
+    results = []
+    for scaler in (None, torch.amp.GradScaler("cpu", init_scale=2.0**12)):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, 4)
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+        loss = layer(torch.randn(16, 8)).square().mean()
+        norm = optimizer_step(loss, list(layer.parameters()), optimizer, scaler, max_norm=1e9)
+        results.append((norm, layer.weight.detach().clone()))
+        assert all(p.grad is None for p in layer.parameters())
+    (plain_norm, plain_weight), (scaled_norm, scaled_weight) = results
+    assert scaled_norm == pytest.approx(plain_norm, rel=1e-6)
+    torch.testing.assert_close(scaled_weight, plain_weight)
