@@ -58,6 +58,9 @@ FAMILIES = {
     "olmoe": "olmoe",
     "ernie4_5_moe": "ernie-4.5-moe",
     "minimax_m2": "minimax-m2",
+    # gpt-oss: its norms and the middle add (its MLP returns the router scores beside the output); its rope rotates
+    # with half-width cos/sin under another signature, so its attention keeps transformers' rope
+    "gpt_oss": "gpt-oss",
 }
 _ROPE_PARAMETERS = ["q", "k", "cos", "sin", "unsqueeze_dim"]
 _GLU_MLP_NAMES = {"down_proj", "act_fn", "gate_proj", "up_proj"}
@@ -408,7 +411,9 @@ def _patch_decoder(name: str, module: torch.nn.Module, report: KernelReport, und
             tile = forward_tile_for(self, hidden_states)
             if tile is not None:  # no autograd (a checkpointed forward): the MLP runs a tile at a time
                 return residual + mlp_in_pieces(self.mlp, hidden_states, tile)
-            return residual + self.mlp(hidden_states)
+            out = self.mlp(hidden_states)
+            # an MoE block that returns its router scores too (gpt-oss): the decoder keeps the output only
+            return residual + (out[0] if isinstance(out, tuple) else out)
 
         return prenorm_decoder_forward
 
