@@ -199,18 +199,18 @@ def run_preference_bench(options: VisionOptions, *, on_result=None, on_start=Non
             pairs={"count": len(pairs), "mean_tokens": round(mean_pair, 1), "trl_pairs_per_step": pairs_per_step},
         )
 
+        # what TRL's run and the peer's (on TRL's trainer) share: the pairs and batch sizes
+        sizes = dict(
+            steps=steps,
+            warmup=options.warmup,
+            pairs_per_step=pairs_per_step,
+            max_length=max_length,
+            lora_r=options.lora_r,
+            device=device,
+        )
+
         def trl_run() -> RunSteps:
-            return trl_steps(
-                model_dir,
-                pairs,
-                tmp / "trl",
-                steps=steps,
-                warmup=options.warmup,
-                pairs_per_step=pairs_per_step,
-                max_length=max_length,
-                lora_r=options.lora_r,
-                device=device,
-            )
+            return trl_steps(model_dir, pairs, tmp / "trl", **sizes)
 
         def hone_run() -> RunSteps:
             overrides = (
@@ -236,17 +236,7 @@ def run_preference_bench(options: VisionOptions, *, on_result=None, on_start=Non
         def peer_run() -> RunSteps:
             from hone.core.bench.peer_unsloth_trl import unsloth_dpo_steps
 
-            return unsloth_dpo_steps(
-                model_dir,
-                pairs,
-                tmp / PEER_NAME,
-                steps=steps,
-                warmup=options.warmup,
-                pairs_per_step=pairs_per_step,
-                max_length=max_length,
-                lora_r=options.lora_r,
-                device=device,
-            )
+            return unsloth_dpo_steps(model_dir, pairs, tmp / PEER_NAME, **sizes)
 
         runs = (
             (

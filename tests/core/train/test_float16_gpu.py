@@ -9,19 +9,9 @@ import torch
 
 from hone.core import events
 from hone.core.train.trainer import Trainer
+from tests.helpers.speed_paths import FAST, PLAIN
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-PLAIN = [
-    "speed.attention=hf",
-    "speed.loss=plain",
-    'speed.checkpoint="off"',
-    "speed.kernels=false",
-    "speed.host_embeddings=false",
-    "speed.host_lm_head=false",
-    "speed.moe_backend=eager",
-]
-FAST = ['speed.checkpoint="offload"', "speed.attention=varlen"]
 
 
 def _run(tiny_config, model_dir, chat_files, runs, *overrides):
