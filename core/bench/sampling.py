@@ -67,7 +67,7 @@ class SamplingReport:
     batch: dict
     environment: dict
     runs: list[SamplingRun] = field(default_factory=list)
-    steps: list[StepRun] = field(default_factory=list)  # the whole GRPO step, TRL's then Hone's (a GPU only)
+    steps: list[StepRun] = field(default_factory=list)  # the whole GRPO step: TRL's, Hone's, then the peer's
     warmup: int = 0
 
     def step_ratio(self, against: str = "trl") -> float | None:
