@@ -99,7 +99,9 @@ def test_every_step_has_a_margin_from_the_latest_rewards_of_each_label():
         _step(objective, policy, [good_3, bad_3]),  # both, in separate micro-batches: this step's own margin
     ]
     want = [good_1_mean, good_1_mean - bad_2_mean, good_3_mean - bad_3_mean]
-    assert [s["reward_margin"] for s in steps] == pytest.approx(want, rel=1e-4, abs=1e-6)
+    # A margin is a difference of rewards, each beta times a float32 sum of log-probabilities that the packed path
+    # adds up in another order: the rounding is relative to those sums (3.5e-6 seen on one CPU), not to the margin.
+    assert [s["reward_margin"] for s in steps] == pytest.approx(want, rel=1e-4, abs=2e-5)
 
     # a resumed run's objective takes the latest rewards from the checkpoint's state (a JSON object)
     saved = objective.checkpoint_state()
@@ -107,7 +109,7 @@ def test_every_step_has_a_margin_from_the_latest_rewards_of_each_label():
     resumed.load_checkpoint_state(saved)
     for which in (objective, resumed):
         step = _step(which, policy, [good_4])
-        assert step["reward_margin"] == pytest.approx(good_4_mean - bad_3_mean, rel=1e-4, abs=1e-6)
+        assert step["reward_margin"] == pytest.approx(good_4_mean - bad_3_mean, rel=1e-4, abs=2e-5)
 
 
 def test_a_fresh_run_starts_from_zero_rewards_and_a_damaged_state_is_refused():
