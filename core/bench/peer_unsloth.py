@@ -40,7 +40,7 @@ class UnslothRunner:
 
     def setup(self) -> None:
         import torch
-        from unsloth import FastLanguageModel  # child_main imported unsloth before anything loaded transformers
+        from unsloth import FastLanguageModel  # _measure_peer imported unsloth before anything loaded transformers
 
         from hone.core.bench.batch import make_batch
         from hone.core.bench.measure import loss_scaler
@@ -91,7 +91,6 @@ class UnslothRunner:
             return self.model(**self.inputs, use_cache=False).loss
 
     def step(self):
-
         from hone.core.bench.measure import StepOutcome, optimizer_step
 
         loss = self._loss()
