@@ -27,7 +27,7 @@ class UnslothRunner:
     It builds the same random-init weights (same shape, seed and device, so the same values), saves them with a
     synthetic tokenizer for Unsloth's loader, and runs the same token batch with Unsloth's defaults: its gradient
     checkpointing ("unsloth"), LoRA r on the same linear layers (alpha 2r, no dropout), fused AdamW, clipping at
-    1.0. `child_main` measures it with the same `measure_run` and answers with a RunResult as JSON.
+    1.0. `_measure_peer` measures it with the same `measure_run` and answers with a RunResult as JSON.
     """
 
     kind = "peer"
