@@ -10,9 +10,13 @@ GPU (`presets_for`), "Laptop 8 GB" everywhere (on a CPU the Train page says what
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from hone.core.config import RunConfig
+from hone.core.errors import ConfigError
 
 # What a preset sets besides its own overrides, per training method family: learning from preferences or rewards
 # moves the model away from where supervised fine-tuning left it, and takes far smaller steps (common LoRA recipes:
@@ -166,7 +170,23 @@ def matching_preset(config: RunConfig) -> str:
     """The name of the preset whose every override the config already has, or '' (the user edited it)."""
     values = config.to_dict()
     for preset in PRESETS:
-        target = preset.apply(config).to_dict()
-        if all(values[section] == target[section] for section in values):
+        targets = _targets(preset.name, config.train.method)
+        if targets is None:  # the preset does not apply to the defaults alone: apply it to this config
+            if preset.apply(config).to_dict() == values:
+                return preset.name
+        elif all(values[section][name] == value for (section, name), value in targets.items()):
             return preset.name
     return ""
+
+
+@functools.cache
+def _targets(name: str, method: str) -> dict[tuple[str, str], Any] | None:
+    """The values a preset sets for a run of `method`, as its config checks them (built once: the Train page asks on
+    every refresh); None when the preset cannot be applied to the defaults alone."""
+    preset = PRESETS_BY_NAME[name]
+    try:
+        applied = preset.apply(RunConfig().with_overrides([f"train.method={json.dumps(method)}"])).to_dict()
+    except ConfigError:
+        return None
+    keys = [assignment.partition("=")[0].strip().partition(".") for assignment in preset.overrides_for(method)]
+    return {(section, name): applied[section][name] for section, _dot, name in keys}

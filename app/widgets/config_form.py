@@ -11,6 +11,7 @@ is hidden, never reset: its value still goes into `config()`, and `hidden_change
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -206,6 +207,10 @@ class ConfigForm(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self._base = RunConfig()
+        self._base_dict = self._base.to_dict()
+        # errors() for one set of editor values over one base config: a page asks several times per refresh, and
+        # checking every field alone builds each section's dataclass once per field
+        self._checked: tuple[RunConfig, dict[str, Any], dict[str, str]] | None = None
         self.editors: dict[str, QWidget] = {}
         self._error_labels: dict[str, QLabel] = {}
         self._notes: dict[str, QLabel] = {}
@@ -309,7 +314,7 @@ class ConfigForm(QWidget):
     def set_config(self, config: RunConfig) -> None:
         """Show `config` in the editors without emitting `changed` (each editor's signals are blocked)."""
         self._base = config
-        data = config.to_dict()
+        self._base_dict = data = config.to_dict()
         for key, editor in self.editors.items():
             section, name = key.split(".")
             value = data[section][name]
@@ -370,11 +375,13 @@ class ConfigForm(QWidget):
         for i, slot in enumerate(self._slots):
             slot.parentWidget().setVisible(i < len(shown))
 
-    def hidden_changes(self, baseline: RunConfig) -> list[tuple[str, Any, Any]]:
+    def hidden_changes(
+        self, baseline: RunConfig, values: dict[str, dict[str, Any]] | None = None
+    ) -> list[tuple[str, Any, Any]]:
         """(key, value, baseline's value) of each hidden editor whose value differs from `baseline`'s, in the form's
         order. A method card's settings never count: Basic shows the chosen method's card, and another method's
-        settings do not apply."""
-        values, base = self.values(), baseline.to_dict()
+        settings do not apply. `values` is `values()` when the caller already has it."""
+        values, base = values if values is not None else self.values(), baseline.to_dict()
         changes = []
         for key in self.editors:
             section, name = key.split(".")
@@ -387,11 +394,17 @@ class ConfigForm(QWidget):
     # ---- view -> model ----
     def values(self) -> dict[str, dict[str, Any]]:
         """The config as a dict, with every editor's current value in place of the base config's."""
-        data = self._base.to_dict()
-        for key, editor in self.editors.items():
+        return self._values(self._editor_values())
+
+    def _values(self, edited: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        data = copy.deepcopy(self._base_dict)  # a copy the caller may change
+        for key, value in edited.items():
             section, name = key.split(".")
-            data[section][name] = self._editor_value(key, editor)
+            data[section][name] = value
         return data
+
+    def _editor_values(self) -> dict[str, Any]:
+        return {key: self._editor_value(key, editor) for key, editor in self.editors.items()}
 
     def _editor_value(self, key: str, editor: QWidget) -> Any:
         if isinstance(editor, QComboBox):
@@ -422,7 +435,14 @@ class ConfigForm(QWidget):
 
     def errors(self) -> dict[str, str]:
         """field key -> message, for every field (checked alone) and every section (checked whole)."""
-        data = self.values()
+        edited = self._editor_values()
+        if self._checked is not None and self._checked[0] is self._base and self._checked[1] == edited:
+            return dict(self._checked[2])
+        found = self._check(self._values(edited))
+        self._checked = (self._base, edited, found)
+        return dict(found)
+
+    def _check(self, data: dict[str, dict[str, Any]]) -> dict[str, str]:
         found: dict[str, str] = {}
         for section, cls in SECTIONS.items():
             for name, value in data[section].items():

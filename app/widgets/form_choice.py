@@ -3,6 +3,7 @@ that differ from their defaults (or from the preset they differ least from): hid
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from PySide6.QtCore import Signal
@@ -71,10 +72,16 @@ class FormChoice(QWidget):
 def hidden_changes(form: ConfigForm) -> tuple[list[tuple[str, Any, Any]], str]:
     """The form's hidden changes against the defaults or against the preset they differ least from (the defaults on
     a tie: a preset's own values are what the user chose), and which that is (DEFAULTS or the preset's name)."""
-    base = RunConfig()
-    candidates = [(DEFAULTS, base)] + [(preset.name, preset.apply(base)) for preset in PRESETS]
-    found = [(form.hidden_changes(config), name) for name, config in candidates]
+    values = form.values()
+    found = [(form.hidden_changes(config, values), name) for name, config in _baselines()]
     return min(found, key=lambda pair: len(pair[0]))
+
+
+@functools.cache
+def _baselines() -> tuple[tuple[str, RunConfig], ...]:
+    """The defaults and each preset applied to them: what hidden changes are counted against (fixed, built once)."""
+    base = RunConfig()
+    return ((DEFAULTS, base), *((preset.name, preset.apply(base)) for preset in PRESETS))
 
 
 def _value_text(value: Any) -> str:

@@ -181,3 +181,36 @@ def test_presets_keep_a_preference_run_s_method_and_set_what_it_needs(qtbot, win
     page.preset_buttons["Balanced"].click()
     assert window.state.config.train.method == "grpo" and window.state.config.train.lr == 5e-6
     assert matching_preset(window.state.config) == "Balanced"
+
+
+def test_errors_follow_every_edit_and_every_new_config(qtbot):
+    """errors() is answered again for the same values (a page asks several times per refresh): an edit, an edit
+    undone and a new base config each give their own answer, and values() is the caller's own copy."""
+    form = ConfigForm()
+    qtbot.addWidget(form)
+    lr = form.editors["train.lr"]
+    assert form.errors() == {}
+    lr.lineEdit().setText("-1")
+    assert "train.lr" in form.errors()
+    assert form.errors() == form.errors()
+    lr.lineEdit().setText("0.0002")
+    assert form.errors() == {}
+    form.errors()["train.lr"] = "changed by a caller"
+    assert form.errors() == {}
+    form.values()["data"]["train"].append("changed_by_a_caller.jsonl")  # data.train has no editor here
+    assert "changed_by_a_caller.jsonl" not in form.values()["data"]["train"]
+    form.set_config(RunConfig().with_overrides(["lora.r=64"]))
+    assert form.errors() == {} and form.values()["lora"]["r"] == 64
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo", "orpo", "simpo", "kto", "grpo"])
+def test_the_matching_preset_is_the_one_whose_overrides_the_config_has(method):
+    rewards = ['grpo.rewards=[{kind = "numeric", column = "answer"}]'] if method == "grpo" else []
+    base = RunConfig().with_overrides([f'train.method="{method}"', *rewards])
+    assert matching_preset(base) == ""
+    for preset in PRESETS:
+        applied = preset.apply(base)
+        assert matching_preset(applied) == preset.name
+        assert matching_preset(applied.with_overrides(["train.seed=7"])) == preset.name  # outside every preset
+        changed = applied.with_overrides([f"lora.r={applied.lora.r * 2}"])
+        assert matching_preset(changed) == "", preset.name
