@@ -6,6 +6,9 @@ connection lock and waited for the interpreter lock, while the GUI thread held t
 that Qt lock in another object's destructor. Neither moved again, and the window stayed frozen for good. While a
 window is open, automatic collection is off and a timer on the GUI thread collects the generation Python's own
 thresholds ask for, so garbage goes as often as before and always on this thread.
+
+A full collection walks every tracked object (~60 ms once the window's pages are built), so what is alive once the
+first window has shown is frozen out of later walks (gc.freeze): it lives as long as the window anyway.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ INTERVAL_MS = 200  # how often the GUI thread looks at the counts (a look costs 
 _holders = 0
 _enabled_before = True
 _timer: QTimer | None = None
+_frozen = False
 
 
 def collect_due() -> int | None:
@@ -43,6 +47,7 @@ def collect_on_gui_thread() -> Callable[[], None]:
         _timer.setInterval(INTERVAL_MS)
         _timer.timeout.connect(collect_due)
         _timer.start()
+        QTimer.singleShot(0, _freeze_startup_heap)  # once the window that asked has been built and shown
     _holders += 1
     released = False
 
@@ -62,6 +67,17 @@ def collect_on_gui_thread() -> Callable[[], None]:
                 gc.enable()
 
     return release
+
+
+def _freeze_startup_heap() -> None:
+    """Move every object alive now into the permanent generation, once per process: full collections then walk only
+    what was made later. The garbage among them goes first, so none is kept for good."""
+    global _frozen
+    if _frozen:
+        return
+    _frozen = True
+    gc.collect()
+    gc.freeze()
 
 
 def is_holding() -> bool:

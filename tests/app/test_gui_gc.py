@@ -50,3 +50,22 @@ def test_collection_comes_back_when_the_last_window_closes(qtbot, make_window):
     assert not gc.isenabled(), "another window is still open"
     second.close()
     assert gc.isenabled()
+
+
+def test_what_the_window_is_built_from_is_left_out_of_later_full_collections(qtbot, make_window, monkeypatch):
+    """A full collection walks every tracked object: 60 ms on the window's own process once its pages are built (and
+    350 ms beside torch in a test process), a pause of the GUI thread each time. What is alive once the window has
+    shown (modules, classes, the pages' widgets) stays for the window's life, so it is frozen out of later walks;
+    garbage made afterwards is still collected (the tests above). Once per process: here, as if no window had opened."""
+    from hone.app import gui_gc
+
+    monkeypatch.setattr(gui_gc, "_frozen", False)
+    frozen_before = gc.get_freeze_count()
+    window = make_window()
+    qtbot.waitUntil(lambda: gc.get_freeze_count() > frozen_before, timeout=5_000)
+    form = window.page("train").form
+    assert not any(o is form for o in gc.get_objects()), "the window's widgets are still walked by full collections"
+    made_after = _Cycle()
+    assert any(o is made_after for o in gc.get_objects())
+    settle_tasks(qtbot)
+    window.close()
