@@ -135,11 +135,16 @@ class MaxLengthReport:
         }
 
 
-def _check(options: BenchOptions, limit: int) -> None:
+def _check(options: BenchOptions, limit: int, start: int | None) -> None:
     if options.tokens is not None or options.seq_min is not None or options.seq_max is not None:
         raise ConfigError("--max-length searches the row length itself", "leave out --tokens, --seq-min and --seq-max")
     if limit < 16:
         raise ConfigError(f"--max-length {limit}: the limit is a row length in tokens", "give e.g. --max-length 524288")
+    if start is not None and not 16 <= start <= limit:
+        raise ConfigError(
+            f"--max-length-from {start}: the first length tried is between 16 and the limit ({limit:,})",
+            f"give e.g. --max-length {limit} --max-length-from {min(limit, GPU_START)}",
+        )
 
 
 def run_max_length(
@@ -154,10 +159,11 @@ def run_max_length(
     the peer with `--peer`). Each trial builds its run afresh on one row of that length: warm-up none, one step.
 
     Raises:
-        ConfigError: a vision scenario, --tokens / --seq-* given, a limit below 16, what `plan_runs` refuses.
+        ConfigError: a vision scenario, --tokens / --seq-* given, a limit below 16, a start outside [16, limit], what
+            `plan_runs` refuses.
     """
     started = time.perf_counter()
-    _check(options, limit)
+    _check(options, limit, start)
     scenario = get_scenario(options.scenario)
     if scenario.kind != "text":
         raise ConfigError(f"--max-length searches text scenarios; {scenario.name} is a vision one", "")

@@ -28,6 +28,7 @@ TEXT_ONLY_FLAGS = (
     ("--lora-experts", "lora_experts", "on"),
     ("--run", "run", None),
     ("--max-length", "max_length", None),
+    ("--max-length-from", "max_length_from", None),
 )
 
 
@@ -118,6 +119,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="LIMIT",
         help="instead of the speed table: the longest single row each run (the peer's too) trains in one step, "
         f"under --memory-cap, found by search up to LIMIT tokens (default {MAX_LENGTH_LIMIT:,})",
+    )
+    p.add_argument(
+        "--max-length-from",
+        type=int,
+        metavar="START",
+        help="with --max-length: the first row length tried (default 8,192 on the GPU shapes); lengths double from "
+        "it, so START = LIMIT tries that one length first, e.g. when a single step there takes minutes",
     )
     p.add_argument("--json", metavar="OUT", help="write every number, the options and the environment to OUT")
     p.add_argument("--device", help="cuda, cuda:1 or cpu (default: cuda when there is one)")
@@ -406,6 +414,12 @@ def _run_text(args, console) -> int:
     )
     if args.max_length is not None:
         return _run_max_length(args, options, console)
+    if args.max_length_from is not None:
+        from hone.core.errors import ConfigError
+
+        raise ConfigError(
+            "--max-length-from is where --max-length's search starts", "add --max-length [LIMIT] or leave it out"
+        )
 
     started, measured = _progress(console)
     report = run_bench(options, on_result=measured, on_start=started)
@@ -426,7 +440,7 @@ def _run_max_length(args, options, console) -> int:
     def searching(name: str) -> None:
         console.print(f"searching {name} ...")
 
-    report = run_max_length(options, limit=args.max_length, on_start=searching)
+    report = run_max_length(options, limit=args.max_length, start=args.max_length_from, on_start=searching)
     title = (
         f"{report.scenario}: the longest single row trained in one step, LoRA r{options.lora_r}"
         f"{' QLoRA' if options.qlora else ''}, {report.dtype} on {report.environment.get('gpu', report.device)}"

@@ -81,6 +81,38 @@ def test_bench_max_length_on_the_cpu_finds_where_a_run_runs_out_of_memory(tmp_pa
     assert runs["all"]["trials"][1]["status"] == "oom"
 
 
+def test_the_search_starts_where_max_length_from_says(tmp_path, monkeypatch):
+    """--max-length-from: the first length tried, so that a length whose single step takes minutes on a GPU is tried
+    without the doublings below it; the bisection's steps are an eighth of it."""
+    real_step = HoneRunner.step
+
+    def step(self):
+        if self.batch.tokens > 100:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_step(self)
+
+    monkeypatch.setattr(HoneRunner, "step", step)
+    out = tmp_path / "longest.json"
+    args = ["bench", "tiny-llama", "--max-length", "512", "--max-length-from", "96", "--only", "all"]
+    assert main([*args, "--json", str(out)]) == 0
+    run = next(run for run in json.loads(out.read_text())["runs"] if run["name"] == "all")
+    assert [t["length"] for t in run["trials"]] == [96, 192, 144, 120, 108]
+    assert run["longest"] == 96 and run["first_failing"] == 108
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--max-length", "256", "--max-length-from", "512"], "--max-length-from 512: the first length tried"),
+        (["--max-length", "256", "--max-length-from", "8"], "--max-length-from 8: the first length tried"),
+        (["--max-length-from", "512"], "--max-length-from is where --max-length's search starts"),
+    ],
+)
+def test_a_start_outside_the_search_is_refused(args, said, capsys):
+    assert main(["bench", "tiny-llama", *args]) == 2
+    assert said in capsys.readouterr().err
+
+
 def test_max_length_refuses_the_batch_flags(capsys):
     assert main(["bench", "tiny-llama", "--max-length", "256", "--tokens", "512"]) == 2
     assert "--max-length searches the row length itself" in capsys.readouterr().err
