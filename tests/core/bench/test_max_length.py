@@ -59,9 +59,9 @@ def test_a_failure_other_than_memory_ends_the_search_with_its_reason():
     assert found.longest == 1024
 
 
-def test_bench_max_length_on_the_cpu_finds_where_a_run_runs_out_of_memory(tmp_path, monkeypatch):
-    """A real tiny run whose step runs out of memory past 100 tokens (as a capped GPU would): the search
-    measures it trial by trial and reports 96, the longest multiple of its 8-token steps that trains."""
+@pytest.fixture
+def out_of_memory_past_100_tokens(monkeypatch):
+    """Hone's runs step as usual up to 100 tokens and run out of memory past them, as a capped GPU would."""
     real_step = HoneRunner.step
 
     def step(self):
@@ -70,6 +70,12 @@ def test_bench_max_length_on_the_cpu_finds_where_a_run_runs_out_of_memory(tmp_pa
         return real_step(self)
 
     monkeypatch.setattr(HoneRunner, "step", step)
+
+
+@pytest.mark.usefixtures("out_of_memory_past_100_tokens")
+def test_bench_max_length_on_the_cpu_finds_where_a_run_runs_out_of_memory(tmp_path):
+    """A real tiny run whose step runs out of memory past 100 tokens (as a capped GPU would): the search
+    measures it trial by trial and reports 96, the longest multiple of its 8-token steps that trains."""
     out = tmp_path / "longest.json"
     code = main(["bench", "tiny-llama", "--max-length", "512", "--only", "reference,all", "--json", str(out)])
     report = json.loads(out.read_text())
@@ -81,17 +87,10 @@ def test_bench_max_length_on_the_cpu_finds_where_a_run_runs_out_of_memory(tmp_pa
     assert runs["all"]["trials"][1]["status"] == "oom"
 
 
-def test_the_search_starts_where_max_length_from_says(tmp_path, monkeypatch):
+@pytest.mark.usefixtures("out_of_memory_past_100_tokens")
+def test_the_search_starts_where_max_length_from_says(tmp_path):
     """--max-length-from: the first length tried, so that a length whose single step takes minutes on a GPU is tried
     without the doublings below it; the bisection's steps are an eighth of it."""
-    real_step = HoneRunner.step
-
-    def step(self):
-        if self.batch.tokens > 100:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real_step(self)
-
-    monkeypatch.setattr(HoneRunner, "step", step)
     out = tmp_path / "longest.json"
     args = ["bench", "tiny-llama", "--max-length", "512", "--max-length-from", "96", "--only", "all"]
     assert main([*args, "--json", str(out)]) == 0
