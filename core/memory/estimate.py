@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hone.core.machine.pinned_memory import pinned_slot_bytes
 from hone.core.memory.shape import ModelShape
 
 GIB = 1024**3
@@ -24,6 +25,8 @@ GRADIENT_BYTES = {"adamw": 4, "adamw8bit": 4, "adamw-bf16": 2}
 # gate, up and their product, and the gradients towards them and the tile's input.
 TILED_MLP_TENSORS = 7
 TILE_ELEMENTS = 2**25
+# A checkpointed forward over at least this many tiles runs its MLP a tile at a time (PIECEWISE_MIN_TILES there).
+PIECEWISE_MIN_TILES = 8
 # An untiled MLP backward holds gate, up, product and their three gradients for the whole batch.
 UNTILED_MLP_TENSORS = 6
 # The no-grad forward of a checkpointed layer's MLP holds gate, up, the activation and the product.
@@ -47,10 +50,6 @@ ALLOCATOR_SLACK = 0.04
 # GPU path runs in bf16); docs/performance/memory-planner.md.
 CPU_RESIDENT_FACTOR = 1.75
 PHASE_WORDS = {"generation": "sampling's KV cache and logits, beyond the checkpoints"}
-# torch's pinned host allocator rounds each request up to a power of two (at least 1 MiB) and keeps the blocks for
-# the next step (`host_slot_bytes` in core/speed/checkpointing/offload_buffers.py): a layer's offloaded input of 3.1 GiB
-# holds 4 GiB of page-locked memory, which the system cannot swap out.
-PINNED_MINIMUM = 2**20
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,10 @@ class MemorySettings:
     chunked_loss: bool = True
     kernels: bool = True  # Hone's fused kernels (the fused cross-entropy among them)
     cpu: bool = False  # the run trains on the CPU: its peak is resident system memory
+    # Offload modes: the bytes of pinned host slots the offloaded layer inputs may hold (None: no limit). The
+    # checkpointer offloads layer inputs in forward order until its slots reach this budget and keeps the rest on
+    # the GPU (`offloaded_layers`).
+    host_slot_budget: float | None = None
     # GRPO (train.method = grpo): a step first samples completions of up to this many tokens for its micro-batch's
     # prompts (0: no generation). Its sequences, prompt and completion, fill the micro-batch's tokens.
     generation_completion: int = 0
@@ -120,14 +123,15 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     lora_state = trainable * OPTIMIZER_STATE_BYTES.get(s.optimizer, OPTIMIZER_STATE_BYTES["adamw"])
     gradients = trainable * GRADIENT_BYTES.get(s.optimizer, 4)
     row = tokens * shape.hidden * w  # one (tokens x hidden) bf16 tensor
+    kept = (shape.layers - offloaded_layers(shape, s)) * row  # offload modes: inputs past the host budget
     checkpoints = {
         "off": shape.layers * _layer_activations(shape, tokens, w),
         "gpu": shape.layers * row,
-        "offload": row,
-        "offload-double": 2 * row,
+        "offload": row + kept,
+        "offload-double": 2 * row + kept,
     }[s.checkpoint]
 
-    forward = head_copy + _layer_forward(shape, tokens, w)
+    forward = head_copy + _layer_forward(shape, tokens, w, s.tiled_mlp)
     # A recomputed layer back-propagates its MLP first, then its attention: what the attention half saved is alive
     # through both, the MLP's and the attention's own workspaces one after the other.
     saved, workspace = _attention_backward(shape, tokens, w)
@@ -174,9 +178,12 @@ def _mlp_width(shape: ModelShape) -> tuple[int, int]:
     return shape.intermediate, 0
 
 
-def _layer_forward(shape: ModelShape, tokens: int, w: int) -> float:
-    """A checkpointed layer's no-grad forward: its MLP's activations for the whole batch (and routed copies)."""
+def _layer_forward(shape: ModelShape, tokens: int, w: int, tiled: bool) -> float:
+    """A checkpointed layer's no-grad forward: its MLP's activations for the whole batch (and routed copies), or
+    for one tile where the batch holds many (a tiled dense MLP), beside the output the pieces are written into."""
     width, routed = _mlp_width(shape)
+    if tiled and not shape.experts and tokens * width >= PIECEWISE_MIN_TILES * TILE_ELEMENTS:
+        return MLP_FORWARD_TENSORS * TILE_ELEMENTS * w + tokens * shape.hidden * w
     return tokens * w * (MLP_FORWARD_TENSORS * width + routed * shape.hidden)
 
 
@@ -211,24 +218,32 @@ def _layer_activations(shape: ModelShape, tokens: int, w: int) -> float:
     )
 
 
-def pinned_bytes(nbytes: float) -> float:
-    """Page-locked memory a pinned host block of `nbytes` holds: the next power of two, at least PINNED_MINIMUM."""
-    return float(max(PINNED_MINIMUM, 1 << max(int(nbytes) - 1, 0).bit_length()))
+def offloaded_layers(shape: ModelShape, settings: MemorySettings) -> int:
+    """Decoder layers whose input goes to a pinned host slot: every layer in offload modes, or as many slots of one
+    input as `host_slot_budget` holds; none in the other modes."""
+    s = settings
+    if s.checkpoint not in ("offload", "offload-double"):
+        return 0
+    if s.host_slot_budget is None:
+        return shape.layers
+    slot = pinned_slot_bytes(s.batch_tokens * shape.hidden * s.weight_bytes)
+    return max(0, min(shape.layers, int(s.host_slot_budget // slot)))
 
 
 def estimate_host(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate:
-    """The host memory a GPU run's step holds beyond the process itself: each decoder layer's offloaded input in
-    a pinned block of its own (offload modes), and the vocabulary tables kept in host memory."""
+    """The host memory a GPU run's step holds beyond the process itself: each offloaded layer input in a pinned
+    slot of its own (`pinned_slot_bytes`), and the vocabulary tables kept in host memory."""
     s, w = settings, settings.weight_bytes
     row = s.batch_tokens * shape.hidden * w
-    offloaded = shape.layers * pinned_bytes(row) if s.checkpoint in ("offload", "offload-double") else 0.0
+    layers = offloaded_layers(shape, s)
+    offloaded = float(layers * pinned_slot_bytes(row))
     table = shape.vocab * shape.hidden * w
     if shape.tied_embeddings:
         tables = table if (s.host_embeddings or (s.host_lm_head and s.chunked_loss)) else 0.0
     else:
         tables = table * (int(s.host_embeddings) + int(s.host_lm_head and s.chunked_loss))
     parts = (
-        Part("offloaded checkpoints", offloaded, f"{shape.layers} layer inputs in pinned host memory"),
+        Part("offloaded checkpoints", offloaded, f"{layers} layer inputs in pinned host memory"),
         Part("vocabulary tables", tables, "input embedding and LM head in host memory"),
     )
     return MemoryEstimate(parts, "host")

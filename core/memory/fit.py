@@ -12,7 +12,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estimate_host, estimate_peak
+from hone.core.memory.estimate import (
+    GIB,
+    MemoryEstimate,
+    MemorySettings,
+    estimate_host,
+    estimate_peak,
+    offloaded_layers,
+)
 from hone.core.memory.shape import ModelShape
 
 # Headroom left free beyond the prediction: the calibration's largest error (8.7 %), the caching allocator's
@@ -129,7 +136,7 @@ def auto_fit(
     if _fits(shape, settings, budget, host_budget):
         return FitResult(True, settings, own, available_bytes, tuple(forced))
     ceiling = max(settings.batch_tokens, longest_row)
-    levers = _levers(settings, allow_qlora, unified or bool(forced))
+    levers = _levers(settings, allow_qlora, unified or (bool(forced) and settings.checkpoint == "gpu"))
     # Every lever that keeps the weights as they are comes before a smaller batch; QLoRA comes last, at the full
     # batch first.
     order = [(c, w, False) for c, w in levers if not c.qlora or settings.qlora]
@@ -154,19 +161,33 @@ def auto_fit(
 def _keep_checkpoints_on_gpu(
     shape: ModelShape, settings: MemorySettings, longest_row: int, host_budget: float | None
 ) -> tuple[MemorySettings, list[str]]:
-    """Offloaded checkpoints that the host cannot hold even for a batch of the longest row stay on the GPU
-    (recomputed from inputs kept there): the settings to plan with, and the change in words (none when kept)."""
+    """Offloaded checkpoints within what the host holds: the pinned slots get what `host_budget` leaves beside the
+    vocabulary tables, and the inputs past it stay on the GPU, as the checkpointer does; where not one input fits
+    at the longest row, every checkpoint stays on the GPU (recomputed from inputs kept there). The settings to plan
+    with, and the change in words (none when every input is offloaded)."""
     if host_budget is None or settings.checkpoint not in OFFLOAD_MODES:
         return settings, []
-    at_row = dataclasses.replace(settings, batch_tokens=max(longest_row, BATCH_MULTIPLE))
-    need = estimate_host(shape, at_row).peak_bytes
-    if need <= host_budget:
-        return settings, []
-    words = (
-        f"checkpoints kept on the GPU: offloaded, a batch of {at_row.batch_tokens:,} tokens would hold "
-        f"{need / GIB:.1f} GiB of host memory, {host_budget / GIB:.1f} GiB usable"
+    tables = estimate_host(shape, dataclasses.replace(settings, checkpoint="gpu")).peak_bytes
+    limited = dataclasses.replace(settings, host_slot_budget=max(0.0, host_budget - tables))
+    at_row = dataclasses.replace(limited, batch_tokens=max(longest_row, BATCH_MULTIPLE))
+    at_batch = dataclasses.replace(limited, batch_tokens=max(settings.batch_tokens, at_row.batch_tokens))
+    if offloaded_layers(shape, at_row) == 0:
+        return dataclasses.replace(settings, checkpoint="gpu"), [
+            f"checkpoints kept on the GPU: {_held(shape, at_row, host_budget)}"
+        ]
+    offloaded = offloaded_layers(shape, at_batch)
+    if offloaded == shape.layers:
+        return limited, []
+    kept = f"{shape.layers - offloaded} of {shape.layers} layer inputs kept on the GPU"
+    return limited, [f"{kept}: {_held(shape, at_batch, host_budget)}"]
+
+
+def _held(shape: ModelShape, settings: MemorySettings, host_budget: float) -> str:
+    need = estimate_host(shape, dataclasses.replace(settings, host_slot_budget=None)).peak_bytes
+    return (
+        f"offloaded, a batch of {settings.batch_tokens:,} tokens would hold {need / GIB:.1f} GiB of host memory, "
+        f"{host_budget / GIB:.1f} GiB usable"
     )
-    return dataclasses.replace(settings, checkpoint="gpu"), [words]
 
 
 def _nothing_fits(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint as recompute_checkpoint
 
+from hone.core.machine.pinned_memory import available_system_memory, offload_budget
 from hone.core.speed.checkpointing.layer_groups import LayerCall, auto_group_tokens
 from hone.core.speed.checkpointing.layer_recompute import _CheckpointedLayer, _needs_grad, is_recomputing
 from hone.core.speed.checkpointing.offload_buffers import (
@@ -27,6 +28,7 @@ from hone.core.speed.checkpointing.offload_buffers import (
     allocate_reload_buffer,
     reload_buffer_bytes,
     second_buffer_decision,
+    size_text,
     tight_memory_reason,
 )
 
@@ -117,6 +119,10 @@ class Checkpointer:
         group_tokens: recompute and back-propagate each layer a group of whole sequences of at most this many tokens
             at a time (`hone.core.speed.checkpointing.layer_groups`); 0 = whole layers, -1 = a size chosen from the
             hidden size. `grouped_layers` counts the layer backward passes that ran in groups.
+        host_budget_bytes: the most pinned host memory the offloaded inputs may hold together; the inputs past it (a
+            step's last layers) stay on the GPU. None: on a GPU, `offload_budget` of the system memory available at
+            the first offload (what the memory planner assumes); on a CPU device, no limit.
+        cudart: the CUDA runtime calls host slots are registered with (tests pass a stand-in).
     """
 
     def __init__(
@@ -129,6 +135,8 @@ class Checkpointer:
         streams=None,
         verify: bool = False,
         group_tokens: int = 0,
+        host_budget_bytes: int | None = None,
+        cudart=None,
     ):
         if mode not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint mode {mode!r} is not one of {CHECKPOINT_MODES}")
@@ -140,7 +148,10 @@ class Checkpointer:
         self.cuda = self.device.type == "cuda"
         use_streams = self.offloads and (self.cuda or streams is not None)
         self.copier = CudaCopier(self.device, streams) if use_streams else SyncCopier()
-        self.host = HostSlots(pin=self.cuda)
+        self.host = HostSlots(pin=self.cuda, budget_bytes=host_budget_bytes, cudart=cudart)
+        self._budget_pending = host_budget_bytes is None and self.cuda
+        self._budget_noted = False
+        self.kept_over_budget = 0  # inputs kept on the GPU in the last step because the host budget was reached
         self.buffers: list[ReloadBuffer] = []
         self.notes: list[str] = []
         self.layer_names: dict[int, str] = {}  # id(layer module) -> its name in the model, for messages
@@ -221,6 +232,9 @@ class Checkpointer:
         if not self.offloads or self._host_failed:
             saved.kept = hidden.detach()
             return saved
+        if self._budget_pending:  # measured now: what the run holds in host memory by its first step is in use
+            self._budget_pending = False
+            self.host.budget_bytes = offload_budget(available_system_memory())
         try:
             slot = self.host.acquire(saved.nbytes)
         except RuntimeError as e:  # pinned host memory ran out: keep inputs on the device from now on
@@ -230,6 +244,17 @@ class Checkpointer:
                 "(gpu checkpointing) for the rest of the run",
                 "warning",
             )
+            saved.kept = hidden.detach()
+            return saved
+        if slot is None:  # the host budget is reached: this input (a step's later layers) stays on the device
+            if not self._budget_noted:
+                self._budget_noted = True
+                self._say(
+                    f"the host memory budget for offloaded layer inputs ({size_text(self.host.budget_bytes or 0)}) "
+                    f"is reached: the inputs of later layers stay on the GPU (layer {layer or saved.seq} first)",
+                    "info",
+                )
+            self.kept_over_budget += 1
             saved.kept = hidden.detach()
             return saved
         self.copier.to_host(hidden.detach(), slot.view(saved.shape, saved.dtype))
@@ -430,6 +455,7 @@ class Checkpointer:
             buffer_bytes=self.buffer_bytes,
         )
         self.copier.counters.offload_bytes = 0
+        self.kept_over_budget = 0
         if self.cuda and self.double and len(self.buffers) > 1:
             free, _total = torch.cuda.mem_get_info(self.device)
             reason = tight_memory_reason(

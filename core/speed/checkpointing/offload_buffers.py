@@ -2,27 +2,25 @@
 
 A saved layer input waits for its backward in a `HostSlot` (pinned host memory) and is copied back into a
 `ReloadBuffer` on the GPU (one or two of them) for its layer's recompute; both are allocated once, grow with the
-largest input seen and are reused across steps. The one thing to know: on a GPU every copy runs on a side stream
-under the ordering rules in `CudaCopier`'s docstring, which the tests check on the CPU with a stream simulator;
-`SyncCopier` runs the same bookkeeping synchronously for a CPU device.
+largest input seen and are reused across steps. Large host slots are ordinary allocations page-locked with
+`cudaHostRegister`, sized to within 1/16 of the input: torch's pinned allocator rounds to powers of two, which at
+long rows holds a third more page-locked memory than the inputs need. The slots stop growing at a byte budget (the
+host's available memory): inputs past it stay on the GPU. On a GPU every copy runs on a side stream under the
+ordering rules in `CudaCopier`'s docstring, which the tests check on the CPU with a stream simulator; `SyncCopier`
+runs the same bookkeeping synchronously for a CPU device.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
-# The pinned (page-locked) host allocator rounds every request up to a power of two and caches blocks by that size,
-# so host slots grow by powers of two: asking for exact sizes would use the same memory and re-pin more often.
-MIN_HOST_SLOT_BYTES = 1 << 20
+from hone.core.machine.pinned_memory import REGISTERED_MIN_BYTES, pinned_slot_bytes, torch_pinned_bytes
+
 # The CUDA caching allocator hands out large blocks in 2 MiB pages; reload buffers are sized to whole pages.
 DEVICE_BUFFER_GRANULE = 2 << 20
-
-
-def host_slot_bytes(nbytes: int) -> int:
-    """Capacity of a pinned host slot that holds `nbytes`: the next power of two, at least 1 MiB."""
-    return max(MIN_HOST_SLOT_BYTES, 1 << max(0, int(nbytes) - 1).bit_length())
 
 
 def reload_buffer_bytes(nbytes: int) -> int:
@@ -37,10 +35,12 @@ def _uninferenced():
 
 @dataclass(eq=False)
 class HostSlot:
-    """Pinned host memory for one saved layer input. `data` is a flat uint8 tensor of `capacity` bytes."""
+    """Pinned host memory for one saved layer input. `data` is a flat uint8 tensor of `capacity` bytes; `unpin`
+    unregisters a registered slot's memory (called when the slot regrows or is dropped)."""
 
     data: torch.Tensor
     in_use: bool = False
+    unpin: weakref.finalize | None = None
 
     @property
     def capacity(self) -> int:
@@ -52,28 +52,98 @@ class HostSlot:
         return self.data[:nbytes].view(dtype).view(shape)
 
 
+def _unregister(cudart, data: torch.Tensor, synchronize) -> None:
+    """Give a registered block back to pageable memory, then (when the finalizer lets go of `data`) to the system.
+    No copy may still be reading or writing it: the slot was released when its layer's backward was queued, not run."""
+    try:
+        synchronize()
+        cudart.cudaHostUnregister(data.data_ptr())
+    except Exception:  # the CUDA context may already be gone (process exit); the memory goes with it
+        pass
+
+
 class HostSlots:
     """A pool of pinned host slots: taken in forward, given back after the layer's backward, reused across steps.
 
     A slot taken for a bigger input than any free slot holds regrows one free slot (or adds a slot), so the pool
     ends up with as many slots as layer inputs wait at once (the number of decoder layers), each sized by the
     largest input seen.
+
+    Args:
+        pin: page-lock the slots (CUDA); False gives plain memory (a CPU device, tests).
+        register: page-lock large slots with `cudaHostRegister` (default: when pinning); tests register plain memory
+            through a stand-in `cudart`.
+        budget_bytes: the most the slots may hold together; an input whose slot would pass it gets none
+            (`acquire` returns None) and stays on the GPU. None: no limit.
+        cudart: the CUDA runtime calls `cudaHostRegister` / `cudaHostUnregister` (torch.cuda.cudart() by default);
+            tests pass a stand-in. Registration that fails once is not tried again: slots come from torch's pinned
+            allocator.
+        synchronize: waits for the GPU's queued work before a registered block is unregistered
+            (torch.cuda.synchronize by default).
     """
 
-    def __init__(self, pin: bool):
+    def __init__(
+        self, pin: bool, *, budget_bytes: int | None = None, register: bool | None = None, cudart=None, synchronize=None
+    ):
         self.pin = pin
+        self.budget_bytes = budget_bytes
+        self.register = pin if register is None else register
+        self.register_error = ""
+        self._cudart = cudart
+        self._synchronize = synchronize
         self.slots: list[HostSlot] = []
 
     @property
     def total_bytes(self) -> int:
         return sum(slot.capacity for slot in self.slots)
 
-    def _allocate(self, capacity: int) -> torch.Tensor:
-        with _uninferenced():
-            return torch.empty(capacity, dtype=torch.uint8, pin_memory=self.pin)
+    def slot_bytes(self, nbytes: int) -> int:
+        """The capacity a slot for `nbytes` gets."""
+        return pinned_slot_bytes(nbytes) if self.register else torch_pinned_bytes(nbytes)
 
-    def acquire(self, nbytes: int) -> HostSlot:
-        """A free slot with room for `nbytes`.
+    def _allocate(self, capacity: int) -> tuple[torch.Tensor, bool]:
+        """A flat uint8 block of (at least) `capacity` bytes, and whether it is registered (else from torch's
+        allocator, pinned or plain)."""
+        with _uninferenced():
+            if self.register and capacity > REGISTERED_MIN_BYTES:
+                data = torch.empty(capacity, dtype=torch.uint8)
+                if self._register(data):
+                    return data, True
+            # torch's pinned allocator holds a power of two whatever is asked: count that
+            return torch.empty(torch_pinned_bytes(capacity), dtype=torch.uint8, pin_memory=self.pin), False
+
+    def _fill(self, slot: HostSlot | None, capacity: int) -> HostSlot:
+        """`slot` (regrown) or a new slot, holding `capacity` fresh bytes."""
+        if slot is not None and slot.unpin is not None:
+            slot.unpin()  # the old block is unregistered before it is freed
+        data, registered = self._allocate(capacity)
+        if slot is None:
+            slot = HostSlot(data)
+        else:
+            slot.data, slot.unpin = data, None
+        if registered:
+            slot.unpin = weakref.finalize(slot, _unregister, self._cudart, data, self._synchronize)
+            slot.unpin.atexit = False  # at exit the memory goes with the process
+        return slot
+
+    def _register(self, data: torch.Tensor) -> bool:
+        """Page-lock `data` in place; on failure, keep why and use torch's pinned allocator from then on."""
+        try:
+            if self._cudart is None:
+                self._cudart = torch.cuda.cudart()
+            if self._synchronize is None:
+                self._synchronize = torch.cuda.synchronize
+            error = self._cudart.cudaHostRegister(data.data_ptr(), data.numel(), 0)
+            if int(error) == 0:
+                return True
+            self.register_error = f"cudaHostRegister returned {error}"
+        except (AttributeError, TypeError, RuntimeError, AssertionError) as e:  # a build without these calls
+            self.register_error = f"cudaHostRegister is not available ({e})"
+        self.register = False
+        return False
+
+    def acquire(self, nbytes: int) -> HostSlot | None:
+        """A free slot with room for `nbytes`, or None when growing the pool for it would pass the budget.
 
         Raises:
             RuntimeError: pinned host memory could not be allocated (the caller keeps the input on the GPU).
@@ -82,12 +152,16 @@ class HostSlots:
         fitting = [slot for slot in free if slot.capacity >= nbytes]
         if fitting:
             slot = min(fitting, key=lambda s: s.capacity)
-        elif free:  # regrow the largest free slot: the others stay small for smaller inputs
-            slot = max(free, key=lambda s: s.capacity)
-            slot.data = self._allocate(host_slot_bytes(nbytes))
         else:
-            slot = HostSlot(self._allocate(host_slot_bytes(nbytes)))
-            self.slots.append(slot)
+            # regrow the largest free slot (the others stay small for smaller inputs), or add one
+            grown = max(free, key=lambda s: s.capacity) if free else None
+            capacity = self.slot_bytes(nbytes)
+            total = self.total_bytes + capacity - (grown.capacity if grown is not None else 0)
+            if self.budget_bytes is not None and total > self.budget_bytes:
+                return None
+            slot = self._fill(grown, capacity)
+            if grown is None:
+                self.slots.append(slot)
         slot.in_use = True
         return slot
 

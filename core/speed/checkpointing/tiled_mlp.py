@@ -23,6 +23,10 @@ TILE_ELEMENTS = 2**25
 MIN_TILE_TOKENS = 1024
 # Tiles are a whole number of GEMM blocks (tensor-core kernels tile the token dimension by 64-256).
 TILE_MULTIPLE = 256
+# A checkpointed forward over at least this many tiles runs its MLP in pieces even without layer groups: there (a
+# 20K-token batch and up on Qwen3-8B) the whole MLP's activations are the forward's largest transient (~37 GiB at a
+# 400K-token row), and the pieces' launches cost nothing beside their GEMMs.
+PIECEWISE_MIN_TILES = 8
 
 _TILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # decoder layer -> tokens per tile
 
@@ -99,19 +103,21 @@ def tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
 
 
 def forward_tile_for(layer: torch.nn.Module, hidden: torch.Tensor) -> int | None:
-    """Tokens per piece when this call of `layer.mlp(hidden)` is the no-grad forward of a checkpointed layer whose
-    backward runs in sequence groups (`hone.core.speed.checkpointing.layer_groups`) and should run a piece at a
-    time, else None.
+    """Tokens per piece when this call of `layer.mlp(hidden)` is a no-grad forward that should run a piece at a
+    time, else None: in a checkpointed layer whose backward runs in sequence groups
+    (`hone.core.speed.checkpointing.layer_groups`), or over at least `PIECEWISE_MIN_TILES` tiles.
 
     Only then: running in pieces keeps the forward's peak as low as the grouped, tiled backward's, but each piece
-    is more kernel launches, which a step bound by the CPU pays for in time; without layer groups the backward's
-    peak is above the forward's anyway.
+    is more kernel launches, which a short step bound by the CPU pays for in time.
     """
     if torch.compiler.is_compiling() or torch.is_grad_enabled():
         return None
     tile = _TILES.get(layer)
-    if tile is None or hidden.numel() // hidden.shape[-1] <= tile:
+    tokens = hidden.numel() // hidden.shape[-1]
+    if tile is None or tokens <= tile:
         return None
+    if tokens >= PIECEWISE_MIN_TILES * tile:
+        return tile
     try:
         from hone.core.speed.checkpointing.layer_recompute import is_piecewise_forward
     except ImportError:

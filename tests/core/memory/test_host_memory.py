@@ -1,5 +1,5 @@
 """Host memory in the plan: what offloaded checkpoints and host vocabulary tables hold, and auto-fit keeping the
-checkpoints on the GPU where the host cannot hold them."""
+layer inputs the host cannot hold on the GPU (the last ones, as the checkpointer does, or all of them)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from hone.core.memory.estimate import GIB, MemorySettings, estimate_host, estimate_peak, pinned_bytes
+from hone.core.machine.pinned_memory import pinned_slot_bytes
+from hone.core.memory.estimate import GIB, MemorySettings, estimate_host, estimate_peak, offloaded_layers
 from hone.core.memory.fit import HEADROOM, auto_fit
 from hone.core.memory.shape import ModelShape
 from hone.core.models.shapes import make_config
@@ -16,17 +17,12 @@ QWEN3_8B = ModelShape.from_config(make_config("dense-8b"))
 LONG = 393_216  # a 384K-token row
 
 
-def test_pinned_blocks_round_up_to_powers_of_two():
-    assert pinned_bytes(1) == 2**20 and pinned_bytes(2**20) == 2**20
-    assert pinned_bytes(2**30 + 1) == 2**31 and pinned_bytes(3.1 * GIB) == 4 * GIB
-
-
-def test_offloaded_checkpoints_hold_one_pinned_block_per_layer():
+def test_offloaded_checkpoints_hold_one_pinned_slot_per_layer():
     settings = MemorySettings(batch_tokens=LONG, checkpoint="offload-double")
     host = estimate_host(QWEN3_8B, settings)
-    row = LONG * QWEN3_8B.hidden * 2  # one bf16 layer input: 3 GiB
-    assert host.part("offloaded checkpoints") == QWEN3_8B.layers * 4 * GIB
-    assert row == 3 * GIB
+    row = LONG * QWEN3_8B.hidden * 2  # one bf16 layer input: 3 GiB, registered as it is (not a 4 GiB block)
+    assert row == 3 * GIB and pinned_slot_bytes(row) == row
+    assert host.part("offloaded checkpoints") == QWEN3_8B.layers * 3 * GIB
     table = QWEN3_8B.vocab * QWEN3_8B.hidden * 2
     assert host.part("vocabulary tables") == (table if QWEN3_8B.tied_embeddings else 2 * table)
     on_gpu = estimate_host(QWEN3_8B, dataclasses.replace(settings, checkpoint="gpu", host_embeddings=False))
@@ -40,12 +36,28 @@ def test_a_host_that_holds_the_checkpoints_changes_nothing():
     assert fit.fits and fit.changes == () and fit.settings.checkpoint == "offload-double"
 
 
-def test_a_host_too_small_keeps_the_checkpoints_on_the_gpu_and_says_so():
+def test_a_host_too_small_for_one_input_keeps_every_checkpoint_on_the_gpu_and_says_so():
     settings = MemorySettings(batch_tokens=16384, checkpoint="offload-double")
-    fit = auto_fit(QWEN3_8B, settings, 140 * GIB, 16384, host_available=4 * GIB)  # the tables fit, not 36 inputs
+    tables = estimate_host(QWEN3_8B, dataclasses.replace(settings, checkpoint="gpu")).peak_bytes
+    host = (tables + 64 * 2**20) / (1 - HEADROOM)  # room for the tables and half a 128 MiB layer input
+    fit = auto_fit(QWEN3_8B, settings, 140 * GIB, 16384, host_available=host)
     assert fit.fits and fit.settings.checkpoint == "gpu"
     assert fit.changes[0].startswith("checkpoints kept on the GPU: offloaded, a batch of 16,384 tokens would hold")
     assert 'speed.checkpoint="gpu"' in fit.assignments(settings)
+
+
+def test_the_inputs_past_what_the_host_holds_stay_on_the_gpu_and_the_plan_counts_them_there():
+    settings = MemorySettings(batch_tokens=LONG, checkpoint="offload-double")
+    tables = estimate_host(QWEN3_8B, dataclasses.replace(settings, checkpoint="gpu")).peak_bytes
+    host = (tables + 30.5 * GIB) / (1 - HEADROOM)  # slots for 10 inputs of 3 GiB
+    fit = auto_fit(QWEN3_8B, settings, 200 * GIB, LONG, host_available=host)  # 26 inputs more on the GPU fit
+    assert fit.fits and fit.settings.checkpoint == "offload-double" and fit.assignments(settings) == []
+    assert offloaded_layers(QWEN3_8B, fit.settings) == 10
+    assert fit.changes[0].startswith("26 of 36 layer inputs kept on the GPU: offloaded, a batch of 393,216 tokens")
+    everything_offloaded = estimate_peak(QWEN3_8B, settings)
+    assert fit.estimate.part("checkpoints") == everything_offloaded.part("checkpoints") + 26 * 3 * GIB
+    assert estimate_host(QWEN3_8B, fit.settings).part("offloaded checkpoints") == 10 * 3 * GIB
+    assert estimate_host(QWEN3_8B, fit.settings).peak_bytes <= host * (1 - HEADROOM)
 
 
 def test_without_the_host_the_long_row_does_not_fit_and_the_reason_names_host_memory():

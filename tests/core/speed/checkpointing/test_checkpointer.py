@@ -12,6 +12,7 @@ import torch
 
 from hone.core import events
 from hone.core.config import SpeedConfig
+from hone.core.machine.pinned_memory import torch_pinned_bytes
 from hone.core.models.shapes import build_model, make_config
 from hone.core.speed.checkpointing.checkpointer import (
     Checkpointer,
@@ -23,7 +24,6 @@ from hone.core.speed.checkpointing.checkpointer import (
 from hone.core.speed.checkpointing.offload_buffers import (
     HostSlots,
     SyncCopier,
-    host_slot_bytes,
     reload_buffer_bytes,
     second_buffer_decision,
     tight_memory_reason,
@@ -309,8 +309,8 @@ def test_revert_restores_every_layer(lora_models):
 
 
 def test_buffer_sizes():
-    assert host_slot_bytes(1) == 1 * MiB and host_slot_bytes(MiB + 1) == 2 * MiB
-    assert host_slot_bytes(128 * MiB) == 128 * MiB and host_slot_bytes(96 * MiB) == 128 * MiB
+    assert torch_pinned_bytes(1) == 1 * MiB and torch_pinned_bytes(MiB + 1) == 2 * MiB
+    assert torch_pinned_bytes(128 * MiB) == 128 * MiB and torch_pinned_bytes(96 * MiB) == 128 * MiB
     assert reload_buffer_bytes(1) == 2 * MiB and reload_buffer_bytes(128 * MiB) == 128 * MiB
     assert reload_buffer_bytes(96 * MiB + 1) == 98 * MiB
 

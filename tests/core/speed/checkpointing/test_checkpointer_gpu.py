@@ -27,7 +27,12 @@ from hone.core.speed.checkpointing.checkpointer import (
     decoder_layers,
     revert_checkpointing,
 )
-from hone.core.speed.checkpointing.offload_buffers import CudaCopier, allocate_reload_buffer, reload_buffer_bytes
+from hone.core.speed.checkpointing.offload_buffers import (
+    CudaCopier,
+    HostSlots,
+    allocate_reload_buffer,
+    reload_buffer_bytes,
+)
 from hone.core.train.loss import loss_sum
 from tests.helpers.offload import ToyLayer, chain_grads, lora_model, loss_and_grads, packed_batch
 
@@ -447,3 +452,22 @@ def test_dropout_masks_replay_on_the_gpu_and_the_callers_rng_goes_on_as_without_
     for name, expected in ref.items():
         torch.testing.assert_close(grads[name], expected, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
     assert torch.equal(after, ref_next), "the recompute left the caller's CUDA generator elsewhere"
+
+
+def test_large_host_slots_are_registered_page_locked_and_copy_both_ways():
+    """A slot over the registered minimum is plain memory registered with CUDA, of the size asked: page-locked
+    (copies on the side stream run asynchronously from it) and exact where torch would pin a power of two."""
+    pool = HostSlots(pin=True)
+    slot = pool.acquire(100 << 20)
+    assert pool.register_error == "" and pool.register and slot.unpin is not None
+    assert slot.capacity == 100 << 20 and slot.data.is_pinned()
+    x = torch.randn(25 << 20, device="cuda")  # 100 MiB of fp32
+    copier = CudaCopier(torch.device("cuda"))
+    copier.to_host(x, slot.view(x.shape, x.dtype))
+    back = torch.empty_like(x)
+    copier.wait(copier.to_device(slot.view(x.shape, x.dtype), back))
+    torch.cuda.synchronize()
+    assert torch.equal(back, x)
+    HostSlots.release(slot)
+    grown = pool.acquire(300 << 20)  # regrown: the old block is unregistered first, the new one registered
+    assert grown is slot and grown.capacity == 300 << 20 and grown.data.is_pinned()

@@ -36,7 +36,12 @@ def sim(monkeypatch):
     """A fresh StreamSim; host slots allocated meanwhile count as pinned host memory."""
     simulator = StreamSim()
     allocate = HostSlots._allocate
-    monkeypatch.setattr(HostSlots, "_allocate", lambda self, capacity: simulator.host(allocate(self, capacity)))
+
+    def allocate_pinned(self, capacity):
+        data, registered = allocate(self, capacity)
+        return simulator.host(data), registered
+
+    monkeypatch.setattr(HostSlots, "_allocate", allocate_pinned)
     return simulator
 
 

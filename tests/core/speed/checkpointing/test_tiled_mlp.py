@@ -120,3 +120,23 @@ def test_default_tiles_fit_the_gemms():
     assert tiled_mlp.tile_tokens(12288) == 2560  # Qwen3-8B: 7 tiles of a 16K batch, 60 MiB per bf16 activation
     assert tiled_mlp.tile_tokens(3072) == 10752  # Qwen3-0.6B: 2 tiles
     assert tiled_mlp.tile_tokens(10**6) == tiled_mlp.MIN_TILE_TOKENS
+
+
+def test_a_checkpointed_forward_over_many_tiles_runs_its_mlp_in_pieces(monkeypatch):
+    """Tiles of 4 tokens: the 45-token batch is 12 of them (at least PIECEWISE_MIN_TILES), so the forward runs the
+    MLP in pieces without layer groups; the loss and gradients stay plain peft's."""
+    monkeypatch.setattr(tiled_mlp, "TILE_ELEMENTS", 128 * 4)
+    monkeypatch.setattr(tiled_mlp, "MIN_TILE_TOKENS", 1)
+    monkeypatch.setattr(tiled_mlp, "TILE_MULTIPLE", 1)
+    want_loss, want = _step(_model())
+    model = _model()
+    apply_checkpointing(model, "gpu", "cpu")
+    apply_kernels(model, tile_mlp=True)
+    calls = _mlp_calls(model)
+    got_loss, got = _step(model)
+    assert calls == [12 + 12] * LAYERS, calls  # forward in 12 pieces, backward in 12 tiles
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    revert_kernels(model)
+    revert_checkpointing(model)
