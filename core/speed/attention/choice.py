@@ -434,8 +434,8 @@ def _long_rows(model, speed_cfg, device: torch.device, varlen: backends.VarlenOp
     if getattr(speed_cfg, "keep_long_row_attention", False):
         probed = replace(probed, keep=True)
         said += (
-            " (with checkpointing, kept from the forward for the backward while allocated memory stays under "
-            f"{KEEP_MEMORY_FRACTION:.0%} of the GPU's)"
+            " (with checkpointing, kept from the forward for the backward while allocated memory, with room left "
+            f"for the backward, stays under {KEEP_MEMORY_FRACTION:.0%} of what the process may allocate)"
         )
     return probed, said
 

@@ -242,9 +242,14 @@ class _SpanAttention(torch.autograd.Function):
 # ---- keeping attention from a checkpointed layer's forward -------------------------------------------------------
 
 # A checkpointed layer's first forward keeps its attention graphs while the GPU's allocated memory, with them, stays
-# under this share of its total: the backward's own peak (one layer's recompute and gradients, the loss) needs the
-# rest, and auto-fit and the preflight plan the step without what is kept.
+# under this share of what the process may allocate: the backward's own peak (one layer's recompute and gradients,
+# the loss) needs the rest, and auto-fit and the preflight plan the step without what is kept.
 KEEP_MEMORY_FRACTION = 0.5
+# ...and while it leaves room for that peak, which grows with the row: a recomputed layer's backward holds about six
+# times what keeping its attention does (Qwen3-8B, per token: the attention half's saved tensors, 60 KiB, flash
+# attention's workspace, 44 KiB, and two hidden rows, 16 KiB, against 20 KiB kept). At 262,144 tokens that is
+# 29 GiB, which half of an 80 GiB card after the weights does not hold.
+BACKWARD_RESERVE_KEPT = 6
 
 
 def kept_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
@@ -253,12 +258,24 @@ def kept_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     return (q.numel() + k.numel() + v.numel() + tokens * heads * v.shape[2]) * q.element_size() + tokens * heads * 4
 
 
+def room_to_keep(allocated: float, kept: float, limit: float) -> bool:
+    """Whether one more layer's kept attention (`kept` bytes) fits beside `allocated` bytes in a process that may
+    allocate `limit`: under KEEP_MEMORY_FRACTION of it, with the backward's reserve on top."""
+    return allocated + kept * (1 + BACKWARD_RESERVE_KEPT) <= KEEP_MEMORY_FRACTION * limit
+
+
+def process_memory_limit(device: torch.device) -> float:
+    """What this process may allocate on `device`: the GPU's memory, or the share `set_per_process_memory_fraction`
+    allows (a smaller card emulated, as `hone bench --memory-cap` does)."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    return total * torch.cuda.get_per_process_memory_fraction(device)
+
+
 def _room_to_keep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the GPU has room for one more layer's kept attention (allocator counters: no host sync)."""
     if not q.is_cuda:
         return False
-    total = torch.cuda.get_device_properties(q.device).total_memory
-    return torch.cuda.memory_allocated(q.device) + kept_bytes(q, k, v) <= KEEP_MEMORY_FRACTION * total
+    return room_to_keep(torch.cuda.memory_allocated(q.device), kept_bytes(q, k, v), process_memory_limit(q.device))
 
 
 def _memo(cu_seqlens: torch.Tensor) -> dict | None:

@@ -106,7 +106,9 @@ class HostSlots:
         allocator, pinned or plain)."""
         with _uninferenced():
             if self.register and capacity > REGISTERED_MIN_BYTES:
-                data = torch.empty(capacity, dtype=torch.uint8)
+                # Touched first, on every CPU thread: registering then only locks pages that exist (the driver
+                # faults in missing pages one thread at a time).
+                data = torch.zeros(capacity, dtype=torch.uint8)
                 if self._register(data):
                     return data, True
             # torch's pinned allocator holds a power of two whatever is asked: count that

@@ -156,3 +156,23 @@ def test_kept_bytes_counts_inputs_output_and_log_sum_exp():
     q, k, v = torch.empty(10, 4, 8, dtype=torch.bfloat16), torch.empty(10, 2, 8), torch.empty(10, 2, 8)
     assert long_rows.kept_bytes(q, k.bfloat16(), v.bfloat16()) == (320 + 160 + 160 + 320) * 2 + 10 * 4 * 4
     assert not long_rows._room_to_keep(q, k, v)  # never on a CPU
+
+
+def test_a_layer_keeps_its_attention_only_with_room_for_the_backward_under_the_process_limit():
+    gib = 2**30
+    # Qwen3-8B at 65,536 tokens keeps 1.26 GiB a layer: beside 20 GiB on an 80 GiB card it has room.
+    assert long_rows.room_to_keep(20 * gib, 1.26 * gib, 80 * gib)
+    # At 262,144 tokens (5 GiB kept, ~30 GiB for the backward) half of an 80 GiB card is passed after the weights.
+    assert not long_rows.room_to_keep(15 * gib, 5.03 * gib, 80 * gib)
+    # The same layer on a card of 141 GiB, with nothing capped, still keeps.
+    assert long_rows.room_to_keep(15 * gib, 5.03 * gib, 141 * gib)
+    assert not long_rows.room_to_keep(69.5 * gib, 0.1 * gib, 140 * gib)  # never past half of the limit
+
+
+def test_the_limit_is_the_share_a_capped_process_may_allocate(monkeypatch):
+    class Properties:
+        total_memory = 140 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device: 80 / 140)
+    assert long_rows.process_memory_limit(torch.device("cuda", 0)) == 80 * 2**30

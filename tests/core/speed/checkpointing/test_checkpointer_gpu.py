@@ -470,4 +470,4 @@ def test_large_host_slots_are_registered_page_locked_and_copy_both_ways():
     assert torch.equal(back, x)
     HostSlots.release(slot)
     grown = pool.acquire(300 << 20)  # regrown: the old block is unregistered first, the new one registered
-    assert grown is slot and grown.capacity == 300 << 20 and grown.data.is_pinned()
+    assert grown is slot and grown.capacity == 304 << 20 and grown.data.is_pinned()  # 1/16 of 256 MiB steps
