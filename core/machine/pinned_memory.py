@@ -33,9 +33,18 @@ def pinned_slot_bytes(nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
-def offload_budget(available_bytes: float) -> int:
-    """Bytes of host slots a run may hold, given the system memory available before it offloads anything."""
-    return int(max(0.0, available_bytes) * (1 - HOST_HEADROOM))
+def offload_budget(available_bytes: float, processes: int = 1) -> int:
+    """Bytes of host slots one process may hold, given the system memory available before anything is offloaded
+    and the training processes on this host that share it (one per GPU)."""
+    return int(max(0.0, available_bytes) * (1 - HOST_HEADROOM)) // max(1, processes)
+
+
+def processes_on_this_host(environ=None) -> int:
+    """Training processes started on this host together: torchrun's LOCAL_WORLD_SIZE, else one."""
+    import os
+
+    value = (os.environ if environ is None else environ).get("LOCAL_WORLD_SIZE", "1")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
 def available_system_memory() -> int:

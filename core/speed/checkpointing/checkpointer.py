@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint as recompute_checkpoint
 
-from hone.core.machine.pinned_memory import available_system_memory, offload_budget
+from hone.core.machine.pinned_memory import available_system_memory, offload_budget, processes_on_this_host
 from hone.core.speed.checkpointing.layer_groups import LayerCall, auto_group_tokens
 from hone.core.speed.checkpointing.layer_recompute import _CheckpointedLayer, _needs_grad, is_recomputing
 from hone.core.speed.checkpointing.offload_buffers import (
@@ -121,7 +121,8 @@ class Checkpointer:
             hidden size. `grouped_layers` counts the layer backward passes that ran in groups.
         host_budget_bytes: the most pinned host memory the offloaded inputs may hold together; the inputs past it (a
             step's last layers) stay on the GPU. None: on a GPU, `offload_budget` of the system memory available at
-            the first offload (what the memory planner assumes); on a CPU device, no limit.
+            the first offload (what the memory planner assumes), shared with the other training processes on the
+            host; on a CPU device, no limit.
         cudart: the CUDA runtime calls host slots are registered with (tests pass a stand-in).
     """
 
@@ -234,7 +235,9 @@ class Checkpointer:
             return saved
         if self._budget_pending:  # measured now: what the run holds in host memory by its first step is in use
             self._budget_pending = False
-            self.host.budget_bytes = offload_budget(available_system_memory())
+            available = available_system_memory()  # 0 where the system does not say: no budget then
+            if available > 0:
+                self.host.budget_bytes = offload_budget(available, processes_on_this_host())
         try:
             slot = self.host.acquire(saved.nbytes)
         except RuntimeError as e:  # pinned host memory ran out: keep inputs on the device from now on

@@ -112,3 +112,11 @@ def test_inputs_past_the_host_budget_stay_on_the_device_and_training_is_unchange
     assert len(checkpointer.host.slots) == 2 and all(not s.in_use for s in checkpointer.host.slots)
     assert len(notes) == 1 and notes[0][0] == "checkpoint" and notes[0][2] == "info"
     assert "host memory budget for offloaded layer inputs (4 MiB) is reached" in notes[0][1]
+
+
+def test_processes_on_one_host_share_its_budget():
+    from hone.core.machine.pinned_memory import processes_on_this_host
+
+    assert offload_budget(100 * GiB, processes=4) == int(85 * GiB) // 4
+    assert processes_on_this_host({"LOCAL_WORLD_SIZE": "4"}) == 4
+    assert processes_on_this_host({}) == 1 and processes_on_this_host({"LOCAL_WORLD_SIZE": "x"}) == 1
