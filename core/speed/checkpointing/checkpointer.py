@@ -149,7 +149,9 @@ class Checkpointer:
         self.cuda = self.device.type == "cuda"
         use_streams = self.offloads and (self.cuda or streams is not None)
         self.copier = CudaCopier(self.device, streams) if use_streams else SyncCopier()
-        self.host = HostSlots(pin=self.cuda, budget_bytes=host_budget_bytes, cudart=cudart)
+        # A registered slot is unregistered only after this device's queued copies from or into it have run.
+        synchronize = functools.partial(torch.cuda.synchronize, self.device) if self.cuda else None
+        self.host = HostSlots(pin=self.cuda, budget_bytes=host_budget_bytes, cudart=cudart, synchronize=synchronize)
         self._budget_pending = host_budget_bytes is None and self.cuda
         self._budget_noted = False
         self.kept_over_budget = 0  # inputs kept on the GPU in the last step because the host budget was reached
