@@ -94,6 +94,9 @@ class MemoryEstimateView(QWidget):
         spare = getattr(plan, "whole_mlp", None)  # with memory to spare the run leaves its MLPs whole
         if spare is not None:
             estimate = spare
+        notes = " " + " ".join(f"{note[0].upper()}{note[1:]}." for note in fit.notes) if fit and fit.notes else ""
+        if notes and fit.fits and not fit.changes:  # the plan counts inputs kept on the GPU: its own estimate
+            estimate = fit.estimate
         parts = [(part.name, part.bytes) for part in estimate.parts]
         self.bar.set_parts(parts, memory.available if memory else 0.0)
         self._fix = []
@@ -113,7 +116,8 @@ class MemoryEstimateView(QWidget):
                     " With this much to spare each MLP is back-propagated whole, not in tiles (faster)."
                     if spare is not None
                     else ""
-                ),
+                )
+                + notes,
                 "muted",
             )
         elif fit.fits:

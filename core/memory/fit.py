@@ -41,6 +41,9 @@ class FitResult:
     changes: tuple[str, ...] = ()  # what differs from the run's own settings, in words
     reason: str = ""
     largest_max_length: int = 0  # when nothing fits: the longest row that would
+    # What the plan counts beyond the run's settings that needs no change from the user: the layer inputs the host
+    # cannot hold, which the checkpointer keeps on the GPU by itself.
+    notes: tuple[str, ...] = ()
 
     def assignments(self, current: MemorySettings) -> list[str]:
         """The run-config assignments (`section.key=value`) that turn `current` into the chosen settings."""
@@ -131,12 +134,14 @@ def auto_fit(
     system memory), offloaded checkpoints must fit there too."""
     budget = usable(available_bytes)
     host_budget = usable(host_available) if host_available is not None else None
-    settings, forced = _keep_checkpoints_on_gpu(shape, settings, longest_row, host_budget)
+    settings, host_words = _keep_checkpoints_on_gpu(shape, settings, longest_row, host_budget)
+    # Every input on the GPU is a setting the user applies (speed.checkpoint = gpu); some of them, only a note.
+    forced, notes = (host_words, ()) if settings.checkpoint == "gpu" else ([], tuple(host_words))
     own = estimate_peak(shape, settings)
     if _fits(shape, settings, budget, host_budget):
-        return FitResult(True, settings, own, available_bytes, tuple(forced))
+        return FitResult(True, settings, own, available_bytes, tuple(forced), notes=notes)
     ceiling = max(settings.batch_tokens, longest_row)
-    levers = _levers(settings, allow_qlora, unified or (bool(forced) and settings.checkpoint == "gpu"))
+    levers = _levers(settings, allow_qlora, unified or bool(forced))
     # Every lever that keeps the weights as they are comes before a smaller batch; QLoRA comes last, at the full
     # batch first.
     order = [(c, w, False) for c, w in levers if not c.qlora or settings.qlora]
@@ -154,8 +159,8 @@ def auto_fit(
             words = [*forced, *changed] + (
                 [f"batch of {batch:,} tokens (was {settings.batch_tokens:,})"] if batch != settings.batch_tokens else []
             )
-            return FitResult(True, chosen, estimate_peak(shape, chosen), available_bytes, tuple(words))
-    return _nothing_fits(shape, levers[-1][0], available_bytes, longest_row, allow_qlora, host_budget, forced)
+            return FitResult(True, chosen, estimate_peak(shape, chosen), available_bytes, tuple(words), notes=notes)
+    return _nothing_fits(shape, levers[-1][0], available_bytes, longest_row, allow_qlora, host_budget, host_words)
 
 
 def _keep_checkpoints_on_gpu(

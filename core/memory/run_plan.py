@@ -158,8 +158,8 @@ def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = Fa
             unified=memory.unified,
             host_available=_host_memory(memory),
         )
-        if fit.fits and not fit.changes:
-            whole = _whole_mlp(shape, settings, memory)
+        if fit.fits and not fit.changes:  # fit.settings: with the inputs the host cannot hold counted on the GPU
+            whole = _whole_mlp(shape, fit.settings, memory)
     return RunPlan(shape, settings, estimate, memory, fit, mean_row, whole)
 
 
@@ -221,7 +221,10 @@ def fit_run_config(config: RunConfig, memory: Memory) -> FittedRun:
                 ],
                 whole.peak_bytes,
             )
-        return FittedRun(config, [Notice(topic="memory", message=f"{said}: it fits")], plan.estimate.peak_bytes)
+        if fit.notes:  # inputs the host cannot hold stay on the GPU, which the plan's own estimate leaves out
+            said = f"a step needs ≈ {fit.estimate.peak_gib:.1f} GiB; {available:.1f} GiB free on {memory.device}"
+            said += "".join(f" ({note})" for note in fit.notes)
+        return FittedRun(config, [Notice(topic="memory", message=f"{said}: it fits")], fit.estimate.peak_bytes)
     if fit.fits:
         fitted = config.with_overrides(fit.assignments(plan.settings))
         return FittedRun(

@@ -76,3 +76,16 @@ def test_no_estimate_before_a_model_is_chosen(qtbot, make_window):
     window.show_page("train")
     train._estimate()
     assert train.estimate_task is None and train.memory.text.text().startswith("Memory: choose a model")
+
+
+def test_inputs_the_host_cannot_hold_are_counted_on_the_gpu_and_said_without_a_fix(qtbot, make_window):
+    window = make_window()
+    window.state.set_model("dense-8b", {"name": "Qwen3-8B shape", "is_moe": False})
+    window.state.update("train.batch_tokens=393216", "data.max_length=393216", "speed.checkpoint=offload-double")
+    # 48 GiB of RAM: the tables and 10 of the 36 layer inputs of 3 GiB; a 200 GiB card holds the other 26.
+    train = estimate_on(qtbot, window, Memory(200 * GIB, "a 200 GiB card", host=(2.32 + 30.5) / 0.85 * GIB))
+    text = train.memory.text.text()
+    assert train.memory.fits is True and not train.memory.fix_button.isVisible(), text
+    assert "26 of 36 layer inputs kept on the GPU" in text
+    bar_total = sum(size for _, size in train.memory.bar.parts)
+    assert bar_total > 26 * 3 * GIB  # the estimate shown counts them on the GPU

@@ -90,7 +90,7 @@ def run(args) -> int:
         if fit.fits and not fit.changes:
             console.print(
                 f"[green]Fits[/]: needs ≈ {fit.estimate.peak_gib:.1f} GiB of {memory.available / GIB:.1f} "
-                f"GiB on {memory.device}."
+                f"GiB on {memory.device}." + "".join(f" {note[0].upper()}{note[1:]}." for note in fit.notes)
             )
             if plan.whole_mlp is not None:
                 console.print(
