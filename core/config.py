@@ -596,6 +596,15 @@ class SpeedConfig(_Section):
         "where the attention backward is the step's peak; one more attention "
         "forward per layer.",
     )
+    cuda_graphs: str = _f(
+        "auto",
+        "Record each micro-batch's forward and backward as a CUDA graph and replay it: one "
+        "launch instead of thousands, for small models whose steps wait on the CPU. Packed "
+        "batches are padded to a few shapes (a few percent more tokens); the vocabulary tables "
+        "stay on the GPU. auto = on for dense text models of up to 3B parameters on one NVIDIA "
+        "GPU; on = wherever it can run; off = never.",
+        choices=("auto", "on", "off"),
+    )
     layer_group_tokens: int = _f(
         0,
         "With checkpointing and packed rows: recompute and back-propagate each decoder "

@@ -34,6 +34,19 @@ def reuse_weight_casts():
         _CASTS = outer
 
 
+@contextlib.contextmanager
+def own_weight_casts():
+    """A block whose casts are its own: made inside it, never taken from or left to an enclosing block. A CUDA
+    graph is recorded in one, so the recorded step casts the adapters itself and reads no tensor made outside it
+    (an enclosing block's cast is freed when that block closes; the graph would read whatever comes there next)."""
+    global _CASTS
+    outer, _CASTS = _CASTS, {}
+    try:
+        yield
+    finally:
+        _CASTS = outer
+
+
 def forget_casts(weights) -> None:
     """Drop the casts of `weights` made inside the open `reuse_weight_casts` block: their values were swapped for a
     while (the sampler runs float32 factors as bf16 copies) and a cast made then must not outlive the swap."""

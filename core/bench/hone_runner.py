@@ -258,6 +258,8 @@ class HoneRunner:
     def describe(self) -> dict:
         params = self.runner.params
         paths = dict(self.setup_state.choices, adapted=", ".join(adapted_names(self.model)))
+        if self.runner.graphs is not None:
+            paths["cuda_graphs"] += f" ({self.runner.graphs.summary()})"
         return {
             "speed_paths": paths,
             "trainable_params": sum(p.numel() for p in params),

@@ -138,6 +138,12 @@ VARIANTS: tuple[Variant, ...] = (
         "memory is short; with memory to spare the Trainer does not tile it)",
     ),
     Variant(
+        "all-graphs-off",
+        {**ALL_ON, "cuda_graphs": "off"},
+        "every speed path on, the micro-batches run eagerly instead of replayed as CUDA graphs",
+        needs=("cuda",),
+    ),
+    Variant(
         "all-lean",
         ALL_ON,
         "every speed path on, and train.optimizer = adamw-bf16 (bf16 gradients and moments)",

@@ -116,6 +116,8 @@ def settings_from_config(
     dtype = config.model.dtype
     weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
     checkpoint = resolve_checkpoint(speed.checkpoint, mean_row, hf_config, cuda=cuda, integrated=unified)
+    # steps recorded as CUDA graphs read the vocabulary tables on the GPU (hone.core.speed.paths)
+    tables_on_host = cuda and not _graphs_planned(config, hf_config, checkpoint)
     return MemorySettings(
         batch_tokens=train.batch_tokens,
         lora_rank=config.lora.r,
@@ -124,14 +126,37 @@ def settings_from_config(
         optimizer=train.optimizer,
         weight_bytes=weight_bytes,
         checkpoint=checkpoint,
-        host_embeddings=speed.host_embeddings and cuda,
-        host_lm_head=speed.host_lm_head and cuda,
+        host_embeddings=speed.host_embeddings and tables_on_host,
+        host_lm_head=speed.host_lm_head and tables_on_host,
         tiled_mlp=speed.tiled_mlp and speed.kernels and cuda,
         chunked_loss=speed.loss == "chunked",
         kernels=speed.kernels and cuda,
         cpu=not cuda,
         generation_completion=config.grpo.max_completion_length if train.method == "grpo" else 0,
     ), mean_row
+
+
+def _graphs_planned(config: RunConfig, hf_config, checkpoint: str) -> bool:
+    """Whether the trainer would record this run's steps as CUDA graphs on a GPU (speed.cuda_graphs)."""
+    from hone.core.speed.graph_choice import model_choice, run_choice
+
+    shape = ModelShape.from_config(hf_config)
+    on, _ = model_choice(
+        config.speed.cuda_graphs,
+        "cuda",
+        params=shape.linear_params + shape.table_params,
+        is_moe=bool(shape.experts),
+        is_vision=getattr(hf_config, "vision_config", None) is not None,
+        cfg=dataclasses.replace(config.speed, checkpoint=checkpoint),
+    )
+    why_not = run_choice(
+        method=config.train.method,
+        processes=1,
+        dropout=config.lora.dropout,
+        optimizer=config.train.optimizer,
+        takes_gradients=config.train.optimizer == "adamw-bf16",
+    )
+    return on and why_not is None
 
 
 def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = False) -> RunPlan:

@@ -8,6 +8,7 @@ Each path lives in its own module or subpackage with its reference, probe, undo 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from hone.core.config import SpeedConfig
@@ -26,6 +27,7 @@ class SpeedSetup:
     offload: object | None = None  # checkpoint offloader, read once per step
     compile: object | None = None  # CompileReport: compile seconds are taken out of step times
     host_tables: object | None = None  # HostTables (hone.core.speed.host_tables): vocabulary tables in host memory
+    cuda_graphs: bool = False  # the model may have its steps recorded as CUDA graphs (hone.core.speed.step_graphs)
 
     def note(self, topic: str, message: str, level: str = "info") -> None:
         self.notices.append(Notice(topic=topic, message=message, level=level))
@@ -73,7 +75,44 @@ def install_memory_and_kernels(
                 f"; packed layers back-propagated in groups of whole sequences (at most {tokens} tokens)"
             )
     _kernels_and_compile(peft_model, cfg, device, setup)
-    _embeddings(peft_model, cfg, device, setup)
+    _cuda_graphs(peft_model, cfg, choice.mode, info, device, setup)
+    if setup.cuda_graphs:  # a recorded step reads the tables where they are; host tables copy every step
+        setup.choices["embeddings"] = setup.choices["lm_head"] = "on the GPU: the steps are recorded as CUDA graphs"
+    else:
+        _embeddings(peft_model, cfg, device, setup)
+
+
+def _cuda_graphs(
+    peft_model, cfg: SpeedConfig, checkpoint_mode: str, info: ModelInfo, device: str, setup: SpeedSetup
+) -> None:
+    from hone.core.speed.graph_choice import model_choice
+
+    chosen = dataclasses.replace(cfg, checkpoint=checkpoint_mode)
+    setup.cuda_graphs, setup.choices["cuda_graphs"] = model_choice(
+        cfg.cuda_graphs,
+        device,
+        params=info.params,
+        is_moe=info.is_moe,
+        is_vision=info.is_vision,
+        cfg=chosen,
+        attention_blocker=_attention_blocker(peft_model, setup),
+    )
+
+
+def _attention_blocker(peft_model, setup: SpeedSetup) -> str | None:
+    """Why the run's attention cannot be replayed from a recording: a backend that splits each batch by its row
+    lengths on the host (the split would be the recorded batch's), or None."""
+    from hone.core.speed.attention.linear_attention import gated_deltanet_modules
+
+    choice = setup.attention
+    if choice is None or choice.name not in ("varlen", "flash"):
+        name = "transformers'" if choice is None or choice.name == "hf" else f"the {choice.name}"
+        return f"{name} attention reads each batch's row lengths on the host"
+    if choice.varlen is not None and choice.varlen.grouped_backward:
+        return "the grouped attention backward splits each batch on the host (speed.grouped_attention_backward)"
+    if gated_deltanet_modules(peft_model):
+        return "Gated DeltaNet layers read each batch's row lengths on the host"
+    return None
 
 
 def _embeddings(peft_model, cfg: SpeedConfig, device: str, setup: SpeedSetup) -> None:

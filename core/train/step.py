@@ -147,6 +147,50 @@ class StepRunner:
         if vision.is_vision_processor(tokenizer):
             self.vision = vision.collator_for(model, tokenizer, config, dtype)
             setup.note("vision", f"vision batches: {self.vision.describe()}")
+        self.graphs = self._step_graphs()
+
+    def _step_graphs(self):
+        """The CUDA graphs the micro-batches replay (hone.core.speed.step_graphs), when the model and this run
+        allow them; None otherwise, with the reason in the run's speed choices."""
+        if not getattr(self.setup, "cuda_graphs", False) or self.vision is not None:
+            return None
+        from hone.core.speed.graph_choice import run_choice
+        from hone.core.speed.step_graphs import StepGraphs
+
+        sft = type(self.objective) is SupervisedFineTuning
+        why = run_choice(
+            method=self.config.train.method if sft else type(self.objective).__name__,
+            processes=self.world.size,
+            dropout=self.config.lora.dropout,
+            optimizer=self.config.train.optimizer,
+            takes_gradients=hasattr(self.optimizer, "clip_grad_norm_"),
+        )
+        if why is not None:
+            self.setup.choices["cuda_graphs"] = f"off: {why}"
+            return None
+        return StepGraphs(
+            self._graph_pass,
+            self.params,
+            self.device,
+            note=lambda message, level="info": self.setup.note("cuda_graphs", message, level),
+            settle=self._settle_collation,
+        )
+
+    def _settle_collation(self) -> None:
+        """Wait for the background collation (before a CUDA graph is recorded); its errors surface where the
+        batches are taken, as always."""
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                self._pending[2].result()
+
+    def _graph_pass(self, batch, divisor: torch.Tensor) -> torch.Tensor:
+        """Forward, loss and backward of one device batch, the loss sum scaled by `divisor` (a tensor, so a
+        recorded pass reads each batch's own); returns the loss sum."""
+        with self.autocast():
+            summed = self.objective.loss_sum(self.model, batch)
+        scaled = summed * divisor
+        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        return summed
 
     def autocast(self):
         """The autocast context the steps run their forward in (none on the CPU or in float32)."""
@@ -213,7 +257,7 @@ class StepRunner:
         """Undo what a failed step left behind (an out-of-memory error mid-step): its gradients, the batches
         collated ahead for it, and the allocator's cached blocks. The weights and optimizer state are untouched: the
         optimizer only runs after every micro-batch's backward."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
         self.objective.forget_step()  # the step's rows run again: their metrics are recorded again
         if self._pending is not None:
             self._pending[2].cancel()
@@ -235,7 +279,7 @@ class StepRunner:
                 batch = None  # as in step(): the batch's device tensors must not stay allocated through backward
                 summed.backward()  # the scale does not change what backward allocates
         finally:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=self.graphs is None)
             self.objective.forget_step()  # a trial: the first step's metrics are the step's own
             self.reset_meters()
 
@@ -286,16 +330,7 @@ class StepRunner:
             batches, weights = batches + batches[:1] * extra, weights + [0.0] * extra
         with reuse_weight_casts():  # the adapters change only at the optimizer step below
             for batch, weight in zip(batches, weights, strict=True):
-                batch = batch.to(self.device)
-                with self.autocast():
-                    summed = self.objective.loss_sum(model, batch)
-                # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding
-                # rows a host table supplies (T x H) must not stay allocated through it.
-                batch = None
-                scaled = summed / max(trained, 1) if weight else summed * 0.0
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-                if weight:
-                    loss_total += summed.detach()
+                self._micro_batch(batch, weight, trained, loss_total)
         distributed.sum_gradients(self.params, self.optimizer, self.world)
         distributed.sum_tensor_(loss_total, self.world)
         if self.scaler:
@@ -310,7 +345,8 @@ class StepRunner:
             self.optimizer.step()
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # recorded backwards add into the gradients where they are: zeroed in place, never dropped
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
         loss = loss_total.item() / max(trained, 1)  # the step's one deliberate sync, after all GPU work is queued
         if self.cuda:
             torch.cuda.synchronize()
@@ -339,6 +375,23 @@ class StepRunner:
         if self.setup.offload is not None:
             out.update(self.setup.offload.read_and_reset())
         return out
+
+    def _micro_batch(self, batch, weight: float, trained: int, loss_total: torch.Tensor) -> None:
+        """Forward and backward of one host batch (replayed as a CUDA graph where one is recorded), its loss sum
+        added into `loss_total` unless its `weight` is 0 (a sharded process's extra pass)."""
+        if weight and self.graphs is not None and (summed := self.graphs.run(batch, trained)) is not None:
+            loss_total += summed
+            return
+        batch = batch.to(self.device)
+        with self.autocast():
+            summed = self.objective.loss_sum(self.model, batch)
+        # Backward needs none of the batch's device tensors (the graph keeps what it uses): the embedding rows a
+        # host table supplies (T x H) must not stay allocated through it.
+        batch = None
+        scaled = summed / max(trained, 1) if weight else summed * 0.0
+        (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        if weight:
+            loss_total += summed.detach()
 
     @torch.no_grad()
     def evaluate(self, dataset: TokenizedSet) -> float:

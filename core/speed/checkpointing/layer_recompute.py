@@ -72,11 +72,14 @@ class _ForwardState:
 
 
 def _capture_state(device: torch.device) -> _ForwardState:
+    # A step recorded as a CUDA graph (hone.core.speed.step_graphs) may not read the generator's state; it runs
+    # only without dropout, where the recompute draws no random numbers to replay.
     cuda = device.type == "cuda"
     kinds = ("cpu", "cuda") if cuda else ("cpu",)
+    recording = cuda and torch.cuda.is_current_stream_capturing()
     return _ForwardState(
         cpu_rng=torch.get_rng_state(),
-        cuda_rng=torch.cuda.get_rng_state(device) if cuda else None,
+        cuda_rng=torch.cuda.get_rng_state(device) if cuda and not recording else None,
         device=device,
         autocast=[(k, torch.is_autocast_enabled(k), torch.get_autocast_dtype(k)) for k in kinds],
         autocast_cache=torch.is_autocast_cache_enabled(),
