@@ -27,6 +27,7 @@ from hone.core.bench.weights import (
     build_bench_model,
 )
 from hone.core.config import DataConfig, LoraConfig, ModelConfig, RunConfig, TrainConfig
+from hone.core.speed.graph_choice import settings_blocker
 from hone.core.speed.paths import install_attention_and_experts, install_memory_and_kernels
 from hone.core.train import distributed
 from hone.core.train.distributed import SINGLE, World
@@ -203,7 +204,15 @@ class HoneRunner:
         self.active_params = active_params(model, facts["experts"], facts["experts_per_token"])
         self.model, self.setup_state = model, setup
         mean_row_tokens = sum(self.batch.lengths) / len(self.batch.lengths)
-        install_memory_and_kernels(model, config.speed, info, device, setup, mean_row_tokens=float(mean_row_tokens))
+        install_memory_and_kernels(
+            model,
+            config.speed,
+            info,
+            device,
+            setup,
+            mean_row_tokens=float(mean_row_tokens),
+            graphs_blocker=settings_blocker(config, self.world.size),
+        )
         setup.choices["lora"] = lora_report.summary()
         fused_loss = config.speed.kernels and str(device).startswith("cuda")
         setup.choices.setdefault("loss", describe_loss(model, config.speed.loss, fused=fused_loss))

@@ -116,7 +116,10 @@ def settings_from_config(
     dtype = config.model.dtype
     weight_bytes = 4 if dtype == "float32" or (dtype == "auto" and not cuda) else 2
     checkpoint = resolve_checkpoint(speed.checkpoint, mean_row, hf_config, cuda=cuda, integrated=unified)
-    # steps recorded as CUDA graphs read the vocabulary tables on the GPU (hone.core.speed.paths)
+    # as the trainer does (hone.core.speed.paths): auto keeps the layer inputs on the GPU where that lets the steps
+    # be recorded as CUDA graphs, and recorded steps read the vocabulary tables on the GPU
+    if cuda and speed.checkpoint == "auto" and checkpoint.startswith("offload"):
+        checkpoint = "gpu" if _graphs_planned(config, hf_config, "gpu") else checkpoint
     tables_on_host = cuda and not _graphs_planned(config, hf_config, checkpoint)
     return MemorySettings(
         batch_tokens=train.batch_tokens,
@@ -138,7 +141,7 @@ def settings_from_config(
 
 def _graphs_planned(config: RunConfig, hf_config, checkpoint: str) -> bool:
     """Whether the trainer would record this run's steps as CUDA graphs on a GPU (speed.cuda_graphs)."""
-    from hone.core.speed.graph_choice import model_choice, run_choice
+    from hone.core.speed.graph_choice import model_choice, settings_blocker
 
     shape = ModelShape.from_config(hf_config)
     on, _ = model_choice(
@@ -149,14 +152,7 @@ def _graphs_planned(config: RunConfig, hf_config, checkpoint: str) -> bool:
         is_vision=getattr(hf_config, "vision_config", None) is not None,
         cfg=dataclasses.replace(config.speed, checkpoint=checkpoint),
     )
-    why_not = run_choice(
-        method=config.train.method,
-        processes=1,
-        dropout=config.lora.dropout,
-        optimizer=config.train.optimizer,
-        takes_gradients=config.train.optimizer == "adamw-bf16",
-    )
-    return on and why_not is None
+    return on and settings_blocker(config) is None
 
 
 def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = False) -> RunPlan:

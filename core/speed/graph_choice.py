@@ -56,3 +56,14 @@ def run_choice(*, method: str, processes: int, dropout: float, optimizer: str, t
     if takes_gradients:
         return f"train.optimizer = {optimizer} takes each gradient away as it is made"
     return None
+
+
+def settings_blocker(config, processes: int = 1) -> str | None:
+    """`run_choice` from a RunConfig (the optimizer known by its name), before the trainer builds anything."""
+    return run_choice(
+        method=config.train.method,
+        processes=processes,
+        dropout=config.lora.dropout,
+        optimizer=config.train.optimizer,
+        takes_gradients=config.train.optimizer == "adamw-bf16",
+    )

@@ -54,12 +54,20 @@ def install_attention_and_experts(model, cfg: SpeedConfig, info: ModelInfo, devi
 
 
 def install_memory_and_kernels(
-    peft_model, cfg: SpeedConfig, info: ModelInfo, device: str, setup: SpeedSetup, mean_row_tokens: float
+    peft_model,
+    cfg: SpeedConfig,
+    info: ModelInfo,
+    device: str,
+    setup: SpeedSetup,
+    mean_row_tokens: float,
+    graphs_blocker: str | None = None,
 ) -> None:
-    """Activation checkpointing (possibly offloaded), then fused kernels and compilation."""
+    """Activation checkpointing (possibly offloaded), then fused kernels and compilation, then CUDA graphs and the
+    vocabulary tables. `graphs_blocker`: why the run's settings rule CUDA graphs out (`settings_blocker`), if so."""
     from hone.core.speed.checkpointing import checkpointer, policy
 
     choice = policy.choose_mode(cfg.checkpoint, device, mean_row_tokens, peft_model.get_base_model().config)
+    choice = _checkpoint_for_graphs(peft_model, cfg, choice, info, device, setup, graphs_blocker)
     if choice.notice:
         setup.note("checkpoint", choice.notice, choice.level)
     setup.choices["checkpoint"] = f"{choice.mode}: {choice.reason}"
@@ -75,27 +83,50 @@ def install_memory_and_kernels(
                 f"; packed layers back-propagated in groups of whole sequences (at most {tokens} tokens)"
             )
     _kernels_and_compile(peft_model, cfg, device, setup)
-    _cuda_graphs(peft_model, cfg, choice.mode, info, device, setup)
+    _cuda_graphs(peft_model, cfg, choice.mode, info, device, setup, graphs_blocker)
     if setup.cuda_graphs:  # a recorded step reads the tables where they are; host tables copy every step
         setup.choices["embeddings"] = setup.choices["lm_head"] = "on the GPU: the steps are recorded as CUDA graphs"
     else:
         _embeddings(peft_model, cfg, device, setup)
 
 
-def _cuda_graphs(
-    peft_model, cfg: SpeedConfig, checkpoint_mode: str, info: ModelInfo, device: str, setup: SpeedSetup
-) -> None:
+def _graphs_possible(peft_model, cfg: SpeedConfig, checkpoint_mode: str, info: ModelInfo, device: str, setup,
+                     graphs_blocker: str | None) -> tuple[bool, str]:  # fmt: skip
     from hone.core.speed.graph_choice import model_choice
 
-    chosen = dataclasses.replace(cfg, checkpoint=checkpoint_mode)
-    setup.cuda_graphs, setup.choices["cuda_graphs"] = model_choice(
+    if graphs_blocker is not None and cfg.cuda_graphs != "off":
+        return False, f"off: {graphs_blocker}"
+    return model_choice(
         cfg.cuda_graphs,
         device,
         params=info.params,
         is_moe=info.is_moe,
         is_vision=info.is_vision,
-        cfg=chosen,
+        cfg=dataclasses.replace(cfg, checkpoint=checkpoint_mode),
         attention_blocker=_attention_blocker(peft_model, setup),
+    )
+
+
+def _checkpoint_for_graphs(peft_model, cfg: SpeedConfig, choice, info: ModelInfo, device: str, setup: SpeedSetup,
+                           graphs_blocker: str | None):  # fmt: skip
+    """`auto`'s offloaded checkpoints give way to recompute on the GPU where that lets the steps be recorded as
+    CUDA graphs: the models graphs are for hold their layer inputs in little memory (Qwen3-0.6B: 28 x 2 KiB a
+    token), and a recorded step gains more than the offload saves (docs/performance/host-time.md)."""
+    from hone.core.speed.checkpointing.policy import ModeChoice
+
+    if cfg.checkpoint != "auto" or not choice.mode.startswith("offload"):
+        return choice
+    if not _graphs_possible(peft_model, cfg, "gpu", info, device, setup, graphs_blocker)[0]:
+        return choice
+    return ModeChoice(
+        "gpu", f"layer inputs kept on the GPU so the steps can be recorded as CUDA graphs (else: {choice.reason})"
+    )
+
+
+def _cuda_graphs(peft_model, cfg: SpeedConfig, checkpoint_mode: str, info: ModelInfo, device: str, setup: SpeedSetup,
+                 graphs_blocker: str | None) -> None:  # fmt: skip
+    setup.cuda_graphs, setup.choices["cuda_graphs"] = _graphs_possible(
+        peft_model, cfg, checkpoint_mode, info, device, setup, graphs_blocker
     )
 
 

@@ -25,6 +25,7 @@ from hone.core.errors import HoneError
 from hone.core.model_info import ModelInfo
 from hone.core.models.load import load_model, pending_conversion, resolve_dtype
 from hone.core.speed.attention import packing_blocker
+from hone.core.speed.graph_choice import settings_blocker
 from hone.core.speed.paths import SpeedSetup, install_attention_and_experts, install_memory_and_kernels
 from hone.core.train import checkpoints as ckpt
 from hone.core.train import distributed, preflight, sharding
@@ -230,7 +231,13 @@ class RunPreparation:
         model, lora_report = apply_lora(model, config.lora, info)
         self.model, self.tokenizer = model, tokenizer
         install_memory_and_kernels(
-            model, config.speed, info, device, setup, mean_row_tokens=float(data.train.lengths.mean())
+            model,
+            config.speed,
+            info,
+            device,
+            setup,
+            mean_row_tokens=float(data.train.lengths.mean()),
+            graphs_blocker=settings_blocker(config, world.size),
         )
         setup.choices["lora"] = lora_report.summary()
         choose_sampler = getattr(self.objective, "choose_sampler", None)

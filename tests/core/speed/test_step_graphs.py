@@ -258,3 +258,33 @@ def test_the_runs_choice_names_graphs_on_a_gpu_only():
         assert runner.describe()["speed_paths"]["cuda_graphs"] == "off: CUDA graphs need an NVIDIA GPU"
     finally:
         runner.teardown()
+
+
+def test_auto_keeps_layer_inputs_on_the_gpu_where_that_lets_the_steps_be_recorded():
+    from hone.core.speed.checkpointing.policy import ModeChoice
+
+    offload = ModeChoice("offload-double", "rows long enough for the copy to hide")
+    setup = SimpleNamespace(attention=SimpleNamespace(name="varlen", varlen=None))
+    info = SimpleNamespace(params=600_000_000, is_moe=False, is_vision=False)
+
+    def chosen(blocker=None, **speed):
+        cfg = SpeedConfig(**speed)
+        return paths._checkpoint_for_graphs(torch.nn.Linear(2, 2), cfg, offload, info, "cuda", setup, blocker)
+
+    assert chosen().mode == "gpu" and "CUDA graphs" in chosen().reason
+    assert chosen(checkpoint="offload-double") is offload  # asked for by name: kept
+    assert chosen(cuda_graphs="off") is offload
+    assert chosen("train.optimizer = adamw-bf16 takes each gradient away as it is made") is offload
+
+
+@pytest.mark.parametrize("optimizer, recorded", [("adamw", True), ("adamw-bf16", False)])
+def test_the_planner_counts_a_run_as_the_trainer_will_run_it(optimizer, recorded):
+    from hone.core.config import RunConfig, TrainConfig
+    from hone.core.memory.run_plan import settings_from_config
+    from hone.core.models.shapes import make_config
+
+    config = RunConfig(train=TrainConfig(batch_tokens=16384, optimizer=optimizer))
+    settings, _ = settings_from_config(config, make_config("dense-0.6b"), cuda=True, mean_row_tokens=2048)
+    # auto offloads this model's inputs at 2K-token rows unless the steps can be recorded
+    assert settings.checkpoint == ("gpu" if recorded else "offload-double")
+    assert settings.host_embeddings is settings.host_lm_head is (not recorded)  # recorded steps read them on the GPU
