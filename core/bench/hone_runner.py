@@ -238,7 +238,10 @@ class HoneRunner:
             self.dataset, self.packs, self.step_index, self.total_steps, next_packs=self.packs, counts=self.counts
         )
         self.step_index += 1
-        return StepOutcome(loss=metrics["loss"], grad_norm=metrics["grad_norm"])
+        # the step's peak as the trainer reports it: a replayed CUDA graph allocates nothing the allocator's peak
+        # would see (StepRunner counts the peak its recorded pass reached)
+        peak = metrics.get("mem_allocated")
+        return StepOutcome(loss=metrics["loss"], grad_norm=metrics["grad_norm"], peak_bytes=peak)
 
     def forward_backward(self) -> None:
         """The micro-batch part of `StepRunner.step`: collate, copy to the device, loss, backward."""
@@ -267,8 +270,6 @@ class HoneRunner:
     def describe(self) -> dict:
         params = self.runner.params
         paths = dict(self.setup_state.choices, adapted=", ".join(adapted_names(self.model)))
-        if self.runner.graphs is not None:
-            paths["cuda_graphs"] += f" ({self.runner.graphs.summary()})"
         return {
             "speed_paths": paths,
             "trainable_params": sum(p.numel() for p in params),

@@ -34,10 +34,12 @@ class SkipRun(Exception):
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What one optimizer step reports: mean loss over trained tokens, gradient norm before clipping."""
+    """What one optimizer step reports: mean loss over trained tokens, gradient norm before clipping, and the
+    step's own count of its peak allocated bytes where it keeps one (None: the allocator's peak says it)."""
 
     loss: float
     grad_norm: float
+    peak_bytes: int | None = None
 
 
 def loss_scaler(dtype: torch.dtype, device: str):
@@ -295,10 +297,13 @@ def _reset_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def _peaks(device: str) -> tuple[float | None, float | None]:
+def _peaks(device: str, outcome: StepOutcome | None = None) -> tuple[float | None, float | None]:
+    """The step's allocated and reserved peaks; the allocated one at least what the step itself reports (a
+    replayed CUDA graph's memory is its recording's, which the allocator's peak does not see again)."""
     if torch.device(device).type != "cuda":
         return None, None
-    return torch.cuda.max_memory_allocated() / GIB, torch.cuda.max_memory_reserved() / GIB
+    allocated = max(torch.cuda.max_memory_allocated(), (outcome and outcome.peak_bytes) or 0)
+    return allocated / GIB, torch.cuda.max_memory_reserved() / GIB
 
 
 def _timed_step(runner: Runner, device: str) -> tuple[StepOutcome, float, float | None, float | None]:
@@ -308,7 +313,7 @@ def _timed_step(runner: Runner, device: str) -> tuple[StepOutcome, float, float 
     outcome = runner.step()
     synchronize(device)
     elapsed = time.perf_counter() - start
-    return (outcome, elapsed, *_peaks(device))
+    return (outcome, elapsed, *_peaks(device, outcome))
 
 
 def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:

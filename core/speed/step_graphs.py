@@ -131,6 +131,7 @@ class _Slot:
         for name in ("input_ids", "position_ids", "targets", "cu_seqlens", "trained_positions"):
             setattr(self.batch, name, getattr(self.batch, name).clone())
         self.divisor = torch.ones((), dtype=torch.float32, device=device)
+        self.peak_bytes = 0  # the allocator's peak when this shape's eager pass ended: what a replay holds too
         self.graph: torch.cuda.CUDAGraph | None = None
         self.summed: torch.Tensor | None = None  # the recorded loss sum, rewritten by every replay
         self.runs = 0
@@ -175,6 +176,9 @@ class StepGraphs:
         self.failed: str | None = None
         self._slots: dict[GraphShape, _Slot] = {}
         self._addresses: list[int] | None = None  # the gradients' addresses the recorded graphs add into
+        # the largest eager-pass peak among the shapes replayed since `take_replayed_peak`: a replay allocates
+        # nothing, so the allocator's peak misses the memory its recording's pool holds for it
+        self.replayed_peak = 0
         self._stream = torch.cuda.Stream(device=self.device)
         self._pool = torch.cuda.graph_pool_handle()
 
@@ -207,13 +211,20 @@ class StepGraphs:
         slot.runs += 1
         if slot.runs == 1:  # eagerly first (lazy initialization, autotuning), then recorded for the next time
             summed = self._eager(slot)
+            slot.peak_bytes = torch.cuda.max_memory_allocated(self.device)
             self._record(slot)
             return summed
         if slot.graph is None and not self._record(slot):
             return self._eager(slot)
         slot.graph.replay()
         self.stats.replays += 1
+        self.replayed_peak = max(self.replayed_peak, slot.peak_bytes)
         return slot.summed.clone()
+
+    def take_replayed_peak(self) -> int:
+        """The peak allocated bytes the replays since the last call stand for (0: none), and start again."""
+        peak, self.replayed_peak = self.replayed_peak, 0
+        return peak
 
     def _gradient_addresses(self) -> list[int]:
         return [p.grad.data_ptr() for p in self.params]
@@ -276,8 +287,3 @@ class StepGraphs:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(self.device)
         self.note(f"CUDA graphs off for the rest of this run: recording a step failed ({why})", "warning")
-
-    def summary(self) -> str:
-        s = self.stats
-        text = f"{s.recorded} shapes recorded, {s.replays} replays, {s.eager} micro-batches without a graph"
-        return text + (f"; off after a failed recording: {self.failed}" if self.failed else "")

@@ -366,7 +366,10 @@ class StepRunner:
             data_wait_s=data_wait,
         )
         if self.cuda:
-            out.update(mem_allocated=torch.cuda.max_memory_allocated(), mem_reserved=torch.cuda.memory_reserved())
+            peak = torch.cuda.max_memory_allocated()
+            if self.graphs is not None:  # replays allocate nothing the allocator's peak would see
+                peak = max(peak, self.graphs.take_replayed_peak())
+            out.update(mem_allocated=peak, mem_reserved=torch.cuda.memory_reserved())
         if self.world.launched:
             out["mem_by_gpu"] = distributed.gather_counts(out.get("mem_allocated", 0), self.world)
         out.update(self.objective.step_metrics())

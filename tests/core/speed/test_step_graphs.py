@@ -180,6 +180,7 @@ def stand_in_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: SimpleNamespace(replay=None))
     monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: recording.graph(*a, **k))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 2**20)
     # the model choice on a CPU says "needs an NVIDIA GPU": let these runs record anyway
     real = graph_choice.model_choice
     monkeypatch.setattr(
@@ -221,6 +222,7 @@ def test_steps_replayed_train_as_the_eager_ones(stand_in_cuda, tokens):
     got = _train(runner, 4)
     assert runner.runner is None and graphs.failed is None
     assert (graphs.stats.eager, graphs.stats.recorded, graphs.stats.replays) == (1, 1, 3)
+    assert graphs.take_replayed_peak() == 2**20 and graphs.take_replayed_peak() == 0  # the eager pass's peak
     for w, g in zip(want, got, strict=True):
         assert g.loss == pytest.approx(w.loss, rel=1e-5) and g.grad_norm == pytest.approx(w.grad_norm, rel=1e-4)
 
