@@ -65,6 +65,9 @@ class MemorySettings:
     checkpoint: str = "offload-double"  # the resolved mode: off, gpu, offload, offload-double
     host_embeddings: bool = True
     host_lm_head: bool = True
+    # steps recorded as CUDA graphs (speed.cuda_graphs): the tables stay on the GPU and `auto` keeps the checkpoints
+    # there; a fit that moves either to the host turns the graphs off
+    cuda_graphs: bool = False
     tiled_mlp: bool = True
     chunked_loss: bool = True
     kernels: bool = True  # Hone's fused kernels (the fused cross-entropy among them)

@@ -57,6 +57,8 @@ class FitResult:
         for key in ("host_embeddings", "host_lm_head", "tiled_mlp"):
             if getattr(chosen, key) != getattr(current, key):
                 out.append(f"speed.{key}={'true' if getattr(chosen, key) else 'false'}")
+        if current.cuda_graphs and not chosen.cuda_graphs:  # recorded steps would keep the tables on the GPU
+            out.append('speed.cuda_graphs="off"')
         return out
 
 
@@ -78,12 +80,13 @@ def _levers(settings: MemorySettings, allow_qlora: bool, unified: bool) -> list[
         recompute = ({"checkpoint": "gpu"}, "activation checkpointing (recompute)")
         return _tried(settings, [recompute] if settings.checkpoint == "off" else [])
     steps: list[tuple[dict, str]] = [
-        ({"host_embeddings": True, "host_lm_head": True}, "vocabulary tables in host memory"),
+        ({"host_embeddings": True, "host_lm_head": True, "cuda_graphs": False}, "vocabulary tables in host memory"),
         ({"tiled_mlp": True}, "MLP back-propagated in tiles"),
     ]
     if not unified:  # offloading frees nothing where the GPU shares system memory
-        steps.append(({"checkpoint": "offload-double"}, "checkpoints offloaded to host memory (two reload buffers)"))
-        steps.append(({"checkpoint": "offload"}, "checkpoints offloaded to host memory (one reload buffer)"))
+        offloaded = "checkpoints offloaded to host memory"
+        steps.append(({"checkpoint": "offload-double", "cuda_graphs": False}, f"{offloaded} (two reload buffers)"))
+        steps.append(({"checkpoint": "offload", "cuda_graphs": False}, f"{offloaded} (one reload buffer)"))
     elif settings.checkpoint == "off":
         steps.append(({"checkpoint": "gpu"}, "activation checkpointing (recompute)"))
     if allow_qlora:

@@ -120,7 +120,8 @@ def settings_from_config(
     # be recorded as CUDA graphs, and recorded steps read the vocabulary tables on the GPU
     if cuda and speed.checkpoint == "auto" and checkpoint.startswith("offload"):
         checkpoint = "gpu" if _graphs_planned(config, hf_config, "gpu") else checkpoint
-    tables_on_host = cuda and not _graphs_planned(config, hf_config, checkpoint)
+    graphs = cuda and _graphs_planned(config, hf_config, checkpoint)
+    tables_on_host = cuda and not graphs
     return MemorySettings(
         batch_tokens=train.batch_tokens,
         lora_rank=config.lora.r,
@@ -131,6 +132,7 @@ def settings_from_config(
         checkpoint=checkpoint,
         host_embeddings=speed.host_embeddings and tables_on_host,
         host_lm_head=speed.host_lm_head and tables_on_host,
+        cuda_graphs=graphs,
         tiled_mlp=speed.tiled_mlp and speed.kernels and cuda,
         chunked_loss=speed.loss == "chunked",
         kernels=speed.kernels and cuda,

@@ -12,17 +12,27 @@ AUTO_MAX_PARAMS = 3_000_000_000
 
 
 def model_choice(
-    mode: str, device: str, *, params: int, is_moe: bool, is_vision: bool, cfg, attention_blocker: str | None = None
+    mode: str,
+    device: str,
+    *,
+    params: int,
+    is_moe: bool,
+    is_vision: bool,
+    cfg,
+    attention_blocker: str | None = None,
+    settings_blocker: str | None = None,
 ) -> tuple[bool, str]:
     """Whether a run of this model may record its steps (`speed.cuda_graphs`), and why, from what is known
     before the trainer exists: the device, the model and the speed settings (`cfg`, a SpeedConfig whose
     checkpoint mode is the chosen one). `attention_blocker`: why the model's attention cannot be replayed (it
-    reads each batch's row lengths on the host, so a replay would reuse the recorded batch's), or None."""
+    reads each batch's row lengths on the host, so a replay would reuse the recorded batch's), or None;
+    `settings_blocker`: why the training settings rule graphs out (`settings_blocker()`), or None."""
     if mode == "off":
         return False, "off (speed.cuda_graphs = off)"
     if not str(device).startswith("cuda"):
         return False, "off: CUDA graphs need an NVIDIA GPU"
     blockers = [
+        (settings_blocker is not None, settings_blocker),
         (not cfg.packing, "rows are padded, not packed (speed.packing = false)"),
         (is_vision, "vision batches change shape with their images"),
         (str(cfg.checkpoint).startswith("offload"), "offloaded checkpoints copy through host memory each step"),

@@ -94,8 +94,6 @@ def _graphs_possible(peft_model, cfg: SpeedConfig, checkpoint_mode: str, info: M
                      graphs_blocker: str | None) -> tuple[bool, str]:  # fmt: skip
     from hone.core.speed.graph_choice import model_choice
 
-    if graphs_blocker is not None and cfg.cuda_graphs != "off":
-        return False, f"off: {graphs_blocker}"
     return model_choice(
         cfg.cuda_graphs,
         device,
@@ -104,6 +102,7 @@ def _graphs_possible(peft_model, cfg: SpeedConfig, checkpoint_mode: str, info: M
         is_vision=info.is_vision,
         cfg=dataclasses.replace(cfg, checkpoint=checkpoint_mode),
         attention_blocker=_attention_blocker(peft_model, setup),
+        settings_blocker=graphs_blocker,
     )
 
 

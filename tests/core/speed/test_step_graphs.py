@@ -290,3 +290,26 @@ def test_the_planner_counts_a_run_as_the_trainer_will_run_it(optimizer, recorded
     # auto offloads this model's inputs at 2K-token rows unless the steps can be recorded
     assert settings.checkpoint == ("gpu" if recorded else "offload-double")
     assert settings.host_embeddings is settings.host_lm_head is (not recorded)  # recorded steps read them on the GPU
+
+
+def test_a_fit_that_moves_tables_or_checkpoints_to_the_host_turns_the_graphs_off():
+    from hone.core.config import RunConfig, TrainConfig
+    from hone.core.memory.estimate import estimate_peak
+    from hone.core.memory.fit import HEADROOM, auto_fit
+    from hone.core.memory.run_plan import settings_from_config
+    from hone.core.memory.shape import ModelShape
+    from hone.core.models.shapes import make_config
+
+    hf = make_config("dense-0.6b")
+    config = RunConfig(train=TrainConfig(batch_tokens=65536))
+    settings, _ = settings_from_config(config, hf, cuda=True, mean_row_tokens=2048)
+    assert settings.cuda_graphs and settings.checkpoint == "gpu"
+    shape = ModelShape.from_config(hf)
+    need = estimate_peak(shape, settings).peak_bytes
+    # a little short of what the step needs: the first lever (the tables to the host) is enough
+    fit = auto_fit(shape, settings, available_bytes=need * 0.99 / (1 - HEADROOM), longest_row=2048)
+    assert fit.fits and not fit.settings.cuda_graphs, fit
+    assignments = fit.assignments(settings)
+    assert 'speed.cuda_graphs="off"' in assignments and "speed.host_embeddings=true" in assignments
+    fitted, _ = settings_from_config(config.with_overrides(assignments), hf, cuda=True, mean_row_tokens=2048)
+    assert fitted.host_embeddings and not fitted.cuda_graphs  # what the trainer will run is what was fitted
