@@ -61,3 +61,29 @@ def test_a_replaced_gradient_is_recorded_again_not_replayed_blind():
         assert losses[-1] < losses[0] and all(torch.isfinite(torch.tensor(losses))), losses
     finally:
         runner.teardown()
+
+
+def test_a_training_run_with_changing_packs_learns_as_the_eager_one(tiny_config, tiny_model_dir, chat_files, tmp_path):
+    """The trainer's own run: packs of varying tokens and sequences (fillers, several shapes), the next step's
+    batches collated on the background thread while a shape is recorded, an evaluation between steps."""
+    from hone.core import events
+    from hone.core.train.trainer import Trainer
+
+    def run(runs, *overrides):
+        config = tiny_config(
+            tiny_model_dir("tiny-dense"), chat_files, runs, "train.batch_tokens=384", "data.max_length=256",
+            "train.lr=2e-3", "train.warmup_steps=0", "train.max_steps=12", *overrides,
+        )  # fmt: skip
+        got = list(Trainer(config, device="cuda").run())
+        assert isinstance(got[-1], events.RunFinished), got[-1]
+        started = next(e for e in got if isinstance(e, events.RunStarted))
+        warned = [e.message for e in got if isinstance(e, events.Notice) and e.topic == "cuda_graphs"]
+        return started.speed_paths["cuda_graphs"], [e.loss for e in got if isinstance(e, events.StepMetrics)], warned
+
+    eager_choice, eager, _ = run(tmp_path / "eager", 'speed.cuda_graphs="off"')
+    choice, recorded, warned = run(tmp_path / "recorded")
+    assert eager_choice.startswith("off") and not choice.startswith("off") and not warned, (choice, warned)
+    assert len(recorded) == len(eager) == 12
+    for step, (want, got) in enumerate(zip(eager, recorded, strict=True)):
+        assert got == pytest.approx(want, rel=2e-2), (step, want, got)
+    assert recorded[-1] < recorded[0]
