@@ -1,6 +1,6 @@
 """Whether a run's steps may be recorded as CUDA graphs (`speed.cuda_graphs`, hone.core.speed.step_graphs), and
-why not: from the model and the speed settings (also for the memory planner, which imports no torch), then from
-what the trainer knows (objective, processes, dropout, optimizer).
+why not: from the model and the speed settings, and from the training settings (method, processes, dropout,
+optimizer). No torch here: the memory planner asks too.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from hone.kernels.weight_casts import own_weight_casts
 # Shapes recorded at most: every graph shares one memory pool, but each keeps its kernels' parameters and
 # the shapes' static inputs; a run whose batches keep changing shape runs the rest eagerly.
 MAX_GRAPHS = 8
-# Token counts round up to 1/TOKEN_STEPS of the power of two above them (at most ~6 % padding).
+# Token counts round up to 1/TOKEN_STEPS of the power of two at or below them (at most ~6 % padding).
 TOKEN_STEPS = 16
 # Trained positions round up to 1/TRAINED_STEPS of the padded token count: the loss's head GEMMs run on them.
 TRAINED_STEPS = 8
