@@ -121,7 +121,9 @@ def test_a_run_left_training_is_paused_and_stopped_from_a_new_window(qtbot, make
 
 
 HOLDER = """
-import sys, time
+import signal, sys, time
+# Ctrl-C stops it, as in a terminal, even when the tests were started in the background (which ignores SIGINT)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from hone.core.config import RunConfig
 from hone.core.train.run_dir import RunWriter
 from tests.app.test_monitor_states import _started, _step
