@@ -89,6 +89,43 @@ def test_output_and_gradients_equal_each_sequence_alone(lengths, how):
         torch.testing.assert_close(got.grad, leaf.grad)
 
 
+@pytest.mark.parametrize("length", [256, 300], ids=["on-a-bucket", "padded"])
+def test_a_batch_of_one_long_row_returns_the_kernels_own_output(monkeypatch, length):
+    """One row is the whole batch: the output is the kernel's (the one it keeps for backward), not a copy beside it,
+    with and without autograd, and gradients as before. cuDNN lays its output out token-major, as faked here."""
+    original = long_rows.dense_causal
+    pieces = []
+
+    def token_major(*args):
+        piece = original(*args).contiguous()
+        pieces.append(piece)
+        return piece
+
+    monkeypatch.setattr(long_rows, "dense_causal", token_major)
+    torch.manual_seed(3)
+    how = LongRows(64, cudnn=False)
+    q, k, v = (torch.randn(length, h, 8, dtype=torch.float64, requires_grad=True) for h in (4, 2, 2))
+    spans = build_spans(_cu([length]), [length], how.threshold)
+    with torch.no_grad():
+        plain = long_rows.attention(q, k, v, _cu([length]), spans, None, _rows_attend, how)
+    assert plain.data_ptr() == pieces[-1].data_ptr() and plain.shape == q.shape
+    out = long_rows.attention(q, k, v, _cu([length]), spans, None, _rows_attend, how)
+    assert out.data_ptr() == pieces[-1].data_ptr() and out.shape == q.shape
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = _reference(*leaves, [length])
+    ref.backward(grad_out)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(plain, ref.detach())
+    for got, leaf in zip((q, k, v), leaves, strict=True):
+        torch.testing.assert_close(got.grad, leaf.grad)
+    k.grad = v.grad = None  # and with the query frozen: only key and value get a gradient
+    long_rows.attention(q.detach(), k, v, _cu([length]), spans, None, _rows_attend, how).backward(grad_out)
+    torch.testing.assert_close(k.grad, leaves[1].grad)
+    torch.testing.assert_close(v.grad, leaves[2].grad)
+
+
 def test_without_autograd_and_with_only_key_value_trained():
     torch.manual_seed(1)
     lengths, how = [100, 6, 90], LongRows(64, cudnn=False)
