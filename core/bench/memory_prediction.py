@@ -34,6 +34,7 @@ def predict_bench_run(report: dict, run_name: str) -> MemoryEstimate:
             host_embeddings=speed.get("host_embeddings", True),
             host_lm_head=speed.get("host_lm_head", True),
             tiled_mlp=speed.get("tiled_mlp", True) and speed.get("kernels", True),
+            projection_recompute=not speed.get("compile", False),
             chunked_loss=speed.get("loss", "chunked") == "chunked",
             kernels=speed.get("kernels", True),
         ),

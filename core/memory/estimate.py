@@ -35,6 +35,10 @@ MLP_FORWARD_TENSORS = 4
 # output, the residual and the MLP norm's output (3 x hidden); q, k and v, before and after norm and rope, and the
 # attention output (3 x q width, 3 x kv width).
 SAVED_ATTENTION_HIDDEN, SAVED_ATTENTION_PROJECTIONS = 3, 3
+# From this many batch tokens a recomputed layer runs its q/k projections again for their head norms' backward
+# instead of keeping them (RECOMPUTE_TOKENS in core/speed/checkpointing/projection_recompute.py): one q and one kv
+# width fewer saved. Models without head norms never kept them, so the figure is right for them too.
+PROJECTION_RECOMPUTE_TOKENS = 1 << 17
 # Flash attention's backward workspace per query value: an fp32 dq accumulator, and dk, dv expanded to every query
 # head (grouped-query attention), on top of dq, dk and dv themselves.
 ATTENTION_WORKSPACE_BYTES = 4 + 2 + 2
@@ -69,6 +73,8 @@ class MemorySettings:
     # there; a fit that moves either to the host turns the graphs off
     cuda_graphs: bool = False
     tiled_mlp: bool = True
+    # large batches run the head-normed q/k projections again in backward (not under torch.compile)
+    projection_recompute: bool = True
     chunked_loss: bool = True
     kernels: bool = True  # Hone's fused kernels (the fused cross-entropy among them)
     cpu: bool = False  # the run trains on the CPU: its peak is resident system memory
@@ -137,7 +143,7 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     forward = head_copy + _layer_forward(shape, tokens, w, s.tiled_mlp)
     # A recomputed layer back-propagates its MLP first, then its attention: what the attention half saved is alive
     # through both, the MLP's and the attention's own workspaces one after the other.
-    saved, workspace = _attention_backward(shape, tokens, w)
+    saved, workspace = _attention_backward(shape, tokens, w, s.projection_recompute)
     if s.checkpoint == "off":  # every layer's activations are already counted as checkpoints
         saved = 0.0
     backward = gradients + 2 * row + saved + max(workspace, _mlp_backward(shape, tokens, w, s))
@@ -190,10 +196,11 @@ def _layer_forward(shape: ModelShape, tokens: int, w: int, tiled: bool) -> float
     return tokens * w * (MLP_FORWARD_TENSORS * width + routed * shape.hidden)
 
 
-def _attention_backward(shape: ModelShape, tokens: int, w: int) -> tuple[float, float]:
+def _attention_backward(shape: ModelShape, tokens: int, w: int, projection_recompute: bool) -> tuple[float, float]:
     """(what the attention half of a recomputed layer saves, its backward's workspace)."""
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    saved = tokens * w * (SAVED_ATTENTION_HIDDEN * shape.hidden + SAVED_ATTENTION_PROJECTIONS * (q + kv))
+    projections = SAVED_ATTENTION_PROJECTIONS - int(projection_recompute and tokens >= PROJECTION_RECOMPUTE_TOKENS)
+    saved = tokens * w * (SAVED_ATTENTION_HIDDEN * shape.hidden + projections * (q + kv))
     workspace = tokens * q * ATTENTION_WORKSPACE_BYTES + tokens * (q + 2 * kv) * w
     return saved, workspace
 

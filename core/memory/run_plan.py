@@ -134,6 +134,7 @@ def settings_from_config(
         host_lm_head=speed.host_lm_head and tables_on_host,
         cuda_graphs=graphs,
         tiled_mlp=speed.tiled_mlp and speed.kernels and cuda,
+        projection_recompute=not speed.compile,
         chunked_loss=speed.loss == "chunked",
         kernels=speed.kernels and cuda,
         cpu=not cuda,

@@ -83,11 +83,29 @@ def install_memory_and_kernels(
                 f"; packed layers back-propagated in groups of whole sequences (at most {tokens} tokens)"
             )
     _kernels_and_compile(peft_model, cfg, device, setup)
+    _projection_recompute(peft_model, setup)
     _cuda_graphs(peft_model, cfg, choice.mode, info, device, setup, graphs_blocker)
     if setup.cuda_graphs:  # a recorded step reads the tables where they are; host tables copy every step
         setup.choices["embeddings"] = setup.choices["lm_head"] = "on the GPU: the steps are recorded as CUDA graphs"
     else:
         _embeddings(peft_model, cfg, device, setup)
+
+
+def _projection_recompute(peft_model, setup: SpeedSetup) -> None:
+    """Large batches run the head-normed q/k projections again in backward (projection_recompute.py). Not under
+    torch.compile: the hooks it adds and removes around each recompute would recompile the blocks."""
+    from hone.core.speed.checkpointing.checkpointer import decoder_layers
+    from hone.core.speed.checkpointing.projection_recompute import RECOMPUTE_TOKENS, projections
+
+    if setup.offload is None or setup.compile is not None:
+        return
+    if not any(projections(layer) for layer in decoder_layers(peft_model)):
+        return
+    setup.offload.projection_recompute_tokens = RECOMPUTE_TOKENS
+    setup.choices["checkpoint"] += (
+        f"; batches of {RECOMPUTE_TOKENS:,} tokens or more run the q/k projections again for their head norms' "
+        "backward instead of keeping them"
+    )
 
 
 def _graphs_possible(peft_model, cfg: SpeedConfig, checkpoint_mode: str, info: ModelInfo, device: str, setup,

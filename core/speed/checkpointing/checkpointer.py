@@ -162,6 +162,9 @@ class Checkpointer:
         self.integrity: list[IntegrityCheck] = []
         self.group_tokens = group_tokens
         self.grouped_layers = 0
+        # Batches of at least this many tokens run the head-normed q/k projections again in backward instead of
+        # keeping their outputs (projection_recompute.py); 0: never. The run's setup turns it on.
+        self.projection_recompute_tokens = 0
         self._note = note
         self._seq = 0
         self._turn = 0  # round robin over the reload buffers

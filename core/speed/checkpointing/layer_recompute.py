@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hone.core.speed.checkpointing.layer_groups import LayerCall
+from hone.core.speed.checkpointing.projection_recompute import recomputed_projections
 
 _RECOMPUTING = 0  # > 0 while a layer is being recomputed in backward
 
@@ -165,7 +166,9 @@ class _CheckpointedLayer(torch.autograd.Function):
 def _recompute_and_backward(ctx, x: torch.Tensor, grads: tuple) -> None:
     """Rebuild the layer's graph from `x` and run its backward now: parameter gradients accumulate, and every use
     of `x` (a view of a reload buffer, also held by this graph) is queued before `release` lets the buffer go."""
-    with torch.enable_grad(), _replayed(ctx.state):
+    layer = ctx.run.layer if isinstance(ctx.run, LayerCall) else None
+    tokens, limit = x.numel() // max(x.shape[-1], 1), ctx.checkpointer.projection_recompute_tokens
+    with torch.enable_grad(), _replayed(ctx.state), recomputed_projections(layer, tokens, limit):
         out = ctx.run(x)
     outs = out if isinstance(out, tuple) else (out,)
     pairs = [

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from hone.core.memory.estimate import GIB, NF4_BYTES, MemorySettings, estimate_peak
+from hone.core.memory.estimate import GIB, NF4_BYTES, PROJECTION_RECOMPUTE_TOKENS, MemorySettings, estimate_peak
 from hone.core.memory.shape import ModelShape
 from hone.core.models.shapes import make_config
 
@@ -87,6 +87,23 @@ def test_each_lever_moves_the_peak_the_right_way(change, smaller):
     base = MemorySettings(batch_tokens=16384)
     before, after = estimate_peak(shape, base).peak_bytes, estimate_peak(shape, dataclasses.replace(base, **change))
     assert (after.peak_bytes < before) is smaller
+
+
+def test_large_batches_save_one_q_and_one_kv_width_fewer_in_a_recomputed_layer():
+    """From PROJECTION_RECOMPUTE_TOKENS the trainer runs the head-normed q/k projections again in backward (not
+    under torch.compile): the backward holds (q + kv) x 2 bytes a token less."""
+    from hone.core.speed.checkpointing.projection_recompute import RECOMPUTE_TOKENS
+
+    assert PROJECTION_RECOMPUTE_TOKENS == RECOMPUTE_TOKENS
+    shape = ModelShape.from_config(make_config("dense-8b"))
+    q_kv = (32 + 8) * 128 * 2
+    for tokens, fewer in ((RECOMPUTE_TOKENS - 8, 0), (RECOMPUTE_TOKENS, 1), (409_600, 1)):
+        settings = MemorySettings(batch_tokens=tokens)
+        on, off = (
+            estimate_peak(shape, dataclasses.replace(settings, projection_recompute=flag)) for flag in (True, False)
+        )
+        assert on.phase == off.phase == "backward"
+        assert off.part("step") - on.part("step") == fewer * tokens * q_kv
 
 
 def test_qlora_weights_are_nf4():

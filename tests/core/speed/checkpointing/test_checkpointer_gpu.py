@@ -471,3 +471,53 @@ def test_large_host_slots_are_registered_page_locked_and_copy_both_ways():
     HostSlots.release(slot)
     grown = pool.acquire(300 << 20)  # regrown: the old block is unregistered first, the new one registered
     assert grown is slot and grown.capacity == 304 << 20 and grown.data.is_pinned()  # 1/16 of 256 MiB steps
+
+
+def test_head_normed_projections_recomputed_with_the_kernels_free_their_memory_and_train_the_same():
+    """Qwen3-0.6B-shaped layers with Hone's kernels (the fused head norms save a view of the projection): after a
+    recompute's forward, the q and k outputs are gone (T x (q + kv) x 2 bytes less allocated), each runs a third
+    time in backward, and loss and LoRA gradients stay within the noise floor of keeping them."""
+    from hone.core.speed.checkpointing.projection_recompute import recomputed_projections
+    from hone.core.speed.fused.apply import apply_kernels
+
+    torch.manual_seed(0)
+    model = lora_model(with_run_attention(build_model("dense-0.6b", layers=2, dtype=torch.bfloat16, device="cuda")))
+    apply_kernels(model, tile_mlp=True)
+    config = model.get_base_model().config
+    tokens = 8192
+    layer = decoder_layers(model)[0]
+    base = model.get_base_model().model
+    hidden = torch.randn(1, tokens, config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    positions = torch.arange(tokens, device="cuda")[None]
+    kwargs = dict(position_embeddings=base.rotary_emb(hidden, positions), position_ids=positions, attention_mask=None)
+    allocated = {}
+    for enabled_from in (0, tokens):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", dtype=torch.bfloat16), recomputed_projections(layer, tokens, enabled_from):
+            out = layer(hidden, **kwargs)
+        allocated[enabled_from] = torch.cuda.memory_allocated() - before
+        del out
+    q_kv = (config.num_attention_heads + config.num_key_value_heads) * config.head_dim
+    saved = allocated[0] - allocated[tokens]
+    print(
+        f"after a recompute's forward: {allocated[0] / 2**20:.0f} MiB kept, {allocated[tokens] / 2**20:.0f} with "
+        f"recipes ({saved / 2**20:.0f} MiB less; q + k outputs {tokens * q_kv * 2 / 2**20:.0f} MiB)"
+    )
+    assert saved >= tokens * q_kv * 2
+
+    batch = packed_batch([3000, 2500, 2692], vocab=config.vocab_size)
+    ref_loss, ref, tolerance = reference(model, batch)
+    checkpointer = apply_checkpointing(model, "offload", "cuda")
+    checkpointer.projection_recompute_tokens = batch.num_tokens
+    calls = [0]
+    q_proj = decoder_layers(model)[0].self_attn.q_proj
+    handle = q_proj.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    try:
+        loss, grads = loss_and_grads(model, batch, autocast_dtype=torch.bfloat16)
+    finally:
+        handle.remove()
+        revert_checkpointing(model)
+    assert calls[0] == 3  # forward, recompute, and once more for the norm's backward
+    error, where = worst_error(loss, grads, ref_loss, ref)
+    assert error <= tolerance, f"relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
