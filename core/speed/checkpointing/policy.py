@@ -30,6 +30,10 @@ LAYER_FLOPS_PER_S = 400e12
 # recompute. A step estimated a little under the cap ran as fast with offload-double as with recompute from inputs
 # kept on the GPU, at less memory (docs/performance/memory.md, "Checkpoint modes and `auto`").
 MAX_COPY_RATIO = 0.25
+# ...and keeps one reload buffer, not two, when the copy is at most this share of the recompute: exposed, it costs
+# at most 1 % of the step, and the second buffer is a whole layer input (3.1 GiB of Qwen3-8B at 409,600 tokens, where
+# the copy is 0.5 % of a layer's recompute). On Qwen3-8B, from rows of ~180K tokens.
+SINGLE_BUFFER_RATIO = 0.01
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,8 @@ def choose_mode(
     `auto`: `off` on the CPU (memory is plentiful there and recompute costs a third more time); on a GPU, `gpu`
     when the mean row is too short for offloading to pay (reloading a layer's input would take more than
     `MAX_COPY_RATIO` of its recompute, see `LayerCost`) or the GPU shares memory with the host (DGX Spark:
-    offloading frees nothing there), else `offload-double` (which keeps one buffer if the second does not fit at
-    run time).
+    offloading frees nothing there); `offload` where rows are so long that the copy is at most `SINGLE_BUFFER_RATIO`
+    of the recompute; else `offload-double` (which keeps one buffer if the second does not fit at run time).
     On the CPU, `offload` and `offload-double` degrade to `gpu` recompute with a warning.
 
     Args:
@@ -159,6 +163,12 @@ def choose_mode(
             "gpu",
             "unified memory (the GPU shares system memory): offloading layer inputs to host "
             "memory would free nothing, so " + _describe("gpu"),
+        )
+    if ratio <= SINGLE_BUFFER_RATIO:
+        return ModeChoice(
+            "offload",
+            f"reloading a layer's input takes ~{ratio:.1%} of its recompute: one reload buffer, the copy not hidden, "
+            "the memory of a second buffer saved; " + _describe("offload"),
         )
     return ModeChoice(
         "offload-double",

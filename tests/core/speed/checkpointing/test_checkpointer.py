@@ -32,6 +32,7 @@ from hone.core.speed.checkpointing.policy import (
     H2D_BYTES_PER_S,
     LAYER_FLOPS_PER_S,
     MAX_COPY_RATIO,
+    SINGLE_BUFFER_RATIO,
     choose_mode,
     layer_cost,
 )
@@ -377,6 +378,12 @@ def test_auto_follows_the_copy_compute_ratio():
     assert choose_mode("auto", "cuda", 565, medium, integrated=False).mode == "offload-double"
     assert layer_cost(big).min_row_tokens() == 0  # an 8B layer's matmuls alone hide the copy 10 times over
     assert choose_mode("auto", "cuda", 256, big, integrated=False).mode == "offload-double"
+    # rows so long that one exposed copy is at most 1 % of the recompute: one buffer, a layer input less on the GPU
+    assert layer_cost(big).copy_ratio(32768) > SINGLE_BUFFER_RATIO
+    assert choose_mode("auto", "cuda", 32768, big, integrated=False).mode == "offload-double"
+    assert layer_cost(big).copy_ratio(409_600) <= SINGLE_BUFFER_RATIO
+    very_long = choose_mode("auto", "cuda", 409_600, big, integrated=False)
+    assert very_long.mode == "offload" and "one reload buffer" in very_long.reason
     on_unified_memory = choose_mode("auto", "cuda", 16384, big, integrated=True)  # DGX Spark: never offload
     assert on_unified_memory.mode == "gpu" and "would free nothing" in on_unified_memory.reason
     assert choose_mode("auto", "cpu", 16384, big).mode == "off"
