@@ -241,7 +241,12 @@ class HoneRunner:
         # the step's peak as the trainer reports it: a replayed CUDA graph allocates nothing the allocator's peak
         # would see (StepRunner counts the peak its recorded pass reached)
         peak = metrics.get("mem_allocated")
-        return StepOutcome(loss=metrics["loss"], grad_norm=metrics["grad_norm"], peak_bytes=peak)
+        return StepOutcome(
+            loss=metrics["loss"],
+            grad_norm=metrics["grad_norm"],
+            peak_bytes=peak,
+            offload_bytes=metrics.get("offload_bytes"),
+        )
 
     def forward_backward(self) -> None:
         """The micro-batch part of `StepRunner.step`: collate, copy to the device, loss, backward."""

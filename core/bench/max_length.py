@@ -35,13 +35,15 @@ GRANULARITY_SHARE = 8
 
 @dataclass
 class Trial:
-    """One row length tried: "ok", "oom" or "failed" (with the reason), the step's peak memory and time."""
+    """One row length tried: "ok", "oom" or "failed" (with the reason), the step's peak GPU memory, time and the
+    host memory its offloaded layer inputs took."""
 
     length: int
     status: str
     reason: str = ""
     peak_allocated_gib: float | None = None
     step_s: float | None = None
+    host_gib: float | None = None  # layer inputs offloaded to host memory (Hone's runs)
 
 
 @dataclass
@@ -108,7 +110,7 @@ def trial_of(result: RunResult) -> Trial:
     """A measured one-step run as a trial; a run that was skipped counts as failed (nothing to search)."""
     status = {"ok": "ok", "oom": "oom"}.get(result.status, "failed")
     step = result.step_times_s[0] if result.step_times_s else None
-    return Trial(result.tokens, status, result.reason, result.peak_allocated_gib, step)
+    return Trial(result.tokens, status, result.reason, result.peak_allocated_gib, step, result.offload_gib)
 
 
 @dataclass
@@ -249,6 +251,7 @@ def max_length_table(runs: list[LongestRow], title: str):
         ("longest row", "right"),
         ("first failing", "right"),
         ("peak GiB", "right"),
+        ("host GiB", "right"),
         ("step s", "right"),
         ("trials", "right"),
         ("note", "left"),
@@ -270,6 +273,7 @@ def max_length_table(runs: list[LongestRow], title: str):
             f"{run.longest:,}" if run.longest else "-",
             f"{failing:,}" if failing else "-",
             f"{best.peak_allocated_gib:.1f}" if best and best.peak_allocated_gib is not None else "-",
+            f"{best.host_gib:.1f}" if best and best.host_gib is not None else "-",
             f"{best.step_s:.2f}" if best and best.step_s is not None else "-",
             str(len(run.trials)),
             note,

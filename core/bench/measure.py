@@ -34,12 +34,14 @@ class SkipRun(Exception):
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What one optimizer step reports: mean loss over trained tokens, gradient norm before clipping, and the
-    step's own count of its peak allocated bytes where it keeps one (None: the allocator's peak says it)."""
+    """What one optimizer step reports: mean loss over trained tokens, gradient norm before clipping, the step's own
+    count of its peak allocated bytes where it keeps one (None: the allocator's peak says it), and the bytes of layer
+    inputs it offloaded to host memory where it knows them."""
 
     loss: float
     grad_norm: float
     peak_bytes: int | None = None
+    offload_bytes: int | None = None  # layer inputs the step moved to host memory (Hone's offloaded checkpoints)
 
 
 def loss_scaler(dtype: torch.dtype, device: str):
@@ -107,6 +109,7 @@ class RunResult:
     peak_reserved_gib: float | None = None
     warmup_peak_allocated_gib: float | None = None
     memory_before_gib: float | None = None
+    offload_gib: float | None = None  # layer inputs the last timed step held in host memory (None: not reported)
     mfu: float | None = None
     first_loss: float | None = None
     last_loss: float | None = None
@@ -338,6 +341,8 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
             result.first_loss, result.first_grad_norm, result.first_step_s = outcome.loss, outcome.grad_norm, elapsed
         result.step_times_s.append(elapsed)
         result.last_loss = outcome.loss
+        if outcome.offload_bytes is not None:
+            result.offload_gib = outcome.offload_bytes / GIB
         peaks.append(peak)
         reserved.append(peak_reserved)
 

@@ -33,8 +33,10 @@ class DoubleRunner:
         fail_at: int | None = None,
         error: BaseException | None = None,
         losses=(3.0, 2.5, 2.0, 1.5, 1.0, 0.5),
+        offload_bytes: int | None = None,
     ):
         self.name, self.fail_at, self.error, self.losses = name, fail_at, error, list(losses)
+        self.offload_bytes = offload_bytes
         self.weights = None
         self.weights_ref = self.activations_ref = None
         self.calls = {"setup": 0, "step": 0, "forward_backward": 0, "teardown": 0}
@@ -51,7 +53,7 @@ class DoubleRunner:
             self.activations_ref = weakref.ref(activations)
             raise self.error
         loss = self.losses[self.calls["step"] - 1]
-        return StepOutcome(loss=loss, grad_norm=10 * loss)
+        return StepOutcome(loss=loss, grad_norm=10 * loss, offload_bytes=self.offload_bytes)
 
     def forward_backward(self) -> None:
         self.calls["forward_backward"] += 1

@@ -85,6 +85,8 @@ def test_bench_max_length_on_the_cpu_finds_where_a_run_runs_out_of_memory(tmp_pa
     assert runs["all"]["longest"] == 96 and runs["all"]["first_failing"] == 104
     assert [t["length"] for t in runs["all"]["trials"]] == [64, 128, 96, 112, 104]
     assert runs["all"]["trials"][1]["status"] == "oom"
+    # the host memory of offloaded layer inputs: reported by a run that checkpoints (on the CPU none does)
+    assert runs["all"]["trials"][0]["host_gib"] is None and runs["reference"]["trials"][0]["host_gib"] is None
 
 
 @pytest.mark.usefixtures("out_of_memory_past_100_tokens")

@@ -38,6 +38,16 @@ def test_warmup_then_timed_steps_give_median_throughput_and_first_step_loss(doub
     assert result.syncs_fwd_bwd is None and result.peak_allocated_gib is None  # not measurable on a CPU
 
 
+def test_the_host_memory_a_step_offloaded_to_is_recorded_where_the_run_reports_it(double_runner):
+    """Hone's runs report the layer inputs a step moved to host memory (long rows need it planned); a run that does
+    not report it leaves the field empty."""
+    from hone.core.bench.max_length import trial_of
+
+    result = measure_run(double_runner(offload_bytes=3 << 30), settings(warmup=0, steps=1))
+    assert result.offload_gib == 3.0 and trial_of(result).host_gib == 3.0
+    assert measure_run(double_runner(), settings(warmup=0, steps=1)).offload_gib is None
+
+
 def test_without_warmup_the_first_timed_step_gives_the_first_loss(double_runner):
     result = measure_run(double_runner(), settings(warmup=0, steps=2))
     assert result.first_loss == 3.0 and result.last_loss == 2.5
