@@ -24,22 +24,27 @@ RECOMPUTE_TOKENS = 1 << 17
 # Attention modules with these children: a projection's output feeds the matching norm, and nothing else keeps it.
 _PAIRS = (("q_proj", "q_norm"), ("k_proj", "k_norm"))
 
-_targets: weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.nn.Module, ...]] = weakref.WeakKeyDictionary()
-
 
 def projections(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
-    """The projections in `layer` whose outputs go to a head norm (found once per layer)."""
-    found = _targets.get(layer)
-    if found is None:
-        found = tuple(
-            getattr(module, proj)
-            for module in layer.modules()
-            for proj, norm in _PAIRS
-            if isinstance(getattr(module, proj, None), torch.nn.Module)
-            and isinstance(getattr(module, norm, None), torch.nn.Module)
-        )
-        _targets[layer] = found
-    return found
+    """The projections in `layer` whose outputs go to a head norm. None in a layer whose frozen weights FSDP splits
+    across processes (`train.parallel = fsdp`): running them again in backward is not tested there."""
+    if isinstance(layer, _fsdp_module()):
+        return ()
+    return tuple(
+        getattr(module, proj)
+        for module in layer.modules()
+        for proj, norm in _PAIRS
+        if isinstance(getattr(module, proj, None), torch.nn.Module)
+        and isinstance(getattr(module, norm, None), torch.nn.Module)
+    )
+
+
+def _fsdp_module() -> type | tuple[type, ...]:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed support
+        return ()
+    return FSDPModule
 
 
 def _draws_random(module: torch.nn.Module) -> bool:

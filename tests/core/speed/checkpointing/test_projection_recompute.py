@@ -46,6 +46,16 @@ def test_projections_are_found_only_beside_head_norms():
     assert all(projections(layer) == () for layer in decoder_layers(llama))  # no q_norm / k_norm
 
 
+def test_a_layer_fsdp_splits_is_left_alone():
+    """`fully_shard` gives the layer a class deriving from FSDPModule, as here: its projections are not rerun."""
+    from torch.distributed.fsdp import FSDPModule
+
+    layer = decoder_layers(build_model("tiny-dense"))[0]
+    assert len(projections(layer)) == 2
+    layer.__class__ = type("FSDPQwen3DecoderLayer", (FSDPModule, type(layer)), {})
+    assert projections(layer) == ()
+
+
 def test_recomputed_projections_give_the_loss_and_gradients_of_kept_ones():
     model = _qwen3()
     batch = packed_batch([23, 41, 9])
