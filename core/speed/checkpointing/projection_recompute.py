@@ -59,7 +59,7 @@ def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
 @dataclass(eq=False)
 class _Recipe:
     """How to make a saved view of a projection's output again: the call, the autocast state it ran under, and the
-    view's geometry."""
+    view's geometry (`offset` counted from the start of the output's own memory)."""
 
     projection: torch.nn.Module
     args: tuple
@@ -74,8 +74,9 @@ class _Recipe:
 
     def make(self) -> torch.Tensor:
         with torch.no_grad(), contextlib.ExitStack() as stack:
-            for kind, enabled, dtype in self.autocast:
-                stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled))
+            for kind, enabled, dtype in self.autocast:  # the forward's autocast, where backward's differs
+                if (enabled, dtype) != (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)):
+                    stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled))
             base = _root(self.projection(*self.args, **self.kwargs))
         if base.shape != self.base_size or base.stride() != self.base_stride or base.dtype != self.dtype:
             raise RuntimeError(
@@ -83,7 +84,7 @@ class _Recipe:
                 f"{base.dtype} with strides {base.stride()}, not its forward's {tuple(self.base_size)} {self.dtype} "
                 f"with strides {self.base_stride}; set speed.checkpoint = gpu or offload-double with smaller batches"
             )
-        return base.as_strided(self.size, self.stride, self.offset)
+        return base.as_strided(self.size, self.stride, base.storage_offset() + self.offset)
 
 
 def _root(tensor: torch.Tensor) -> torch.Tensor:
@@ -118,7 +119,7 @@ class _Book:
             autocast,
             saved.size(),
             saved.stride(),
-            saved.storage_offset(),
+            saved.storage_offset() - base.storage_offset(),
             base.size(),
             base.stride(),
             base.dtype,
