@@ -103,6 +103,7 @@ SCENARIOS: dict[str, Scenario] = {
             "Qwen3-32B shape, all 64 layers (several GPUs: --gpus N --parallel fsdp; one GPU: --qlora)",
         ),
         _real("llama-1b", "llama-1b", None, DENSE_TOKENS, "Llama-3.2-1B shape, all 16 layers"),
+        _real("llama-8b", "llama-8b", None, DENSE_TOKENS, "Llama-3.1-8B shape, all 32 layers"),
         # 8 of Qwen3-30B-A3B's 48 layers: the per-layer work is what is measured, and 8 layers fit beside the
         # reference's dense-mask attention and W + BA expert weights on one GPU.
         _real("moe-qwen3", "moe-qwen3", 8, MOE_TOKENS, "Qwen3-30B-A3B shape, 8 of 48 layers"),

@@ -112,6 +112,32 @@ SHAPES: dict[str, Shape] = {
         ),
         "Qwen3-32B shape",
     ),
+    # meta-llama/Llama-3.1-8B: the shape behind the best-known published single-GPU context lengths
+    "llama-8b": Shape(
+        "llama",
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=131072,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=8192,
+            ),
+        ),
+        "Llama-3.1-8B shape",
+    ),
     # meta-llama/Llama-3.2-1B
     "llama-1b": Shape(
         "llama",

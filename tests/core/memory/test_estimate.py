@@ -123,3 +123,12 @@ def test_vision_config_uses_its_language_model():
     text = make_config("dense-0.6b").to_dict()
     shape = ModelShape.from_config({"model_type": "qwen2_5_vl", "text_config": text})
     assert (shape.layers, shape.hidden) == (28, 1024)
+
+
+def test_the_llama_3_1_8b_shape_has_its_published_size():
+    """The shape `hone bench llama-8b` builds (the one Unsloth's published 342K-token context is for): 8.03 B
+    parameters, 32 layers of 4,096 with an untied 128,256-token vocabulary."""
+    shape = ModelShape.from_config(make_config("llama-8b"))
+    assert (shape.layers, shape.hidden, shape.intermediate, shape.heads, shape.kv_heads) == (32, 4096, 14336, 32, 8)
+    assert (shape.linear_params + shape.table_params) / 1e9 == pytest.approx(8.03, abs=0.005)
+    assert not shape.tied_embeddings
