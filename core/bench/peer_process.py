@@ -60,22 +60,28 @@ def _run_and_reap(command: list[str], sink, timeout_s: int, who: str) -> tuple[i
         try:
             return child.wait(timeout=timeout_s), None
         except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
             raise PeerFailed(f"the {who} process ran past {timeout_s} s") from None
+        finally:  # past its time, or Ctrl-C here: the child goes too
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     deadline = time.monotonic() + timeout_s
-    while True:
-        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-        if pid:
-            child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-            # ru_maxrss: kibibytes on Linux, bytes on macOS
-            return child.returncode, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-        if time.monotonic() > deadline:
+    try:
+        while True:
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+                # ru_maxrss: kibibytes on Linux, bytes on macOS
+                return child.returncode, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+            if time.monotonic() > deadline:
+                raise PeerFailed(f"the {who} process ran past {timeout_s} s")
+            time.sleep(POLL_S)
+    except BaseException:  # past its time, or Ctrl-C here: the child (and the GPU memory it holds) goes too
+        if child.returncode is None:
             child.kill()
             os.wait4(child.pid, 0)
             child.returncode = -signal.SIGKILL
-            raise PeerFailed(f"the {who} process ran past {timeout_s} s")
-        time.sleep(POLL_S)
+        raise
 
 
 def _last_lines(output: str, count: int = 5) -> str:

@@ -33,3 +33,27 @@ def test_exit_words_for_an_error_exit_and_other_signals():
 def test_last_lines_leave_progress_bars_out():
     output = "start\rLoading: 50%|## | 1/2 [00:01<00:01, 1.00it/s]\rLoading: 100%|###| 2/2 [00:02, 1.00it/s]\ndone\n"
     assert _last_lines(output) == "start | done"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="per-child reaping is POSIX")
+def test_an_interrupted_parent_takes_the_child_with_it(monkeypatch):
+    """Ctrl-C while the peer trains: the child is killed and reaped, not left holding the GPU."""
+    import subprocess
+
+    from hone.core.bench import peer_process
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    def interrupt(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(peer_process.subprocess, "Popen", popen)
+    monkeypatch.setattr(peer_process.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run_child("tests.helpers.killed_child", {}, who="stand-in", timeout_s=60)
+    assert started and started[0].returncode is not None  # killed and reaped
