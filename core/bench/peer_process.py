@@ -7,7 +7,6 @@ never share a process with Hone's or the reference's. The parent writes a JSON s
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 # Loading, patching and training a model in the child; it bounds one benchmark run there.
 TIMEOUT_S = 1800
-# How often the parent looks whether the child has ended (it reads the child's own resource use as it reaps it).
+# How often the parent looks at the child: whether it has ended, and its resident memory so far.
 POLL_S = 0.2
 GIB = 1024**3
 
@@ -41,7 +40,7 @@ def run_child(module: str, spec: dict, *, who: str, timeout_s: int = TIMEOUT_S) 
         output = Path(folder) / "output.txt"
         with output.open("w+", encoding="utf-8", errors="replace") as sink:
             command = [sys.executable, "-m", module, str(spec_path), str(result_path)]
-            returncode, peak_rss = _run_and_reap(command, sink, timeout_s, who)
+            returncode, peak_rss = _run_watched(command, sink, timeout_s, who)
             sink.seek(0)
             said = sink.read()
         if not result_path.is_file():
@@ -52,36 +51,37 @@ def run_child(module: str, spec: dict, *, who: str, timeout_s: int = TIMEOUT_S) 
     return answer["result"]
 
 
-def _run_and_reap(command: list[str], sink, timeout_s: int, who: str) -> tuple[int, int | None]:
-    """Run the child with its output in `sink`; (its exit status, its peak resident memory in bytes where the
-    platform reports it per child: `os.wait4`, not on Windows)."""
+def _run_watched(command: list[str], sink, timeout_s: int, who: str) -> tuple[int, int | None]:
+    """Run the child with its output in `sink`; (its exit status, the highest resident memory seen in bytes, where
+    the system shows it: Linux's VmHWM, read as the child runs, since the resource use a parent gets back for a
+    child counts the parent's own memory copied at the fork)."""
     child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
-    if not hasattr(os, "wait4"):
-        try:
-            return child.wait(timeout=timeout_s), None
-        except subprocess.TimeoutExpired:
-            raise PeerFailed(f"the {who} process ran past {timeout_s} s") from None
-        finally:  # past its time, or Ctrl-C here: the child goes too
-            if child.poll() is None:
-                child.kill()
-                child.wait()
     deadline = time.monotonic() + timeout_s
+    peak = None
     try:
         while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-            if pid:
-                child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-                # ru_maxrss: kibibytes on Linux, bytes on macOS
-                return child.returncode, usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-            if time.monotonic() > deadline:
-                raise PeerFailed(f"the {who} process ran past {timeout_s} s")
-            time.sleep(POLL_S)
-    except BaseException:  # past its time, or Ctrl-C here: the child (and the GPU memory it holds) goes too
-        if child.returncode is None:
+            seen = _high_water_mark(child.pid)
+            peak = max(peak or 0, seen) if seen is not None else peak
+            try:
+                return child.wait(timeout=POLL_S), peak
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise PeerFailed(f"the {who} process ran past {timeout_s} s") from None
+    finally:  # past its time, or Ctrl-C here: the child (and the GPU memory it holds) goes too
+        if child.poll() is None:
             child.kill()
-            os.wait4(child.pid, 0)
-            child.returncode = -signal.SIGKILL
-        raise
+            child.wait()
+
+
+def _high_water_mark(pid: int) -> int | None:
+    """The peak resident memory of a running process (bytes), from /proc/PID/status; None where there is none."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _last_lines(output: str, count: int = 5) -> str:
@@ -91,8 +91,8 @@ def _last_lines(output: str, count: int = 5) -> str:
 
 
 def _exit_words(who: str, returncode: int, peak_rss: int | None, tail: str) -> str:
-    """Why the child gave no answer, in words: the signal that ended it, and, for SIGKILL, its peak resident memory
-    beside the host's RAM (the kernel's out-of-memory killer sends SIGKILL when RAM runs out)."""
+    """Why the child gave no answer, in words: the signal that ended it, its peak resident memory as last seen beside
+    the host's RAM (the kernel's out-of-memory killer sends SIGKILL when RAM runs out)."""
     if returncode >= 0:
         return f"the {who} process exited with {returncode}: {tail}"
     try:
@@ -104,7 +104,7 @@ def _exit_words(who: str, returncode: int, peak_rss: int | None, tail: str) -> s
         from hone.core.machine.telemetry import system_memory
 
         _, total = system_memory()
-        said += f" at a peak of {peak_rss / GIB:.1f} GiB resident"
+        said += f" at a peak of {peak_rss / GIB:.1f} GiB resident (as last seen)"
         if total:
             said += f", on a host with {total / GIB:.1f} GiB of RAM"
     if name == "SIGKILL":

@@ -4,6 +4,7 @@ killer ends a process: `python -m tests.helpers.killed_child SPEC RESULT` (it ne
 import os
 import signal
 import sys
+import time
 
 if __name__ == "__main__":
     print("Loading weights: 100%|██████████| 399/399 [00:01<00:00, 226.52it/s]", file=sys.stderr)
@@ -12,4 +13,5 @@ if __name__ == "__main__":
     for at in range(0, len(held), 4096):
         held[at] = 1
     sys.stderr.flush()
+    time.sleep(1.0)  # long enough for the parent, which looks every 0.2 s, to see the memory held
     os.kill(os.getpid(), signal.SIGKILL)

@@ -11,14 +11,14 @@ import pytest
 from hone.core.bench.peer_process import PeerFailed, _exit_words, _last_lines, run_child
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and per-child resource use are POSIX")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL, and the peak read from /proc")
 def test_a_child_killed_by_sigkill_says_so_with_its_peak_memory():
     with pytest.raises(PeerFailed) as failed:
         run_child("tests.helpers.killed_child", {}, who="stand-in", timeout_s=60)
     said = str(failed.value)
     assert said.startswith("the stand-in process was killed by SIGKILL at a peak of ")
     peak = float(said.split("at a peak of ")[1].split(" GiB")[0])
-    assert 0.25 <= peak < 4  # it touched 256 MiB
+    assert 0.25 <= peak < 1  # it touched 256 MiB (the parent's own memory, copied at the fork, is not counted)
     assert "GiB of RAM" in said and "out-of-memory killer" in said
     assert said.endswith("its last lines: patched 36 layers")  # the progress bar left out
 
@@ -35,25 +35,20 @@ def test_last_lines_leave_progress_bars_out():
     assert _last_lines(output) == "start | done"
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="per-child reaping is POSIX")
 def test_an_interrupted_parent_takes_the_child_with_it(monkeypatch):
     """Ctrl-C while the peer trains: the child is killed and reaped, not left holding the GPU."""
     import subprocess
 
-    from hone.core.bench import peer_process
+    children = []
+    real_wait = subprocess.Popen.wait
 
-    started = []
-    real_popen = subprocess.Popen
+    def interrupted(self, timeout=None):
+        if timeout is not None:  # the parent's watch, not the reaping after the kill
+            children.append(self)
+            raise KeyboardInterrupt
+        return real_wait(self)
 
-    def popen(*args, **kwargs):
-        started.append(real_popen(*args, **kwargs))
-        return started[-1]
-
-    def interrupt(seconds):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(peer_process.subprocess, "Popen", popen)
-    monkeypatch.setattr(peer_process.time, "sleep", interrupt)
+    monkeypatch.setattr(subprocess.Popen, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_child("tests.helpers.killed_child", {}, who="stand-in", timeout_s=60)
-    assert started and started[0].returncode is not None  # killed and reaped
+    assert children and children[0].returncode is not None  # killed and reaped
