@@ -239,7 +239,7 @@ class _SpanAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         if _whole_batch(ctx.spans, ctx.like[0][0][0]):
             # One span: its kernel's gradients are the inputs' (at 409,600 tokens of Qwen3-8B a copy of them would
-            # be 3.9 GiB more at the step's peak).
+            # be 4.7 GiB more at the step's peak).
             inputs, piece = ctx.graphs[0]
             ctx.graphs = ctx.spans = None
             rows = grad_out.shape[0]
