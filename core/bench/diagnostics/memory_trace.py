@@ -9,16 +9,31 @@ buffers kept across steps) is one line, `before the step`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 GIB = 2**30
-_OWN_CODE = ("/hone/", "/transformers/", "/peft/", "/bitsandbytes/")
+_LIBRARIES = ("/hone/", "/transformers/", "/peft/", "/bitsandbytes/")
 _FRAMES_PER_SITE = 3
 
 
-def _site(frames: list[dict]) -> str:
+def _hone_folders() -> tuple[str, ...]:
+    """Where Hone's own modules are: an editable install from a checkout has no "/hone/" in their paths."""
+    import hone.core
+    import hone.kernels
+
+    folders = [Path(p) for pkg in (hone.core, hone.kernels) for p in pkg.__path__]
+    return tuple(f"{folder}/" for folder in folders if folder.is_dir())
+
+
+def _own(filename: str, hone_folders: tuple[str, ...]) -> bool:
+    return any(part in filename for part in _LIBRARIES) or filename.startswith(hone_folders)
+
+
+def _site(frames: list[dict], hone_folders: tuple[str, ...] = ()) -> str:
     """The innermost frames in our or the libraries' code ('file:line function'), else the innermost frame."""
-    own = [f for f in frames if any(part in f.get("filename", "") for part in _OWN_CODE)]
+    own = [f for f in frames if _own(f.get("filename", ""), hone_folders)]
     chosen = (own or frames)[:_FRAMES_PER_SITE]
     if not chosen:
         return "(no Python frame: autograd engine or C++)"
@@ -53,8 +68,9 @@ def peak_from_trace(events: list[dict], before_bytes: int, top: int = 25) -> dic
                 allocated -= event["size"]
                 freed_earlier.add(event["addr"])
     sites: dict[str, list[int]] = {}
+    folders = _hone_folders()
     for block in peak_live:
-        entry = sites.setdefault(_site(block.get("frames", [])), [0, 0])
+        entry = sites.setdefault(_site(block.get("frames", []), folders), [0, 0])
         entry[0] += block["size"]
         entry[1] += 1
     rows = sorted(sites.items(), key=lambda kv: -kv[1][0])
@@ -62,7 +78,7 @@ def peak_from_trace(events: list[dict], before_bytes: int, top: int = 25) -> dic
         "peak_gib": peak / GIB,
         "before_gib": before_bytes / GIB,
         "step_gib_at_peak": (peak - before_bytes) / GIB,
-        "peak_allocation": _site(peak_event.get("frames", [])) if peak_event else "",
+        "peak_allocation": _site(peak_event.get("frames", []), folders) if peak_event else "",
         "sites": [{"where": where, "gib": size / GIB, "blocks": count} for where, (size, count) in rows[:top]],
         "other_gib": sum(size for _, (size, _) in rows[top:]) / GIB,
     }

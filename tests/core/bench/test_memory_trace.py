@@ -37,6 +37,17 @@ def test_the_peak_is_found_and_its_live_blocks_grouped_by_our_innermost_frame():
     assert "modeling_qwen3.py:60" in summary["sites"][1]["where"], "library frames name the site, not torch's"
 
 
+def test_hones_own_frames_name_the_site_from_a_checkout_too():
+    """An editable install runs Hone's modules from the checkout, whose paths hold no "/hone/": the site is still
+    Hone's innermost frame, not the transformers frame that called it."""
+    import hone.core.speed.attention.long_rows as long_rows
+
+    ours = {"filename": long_rows.__file__, "line": 160, "name": "dense_causal"}
+    call = _frame("transformers/models/qwen3/modeling_qwen3.py", 266, "forward")
+    summary = peak_from_trace([{"action": "alloc", "addr": 1, "size": GIB, "frames": [TORCH, ours, call]}], 0)
+    assert summary["sites"][0]["where"].startswith("long_rows.py:160 dense_causal < modeling_qwen3.py:266")
+
+
 def test_bench_memory_trace_option_records_why_it_cannot_trace_on_a_cpu(tmp_path, capsys):
     out = tmp_path / "bench.json"
     code = main(
