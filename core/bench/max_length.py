@@ -12,6 +12,7 @@ that run's search with the reason. Every trial is recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,8 +36,9 @@ GRANULARITY_SHARE = 8
 
 @dataclass
 class Trial:
-    """One row length tried: "ok", "oom" or "failed" (with the reason), the step's peak GPU memory, time and the
-    host memory its offloaded layer inputs took."""
+    """One row length tried: "ok", "oom" or "failed" (with the reason), the step's peak GPU memory, time, the
+    host memory its offloaded layer inputs took and the host memory available before the run was built (what the
+    memory planner sizes the host's share from)."""
 
     length: int
     status: str
@@ -44,6 +46,7 @@ class Trial:
     peak_allocated_gib: float | None = None
     step_s: float | None = None
     host_gib: float | None = None  # layer inputs offloaded to host memory (Hone's runs)
+    host_available_gib: float | None = None  # system memory available before the run was built (None: not known)
 
 
 @dataclass
@@ -104,6 +107,13 @@ def search_longest(trial: Callable[[int], Trial], start: int, limit: int, granul
             high = middle
     found.longest, found.first_failing = (low or None), high
     return found
+
+
+def _host_available_gib() -> float | None:
+    from hone.core.machine.pinned_memory import available_system_memory
+
+    available = available_system_memory()
+    return available / 2**30 if available > 0 else None
 
 
 def trial_of(result: RunResult) -> Trial:
@@ -193,8 +203,10 @@ def run_max_length(
             settings = Settings(
                 warmup=0, steps=1, device=device, tokens=batch.tokens, peak_flops=None, count_syncs=False
             )
+            available = _host_available_gib()
             with capped_memory(device, options.memory_cap):
-                return trial_of(measure_run(plan.make(), settings, description=plan.description))
+                found = trial_of(measure_run(plan.make(), settings, description=plan.description))
+            return dataclasses.replace(found, host_available_gib=available)
 
         return trial
 
@@ -205,7 +217,8 @@ def run_max_length(
         one_step = BenchOptions(**{**asdict(options), "warmup": 0, "steps": 1})
         spec = _peer_spec(one_step, scenario, batch, device, dtype, None)
         free_memory(device)
-        return trial_of(run_unsloth_peer(spec))
+        available = _host_available_gib()
+        return dataclasses.replace(trial_of(run_unsloth_peer(spec)), host_available_gib=available)
 
     runs: list[LongestRow] = []
     try:

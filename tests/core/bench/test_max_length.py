@@ -87,6 +87,8 @@ def test_bench_max_length_on_the_cpu_finds_where_a_run_runs_out_of_memory(tmp_pa
     assert runs["all"]["trials"][1]["status"] == "oom"
     # the host memory of offloaded layer inputs: reported by a run that checkpoints (on the CPU none does)
     assert runs["all"]["trials"][0]["host_gib"] is None and runs["reference"]["trials"][0]["host_gib"] is None
+    # and the host memory each trial had before its run was built, which the planner's host share comes from
+    assert all(0 < trial["host_available_gib"] < 1 << 20 for run in runs.values() for trial in run["trials"])
 
 
 @pytest.mark.usefixtures("out_of_memory_past_100_tokens")
