@@ -73,6 +73,8 @@ MAX_ROW_TOKENS = 2**20
 # checkpointing keeps about 35 KB per token (30 layer inputs of 576 bfloat16 values), so 4M tokens need ~145 GB,
 # more than any single GPU has.
 MAX_BATCH_TOKENS = 2**22
+# Decoder layers of a model: the deepest published ones have about a hundred.
+MAX_LAYERS = 1024
 # Micro-batches per optimizer step: 65,536 makes each step longer than most whole fine-tunes.
 MAX_GRAD_ACCUM = 65_536
 # Image side after resizing: vision encoders take at most a few thousand pixels a side (Qwen2-VL about 3,600).
@@ -614,6 +616,16 @@ class SpeedConfig(_Section):
         "launching them. 0 = whole layers, -1 = sized from the hidden size.",
         min=-1,
         max=MAX_BATCH_TOKENS,
+    )
+    keep_layer_activations: int = _f(
+        -1,
+        "With checkpointing: the last this many decoder layers keep every activation for "
+        "backward instead of running their forward again from their input. Faster (each such "
+        "layer's forward runs once, not twice), at the memory of all its activations. -1 = auto: "
+        "as many as the GPU's free memory holds beside the planned step (none on the CPU); "
+        "0 = every layer recomputed.",
+        min=-1,
+        max=MAX_LAYERS,
     )
 
 

@@ -87,6 +87,7 @@ LABELS = {
     "speed.host_embeddings": "Input embeddings in host memory",
     "speed.host_lm_head": "LM head in host memory",
     "speed.layer_group_tokens": "Layer groups (tokens)",
+    "speed.keep_layer_activations": "Layers not recomputed (-1 = auto)",
     "data.train_on": "Train on",
     "data.max_length": "Max length (tokens)",
     "data.image_max_side": "Image max side (px)",

@@ -91,9 +91,9 @@ class MemoryEstimateView(QWidget):
 
     def show_plan(self, plan) -> None:
         estimate, memory, fit = plan.estimate, plan.memory, plan.fit
-        spare = getattr(plan, "whole_mlp", None)  # with memory to spare the run leaves its MLPs whole
+        spare = getattr(plan, "spare", None)  # with memory to spare: whole MLPs, layers that keep their activations
         if spare is not None:
-            estimate = spare
+            estimate = spare.estimate
         notes = " " + " ".join(f"{note[0].upper()}{note[1:]}." for note in fit.notes) if fit and fit.notes else ""
         if notes and fit.fits and not fit.changes:  # the plan counts inputs kept on the GPU: its own estimate
             estimate = fit.estimate
@@ -112,11 +112,7 @@ class MemoryEstimateView(QWidget):
             self._set_text(
                 f"Needs ≈ {estimate.peak_gib:.1f} GiB of {memory.available / GIB:.1f} GiB on "
                 f"{memory.device}."
-                + (
-                    " With this much to spare each MLP is back-propagated whole, not in tiles (faster)."
-                    if spare is not None
-                    else ""
-                )
+                + (f" With this much to spare {spare.words()} (faster)." if spare is not None else "")
                 + notes,
                 "muted",
             )

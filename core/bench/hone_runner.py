@@ -117,6 +117,18 @@ def use_per_layer_metadata(model, setup) -> None:
     setup.choices["attention"] = f"{setup.attention.name}: {setup.attention.reason}"
 
 
+def _usable_gpu_bytes(device: str) -> float | None:
+    """What this process may still allocate on a CUDA `device`: its free memory, within a per-process cap
+    (`hone bench --memory-cap`); None off CUDA."""
+    if not str(device).startswith("cuda"):
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    allocated = torch.cuda.memory_allocated(device)
+    cached = torch.cuda.memory_reserved(device) - allocated  # reserved by this process, reusable
+    capped = torch.cuda.get_per_process_memory_fraction(torch.device(device).index) * total - allocated
+    return float(max(0.0, min(free + cached, capped)))
+
+
 class HoneRunner:
     """One Hone run of `variant`."""
 
@@ -145,6 +157,7 @@ class HoneRunner:
         self.world = world  # several processes (hone bench --gpus N): gradients summed over them
         self.counts: tuple[int, int] | None = None  # the step's tokens and trained tokens over every process
         self.model = self.runner = self.setup_state = None
+        self.spare: list[str] = []  # the config overrides all-spare took from the GPU's free memory
         self.active_params: int | None = None
         self.dataset = self.packs = None
         self.step_index = 0
@@ -185,7 +198,9 @@ class HoneRunner:
     def setup(self) -> None:
         config = self.run_config()
         device = self.device
+        available = _usable_gpu_bytes(device)  # before the model is built, as the Trainer's memory plan sees it
         model, tokenizer, info = self._load(config)
+        config = self._spare(config, model, available)
         crossing = config.speed.attention == "hf" and packed_sequences_cross(model)
         if crossing:  # as the reference does for such a model (packed_masks): each sequence attends to itself alone
             config = dataclasses.replace(config, speed=dataclasses.replace(config.speed, attention="sdpa"))
@@ -272,11 +287,28 @@ class HoneRunner:
             torch._dynamo.reset()  # compiled graphs hold on to this run's modules
         self.model = self.runner = self.setup_state = self.dataset = self.packs = None
 
+    def _spare(self, config: RunConfig, model, available: float | None) -> RunConfig:
+        """`speed.keep_layer_activations = auto` resolved as the Trainer's memory plan resolves it for this GPU's
+        free memory (or --memory-cap): with whole MLPs and kept layers where memory is to spare, else none kept."""
+        if config.speed.keep_layer_activations >= 0:
+            return config
+        spare = None
+        if available is not None:
+            from hone.core.memory.run_plan import spare_for_loaded_run
+
+            mean_row = sum(self.batch.lengths) / len(self.batch.lengths)
+            spare = spare_for_loaded_run(config, model.config, available, mean_row, self.scenario.shape)
+        self.spare = spare.overrides() if spare else []
+        return config.with_overrides(self.spare or ["speed.keep_layer_activations=0"])
+
     def describe(self) -> dict:
         params = self.runner.params
         paths = dict(self.setup_state.choices, adapted=", ".join(adapted_names(self.model)))
+        offload = self.setup_state.offload
         return {
             "speed_paths": paths,
+            "kept_layers": offload.kept_layers if offload is not None else 0,
+            "spare": self.spare,
             "trainable_params": sum(p.numel() for p in params),
             "active_params": self.active_params,
         }

@@ -110,6 +110,8 @@ class RunResult:
     warmup_peak_allocated_gib: float | None = None
     memory_before_gib: float | None = None
     offload_gib: float | None = None  # layer inputs the last timed step held in host memory (None: not reported)
+    kept_layers: int | None = None  # Hone's runs: decoder layers that kept their activations (not recomputed)
+    spare: list[str] = field(default_factory=list)  # what all-spare set from the GPU's free memory (config overrides)
     mfu: float | None = None
     first_loss: float | None = None
     last_loss: float | None = None
@@ -327,6 +329,8 @@ def _drive(runner: Runner, settings: Settings, result: RunResult) -> None:
     result.speed_paths = dict(described.get("speed_paths", {}))
     result.trainable_params = described.get("trainable_params")
     result.active_params = described.get("active_params")
+    result.kept_layers = described.get("kept_layers")
+    result.spare = list(described.get("spare", []))
 
     warm_peaks = []
     for index in range(settings.warmup):

@@ -10,7 +10,8 @@ from hone.core.memory.shape import ModelShape
 
 def predict_bench_run(report: dict, run_name: str) -> MemoryEstimate:
     """The predicted peak of one run of a `hone bench --json` report (its scenario, options, batch and variant; a
-    --run run's settings come from the report's options)."""
+    --run run's settings come from the report's options; the layers that kept their activations and whether the
+    MLPs were tiled, from what the run recorded)."""
     from hone.core.bench.scenarios import get_scenario
     from hone.core.bench.variants import bench_variants, speed_settings
     from hone.core.models.shapes import make_config
@@ -22,6 +23,9 @@ def predict_bench_run(report: dict, run_name: str) -> MemoryEstimate:
     speed = speed_settings(variant)
     batch = report["batch"]
     mean_row = batch["tokens"] / max(batch["sequences"], 1)
+    run = next((r for r in report.get("runs", []) if r.get("name") == run_name), {})
+    # all-spare decides both from the GPU's free memory: its record says what it chose
+    untiled = "speed.tiled_mlp=false" in (run.get("spare") or [])
     return estimate_peak(
         ModelShape.from_config(config, scenario.shape),
         MemorySettings(
@@ -33,9 +37,10 @@ def predict_bench_run(report: dict, run_name: str) -> MemoryEstimate:
             checkpoint=resolve_checkpoint(speed.get("checkpoint", "auto"), mean_row, config, cuda=True),
             host_embeddings=speed.get("host_embeddings", True),
             host_lm_head=speed.get("host_lm_head", True),
-            tiled_mlp=speed.get("tiled_mlp", True) and speed.get("kernels", True),
+            tiled_mlp=speed.get("tiled_mlp", True) and speed.get("kernels", True) and not untiled,
             projection_recompute=not speed.get("compile", False),
             chunked_loss=speed.get("loss", "chunked") == "chunked",
             kernels=speed.get("kernels", True),
+            kept_layers=int(run.get("kept_layers") or 0),
         ),
     )

@@ -30,6 +30,7 @@ BASE: dict = {
     "moe_backend": "eager",
     "kernels": False,
     "compile": False,
+    "keep_layer_activations": 0,
 }
 ALL_ON: dict = {
     "attention": "auto",
@@ -138,6 +139,14 @@ VARIANTS: tuple[Variant, ...] = (
         "memory is short; with memory to spare the Trainer does not tile it)",
     ),
     Variant(
+        "all-spare",
+        {**ALL_ON, "keep_layer_activations": -1},
+        "every speed path on, as the Trainer runs them with memory to spare: whole MLPs where that step takes at "
+        "most half of the free memory (or --memory-cap), and as many of the last layers keeping their activations "
+        "instead of being recomputed as the rest of it holds",
+        needs=("cuda",),
+    ),
+    Variant(
         "all-graphs-off",
         {**ALL_ON, "cuda_graphs": "off"},
         "every speed path on, the micro-batches run eagerly instead of replayed as CUDA graphs",
@@ -240,6 +249,7 @@ PATH_OF_FIELD = {
     "loss": "loss",
     "checkpoint": "checkpoint",
     "layer_group_tokens": "checkpoint",
+    "keep_layer_activations": "checkpoint",
     "moe_backend": "moe",
     "kernels": "kernels",
     "tiled_mlp": "kernels",

@@ -10,6 +10,7 @@ figure comes from); the constants were calibrated against measured `hone bench` 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from hone.core.machine.pinned_memory import pinned_slot_bytes
@@ -82,6 +83,10 @@ class MemorySettings:
     # checkpointer offloads layer inputs in forward order until its slots reach this budget and keeps the rest on
     # the GPU (`offloaded_layers`).
     host_slot_budget: float | None = None
+    # The last this many decoder layers keep every activation for backward instead of being recomputed
+    # (speed.keep_layer_activations): they run after the checkpointed ones, so their activations are alive from
+    # their forward through the loss to their own backward, and freed before any checkpointed layer is recomputed.
+    kept_layers: int = 0
     # GRPO (train.method = grpo): a step first samples completions of up to this many tokens for its micro-batch's
     # prompts (0: no generation). Its sequences, prompt and completion, fill the micro-batch's tokens.
     generation_completion: int = 0
@@ -132,13 +137,18 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     lora_state = trainable * OPTIMIZER_STATE_BYTES.get(s.optimizer, OPTIMIZER_STATE_BYTES["adamw"])
     gradients = trainable * GRADIENT_BYTES.get(s.optimizer, 4)
     row = tokens * shape.hidden * w  # one (tokens x hidden) bf16 tensor
-    kept = (shape.layers - offloaded_layers(shape, s)) * row  # offload modes: inputs past the host budget
+    recomputed = checkpointed_layers(shape, s)
+    kept = (recomputed - offloaded_layers(shape, s)) * row  # offload modes: inputs past the host budget
     checkpoints = {
         "off": shape.layers * _layer_activations(shape, tokens, w),
-        "gpu": shape.layers * row,
+        "gpu": recomputed * row,
         "offload": row + kept,
         "offload-double": 2 * row + kept,
     }[s.checkpoint]
+    # the layers that keep their activations: alive through the loss and their own backward (not in "off", where
+    # `checkpoints` holds every layer's already)
+    kept_layers = 0 if s.checkpoint == "off" else shape.layers - recomputed
+    kept_activations = kept_layers * _layer_activations(shape, tokens, w)
 
     forward = head_copy + _layer_forward(shape, tokens, w, s.tiled_mlp)
     # A recomputed layer back-propagates its MLP first, then its attention: what the attention half saved is alive
@@ -149,8 +159,15 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     backward = gradients + 2 * row + saved + max(workspace, _mlp_backward(shape, tokens, w, s))
     all_logits = tokens * shape.vocab * (4 + 2 * w)  # fp32 logits, and their bf16 copy and gradient
     chunk = FUSED_LOSS_CHUNK_BYTES if s.kernels else LOSS_CHUNK_BYTES
-    loss = head_copy + (min(chunk, all_logits) if s.chunked_loss else all_logits) + row
+    loss = head_copy + (min(chunk, all_logits) if s.chunked_loss else all_logits) + row + kept_activations
     phases = [("forward", forward), ("backward", backward), ("loss", loss)]
+    if kept_activations:
+        # the last kept layer's backward: every kept layer's activations, and its whole (untiled) MLP's gradients
+        untiled = dataclasses.replace(s, tiled_mlp=False)
+        kept_backward = (
+            gradients + 2 * row + kept_activations + max(workspace, _mlp_backward(shape, tokens, w, untiled))
+        )
+        phases.append(("kept layers' backward", kept_backward))
     if s.generation_completion:
         # Sampling holds no checkpoints, but the KV cache of every sequence it extends (keys and values, every layer)
         # and one position's logits per sequence (the model's dtype, and fp32 for sampling).
@@ -158,13 +175,15 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
         sequences = max(1, tokens // s.generation_completion)
         phases.append(("generation", kv_cache + sequences * shape.vocab * (w + 4) - checkpoints))
     phase, transient = max(phases, key=lambda p: p[1])
+    held = kept_activations if phase in ("loss", "kept layers' backward") else 0.0
 
     parts = [
         Part("weights", linear_bytes, "decoder layers" + (" in 4-bit nf4" if s.qlora else "")),
         Part("vocabulary tables", tables_on_gpu, "input embedding and LM head on the GPU"),
         Part("LoRA + optimizer", lora_state, f"{trainable / 1e6:.1f}M trainable values, {s.optimizer}"),
         Part("checkpoints", checkpoints, f"activation checkpointing: {s.checkpoint}"),
-        Part("step", transient, "the largest transient: " + PHASE_WORDS.get(phase, phase)),
+        Part("kept activations", held, f"the last {kept_layers} layers' activations, not recomputed"),
+        Part("step", transient - held, "the largest transient: " + PHASE_WORDS.get(phase, phase)),
     ]
     live = sum(part.bytes for part in parts)
     if s.cpu:
@@ -228,16 +247,24 @@ def _layer_activations(shape: ModelShape, tokens: int, w: int) -> float:
     )
 
 
+def checkpointed_layers(shape: ModelShape, settings: MemorySettings) -> int:
+    """Decoder layers recomputed in backward from their saved input: all but the `kept_layers` (none in "off")."""
+    if settings.checkpoint == "off":
+        return 0
+    return max(0, shape.layers - max(0, settings.kept_layers))
+
+
 def offloaded_layers(shape: ModelShape, settings: MemorySettings) -> int:
     """Decoder layers whose input goes to a pinned host slot: every layer in offload modes, or as many slots of one
     input as `host_slot_budget` holds; none in the other modes."""
     s = settings
     if s.checkpoint not in ("offload", "offload-double"):
         return 0
+    layers = checkpointed_layers(shape, s)
     if s.host_slot_budget is None:
-        return shape.layers
+        return layers
     slot = pinned_slot_bytes(s.batch_tokens * shape.hidden * s.weight_bytes)
-    return max(0, min(shape.layers, int(s.host_slot_budget // slot)))
+    return max(0, min(layers, int(s.host_slot_budget // slot)))
 
 
 def estimate_host(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate:

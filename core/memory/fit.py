@@ -57,6 +57,8 @@ class FitResult:
         for key in ("host_embeddings", "host_lm_head", "tiled_mlp"):
             if getattr(chosen, key) != getattr(current, key):
                 out.append(f"speed.{key}={'true' if getattr(chosen, key) else 'false'}")
+        if chosen.kept_layers != current.kept_layers:
+            out.append(f"speed.keep_layer_activations={chosen.kept_layers}")
         if current.cuda_graphs and not chosen.cuda_graphs:  # recorded steps would keep the tables on the GPU
             out.append('speed.cuda_graphs="off"')
         return out
@@ -76,10 +78,12 @@ def _fits(shape: ModelShape, settings: MemorySettings, budget: float, host_budge
 def _levers(settings: MemorySettings, allow_qlora: bool, unified: bool) -> list[tuple[MemorySettings, list[str]]]:
     """Settings to try, cheapest first, each with what it changed (`unified`: nothing is offloaded, for a GPU that
     shares system memory or a host too small to hold the checkpoints)."""
+    every_layer = ({"kept_layers": 0}, "every layer recomputed from its input (none keeps its activations)")
     if settings.cpu:  # the vocabulary tables, tiles and offloading are GPU paths; QLoRA needs a GPU
         recompute = ({"checkpoint": "gpu"}, "activation checkpointing (recompute)")
-        return _tried(settings, [recompute] if settings.checkpoint == "off" else [])
+        return _tried(settings, [every_layer, recompute] if settings.checkpoint == "off" else [every_layer])
     steps: list[tuple[dict, str]] = [
+        every_layer,
         ({"host_embeddings": True, "host_lm_head": True, "cuda_graphs": False}, "vocabulary tables in host memory"),
         ({"tiled_mlp": True}, "MLP back-propagated in tiles"),
     ]

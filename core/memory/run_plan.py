@@ -13,7 +13,7 @@ from hone.core.config import PREFERENCE_METHODS, RunConfig
 from hone.core.control import env_error, env_text
 from hone.core.errors import ConfigError
 from hone.core.memory.estimate import GIB, MemoryEstimate, MemorySettings, estimate_peak
-from hone.core.memory.fit import FitResult, auto_fit
+from hone.core.memory.fit import FitResult, auto_fit, usable
 from hone.core.memory.shape import ModelShape, load_model_config
 
 # Plan for this much GPU memory instead of the free memory NVML reports (a GPU shared with other work, or a
@@ -39,9 +39,40 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class SpareUse:
+    """What a run that fits as set does with the memory left over (`spare_use`): whole MLPs instead of tiles, and
+    the last `kept_layers` of `layers` keeping their activations instead of being recomputed; `estimate` is the
+    step's peak with both."""
+
+    estimate: MemoryEstimate
+    whole_mlp: bool
+    kept_layers: int
+    layers: int
+
+    def overrides(self) -> list[str]:
+        """The run-config assignments that apply it."""
+        return (["speed.tiled_mlp=false"] if self.whole_mlp else []) + (
+            [f"speed.keep_layer_activations={self.kept_layers}"] if self.kept_layers else []
+        )
+
+    def words(self) -> str:
+        """What it changes, as clauses of a sentence."""
+        said = ["each MLP is back-propagated whole, not in tiles"] if self.whole_mlp else []
+        if self.kept_layers:
+            which = f"all {self.layers}" if self.kept_layers >= self.layers else f"the last {self.kept_layers} of"
+            said.append(
+                f"{which} {self.layers} layers keep their activations instead of running their forward again"
+                if which.startswith("the")
+                else f"{which} layers keep their activations instead of running their forward again"
+            )
+        return " and ".join(said)
+
+
+@dataclass(frozen=True)
 class RunPlan:
-    """The plan: `estimate` for the run's own `settings`; `fit` against `memory` when given; `whole_mlp`, when the
-    run fits as set with memory to spare, the estimate with whole MLPs, which the run then uses (WHOLE_MLP_SHARE)."""
+    """The plan: `estimate` for the run's own `settings`; `fit` against `memory` when given; `spare`, when the run
+    fits as set with memory to spare, what the run then does with it (faster paths that take memory) and its
+    estimate."""
 
     shape: ModelShape
     settings: MemorySettings
@@ -49,7 +80,7 @@ class RunPlan:
     memory: Memory | None
     fit: FitResult | None
     mean_row_tokens: float
-    whole_mlp: MemoryEstimate | None = None
+    spare: SpareUse | None = None
 
 
 def parse_size(text: str) -> float:
@@ -139,6 +170,7 @@ def settings_from_config(
         kernels=speed.kernels and cuda,
         cpu=not cuda,
         generation_completion=config.grpo.max_completion_length if train.method == "grpo" else 0,
+        kept_layers=max(0, speed.keep_layer_activations),  # auto (-1) is resolved against memory: `spare_use`
     ), mean_row
 
 
@@ -171,7 +203,7 @@ def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = Fa
         config, hf_config, cuda=cuda or memory is None, unified=bool(memory and memory.unified)
     )
     estimate = estimate_peak(shape, settings)
-    fit = whole = None
+    fit = spare = None
     if memory is not None:
         fit = auto_fit(
             shape,
@@ -183,8 +215,8 @@ def plan_run(config: RunConfig, memory: Memory | None, *, allow_qlora: bool = Fa
             host_available=_host_memory(memory),
         )
         if fit.fits and not fit.changes:  # fit.settings: with the inputs the host cannot hold counted on the GPU
-            whole = _whole_mlp(shape, fit.settings, memory)
-    return RunPlan(shape, settings, estimate, memory, fit, mean_row, whole)
+            spare = spare_use(shape, fit.settings, memory, auto_kept=config.speed.keep_layer_activations < 0)
+    return RunPlan(shape, settings, estimate, memory, fit, mean_row, spare)
 
 
 def longest_unit(config: RunConfig) -> int:
@@ -199,13 +231,48 @@ def _host_memory(memory: Memory) -> float | None:
     return memory.host if memory.host is not None else detect_system_memory().available
 
 
-def _whole_mlp(shape: ModelShape, settings: MemorySettings, memory: Memory) -> MemoryEstimate | None:
-    """The estimate with whole (untiled) MLPs when the run tiles them and that step takes at most WHOLE_MLP_SHARE
-    of the free memory; None otherwise."""
-    if not settings.tiled_mlp or shape.experts:  # MoE layers are not tiled (estimate.py)
+def spare_use(shape: ModelShape, settings: MemorySettings, memory: Memory, *, auto_kept: bool) -> SpareUse | None:
+    """What a run that fits as set does with the memory left: whole (untiled) MLPs when that step takes at most
+    WHOLE_MLP_SHARE of the free memory; then, with `auto_kept` (speed.keep_layer_activations = auto) on a GPU, as
+    many of the last layers keep their activations as auto-fit's share of the free memory holds beside the step.
+    None when neither applies."""
+    current = settings
+    whole = settings.tiled_mlp and not shape.experts  # MoE layers are not tiled (estimate.py)
+    if whole:
+        untiled = dataclasses.replace(settings, tiled_mlp=False)
+        whole = estimate_peak(shape, untiled).peak_bytes <= WHOLE_MLP_SHARE * memory.available
+        current = untiled if whole else current
+    kept = 0
+    if auto_kept and memory.gpu and not settings.cpu and settings.checkpoint != "off":
+        kept = kept_layers_fitting(shape, current, usable(memory.available))
+        current = dataclasses.replace(current, kept_layers=kept)
+    if not whole and not kept:
         return None
-    whole = estimate_peak(shape, dataclasses.replace(settings, tiled_mlp=False))
-    return whole if whole.peak_bytes <= WHOLE_MLP_SHARE * memory.available else None
+    return SpareUse(estimate_peak(shape, current), whole, kept, shape.layers)
+
+
+def spare_for_loaded_run(
+    config: RunConfig, hf_config, available_bytes: float, mean_row_tokens: float, name: str = ""
+) -> SpareUse | None:
+    """`spare_use` for a GPU run whose model is already built (a benchmark's): its settings as `config` sets them,
+    `available_bytes` what the process could use before the model was built. None when the step does not fit as
+    set or there is nothing to spare."""
+    shape = ModelShape.from_config(hf_config, name)
+    settings, _ = settings_from_config(config, hf_config, cuda=True, mean_row_tokens=mean_row_tokens)
+    if estimate_peak(shape, settings).peak_bytes > usable(available_bytes):
+        return None
+    memory = Memory(available_bytes, "this GPU")
+    return spare_use(shape, settings, memory, auto_kept=config.speed.keep_layer_activations < 0)
+
+
+def kept_layers_fitting(shape: ModelShape, settings: MemorySettings, budget: float) -> int:
+    """The most layers that may keep their activations with the step's peak still within `budget` bytes."""
+    kept = 0
+    for count in range(1, shape.layers + 1):  # the peak grows with every layer kept
+        if estimate_peak(shape, dataclasses.replace(settings, kept_layers=count)).peak_bytes > budget:
+            break
+        kept = count
+    return kept
 
 
 @dataclass(frozen=True)
@@ -219,31 +286,27 @@ class FittedRun:
     fits: bool = True  # whether a step is predicted to fit (with the whole model on the device)
 
 
-def fit_run_config(config: RunConfig, memory: Memory) -> FittedRun:
-    """The run config auto-fit makes of `config` for `memory` (the same when it fits). QLoRA is never switched on
-    here: it changes what is trained."""
+def fit_run_config(config: RunConfig, memory: Memory, *, processes: int = 1) -> FittedRun:
+    """The run config auto-fit makes of `config` for `memory` (the same when it fits, or with what the memory to
+    spare allows: `spare_use`). QLoRA is never switched on here: it changes what is trained. Several `processes`
+    (one per GPU) keep every layer recomputed under `speed.keep_layer_activations = auto`: untested sharded."""
     from hone.core.events import Notice
 
+    if processes > 1 and config.speed.keep_layer_activations < 0:
+        config = config.with_overrides(["speed.keep_layer_activations=0"])
     plan = plan_run(config, memory)
     fit, available = plan.fit, memory.available / GIB
     assert fit is not None  # plan_run fits whenever it is given memory
     said = f"a step needs ≈ {plan.estimate.peak_gib:.1f} GiB; {available:.1f} GiB free on {memory.device}"
     if fit.fits and not fit.changes:
-        whole = plan.whole_mlp
-        if whole is not None:
+        spare = plan.spare
+        if spare is not None:
+            message = f"{said}: it fits. With the memory to spare {spare.words()} (faster)"
+            message += f": ≈ {spare.estimate.peak_gib:.1f} GiB"
             return FittedRun(
-                config.with_overrides(["speed.tiled_mlp=false"]),
-                [
-                    Notice(
-                        topic="memory",
-                        message=(
-                            f"{said}: it fits. With each MLP back-propagated whole instead of in tiles (faster) it "
-                            "needs "
-                            f"≈ {whole.peak_gib:.1f} GiB, under half of what is free, so the MLPs are not tiled"
-                        ),
-                    )
-                ],
-                whole.peak_bytes,
+                config.with_overrides(spare.overrides()),
+                [Notice(topic="memory", message=message)],
+                spare.estimate.peak_bytes,
             )
         if fit.notes:  # inputs the host cannot hold stay on the GPU, which the plan's own estimate leaves out
             said = f"a step needs ≈ {fit.estimate.peak_gib:.1f} GiB; {available:.1f} GiB free on {memory.device}"

@@ -73,10 +73,20 @@ def install_memory_and_kernels(
     setup.choices["checkpoint"] = f"{choice.mode}: {choice.reason}"
     if choice.mode != "off":
         setup.offload = checkpointer.apply_checkpointing(
-            peft_model, choice.mode, device, note=setup.note, group_tokens=cfg.layer_group_tokens
+            peft_model,
+            choice.mode,
+            device,
+            note=setup.note,
+            group_tokens=cfg.layer_group_tokens,
+            kept_layers=max(0, cfg.keep_layer_activations),  # auto (-1) is resolved by the memory plan, or none
         )
         if setup.offload is None:
             setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"
+        elif setup.offload.kept_layers:
+            layers = len(checkpointer.decoder_layers(peft_model))
+            setup.choices["checkpoint"] += (
+                f"; the last {setup.offload.kept_layers} of {layers} layers keep their activations (not recomputed)"
+            )
         elif cfg.layer_group_tokens:
             tokens = cfg.layer_group_tokens if cfg.layer_group_tokens > 0 else "auto"
             setup.choices["checkpoint"] += (

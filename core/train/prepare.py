@@ -390,7 +390,7 @@ class RunPreparation:
         if self.world.launched:  # every process plans the same batch: the one that fits the tightest of them
             memory = self.memory = distributed.shared_memory(memory, self.device, self.world)
         try:
-            fitted = fit_run_config(config, memory)
+            fitted = fit_run_config(config, memory, processes=self.world.size)
         except Exception as e:  # the planner is advice: a config it cannot read must not stop the run
             return config, [events.Notice(topic="memory", message=f"no memory estimate ({type(e).__name__}: {e})")]
         self.predicted, self.fits_whole = fitted.predicted, fitted.fits

@@ -92,10 +92,9 @@ def run(args) -> int:
                 f"[green]Fits[/]: needs ≈ {fit.estimate.peak_gib:.1f} GiB of {memory.available / GIB:.1f} "
                 f"GiB on {memory.device}." + "".join(f" {note[0].upper()}{note[1:]}." for note in fit.notes)
             )
-            if plan.whole_mlp is not None:
+            if plan.spare is not None:
                 console.print(
-                    f"With this much to spare the run back-propagates each MLP whole, not in tiles "
-                    f"(faster): ≈ {plan.whole_mlp.peak_gib:.1f} GiB."
+                    f"With this much to spare {plan.spare.words()} (faster): ≈ {plan.spare.estimate.peak_gib:.1f} GiB."
                 )
         elif fit.fits:
             console.print(
@@ -127,7 +126,15 @@ def run(args) -> int:
                 "settings": dataclasses.asdict(plan.fit.settings),
                 "peak_gib": plan.fit.estimate.peak_gib,
                 "largest_max_length": plan.fit.largest_max_length,
-                "whole_mlp_peak_gib": plan.whole_mlp.peak_gib if plan.whole_mlp else None,
+                "spare": (
+                    {
+                        "peak_gib": plan.spare.estimate.peak_gib,
+                        "whole_mlp": plan.spare.whole_mlp,
+                        "kept_layers": plan.spare.kept_layers,
+                    }
+                    if plan.spare
+                    else None
+                ),
             }
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     return code

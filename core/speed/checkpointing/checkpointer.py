@@ -165,6 +165,7 @@ class Checkpointer:
         # Batches of at least this many tokens run the head-normed q/k projections again in backward instead of
         # keeping their outputs (projection_recompute.py); 0: never. The run's setup turns it on.
         self.projection_recompute_tokens = 0
+        self.kept_layers = 0  # the last decoder layers, left unwrapped by `apply_checkpointing`
         self._note = note
         self._seq = 0
         self._turn = 0  # round robin over the reload buffers
@@ -505,8 +506,10 @@ def apply_checkpointing(
     streams=None,
     verify: bool = False,
     group_tokens: int = 0,
+    kept_layers: int = 0,
 ) -> Checkpointer | None:
-    """Checkpoint every decoder layer of `model` (a transformers model, possibly peft-wrapped) in `mode`.
+    """Checkpoint every decoder layer of `model` (a transformers model, possibly peft-wrapped) in `mode`, but the
+    last `kept_layers` (speed.keep_layer_activations): those run plainly and keep every activation for backward.
 
     transformers decoder layers are `GradientCheckpointingLayer`s that, when their `gradient_checkpointing` flag is
     set, call `self._gradient_checkpointing_func(layer_call, hidden_states)` with every other argument (attention
@@ -552,8 +555,12 @@ def apply_checkpointing(
         )
         for layer in layers
     ]
-    for layer in layers:
-        layer.gradient_checkpointing = True
+    # The last layers are the ones kept: their activations are made last and back-propagated first, so they are
+    # freed before any checkpointed layer is recomputed (the planner's `kept_layers`).
+    checkpointer.kept_layers = min(max(0, kept_layers), len(layers))
+    recomputed = len(layers) - checkpointer.kept_layers
+    for index, layer in enumerate(layers):
+        layer.gradient_checkpointing = index < recomputed
         layer._gradient_checkpointing_func = checkpointer
     config = getattr(base, "config", None)
     use_cache = getattr(config, "use_cache", _UNSET)

@@ -56,6 +56,7 @@ def test_the_listed_runs_are_the_choices_a_user_makes():
         "kernels",
         "compile",
         "all",
+        "all-spare",
         "all-graphs-off",
         "all-lean",
         "all-long-rows-recompute",

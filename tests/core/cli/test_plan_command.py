@@ -31,8 +31,12 @@ def test_plan_a_model_folder_that_fits(tmp_path, tiny_model_dir):
     record = json.loads((tmp_path / "plan.json").read_text())
     assert record["fit"]["fits"] and record["fit"]["changes"] == []
     assert record["shape"]["layers"] == 2 and record["peak_gib"] > 0
-    # a tiny model on 8 GiB: memory to spare, so the run leaves its MLPs whole, and the plan says so
-    assert "back-propagates each MLP whole" in done.stdout and record["fit"]["whole_mlp_peak_gib"] >= record["peak_gib"]
+    # a tiny model on 8 GiB: memory to spare, so the run leaves its MLPs whole and keeps every layer's activations
+    # instead of recomputing them, and the plan says so
+    spare = record["fit"]["spare"]
+    assert spare["whole_mlp"] and spare["kept_layers"] == 2 and spare["peak_gib"] >= record["peak_gib"]
+    said = " ".join(done.stdout.split())  # rich wraps the lines
+    assert "each MLP is back-propagated whole" in said and "all 2 layers keep their activations" in said
     assert not list(tmp_path.glob("runs*"))  # planning creates no run folder
 
 

@@ -106,6 +106,30 @@ def test_large_batches_save_one_q_and_one_kv_width_fewer_in_a_recomputed_layer()
         assert off.part("step") - on.part("step") == fewer * tokens * q_kv
 
 
+def test_kept_layers_hold_their_activations_through_the_loss_not_through_a_recompute():
+    """speed.keep_layer_activations: the last K layers save no input to recompute from but all their activations,
+    alive at the loss and in their own backward; the recomputed layers' backward comes after they are freed."""
+    settings = MemorySettings(
+        batch_tokens=512, lora_rank=4, checkpoint="gpu", host_embeddings=False, host_lm_head=False, tiled_mlp=False
+    )
+    none, one = (estimate_peak(SMALL, dataclasses.replace(settings, kept_layers=k)) for k in (0, 1))
+    # one layer's activations by hand: 3 hidden-size tensors, q/k/v before and after norm and rope with the
+    # attention output (3 x (q + kv)), and gate, up, the activation and the product (4 x intermediate), bf16
+    activations = 512 * 2 * (3 * 64 + 3 * (64 + 32) + 4 * 128)
+    assert one.part("checkpoints") == none.part("checkpoints") - 512 * 64 * 2  # one input fewer saved
+    assert one.part("kept activations") == activations and none.part("kept activations") == 0
+    assert one.phase in ("loss", "kept layers' backward") and none.phase == "loss"
+    # every layer kept in an offload mode: nothing is offloaded, nothing is reloaded from the host
+    from hone.core.memory.estimate import estimate_host, offloaded_layers
+
+    offload = dataclasses.replace(settings, checkpoint="offload", kept_layers=2)
+    assert offloaded_layers(SMALL, offload) == 0 and estimate_host(SMALL, offload).part("offloaded checkpoints") == 0
+    assert offloaded_layers(SMALL, dataclasses.replace(offload, kept_layers=1)) == 1
+    # under "off" every layer's activations are checkpoints already: the count changes nothing
+    off = dataclasses.replace(settings, checkpoint="off")
+    assert estimate_peak(SMALL, off) == estimate_peak(SMALL, dataclasses.replace(off, kept_layers=2))
+
+
 def test_qlora_weights_are_nf4():
     shape = ModelShape.from_config(make_config("dense-8b"))
     estimate = estimate_peak(shape, MemorySettings(batch_tokens=4096, qlora=True))

@@ -15,7 +15,7 @@ def qwen3_8b(batch_tokens=16384, max_length=2048) -> RunConfig:
 
 def test_a_run_that_fits_is_kept_and_said_to_fit():
     config = qwen3_8b()
-    run = fit_run_config(config, Memory(32 * GIB, "NVIDIA GeForce RTX 5090"))
+    run = fit_run_config(config, Memory(22 * GIB, "NVIDIA GeForce RTX 4090"))
     fitted, [notice] = run.config, run.notices
     assert 16 * GIB < run.predicted < 20 * GIB  # Qwen3-8B LoRA at a 16K batch: ≈ 17 GiB (the calibration table)
     assert fitted == config and notice.level == "info" and notice.message.endswith("it fits")
@@ -23,15 +23,47 @@ def test_a_run_that_fits_is_kept_and_said_to_fit():
 
 def test_with_memory_to_spare_the_mlps_are_not_tiled():
     """Whole MLPs are faster; a step that takes under half the free memory with them does not tile."""
-    config = qwen3_8b()
+    config = qwen3_8b().with_overrides(["speed.keep_layer_activations=0"])
     tiled = fit_run_config(config, Memory(32 * GIB, "NVIDIA GeForce RTX 5090"))
     run = fit_run_config(config, Memory(80 * GIB, "NVIDIA H100"))
     [notice] = run.notices
     assert config.speed.tiled_mlp and run.config == config.with_overrides(["speed.tiled_mlp=false"])
     assert tiled.predicted < run.predicted <= 40 * GIB  # the whole MLP's activations are in the prediction
-    assert notice.level == "info" and "the MLPs are not tiled" in notice.message
+    assert notice.level == "info" and "each MLP is back-propagated whole" in notice.message
     never = config.with_overrides(["speed.tiled_mlp=false"])  # false stays false, and is nothing to say
     assert fit_run_config(never, Memory(80 * GIB, "NVIDIA H100")).notices[0].message.endswith("it fits")
+
+
+def test_with_memory_to_spare_the_last_layers_keep_their_activations():
+    """speed.keep_layer_activations = auto: as many of the last layers as auto-fit's share of the free memory holds
+    beside the step skip their recompute; the more memory, the more layers, never past the model's."""
+    config = qwen3_8b()
+    assert config.speed.keep_layer_activations == -1
+    runs = {size: fit_run_config(config, Memory(size * GIB, "a GPU")) for size in (32, 48, 80, 141)}
+    kept = {size: run.config.speed.keep_layer_activations for size, run in runs.items()}
+    assert 0 < kept[32] < kept[48] < kept[80] < kept[141] == 36
+    for size, run in runs.items():
+        assert run.predicted <= 0.85 * size * GIB
+        which = "all 36" if kept[size] == 36 else f"the last {kept[size]} of 36"
+        assert f"{which} layers keep their activations instead of running their forward again" in run.notices[0].message
+    # Qwen3-8B at a 16K batch: each kept layer adds its whole activations, about 2.3 GiB
+    assert 1.5 * GIB < (runs[80].predicted - runs[32].predicted) / (kept[80] - kept[32]) < 3 * GIB
+    # a count given is kept as given; several processes keep every layer recomputed under auto
+    assert (
+        fit_run_config(
+            config.with_overrides(["speed.keep_layer_activations=3"]), Memory(80 * GIB, "a GPU")
+        ).config.speed.keep_layer_activations
+        == 3
+    )
+    assert fit_run_config(config, Memory(80 * GIB, "a GPU"), processes=2).config.speed.keep_layer_activations == 0
+
+
+def test_kept_layers_that_do_not_fit_are_the_first_thing_given_up():
+    """A count the user set that the GPU cannot hold: auto-fit recomputes every layer before any other lever."""
+    config = qwen3_8b().with_overrides(["speed.keep_layer_activations=20"])
+    run = fit_run_config(config, Memory(32 * GIB, "NVIDIA GeForce RTX 5090"))
+    assert run.config.speed.keep_layer_activations == 0 and run.config.speed.checkpoint == config.speed.checkpoint
+    assert "every layer recomputed" in run.notices[0].message
 
 
 def test_a_run_too_big_gets_the_cheapest_changes_and_says_them():

@@ -144,6 +144,36 @@ class LoggingCopier(SyncCopier):
         return super().to_device(src, dst)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_last_layers_kept_run_once_and_train_the_same(mode, lora_models):
+    """speed.keep_layer_activations: the last layers run plainly (their forward once), the others are recomputed;
+    loss and gradients are those of no checkpointing, and only the recomputed layers' inputs are saved."""
+    model = lora_models("tiny-llama", "hf")
+    batch = packed_batch([23, 41, 9])
+    ref_loss, ref = loss_and_grads(model, batch)
+    layers = decoder_layers(model)
+    counts, remove = layer_call_counter(model)
+    try:
+        for kept in (1, len(layers), len(layers) + 5):  # more than the model has: every layer kept
+            checkpointer = apply_checkpointing(model, mode, "cpu", kept_layers=kept)
+            counts[0] = 0
+            loss, grads = loss_and_grads(model, batch)
+            metrics = checkpointer.read_and_reset()
+            flags = [layer.gradient_checkpointing for layer in layers]
+            revert_checkpointing(model)
+            recomputed = len(layers) - min(kept, len(layers))
+            assert checkpointer.kept_layers == len(layers) - recomputed
+            assert flags == [True] * recomputed + [False] * (len(layers) - recomputed)  # the last ones are kept
+            assert counts[0] == len(layers) + recomputed
+            assert torch.equal(loss, ref_loss)
+            assert all(torch.equal(grads[name], expected) for name, expected in ref.items())
+            if mode != "gpu":
+                assert metrics["offload_bytes"] == recomputed * batch.num_tokens * model.config.hidden_size * 4
+    finally:
+        remove()
+    assert all(not layer.__dict__.get("gradient_checkpointing", False) for layer in layers)  # reverted
+
+
 def test_double_buffering_reloads_each_input_once_into_alternating_buffers():
     layers, x = toy_chain(4), torch.randn(1, 50, 256)
     ref_loss, ref = chain_grads(layers, x)
