@@ -255,6 +255,7 @@ def test_a_run_of_ones_own_runs_against_the_baseline_and_is_recorded(tmp_path):
         "moe_backend": "eager",
         "kernels": False,
         "compile": False,
+        "keep_layer_activations": 0,
     }
     assert mine["speed_paths"]["loss"].startswith("chunked")
     assert mine["first_loss"] == pytest.approx(expected_first_loss("tiny-dense", data["batch"]), rel=1e-5)

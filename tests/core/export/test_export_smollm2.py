@@ -48,7 +48,10 @@ def test_gguf_matches_llama_cpp_s_own_file(smollm2_run, tmp_path):
         assert ours.metadata[f"tokenizer.ggml.{key}"] == theirs.metadata[f"tokenizer.ggml.{key}"], key
     assert ours.metadata["tokenizer.chat_template"] == theirs.metadata["tokenizer.chat_template"]
     assert ours.metadata["tokenizer.ggml.eot_token_id"] == theirs.metadata["tokenizer.ggml.eos_token_id"]  # <|im_end|>
-    assert result.checks["gguf.logits.top1_agreement"] == 1.0
+    # q8_0 rounds each weight to 1/254 of its block's largest: a probe position whose top two logits lie within that
+    # rounding may swap them (1 of the 36 did in some runs, with the fine-tune's last bits moved by CPU threading);
+    # the export's own check above bounds the logits' difference
+    assert result.checks["gguf.logits.top1_agreement"] >= 0.95
 
 
 def test_gguf_lora_fits_llama_cpp_s_file(smollm2_run, tmp_path):

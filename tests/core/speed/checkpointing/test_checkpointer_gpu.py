@@ -13,6 +13,7 @@ a noise floor measured in the same test: the reference computed twice."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -521,3 +522,40 @@ def test_head_normed_projections_recomputed_with_the_kernels_free_their_memory_a
     assert calls[0] == 3  # forward, recompute, and once more for the norm's backward
     error, where = worst_error(loss, grads, ref_loss, ref)
     assert error <= tolerance, f"relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
+
+
+def test_layers_that_keep_their_activations_with_the_kernels_train_the_same_and_hold_what_the_planner_says():
+    """speed.keep_layer_activations on Qwen3-0.6B-shaped layers with Hone's kernels: 2 of 4 layers kept train within
+    the noise floor of no checkpointing, and the step's peak grows by about what the planner counts per kept layer
+    (its figure is an upper bound: the fused kernels save less than every tensor it counts)."""
+    from hone.core.memory.estimate import MemorySettings, estimate_peak
+    from hone.core.memory.shape import ModelShape
+    from hone.core.speed.fused.apply import apply_kernels
+
+    torch.manual_seed(0)
+    model = lora_model(with_run_attention(build_model("dense-0.6b", layers=4, dtype=torch.bfloat16, device="cuda")))
+    apply_kernels(model, tile_mlp=True)
+    config = model.get_base_model().config
+    batch = packed_batch([3000, 2500, 2692], vocab=config.vocab_size)
+    ref_loss, ref, tolerance = reference(model, batch)
+    peaks = {}
+    for kept in (0, 2):
+        checkpointer = apply_checkpointing(model, "gpu", "cuda", kept_layers=kept)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        try:
+            loss, grads = loss_and_grads(model, batch, autocast_dtype=torch.bfloat16)
+        finally:
+            revert_checkpointing(model)
+        peaks[kept] = torch.cuda.max_memory_allocated() - before
+        assert checkpointer.kept_layers == kept
+        error, where = worst_error(loss, grads, ref_loss, ref)
+        assert error <= tolerance, f"{kept} kept: relative error {error:.2e} in {where} (tolerance {tolerance:.2e})"
+    shape = ModelShape.from_config(config)
+    settings = MemorySettings(batch_tokens=batch.num_tokens, checkpoint="gpu", host_embeddings=False)
+    planned = [estimate_peak(shape, dataclasses.replace(settings, kept_layers=k)).peak_bytes for k in (0, 2)]
+    grown = peaks[2] - peaks[0]
+    print(f"step peak {peaks[0] / 2**20:.0f} -> {peaks[2] / 2**20:.0f} MiB with 2 of 4 layers kept (planner: "
+          f"+{(planned[1] - planned[0]) / 2**20:.0f} MiB)")  # fmt: skip
+    assert 0 < grown <= planned[1] - planned[0]
