@@ -58,6 +58,7 @@ class PreflightResult:
     pending: float  # optimizer state the first step allocates, bytes
     available: float
     fits: bool
+    gave_up: str = ""  # what the re-plan gave up before splitting the packs (the layers that kept activations)
 
     def need(self) -> float | None:
         """Measured bytes of the last trial with the optimizer state to come and the allocator's margin."""
@@ -107,12 +108,17 @@ def split_for(trial: Trial, pending: float, available: float, split: int) -> int
     return split * 2 ** max(1, math.ceil(math.log2(transient / room)))
 
 
-def run_preflight(step_loop, rows: list[TokenizedRow], *, available: float, split: int, meter) -> PreflightResult:
+def run_preflight(
+    step_loop, rows: list[TokenizedRow], *, available: float, split: int, meter, give_up=None
+) -> PreflightResult:
     """Measure the largest micro-batch of `rows` split `split` ways; if it does not fit `available` bytes, re-plan
-    the split once and measure again."""
+    once and measure again: first by `give_up()` where given and it frees something (it returns what, in words, or
+    "": the layers that keep their activations are recomputed again, which costs less than smaller micro-batches),
+    else by splitting each pack."""
     pending = pending_optimizer_bytes(step_loop.optimizer)
     lengths = [len(r.input_ids) for r in rows]
     trials: list[Trial] = []
+    gave_up = ""
     for attempt in range(2):
         pieces = split_packs([list(range(len(rows)))], lengths, split)
         piece = max(pieces, key=lambda p: sum(lengths[i] for i in p))
@@ -124,10 +130,12 @@ def run_preflight(step_loop, rows: list[TokenizedRow], *, available: float, spli
             step_loop.forget_step()
             peak = None
         trials.append(Trial(sum(lengths[i] for i in piece), resident, peak))
-        result = PreflightResult(split, tuple(trials), pending, available, fits=False)
+        result = PreflightResult(split, tuple(trials), pending, available, fits=False, gave_up=gave_up)
         need = result.need()
         if need is not None and need <= available:
             return replace(result, fits=True)
+        if attempt == 0 and give_up is not None and (gave_up := give_up()):
+            continue
         if attempt == 0 and len(piece) > 1:
             split = split_for(trials[-1], pending, available, split)
         else:
@@ -150,6 +158,11 @@ def preflight_notice(result: PreflightResult, predicted: float | None, first_spl
         + (f" (predicted ≈ {predicted / GIB:.1f} GiB)" if predicted else "")
         + f" of {result.available / GIB:.1f} GiB"
     )
+    if result.gave_up:
+        outcome = f"measured again, {measured(last)}" + ("" if result.fits else ", which may still not fit")
+        return events.Notice(
+            topic="memory", level="warning", step=0, message=f"{said}: {result.gave_up} from step 1; {outcome}"
+        )
     if result.split == first_split:
         if result.fits:
             return events.Notice(topic="memory", message=f"{said}: it fits")

@@ -397,11 +397,23 @@ class RunPreparation:
         return fitted.config, list(fitted.notices)
 
     def _preflight(self, step_loop: StepRunner, dataset, stream: PackStream) -> events.Notice:
-        """Measure the largest micro-batch before step 1 and re-plan the split once if it does not fit."""
+        """Measure the largest micro-batch before step 1 and re-plan once if it does not fit: layers that keep their
+        activations are recomputed again first, else the split grows."""
         rows = preflight.largest_micro_batch(dataset, stream.plan(0), self.config.speed.packing)
         first = self.split
+        checkpointer = step_loop.setup.offload
+
+        def give_up() -> str:
+            kept = checkpointer.recompute_every_layer() if checkpointer is not None else 0
+            if not kept:
+                return ""
+            which = (
+                "the last layer no longer keeps its" if kept == 1 else f"the last {kept} layers no longer keep their"
+            )
+            return f"{which} activations (recomputed instead)"
+
         result = preflight.run_preflight(
-            step_loop, rows, available=self.memory.available, split=first, meter=self.memory_meter
+            step_loop, rows, available=self.memory.available, split=first, meter=self.memory_meter, give_up=give_up
         )
         self.split = result.split
         return preflight.preflight_notice(result, self.predicted, first)

@@ -166,6 +166,7 @@ class Checkpointer:
         # keeping their outputs (projection_recompute.py); 0: never. The run's setup turns it on.
         self.projection_recompute_tokens = 0
         self.kept_layers = 0  # the last decoder layers, left unwrapped by `apply_checkpointing`
+        self._layers: list[weakref.ref] = []  # every decoder layer it checkpoints or may (the kept ones)
         self._note = note
         self._seq = 0
         self._turn = 0  # round robin over the reload buffers
@@ -180,6 +181,16 @@ class Checkpointer:
         if not self.offloads:
             return "gpu"
         return "offload-double" if self.double else "offload"
+
+    def recompute_every_layer(self) -> int:
+        """Give up the kept layers (`apply_checkpointing`'s `kept_layers`): from the next forward on every layer is
+        recomputed from its input. Returns how many layers were kept (0: nothing to give up)."""
+        kept, self.kept_layers = self.kept_layers, 0
+        for ref in self._layers:
+            layer = ref()
+            if layer is not None:
+                layer.gradient_checkpointing = True
+        return kept
 
     @property
     def buffer_bytes(self) -> int:
@@ -558,6 +569,7 @@ def apply_checkpointing(
     # The last layers are the ones kept: their activations are made last and back-propagated first, so they are
     # freed before any checkpointed layer is recomputed (the planner's `kept_layers`).
     checkpointer.kept_layers = min(max(0, kept_layers), len(layers))
+    checkpointer._layers = [weakref.ref(layer) for layer in layers]
     recomputed = len(layers) - checkpointer.kept_layers
     for index, layer in enumerate(layers):
         layer.gradient_checkpointing = index < recomputed

@@ -180,3 +180,23 @@ def test_largest_micro_batch_of_grpo_prompts_counts_each_prompt_s_whole_group():
     assert got == [prompts[1]], "one whole prompt of 200 tokens fits the 320 of the fullest pack"
     got = largest_micro_batch(prompts, [[0, 1, 2]], packing=True)  # 480 tokens: two of the longest
     assert got == [prompts[1], prompts[1]]
+
+
+def test_layers_that_keep_their_activations_are_given_up_before_the_packs_are_split(monkeypatch, config):
+    """speed.keep_layer_activations: a first trial that does not fit recomputes every layer again (cheaper than
+    smaller micro-batches) and is measured again at the same split; the run trains as it would have."""
+    _, clean = run(config("clean", 'speed.checkpoint="gpu"'))
+    meter = TokenMeter(monkeypatch, resident=100 * MIB, per_token=MIB / 2)  # 256 tokens: 228 MiB with the state
+    real_peak = meter.peak
+    meter.peak = lambda: real_peak() + (400 * MIB if len(meter.trials) == 1 else 0)  # the kept layers' activations
+    keep = ('speed.checkpoint="gpu"', "speed.keep_layer_activations=1")
+    trainer, got = run(config("kept", *keep), meter=meter, available=400 * MIB)
+    assert isinstance(got[-1], events.RunFinished), got[-1]
+    [notice] = memory_notices(got)
+    assert notice.level == "warning" and notice.step == 0
+    assert "the last layer no longer keeps its activations (recomputed instead) from step 1" in notice.message
+    assert "measured again" in notice.message and "may still not fit" not in notice.message
+    assert trainer.split == 1 and meter.trials[1] == meter.trials[0]  # the same micro-batch, measured again
+    checkpointer = trainer.step_loop.setup.offload
+    assert checkpointer.kept_layers == 0
+    assert losses(got) == pytest.approx(losses(clean), rel=1e-5)
