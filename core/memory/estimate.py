@@ -182,9 +182,10 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
         Part("vocabulary tables", tables_on_gpu, "input embedding and LM head on the GPU"),
         Part("LoRA + optimizer", lora_state, f"{trainable / 1e6:.1f}M trainable values, {s.optimizer}"),
         Part("checkpoints", checkpoints, f"activation checkpointing: {s.checkpoint}"),
-        Part("kept activations", held, f"the last {kept_layers} layers' activations, not recomputed"),
         Part("step", transient - held, "the largest transient: " + PHASE_WORDS.get(phase, phase)),
     ]
+    if held:
+        parts.insert(-1, Part("kept activations", held, f"the last {kept_layers} layers' activations, not recomputed"))
     live = sum(part.bytes for part in parts)
     if s.cpu:
         parts.append(

@@ -59,12 +59,8 @@ class SpareUse:
         """What it changes, as clauses of a sentence."""
         said = ["each MLP is back-propagated whole, not in tiles"] if self.whole_mlp else []
         if self.kept_layers:
-            which = f"all {self.layers}" if self.kept_layers >= self.layers else f"the last {self.kept_layers} of"
-            said.append(
-                f"{which} {self.layers} layers keep their activations instead of running their forward again"
-                if which.startswith("the")
-                else f"{which} layers keep their activations instead of running their forward again"
-            )
+            which = "all" if self.kept_layers >= self.layers else f"the last {self.kept_layers} of"
+            said.append(f"{which} {self.layers} layers keep their activations instead of running their forward again")
         return " and ".join(said)
 
 

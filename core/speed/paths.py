@@ -82,15 +82,15 @@ def install_memory_and_kernels(
         )
         if setup.offload is None:
             setup.choices["checkpoint"] = "off: the model has no decoder layers transformers can checkpoint"
-        elif setup.offload.kept_layers:
-            layers = len(checkpointer.decoder_layers(peft_model))
-            setup.choices["checkpoint"] += (
-                f"; the last {setup.offload.kept_layers} of {layers} layers keep their activations (not recomputed)"
-            )
         elif cfg.layer_group_tokens:
             tokens = cfg.layer_group_tokens if cfg.layer_group_tokens > 0 else "auto"
             setup.choices["checkpoint"] += (
                 f"; packed layers back-propagated in groups of whole sequences (at most {tokens} tokens)"
+            )
+        if setup.offload is not None and setup.offload.kept_layers:
+            layers = len(checkpointer.decoder_layers(peft_model))
+            setup.choices["checkpoint"] += (
+                f"; the last {setup.offload.kept_layers} of {layers} layers keep their activations (not recomputed)"
             )
     _kernels_and_compile(peft_model, cfg, device, setup)
     _projection_recompute(peft_model, setup)

@@ -199,4 +199,6 @@ def test_layers_that_keep_their_activations_are_given_up_before_the_packs_are_sp
     assert trainer.split == 1 and meter.trials[1] == meter.trials[0]  # the same micro-batch, measured again
     checkpointer = trainer.step_loop.setup.offload
     assert checkpointer.kept_layers == 0
+    [started] = [e for e in got if isinstance(e, events.RunStarted)]
+    assert "the last 1 of 2 layers keep their activations (not recomputed)" in started.speed_paths["checkpoint"]
     assert losses(got) == pytest.approx(losses(clean), rel=1e-5)
