@@ -75,8 +75,8 @@ def compare(folder: Path, markdown: bool) -> int:
         report = json.loads(path.read_text())
         for run in report["runs"]:
             measured = run.get("peak_allocated_gib")
-            if measured is None:
-                continue
+            if measured is None or run.get("kind", "hone") != "hone":
+                continue  # the planner models Hone's runs, not a peer's
             predicted = predict_bench_run(report, run["name"])
             error = (predicted.peak_gib - measured) / measured
             rows.append((path.stem, run["name"], measured, predicted.peak_gib, error, predicted.summary()))

@@ -32,6 +32,9 @@ PIECEWISE_MIN_TILES = 8
 UNTILED_MLP_TENSORS = 6
 # The no-grad forward of a checkpointed layer's MLP holds gate, up, the activation and the product.
 MLP_FORWARD_TENSORS = 4
+# What an MLP keeps for its backward when its layer is not recomputed: Hone's fused GLU saves gate and up and
+# recomputes the activation; the down projection saves its input. Plain torch also saves the activation.
+MLP_SAVED_TENSORS, MLP_SAVED_TENSORS_PLAIN = 3, 4
 # What a recomputed layer saves for its attention half, in units of (tokens x width) bf16 tensors: the input norm's
 # output, the residual and the MLP norm's output (3 x hidden); q, k and v, before and after norm and rope, and the
 # attention output (3 x q width, 3 x kv width).
@@ -140,7 +143,7 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     recomputed = checkpointed_layers(shape, s)
     kept = (recomputed - offloaded_layers(shape, s)) * row  # offload modes: inputs past the host budget
     checkpoints = {
-        "off": shape.layers * _layer_activations(shape, tokens, w),
+        "off": shape.layers * _layer_activations(shape, tokens, w, s.kernels),
         "gpu": recomputed * row,
         "offload": row + kept,
         "offload-double": 2 * row + kept,
@@ -148,7 +151,7 @@ def estimate_peak(shape: ModelShape, settings: MemorySettings) -> MemoryEstimate
     # the layers that keep their activations: alive through the loss and their own backward (not in "off", where
     # `checkpoints` holds every layer's already)
     kept_layers = 0 if s.checkpoint == "off" else shape.layers - recomputed
-    kept_activations = kept_layers * _layer_activations(shape, tokens, w)
+    kept_activations = kept_layers * _layer_activations(shape, tokens, w, s.kernels)
 
     forward = head_copy + _layer_forward(shape, tokens, w, s.tiled_mlp)
     # A recomputed layer back-propagates its MLP first, then its attention: what the attention half saved is alive
@@ -232,8 +235,8 @@ def _mlp_backward(shape: ModelShape, tokens: int, w: int, s: MemorySettings) -> 
     return tokens * w * (UNTILED_MLP_TENSORS * width + 2 * routed * shape.hidden)
 
 
-def _layer_activations(shape: ModelShape, tokens: int, w: int) -> float:
-    """Everything one layer keeps for its backward when nothing is checkpointed."""
+def _layer_activations(shape: ModelShape, tokens: int, w: int, kernels: bool) -> float:
+    """Everything one layer keeps for its backward when it is not recomputed."""
     width, routed = _mlp_width(shape)
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     return (
@@ -242,7 +245,7 @@ def _layer_activations(shape: ModelShape, tokens: int, w: int) -> float:
         * (
             SAVED_ATTENTION_HIDDEN * shape.hidden
             + SAVED_ATTENTION_PROJECTIONS * (q + kv)
-            + MLP_FORWARD_TENSORS * width
+            + (MLP_SAVED_TENSORS if kernels else MLP_SAVED_TENSORS_PLAIN) * width
             + routed * shape.hidden
         )
     )

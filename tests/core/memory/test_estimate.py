@@ -114,10 +114,13 @@ def test_kept_layers_hold_their_activations_through_the_loss_not_through_a_recom
     )
     none, one = (estimate_peak(SMALL, dataclasses.replace(settings, kept_layers=k)) for k in (0, 1))
     # one layer's activations by hand: 3 hidden-size tensors, q/k/v before and after norm and rope with the
-    # attention output (3 x (q + kv)), and gate, up, the activation and the product (4 x intermediate), bf16
-    activations = 512 * 2 * (3 * 64 + 3 * (64 + 32) + 4 * 128)
+    # attention output (3 x (q + kv)), and the MLP's: Hone's fused GLU saves gate and up and the down projection
+    # its input (3 x intermediate); plain torch also saves the activation (4 x intermediate); bf16
+    activations = 512 * 2 * (3 * 64 + 3 * (64 + 32) + 3 * 128)
     assert one.part("checkpoints") == none.part("checkpoints") - 512 * 64 * 2  # one input fewer saved
     assert one.part("kept activations") == activations and none.part("kept activations") == 0
+    plain = estimate_peak(SMALL, dataclasses.replace(settings, kept_layers=1, kernels=False))
+    assert plain.part("kept activations") == activations + 512 * 2 * 128
     assert one.phase in ("loss", "kept layers' backward") and none.phase == "loss"
     # every layer kept in an offload mode: nothing is offloaded, nothing is reloaded from the host
     from hone.core.memory.estimate import estimate_host, offloaded_layers
