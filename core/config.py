@@ -618,12 +618,12 @@ class SpeedConfig(_Section):
         max=MAX_BATCH_TOKENS,
     )
     keep_layer_activations: int = _f(
-        0,
+        -1,
         "With checkpointing: the last this many decoder layers keep every activation for "
         "backward instead of running their forward again from their input: each such layer's "
         "forward runs once, not twice, at the memory of all its activations. -1 = auto: as many "
-        "as the GPU's free memory holds beside the planned step (none on the CPU); 0 = every "
-        "layer recomputed.",
+        "as the GPU's free memory holds beside the planned step (on unified memory, half of "
+        "it; none on the CPU or with several GPUs); 0 = every layer recomputed.",
         min=-1,
         max=MAX_LAYERS,
     )

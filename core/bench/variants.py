@@ -135,8 +135,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "all",
         ALL_ON,
-        "every speed path on, as `auto` picks them (Hone's defaults, with the MLP tiled as when "
-        "memory is short; with memory to spare the Trainer does not tile it)",
+        "every speed path on, as `auto` picks them (Hone's defaults as when memory is short: the MLP tiled and "
+        "every layer recomputed; with memory to spare the Trainer does neither: all-spare)",
     ),
     Variant(
         "all-spare",

@@ -230,8 +230,8 @@ def _host_memory(memory: Memory) -> float | None:
 def spare_use(shape: ModelShape, settings: MemorySettings, memory: Memory, *, auto_kept: bool) -> SpareUse | None:
     """What a run that fits as set does with the memory left: whole (untiled) MLPs when that step takes at most
     WHOLE_MLP_SHARE of the free memory; then, with `auto_kept` (speed.keep_layer_activations = auto) on a GPU, as
-    many of the last layers keep their activations as auto-fit's share of the free memory holds beside the step.
-    None when neither applies."""
+    many of the last layers keep their activations as auto-fit's share of the free memory holds beside the step
+    (WHOLE_MLP_SHARE of unified memory). None when neither applies."""
     current = settings
     whole = settings.tiled_mlp and not shape.experts  # MoE layers are not tiled (estimate.py)
     if whole:
@@ -240,7 +240,9 @@ def spare_use(shape: ModelShape, settings: MemorySettings, memory: Memory, *, au
         current = untiled if whole else current
     kept = 0
     if auto_kept and memory.gpu and not settings.cpu and settings.checkpoint != "off":
-        kept = kept_layers_fitting(shape, current, usable(memory.available))
+        # unified memory is the system's too: what the run keeps there, the desktop and the data loader cannot use
+        budget = WHOLE_MLP_SHARE * memory.available if memory.unified else usable(memory.available)
+        kept = kept_layers_fitting(shape, current, budget)
         current = dataclasses.replace(current, kept_layers=kept)
     if not whole and not kept:
         return None

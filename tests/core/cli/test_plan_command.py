@@ -24,17 +24,15 @@ def write_run(tmp_path, model, batch_tokens=16384, max_length=2048, speed=""):
 
 
 def test_plan_a_model_folder_that_fits(tmp_path, tiny_model_dir):
-    run = write_run(
-        tmp_path, tiny_model_dir("tiny-dense").as_posix(), batch_tokens=4096, speed="keep_layer_activations = -1"
-    )
+    run = write_run(tmp_path, tiny_model_dir("tiny-dense").as_posix(), batch_tokens=4096)
     done = hone("plan", run, "--gpu-memory", "8GiB", "--json", tmp_path / "plan.json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "predicted peak of one step" in done.stdout and "Fits" in done.stdout
     record = json.loads((tmp_path / "plan.json").read_text())
     assert record["fit"]["fits"] and record["fit"]["changes"] == []
     assert record["shape"]["layers"] == 2 and record["peak_gib"] > 0
-    # a tiny model on 8 GiB: memory to spare, so the run leaves its MLPs whole and (keep_layer_activations = auto)
-    # keeps every layer's activations instead of recomputing them, and the plan says so
+    # a tiny model on 8 GiB: memory to spare, so the run leaves its MLPs whole and (keep_layer_activations = auto,
+    # the default) keeps every layer's activations instead of recomputing them, and the plan says so
     spare = record["fit"]["spare"]
     assert spare["whole_mlp"] and spare["kept_layers"] == 2 and spare["peak_gib"] >= record["peak_gib"]
     said = " ".join(done.stdout.split())  # rich wraps the lines

@@ -23,7 +23,7 @@ def test_a_run_that_fits_is_kept_and_said_to_fit():
 
 def test_with_memory_to_spare_the_mlps_are_not_tiled():
     """Whole MLPs are faster; a step that takes under half the free memory with them does not tile."""
-    config = qwen3_8b()
+    config = qwen3_8b().with_overrides(["speed.keep_layer_activations=0"])
     tiled = fit_run_config(config, Memory(32 * GIB, "NVIDIA GeForce RTX 5090"))
     run = fit_run_config(config, Memory(80 * GIB, "NVIDIA H100"))
     [notice] = run.notices
@@ -37,8 +37,8 @@ def test_with_memory_to_spare_the_mlps_are_not_tiled():
 def test_with_memory_to_spare_the_last_layers_keep_their_activations():
     """speed.keep_layer_activations = auto: as many of the last layers as auto-fit's share of the free memory holds
     beside the step skip their recompute; the more memory, the more layers, never past the model's."""
-    config = qwen3_8b().with_overrides(["speed.keep_layer_activations=-1"])
-    assert qwen3_8b().speed.keep_layer_activations == 0  # every layer recomputed unless asked
+    config = qwen3_8b()
+    assert config.speed.keep_layer_activations == -1  # auto unless set
     runs = {size: fit_run_config(config, Memory(size * GIB, "a GPU")) for size in (32, 48, 80, 141)}
     kept = {size: run.config.speed.keep_layer_activations for size, run in runs.items()}
     assert 0 < kept[32] < kept[48] < kept[80] < kept[141] == 36
@@ -56,6 +56,9 @@ def test_with_memory_to_spare_the_last_layers_keep_their_activations():
         == 3
     )
     assert fit_run_config(config, Memory(80 * GIB, "a GPU"), processes=2).config.speed.keep_layer_activations == 0
+    # on unified memory the system shares the pool: auto keeps layers within half of it, not auto-fit's share
+    unified = fit_run_config(config, Memory(80 * GIB, "NVIDIA GB10", unified=True))
+    assert 0 < unified.config.speed.keep_layer_activations < kept[80] and unified.predicted <= 0.5 * 80 * GIB
 
 
 def test_kept_layers_that_do_not_fit_are_the_first_thing_given_up():
