@@ -117,6 +117,40 @@ def use_per_layer_metadata(model, setup) -> None:
     setup.choices["attention"] = f"{setup.attention.name}: {setup.attention.reason}"
 
 
+def bench_run_config(
+    variant: Variant,
+    batch_tokens: int,
+    *,
+    lora_r: int,
+    dtype_name: str,
+    qlora: bool = False,
+    lora_experts: bool = True,
+    model_folder=None,
+) -> RunConfig:
+    """The run config a Hone bench run trains with: one variant's speed settings on a given packed batch (also what
+    the memory planner's prediction of the run starts from: core/bench/memory_prediction.py)."""
+    model = ModelConfig(dtype=dtype_name)
+    if model_folder is not None:
+        model = ModelConfig(name_or_path=str(model_folder), dtype=dtype_name)
+    tokens = max(batch_tokens, 16)
+    return RunConfig(
+        model=model,
+        # the packed batch is given; its longest row is at most the batch (RunConfig checks max_length fits it)
+        data=DataConfig(max_length=tokens),
+        lora=LoraConfig(r=lora_r, alpha=2.0 * lora_r, qlora=qlora, experts=lora_experts),
+        train=TrainConfig(
+            lr=LEARNING_RATE,
+            schedule="constant",
+            warmup_steps=0,
+            warmup_ratio=0.0,
+            max_grad_norm=MAX_GRAD_NORM,
+            batch_tokens=tokens,
+            **variant.train,
+        ),
+        speed=speed_config(variant),
+    )
+
+
 def _usable_gpu_bytes(device: str) -> float | None:
     """What this process may still allocate on a CUDA `device`: its free memory, within a per-process cap
     (`hone bench --memory-cap`); None off CUDA."""
@@ -165,25 +199,14 @@ class HoneRunner:
         self.total_steps = 1_000_000
 
     def run_config(self) -> RunConfig:
-        model = ModelConfig(dtype=_dtype_name(self.dtype))
-        if self.model_folder is not None:
-            model = ModelConfig(name_or_path=str(self.model_folder), dtype=_dtype_name(self.dtype))
-        tokens = max(self.batch.tokens, 16)
-        return RunConfig(
-            model=model,
-            # the packed batch is given; its longest row is at most the batch (RunConfig checks max_length fits it)
-            data=DataConfig(max_length=tokens),
-            lora=LoraConfig(r=self.lora_r, alpha=2.0 * self.lora_r, qlora=self.qlora, experts=self.lora_experts),
-            train=TrainConfig(
-                lr=LEARNING_RATE,
-                schedule="constant",
-                warmup_steps=0,
-                warmup_ratio=0.0,
-                max_grad_norm=MAX_GRAD_NORM,
-                batch_tokens=tokens,
-                **self.variant.train,
-            ),
-            speed=speed_config(self.variant),
+        return bench_run_config(
+            self.variant,
+            self.batch.tokens,
+            lora_r=self.lora_r,
+            dtype_name=_dtype_name(self.dtype),
+            qlora=self.qlora,
+            lora_experts=self.lora_experts,
+            model_folder=self.model_folder,
         )
 
     def _load(self, config: RunConfig):

@@ -3,44 +3,35 @@ tools/memory_calibration.py compares with the peak the run measured."""
 
 from __future__ import annotations
 
-from hone.core.memory.estimate import MemoryEstimate, MemorySettings, estimate_peak
-from hone.core.memory.run_plan import resolve_checkpoint
+from hone.core.memory.estimate import MemoryEstimate, estimate_peak
+from hone.core.memory.run_plan import settings_from_config
 from hone.core.memory.shape import ModelShape
 
 
 def predict_bench_run(report: dict, run_name: str) -> MemoryEstimate:
-    """The predicted peak of one run of a `hone bench --json` report (its scenario, options, batch and variant; a
-    --run run's settings come from the report's options; the layers that kept their activations and whether the
-    MLPs were tiled, from what the run recorded)."""
+    """The predicted peak of one run of a `hone bench --json` report: its scenario, options, batch and variant (a
+    --run run's settings come from the report's options), with `auto` resolved as the Trainer's plan resolves it
+    (settings_from_config: CUDA graphs keep the layer inputs on the GPU) and what all-spare chose from the GPU's free
+    memory (whole MLPs, kept layers) taken from the run's record."""
+    from hone.core.bench.hone_runner import bench_run_config
     from hone.core.bench.scenarios import get_scenario
-    from hone.core.bench.variants import bench_variants, speed_settings
+    from hone.core.bench.variants import bench_variants
     from hone.core.models.shapes import make_config
 
     options = report["options"]
     scenario = get_scenario(options["scenario"])
-    config = make_config(scenario.shape, options.get("layers") or scenario.layers)
+    hf_config = make_config(scenario.shape, options.get("layers") or scenario.layers)
     variant = next(v for v in bench_variants(options.get("extra_runs")) if v.name == run_name)
-    speed = speed_settings(variant)
     batch = report["batch"]
-    mean_row = batch["tokens"] / max(batch["sequences"], 1)
     run = next((r for r in report.get("runs", []) if r.get("name") == run_name), {})
-    # all-spare decides both from the GPU's free memory: its record says what it chose
-    untiled = "speed.tiled_mlp=false" in (run.get("spare") or [])
-    return estimate_peak(
-        ModelShape.from_config(config, scenario.shape),
-        MemorySettings(
-            batch_tokens=batch["tokens"],
-            lora_rank=options.get("lora_r", 16),
-            qlora=bool(options.get("qlora")),
-            optimizer=variant.train.get("optimizer", "adamw"),
-            weight_bytes=4 if report.get("dtype") == "float32" else 2,
-            checkpoint=resolve_checkpoint(speed.get("checkpoint", "auto"), mean_row, config, cuda=True),
-            host_embeddings=speed.get("host_embeddings", True),
-            host_lm_head=speed.get("host_lm_head", True),
-            tiled_mlp=speed.get("tiled_mlp", True) and speed.get("kernels", True) and not untiled,
-            projection_recompute=not speed.get("compile", False),
-            chunked_loss=speed.get("loss", "chunked") == "chunked",
-            kernels=speed.get("kernels", True),
-            kept_layers=int(run.get("kept_layers") or 0),
-        ),
-    )
+    config = bench_run_config(
+        variant,
+        batch["tokens"],
+        lora_r=options.get("lora_r", 16),
+        dtype_name=report.get("dtype", "bfloat16"),
+        qlora=bool(options.get("qlora")),
+        lora_experts=options.get("lora_experts", True),
+    ).with_overrides(run.get("spare") or [])
+    mean_row = batch["tokens"] / max(batch["sequences"], 1)
+    settings, _ = settings_from_config(config, hf_config, cuda=True, mean_row_tokens=mean_row)
+    return estimate_peak(ModelShape.from_config(hf_config, scenario.shape), settings)
